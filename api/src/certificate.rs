@@ -1,0 +1,327 @@
+//! The certificate record the prober stores on a Node in the `railguard.io/certificate`
+//! annotation. Versioned (`version`); readers tolerate fields they do not know, and keep
+//! them when they round-trip a record.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use crate::error::CertificateError;
+use crate::profile::LinkLayer;
+
+/// The certificate format version this crate writes.
+pub const CERTIFICATE_VERSION: u32 = 1;
+/// Upper bound on an annotation we are willing to parse (the API server caps all
+/// annotations of an object at 256 KiB).
+pub const MAX_CERTIFICATE_BYTES: usize = 256 * 1024;
+
+/// Outcome of a certification, also the value of the `railguard.io/fabric` label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Certified,
+    Degraded,
+    Failed,
+    Pending,
+}
+
+impl Verdict {
+    pub fn as_label(self) -> &'static str {
+        match self {
+            Verdict::Certified => crate::keys::fabric::CERTIFIED,
+            Verdict::Degraded => crate::keys::fabric::DEGRADED,
+            Verdict::Failed => crate::keys::fabric::FAILED,
+            Verdict::Pending => crate::keys::fabric::PENDING,
+        }
+    }
+
+    pub fn from_label(v: &str) -> Option<Self> {
+        match v {
+            "certified" => Some(Verdict::Certified),
+            "degraded" => Some(Verdict::Degraded),
+            "failed" => Some(Verdict::Failed),
+            "pending" => Some(Verdict::Pending),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_label())
+    }
+}
+
+/// Health of one rail in a certificate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RailVerdict {
+    Healthy,
+    Degraded,
+    Failed,
+}
+
+/// PCIe distance between a GPU and an HCA, in NCCL / `nvidia-smi topo -m` terms, closest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum PathType {
+    /// Same PCIe switch, at most one bridge.
+    #[serde(rename = "PIX")]
+    Pix,
+    /// Several PCIe bridges, no host bridge.
+    #[serde(rename = "PXB")]
+    Pxb,
+    /// Through a PCIe host bridge (the CPU).
+    #[serde(rename = "PHB")]
+    Phb,
+    /// Across host bridges within one NUMA node.
+    #[serde(rename = "NODE")]
+    Node,
+    /// Across the CPU interconnect (QPI/UPI/xGMI).
+    #[serde(rename = "SYS")]
+    Sys,
+}
+
+impl PathType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PathType::Pix => "PIX",
+            PathType::Pxb => "PXB",
+            PathType::Phb => "PHB",
+            PathType::Node => "NODE",
+            PathType::Sys => "SYS",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim() {
+            "PIX" => Some(PathType::Pix),
+            "PXB" => Some(PathType::Pxb),
+            "PHB" => Some(PathType::Phb),
+            "NODE" => Some(PathType::Node),
+            "SYS" => Some(PathType::Sys),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for PathType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Network transport NCCL chose between nodes (or within one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Transport {
+    #[serde(rename = "IB")]
+    Ib,
+    Socket,
+    #[serde(rename = "P2P")]
+    P2p,
+    #[serde(rename = "SHM")]
+    Shm,
+}
+
+/// Results for one rail.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RailResult {
+    pub hca: String,
+    pub port: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_layer: Option<LinkLayer>,
+    /// Port state as read (`ACTIVE`, `DOWN`, ...), empty when the port is missing.
+    #[serde(default)]
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_gbps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_bw_host_gbps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_bw_gpu_gbps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_us: Option<f64>,
+    /// Error counter growth over the check window, by counter name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub counter_deltas: BTreeMap<String, u64>,
+    pub verdict: RailVerdict,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<String>,
+    /// Wire health from pairwise tests with peers (campaigns).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wire: Vec<WireResult>,
+}
+
+impl RailResult {
+    pub fn id(&self) -> String {
+        format!("{}:{}", self.hca, self.port)
+    }
+}
+
+/// One pairwise test of a rail against a peer node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WireResult {
+    pub peer: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_bw_gbps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_us: Option<f64>,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tested_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// A GPU and the HCA it should use.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuAffinity {
+    /// GPU index (NVML order when NVML was available, otherwise PCI order).
+    pub gpu: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
+    pub preferred_hca: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u32>,
+    pub path: PathType,
+    /// NUMA node, `None` when the kernel reports -1 (unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa: Option<u32>,
+}
+
+/// NCCL results of a certification run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NcclResult {
+    /// Stable large-message bus bandwidth, GB/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busbw_plateau_gbps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algbw_gbps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avg_busbw_gbps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<Transport>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gdr: Option<bool>,
+    #[serde(default)]
+    pub wrong: u64,
+    /// HCAs NCCL actually used.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hcas: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl_version: Option<String>,
+}
+
+/// A past result kept for regression detection.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HistoryEntry {
+    pub issued_at: Timestamp,
+    pub verdict: Verdict,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busbw_plateau_gbps: Option<f64>,
+    /// Host-memory write bandwidth per rail (`hca:port` -> Gb/s).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rail_write_bw_gbps: BTreeMap<String, f64>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub software: BTreeMap<String, String>,
+}
+
+/// The certificate stored on a Node.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Certificate {
+    /// Format version, see [`CERTIFICATE_VERSION`].
+    pub version: u32,
+    /// Increases with every certificate the prober publishes for the node.
+    pub generation: u64,
+    pub issued_at: Timestamp,
+    pub expires_at: Timestamp,
+    pub profile: String,
+    pub signature: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    pub verdict: Verdict,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<String>,
+    #[serde(default)]
+    pub rails: Vec<RailResult>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuAffinity>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl: Option<NcclResult>,
+    /// Software baseline (driver, CUDA, kernel, firmware, OFED, NCCL, nccl-tests digest).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub software: BTreeMap<String, String>,
+    /// When the last passive check ran (counters, link state).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passive_checked_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<HistoryEntry>,
+    /// Fields written by newer versions, kept on round trips.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+impl Certificate {
+    /// Parses a certificate annotation. Rejects oversize input, malformed JSON and
+    /// versions newer than this reader understands.
+    pub fn from_annotation(value: &str) -> Result<Self, CertificateError> {
+        if value.len() > MAX_CERTIFICATE_BYTES {
+            return Err(CertificateError::TooLarge { bytes: value.len() });
+        }
+        if value.trim().is_empty() {
+            return Err(CertificateError::Empty);
+        }
+        // Check the version first, so a future format gets a version error, not a field error.
+        let raw: serde_json::Value =
+            serde_json::from_str(value).map_err(|source| CertificateError::Json { source })?;
+        let version = raw
+            .get("version")
+            .ok_or(CertificateError::MissingVersion)?
+            .as_u64()
+            .ok_or(CertificateError::MissingVersion)?;
+        if version == 0 || version > u64::from(CERTIFICATE_VERSION) {
+            return Err(CertificateError::UnsupportedVersion { version });
+        }
+        serde_json::from_value(raw).map_err(|source| CertificateError::Json { source })
+    }
+
+    /// The annotation value (compact JSON).
+    pub fn to_annotation(&self) -> Result<String, CertificateError> {
+        serde_json::to_string(self).map_err(|source| CertificateError::Json { source })
+    }
+
+    /// Whether the certificate has expired at `now`.
+    pub fn is_expired(&self, now: Timestamp) -> bool {
+        now >= self.expires_at
+    }
+
+    pub fn rail(&self, hca: &str, port: u32) -> Option<&RailResult> {
+        self.rails.iter().find(|r| r.hca == hca && r.port == port)
+    }
+}
+
+/// Formats a duration in seconds the way operators read it: `2h10m`, `45s`, `3d4h`.
+pub fn human_duration(secs: i64) -> String {
+    let s = secs.unsigned_abs();
+    let (d, h, m, sec) = (s / 86400, (s % 86400) / 3600, (s % 3600) / 60, s % 60);
+    let out = if d > 0 {
+        format!("{d}d{h}h")
+    } else if h > 0 {
+        format!("{h}h{m}m")
+    } else if m > 0 {
+        format!("{m}m{sec}s")
+    } else {
+        format!("{sec}s")
+    };
+    if secs < 0 {
+        format!("-{out}")
+    } else {
+        out
+    }
+}

@@ -1,0 +1,64 @@
+//! Errors of the api crate.
+
+use crate::profile::FieldProblem;
+
+/// A FabricProfile failed validation or could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("invalid FabricProfile: {}", join_problems(.problems))]
+    Invalid { problems: Vec<FieldProblem> },
+    #[error("cannot parse FabricProfile YAML")]
+    Yaml {
+        #[source]
+        source: serde_yaml::Error,
+    },
+}
+
+impl ProfileError {
+    /// The field paths named by the problems, for callers that want to assert on them.
+    pub fn fields(&self) -> Vec<&str> {
+        match self {
+            ProfileError::Invalid { problems } => {
+                problems.iter().map(|p| p.field.as_str()).collect()
+            }
+            ProfileError::Yaml { .. } => Vec::new(),
+        }
+    }
+}
+
+fn join_problems(problems: &[FieldProblem]) -> String {
+    problems
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// A certificate annotation could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum CertificateError {
+    #[error("certificate is empty")]
+    Empty,
+    #[error("certificate is {bytes} bytes, over the 256 KiB limit")]
+    TooLarge { bytes: usize },
+    #[error("certificate has no numeric version field")]
+    MissingVersion,
+    #[error("certificate version {version} is not supported by this railguard (max 1)")]
+    UnsupportedVersion { version: u64 },
+    #[error("certificate JSON is malformed")]
+    Json {
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// A resource quantity could not be parsed.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum QuantityError {
+    #[error("quantity is empty")]
+    Empty,
+    #[error("quantity {0:?} is negative")]
+    Negative(String),
+    #[error("quantity {0:?} is not a Kubernetes quantity (e.g. 64Gi, 512M)")]
+    Malformed(String),
+}

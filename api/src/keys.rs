@@ -1,0 +1,71 @@
+//! The label, annotation and condition keys of railguard's Node and Pod contract.
+//! Operators select on these; they are part of the public API and never change meaning.
+
+/// API group of railguard's custom resources.
+pub const GROUP: &str = "railguard.io";
+/// Field manager used by the prober for server-side apply on Nodes.
+pub const PROBER_FIELD_MANAGER: &str = "railguard-prober";
+/// Generic field manager for other railguard writers (webhook cert rotation, demo).
+pub const FIELD_MANAGER: &str = "railguard";
+
+/// Node label: `certified|degraded|failed|pending`.
+pub const LABEL_FABRIC: &str = "railguard.io/fabric";
+/// Node label: the FabricProfile the node was certified against.
+pub const LABEL_PROFILE: &str = "railguard.io/profile";
+/// Node label: short hash of the rail layout (see [`crate::signature`]).
+pub const LABEL_SIGNATURE: &str = "railguard.io/signature";
+
+/// Node annotation: JSON [`crate::certificate::Certificate`].
+pub const ANNOTATION_CERTIFICATE: &str = "railguard.io/certificate";
+/// Node annotation: ask the prober for an invasive run now (any non-empty value).
+pub const ANNOTATION_RECERTIFY: &str = "railguard.io/recertify";
+
+/// Node condition type published by the prober.
+pub const CONDITION_FABRIC_READY: &str = "RailguardFabricReady";
+
+/// Pod input: choose a profile by name (also written back as an output).
+pub const ANNOTATION_PROFILE: &str = "railguard.io/profile";
+/// Pod input: `"false"` opts a pod out, `"true"` opts a non-GPU pod in.
+pub const ANNOTATION_INJECT: &str = "railguard.io/inject";
+/// Pod input: comma list of parts to skip, see [`SKIP_PARTS`].
+pub const ANNOTATION_SKIP: &str = "railguard.io/skip";
+/// Pod input: `"true"` lets the extender place the pod on uncertified nodes.
+pub const ANNOTATION_ALLOW_UNCERTIFIED: &str = "railguard.io/allow-uncertified";
+/// Pod output: the rail-layout signature of the chosen profile.
+pub const ANNOTATION_SIGNATURE: &str = "railguard.io/signature";
+/// Pod output: comma list of the mutations the webhook applied.
+pub const ANNOTATION_MUTATIONS: &str = "railguard.io/mutations";
+
+/// The parts of a mutation a pod may skip with [`ANNOTATION_SKIP`].
+pub const SKIP_PARTS: &[&str] = &["shm", "ipc-lock", "nccl-env", "rdma", "network", "affinity"];
+
+/// Multus network selection annotation.
+pub const ANNOTATION_MULTUS_NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
+/// Pod Security Admission enforce label on namespaces.
+pub const LABEL_POD_SECURITY_ENFORCE: &str = "pod-security.kubernetes.io/enforce";
+
+/// Label values of [`LABEL_FABRIC`].
+pub mod fabric {
+    pub const CERTIFIED: &str = "certified";
+    pub const DEGRADED: &str = "degraded";
+    pub const FAILED: &str = "failed";
+    pub const PENDING: &str = "pending";
+}
+
+/// Default GPU resource names that make a pod a training pod.
+pub const DEFAULT_GPU_RESOURCES: &[&str] = &["nvidia.com/gpu"];
+
+/// Default label keys that group pods of one job (gang locality).
+pub const DEFAULT_JOB_LABEL_KEYS: &[&str] = &[
+    "training.kubeflow.org/job-name",
+    "jobset.sigs.k8s.io/jobset-name",
+    "leaderworkerset.sigs.k8s.io/name",
+    "batch.kubernetes.io/job-name",
+];
+
+/// Default topology label keys, most specific first.
+pub const DEFAULT_TOPOLOGY_KEYS: &[&str] = &[
+    "network.topology.nvidia.com/leaf",
+    "network.topology.nvidia.com/spine",
+    "fabric.topograph.run/tier-1",
+];

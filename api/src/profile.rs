@@ -1,0 +1,739 @@
+//! The `FabricProfile` custom resource: one homogeneous GPU node pool and the fabric
+//! it must have. Cluster-scoped, `railguard.io/v1alpha1`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::error::ProfileError;
+use crate::quantity::parse_bytes;
+use crate::selector::LabelSelector;
+use crate::signature::{layout_signature, RailLayout};
+
+/// Link layer of a rail. Serialized as `IB` or `RoCE`.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+pub enum LinkLayer {
+    /// InfiniBand (`link_layer` = `InfiniBand` in sysfs).
+    #[serde(rename = "IB")]
+    Ib,
+    /// RDMA over Converged Ethernet (`link_layer` = `Ethernet` in sysfs).
+    #[serde(rename = "RoCE")]
+    Roce,
+}
+
+impl LinkLayer {
+    /// Short name used in signatures and messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkLayer::Ib => "IB",
+            LinkLayer::Roce => "RoCE",
+        }
+    }
+
+    /// Maps the sysfs `link_layer` value (`InfiniBand`, `Ethernet`) to a link layer.
+    pub fn from_sysfs(value: &str) -> Option<Self> {
+        match value.trim() {
+            "InfiniBand" => Some(LinkLayer::Ib),
+            "Ethernet" => Some(LinkLayer::Roce),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for LinkLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One compute rail: an HCA port and the GPUs whose traffic it carries.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RailSpec {
+    /// RDMA device name, e.g. `mlx5_0`.
+    pub hca: String,
+    /// Port number on the HCA (1-based).
+    pub port: u32,
+    pub link_layer: LinkLayer,
+    /// Expected link rate in Gb/s (e.g. 400 for NDR, 200 for HDR).
+    pub rate_gbps: u32,
+    /// GPU indices (NVML order) this rail serves.
+    pub gpus: Vec<u32>,
+    /// Network interface behind the port, when known (RoCE netdev or IPoIB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netdev: Option<String>,
+}
+
+impl RailSpec {
+    /// `hca:port`, the form NCCL and railguard messages use.
+    pub fn id(&self) -> String {
+        format!("{}:{}", self.hca, self.port)
+    }
+}
+
+/// NCCL settings injected into training containers.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NcclSettings {
+    /// `NCCL_IB_HCA`; derived from the rails in exact-match form (`=mlx5_0:1,...`) when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ib_hca: Option<String>,
+    /// `NCCL_SOCKET_IFNAME`, e.g. `=eth0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_ifname: Option<String>,
+    /// `NCCL_CROSS_NIC` (0, 1 or 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cross_nic: Option<u8>,
+    /// Other NCCL variables to inject, e.g. `NCCL_IB_QPS_PER_CONNECTION`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+}
+
+/// How many RDMA device resources a training container requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum RdmaCountMode {
+    /// One shared device (e.g. `rdma/rdma_shared_device_a: 1`).
+    SharedDevice,
+    /// One per GPU the container requests.
+    PerGpu,
+    /// One per rail of the profile.
+    PerRail,
+}
+
+/// The RDMA extended resource a training container needs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RdmaResource {
+    /// Extended resource name, e.g. `rdma/rdma_shared_device_a` or `nvidia.com/hostdev`.
+    pub resource_name: String,
+    pub count_mode: RdmaCountMode,
+}
+
+/// Per-profile thresholds for certification.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Thresholds {
+    /// Minimum RDMA WRITE bandwidth per rail from host memory, Gb/s.
+    pub write_bw_host_gbps: f64,
+    /// Minimum RDMA WRITE bandwidth per rail from GPU memory (GPUDirect), Gb/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_bw_gpu_gbps: Option<f64>,
+    /// Maximum small-message RDMA WRITE latency, microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_latency_us: Option<f64>,
+    /// Minimum NCCL all_reduce bus bandwidth plateau, GB/s (nccl-tests units).
+    pub busbw_plateau_gbps: f64,
+    /// Allowed growth of each error counter over a check window; unlisted counters allow 0.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub counter_growth: BTreeMap<String, u64>,
+    /// A drop beyond this percentage below the node's own history median is a regression.
+    #[serde(default = "default_regression_tolerance")]
+    pub regression_tolerance_percent: f64,
+}
+
+fn default_regression_tolerance() -> f64 {
+    10.0
+}
+
+/// How and how often the prober certifies nodes of this profile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CertificationSpec {
+    /// Lifetime of a certificate from its last invasive pass, seconds.
+    #[serde(default = "default_ttl")]
+    pub ttl_seconds: u64,
+    /// Interval between invasive runs, seconds (must be shorter than the TTL).
+    #[serde(default = "default_interval")]
+    pub interval_seconds: u64,
+    /// Interval between passive rail checks, seconds.
+    #[serde(default = "default_passive_interval")]
+    pub passive_interval_seconds: u64,
+    /// How many past results a certificate keeps as history.
+    #[serde(default = "default_history")]
+    pub history_depth: u32,
+    /// nccl-tests settings.
+    #[serde(default)]
+    pub nccl_tests: NcclTestsSpec,
+}
+
+impl Default for CertificationSpec {
+    fn default() -> Self {
+        Self {
+            ttl_seconds: default_ttl(),
+            interval_seconds: default_interval(),
+            passive_interval_seconds: default_passive_interval(),
+            history_depth: default_history(),
+            nccl_tests: NcclTestsSpec::default(),
+        }
+    }
+}
+
+fn default_ttl() -> u64 {
+    24 * 3600
+}
+fn default_interval() -> u64 {
+    6 * 3600
+}
+fn default_passive_interval() -> u64 {
+    60
+}
+fn default_history() -> u32 {
+    5
+}
+
+/// How the prober runs `all_reduce_perf`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NcclTestsSpec {
+    /// Path of the `all_reduce_perf` binary.
+    #[serde(default = "default_nccl_binary")]
+    pub binary: String,
+    /// Arguments to `all_reduce_perf`.
+    #[serde(default = "default_nccl_args")]
+    pub args: Vec<String>,
+    /// Force `NCCL_ALGO=Ring` so the run measures the fabric rather than NVLS/tree tricks.
+    #[serde(default)]
+    pub force_ring: bool,
+    /// GPUDirect RDMA must be in use (GDRDMA in the NCCL log).
+    #[serde(default = "default_true")]
+    pub expect_gdr: bool,
+    /// Also run with `NCCL_NET_GDR_LEVEL=LOC`, which must be slower.
+    #[serde(default)]
+    pub gdr_negative_control: bool,
+    /// Also run socket-only for comparison.
+    #[serde(default)]
+    pub socket_comparison: bool,
+}
+
+impl Default for NcclTestsSpec {
+    fn default() -> Self {
+        Self {
+            binary: default_nccl_binary(),
+            args: default_nccl_args(),
+            force_ring: false,
+            expect_gdr: true,
+            gdr_negative_control: false,
+            socket_comparison: false,
+        }
+    }
+}
+
+fn default_nccl_binary() -> String {
+    "/usr/local/bin/all_reduce_perf".to_string()
+}
+fn default_nccl_args() -> Vec<String> {
+    [
+        "-b", "8M", "-e", "8G", "-f", "2", "-g", "1", "-w", "5", "-n", "20", "-c", "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+fn default_true() -> bool {
+    true
+}
+
+/// What to do when a rule is broken at admission.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Enforcement {
+    /// Admit and return an admission warning.
+    #[default]
+    Warn,
+    /// Reject the pod.
+    Deny,
+}
+
+/// Admission policy of the profile.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionPolicy {
+    /// Unsafe NCCL settings found on a pod (NCCL_DEBUG, GDR_LEVEL=SYS, ...).
+    #[serde(default)]
+    pub unsafe_nccl: Enforcement,
+    /// IPC_LOCK needed but the namespace enforces Pod Security baseline/restricted.
+    #[serde(default)]
+    pub pod_security_conflict: Enforcement,
+}
+
+/// Which namespaces may use the exemption annotations (`inject: "false"`, `skip`,
+/// `allow-uncertified`). A namespace is allowed when it is listed by name or its labels
+/// match the selector. Empty means no namespace may.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExemptionPolicy {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+}
+
+impl ExemptionPolicy {
+    /// Whether a namespace (name and labels) may use exemption annotations.
+    pub fn allows(&self, namespace: &str, labels: &BTreeMap<String, String>) -> bool {
+        self.namespaces.iter().any(|n| n == namespace)
+            || self
+                .namespace_selector
+                .as_ref()
+                .is_some_and(|s| !s.is_empty() && s.matches(labels))
+    }
+}
+
+/// Spec of a FabricProfile.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "railguard.io",
+    version = "v1alpha1",
+    kind = "FabricProfile",
+    plural = "fabricprofiles",
+    shortname = "fp",
+    printcolumn = r#"{"name":"Rails","type":"integer","jsonPath":".status.rails"}"#,
+    printcolumn = r#"{"name":"Signature","type":"string","jsonPath":".status.signature"}"#,
+    printcolumn = r#"{"name":"Default","type":"boolean","jsonPath":".spec.default"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    status = "FabricProfileStatus"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct FabricProfileSpec {
+    /// Labels that select the profile's nodes (and pods' nodeSelectors).
+    #[serde(default)]
+    pub node_selector: BTreeMap<String, String>,
+    /// The profile used for GPU pods that select no other.
+    #[serde(default)]
+    pub default: bool,
+    /// Compute rails, one per HCA port.
+    pub rails: Vec<RailSpec>,
+    #[serde(default)]
+    pub nccl: NcclSettings,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rdma: Option<RdmaResource>,
+    /// Multus networks (`name`, `ns/name`, `ns/name@if`) to attach.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub networks: Vec<String>,
+    /// `sizeLimit` of the memory-backed `/dev/shm` (Kubernetes quantity, e.g. `64Gi`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm_size: Option<String>,
+    /// Add `IPC_LOCK` to training containers.
+    #[serde(default = "default_true")]
+    pub ipc_lock: bool,
+    /// Add a `railguard-prober preflight` init container.
+    #[serde(default)]
+    pub preflight: bool,
+    pub thresholds: Thresholds,
+    #[serde(default)]
+    pub certification: CertificationSpec,
+    #[serde(default)]
+    pub exemptions: ExemptionPolicy,
+    #[serde(default)]
+    pub policy: AdmissionPolicy,
+    /// Node label keys for placement scoring, most specific first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topology_keys: Vec<String>,
+}
+
+/// Status written by a controller (informational).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FabricProfileStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rails: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<String>,
+}
+
+impl FabricProfileSpec {
+    /// The rail layout this profile describes.
+    pub fn layout(&self) -> Vec<RailLayout> {
+        self.rails
+            .iter()
+            .map(|r| RailLayout {
+                hca: r.hca.clone(),
+                port: r.port,
+                link_layer: r.link_layer,
+                rate_gbps: r.rate_gbps,
+                gpus: r.gpus.clone(),
+            })
+            .collect()
+    }
+
+    /// The rail-layout signature nodes of this profile must carry.
+    pub fn signature(&self) -> String {
+        layout_signature(&self.layout())
+    }
+
+    /// `NCCL_IB_HCA`: the explicit value, or the exact-match form derived from the rails.
+    pub fn nccl_ib_hca(&self) -> String {
+        match &self.nccl.ib_hca {
+            Some(v) => v.clone(),
+            None => derive_ib_hca(&self.rails),
+        }
+    }
+
+    /// Looks up a rail by `hca:port`.
+    pub fn rail(&self, hca: &str, port: u32) -> Option<&RailSpec> {
+        self.rails.iter().find(|r| r.hca == hca && r.port == port)
+    }
+
+    /// Topology keys for scoring: the profile's own, or the defaults.
+    pub fn topology_keys(&self) -> Vec<String> {
+        if self.topology_keys.is_empty() {
+            crate::keys::DEFAULT_TOPOLOGY_KEYS
+                .iter()
+                .map(|s| s.to_string())
+                .collect()
+        } else {
+            self.topology_keys.clone()
+        }
+    }
+
+    /// Checks the profile for mistakes, reporting every problem with its field path.
+    pub fn validate(&self) -> Result<(), ProfileError> {
+        let mut problems = Vec::new();
+        let mut push =
+            |field: String, message: String| problems.push(FieldProblem { field, message });
+
+        if self.rails.is_empty() {
+            push("spec.rails".into(), "at least one rail is required".into());
+        }
+        let mut seen = BTreeSet::new();
+        for (i, rail) in self.rails.iter().enumerate() {
+            let at = format!("spec.rails[{i}]");
+            if !is_device_name(&rail.hca) {
+                push(
+                    format!("{at}.hca"),
+                    format!("invalid HCA name {:?}", rail.hca),
+                );
+            }
+            if rail.port == 0 {
+                push(format!("{at}.port"), "port numbers start at 1".into());
+            }
+            if rail.rate_gbps == 0 {
+                push(
+                    format!("{at}.rateGbps"),
+                    format!("rail {} has rate 0", rail.id()),
+                );
+            }
+            if !seen.insert((rail.hca.as_str(), rail.port)) {
+                push(format!("{at}"), format!("duplicate rail {}", rail.id()));
+            }
+            let mut gpus = BTreeSet::new();
+            for g in &rail.gpus {
+                if !gpus.insert(*g) {
+                    push(
+                        format!("{at}.gpus"),
+                        format!("GPU {g} listed twice on rail {}", rail.id()),
+                    );
+                }
+            }
+        }
+        // GPUs are numbered 0..n; every GPU up to the highest one named must be served.
+        let served: BTreeSet<u32> = self
+            .rails
+            .iter()
+            .flat_map(|r| r.gpus.iter().copied())
+            .collect();
+        if let Some(&max) = served.iter().next_back() {
+            for g in 0..=max {
+                if !served.contains(&g) {
+                    push("spec.rails".into(), format!("GPU {g} is served by no rail"));
+                }
+            }
+        }
+        if let Some(hca) = &self.nccl.ib_hca {
+            if let Err(e) = parse_ib_hca(hca) {
+                push("spec.nccl.ibHca".into(), e);
+            }
+        }
+        if let Some(ifname) = &self.nccl.socket_ifname {
+            if ifname.trim().is_empty() || ifname.contains(char::is_whitespace) {
+                push(
+                    "spec.nccl.socketIfname".into(),
+                    format!("invalid interface list {ifname:?}"),
+                );
+            }
+        }
+        if let Some(c) = self.nccl.cross_nic {
+            if c > 2 {
+                push(
+                    "spec.nccl.crossNic".into(),
+                    format!("must be 0, 1 or 2, not {c}"),
+                );
+            }
+        }
+        for k in self.nccl.env.keys() {
+            if !k.starts_with("NCCL_") {
+                push(
+                    format!("spec.nccl.env.{k}"),
+                    "only NCCL_* variables belong here".into(),
+                );
+            }
+        }
+        if let Some(rdma) = &self.rdma {
+            if !is_extended_resource_name(&rdma.resource_name) {
+                push(
+                    "spec.rdma.resourceName".into(),
+                    format!(
+                        "{:?} is not an extended resource name (domain/name)",
+                        rdma.resource_name
+                    ),
+                );
+            }
+        }
+        for (i, n) in self.networks.iter().enumerate() {
+            if n.trim().is_empty() || n.contains(',') || n.contains(char::is_whitespace) {
+                push(
+                    format!("spec.networks[{i}]"),
+                    format!("invalid network name {n:?}"),
+                );
+            }
+        }
+        if let Some(size) = &self.shm_size {
+            match parse_bytes(size) {
+                Ok(0) => push("spec.shmSize".into(), "must be larger than 0".into()),
+                Ok(_) => {}
+                Err(e) => push("spec.shmSize".into(), e.to_string()),
+            }
+        }
+        let t = &self.thresholds;
+        let mut numeric = Vec::new();
+        check_number(
+            &mut numeric,
+            "spec.thresholds.writeBwHostGbps",
+            t.write_bw_host_gbps,
+            true,
+        );
+        if let Some(v) = t.write_bw_gpu_gbps {
+            check_number(&mut numeric, "spec.thresholds.writeBwGpuGbps", v, true);
+        }
+        if let Some(v) = t.max_latency_us {
+            check_number(&mut numeric, "spec.thresholds.maxLatencyUs", v, false);
+        }
+        check_number(
+            &mut numeric,
+            "spec.thresholds.busbwPlateauGbps",
+            t.busbw_plateau_gbps,
+            true,
+        );
+        check_number(
+            &mut numeric,
+            "spec.thresholds.regressionTolerancePercent",
+            t.regression_tolerance_percent,
+            true,
+        );
+        if t.regression_tolerance_percent > 100.0 {
+            numeric.push(FieldProblem {
+                field: "spec.thresholds.regressionTolerancePercent".into(),
+                message: "must be at most 100".into(),
+            });
+        }
+        problems.extend(numeric);
+        let c = &self.certification;
+        if c.ttl_seconds == 0 {
+            problems.push(FieldProblem {
+                field: "spec.certification.ttlSeconds".into(),
+                message: "must be positive".into(),
+            });
+        }
+        if c.interval_seconds == 0 || c.interval_seconds >= c.ttl_seconds {
+            problems.push(FieldProblem {
+                field: "spec.certification.intervalSeconds".into(),
+                message: format!(
+                    "must be positive and shorter than ttlSeconds ({}), or certificates expire between runs",
+                    c.ttl_seconds
+                ),
+            });
+        }
+        if c.passive_interval_seconds == 0 {
+            problems.push(FieldProblem {
+                field: "spec.certification.passiveIntervalSeconds".into(),
+                message: "must be positive".into(),
+            });
+        }
+        if c.nccl_tests.binary.trim().is_empty() {
+            problems.push(FieldProblem {
+                field: "spec.certification.ncclTests.binary".into(),
+                message: "must not be empty".into(),
+            });
+        }
+        if let Some(sel) = &self.exemptions.namespace_selector {
+            if let Err(e) = sel.validate() {
+                problems.push(FieldProblem {
+                    field: "spec.exemptions.namespaceSelector".into(),
+                    message: e,
+                });
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ProfileError::Invalid { problems })
+        }
+    }
+}
+
+fn check_number(out: &mut Vec<FieldProblem>, field: &str, v: f64, allow_zero: bool) {
+    if !v.is_finite() {
+        out.push(FieldProblem {
+            field: field.into(),
+            message: "must be a finite number".into(),
+        });
+    } else if v < 0.0 {
+        out.push(FieldProblem {
+            field: field.into(),
+            message: format!("must not be negative, got {v}"),
+        });
+    } else if !allow_zero && v == 0.0 {
+        out.push(FieldProblem {
+            field: field.into(),
+            message: "must be positive".into(),
+        });
+    }
+}
+
+/// One problem found by [`FabricProfileSpec::validate`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldProblem {
+    /// Path of the offending field, e.g. `spec.rails[2].rateGbps`.
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for FieldProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+impl FabricProfile {
+    /// The profile's name (cluster-scoped, so unique).
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// Validates metadata and spec.
+    pub fn validate(&self) -> Result<(), ProfileError> {
+        let mut problems = match self.spec.validate() {
+            Ok(()) => Vec::new(),
+            Err(ProfileError::Invalid { problems }) => problems,
+            Err(e) => return Err(e),
+        };
+        if self.metadata.name.as_deref().is_none_or(str::is_empty) {
+            problems.insert(
+                0,
+                FieldProblem {
+                    field: "metadata.name".into(),
+                    message: "is required".into(),
+                },
+            );
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ProfileError::Invalid { problems })
+        }
+    }
+}
+
+/// Exact-match `NCCL_IB_HCA` for the rails, in rail order: `=mlx5_0:1,mlx5_3:1`.
+pub fn derive_ib_hca(rails: &[RailSpec]) -> String {
+    let ids: Vec<String> = rails.iter().map(RailSpec::id).collect();
+    format!("={}", ids.join(","))
+}
+
+/// One entry of an `NCCL_IB_HCA` list.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IbHcaEntry {
+    pub hca: String,
+    pub port: Option<u32>,
+}
+
+/// Parsed `NCCL_IB_HCA`: the `^` (exclude) and `=` (exact match) prefixes and the entries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IbHcaList {
+    pub exclude: bool,
+    pub exact: bool,
+    pub entries: Vec<IbHcaEntry>,
+}
+
+/// Parses an `NCCL_IB_HCA` value such as `=mlx5_0:1,mlx5_1:1` or `^mlx5_4`.
+pub fn parse_ib_hca(value: &str) -> Result<IbHcaList, String> {
+    let mut rest = value.trim();
+    let mut exclude = false;
+    let mut exact = false;
+    loop {
+        if let Some(r) = rest.strip_prefix('^') {
+            if exclude {
+                return Err(format!("{value:?} repeats the ^ prefix"));
+            }
+            exclude = true;
+            rest = r;
+        } else if let Some(r) = rest.strip_prefix('=') {
+            if exact {
+                return Err(format!("{value:?} repeats the = prefix"));
+            }
+            exact = true;
+            rest = r;
+        } else {
+            break;
+        }
+    }
+    if rest.is_empty() {
+        return Err(format!("{value:?} names no HCA"));
+    }
+    let mut entries = Vec::new();
+    for part in rest.split(',') {
+        let part = part.trim();
+        if part.is_empty() {
+            return Err(format!("{value:?} has an empty entry"));
+        }
+        let (hca, port) = match part.split_once(':') {
+            Some((h, p)) => {
+                let port: u32 = p
+                    .parse()
+                    .map_err(|_| format!("{value:?}: port {p:?} of {h} is not a number"))?;
+                if port == 0 {
+                    return Err(format!("{value:?}: port numbers start at 1"));
+                }
+                (h, Some(port))
+            }
+            None => (part, None),
+        };
+        if !is_device_name(hca) {
+            return Err(format!("{value:?}: invalid HCA name {hca:?}"));
+        }
+        entries.push(IbHcaEntry {
+            hca: hca.to_string(),
+            port,
+        });
+    }
+    Ok(IbHcaList {
+        exclude,
+        exact,
+        entries,
+    })
+}
+
+fn is_device_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+}
+
+fn is_extended_resource_name(s: &str) -> bool {
+    match s.split_once('/') {
+        Some((domain, name)) => {
+            !domain.is_empty()
+                && domain.contains('.')
+                && !name.is_empty()
+                && !name.contains('/')
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+        }
+        None => false,
+    }
+}

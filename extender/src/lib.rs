@@ -1,0 +1,1 @@
+//! railguard extender (being built).

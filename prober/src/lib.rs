@@ -1,0 +1,1 @@
+//! railguard prober (being built).

@@ -1,0 +1,1 @@
+//! railguard webhook (being built).

@@ -1,0 +1,4 @@
+fn main() {
+    eprintln!("railguard-webhook: not built yet");
+    std::process::exit(2);
+}

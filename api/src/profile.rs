@@ -728,7 +728,7 @@ fn is_extended_resource_name(s: &str) -> bool {
     match s.split_once('/') {
         Some((domain, name)) => {
             !domain.is_empty()
-                && domain.contains('.')
+                && !domain.ends_with("kubernetes.io")
                 && !name.is_empty()
                 && !name.contains('/')
                 && s.chars()

@@ -1,1 +1,580 @@
+//! A real local Kubernetes control plane for railguard's end-to-end tests.
+//!
+//! [`ControlPlane::start`] runs etcd and kube-apiserver 1.20 (built from Debian's source
+//! package by `tests/scripts/control-plane.sh`, cached outside the repo) on free loopback
+//! ports in a temp dir: token auth, RBAC, secure port only, generated certificates. It hands
+//! out a `kube::Client` and a kubeconfig, can start kube-scheduler with an extenders stanza,
+//! creates fake Nodes and test namespaces, and stops everything it started on drop — also
+//! when a test panics, in which case the logs are kept and their path printed.
 
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+use serde_json::json;
+
+/// Field manager the harness uses for its own writes.
+pub const HARNESS_FIELD_MANAGER: &str = "railguard-tests";
+
+static BUILD_LOCK: Mutex<()> = Mutex::new(());
+
+/// Directory holding `kube-apiserver` and `kube-scheduler`, building them on first use.
+/// `RAILGUARD_KUBE_BIN_DIR` overrides the location.
+pub fn control_plane_binaries() -> Result<PathBuf> {
+    if let Ok(dir) = std::env::var("RAILGUARD_KUBE_BIN_DIR") {
+        let dir = PathBuf::from(dir);
+        if dir.join("kube-apiserver").is_file() {
+            return Ok(dir);
+        }
+        bail!(
+            "RAILGUARD_KUBE_BIN_DIR={} holds no kube-apiserver",
+            dir.display()
+        );
+    }
+    let _guard = BUILD_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    let script = workspace_root().join("tests/scripts/control-plane.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed ({}); see its output above",
+            script.display(),
+            out.status
+        );
+    }
+    let dir = String::from_utf8(out.stdout)?
+        .trim()
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    let dir = PathBuf::from(dir);
+    if !dir.join("kube-apiserver").is_file() || !dir.join("kube-scheduler").is_file() {
+        bail!(
+            "control-plane.sh printed {} but the binaries are not there",
+            dir.display()
+        );
+    }
+    Ok(dir)
+}
+
+/// The repository root (the parent of this crate's directory).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// A free TCP port on 127.0.0.1 (released before return; the race is acceptable in tests).
+pub fn free_port() -> Result<u16> {
+    let l = TcpListener::bind("127.0.0.1:0").context("binding a loopback port")?;
+    Ok(l.local_addr()?.port())
+}
+
+struct Proc {
+    name: &'static str,
+    child: Child,
+}
+
+/// A running etcd + kube-apiserver (+ optional kube-scheduler).
+pub struct ControlPlane {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    procs: Vec<Proc>,
+    client: Client,
+    server: String,
+    kubeconfig: PathBuf,
+    token: String,
+    ca_pem: String,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("server", &self.server)
+            .field("dir", &self.dir.path())
+            .finish()
+    }
+}
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver and waits until the API answers.
+    pub async fn start() -> Result<ControlPlane> {
+        // kube pulls ring and other crates may pull aws-lc-rs: pick one provider explicitly.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let bin = control_plane_binaries()?;
+        let dir = tempfile::Builder::new().prefix("railguard-cp-").tempdir()?;
+        let d = dir.path().to_path_buf();
+
+        // Certificates: one CA signing the serving certificate; a service-account key pair.
+        let ca_key = rcgen::KeyPair::generate()?;
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "railguard-test-ca");
+        let ca = ca_params.self_signed(&ca_key)?;
+        let mut srv_params = rcgen::CertificateParams::new(vec![
+            "localhost".to_string(),
+            "kubernetes.default.svc".to_string(),
+        ])?;
+        srv_params
+            .subject_alt_names
+            .push(rcgen::SanType::IpAddress("127.0.0.1".parse()?));
+        srv_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "kube-apiserver");
+        let srv_key = rcgen::KeyPair::generate()?;
+        let srv = srv_params.signed_by(&srv_key, &ca, &ca_key)?;
+        let sa_key = rcgen::KeyPair::generate()?;
+        std::fs::write(d.join("ca.crt"), ca.pem())?;
+        std::fs::write(d.join("apiserver.crt"), srv.pem())?;
+        std::fs::write(d.join("apiserver.key"), srv_key.serialize_pem())?;
+        std::fs::write(d.join("sa.key"), sa_key.serialize_pem())?;
+        std::fs::write(d.join("sa.pub"), sa_key.public_key_pem())?;
+        let token =
+            format!("railguard-{}", std::process::id()) + &hex_token(&srv_key.serialize_der());
+        std::fs::write(
+            d.join("tokens.csv"),
+            format!("{token},admin,admin-uid,\"system:masters\"\n"),
+        )?;
+
+        let etcd_port = free_port()?;
+        let etcd_peer = free_port()?;
+        let api_port = free_port()?;
+        let mut procs = Vec::new();
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        procs.push(spawn(
+            "etcd",
+            Command::new("etcd")
+                .arg("--data-dir")
+                .arg(d.join("etcd"))
+                .arg(format!("--listen-client-urls={etcd_url}"))
+                .arg(format!("--advertise-client-urls={etcd_url}"))
+                .arg(format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"))
+                .arg(format!(
+                    "--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"
+                ))
+                .arg(format!(
+                    "--initial-cluster=default=http://127.0.0.1:{etcd_peer}"
+                ))
+                .arg("--log-level=warn"),
+            &d,
+        )?);
+        let server = format!("https://127.0.0.1:{api_port}");
+        let mut api = Command::new(bin.join("kube-apiserver"));
+        api.arg(format!("--etcd-servers={etcd_url}"))
+            .arg("--bind-address=127.0.0.1")
+            .arg("--advertise-address=127.0.0.1")
+            .arg(format!("--secure-port={api_port}"))
+            .arg("--insecure-port=0")
+            .arg(format!("--cert-dir={}", d.join("certs").display()))
+            .arg(format!(
+                "--tls-cert-file={}",
+                d.join("apiserver.crt").display()
+            ))
+            .arg(format!(
+                "--tls-private-key-file={}",
+                d.join("apiserver.key").display()
+            ))
+            .arg(format!("--client-ca-file={}", d.join("ca.crt").display()))
+            .arg(format!(
+                "--token-auth-file={}",
+                d.join("tokens.csv").display()
+            ))
+            .arg("--authorization-mode=RBAC")
+            .arg("--service-account-issuer=https://kubernetes.default.svc")
+            .arg(format!(
+                "--service-account-key-file={}",
+                d.join("sa.pub").display()
+            ))
+            .arg(format!(
+                "--service-account-signing-key-file={}",
+                d.join("sa.key").display()
+            ))
+            .arg("--service-cluster-ip-range=10.96.0.0/24")
+            .arg("--allow-privileged=true")
+            .arg("--enable-priority-and-fairness=false")
+            .arg("--v=1");
+        let etcd_ready = wait_for_tcp(etcd_port, Duration::from_secs(30));
+        let mut cp = ControlPlane {
+            client: placeholder_client()?,
+            dir,
+            bin,
+            procs,
+            server: server.clone(),
+            kubeconfig: d.join("kubeconfig"),
+            token: token.clone(),
+            ca_pem: ca.pem(),
+        };
+        etcd_ready.with_context(|| format!("etcd did not listen; logs in {}", d.display()))?;
+        cp.procs.push(spawn("kube-apiserver", &mut api, &d)?);
+        cp.write_kubeconfig()?;
+        let kubeconfig = Kubeconfig::read_from(&cp.kubeconfig)?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        cp.client = Client::try_from(config)?;
+        cp.wait_ready(Duration::from_secs(90)).await?;
+        Ok(cp)
+    }
+
+    fn write_kubeconfig(&self) -> Result<()> {
+        let ca_b64 = base64_encode(self.ca_pem.as_bytes());
+        let yaml = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: railguard-test\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: admin\n  user:\n    token: {}\ncontexts:\n- name: railguard-test\n  context:\n    cluster: railguard-test\n    user: admin\ncurrent-context: railguard-test\n",
+            self.server, ca_b64, self.token
+        );
+        std::fs::write(&self.kubeconfig, yaml)?;
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        loop {
+            self.check_alive()?;
+            // The default namespace exists once the bootstrap controllers have run.
+            if namespaces.get("default").await.is_ok() {
+                return Ok(());
+            }
+            if start.elapsed() > timeout {
+                bail!(
+                    "kube-apiserver not ready after {timeout:?}; logs in {}",
+                    self.log_dir().display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Fails if a process the harness started has exited.
+    pub fn check_alive(&mut self) -> Result<()> {
+        for p in &mut self.procs {
+            if let Some(status) = p.child.try_wait()? {
+                bail!(
+                    "{} exited with {status}; see {}/{}.log",
+                    p.name,
+                    self.dir.path().display(),
+                    p.name
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// An admin client (system:masters).
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// Path of an admin kubeconfig for child processes.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// `https://127.0.0.1:PORT`.
+    pub fn server_url(&self) -> &str {
+        &self.server
+    }
+
+    /// The CA that signed the API server's certificate, PEM.
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// Where the processes' logs are written.
+    pub fn log_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Starts kube-scheduler 1.20 with a `kubescheduler.config.k8s.io/v1beta1` configuration
+    /// whose `extenders:` list is `extenders_yaml` (a YAML sequence, may be empty `[]`).
+    pub async fn start_scheduler(&mut self, extenders_yaml: &str) -> Result<()> {
+        let d = self.dir.path().to_path_buf();
+        let extenders: serde_yaml::Value =
+            serde_yaml::from_str(extenders_yaml).context("extenders YAML")?;
+        let config = json!({
+            "apiVersion": "kubescheduler.config.k8s.io/v1beta1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": { "kubeconfig": self.kubeconfig.display().to_string(), "qps": 500, "burst": 1000 },
+            "leaderElection": { "leaderElect": false },
+            "extenders": extenders,
+        });
+        let path = d.join("scheduler-config.yaml");
+        std::fs::write(&path, serde_yaml::to_string(&config)?)?;
+        let mut cmd = Command::new(self.bin.join("kube-scheduler"));
+        cmd.arg(format!("--config={}", path.display()))
+            .arg("--port=0")
+            .arg("--secure-port=0")
+            .arg("--v=2");
+        let p = spawn("kube-scheduler", &mut cmd, &d)?;
+        self.procs.push(p);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.check_alive()
+    }
+
+    /// Stops kube-scheduler if running (so a test can restart it with another config).
+    pub fn stop_scheduler(&mut self) {
+        if let Some(i) = self.procs.iter().position(|p| p.name == "kube-scheduler") {
+            let mut p = self.procs.remove(i);
+            terminate(&mut p.child);
+        }
+    }
+
+    /// Applies the FabricProfile CRD from `charts/railguard/crds/` and waits until it is served.
+    pub async fn apply_fabricprofile_crd(&self) -> Result<()> {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        let path = workspace_root().join("charts/railguard/crds/fabricprofile.yaml");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let crd: CustomResourceDefinition = serde_yaml::from_str(&text)?;
+        let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(
+            &name,
+            &PatchParams::apply(HARNESS_FIELD_MANAGER).force(),
+            &Patch::Apply(&crd),
+        )
+        .await?;
+        let start = Instant::now();
+        loop {
+            let c = api.get(&name).await?;
+            let established = c
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            if established {
+                // Discovery may lag the condition slightly.
+                let profiles: Api<railguard_api::FabricProfile> = Api::all(self.client.clone());
+                if profiles.list(&Default::default()).await.is_ok() {
+                    return Ok(());
+                }
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                bail!("CRD {name} not established after 30s");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Creates a schedulable fake Node: given labels and allocatable (plus cpu, memory and
+    /// pods defaults), a Ready condition, and no `not-ready` taint.
+    pub async fn create_node(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+        allocatable: &[(&str, &str)],
+    ) -> Result<Node> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let mut labels = labels.clone();
+        labels
+            .entry("kubernetes.io/hostname".into())
+            .or_insert_with(|| name.to_string());
+        let node: Node = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": { "name": name, "labels": labels },
+            "spec": {},
+        }))?;
+        nodes
+            .create(&PostParams::default(), &node)
+            .await
+            .with_context(|| format!("creating node {name}"))?;
+        // The TaintNodesByCondition admission plugin adds not-ready on create; no kubelet clears it.
+        nodes
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "taints": null } })),
+            )
+            .await?;
+        let mut alloc: BTreeMap<String, String> = [
+            ("cpu", "64"),
+            ("memory", "1024Gi"),
+            ("pods", "110"),
+            ("ephemeral-storage", "1Ti"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        for (k, v) in allocatable {
+            alloc.insert(k.to_string(), v.to_string());
+        }
+        let now = jiff::Timestamp::now().to_string();
+        let status = json!({ "status": {
+            "capacity": alloc, "allocatable": alloc,
+            "conditions": [{ "type": "Ready", "status": "True", "reason": "KubeletReady",
+                              "message": "fake node from the railguard test harness",
+                              "lastHeartbeatTime": now, "lastTransitionTime": now }],
+        }});
+        let node = nodes
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+            .await?;
+        Ok(node)
+    }
+
+    /// Creates a namespace with labels and a `default` ServiceAccount that mounts no token
+    /// (no controller-manager runs, so nobody else creates it).
+    pub async fn create_namespace(
+        &self,
+        name: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Result<()> {
+        let namespaces: Api<Namespace> = Api::all(self.client.clone());
+        let ns: Namespace = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": name, "labels": labels },
+        }))?;
+        namespaces
+            .create(&PostParams::default(), &ns)
+            .await
+            .with_context(|| format!("creating namespace {name}"))?;
+        let sas: Api<ServiceAccount> = Api::namespaced(self.client.clone(), name);
+        let sa: ServiceAccount = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": { "name": "default" }, "automountServiceAccountToken": false,
+        }))?;
+        sas.create(&PostParams::default(), &sa).await?;
+        Ok(())
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        // Scheduler first, then the API server, then etcd.
+        while let Some(mut p) = self.procs.pop() {
+            terminate(&mut p.child);
+        }
+        if std::thread::panicking() || std::env::var_os("RAILGUARD_KEEP_LOGS").is_some() {
+            let kept = std::mem::replace(
+                &mut self.dir,
+                match tempfile::tempdir() {
+                    Ok(d) => d,
+                    Err(_) => return,
+                },
+            );
+            let path = kept.keep();
+            eprintln!(
+                "railguard-tests: control plane logs kept in {}",
+                path.display()
+            );
+        }
+    }
+}
+
+fn spawn(name: &'static str, cmd: &mut Command, dir: &Path) -> Result<Proc> {
+    let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| {
+            format!("starting {name} (is it installed? run tests/scripts/control-plane.sh)")
+        })?;
+    Ok(Proc { name, child })
+}
+
+fn terminate(child: &mut Child) {
+    let pid = child.id().to_string();
+    let _ = Command::new("kill").arg("-TERM").arg(&pid).status();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn wait_for_tcp(port: u16, timeout: Duration) -> Result<()> {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("nothing listens on 127.0.0.1:{port} after {timeout:?}")
+}
+
+fn placeholder_client() -> Result<Client> {
+    // A client that is replaced before use; building it needs no IO.
+    let config = kube::Config::new("https://127.0.0.1:1".parse()?);
+    Ok(Client::try_from(config)?)
+}
+
+fn hex_token(seed: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    for b in seed.iter().rev().take(16) {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+fn base64_encode(data: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        out.push(T[(n >> 18) as usize & 63] as char);
+        out.push(T[(n >> 12) as usize & 63] as char);
+        out.push(if chunk.len() > 1 {
+            T[(n >> 6) as usize & 63] as char
+        } else {
+            '='
+        });
+        out.push(if chunk.len() > 2 {
+            T[n as usize & 63] as char
+        } else {
+            '='
+        });
+    }
+    out
+}
+
+/// Label map from pairs.
+pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Polls `check` until it returns `Some`, or fails after `timeout` with `what`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await? {
+            return Ok(v);
+        }
+        if start.elapsed() > timeout {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

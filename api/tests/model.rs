@@ -1,0 +1,417 @@
+//! Unit tests of the shared model: profile validation, signatures, certificates, NodeFabric.
+
+use std::collections::BTreeMap;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Node;
+use railguard_api::certificate::{human_duration, CERTIFICATE_VERSION};
+use railguard_api::node::interpret;
+use railguard_api::profile::{derive_ib_hca, parse_ib_hca};
+use railguard_api::*;
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(format!(
+        "{}/fixtures/profiles/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
+
+fn h100() -> FabricProfile {
+    let mut p = profiles_from_yaml(&fixture("dgx-h100-ndr.yaml")).unwrap();
+    p.remove(0)
+}
+
+#[test]
+fn example_profiles_are_valid() {
+    for f in ["dgx-h100-ndr.yaml", "dgx-a100-hdr.yaml", "roce-cloud.yaml"] {
+        let profiles = profiles_from_yaml(&fixture(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+        assert_eq!(profiles.len(), 1, "{f}");
+        assert_eq!(profiles[0].spec.rails.len(), 8, "{f}");
+    }
+}
+
+#[test]
+fn derived_ib_hca_is_exact_match_in_rail_order() {
+    let p = h100();
+    assert_eq!(
+        p.spec.nccl_ib_hca(),
+        "=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_9:1,mlx5_10:1,mlx5_11:1"
+    );
+    assert_eq!(derive_ib_hca(&p.spec.rails[..2]), "=mlx5_0:1,mlx5_3:1");
+    let parsed = parse_ib_hca(&p.spec.nccl_ib_hca()).unwrap();
+    assert!(parsed.exact && !parsed.exclude);
+    assert_eq!(parsed.entries.len(), 8);
+    assert_eq!(parsed.entries[7].port, Some(1));
+}
+
+#[test]
+fn ib_hca_parser_rejects_malformed_values() {
+    for bad in [
+        "",
+        "=",
+        "=mlx5_0:x",
+        "mlx5_0,,mlx5_1",
+        "=mlx5_0:0",
+        "==mlx5_0",
+        "mlx 5",
+    ] {
+        assert!(parse_ib_hca(bad).is_err(), "{bad:?} should be rejected");
+    }
+    let ex = parse_ib_hca("^=mlx5_4").unwrap();
+    assert!(ex.exclude && ex.exact);
+    assert_eq!(ex.entries[0].port, None);
+}
+
+fn invalid_fields(p: &FabricProfile) -> Vec<String> {
+    match p.validate() {
+        Ok(()) => vec![],
+        Err(e) => {
+            // The message names every field, so users see all problems at once.
+            let msg = e.to_string();
+            for f in e.fields() {
+                assert!(msg.contains(f), "{msg} should name {f}");
+            }
+            e.fields().into_iter().map(String::from).collect()
+        }
+    }
+}
+
+#[test]
+fn validation_names_each_broken_field() {
+    let mut p = h100();
+    p.spec.rails[1].hca = "mlx5_0".into(); // duplicate mlx5_0:1
+    assert_eq!(invalid_fields(&p), vec!["spec.rails[1]"]);
+
+    let mut p = h100();
+    p.spec.rails[2].rate_gbps = 0;
+    assert_eq!(invalid_fields(&p), vec!["spec.rails[2].rateGbps"]);
+
+    let mut p = h100();
+    p.spec.rails[3].gpus.clear(); // GPU 3 is served by nobody
+    let err = p.validate().unwrap_err().to_string();
+    assert!(err.contains("GPU 3 is served by no rail"), "{err}");
+
+    let mut p = h100();
+    p.spec.nccl.ib_hca = Some("=mlx5_0:one".into());
+    assert_eq!(invalid_fields(&p), vec!["spec.nccl.ibHca"]);
+
+    let mut p = h100();
+    p.spec.shm_size = Some("-1Gi".into());
+    assert_eq!(invalid_fields(&p), vec!["spec.shmSize"]);
+    assert!(p.validate().unwrap_err().to_string().contains("negative"));
+
+    let mut p = h100();
+    p.spec.thresholds.busbw_plateau_gbps = -5.0;
+    assert_eq!(invalid_fields(&p), vec!["spec.thresholds.busbwPlateauGbps"]);
+
+    let mut p = h100();
+    p.spec.certification.interval_seconds = p.spec.certification.ttl_seconds;
+    assert_eq!(
+        invalid_fields(&p),
+        vec!["spec.certification.intervalSeconds"]
+    );
+
+    let mut p = h100();
+    p.spec.rdma.as_mut().unwrap().resource_name = "rdma".into();
+    assert_eq!(invalid_fields(&p), vec!["spec.rdma.resourceName"]);
+
+    let mut p = h100();
+    p.spec.rails.clear();
+    assert_eq!(invalid_fields(&p), vec!["spec.rails"]);
+
+    let mut p = h100();
+    p.metadata.name = None;
+    p.spec.rails[0].port = 0;
+    assert_eq!(
+        invalid_fields(&p),
+        vec!["metadata.name", "spec.rails[0].port"]
+    );
+}
+
+#[test]
+fn profiles_yaml_errors_are_clear() {
+    let err = profiles_from_yaml("apiVersion: railguard.io/v1alpha1\nkind: FabricProfile\nmetadata: {name: x}\nspec: {rails: 3}\n")
+        .unwrap_err();
+    assert!(matches!(err, ProfileError::Yaml { .. }), "{err}");
+    let text = format!(
+        "{}\n---\n{}",
+        fixture("dgx-h100-ndr.yaml"),
+        fixture("roce-cloud.yaml")
+    );
+    assert_eq!(profiles_from_yaml(&text).unwrap().len(), 2);
+}
+
+#[test]
+fn signature_is_stable_and_sensitive() {
+    let p = h100();
+    let mut shuffled = p.clone();
+    shuffled.spec.rails.reverse();
+    assert_eq!(p.spec.signature(), shuffled.spec.signature());
+    let mut slower = p.clone();
+    slower.spec.rails[4].rate_gbps = 200;
+    assert_ne!(p.spec.signature(), slower.spec.signature());
+    assert!(p.spec.signature().len() <= 63);
+}
+
+fn certificate(now: Timestamp, verdict: Verdict, ttl_secs: i64) -> Certificate {
+    let p = h100();
+    Certificate {
+        version: CERTIFICATE_VERSION,
+        generation: 3,
+        issued_at: now,
+        expires_at: now + SignedDuration::from_secs(ttl_secs),
+        profile: "h100-ndr".into(),
+        signature: p.spec.signature(),
+        node: Some("gpu-1".into()),
+        verdict,
+        reasons: vec![],
+        rails: p
+            .spec
+            .rails
+            .iter()
+            .map(|r| RailResult {
+                hca: r.hca.clone(),
+                port: r.port,
+                link_layer: Some(r.link_layer),
+                state: "ACTIVE".into(),
+                rate_gbps: Some(400.0),
+                write_bw_host_gbps: Some(392.5),
+                write_bw_gpu_gbps: Some(388.0),
+                latency_us: Some(2.1),
+                counter_deltas: BTreeMap::from([("symbol_error".to_string(), 0)]),
+                verdict: RailVerdict::Healthy,
+                reasons: vec![],
+                wire: vec![],
+            })
+            .collect(),
+        gpus: vec![GpuAffinity {
+            gpu: 0,
+            pci_bus_id: None,
+            preferred_hca: "mlx5_0".into(),
+            port: Some(1),
+            path: PathType::Pxb,
+            numa: Some(0),
+        }],
+        nccl: Some(NcclResult {
+            busbw_plateau_gbps: Some(371.2),
+            wrong: 0,
+            transport: Some(Transport::Ib),
+            gdr: Some(true),
+            ..Default::default()
+        }),
+        software: BTreeMap::from([("driver".to_string(), "550.54.15".to_string())]),
+        passive_checked_at: None,
+        history: vec![],
+        extra: BTreeMap::new(),
+    }
+}
+
+#[test]
+fn certificate_round_trips_and_keeps_unknown_fields() {
+    let now = Timestamp::from_second(1_800_000_000).unwrap();
+    let c = certificate(now, Verdict::Certified, 3600);
+    let text = c.to_annotation().unwrap();
+    assert_eq!(Certificate::from_annotation(&text).unwrap(), c);
+    // A newer writer adds a field: we keep it and still read the rest.
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["futureField"] = serde_json::json!({"x": 1});
+    let parsed = Certificate::from_annotation(&v.to_string()).unwrap();
+    assert_eq!(parsed.extra["futureField"]["x"], 1);
+    assert!(parsed.to_annotation().unwrap().contains("futureField"));
+    // JSON keys are camelCase, PathType is PIX/PXB..., verdicts lowercase.
+    assert!(
+        text.contains("\"issuedAt\"") && text.contains("\"PXB\"") && text.contains("\"certified\"")
+    );
+}
+
+#[test]
+fn malformed_certificates_are_clear_errors() {
+    let cases = [
+        ("", "empty"),
+        ("{\"version\":1,\"generation\":", "malformed"),
+        ("{\"generation\":1}", "no numeric version"),
+        ("{\"version\":7}", "version 7 is not supported"),
+        ("{\"version\":1}", "malformed"),
+        ("[1,2]", "no numeric version"),
+    ];
+    for (input, want) in cases {
+        let err = Certificate::from_annotation(input).unwrap_err().to_string();
+        assert!(err.contains(want), "{input:?}: {err}");
+    }
+    let huge = format!("{{\"version\":1,\"pad\":\"{}\"}}", "x".repeat(300 * 1024));
+    assert!(matches!(
+        Certificate::from_annotation(&huge),
+        Err(CertificateError::TooLarge { .. })
+    ));
+}
+
+fn node(labels: &[(&str, &str)], cert: Option<&str>) -> Node {
+    let mut n = Node::default();
+    n.metadata.name = Some("gpu-1".into());
+    n.metadata.labels = Some(
+        labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    );
+    if let Some(c) = cert {
+        n.metadata.annotations = Some(BTreeMap::from([(
+            keys::ANNOTATION_CERTIFICATE.to_string(),
+            c.to_string(),
+        )]));
+    }
+    n
+}
+
+#[test]
+fn node_fabric_states() {
+    let issued = Timestamp::from_second(1_800_000_000).unwrap();
+    let during = issued + SignedDuration::from_secs(60);
+    let after = issued + SignedDuration::from_secs(3600 + 2 * 3600 + 600);
+    let ok = certificate(issued, Verdict::Certified, 3600);
+    let sig = ok.signature.clone();
+    let ok_json = ok.to_annotation().unwrap();
+    let certified = [
+        ("railguard.io/fabric", "certified"),
+        ("railguard.io/profile", "h100-ndr"),
+        ("railguard.io/signature", sig.as_str()),
+    ];
+
+    let nf = NodeFabric::from_node(&node(&certified, Some(&ok_json)), during);
+    assert_eq!(nf.state.kind(), "certified");
+    assert_eq!(nf.profile.as_deref(), Some("h100-ndr"));
+    assert_eq!(nf.signature.as_deref(), Some(sig.as_str()));
+
+    let expired = NodeFabric::from_node(&node(&certified, Some(&ok_json)), after);
+    match &expired.state {
+        FabricState::Expired {
+            expired_for_secs, ..
+        } => assert_eq!(*expired_for_secs, 2 * 3600 + 600),
+        other => panic!("expected expired, got {other:?}"),
+    }
+    assert_eq!(expired.state.to_string(), "certificate expired 2h10m ago");
+
+    assert_eq!(
+        NodeFabric::from_node(&node(&[], None), during).state,
+        FabricState::Absent
+    );
+
+    let pending = NodeFabric::from_node(
+        &node(&[("railguard.io/fabric", "pending")], Some(&ok_json)),
+        during,
+    );
+    assert!(matches!(
+        &pending.state,
+        FabricState::Pending { previous: Some(_) }
+    ));
+
+    let mut failed = certificate(issued, Verdict::Failed, 3600);
+    failed.reasons = vec!["rail mlx5_3:1 measured 196 Gb/s, profile h100-ndr needs 360".into()];
+    let failed_json = failed.to_annotation().unwrap();
+    let st = NodeFabric::from_node(
+        &node(&[("railguard.io/fabric", "failed")], Some(&failed_json)),
+        during,
+    )
+    .state;
+    assert_eq!(st.kind(), "failed");
+    assert!(st.to_string().contains("mlx5_3:1 measured 196"));
+
+    let degraded = certificate(issued, Verdict::Degraded, 3600)
+        .to_annotation()
+        .unwrap();
+    assert_eq!(
+        NodeFabric::from_node(
+            &node(&[("railguard.io/fabric", "degraded")], Some(&degraded)),
+            during
+        )
+        .state
+        .kind(),
+        "degraded"
+    );
+}
+
+#[test]
+fn node_fabric_unreadable_cases_explain_themselves() {
+    let now = Timestamp::from_second(1_800_000_000).unwrap();
+    let ok = certificate(now, Verdict::Certified, 3600)
+        .to_annotation()
+        .unwrap();
+    let cases: Vec<(Vec<(&str, &str)>, Option<&str>, &str)> = vec![
+        (
+            vec![("railguard.io/fabric", "great")],
+            None,
+            "is not certified, degraded, failed or pending",
+        ),
+        (
+            vec![("railguard.io/fabric", "certified")],
+            None,
+            "has no certificate",
+        ),
+        (
+            vec![("railguard.io/fabric", "certified")],
+            Some("{not json"),
+            "unreadable",
+        ),
+        (
+            vec![("railguard.io/fabric", "failed")],
+            Some(&ok),
+            "disagrees with certificate verdict",
+        ),
+        (
+            vec![
+                ("railguard.io/fabric", "certified"),
+                ("railguard.io/profile", "other"),
+            ],
+            Some(&ok),
+            "railguard.io/profile=other disagrees",
+        ),
+    ];
+    for (labels, cert, want) in cases {
+        let labels: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        match interpret(&labels, cert, now) {
+            FabricState::Unreadable { reason } => {
+                assert!(reason.contains(want), "{reason} should contain {want}")
+            }
+            other => panic!("expected unreadable for {labels:?}, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn human_durations() {
+    assert_eq!(human_duration(45), "45s");
+    assert_eq!(human_duration(7800), "2h10m");
+    assert_eq!(human_duration(3 * 86400 + 4 * 3600), "3d4h");
+    assert_eq!(human_duration(-90), "-1m30s");
+}
+
+#[test]
+fn exemption_policy_by_name_and_selector() {
+    let p = h100();
+    let allowed = BTreeMap::from([("railguard.io/exemptions".to_string(), "allowed".to_string())]);
+    assert!(p.spec.exemptions.allows("any", &allowed));
+    assert!(!p.spec.exemptions.allows("any", &BTreeMap::new()));
+    let roce = profiles_from_yaml(&fixture("roce-cloud.yaml"))
+        .unwrap()
+        .remove(0);
+    assert!(roce.spec.exemptions.allows("research", &BTreeMap::new()));
+    assert!(!roce.spec.exemptions.allows("prod", &allowed));
+}
+
+#[test]
+fn committed_crd_yaml_is_current() {
+    let path = format!(
+        "{}/../charts/railguard/crds/fabricprofile.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let committed = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(
+        committed,
+        crd_yaml().unwrap(),
+        "charts/railguard/crds/fabricprofile.yaml is stale: run `cargo run -p railguard-api --bin railguard-crdgen charts/railguard/crds/fabricprofile.yaml`"
+    );
+}

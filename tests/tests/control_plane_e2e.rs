@@ -1,0 +1,244 @@
+//! End-to-end: the FabricProfile CRD and a certificate on a Node, against a real
+//! kube-apiserver 1.20 (and kube-scheduler) from the harness.
+
+use std::collections::BTreeMap;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use railguard_api::certificate::CERTIFICATE_VERSION;
+use railguard_api::*;
+use railguard_tests::{labels, ControlPlane};
+use serde_json::json;
+
+fn h100_yaml() -> String {
+    std::fs::read_to_string(
+        railguard_tests::workspace_root().join("api/fixtures/profiles/dgx-h100-ndr.yaml"),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crd_profiles_and_certificates_round_trip_through_the_api_server() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    cp.apply_fabricprofile_crd().await.expect("CRD");
+    let client = cp.client();
+    let profiles: Api<FabricProfile> = Api::all(client.clone());
+
+    // A valid profile is accepted by the structural schema and reads back equal.
+    let valid = profiles_from_yaml(&h100_yaml()).unwrap().remove(0);
+    profiles
+        .create(&PostParams::default(), &valid)
+        .await
+        .expect("create valid profile");
+    let stored = profiles.get("h100-ndr").await.unwrap();
+    assert_eq!(
+        stored.spec, valid.spec,
+        "defaults and field names survive the API server"
+    );
+    assert!(
+        stored.metadata.namespace.is_none(),
+        "FabricProfile is cluster-scoped"
+    );
+
+    // An invalid profile passes the schema (types are right) but validate() names the fields.
+    let mut invalid = valid.clone();
+    invalid.metadata.name = Some("broken".into());
+    invalid.metadata.resource_version = None;
+    invalid.spec.rails[5].rate_gbps = 0;
+    invalid.spec.rails[6].hca = "mlx5_0".into();
+    profiles
+        .create(&PostParams::default(), &invalid)
+        .await
+        .expect("schema accepts it");
+    let listed = profiles.list(&Default::default()).await.unwrap();
+    assert_eq!(listed.items.len(), 2);
+    let broken = listed.items.iter().find(|p| p.name() == "broken").unwrap();
+    let err = broken.validate().unwrap_err();
+    assert_eq!(
+        err.fields(),
+        vec!["spec.rails[5].rateGbps", "spec.rails[6]"]
+    );
+    assert!(err.to_string().contains("duplicate rail mlx5_0:1"), "{err}");
+
+    // The schema itself rejects wrong types: a string rate and an unknown link layer.
+    let bad_type = json!({
+        "apiVersion": "railguard.io/v1alpha1", "kind": "FabricProfile",
+        "metadata": { "name": "bad-type" },
+        "spec": { "rails": [{ "hca": "mlx5_0", "port": 1, "linkLayer": "Ethernet", "rateGbps": "fast", "gpus": [0] }],
+                  "thresholds": { "writeBwHostGbps": 1, "busbwPlateauGbps": 1 } }
+    });
+    let raw: Api<kube::api::DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource::erase::<FabricProfile>(&()),
+    );
+    let rejected = raw
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(bad_type).unwrap(),
+        )
+        .await
+        .expect_err("schema must reject");
+    let msg = rejected.to_string();
+    assert!(
+        msg.contains("rateGbps") && msg.contains("linkLayer"),
+        "{msg}"
+    );
+
+    // A node, certified by a server-side apply with the prober's field manager.
+    let node_name = "gpu-node-1";
+    cp.create_node(
+        node_name,
+        &labels(&[("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3")]),
+        &[("nvidia.com/gpu", "8")],
+    )
+    .await
+    .unwrap();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let before = NodeFabric::from_node(&nodes.get(node_name).await.unwrap(), Timestamp::now());
+    assert_eq!(before.state, FabricState::Absent);
+
+    let issued = Timestamp::now();
+    let ttl = valid.spec.certification.ttl_seconds as i64;
+    let cert = Certificate {
+        version: CERTIFICATE_VERSION,
+        generation: 1,
+        issued_at: issued,
+        expires_at: issued + SignedDuration::from_secs(ttl),
+        profile: "h100-ndr".into(),
+        signature: valid.spec.signature(),
+        node: Some(node_name.into()),
+        verdict: Verdict::Certified,
+        reasons: vec![],
+        rails: valid
+            .spec
+            .rails
+            .iter()
+            .map(|r| RailResult {
+                hca: r.hca.clone(),
+                port: r.port,
+                link_layer: Some(r.link_layer),
+                state: "ACTIVE".into(),
+                rate_gbps: Some(400.0),
+                write_bw_host_gbps: Some(391.0),
+                write_bw_gpu_gbps: None,
+                latency_us: Some(2.0),
+                counter_deltas: BTreeMap::new(),
+                verdict: RailVerdict::Healthy,
+                reasons: vec![],
+                wire: vec![],
+            })
+            .collect(),
+        gpus: vec![],
+        nccl: Some(NcclResult {
+            busbw_plateau_gbps: Some(372.0),
+            ..Default::default()
+        }),
+        software: BTreeMap::new(),
+        passive_checked_at: None,
+        history: vec![],
+        extra: BTreeMap::new(),
+    };
+    let apply = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": node_name,
+            "labels": {
+                keys::LABEL_FABRIC: "certified",
+                keys::LABEL_PROFILE: "h100-ndr",
+                keys::LABEL_SIGNATURE: cert.signature,
+            },
+            "annotations": { keys::ANNOTATION_CERTIFICATE: cert.to_annotation().unwrap() },
+        }
+    });
+    nodes
+        .patch(
+            node_name,
+            &PatchParams::apply(keys::PROBER_FIELD_MANAGER).force(),
+            &Patch::Apply(&apply),
+        )
+        .await
+        .expect("server-side apply");
+    let stored = nodes.get(node_name).await.unwrap();
+    let managers: Vec<String> = stored
+        .metadata
+        .managed_fields
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|m| m.manager)
+        .collect();
+    assert!(
+        managers.iter().any(|m| m == "railguard-prober"),
+        "{managers:?}"
+    );
+    // The harness's labels survive the apply: the prober owns only its own fields.
+    assert_eq!(
+        stored.metadata.labels.as_ref().unwrap()["nvidia.com/gpu.product"],
+        "NVIDIA-H100-80GB-HBM3"
+    );
+
+    let now = NodeFabric::from_node(&stored, Timestamp::now());
+    match &now.state {
+        FabricState::Certified(c) => assert_eq!(**c, cert),
+        other => panic!("expected certified, got {other:?}"),
+    }
+    assert_eq!(
+        now.signature.as_deref(),
+        Some(valid.spec.signature().as_str())
+    );
+    assert_eq!(
+        now.allocatable.get("nvidia.com/gpu").map(String::as_str),
+        Some("8")
+    );
+
+    let later = NodeFabric::from_node(&stored, issued + SignedDuration::from_secs(ttl + 7800));
+    assert_eq!(later.state.kind(), "expired");
+    assert_eq!(later.state.to_string(), "certificate expired 2h10m ago");
+
+    // A later apply by the same manager that omits fields removes them (it owns them).
+    let relabel = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": { "name": node_name, "labels": { keys::LABEL_FABRIC: "pending" } }
+    });
+    nodes
+        .patch(
+            node_name,
+            &PatchParams::apply(keys::PROBER_FIELD_MANAGER).force(),
+            &Patch::Apply(&relabel),
+        )
+        .await
+        .unwrap();
+    let pending = NodeFabric::from_node(&nodes.get(node_name).await.unwrap(), Timestamp::now());
+    assert_eq!(pending.state, FabricState::Pending { previous: None });
+    assert_eq!(pending.profile, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduler_binds_pods_to_fake_nodes() {
+    let mut cp = ControlPlane::start().await.expect("control plane");
+    cp.start_scheduler("[]").await.expect("scheduler");
+    cp.create_namespace("train", &labels(&[("team", "a")]))
+        .await
+        .unwrap();
+    cp.create_node("node-a", &labels(&[]), &[("nvidia.com/gpu", "8")])
+        .await
+        .unwrap();
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(cp.client(), "train");
+    let pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": "worker-0" },
+        "spec": { "containers": [{ "name": "main", "image": "busybox",
+                  "resources": { "limits": { "nvidia.com/gpu": "8" } } }] }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let node =
+        railguard_tests::eventually(std::time::Duration::from_secs(60), "pod binding", || {
+            let pods = pods.clone();
+            async move { Ok(pods.get("worker-0").await?.spec.and_then(|s| s.node_name)) }
+        })
+        .await
+        .expect("pod bound by the real kube-scheduler");
+    assert_eq!(node, "node-a");
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the Debian packages railguard's build and tests need (idempotent; as root).
+set -euo pipefail
+pkgs=(
+  # ibverbs crate (bindgen + vendored rdma-core pieces)
+  cmake pkg-config libnl-3-dev libnl-route-3-dev libclang-dev libibverbs-dev clang
+  # control plane
+  etcd-server openssl
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[install-deps] installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

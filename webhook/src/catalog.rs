@@ -1,0 +1,165 @@
+//! Where profiles and namespace labels come from: reflector caches in cluster mode, a YAML
+//! file in standalone mode (where namespaces have no labels, so namespace-selector
+//! exemptions and the Pod Security label are never seen; listing namespaces by name in a
+//! profile's `exemptions.namespaces` still works).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use railguard_api::FabricProfile;
+
+use crate::config::NamespaceInfo;
+
+/// A consistent snapshot of the profiles, sorted by name (selector matches take the first).
+pub type ProfileSet = Arc<Vec<FabricProfile>>;
+
+pub struct Catalog {
+    profiles: RwLock<ProfileSet>,
+    namespaces: Option<Store<Namespace>>,
+    client: Option<Client>,
+    ready: AtomicBool,
+}
+
+impl Catalog {
+    /// Standalone mode: fixed profiles, namespaces without labels, ready at once.
+    pub fn standalone(mut profiles: Vec<FabricProfile>) -> Arc<Self> {
+        profiles.sort_by(|a, b| a.name().cmp(b.name()));
+        Arc::new(Self {
+            profiles: RwLock::new(Arc::new(profiles)),
+            namespaces: None,
+            client: None,
+            ready: AtomicBool::new(true),
+        })
+    }
+
+    /// Cluster mode: starts FabricProfile and Namespace reflectors; [`Catalog::is_ready`]
+    /// turns true once both caches have listed.
+    pub fn cluster(client: Client, metrics: Arc<crate::metrics::Metrics>) -> Arc<Self> {
+        let (ns_reader, ns_writer) = reflector::store::<Namespace>();
+        let (profile_reader, profile_writer) = reflector::store::<FabricProfile>();
+        let catalog = Arc::new(Self {
+            profiles: RwLock::new(Arc::new(Vec::new())),
+            namespaces: Some(ns_reader.clone()),
+            client: Some(client.clone()),
+            ready: AtomicBool::new(false),
+        });
+
+        let ns_stream = reflector::reflector(
+            ns_writer,
+            watcher(
+                Api::<Namespace>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff(),
+        );
+        tokio::spawn(async move {
+            let mut s = std::pin::pin!(ns_stream);
+            while let Some(ev) = s.next().await {
+                if let Err(e) = ev {
+                    tracing::warn!(error = %e, "namespace watch error");
+                }
+            }
+        });
+
+        let profile_stream = reflector::reflector(
+            profile_writer,
+            watcher(
+                Api::<FabricProfile>::all(client),
+                watcher::Config::default(),
+            )
+            .default_backoff(),
+        );
+        let weak = Arc::downgrade(&catalog);
+        let reader = profile_reader.clone();
+        tokio::spawn(async move {
+            let mut s = std::pin::pin!(profile_stream);
+            while let Some(ev) = s.next().await {
+                let Some(catalog) = weak.upgrade() else {
+                    return;
+                };
+                match ev {
+                    Ok(_) => {
+                        let n = catalog.rebuild_profiles(&reader);
+                        metrics.profiles.set(n as i64);
+                    }
+                    Err(e) => tracing::warn!(error = %e, "FabricProfile watch error"),
+                }
+            }
+        });
+
+        let weak = Arc::downgrade(&catalog);
+        tokio::spawn(async move {
+            let synced = ns_reader.wait_until_ready().await.is_ok()
+                && profile_reader.wait_until_ready().await.is_ok();
+            if let (true, Some(catalog)) = (synced, weak.upgrade()) {
+                catalog.rebuild_profiles(&profile_reader);
+                catalog.ready.store(true, Ordering::Release);
+                tracing::info!("profile and namespace caches synced");
+            }
+        });
+        catalog
+    }
+
+    /// Re-reads the profile cache into a snapshot; invalid profiles are left out and logged.
+    fn rebuild_profiles(&self, reader: &Store<FabricProfile>) -> usize {
+        let mut valid: Vec<FabricProfile> = reader
+            .state()
+            .into_iter()
+            .filter_map(|p| match p.validate() {
+                Ok(()) => Some((*p).clone()),
+                Err(e) => {
+                    tracing::warn!(profile = p.name(), error = %e, "ignoring invalid FabricProfile");
+                    None
+                }
+            })
+            .collect();
+        valid.sort_by(|a, b| a.name().cmp(b.name()));
+        let n = valid.len();
+        if let Ok(mut guard) = self.profiles.write() {
+            *guard = Arc::new(valid);
+        }
+        n
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    pub fn profiles(&self) -> ProfileSet {
+        match self.profiles.read() {
+            Ok(g) => g.clone(),
+            // A writer panicked mid-swap; the old Arc is still whole.
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// The namespace's labels: from the cache, or (a namespace created a moment ago) from
+    /// the API server; unknown labels are empty.
+    pub async fn namespace(&self, name: &str) -> NamespaceInfo {
+        let mut info = NamespaceInfo::new(name);
+        let Some(store) = &self.namespaces else {
+            return info;
+        };
+        if let Some(ns) = store.get(&ObjectRef::new(name)) {
+            info.labels = ns.metadata.labels.clone().unwrap_or_default();
+            return info;
+        }
+        if let Some(client) = &self.client {
+            let api = Api::<Namespace>::all(client.clone());
+            match tokio::time::timeout(Duration::from_secs(2), api.get(name)).await {
+                Ok(Ok(ns)) => info.labels = ns.metadata.labels.unwrap_or_default(),
+                Ok(Err(e)) => {
+                    tracing::warn!(namespace = name, error = %e, "namespace lookup failed")
+                }
+                Err(_) => tracing::warn!(namespace = name, "namespace lookup timed out"),
+            }
+        }
+        info
+    }
+}

@@ -1,0 +1,62 @@
+//! Errors of the webhook library.
+
+use std::path::PathBuf;
+
+/// The pod could not be turned into a patch (an internal error: the failure mode decides).
+#[derive(Debug, thiserror::Error)]
+pub enum MutateError {
+    #[error("pod has no spec")]
+    NoSpec,
+    #[error("cannot serialize {what} for the patch")]
+    Serialize {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// The request body is not an `admission.k8s.io/v1` AdmissionReview (answered with HTTP 400).
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("request body is empty; expected an admission.k8s.io/v1 AdmissionReview")]
+    Empty,
+    #[error("request body is not an AdmissionReview JSON object")]
+    Json {
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("apiVersion is {found:?}; expected \"admission.k8s.io/v1\"")]
+    ApiVersion { found: String },
+    #[error("kind is {found:?}; expected \"AdmissionReview\"")]
+    Kind { found: String },
+    #[error("AdmissionReview has no request")]
+    NoRequest,
+    #[error("AdmissionReview request has no uid")]
+    NoUid,
+}
+
+/// A certificate/key pair could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} holds no PEM certificate")]
+    NoCertificate { path: PathBuf },
+    #[error("{path} holds no PEM private key")]
+    NoKey { path: PathBuf },
+    #[error("cannot parse PEM in {path}")]
+    Pem {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("certificate and key are not a usable pair")]
+    Pair {
+        #[source]
+        source: rustls::Error,
+    },
+}

@@ -1,0 +1,333 @@
+//! `admission.k8s.io/v1` AdmissionReview in and out, and the admission decision around
+//! [`mutate()`](crate::mutate()) (request kind, operation, failure mode). No IO.
+
+use base64::Engine as _;
+use k8s_openapi::api::core::v1::Pod;
+use railguard_api::FabricProfile;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::config::{FailureMode, NamespaceInfo, WebhookConfig};
+use crate::error::DecodeError;
+use crate::mutate::{mutate, Warning, WarningKind};
+
+pub const API_VERSION: &str = "admission.k8s.io/v1";
+pub const KIND: &str = "AdmissionReview";
+
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(rename = "apiVersion")]
+    api_version: Option<String>,
+    kind: Option<String>,
+    #[serde(borrow)]
+    request: Option<RequestWire<'a>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RequestWire<'a> {
+    #[serde(default)]
+    uid: String,
+    #[serde(default)]
+    kind: GroupVersionKind,
+    #[serde(default)]
+    sub_resource: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    operation: String,
+    #[serde(default)]
+    dry_run: Option<bool>,
+    #[serde(borrow, default)]
+    object: Option<&'a RawValue>,
+}
+
+/// `request.kind` of the review.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct GroupVersionKind {
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub kind: String,
+}
+
+/// The parts of an AdmissionRequest railguard reads. `object` borrows the raw JSON.
+#[derive(Clone, Debug)]
+pub struct AdmissionRequest<'a> {
+    pub uid: String,
+    pub kind: GroupVersionKind,
+    pub sub_resource: Option<String>,
+    pub name: Option<String>,
+    pub namespace: Option<String>,
+    pub operation: String,
+    pub dry_run: bool,
+    pub object: Option<&'a RawValue>,
+}
+
+impl AdmissionRequest<'_> {
+    /// Whether the request is about a Pod itself (not a subresource).
+    pub fn is_pod(&self) -> bool {
+        self.kind.group.is_empty()
+            && self.kind.version == "v1"
+            && self.kind.kind == "Pod"
+            && self.sub_resource.as_deref().is_none_or(str::is_empty)
+    }
+}
+
+/// Decodes the body. An error means the body is not an AdmissionReview at all (HTTP 400).
+pub fn decode(body: &[u8]) -> Result<AdmissionRequest<'_>, DecodeError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(DecodeError::Empty);
+    }
+    let env: Envelope<'_> =
+        serde_json::from_slice(body).map_err(|source| DecodeError::Json { source })?;
+    let api_version = env.api_version.unwrap_or_default();
+    if api_version != API_VERSION {
+        return Err(DecodeError::ApiVersion { found: api_version });
+    }
+    let kind = env.kind.unwrap_or_default();
+    if kind != KIND {
+        return Err(DecodeError::Kind { found: kind });
+    }
+    let r = env.request.ok_or(DecodeError::NoRequest)?;
+    if r.uid.is_empty() {
+        return Err(DecodeError::NoUid);
+    }
+    Ok(AdmissionRequest {
+        uid: r.uid,
+        kind: r.kind,
+        sub_resource: r.sub_resource,
+        name: r.name,
+        namespace: r.namespace,
+        operation: r.operation,
+        dry_run: r.dry_run.unwrap_or(false),
+        object: r.object,
+    })
+}
+
+/// The AdmissionResponse railguard sends.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReviewResponse {
+    pub uid: String,
+    pub allowed: bool,
+    /// JSON-patch document (serialized JSON), if any.
+    pub patch: Option<Vec<u8>>,
+    pub warnings: Vec<String>,
+    /// Denial message (HTTP-like code 403 in `status`).
+    pub denial: Option<String>,
+}
+
+#[derive(Serialize)]
+struct ReviewOut<'a> {
+    #[serde(rename = "apiVersion")]
+    api_version: &'static str,
+    kind: &'static str,
+    response: ResponseWire<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ResponseWire<'a> {
+    uid: &'a str,
+    allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<String>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    warnings: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<StatusWire<'a>>,
+}
+
+#[derive(Serialize)]
+struct StatusWire<'a> {
+    code: u16,
+    message: &'a str,
+    reason: &'static str,
+}
+
+impl ReviewResponse {
+    pub fn allow(uid: impl Into<String>) -> Self {
+        Self {
+            uid: uid.into(),
+            allowed: true,
+            patch: None,
+            warnings: Vec::new(),
+            denial: None,
+        }
+    }
+
+    /// The AdmissionReview JSON.
+    pub fn encode(&self) -> Vec<u8> {
+        let out = ReviewOut {
+            api_version: API_VERSION,
+            kind: KIND,
+            response: ResponseWire {
+                uid: &self.uid,
+                allowed: self.allowed,
+                patch_type: self.patch.as_ref().map(|_| "JSONPatch"),
+                patch: self
+                    .patch
+                    .as_ref()
+                    .map(|p| base64::engine::general_purpose::STANDARD.encode(p)),
+                warnings: &self.warnings,
+                status: self.denial.as_deref().map(|message| StatusWire {
+                    code: 403,
+                    message,
+                    reason: "Forbidden",
+                }),
+            },
+        };
+        // Serializing plain strings and bools cannot fail; fall back to a minimal allow.
+        serde_json::to_vec(&out).unwrap_or_else(|_| {
+            format!(
+                r#"{{"apiVersion":"{API_VERSION}","kind":"{KIND}","response":{{"uid":{},"allowed":true}}}}"#,
+                serde_json::Value::String(self.uid.clone())
+            )
+            .into_bytes()
+        })
+    }
+}
+
+/// The full decision for one request, with what metrics need.
+#[derive(Clone, Debug)]
+pub struct Admission {
+    pub response: ReviewResponse,
+    /// Metrics outcome label: a [`Outcome`] name, `ignored` or `error`.
+    pub outcome: &'static str,
+    pub profile: Option<String>,
+    pub warning_kinds: Vec<WarningKind>,
+    /// An internal error, for the log.
+    pub error: Option<String>,
+}
+
+/// Decides a decoded request: only Pod CREATE is mutated; anything else is allowed as is
+/// (a non-Pod object also gets a warning, since the webhook configuration is then wrong).
+pub fn admit(
+    request: &AdmissionRequest<'_>,
+    namespace: &NamespaceInfo,
+    profiles: &[FabricProfile],
+    config: &WebhookConfig,
+    failure_mode: FailureMode,
+) -> Admission {
+    let mut response = ReviewResponse::allow(request.uid.clone());
+    let ignored = |response: ReviewResponse, warning: Option<Warning>| {
+        let mut response = response;
+        let mut kinds = Vec::new();
+        if let Some(w) = warning {
+            kinds.push(w.kind);
+            response.warnings.push(w.message);
+        }
+        Admission {
+            response,
+            outcome: "ignored",
+            profile: None,
+            warning_kinds: kinds,
+            error: None,
+        }
+    };
+    if !request.is_pod() {
+        let k = &request.kind;
+        let what = if k.group.is_empty() {
+            format!("{}/{}", k.version, k.kind)
+        } else {
+            format!("{}/{}/{}", k.group, k.version, k.kind)
+        };
+        let sub = request
+            .sub_resource
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .map(|s| format!(" subresource {s}"))
+            .unwrap_or_default();
+        return ignored(
+            response,
+            Some(Warning::new(
+                WarningKind::NotPod,
+                format!("railguard-webhook mutates only Pods, got {what}{sub}; allowed unchanged"),
+            )),
+        );
+    }
+    if request.operation != "CREATE" {
+        return ignored(response, None);
+    }
+    let failed = |message: String, response: ReviewResponse| {
+        let mut response = response;
+        let text = format!("railguard-webhook could not configure the pod: {message}");
+        match failure_mode {
+            FailureMode::Open => {
+                response
+                    .warnings
+                    .push(Warning::new(WarningKind::Internal, &text).message);
+            }
+            FailureMode::Closed => {
+                response.allowed = false;
+                response.denial = Some(text);
+            }
+        }
+        Admission {
+            response,
+            outcome: "error",
+            profile: None,
+            warning_kinds: vec![WarningKind::Internal],
+            error: Some(message),
+        }
+    };
+    let Some(raw) = request.object else {
+        return failed("request has no object".to_string(), response);
+    };
+    let pod: Pod = match serde_json::from_str(raw.get()) {
+        Ok(p) => p,
+        Err(e) => return failed(format!("object is not a valid Pod: {e}"), response),
+    };
+    let plan = match mutate(&pod, namespace, profiles, config) {
+        Ok(p) => p,
+        Err(e) => return failed(error_chain(&e), response),
+    };
+    let warning_kinds = plan.warnings.iter().map(|w| w.kind).collect();
+    response.warnings = plan.warnings.iter().map(|w| w.message.clone()).collect();
+    if let Some(reason) = &plan.deny {
+        response.allowed = false;
+        response.denial = Some(reason.clone());
+    } else if !plan.ops.is_empty() {
+        match serde_json::to_vec(&plan.patch()) {
+            Ok(bytes) => response.patch = Some(bytes),
+            Err(e) => return failed(format!("cannot serialize the patch: {e}"), response),
+        }
+    }
+    Admission {
+        response,
+        outcome: plan.outcome.as_str(),
+        profile: plan.profile,
+        warning_kinds,
+        error: None,
+    }
+}
+
+/// The no-op review (benchmark baseline): decode the Pod, allow, no patch.
+pub fn admit_noop(request: &AdmissionRequest<'_>) -> ReviewResponse {
+    let mut response = ReviewResponse::allow(request.uid.clone());
+    if let Some(raw) = request.object {
+        if let Err(e) = serde_json::from_str::<Pod>(raw.get()) {
+            response.warnings.push(
+                Warning::new(WarningKind::Internal, format!("object is not a Pod: {e}")).message,
+            );
+        }
+    }
+    response
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        cur = inner.source();
+    }
+    s
+}

@@ -1,0 +1,242 @@
+//! The thin HTTP shell: `/mutate` and `/noop` over TLS, `/healthz`, `/readyz` and `/metrics`
+//! on a separate plain port.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tower_http::timeout::TimeoutLayer;
+
+use crate::catalog::Catalog;
+use crate::config::{FailureMode, WebhookConfig};
+use crate::metrics::{AdmissionLabels, KindLabels, Metrics, ModeLabels};
+use crate::review;
+use crate::tls::CertReloader;
+
+/// What the handlers share.
+pub struct AppState {
+    pub catalog: Arc<Catalog>,
+    pub config: WebhookConfig,
+    pub failure_mode: FailureMode,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Limits and addresses of a running server.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub listen: SocketAddr,
+    pub metrics_listen: SocketAddr,
+    /// Largest request body accepted (413 beyond).
+    pub max_body_bytes: usize,
+    /// Requests taking longer are answered 408.
+    pub request_timeout: Duration,
+    /// How long shutdown waits for in-flight requests.
+    pub shutdown_grace: Duration,
+    /// How often the certificate files are checked.
+    pub cert_poll_interval: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            // The API server caps objects near 3 MiB; a review carries one object.
+            max_body_bytes: 6 << 20,
+            request_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(20),
+            cert_poll_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The admission routes (served over TLS).
+pub fn webhook_router(state: Arc<AppState>, opts: &ServeOptions) -> Router {
+    Router::new()
+        .route("/mutate", post(mutate_handler))
+        .route("/noop", post(noop_handler))
+        .layer(DefaultBodyLimit::max(opts.max_body_bytes))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            opts.request_timeout,
+        ))
+        .with_state(state)
+}
+
+/// Health, readiness and metrics (plain HTTP).
+pub fn metrics_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_handler))
+        .with_state(state)
+}
+
+fn json(body: Vec<u8>) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn bad_request(state: &AppState, e: &crate::error::DecodeError) -> Response {
+    state.metrics.bad_requests.inc();
+    let message = crate::tls::error_chain(e);
+    tracing::warn!(error = %message, "rejected a body that is not an AdmissionReview");
+    (StatusCode::BAD_REQUEST, format!("bad request: {message}\n")).into_response()
+}
+
+async fn mutate_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let start = Instant::now();
+    let request = match review::decode(&body) {
+        Ok(r) => r,
+        Err(e) => return bad_request(&state, &e),
+    };
+    let ns_name = request.namespace.clone().unwrap_or_default();
+    let namespace = state.catalog.namespace(&ns_name).await;
+    let profiles = state.catalog.profiles();
+    let admission = review::admit(
+        &request,
+        &namespace,
+        &profiles,
+        &state.config,
+        state.failure_mode,
+    );
+    let m = &state.metrics;
+    m.admissions
+        .get_or_create(&AdmissionLabels {
+            outcome: admission.outcome.to_string(),
+            profile: admission.profile.clone().unwrap_or_default(),
+        })
+        .inc();
+    for k in &admission.warning_kinds {
+        m.warnings
+            .get_or_create(&KindLabels {
+                kind: k.as_str().to_string(),
+            })
+            .inc();
+    }
+    if let Some(error) = &admission.error {
+        m.internal_errors
+            .get_or_create(&ModeLabels {
+                failure_mode: state.failure_mode.as_str().to_string(),
+            })
+            .inc();
+        tracing::error!(
+            uid = %request.uid, namespace = %ns_name, pod = request.name.as_deref().unwrap_or(""),
+            %error, failure_mode = state.failure_mode.as_str(), "could not build a patch"
+        );
+    }
+    let body = admission.response.encode();
+    m.latency.observe(start.elapsed().as_secs_f64());
+    tracing::debug!(
+        uid = %request.uid, namespace = %ns_name, outcome = admission.outcome,
+        profile = admission.profile.as_deref().unwrap_or(""),
+        warnings = admission.response.warnings.len(), allowed = admission.response.allowed,
+        "admission"
+    );
+    json(body)
+}
+
+async fn noop_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    match review::decode(&body) {
+        Ok(request) => json(review::admit_noop(&request).encode()),
+        Err(e) => bad_request(&state, &e),
+    }
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    if state.catalog.is_ready() {
+        "ready".into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced\n").into_response()
+    }
+}
+
+async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// A started server.
+pub struct RunningServer {
+    /// Where the TLS webhook listens.
+    pub addr: SocketAddr,
+    /// Where health and metrics listen.
+    pub metrics_addr: SocketAddr,
+    handle: axum_server::Handle,
+    stop: watch::Sender<bool>,
+    webhook: JoinHandle<std::io::Result<()>>,
+    plain: JoinHandle<std::io::Result<()>>,
+    grace: Duration,
+}
+
+/// Binds both ports and starts serving; returns once both listen.
+pub async fn start(
+    state: Arc<AppState>,
+    reloader: CertReloader,
+    opts: ServeOptions,
+) -> std::io::Result<RunningServer> {
+    let (stop, stop_rx) = watch::channel(false);
+    let handle = axum_server::Handle::new();
+    let tls = reloader.rustls_config();
+    tokio::spawn(reloader.run(
+        opts.cert_poll_interval,
+        state.metrics.clone(),
+        stop_rx.clone(),
+    ));
+
+    let app = webhook_router(state.clone(), &opts);
+    let listener = std::net::TcpListener::bind(opts.listen)?;
+    listener.set_nonblocking(true)?;
+    let server = axum_server::from_tcp_rustls(listener, tls).handle(handle.clone());
+    let webhook = tokio::spawn(async move { server.serve(app.into_make_service()).await });
+    let addr = handle
+        .listening()
+        .await
+        .ok_or_else(|| std::io::Error::other("webhook listener stopped before it was ready"))?;
+
+    let plain_listener = tokio::net::TcpListener::bind(opts.metrics_listen).await?;
+    let metrics_addr = plain_listener.local_addr()?;
+    let mut plain_stop = stop_rx;
+    let plain_app = metrics_router(state);
+    let plain = tokio::spawn(async move {
+        axum::serve(plain_listener, plain_app)
+            .with_graceful_shutdown(async move {
+                let _ = plain_stop.changed().await;
+            })
+            .await
+    });
+    tracing::info!(%addr, %metrics_addr, "railguard-webhook listening");
+    Ok(RunningServer {
+        addr,
+        metrics_addr,
+        handle,
+        stop,
+        webhook,
+        plain,
+        grace: opts.shutdown_grace,
+    })
+}
+
+impl RunningServer {
+    /// Stops accepting, lets in-flight requests finish (up to the grace period), then stops.
+    pub async fn shutdown(self) -> std::io::Result<()> {
+        self.handle.graceful_shutdown(Some(self.grace));
+        let _ = self.stop.send(true);
+        let webhook = self.webhook.await.map_err(std::io::Error::other)?;
+        let plain = self.plain.await.map_err(std::io::Error::other)?;
+        webhook.and(plain)
+    }
+}

@@ -1,0 +1,529 @@
+//! The certification policy: pure functions from evidence, profile and history to a verdict
+//! with reasons. Every reason names the rail (or NCCL run), the measured value and the
+//! expected one.
+//!
+//! Failed: a hard rule is broken (missing or down rail, wrong link layer or rate, error
+//! counters growing, a measurement below the profile's threshold, `#wrong > 0`, socket
+//! fallback, missing GPUDirect where expected, NCCL errors, wrong HCAs, a layout that is not
+//! the profile's, the RDMA resource not advertised). Degraded: every hard rule holds but a
+//! figure dropped beyond the profile's tolerance below the node's own history median.
+//! Certified: neither.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use railguard_api::certificate::HistoryEntry;
+use railguard_api::{
+    FabricProfileSpec, NcclResult, RailResult, RailSpec, RailVerdict, Transport, Verdict,
+};
+
+use super::evidence::{
+    watched_counters, Evidence, NcclRunEvidence, PortReading, RailBench, RUN_GDR_OFF, RUN_MAIN,
+};
+use super::history::{history_medians, software_changes, HistoryMedians};
+use crate::nccl::round2;
+
+/// A control run with GPUDirect disabled must reach at most this share of the main plateau.
+pub const GDR_CONTROL_MAX_RATIO: f64 = 0.95;
+
+/// The outcome of judging evidence.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Assessment {
+    pub verdict: Verdict,
+    /// Node-level reasons, rail reasons included (prefixed with the rail).
+    pub reasons: Vec<String>,
+    pub rails: Vec<RailResult>,
+    pub nccl: Option<NcclResult>,
+    /// At least one figure regressed against the node's history.
+    pub regressed: bool,
+}
+
+#[derive(Default)]
+struct Findings {
+    failures: Vec<String>,
+    regressions: Vec<String>,
+}
+
+/// Passive checks of one rail: presence, state, link layer, rate, counter growth.
+pub fn check_rail_passive(
+    rail: &RailSpec,
+    before: Option<&PortReading>,
+    after: Option<&PortReading>,
+    allowed_growth: &BTreeMap<String, u64>,
+    watched: &BTreeSet<String>,
+) -> (Vec<String>, BTreeMap<String, u64>) {
+    let id = rail.id();
+    let mut out = Vec::new();
+    let Some(now) = after else {
+        out.push(format!(
+            "rail {id}: port not found (expected {} {} Gb/s)",
+            rail.link_layer, rail.rate_gbps
+        ));
+        return (out, BTreeMap::new());
+    };
+    if now.state != "ACTIVE" {
+        out.push(format!(
+            "rail {id}: port state {}, expected ACTIVE",
+            if now.state.is_empty() {
+                "unknown"
+            } else {
+                &now.state
+            }
+        ));
+    }
+    if let Some(phys) = &now.phys_state {
+        if !phys.contains("LinkUp") {
+            out.push(format!(
+                "rail {id}: physical state {:?}, expected LinkUp",
+                phys.trim()
+            ));
+        }
+    }
+    match now.link_layer {
+        Some(ll) if ll == rail.link_layer => {}
+        Some(ll) => out.push(format!(
+            "rail {id}: link layer {ll}, expected {}",
+            rail.link_layer
+        )),
+        None => out.push(format!(
+            "rail {id}: link layer unknown, expected {}",
+            rail.link_layer
+        )),
+    }
+    match now.rate_gbps {
+        Some(r) if r + 0.5 >= f64::from(rail.rate_gbps) => {}
+        Some(r) => out.push(format!(
+            "rail {id}: link rate {} Gb/s, expected {} Gb/s",
+            fmt_num(r),
+            rail.rate_gbps
+        )),
+        None => out.push(format!(
+            "rail {id}: link rate unknown, expected {} Gb/s",
+            rail.rate_gbps
+        )),
+    }
+    let mut deltas = BTreeMap::new();
+    if let Some(start) = before {
+        for name in watched {
+            let (Some(&a), Some(&b)) = (start.counters.get(name), now.counters.get(name)) else {
+                continue;
+            };
+            // A counter below its earlier value was reset (or wrapped): count from zero.
+            let delta = if b >= a { b - a } else { b };
+            if delta == 0 {
+                continue;
+            }
+            deltas.insert(name.clone(), delta);
+            let allowed = allowed_growth.get(name).copied().unwrap_or(0);
+            if delta > allowed {
+                out.push(format!(
+                    "rail {id}: error counter {name} grew by {delta} during the check window (allowed {allowed})"
+                ));
+            }
+        }
+    }
+    (out, deltas)
+}
+
+fn reading<'a>(list: &'a [PortReading], rail: &RailSpec) -> Option<&'a PortReading> {
+    list.iter()
+        .find(|r| r.hca == rail.hca && r.port == rail.port)
+}
+
+/// Judges a full (invasive) certification run.
+pub fn assess(
+    profile: &FabricProfileSpec,
+    evidence: &Evidence,
+    history: &[HistoryEntry],
+) -> Assessment {
+    let t = &profile.thresholds;
+    let watched = watched_counters(t);
+    let medians = history_medians(history, profile.certification.history_depth as usize);
+    let tolerance = t.regression_tolerance_percent;
+    let mut node = Findings::default();
+    common_checks(profile, evidence, &mut node);
+
+    let mut rails = Vec::new();
+    for spec in &profile.rails {
+        let id = spec.id();
+        let before = reading(&evidence.before, spec);
+        let after = reading(&evidence.after, spec);
+        let (mut failures, deltas) =
+            check_rail_passive(spec, before, after, &t.counter_growth, &watched);
+        let mut regressions = Vec::new();
+        let bench = evidence
+            .benches
+            .iter()
+            .find(|b| b.hca == spec.hca && b.port == spec.port);
+        match bench {
+            None => failures.push(format!("rail {id}: no RDMA write measurement")),
+            Some(RailBench { error: Some(e), .. }) => {
+                failures.push(format!("rail {id}: RDMA write test failed: {e}"))
+            }
+            Some(b) => {
+                match b.write_bw_host_gbps {
+                    Some(bw) if bw >= t.write_bw_host_gbps => {
+                        if let Some(m) = medians.rail_write_bw_gbps.get(&id) {
+                            if let Some(r) = regression(
+                                &format!("rail {id}: RDMA write bandwidth (host memory)"),
+                                bw,
+                                *m,
+                                tolerance,
+                                "Gb/s",
+                            ) {
+                                regressions.push(r);
+                            }
+                        }
+                    }
+                    Some(bw) => failures.push(format!(
+                        "rail {id}: RDMA write bandwidth (host memory) {} Gb/s, expected at least {} Gb/s",
+                        fmt_num(bw),
+                        fmt_num(t.write_bw_host_gbps)
+                    )),
+                    None => failures.push(format!(
+                        "rail {id}: RDMA write bandwidth (host memory) not measured, expected at least {} Gb/s",
+                        fmt_num(t.write_bw_host_gbps)
+                    )),
+                }
+                if let (Some(min), Some(bw)) = (t.write_bw_gpu_gbps, b.write_bw_gpu_gbps) {
+                    if bw < min {
+                        failures.push(format!(
+                            "rail {id}: RDMA write bandwidth (GPU memory) {} Gb/s, expected at least {} Gb/s",
+                            fmt_num(bw),
+                            fmt_num(min)
+                        ));
+                    }
+                }
+                if let (Some(max), Some(lat)) = (t.max_latency_us, b.latency_us) {
+                    if lat > max {
+                        failures.push(format!(
+                            "rail {id}: RDMA write latency {} us, expected at most {} us",
+                            fmt_num(lat),
+                            fmt_num(max)
+                        ));
+                    }
+                }
+            }
+        }
+        let verdict = if !failures.is_empty() {
+            RailVerdict::Failed
+        } else if !regressions.is_empty() {
+            RailVerdict::Degraded
+        } else {
+            RailVerdict::Healthy
+        };
+        node.failures.extend(failures.iter().cloned());
+        node.regressions.extend(regressions.iter().cloned());
+        let mut reasons = failures;
+        reasons.extend(regressions);
+        rails.push(RailResult {
+            hca: spec.hca.clone(),
+            port: spec.port,
+            link_layer: after.and_then(|r| r.link_layer),
+            state: after.map(|r| r.state.clone()).unwrap_or_default(),
+            rate_gbps: after.and_then(|r| r.rate_gbps),
+            write_bw_host_gbps: bench.and_then(|b| b.write_bw_host_gbps).map(round2),
+            write_bw_gpu_gbps: bench.and_then(|b| b.write_bw_gpu_gbps).map(round2),
+            latency_us: bench.and_then(|b| b.latency_us).map(round2),
+            counter_deltas: deltas,
+            verdict,
+            reasons,
+            wire: Vec::new(),
+        });
+    }
+
+    let nccl = nccl_checks(profile, &evidence.nccl, &medians, &mut node);
+    finish(node, rails, nccl, history, &evidence.software)
+}
+
+/// Judges a passive check (counters, link state, exposure) against the last certificate's
+/// state. A passive failure fails the node at once; a passive pass keeps the earlier verdict
+/// (only an invasive run can certify).
+pub fn assess_passive(
+    profile: &FabricProfileSpec,
+    evidence: &Evidence,
+    previous_verdict: Option<Verdict>,
+    previous_rails: &[RailResult],
+) -> Assessment {
+    let t = &profile.thresholds;
+    let watched = watched_counters(t);
+    let mut node = Findings::default();
+    common_checks(profile, evidence, &mut node);
+    let mut rails = Vec::new();
+    for spec in &profile.rails {
+        let before = reading(&evidence.before, spec);
+        let after = reading(&evidence.after, spec);
+        let (failures, deltas) =
+            check_rail_passive(spec, before, after, &t.counter_growth, &watched);
+        let prev = previous_rails
+            .iter()
+            .find(|r| r.hca == spec.hca && r.port == spec.port);
+        node.failures.extend(failures.iter().cloned());
+        let (verdict, reasons) = if failures.is_empty() {
+            (
+                prev.map(|p| p.verdict).unwrap_or(RailVerdict::Healthy),
+                prev.map(|p| p.reasons.clone()).unwrap_or_default(),
+            )
+        } else {
+            (RailVerdict::Failed, failures)
+        };
+        rails.push(RailResult {
+            hca: spec.hca.clone(),
+            port: spec.port,
+            link_layer: after.and_then(|r| r.link_layer),
+            state: after.map(|r| r.state.clone()).unwrap_or_default(),
+            rate_gbps: after.and_then(|r| r.rate_gbps),
+            write_bw_host_gbps: prev.and_then(|p| p.write_bw_host_gbps),
+            write_bw_gpu_gbps: prev.and_then(|p| p.write_bw_gpu_gbps),
+            latency_us: prev.and_then(|p| p.latency_us),
+            counter_deltas: deltas,
+            verdict,
+            reasons,
+            wire: prev.map(|p| p.wire.clone()).unwrap_or_default(),
+        });
+    }
+    let verdict = if !node.failures.is_empty() {
+        Verdict::Failed
+    } else {
+        previous_verdict.unwrap_or(Verdict::Pending)
+    };
+    Assessment {
+        verdict,
+        reasons: node.failures,
+        rails,
+        nccl: None,
+        regressed: false,
+    }
+}
+
+fn common_checks(profile: &FabricProfileSpec, evidence: &Evidence, node: &mut Findings) {
+    let expected = profile.signature();
+    if let Some(sig) = &evidence.layout_signature {
+        if *sig != expected {
+            node.failures.push(format!(
+                "rail layout signature {sig} differs from the profile's {expected}"
+            ));
+        }
+    }
+    if let (Some(rdma), Some(exposure)) = (&profile.rdma, &evidence.exposure) {
+        let advertised = exposure
+            .allocatable
+            .as_deref()
+            .is_some_and(|q| !q.trim().is_empty() && q.trim() != "0");
+        let missing: Vec<String> = profile
+            .rails
+            .iter()
+            .filter(|r| reading(&evidence.after, r).is_none())
+            .map(RailSpec::id)
+            .collect();
+        if !advertised && missing.is_empty() {
+            node.failures.push(format!(
+                "node does not advertise RDMA resource {} in allocatable (found {})",
+                rdma.resource_name,
+                exposure.allocatable.as_deref().unwrap_or("none")
+            ));
+        } else if advertised && !missing.is_empty() {
+            node.failures.push(format!(
+                "node advertises RDMA resource {} ({}) but lacks the profile's rails {}",
+                rdma.resource_name,
+                exposure.allocatable.as_deref().unwrap_or(""),
+                missing.join(", ")
+            ));
+        }
+    }
+}
+
+fn nccl_checks(
+    profile: &FabricProfileSpec,
+    runs: &[NcclRunEvidence],
+    medians: &HistoryMedians,
+    node: &mut Findings,
+) -> Option<NcclResult> {
+    let t = &profile.thresholds;
+    let spec = &profile.certification.nccl_tests;
+    let Some(main) = runs.iter().find(|r| r.label == RUN_MAIN) else {
+        node.failures
+            .push("NCCL all_reduce_perf did not run (no NCCL evidence)".to_string());
+        return None;
+    };
+    let obs = match &main.outcome {
+        Ok(o) => o,
+        Err(e) => {
+            node.failures
+                .push(format!("NCCL all_reduce_perf failed: {e}"));
+            return None;
+        }
+    };
+    let result = obs.to_result();
+    if let Some(w) = obs.wrong() {
+        if w > 0 {
+            node.failures.push(format!(
+                "NCCL all_reduce reported #wrong {w}, expected 0 (data corruption)"
+            ));
+        }
+    }
+    match obs.log.net {
+        Some(Transport::Ib) => {}
+        Some(Transport::Socket) => node.failures.push(
+            "NCCL fell back to NET/Socket, expected NET/IB: the run did not use RDMA".to_string(),
+        ),
+        _ => node.failures.push(
+            "NCCL log shows no network transport, expected NET/IB: the run did not cross the fabric"
+                .to_string(),
+        ),
+    }
+    if spec.expect_gdr && obs.log.net != Some(Transport::Socket) {
+        match obs.log.gdr {
+            Some(true) => {}
+            Some(false) => node.failures.push(
+                "GPUDirect RDMA not in use (NCCL network channels lack GDRDMA), profile expects it"
+                    .to_string(),
+            ),
+            None => node
+                .failures
+                .push("GPUDirect RDMA not shown in the NCCL log, profile expects it".to_string()),
+        }
+    }
+    match obs.busbw_plateau_gbps() {
+        Some(p) if p >= t.busbw_plateau_gbps => {
+            if let Some(m) = medians.busbw_plateau_gbps {
+                if let Some(r) = regression(
+                    "NCCL busbw plateau",
+                    p,
+                    m,
+                    t.regression_tolerance_percent,
+                    "GB/s",
+                ) {
+                    node.regressions.push(r);
+                }
+            }
+        }
+        Some(p) => node.failures.push(format!(
+            "NCCL busbw plateau {} GB/s, expected at least {} GB/s",
+            fmt_num(round2(p)),
+            fmt_num(t.busbw_plateau_gbps)
+        )),
+        None => node
+            .failures
+            .push("NCCL output has no busbw plateau".to_string()),
+    }
+    for e in &obs.log.errors {
+        node.failures.push(format!("NCCL error: {e}"));
+    }
+    if !obs.log.hcas.is_empty() {
+        let expected: BTreeSet<String> = profile.rails.iter().map(RailSpec::id).collect();
+        let used: BTreeSet<String> = obs.log.hcas.iter().map(|h| normalize_hca(h)).collect();
+        let extra: Vec<&String> = used.difference(&expected).collect();
+        let unused: Vec<&String> = expected.difference(&used).collect();
+        if !extra.is_empty() {
+            node.failures.push(format!(
+                "NCCL used HCAs outside the profile: {}",
+                join(&extra)
+            ));
+        }
+        if !unused.is_empty() {
+            node.failures.push(format!(
+                "NCCL did not use the profile's rails {}",
+                join(&unused)
+            ));
+        }
+    }
+    if let Some(off) = runs.iter().find(|r| r.label == RUN_GDR_OFF) {
+        match (&off.outcome, obs.busbw_plateau_gbps()) {
+            (Ok(o), Some(main_bw)) => {
+                if let Some(off_bw) = o.busbw_plateau_gbps() {
+                    if off_bw > main_bw * GDR_CONTROL_MAX_RATIO {
+                        node.failures.push(format!(
+                            "GDR negative control (NCCL_NET_GDR_LEVEL=LOC) reached {} GB/s vs {} GB/s with GDR: GPUDirect RDMA is not what carries the traffic",
+                            fmt_num(round2(off_bw)),
+                            fmt_num(round2(main_bw))
+                        ));
+                    }
+                }
+            }
+            (Err(e), _) => node
+                .failures
+                .push(format!("GDR negative control run failed: {e}")),
+            _ => {}
+        }
+    }
+    Some(result)
+}
+
+/// `mlx5_0` (NCCL may print no port) becomes `mlx5_0:1`.
+fn normalize_hca(h: &str) -> String {
+    if h.contains(':') {
+        h.to_string()
+    } else {
+        format!("{h}:1")
+    }
+}
+
+fn join(v: &[&String]) -> String {
+    v.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+}
+
+/// A reason when `measured` is more than `tolerance_percent` below the history `median`.
+pub fn regression(
+    what: &str,
+    measured: f64,
+    median: f64,
+    tolerance_percent: f64,
+    unit: &str,
+) -> Option<String> {
+    if median <= 0.0 {
+        return None;
+    }
+    let drop = (median - measured) / median * 100.0;
+    if drop > tolerance_percent {
+        Some(format!(
+            "{what} {} {unit} is {:.1}% below this node's history median {} {unit} (tolerance {}%)",
+            fmt_num(round2(measured)),
+            drop,
+            fmt_num(round2(median)),
+            fmt_num(tolerance_percent)
+        ))
+    } else {
+        None
+    }
+}
+
+fn finish(
+    node: Findings,
+    rails: Vec<RailResult>,
+    nccl: Option<NcclResult>,
+    history: &[HistoryEntry],
+    software: &BTreeMap<String, String>,
+) -> Assessment {
+    let verdict = if !node.failures.is_empty() {
+        Verdict::Failed
+    } else if !node.regressions.is_empty() {
+        Verdict::Degraded
+    } else {
+        Verdict::Certified
+    };
+    let regressed = !node.regressions.is_empty();
+    let mut reasons = node.failures;
+    reasons.extend(node.regressions);
+    if verdict != Verdict::Certified {
+        if let Some(changes) = software_changes(history, software) {
+            reasons.push(format!("changed since the last pass: {changes}"));
+        }
+    }
+    Assessment {
+        verdict,
+        reasons,
+        rails,
+        nccl,
+        regressed,
+    }
+}
+
+/// Numbers in reasons: integers without decimals, others with up to two.
+pub fn fmt_num(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-9 {
+        format!("{}", v.round() as i64)
+    } else {
+        let s = format!("{v:.2}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}

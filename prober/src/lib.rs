@@ -1,1 +1,6 @@
-//! railguard prober (being built).
+//! railguard prober: reads a node's GPU/RDMA fabric (discovery), benchmarks and certifies it,
+//! and publishes the result on the Node object.
+
+pub mod discover;
+pub mod sim;
+pub mod topo;

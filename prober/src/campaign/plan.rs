@@ -1,0 +1,880 @@
+//! The pure core of a campaign: which pairs to test in which round, and what the results say.
+//!
+//! A *test* runs every rail of a pair of nodes at once (HCA *i* of A to HCA *i* of B), so one
+//! test is a group test over `2 x rails` rail ends plus the links between them. A pass clears
+//! the whole group (a working end-to-end write proves both ends and the wire); a failing rail
+//! is bisected by testing each end separately against a reference node already proven good on
+//! that rail. Planning:
+//!
+//! 1. **Sweep:** the nodes form a ring (optionally shuffled); its edges, coloured into 2 rounds
+//!    (3 for an odd ring), are the first tests. Every node meets two distinct peers in N tests.
+//! 2. **Confirm:** every rail end that is neither proven good nor blamed is paired with a fresh
+//!    known-good reference, one node per pair per round, until the rules below decide it or
+//!    its attempt budget runs out (then it stays *unresolved*, never blamed).
+//!
+//! Rules (per rail):
+//! - a rail end that failed with two or more distinct peers proven good on that rail is the
+//!   node's rail;
+//! - a failure between two ends that both passed with other peers is the link (cable, switch
+//!   port) between them; seen with one peer only, it is a suspect until a third node decides;
+//! - a node whose every rail is blamed is the node.
+//!
+//! With few faults this costs N sweep tests plus a handful of confirmations (O(N), below the
+//! O(N log N) budget), against C(N,2) for all pairs. Inconclusive tests (refusals, protocol
+//! errors) are evidence of nothing: they only use up attempts.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+/// Index of a node in the campaign's node list.
+pub type NodeIx = usize;
+/// Index of a rail in the campaign's rail list.
+pub type RailIx = usize;
+
+/// Limits and options of a plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanOptions {
+    /// Shuffle the ring with this seed (`None` keeps the given order).
+    pub shuffle_seed: Option<u64>,
+    /// Confirmation tests one node may take part in as the node under suspicion.
+    pub max_confirmations_per_node: usize,
+    /// Hard stop on the number of rounds (a campaign must end).
+    pub max_rounds: usize,
+}
+
+impl Default for PlanOptions {
+    fn default() -> Self {
+        PlanOptions {
+            shuffle_seed: None,
+            max_confirmations_per_node: 4,
+            max_rounds: 64,
+        }
+    }
+}
+
+/// Why a pair is tested.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Purpose {
+    /// A ring edge of the sweep.
+    Sweep,
+    /// `suspect` is paired with a known-good reference node.
+    Confirm { suspect: NodeIx },
+}
+
+/// One planned test: `initiator` writes into `responder`, every rail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PairTest {
+    pub initiator: NodeIx,
+    pub responder: NodeIx,
+    pub purpose: Purpose,
+}
+
+impl PairTest {
+    pub fn involves(&self, n: NodeIx) -> bool {
+        self.initiator == n || self.responder == n
+    }
+    pub fn peer_of(&self, n: NodeIx) -> Option<NodeIx> {
+        if self.initiator == n {
+            Some(self.responder)
+        } else if self.responder == n {
+            Some(self.initiator)
+        } else {
+            None
+        }
+    }
+}
+
+/// Outcome of one rail in one pair test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RailOutcome {
+    /// Bandwidth and latency within the profile's limits.
+    Pass,
+    /// Below the limits, or the writes failed (dead wire, error completions, unreachable).
+    Fail,
+    /// No evidence: refused, protocol error, peer vanished mid-test.
+    Inconclusive,
+}
+
+/// Results of one pair test, one outcome per rail (in the campaign's rail order).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PairResult {
+    pub test: PairTest,
+    pub rails: Vec<RailOutcome>,
+}
+
+/// A campaign plan could not be built or fed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    #[error("a campaign needs at least 3 nodes to tell a node from a link, got {nodes}")]
+    TooFewNodes { nodes: usize },
+    #[error("a campaign needs at least one rail")]
+    NoRails,
+    #[error("result for {initiator}<->{responder} has {got} rail outcomes, the campaign has {want} rails")]
+    RailCount {
+        initiator: NodeIx,
+        responder: NodeIx,
+        got: usize,
+        want: usize,
+    },
+    #[error("result for a test that was not planned in this round: {initiator}<->{responder}")]
+    Unplanned {
+        initiator: NodeIx,
+        responder: NodeIx,
+    },
+}
+
+/// What the evidence says about the fabric.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Localization {
+    /// `(node, rail)` that failed with two or more healthy peers, with those peers.
+    pub rail_faults: BTreeMap<(NodeIx, RailIx), BTreeSet<NodeIx>>,
+    /// Nodes whose every rail is blamed.
+    pub node_faults: BTreeSet<NodeIx>,
+    /// `(a, b, rail)` with `a < b`: failed while both ends passed with other peers.
+    pub link_faults: BTreeSet<(NodeIx, NodeIx, RailIx)>,
+    /// Failures not explained by a blamed rail whose link or ends are still undecided.
+    pub suspect_links: BTreeSet<(NodeIx, NodeIx, RailIx)>,
+    /// `(node, rail)` ends that are neither proven good nor blamed at the end.
+    pub unresolved: BTreeSet<(NodeIx, RailIx)>,
+}
+
+impl Localization {
+    /// Whether `node` is blamed for anything (a rail or the whole node).
+    pub fn blames_node(&self, node: NodeIx) -> bool {
+        self.node_faults.contains(&node) || self.rail_faults.keys().any(|(n, _)| *n == node)
+    }
+}
+
+/// The state of a campaign: the plan so far and the evidence collected.
+#[derive(Debug, Clone)]
+pub struct CampaignPlan {
+    nodes: usize,
+    rails: usize,
+    opts: PlanOptions,
+    /// Sweep rounds not yet handed out.
+    sweep: Vec<Vec<PairTest>>,
+    /// The round handed out and not yet fully recorded.
+    in_flight: Vec<PairTest>,
+    results: Vec<PairResult>,
+    /// `good[n][r]`: end `r` of node `n` passed with some peer.
+    good: Vec<Vec<bool>>,
+    /// `failed_with[n][r]`: peers `n` failed with on rail `r`.
+    failed_with: Vec<Vec<BTreeSet<NodeIx>>>,
+    /// Pairs (min, max) already tested in this campaign.
+    tested: HashSet<(NodeIx, NodeIx)>,
+    /// Distinct peers each node had a conclusive test with.
+    met: Vec<BTreeSet<NodeIx>>,
+    confirmations: Vec<usize>,
+    rounds: usize,
+}
+
+impl CampaignPlan {
+    pub fn new(nodes: usize, rails: usize, opts: PlanOptions) -> Result<Self, PlanError> {
+        if nodes < 3 {
+            return Err(PlanError::TooFewNodes { nodes });
+        }
+        if rails == 0 {
+            return Err(PlanError::NoRails);
+        }
+        let order = sweep_order(nodes, opts.shuffle_seed);
+        Ok(CampaignPlan {
+            nodes,
+            rails,
+            sweep: ring_rounds(&order),
+            in_flight: Vec::new(),
+            results: Vec::new(),
+            good: vec![vec![false; rails]; nodes],
+            failed_with: vec![vec![BTreeSet::new(); rails]; nodes],
+            tested: HashSet::new(),
+            met: vec![BTreeSet::new(); nodes],
+            confirmations: vec![0; nodes],
+            rounds: 0,
+            opts,
+        })
+    }
+
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+    pub fn rails(&self) -> usize {
+        self.rails
+    }
+    /// Rounds handed out so far.
+    pub fn rounds(&self) -> usize {
+        self.rounds
+    }
+    /// Tests recorded so far.
+    pub fn tests(&self) -> usize {
+        self.results.len()
+    }
+    pub fn results(&self) -> &[PairResult] {
+        &self.results
+    }
+
+    /// The next round: disjoint pairs that may run at once. `None` when the campaign is over.
+    /// Call [`CampaignPlan::record`] for every test of the round before asking again (tests
+    /// left unrecorded count as inconclusive).
+    pub fn next_round(&mut self) -> Option<Vec<PairTest>> {
+        for t in std::mem::take(&mut self.in_flight) {
+            // A test the caller never reported produced no evidence but still happened.
+            self.tested.insert(key(t.initiator, t.responder));
+        }
+        if self.rounds >= self.opts.max_rounds {
+            return None;
+        }
+        let round = if !self.sweep.is_empty() {
+            self.sweep.remove(0)
+        } else {
+            self.confirm_round()
+        };
+        if round.is_empty() {
+            return None;
+        }
+        self.rounds += 1;
+        self.in_flight = round.clone();
+        Some(round)
+    }
+
+    /// Feeds the result of a test of the current round.
+    pub fn record(&mut self, result: PairResult) -> Result<(), PlanError> {
+        let t = result.test;
+        let Some(pos) = self
+            .in_flight
+            .iter()
+            .position(|p| key(p.initiator, p.responder) == key(t.initiator, t.responder))
+        else {
+            return Err(PlanError::Unplanned {
+                initiator: t.initiator,
+                responder: t.responder,
+            });
+        };
+        if result.rails.len() != self.rails {
+            return Err(PlanError::RailCount {
+                initiator: t.initiator,
+                responder: t.responder,
+                got: result.rails.len(),
+                want: self.rails,
+            });
+        }
+        self.in_flight.remove(pos);
+        let (a, b) = (t.initiator, t.responder);
+        self.tested.insert(key(a, b));
+        let mut conclusive = false;
+        for (r, outcome) in result.rails.iter().enumerate() {
+            match outcome {
+                RailOutcome::Pass => {
+                    self.good[a][r] = true;
+                    self.good[b][r] = true;
+                    conclusive = true;
+                }
+                RailOutcome::Fail => {
+                    self.failed_with[a][r].insert(b);
+                    self.failed_with[b][r].insert(a);
+                    conclusive = true;
+                }
+                RailOutcome::Inconclusive => {}
+            }
+        }
+        if conclusive {
+            self.met[a].insert(b);
+            self.met[b].insert(a);
+        }
+        if let Purpose::Confirm { suspect } = t.purpose {
+            if suspect < self.nodes {
+                self.confirmations[suspect] += 1;
+            }
+        }
+        self.results.push(result);
+        Ok(())
+    }
+
+    /// Number of distinct peers `n` failed with on rail `r` that are proven good on `r`.
+    fn healthy_failures(&self, n: NodeIx, r: RailIx) -> BTreeSet<NodeIx> {
+        self.failed_with[n][r]
+            .iter()
+            .copied()
+            .filter(|&p| self.good[p][r])
+            .collect()
+    }
+
+    fn rail_blamed(&self, n: NodeIx, r: RailIx) -> bool {
+        !self.good[n][r] && self.healthy_failures(n, r).len() >= 2
+    }
+
+    /// Rails of `n` that still need evidence.
+    fn open_rails(&self, n: NodeIx) -> Vec<RailIx> {
+        (0..self.rails)
+            .filter(|&r| !self.good[n][r] && !self.rail_blamed(n, r))
+            .collect()
+    }
+
+    fn needs_confirmation(&self, n: NodeIx) -> bool {
+        if self.confirmations[n] >= self.opts.max_confirmations_per_node {
+            return false;
+        }
+        !self.open_rails(n).is_empty() || self.met[n].len() < 2
+    }
+
+    /// Pairs every undecided node with a fresh reference proven good on the rails it needs.
+    fn confirm_round(&self) -> Vec<PairTest> {
+        let mut busy = vec![false; self.nodes];
+        let mut round = Vec::new();
+        let suspects: Vec<NodeIx> = (0..self.nodes)
+            .filter(|&n| self.needs_confirmation(n))
+            .collect();
+        // Suspects are not references this round: their own verdict is pending.
+        for &s in &suspects {
+            busy[s] = true;
+        }
+        for &s in &suspects {
+            let open = self.open_rails(s);
+            let wanted: Vec<RailIx> = if open.is_empty() {
+                (0..self.rails).collect()
+            } else {
+                open
+            };
+            // Best reference: good on the most wanted rails, then the least used so far.
+            let best = (0..self.nodes)
+                .filter(|&g| g != s && !busy[g] && !self.tested.contains(&key(s, g)))
+                .map(|g| {
+                    let covered = wanted.iter().filter(|&&r| self.good[g][r]).count();
+                    (covered, std::cmp::Reverse(self.met[g].len()), g)
+                })
+                .filter(|(covered, _, _)| *covered > 0)
+                .max();
+            if let Some((_, _, g)) = best {
+                busy[g] = true;
+                round.push(PairTest {
+                    initiator: g,
+                    responder: s,
+                    purpose: Purpose::Confirm { suspect: s },
+                });
+            }
+        }
+        round
+    }
+
+    /// Applies the rules to the evidence so far.
+    pub fn localize(&self) -> Localization {
+        let mut loc = Localization::default();
+        for n in 0..self.nodes {
+            let mut all = true;
+            for r in 0..self.rails {
+                if self.rail_blamed(n, r) {
+                    loc.rail_faults.insert((n, r), self.healthy_failures(n, r));
+                } else {
+                    all = false;
+                    if !self.good[n][r] {
+                        loc.unresolved.insert((n, r));
+                    }
+                }
+            }
+            if all {
+                loc.node_faults.insert(n);
+            }
+        }
+        for n in 0..self.nodes {
+            for r in 0..self.rails {
+                for &p in self.failed_with[n][r].iter().filter(|&&p| p > n) {
+                    if loc.rail_faults.contains_key(&(n, r))
+                        || loc.rail_faults.contains_key(&(p, r))
+                    {
+                        continue; // explained by a blamed end
+                    }
+                    if self.good[n][r] && self.good[p][r] {
+                        loc.link_faults.insert((n, p, r));
+                    } else {
+                        loc.suspect_links.insert((n, p, r));
+                    }
+                }
+            }
+        }
+        loc
+    }
+
+    /// Whether node `n`'s rail `r` passed with some peer.
+    pub fn is_good(&self, n: NodeIx, r: RailIx) -> bool {
+        self.good
+            .get(n)
+            .and_then(|g| g.get(r))
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// Distinct peers `n` had a conclusive test with.
+    pub fn peers_met(&self, n: NodeIx) -> usize {
+        self.met.get(n).map_or(0, BTreeSet::len)
+    }
+}
+
+fn key(a: NodeIx, b: NodeIx) -> (NodeIx, NodeIx) {
+    (a.min(b), a.max(b))
+}
+
+/// Edge-colours the ring `order[0] - order[1] - ... - order[n-1] - order[0]` into rounds of
+/// disjoint pairs: 2 rounds for an even ring, 3 for an odd one (the closing edge alone).
+pub fn ring_rounds(order: &[NodeIx]) -> Vec<Vec<PairTest>> {
+    let n = order.len();
+    if n < 2 {
+        return Vec::new();
+    }
+    let edge = |i: usize| PairTest {
+        initiator: order[i],
+        responder: order[(i + 1) % n],
+        purpose: Purpose::Sweep,
+    };
+    if n == 2 {
+        return vec![vec![edge(0)]];
+    }
+    let mut rounds = vec![Vec::new(), Vec::new()];
+    let last = if n % 2 == 0 { n } else { n - 1 };
+    for i in 0..last {
+        rounds[i % 2].push(edge(i));
+    }
+    if n % 2 == 1 {
+        rounds.push(vec![edge(n - 1)]);
+    }
+    rounds
+}
+
+/// Fisher-Yates with splitmix64: deterministic for a seed, no RNG dependency in the core.
+fn shuffle(v: &mut [NodeIx], seed: u64) {
+    let mut state = seed;
+    let mut next = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    for i in (1..v.len()).rev() {
+        let j = (next() % (i as u64 + 1)) as usize;
+        v.swap(i, j);
+    }
+}
+
+/// Injected faults of a simulated fabric, for tests and the scale benchmark: answers a pair
+/// test the way the hardware would.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FaultSet {
+    /// `(node, rail)` ends that fail with everyone.
+    pub rails: BTreeSet<(NodeIx, RailIx)>,
+    /// Dead nodes: every rail fails with everyone.
+    pub nodes: BTreeSet<NodeIx>,
+    /// `(a, b, rail)` with `a < b`: the wire between a and b on that rail.
+    pub links: BTreeSet<(NodeIx, NodeIx, RailIx)>,
+}
+
+impl FaultSet {
+    /// The outcome a test of `t` would have.
+    pub fn run(&self, t: &PairTest, rails: usize) -> PairResult {
+        let (a, b) = key(t.initiator, t.responder);
+        let rails = (0..rails)
+            .map(|r| {
+                let bad = self.nodes.contains(&a)
+                    || self.nodes.contains(&b)
+                    || self.rails.contains(&(a, r))
+                    || self.rails.contains(&(b, r))
+                    || self.links.contains(&(a, b, r));
+                if bad {
+                    RailOutcome::Fail
+                } else {
+                    RailOutcome::Pass
+                }
+            })
+            .collect();
+        PairResult { test: *t, rails }
+    }
+
+    /// Nodes touched by any fault.
+    pub fn faulty_nodes(&self) -> BTreeSet<NodeIx> {
+        let mut s: BTreeSet<NodeIx> = self.nodes.clone();
+        s.extend(self.rails.iter().map(|(n, _)| *n));
+        s.extend(self.links.iter().flat_map(|(a, b, _)| [*a, *b]));
+        s
+    }
+}
+
+/// Runs a whole campaign against `faults` in memory. Returns the plan (for counts) and
+/// the localization.
+pub fn simulate(
+    nodes: usize,
+    rails: usize,
+    faults: &FaultSet,
+    opts: PlanOptions,
+) -> Result<(CampaignPlan, Localization), PlanError> {
+    let mut plan = CampaignPlan::new(nodes, rails, opts)?;
+    while let Some(round) = plan.next_round() {
+        for t in &round {
+            plan.record(faults.run(t, rails))?;
+        }
+    }
+    let loc = plan.localize();
+    Ok((plan, loc))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn faults(
+        rails: &[(usize, usize)],
+        nodes: &[usize],
+        links: &[(usize, usize, usize)],
+    ) -> FaultSet {
+        FaultSet {
+            rails: rails.iter().copied().collect(),
+            nodes: nodes.iter().copied().collect(),
+            links: links
+                .iter()
+                .map(|&(a, b, r)| (a.min(b), a.max(b), r))
+                .collect(),
+        }
+    }
+
+    fn run_checked(
+        n: usize,
+        r: usize,
+        f: &FaultSet,
+        opts: PlanOptions,
+    ) -> (CampaignPlan, Localization) {
+        let mut plan = CampaignPlan::new(n, r, opts).unwrap();
+        while let Some(round) = plan.next_round() {
+            let mut seen = BTreeSet::new();
+            for t in &round {
+                assert_ne!(
+                    t.initiator, t.responder,
+                    "a node is never paired with itself"
+                );
+                assert!(
+                    seen.insert(t.initiator),
+                    "node {} twice in a round",
+                    t.initiator
+                );
+                assert!(
+                    seen.insert(t.responder),
+                    "node {} twice in a round",
+                    t.responder
+                );
+            }
+            for t in &round {
+                plan.record(f.run(t, r)).unwrap();
+            }
+        }
+        let loc = plan.localize();
+        (plan, loc)
+    }
+
+    #[test]
+    fn ring_rounds_cover_every_node_twice_with_distinct_peers() {
+        for n in [3usize, 4, 5, 8, 9, 64, 65] {
+            let order: Vec<usize> = (0..n).collect();
+            let rounds = ring_rounds(&order);
+            assert_eq!(rounds.len(), if n % 2 == 0 { 2 } else { 3 }, "n={n}");
+            let mut peers = vec![BTreeSet::new(); n];
+            for round in &rounds {
+                let mut seen = BTreeSet::new();
+                for t in round {
+                    assert!(seen.insert(t.initiator) && seen.insert(t.responder));
+                    peers[t.initiator].insert(t.responder);
+                    peers[t.responder].insert(t.initiator);
+                }
+            }
+            assert!(peers.iter().all(|p| p.len() == 2), "n={n}: {peers:?}");
+            assert_eq!(rounds.iter().map(Vec::len).sum::<usize>(), n);
+        }
+    }
+
+    #[test]
+    fn healthy_fabric_blames_nobody_and_every_node_meets_two_peers() {
+        let (plan, loc) = run_checked(16, 4, &FaultSet::default(), PlanOptions::default());
+        assert_eq!(loc, Localization::default());
+        assert_eq!(plan.tests(), 16);
+        assert_eq!(plan.rounds(), 2);
+        assert!((0..16).all(|n| plan.peers_met(n) >= 2));
+    }
+
+    #[test]
+    fn rail_failing_with_two_healthy_peers_is_the_nodes_rail() {
+        let f = faults(&[(5, 2)], &[], &[]);
+        let (_, loc) = run_checked(10, 4, &f, PlanOptions::default());
+        assert_eq!(
+            loc.rail_faults.keys().copied().collect::<Vec<_>>(),
+            vec![(5, 2)]
+        );
+        assert_eq!(loc.rail_faults[&(5, 2)], BTreeSet::from([4, 6]));
+        assert!(loc.link_faults.is_empty() && loc.node_faults.is_empty());
+        assert!(loc.unresolved.is_empty() && loc.suspect_links.is_empty());
+    }
+
+    #[test]
+    fn failure_with_one_peer_only_is_the_link_once_third_nodes_clear_both_ends() {
+        let f = faults(&[], &[], &[(3, 4, 1)]);
+        let (plan, loc) = run_checked(10, 2, &f, PlanOptions::default());
+        assert_eq!(loc.link_faults, BTreeSet::from([(3, 4, 1)]));
+        assert!(loc.rail_faults.is_empty(), "{loc:?}");
+        // Both ends passed rail 1 with a third node.
+        assert!(plan.is_good(3, 1) && plan.is_good(4, 1));
+    }
+
+    #[test]
+    fn single_failure_without_third_node_evidence_stays_suspect_and_schedules_confirmation() {
+        let mut plan = CampaignPlan::new(6, 1, PlanOptions::default()).unwrap();
+        let round = plan.next_round().unwrap();
+        // Only the 0-1 test fails; the others are never reported (inconclusive).
+        let t = *round.iter().find(|t| t.involves(0)).unwrap();
+        plan.record(PairResult {
+            test: t,
+            rails: vec![RailOutcome::Fail],
+        })
+        .unwrap();
+        let loc = plan.localize();
+        assert_eq!(loc.suspect_links, BTreeSet::from([(0, 1, 0)]));
+        assert!(loc.rail_faults.is_empty() && loc.link_faults.is_empty());
+        // The next rounds (sweep round 2) test 0 and 1 with third nodes.
+        let next = plan.next_round().unwrap();
+        let p0 = next.iter().find_map(|t| t.peer_of(0)).unwrap();
+        let p1 = next.iter().find_map(|t| t.peer_of(1)).unwrap();
+        assert!(p0 != 1 && p1 != 0);
+    }
+
+    #[test]
+    fn confirmation_uses_a_known_good_third_node() {
+        // 0 and 1 are both bad on rail 0 and adjacent in the ring: each needs a second
+        // healthy peer, found by a confirmation test against a node that passed.
+        let f = faults(&[(0, 0), (1, 0)], &[], &[]);
+        let (plan, loc) = run_checked(8, 2, &f, PlanOptions::default());
+        assert!(loc.rail_faults.contains_key(&(0, 0)) && loc.rail_faults.contains_key(&(1, 0)));
+        assert_eq!(loc.rail_faults.len(), 2);
+        for t in plan
+            .results()
+            .iter()
+            .filter(|r| matches!(r.test.purpose, Purpose::Confirm { .. }))
+        {
+            let Purpose::Confirm { suspect } = t.test.purpose else {
+                unreachable!()
+            };
+            let reference = t.test.peer_of(suspect).unwrap();
+            assert!(
+                !f.faulty_nodes().contains(&reference),
+                "reference {reference} must be healthy"
+            );
+        }
+    }
+
+    #[test]
+    fn node_failing_on_every_rail_is_the_node() {
+        let f = faults(&[], &[7], &[]);
+        let (_, loc) = run_checked(12, 4, &f, PlanOptions::default());
+        assert_eq!(loc.node_faults, BTreeSet::from([7]));
+        assert_eq!(loc.rail_faults.len(), 4);
+        assert!(loc.link_faults.is_empty() && loc.suspect_links.is_empty());
+    }
+
+    #[test]
+    fn link_on_all_rails_is_not_the_node() {
+        let f = faults(&[], &[], &[(2, 3, 0), (2, 3, 1)]);
+        let (_, loc) = run_checked(8, 2, &f, PlanOptions::default());
+        assert!(loc.node_faults.is_empty() && loc.rail_faults.is_empty());
+        assert_eq!(loc.link_faults.len(), 2);
+    }
+
+    #[test]
+    fn inconclusive_tests_never_blame_and_leave_ends_unresolved() {
+        let mut plan = CampaignPlan::new(
+            5,
+            1,
+            PlanOptions {
+                max_rounds: 10,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        while let Some(round) = plan.next_round() {
+            for t in round {
+                let outcome = if t.involves(2) {
+                    RailOutcome::Inconclusive
+                } else {
+                    RailOutcome::Pass
+                };
+                plan.record(PairResult {
+                    test: t,
+                    rails: vec![outcome],
+                })
+                .unwrap();
+            }
+        }
+        let loc = plan.localize();
+        assert!(!loc.blames_node(2));
+        assert_eq!(loc.unresolved, BTreeSet::from([(2, 0)]));
+        // Node 2 got its attempt budget and no more.
+        assert!(plan.tests() <= 5 + PlanOptions::default().max_confirmations_per_node);
+    }
+
+    #[test]
+    fn record_rejects_unplanned_and_wrong_rail_count() {
+        let mut plan = CampaignPlan::new(4, 2, PlanOptions::default()).unwrap();
+        let round = plan.next_round().unwrap();
+        let bogus = PairTest {
+            initiator: 0,
+            responder: 2,
+            purpose: Purpose::Sweep,
+        };
+        assert!(matches!(
+            plan.record(PairResult {
+                test: bogus,
+                rails: vec![RailOutcome::Pass; 2]
+            }),
+            Err(PlanError::Unplanned { .. })
+        ));
+        let err = plan
+            .record(PairResult {
+                test: round[0],
+                rails: vec![RailOutcome::Pass],
+            })
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("1 rail outcomes, the campaign has 2"),
+            "{err}"
+        );
+        assert!(matches!(
+            CampaignPlan::new(2, 1, PlanOptions::default()),
+            Err(PlanError::TooFewNodes { nodes: 2 })
+        ));
+        assert!(matches!(
+            CampaignPlan::new(3, 0, PlanOptions::default()),
+            Err(PlanError::NoRails)
+        ));
+    }
+
+    #[test]
+    fn shuffle_is_a_deterministic_permutation() {
+        let mut a: Vec<usize> = (0..100).collect();
+        let mut b = a.clone();
+        shuffle(&mut a, 7);
+        shuffle(&mut b, 7);
+        assert_eq!(a, b);
+        assert_ne!(a, (0..100).collect::<Vec<_>>());
+        a.sort_unstable();
+        assert_eq!(a, (0..100).collect::<Vec<_>>());
+    }
+
+    /// Many random fault placements, node-disjoint as in the scale simulation: everything is
+    /// found and no healthy node is ever blamed.
+    #[test]
+    fn random_faults_are_all_found_and_no_healthy_node_is_blamed() {
+        for seed in 0..200u64 {
+            let n = 16 + (seed as usize % 48);
+            let rails = 1 + (seed as usize % 8);
+            let k = 1 + (seed as usize % 6);
+            let opts = PlanOptions {
+                shuffle_seed: Some(seed),
+                ..Default::default()
+            };
+            let f = random_faults(&sweep_order(n, opts.shuffle_seed), rails, k, seed);
+            assert_eq!(f.rails.len() + f.links.len() + f.nodes.len(), k);
+            let (plan, loc) = run_checked(n, rails, &f, opts);
+            assert_eq!(
+                check_localization(&f, &loc),
+                Ok(()),
+                "seed {seed} n={n} rails={rails} k={k}"
+            );
+            assert!(
+                plan.tests() < 3 * n,
+                "seed {seed}: {} tests for n={n}",
+                plan.tests()
+            );
+        }
+    }
+}
+
+/// The ring order of the sweep for `nodes` nodes under `shuffle_seed`.
+pub fn sweep_order(nodes: usize, shuffle_seed: Option<u64>) -> Vec<NodeIx> {
+    let mut order: Vec<NodeIx> = (0..nodes).collect();
+    if let Some(seed) = shuffle_seed {
+        shuffle(&mut order, seed);
+    }
+    order
+}
+
+/// Places `k` faults on distinct nodes (cycling rail fault, link fault, dead node), for the
+/// scale simulation. Faults touch disjoint nodes: two faults sharing a node can be
+/// indistinguishable from a third fault (two bad links of one node look like its rail).
+/// A fault that only shows between two particular nodes is observable only if that pair is
+/// tested, so link faults sit on pairs of the sweep ring (`ring`, from [`sweep_order`]).
+pub fn random_faults(ring: &[NodeIx], rails: usize, k: usize, seed: u64) -> FaultSet {
+    let n = ring.len();
+    let mut positions: Vec<usize> = (0..n).collect();
+    shuffle(&mut positions, seed ^ 0xFA17);
+    let mut used = vec![false; n];
+    let mut f = FaultSet::default();
+    let mut cursor = positions.into_iter();
+    for i in 0..k {
+        let rail = ((seed as usize).wrapping_add(i * 7)) % rails;
+        let Some(pos) = cursor.by_ref().find(|&p| !used[p] && !used[(p + 1) % n]) else {
+            break;
+        };
+        let (a, b) = (ring[pos], ring[(pos + 1) % n]);
+        used[pos] = true;
+        match i % 3 {
+            0 => {
+                f.rails.insert((a, rail));
+            }
+            1 => {
+                used[(pos + 1) % n] = true;
+                f.links.insert((a.min(b), a.max(b), rail));
+            }
+            _ => {
+                f.nodes.insert(a);
+            }
+        }
+    }
+    f
+}
+
+/// Checks a localization against the injected faults: every fault found, nothing healthy
+/// blamed. Returns a description of the first mismatch.
+pub fn check_localization(f: &FaultSet, loc: &Localization) -> Result<(), String> {
+    for &(n, r) in &f.rails {
+        if !loc.rail_faults.contains_key(&(n, r)) {
+            return Err(format!("rail fault ({n},{r}) not found"));
+        }
+    }
+    for &n in &f.nodes {
+        if !loc.node_faults.contains(&n) {
+            return Err(format!("dead node {n} not found"));
+        }
+    }
+    for l in &f.links {
+        if !loc.link_faults.contains(l) {
+            return Err(format!("link fault {l:?} not found"));
+        }
+    }
+    for (&(n, r), _) in &loc.rail_faults {
+        if !f.rails.contains(&(n, r)) && !f.nodes.contains(&n) {
+            return Err(format!("healthy rail ({n},{r}) blamed"));
+        }
+    }
+    for &n in &loc.node_faults {
+        // With every rail of a node faulty, "the node" is the right answer too.
+        let all_rails = loc
+            .rail_faults
+            .keys()
+            .filter(|(m, _)| *m == n)
+            .all(|k| f.rails.contains(k));
+        if !f.nodes.contains(&n) && !all_rails {
+            return Err(format!("healthy node {n} blamed as dead"));
+        }
+    }
+    for l in &loc.link_faults {
+        if !f.links.contains(l) {
+            return Err(format!("healthy link {l:?} blamed"));
+        }
+    }
+    Ok(())
+}

@@ -932,3 +932,7 @@ fn preflight_container(base: &Container, image: &str, profile: &str, signature: 
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+#[path = "mutate_tests.rs"]
+mod tests;

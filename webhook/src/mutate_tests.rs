@@ -1,0 +1,1036 @@
+//! Rules of `mutate()`, on pods shaped like those the training operators create.
+
+use super::*;
+use railguard_api::profile::Enforcement;
+use serde_json::json;
+
+const H100: &str = include_str!("../../api/fixtures/profiles/dgx-h100-ndr.yaml");
+const A100: &str = include_str!("../../api/fixtures/profiles/dgx-a100-hdr.yaml");
+const ROCE: &str = include_str!("../../api/fixtures/profiles/roce-cloud.yaml");
+
+fn profile(yaml: &str) -> FabricProfile {
+    let mut v = railguard_api::profiles_from_yaml(yaml).unwrap();
+    assert_eq!(v.len(), 1);
+    v.remove(0)
+}
+
+fn profiles() -> Vec<FabricProfile> {
+    // Sorted by name, as the catalog hands them over.
+    vec![profile(A100), profile(H100), profile(ROCE)]
+}
+
+fn cfg() -> WebhookConfig {
+    WebhookConfig {
+        prober_image: Some("registry.example/railguard-prober:0.1.0".into()),
+        ..WebhookConfig::default()
+    }
+}
+
+fn ns(name: &str) -> NamespaceInfo {
+    NamespaceInfo::new(name)
+}
+
+fn allowed_ns() -> NamespaceInfo {
+    NamespaceInfo::new("ml-research").with_label("railguard.io/exemptions", "allowed")
+}
+
+fn pod(v: serde_json::Value) -> Pod {
+    serde_json::from_value(v).unwrap()
+}
+
+/// Applies the plan with a real JSON-patch implementation; the result must still be a Pod.
+fn apply(pod: &Pod, plan: &Plan) -> Pod {
+    let mut doc = serde_json::to_value(pod).unwrap();
+    assert_no_overwrite(&doc, plan);
+    json_patch::patch(&mut doc, &plan.patch()).unwrap();
+    serde_json::from_value(doc).unwrap()
+}
+
+/// railguard never replaces what the user wrote: an `add` must target a missing member, an
+/// array end (`-`) or an array index (insert); `replace` only a string annotation.
+fn assert_no_overwrite(doc: &Value, plan: &Plan) {
+    for op in &plan.ops {
+        match op {
+            PatchOp::Add { path, .. } => {
+                let last = path.as_str().rsplit('/').next().unwrap_or_default();
+                if last == "-" || last.parse::<usize>().is_ok() {
+                    let parent = &path.as_str()[..path.as_str().len() - last.len() - 1];
+                    assert!(doc.pointer(parent).is_some_and(Value::is_array), "{parent}");
+                } else {
+                    assert!(
+                        doc.pointer(path.as_str()).is_none(),
+                        "add overwrites {path}"
+                    );
+                }
+            }
+            PatchOp::Replace { path, .. } => {
+                assert!(
+                    path.as_str().starts_with("/metadata/annotations/"),
+                    "{path}"
+                );
+                assert!(doc.pointer(path.as_str()).is_some_and(Value::is_string));
+            }
+        }
+    }
+}
+
+/// Mutates, applies, checks the warnings' length and that a second pass is a no-op.
+fn run(p: &Pod, namespace: &NamespaceInfo, profiles: &[FabricProfile]) -> (Plan, Pod) {
+    let plan = mutate(p, namespace, profiles, &cfg()).unwrap();
+    for w in &plan.warnings {
+        assert!(w.message.chars().count() < 120, "{}", w.message);
+    }
+    let out = apply(p, &plan);
+    let again = mutate(&out, namespace, profiles, &cfg()).unwrap();
+    assert!(again.ops.is_empty(), "second pass patched: {:?}", again.ops);
+    assert!(plan.deny.is_none() || plan.ops.is_empty());
+    (plan, out)
+}
+
+fn env_of(c: &Container) -> BTreeMap<String, String> {
+    c.env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .collect()
+}
+
+fn annotation<'a>(p: &'a Pod, key: &str) -> Option<&'a str> {
+    p.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+fn caps(c: &Container) -> Vec<String> {
+    c.security_context
+        .as_ref()
+        .and_then(|s| s.capabilities.as_ref())
+        .and_then(|c| c.add.clone())
+        .unwrap_or_default()
+}
+
+fn resource(c: &Container, field: &str, name: &str) -> Option<String> {
+    let r = c.resources.as_ref()?;
+    let m = if field == "limits" {
+        r.limits.as_ref()?
+    } else {
+        r.requests.as_ref()?
+    };
+    m.get(name).map(|q| q.0.clone())
+}
+
+fn required_terms(p: &Pod) -> Vec<Vec<(String, String, Vec<String>)>> {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.affinity.as_ref())
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| {
+            r.node_selector_terms
+                .iter()
+                .map(|t| {
+                    t.match_expressions
+                        .iter()
+                        .flatten()
+                        .map(|e| {
+                            (
+                                e.key.clone(),
+                                e.operator.clone(),
+                                e.values.clone().unwrap_or_default(),
+                            )
+                        })
+                        .collect()
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn pytorch_worker() -> Pod {
+    pod(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": "llama-pretrain-worker-3", "namespace": "ml",
+            "labels": {
+                "training.kubeflow.org/job-name": "llama-pretrain",
+                "training.kubeflow.org/replica-type": "worker",
+                "training.kubeflow.org/replica-index": "3"
+            }
+        },
+        "spec": {
+            "restartPolicy": "OnFailure",
+            "containers": [{
+                "name": "pytorch",
+                "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                "command": ["torchrun", "--nnodes=4", "--nproc-per-node=8", "train.py"],
+                "env": [
+                    {"name": "MASTER_ADDR", "value": "llama-pretrain-master-0"},
+                    {"name": "MASTER_PORT", "value": "23456"},
+                    {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['training.kubeflow.org/replica-index']"}}}
+                ],
+                "resources": {
+                    "limits": {"nvidia.com/gpu": "8", "cpu": "96", "memory": "1600Gi"},
+                    "requests": {"nvidia.com/gpu": "8", "cpu": "96", "memory": "1600Gi"}
+                }
+            }]
+        }
+    }))
+}
+
+fn mpi_launcher() -> Pod {
+    pod(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "nccl-bench-launcher-x2b9", "namespace": "ml",
+            "labels": {"training.kubeflow.org/job-name": "nccl-bench", "training.kubeflow.org/job-role": "launcher"}},
+        "spec": {
+            "containers": [{
+                "name": "mpi-launcher", "image": "mpioperator/openmpi:0.5.0",
+                "command": ["mpirun", "-np", "16", "/opt/nccl-tests/build/all_reduce_perf", "-b", "8", "-e", "8G"],
+                "env": [{"name": "OMPI_MCA_orte_keep_fqdn_hostnames", "value": "true"}],
+                "volumeMounts": [{"name": "mpi-job-config", "mountPath": "/etc/mpi"}]
+            }],
+            "volumes": [{"name": "mpi-job-config", "configMap": {"name": "nccl-bench-config"}}]
+        }
+    }))
+}
+
+fn mpi_worker() -> Pod {
+    pod(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "nccl-bench-worker-1", "namespace": "ml",
+            "labels": {"training.kubeflow.org/job-name": "nccl-bench", "training.kubeflow.org/job-role": "worker"}},
+        "spec": {
+            "hostname": "nccl-bench-worker-1", "subdomain": "nccl-bench",
+            "containers": [{
+                "name": "mpi-worker", "image": "mpioperator/openmpi:0.5.0",
+                "command": ["/usr/sbin/sshd", "-De"],
+                "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+                "securityContext": {"capabilities": {"add": ["SYS_PTRACE"]}},
+                "volumeMounts": [{"name": "ssh-auth", "mountPath": "/root/.ssh"}],
+                "resources": {"limits": {"nvidia.com/gpu": "8"}}
+            }],
+            "volumes": [{"name": "ssh-auth", "secret": {"secretName": "nccl-bench-ssh", "defaultMode": 384}}]
+        }
+    }))
+}
+
+fn jobset_pod() -> Pod {
+    pod(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "gpt-js-workers-0-2-8x7kq", "namespace": "ml",
+            "labels": {"jobset.sigs.k8s.io/jobset-name": "gpt-js", "jobset.sigs.k8s.io/replicatedjob-name": "workers"},
+            "annotations": {"jobset.sigs.k8s.io/exclusive-topology": "network.topology.nvidia.com/leaf"}},
+        "spec": {
+            "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"},
+            "affinity": {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["us-east-1a"]}]},
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-17"]}]}
+                ]}},
+                "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                    "labelSelector": {"matchLabels": {"jobset.sigs.k8s.io/job-key": "abc"}},
+                    "topologyKey": "network.topology.nvidia.com/leaf"
+                }]}
+            },
+            "initContainers": [{"name": "fetch-data", "image": "busybox:1.36", "command": ["sh", "-c", "true"]}],
+            "containers": [
+                {"name": "trainer", "image": "ghcr.io/example/gpt:1.0",
+                 "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                 "volumeMounts": [{"name": "data", "mountPath": "/data"}]},
+                {"name": "log-shipper", "image": "fluent/fluent-bit:3.0"},
+                {"name": "metrics", "image": "nvidia/dcgm-exporter:3.3.5", "resources": {"limits": {"cpu": "1"}}}
+            ],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "gpt-data"}}]
+        }
+    }))
+}
+
+fn lws_pod(role: &str) -> Pod {
+    pod(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("vllm-0{}", if role == "leader" { "" } else { "-1" }), "namespace": "serving",
+            "labels": {"leaderworkerset.sigs.k8s.io/name": "vllm", "leaderworkerset.sigs.k8s.io/worker-index": if role == "leader" { "0" } else { "1" }},
+            "annotations": {"leaderworkerset.sigs.k8s.io/size": "2", "railguard.io/profile": "h100-ndr"}},
+        "spec": {
+            "containers": [{
+                "name": format!("vllm-{role}"), "image": "vllm/vllm-openai:v0.5.0",
+                "env": [
+                    {"name": "NCCL_IB_HCA", "value": "=mlx5_0:1,mlx5_7:1"},
+                    {"name": "NCCL_SOCKET_IFNAME", "value": "=eth0"}
+                ],
+                "resources": {"limits": {"nvidia.com/gpu": "8"}, "requests": {"nvidia.com/gpu": "8"}}
+            }]
+        }
+    }))
+}
+
+fn rayjob_worker() -> Pod {
+    pod(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "rayjob-gpu-worker-group-worker-5xk2p", "namespace": "research",
+            "labels": {"ray.io/cluster": "rayjob-raycluster-abc", "ray.io/node-type": "worker", "ray.io/group": "gpu-group"}},
+        "spec": {
+            "nodeSelector": {"node.kubernetes.io/instance-type": "gpu-8x-roce"},
+            "containers": [{
+                "name": "ray-worker", "image": "rayproject/ray:2.9.0-gpu",
+                "resources": {"limits": {"nvidia.com/gpu": "4", "cpu": "32"}, "requests": {"nvidia.com/gpu": "4", "cpu": "32"}},
+                "volumeMounts": [{"name": "shared-mem", "mountPath": "/dev/shm"}]
+            }],
+            "volumes": [{"name": "shared-mem", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}}]
+        }
+    }))
+}
+
+#[test]
+fn pytorchjob_worker_gets_the_full_configuration() {
+    let p = pytorch_worker();
+    let (plan, out) = run(&p, &ns("ml"), &profiles());
+    assert_eq!(plan.outcome, Outcome::Mutated);
+    assert_eq!(plan.profile.as_deref(), Some("h100-ndr"), "default profile");
+    assert_eq!(
+        plan.mutations,
+        vec![
+            Mutation::NcclEnv,
+            Mutation::IpcLock,
+            Mutation::Shm,
+            Mutation::Rdma,
+            Mutation::Affinity
+        ]
+    );
+    let spec = out.spec.as_ref().unwrap();
+    let c = &spec.containers[0];
+    let env = env_of(c);
+    assert_eq!(
+        env["NCCL_IB_HCA"],
+        "=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_9:1,mlx5_10:1,mlx5_11:1"
+    );
+    assert_eq!(env["NCCL_SOCKET_IFNAME"], "=eth0");
+    assert_eq!(
+        env["MASTER_ADDR"], "llama-pretrain-master-0",
+        "user env kept"
+    );
+    assert_eq!(
+        c.env.as_ref().unwrap()[2].name,
+        "PET_NODE_RANK",
+        "order kept"
+    );
+    assert_eq!(caps(c), ["IPC_LOCK"]);
+    let shm = spec
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == SHM_VOLUME)
+        .unwrap();
+    let ed = shm.empty_dir.as_ref().unwrap();
+    assert_eq!(ed.medium.as_deref(), Some("Memory"));
+    assert_eq!(ed.size_limit.as_ref().unwrap().0, "64Gi");
+    assert!(c
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.name == SHM_VOLUME && m.mount_path == "/dev/shm"));
+    assert_eq!(
+        resource(c, "limits", "rdma/rdma_shared_device_a").as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        resource(c, "requests", "rdma/rdma_shared_device_a").as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        resource(c, "limits", "nvidia.com/gpu").as_deref(),
+        Some("8")
+    );
+    assert_eq!(
+        required_terms(&out),
+        vec![vec![
+            (
+                "railguard.io/fabric".into(),
+                "In".into(),
+                vec!["certified".into()]
+            ),
+            (
+                "railguard.io/profile".into(),
+                "In".into(),
+                vec!["h100-ndr".into()]
+            ),
+        ]]
+    );
+    assert_eq!(annotation(&out, "railguard.io/profile"), Some("h100-ndr"));
+    let sig = profile(H100).spec.signature();
+    assert_eq!(
+        annotation(&out, "railguard.io/signature"),
+        Some(sig.as_str())
+    );
+    assert_eq!(
+        annotation(&out, "railguard.io/mutations"),
+        Some("nccl-env,ipc-lock,shm,rdma,affinity")
+    );
+    assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
+}
+
+#[test]
+fn mpijob_launcher_without_gpu_is_untouched() {
+    let p = mpi_launcher();
+    let plan = mutate(&p, &ns("ml"), &profiles(), &cfg()).unwrap();
+    assert_eq!(plan.outcome, Outcome::NotTraining);
+    assert!(plan.ops.is_empty() && plan.warnings.is_empty());
+}
+
+#[test]
+fn mpijob_worker_keeps_its_capabilities_and_is_warned_about_nccl_debug() {
+    let p = mpi_worker();
+    let (plan, out) = run(&p, &ns("ml"), &profiles());
+    let c = &out.spec.as_ref().unwrap().containers[0];
+    assert_eq!(
+        caps(c),
+        ["SYS_PTRACE", "IPC_LOCK"],
+        "appended, not replaced"
+    );
+    assert_eq!(c.volume_mounts.as_ref().unwrap().len(), 2);
+    assert_eq!(
+        out.spec.as_ref().unwrap().volumes.as_ref().unwrap().len(),
+        2
+    );
+    assert_eq!(env_of(c)["NCCL_DEBUG"], "INFO", "the user's variable stays");
+    assert_eq!(plan.warnings.len(), 1);
+    assert_eq!(plan.warnings[0].kind, WarningKind::UnsafeNccl);
+    assert!(plan.warnings[0]
+        .message
+        .contains("container mpi-worker: NCCL_DEBUG=INFO"));
+}
+
+#[test]
+fn jobset_pod_selects_by_node_selector_and_ands_affinity_into_every_term() {
+    let p = jobset_pod();
+    let (plan, out) = run(&p, &ns("ml"), &profiles());
+    assert_eq!(plan.profile.as_deref(), Some("a100-hdr"));
+    let spec = out.spec.as_ref().unwrap();
+    // Only the GPU container changes.
+    assert_eq!(spec.containers[1], p.spec.as_ref().unwrap().containers[1]);
+    assert_eq!(spec.containers[2], p.spec.as_ref().unwrap().containers[2]);
+    assert_eq!(
+        spec.init_containers,
+        p.spec.as_ref().unwrap().init_containers
+    );
+    assert!(env_of(&spec.containers[0]).contains_key("NCCL_IB_HCA"));
+    assert!(
+        !env_of(&spec.containers[0]).contains_key("NCCL_SOCKET_IFNAME"),
+        "a100 sets none"
+    );
+    let terms = required_terms(&out);
+    assert_eq!(terms.len(), 2, "terms stay ORed");
+    assert_eq!(terms[0][0].0, "topology.kubernetes.io/zone");
+    for t in &terms {
+        assert!(t.contains(&(
+            "railguard.io/fabric".into(),
+            "In".into(),
+            vec!["certified".into()]
+        )));
+        assert!(t.contains(&(
+            "railguard.io/profile".into(),
+            "In".into(),
+            vec!["a100-hdr".into()]
+        )));
+    }
+    let na = spec
+        .affinity
+        .as_ref()
+        .unwrap()
+        .node_affinity
+        .as_ref()
+        .unwrap();
+    let term1 = &na
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()
+        .unwrap()
+        .node_selector_terms[1];
+    assert_eq!(
+        term1.match_fields.as_ref().unwrap()[0]
+            .values
+            .as_ref()
+            .unwrap()[0],
+        "gpu-node-17"
+    );
+    assert!(
+        spec.affinity.as_ref().unwrap().pod_affinity.is_some(),
+        "pod affinity kept"
+    );
+    assert_eq!(
+        annotation(&out, "jobset.sigs.k8s.io/exclusive-topology"),
+        Some("network.topology.nvidia.com/leaf")
+    );
+}
+
+#[test]
+fn lws_leader_and_worker_keep_a_user_hca_and_are_warned_about_an_hca_outside_the_profile() {
+    for role in ["leader", "worker"] {
+        let p = lws_pod(role);
+        let (plan, out) = run(&p, &ns("serving"), &profiles());
+        assert_eq!(plan.profile.as_deref(), Some("h100-ndr"), "annotation wins");
+        let env = env_of(&out.spec.as_ref().unwrap().containers[0]);
+        assert_eq!(env["NCCL_IB_HCA"], "=mlx5_0:1,mlx5_7:1");
+        let conflicts: Vec<_> = plan
+            .warnings
+            .iter()
+            .filter(|w| w.kind == WarningKind::EnvConflict)
+            .collect();
+        assert_eq!(conflicts.len(), 1, "{:?}", plan.warnings);
+        assert!(conflicts[0]
+            .message
+            .contains("mlx5_7 outside profile h100-ndr"));
+        assert!(
+            !plan.mutations.contains(&Mutation::NcclEnv),
+            "both variables were the user's"
+        );
+    }
+}
+
+#[test]
+fn rayjob_worker_with_its_own_dev_shm_gets_per_gpu_rdma_and_networks() {
+    let p = rayjob_worker();
+    let (plan, out) = run(&p, &ns("research"), &profiles());
+    assert_eq!(plan.profile.as_deref(), Some("roce-cloud"));
+    assert!(
+        !plan.mutations.contains(&Mutation::Shm),
+        "KubeRay's /dev/shm is kept"
+    );
+    let spec = out.spec.as_ref().unwrap();
+    assert_eq!(spec.volumes.as_ref().unwrap().len(), 1);
+    let c = &spec.containers[0];
+    assert_eq!(
+        resource(c, "limits", "nvidia.com/sriov_rdma").as_deref(),
+        Some("4")
+    );
+    assert_eq!(
+        resource(c, "requests", "nvidia.com/sriov_rdma").as_deref(),
+        Some("4")
+    );
+    let env = env_of(c);
+    assert_eq!(env["NCCL_IB_QPS_PER_CONNECTION"], "4");
+    assert_eq!(env["NCCL_CROSS_NIC"], "0");
+    assert_eq!(
+        annotation(&out, "k8s.v1.cni.cncf.io/networks"),
+        Some("gpu-rdma/sriov-rdma-0,gpu-rdma/sriov-rdma-1")
+    );
+}
+
+#[test]
+fn non_training_and_excluded_pods_are_untouched() {
+    let mut p = pytorch_worker();
+    let plan = mutate(&p, &ns("kube-system"), &profiles(), &cfg()).unwrap();
+    assert_eq!(plan.outcome, Outcome::Excluded);
+    assert!(plan.ops.is_empty());
+    p.spec.as_mut().unwrap().containers[0].resources = None;
+    let plan = mutate(&p, &ns("ml"), &profiles(), &cfg()).unwrap();
+    assert_eq!(plan.outcome, Outcome::NotTraining);
+    // A zero GPU request is not a GPU container.
+    let mut z = pytorch_worker();
+    z.spec.as_mut().unwrap().containers[0].resources = Some(ResourceRequirements {
+        limits: Some(BTreeMap::from([(
+            "nvidia.com/gpu".into(),
+            Quantity("0".into()),
+        )])),
+        ..Default::default()
+    });
+    assert_eq!(
+        mutate(&z, &ns("ml"), &profiles(), &cfg()).unwrap().outcome,
+        Outcome::NotTraining
+    );
+}
+
+#[test]
+fn configurable_gpu_resources() {
+    let mut p = pytorch_worker();
+    p.spec.as_mut().unwrap().containers[0].resources = Some(ResourceRequirements {
+        limits: Some(BTreeMap::from([(
+            "amd.com/gpu".into(),
+            Quantity("8".into()),
+        )])),
+        ..Default::default()
+    });
+    assert_eq!(
+        mutate(&p, &ns("ml"), &profiles(), &cfg()).unwrap().outcome,
+        Outcome::NotTraining
+    );
+    let config = WebhookConfig {
+        gpu_resources: vec!["nvidia.com/gpu".into(), "amd.com/gpu".into()],
+        ..cfg()
+    };
+    assert_eq!(
+        mutate(&p, &ns("ml"), &profiles(), &config).unwrap().outcome,
+        Outcome::Mutated
+    );
+}
+
+#[test]
+fn inject_true_opts_a_cpu_pod_in_for_all_containers() {
+    let mut p = mpi_launcher();
+    p.metadata.annotations = Some(BTreeMap::from([(
+        "railguard.io/inject".into(),
+        "true".into(),
+    )]));
+    let (plan, out) = run(&p, &ns("ml"), &profiles());
+    assert_eq!(plan.outcome, Outcome::Mutated);
+    assert!(env_of(&out.spec.as_ref().unwrap().containers[0]).contains_key("NCCL_IB_HCA"));
+}
+
+#[test]
+fn inject_false_is_honored_only_where_exemptions_are_allowed() {
+    let mut p = pytorch_worker();
+    p.metadata.annotations = Some(BTreeMap::from([(
+        "railguard.io/inject".into(),
+        "false".into(),
+    )]));
+    let plan = mutate(&p, &allowed_ns(), &profiles(), &cfg()).unwrap();
+    assert_eq!(plan.outcome, Outcome::OptedOut);
+    assert!(plan.ops.is_empty() && plan.warnings.is_empty());
+
+    let (plan, _) = run(&p, &ns("ml"), &profiles());
+    assert_eq!(plan.outcome, Outcome::Mutated);
+    assert_eq!(plan.warnings.len(), 1);
+    assert_eq!(plan.warnings[0].kind, WarningKind::ExemptionIgnored);
+    assert_eq!(
+        plan.warnings[0].message,
+        "railguard.io/inject=false ignored: namespace ml may not use exemptions of profile h100-ndr"
+    );
+
+    // roce-cloud allows exemptions by namespace name.
+    let mut r = rayjob_worker();
+    r.metadata.annotations = Some(BTreeMap::from([(
+        "railguard.io/inject".into(),
+        "false".into(),
+    )]));
+    assert_eq!(
+        mutate(&r, &ns("research"), &profiles(), &cfg())
+            .unwrap()
+            .outcome,
+        Outcome::OptedOut
+    );
+
+    let mut bad = pytorch_worker();
+    bad.metadata.annotations = Some(BTreeMap::from([(
+        "railguard.io/inject".into(),
+        "no".into(),
+    )]));
+    let plan = mutate(&bad, &ns("ml"), &profiles(), &cfg()).unwrap();
+    assert_eq!(plan.outcome, Outcome::Mutated);
+    assert_eq!(plan.warnings[0].kind, WarningKind::InvalidAnnotation);
+}
+
+#[test]
+fn skip_parts_are_honored_in_allowed_namespaces_and_ignored_elsewhere() {
+    let mut p = pytorch_worker();
+    p.metadata.annotations = Some(BTreeMap::from([(
+        "railguard.io/skip".into(),
+        "shm, ipc-lock,nccl-env,rdma,network,affinity".into(),
+    )]));
+    let (plan, out) = run(&p, &allowed_ns(), &profiles());
+    assert!(plan.mutations.is_empty());
+    assert!(plan.warnings.is_empty());
+    assert_eq!(out.spec, p.spec, "only annotations change");
+    assert_eq!(annotation(&out, "railguard.io/profile"), Some("h100-ndr"));
+    assert_eq!(annotation(&out, "railguard.io/mutations"), None);
+
+    let (plan, _) = run(&p, &ns("ml"), &profiles());
+    assert_eq!(plan.mutations.len(), 5);
+    assert_eq!(plan.warnings.len(), 1);
+    assert!(plan.warnings[0]
+        .message
+        .starts_with("railguard.io/skip ignored: namespace ml"));
+
+    p.metadata.annotations = Some(BTreeMap::from([(
+        "railguard.io/skip".into(),
+        "shm,gdr".into(),
+    )]));
+    let (plan, _) = run(&p, &allowed_ns(), &profiles());
+    assert!(!plan.mutations.contains(&Mutation::Shm));
+    assert!(plan.mutations.contains(&Mutation::IpcLock));
+    assert_eq!(plan.warnings[0].kind, WarningKind::InvalidAnnotation);
+    assert!(plan.warnings[0].message.contains("\"gdr\""));
+}
+
+#[test]
+fn allow_uncertified_drops_the_certified_affinity_only_where_allowed() {
+    let mut p = pytorch_worker();
+    p.metadata.annotations = Some(BTreeMap::from([(
+        "railguard.io/allow-uncertified".into(),
+        "true".into(),
+    )]));
+    let (plan, out) = run(&p, &allowed_ns(), &profiles());
+    assert!(!plan.mutations.contains(&Mutation::Affinity));
+    assert!(required_terms(&out).is_empty());
+    let (plan, out) = run(&p, &ns("ml"), &profiles());
+    assert!(plan.mutations.contains(&Mutation::Affinity));
+    assert_eq!(required_terms(&out)[0].len(), 2);
+    assert!(plan.warnings[0]
+        .message
+        .starts_with("railguard.io/allow-uncertified ignored"));
+}
+
+#[test]
+fn profile_choice_annotation_then_selector_then_default() {
+    // Annotation beats the nodeSelector.
+    let mut p = jobset_pod();
+    p.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("railguard.io/profile".into(), "roce-cloud".into());
+    assert_eq!(
+        mutate(&p, &ns("ml"), &profiles(), &cfg())
+            .unwrap()
+            .profile
+            .as_deref(),
+        Some("roce-cloud")
+    );
+    // Affinity selects a profile too.
+    let mut q = pytorch_worker();
+    q.spec.as_mut().unwrap().affinity = Some(serde_json::from_value(json!({"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "node.kubernetes.io/instance-type", "operator": "In", "values": ["gpu-8x-roce"]}]}
+        ]}}})).unwrap());
+    assert_eq!(
+        mutate(&q, &ns("ml"), &profiles(), &cfg())
+            .unwrap()
+            .profile
+            .as_deref(),
+        Some("roce-cloud")
+    );
+    // Unknown profile named: warning, nothing else.
+    let mut u = pytorch_worker();
+    u.metadata.annotations = Some(BTreeMap::from([(
+        "railguard.io/profile".into(),
+        "b200-xdr".into(),
+    )]));
+    let plan = mutate(&u, &ns("ml"), &profiles(), &cfg()).unwrap();
+    assert_eq!(plan.outcome, Outcome::NoProfile);
+    assert!(plan.ops.is_empty());
+    assert!(plan.warnings[0]
+        .message
+        .contains("\"b200-xdr\", which does not exist"));
+    // No default and no selector match.
+    let no_default = vec![profile(A100), profile(ROCE)];
+    let plan = mutate(&pytorch_worker(), &ns("ml"), &no_default, &cfg()).unwrap();
+    assert_eq!(plan.outcome, Outcome::NoProfile);
+    assert!(plan.ops.is_empty());
+    assert_eq!(plan.warnings[0].kind, WarningKind::NoProfile);
+    assert!(plan.warnings[0]
+        .message
+        .starts_with("no FabricProfile matches"));
+    assert!(mutate(&pytorch_worker(), &ns("ml"), &[], &cfg())
+        .unwrap()
+        .ops
+        .is_empty());
+}
+
+#[test]
+fn hostipc_and_hostnetwork_pods_get_no_shm_and_no_networks() {
+    let mut p = rayjob_worker();
+    let spec = p.spec.as_mut().unwrap();
+    spec.host_network = Some(true);
+    spec.host_ipc = Some(true);
+    spec.containers[0].volume_mounts = None;
+    spec.volumes = None;
+    let (plan, out) = run(&p, &ns("research"), &profiles());
+    assert!(!plan.mutations.contains(&Mutation::Network));
+    assert!(!plan.mutations.contains(&Mutation::Shm));
+    assert_eq!(annotation(&out, "k8s.v1.cni.cncf.io/networks"), None);
+    assert!(out.spec.as_ref().unwrap().volumes.is_none());
+}
+
+#[test]
+fn multus_json_form_is_merged_without_dropping_user_networks() {
+    let mut p = rayjob_worker();
+    p.metadata.annotations = Some(BTreeMap::from([(
+        "k8s.v1.cni.cncf.io/networks".into(),
+        r#"[{"name":"storage","namespace":"infra","interface":"st0"},{"name":"sriov-rdma-1","namespace":"gpu-rdma"}]"#.into(),
+    )]));
+    let (_, out) = run(&p, &ns("research"), &profiles());
+    let v: Vec<Value> =
+        serde_json::from_str(annotation(&out, "k8s.v1.cni.cncf.io/networks").unwrap()).unwrap();
+    let names: Vec<&str> = v.iter().map(|x| x["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["storage", "sriov-rdma-1", "sriov-rdma-0"]);
+
+    p.metadata.annotations = Some(BTreeMap::from([(
+        "k8s.v1.cni.cncf.io/networks".into(),
+        "[not json".into(),
+    )]));
+    let (plan, out) = run(&p, &ns("research"), &profiles());
+    assert_eq!(
+        annotation(&out, "k8s.v1.cni.cncf.io/networks"),
+        Some("[not json")
+    );
+    assert!(plan.warnings.iter().any(|w| w.kind == WarningKind::Network));
+}
+
+#[test]
+fn existing_rdma_request_and_privileged_containers_are_left_alone() {
+    let mut p = pytorch_worker();
+    let c = &mut p.spec.as_mut().unwrap().containers[0];
+    c.resources
+        .as_mut()
+        .unwrap()
+        .limits
+        .as_mut()
+        .unwrap()
+        .insert("rdma/rdma_shared_device_a".into(), Quantity("2".into()));
+    c.resources
+        .as_mut()
+        .unwrap()
+        .requests
+        .as_mut()
+        .unwrap()
+        .insert("rdma/rdma_shared_device_a".into(), Quantity("2".into()));
+    c.security_context = Some(SecurityContext {
+        privileged: Some(true),
+        ..Default::default()
+    });
+    let (plan, out) = run(&p, &ns("ml"), &profiles());
+    assert!(!plan.mutations.contains(&Mutation::Rdma));
+    assert!(!plan.mutations.contains(&Mutation::IpcLock));
+    let c = &out.spec.as_ref().unwrap().containers[0];
+    assert_eq!(
+        resource(c, "limits", "rdma/rdma_shared_device_a").as_deref(),
+        Some("2")
+    );
+}
+
+#[test]
+fn per_rail_rdma_counts_rails() {
+    let mut h = profile(H100);
+    h.spec.rdma.as_mut().unwrap().count_mode = RdmaCountMode::PerRail;
+    let (_, out) = run(&pytorch_worker(), &ns("ml"), &[h]);
+    let c = &out.spec.as_ref().unwrap().containers[0];
+    assert_eq!(
+        resource(c, "limits", "rdma/rdma_shared_device_a").as_deref(),
+        Some("8")
+    );
+}
+
+#[test]
+fn pod_security_baseline_blocks_ipc_lock_with_a_warning_or_a_denial() {
+    let baseline = ns("ml").with_label("pod-security.kubernetes.io/enforce", "baseline");
+    let (plan, out) = run(&pytorch_worker(), &baseline, &profiles());
+    assert!(!plan.mutations.contains(&Mutation::IpcLock));
+    assert!(caps(&out.spec.as_ref().unwrap().containers[0]).is_empty());
+    assert_eq!(plan.warnings.len(), 1);
+    assert_eq!(plan.warnings[0].kind, WarningKind::PodSecurity);
+    assert!(plan.warnings[0]
+        .message
+        .contains("pod-security.kubernetes.io/enforce=baseline"));
+
+    let privileged = ns("ml").with_label("pod-security.kubernetes.io/enforce", "privileged");
+    let (plan, _) = run(&pytorch_worker(), &privileged, &profiles());
+    assert!(plan.mutations.contains(&Mutation::IpcLock));
+
+    let mut strict = profile(H100);
+    strict.spec.policy.pod_security_conflict = Enforcement::Deny;
+    let restricted = ns("ml").with_label("pod-security.kubernetes.io/enforce", "restricted");
+    let plan = mutate(&pytorch_worker(), &restricted, &[strict], &cfg()).unwrap();
+    assert_eq!(plan.outcome, Outcome::Denied);
+    assert!(plan.ops.is_empty());
+    assert!(plan
+        .deny
+        .unwrap()
+        .contains("pod-security.kubernetes.io/enforce=restricted"));
+}
+
+#[test]
+fn unsafe_nccl_settings_warn_or_deny_per_policy() {
+    let mut p = pytorch_worker();
+    p.spec.as_mut().unwrap().containers[0]
+        .env
+        .as_mut()
+        .unwrap()
+        .extend(
+            [
+                ("NCCL_NET_GDR_LEVEL", "SYS"),
+                ("NCCL_IB_TIMEOUT", "22"),
+                ("NCCL_IB_RETRY_CNT", "10"),
+                ("NCCL_IB_GID_INDEX", "3"),
+                ("NCCL_NET", "Socket"),
+                ("NCCL_DEBUG_SUBSYS", "ALL"),
+            ]
+            .map(|(k, v)| EnvVar {
+                name: k.into(),
+                value: Some(v.into()),
+                value_from: None,
+            }),
+        );
+    let (plan, _) = run(&p, &ns("ml"), &profiles());
+    let unsafe_count = plan
+        .warnings
+        .iter()
+        .filter(|w| w.kind == WarningKind::UnsafeNccl)
+        .count();
+    assert_eq!(unsafe_count, 6, "{:?}", plan.warnings);
+    assert_eq!(plan.outcome, Outcome::Mutated);
+
+    let mut strict = profile(H100);
+    strict.spec.policy.unsafe_nccl = Enforcement::Deny;
+    let plan = mutate(&p, &ns("ml"), &[strict], &cfg()).unwrap();
+    assert_eq!(plan.outcome, Outcome::Denied);
+    assert!(plan.ops.is_empty());
+    let reason = plan.deny.unwrap();
+    assert!(reason.starts_with("profile h100-ndr denies unsafe NCCL settings:"));
+    assert!(reason.contains("NCCL_NET_GDR_LEVEL"));
+}
+
+#[test]
+fn a_socket_ifname_the_user_set_differently_is_kept_with_a_warning() {
+    let mut p = pytorch_worker();
+    p.spec.as_mut().unwrap().containers[0]
+        .env
+        .as_mut()
+        .unwrap()
+        .push(EnvVar {
+            name: "NCCL_SOCKET_IFNAME".into(),
+            value: Some("=bond0".into()),
+            value_from: None,
+        });
+    let (plan, out) = run(&p, &ns("ml"), &profiles());
+    assert_eq!(
+        env_of(&out.spec.as_ref().unwrap().containers[0])["NCCL_SOCKET_IFNAME"],
+        "=bond0"
+    );
+    assert_eq!(
+        plan.warnings[0].message,
+        "container pytorch: NCCL_SOCKET_IFNAME==bond0 kept; profile h100-ndr sets =eth0"
+    );
+}
+
+#[test]
+fn preflight_init_container_copies_the_mutated_gpu_container() {
+    let mut h = profile(H100);
+    h.spec.preflight = true;
+    let p = jobset_pod();
+    let mut p2 = p.clone();
+    p2.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .insert("railguard.io/profile".into(), "h100-ndr".into());
+    let (plan, out) = run(&p2, &ns("ml"), std::slice::from_ref(&h));
+    assert!(plan.mutations.contains(&Mutation::Preflight));
+    let spec = out.spec.as_ref().unwrap();
+    let init = spec.init_containers.as_ref().unwrap();
+    assert_eq!(init.len(), 2);
+    assert_eq!(init[0].name, PREFLIGHT_CONTAINER, "runs first");
+    assert_eq!(init[1].name, "fetch-data");
+    let pre = &init[0];
+    assert_eq!(
+        pre.image.as_deref(),
+        Some("registry.example/railguard-prober:0.1.0")
+    );
+    assert_eq!(
+        pre.command.as_ref().unwrap(),
+        &["railguard-prober", "preflight"]
+    );
+    let gpu = &spec.containers[0];
+    assert_eq!(pre.resources, gpu.resources);
+    assert_eq!(pre.volume_mounts, gpu.volume_mounts);
+    assert_eq!(pre.security_context, gpu.security_context);
+    let env = env_of(pre);
+    assert_eq!(env["NCCL_IB_HCA"], env_of(gpu)["NCCL_IB_HCA"]);
+    assert_eq!(env["RAILGUARD_PROFILE"], "h100-ndr");
+
+    // Without a prober image: a warning, no init container.
+    let config = WebhookConfig::default();
+    let plan = mutate(&p2, &ns("ml"), &[h], &config).unwrap();
+    assert!(!plan.mutations.contains(&Mutation::Preflight));
+    assert!(plan
+        .warnings
+        .iter()
+        .any(|w| w.kind == WarningKind::Preflight));
+}
+
+#[test]
+fn a_container_added_later_is_configured_on_reinvocation() {
+    let p = pytorch_worker();
+    let (_, mut out) = run(&p, &ns("ml"), &profiles());
+    // Another webhook adds a second GPU container after railguard ran.
+    out.spec.as_mut().unwrap().containers.push(Container {
+        name: "sidecar-gpu".into(),
+        resources: Some(ResourceRequirements {
+            limits: Some(BTreeMap::from([(
+                "nvidia.com/gpu".into(),
+                Quantity("1".into()),
+            )])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let (plan, again) = run(&out, &ns("ml"), &profiles());
+    assert_eq!(plan.outcome, Outcome::Mutated);
+    assert!(plan
+        .ops
+        .iter()
+        .all(|op| op.path().as_str().starts_with("/spec/containers/1")));
+    let spec = again.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|v| v.name == SHM_VOLUME)
+            .count(),
+        1
+    );
+    assert!(env_of(&spec.containers[1]).contains_key("NCCL_IB_HCA"));
+}
+
+#[test]
+fn two_hundred_containers_and_unicode_names() {
+    let mut p = pytorch_worker();
+    p.metadata.name = Some("训练-ジョブ-🚀".into());
+    p.metadata.annotations = Some(BTreeMap::from([("notes/ü~x".into(), "ok".into())]));
+    let base = p.spec.as_ref().unwrap().containers[0].clone();
+    let spec = p.spec.as_mut().unwrap();
+    spec.containers = (0..200)
+        .map(|i| Container {
+            name: format!("wörker-{i}"),
+            ..base.clone()
+        })
+        .collect();
+    spec.containers[5].env.as_mut().unwrap().push(EnvVar {
+        name: "NCCL_DEBUG".into(),
+        value: Some("INFO\u{7}\u{1F600}".repeat(40)),
+        value_from: None,
+    });
+    let (plan, out) = run(&p, &ns("ml"), &profiles());
+    assert_eq!(plan.outcome, Outcome::Mutated);
+    let spec = out.spec.as_ref().unwrap();
+    assert!(spec.containers.iter().all(|c| caps(c) == ["IPC_LOCK"]));
+    assert_eq!(annotation(&out, "notes/ü~x"), Some("ok"));
+    let w = &plan.warnings[0];
+    assert!(w.message.chars().count() <= MAX_WARNING_CHARS);
+    assert!(!w.message.chars().any(char::is_control));
+}
+
+#[test]
+fn a_pod_without_spec_is_an_error() {
+    let p = Pod::default();
+    assert!(matches!(
+        mutate(&p, &ns("ml"), &profiles(), &cfg()),
+        Err(MutateError::NoSpec)
+    ));
+}
+
+#[test]
+fn annotations_are_added_one_by_one_when_the_map_exists() {
+    let mut p = pytorch_worker();
+    p.metadata.annotations = Some(BTreeMap::from([("a/b".into(), "c".into())]));
+    let plan = mutate(&p, &ns("ml"), &profiles(), &cfg()).unwrap();
+    let paths: Vec<&str> = plan.ops.iter().map(|o| o.path().as_str()).collect();
+    assert!(paths.contains(&"/metadata/annotations/railguard.io~1profile"));
+    assert!(paths.contains(&"/metadata/annotations/railguard.io~1mutations"));
+    let out = apply(&p, &plan);
+    assert_eq!(annotation(&out, "a/b"), Some("c"));
+}

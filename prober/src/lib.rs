@@ -3,5 +3,6 @@
 
 pub mod campaign;
 pub mod discover;
+pub mod rdma;
 pub mod sim;
 pub mod topo;

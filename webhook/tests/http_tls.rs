@@ -1,0 +1,553 @@
+//! The webhook over real TLS and real HTTP: AdmissionReview round trips (including the
+//! review recorded from kube-apiserver 1.20), bad bodies, health and metrics, certificate
+//! rotation through a Secret-volume `..data` swap, and graceful shutdown mid-request.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use k8s_openapi::api::core::v1::Pod;
+use railguard_webhook::catalog::Catalog;
+use railguard_webhook::metrics::Metrics;
+use railguard_webhook::server::{self, AppState, RunningServer, ServeOptions};
+use railguard_webhook::tls::CertReloader;
+use railguard_webhook::{FailureMode, WebhookConfig};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const SAMPLE: &str = include_str!("../fixtures/admission-review-sample.json");
+const PROFILES: &[&str] = &[
+    include_str!("../../api/fixtures/profiles/dgx-h100-ndr.yaml"),
+    include_str!("../../api/fixtures/profiles/roce-cloud.yaml"),
+];
+
+struct Ca {
+    cert: rcgen::Certificate,
+    key: rcgen::KeyPair,
+}
+
+impl Ca {
+    fn new(name: &str) -> Self {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        Self { cert, key }
+    }
+
+    /// A serving pair for 127.0.0.1 and localhost: (cert PEM, key PEM).
+    fn serving_pair(&self) -> (String, String) {
+        let params =
+            rcgen::CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+                .unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    fn pem(&self) -> String {
+        self.cert.pem()
+    }
+}
+
+/// A directory laid out like a mounted Secret: `tls.crt -> ..data/tls.crt`,
+/// `..data -> ..<version>`.
+struct SecretVolume {
+    dir: tempfile::TempDir,
+    version: u32,
+}
+
+impl SecretVolume {
+    fn new(cert: &str, key: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut v = Self { dir, version: 0 };
+        v.publish(cert, key);
+        std::os::unix::fs::symlink("..data/tls.crt", v.dir.path().join("tls.crt")).unwrap();
+        std::os::unix::fs::symlink("..data/tls.key", v.dir.path().join("tls.key")).unwrap();
+        v
+    }
+
+    /// Writes a new version and swaps `..data` atomically, as the kubelet does.
+    fn publish(&mut self, cert: &str, key: &str) {
+        self.version += 1;
+        let name = format!("..2024_06_01_00_00_{:02}.{}", self.version, self.version);
+        let versioned = self.dir.path().join(&name);
+        std::fs::create_dir(&versioned).unwrap();
+        std::fs::write(versioned.join("tls.crt"), cert).unwrap();
+        std::fs::write(versioned.join("tls.key"), key).unwrap();
+        let tmp = self.dir.path().join("..data_tmp");
+        std::os::unix::fs::symlink(&name, &tmp).unwrap();
+        std::fs::rename(&tmp, self.dir.path().join("..data")).unwrap();
+    }
+
+    fn cert(&self) -> PathBuf {
+        self.dir.path().join("tls.crt")
+    }
+
+    fn key(&self) -> PathBuf {
+        self.dir.path().join("tls.key")
+    }
+}
+
+async fn start(volume: &SecretVolume, failure_mode: FailureMode) -> RunningServer {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let profiles = railguard_api::profiles_from_yaml(&PROFILES.join("\n---\n")).unwrap();
+    let state = Arc::new(AppState {
+        catalog: Catalog::standalone(profiles),
+        config: WebhookConfig::default(),
+        failure_mode,
+        metrics: Arc::new(Metrics::new()),
+    });
+    let reloader = CertReloader::new(&volume.cert(), &volume.key()).unwrap();
+    let opts = ServeOptions {
+        cert_poll_interval: Duration::from_millis(50),
+        max_body_bytes: 1 << 20,
+        shutdown_grace: Duration::from_secs(5),
+        ..ServeOptions::default()
+    };
+    server::start(state, reloader, opts).await.unwrap()
+}
+
+fn client(ca_pem: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap())
+        .tls_built_in_root_certs(false)
+        .use_rustls_tls()
+        // Every request opens a new connection, so a reloaded certificate is seen.
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap()
+}
+
+fn sample() -> Value {
+    serde_json::from_str(SAMPLE).unwrap()
+}
+
+/// The recorded review, with 8 GPUs requested by its container.
+fn gpu_sample() -> Value {
+    let mut v = sample();
+    v["request"]["object"]["spec"]["containers"][0]["resources"] =
+        json!({"limits": {"nvidia.com/gpu": "8"}, "requests": {"nvidia.com/gpu": "8"}});
+    v
+}
+
+async fn post(
+    c: &reqwest::Client,
+    addr: std::net::SocketAddr,
+    path: &str,
+    body: Vec<u8>,
+) -> (u16, String) {
+    let r = c
+        .post(format!("https://127.0.0.1:{}{path}", addr.port()))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn recorded_review_and_gpu_review_round_trip_over_tls() {
+    let ca = Ca::new("railguard-test-ca");
+    let (cert, key) = ca.serving_pair();
+    let volume = SecretVolume::new(&cert, &key);
+    let srv = start(&volume, FailureMode::Open).await;
+    let c = client(&ca.pem());
+
+    // The review exactly as kube-apiserver 1.20 sent it: a pod without GPUs, untouched.
+    let (status, body) = post(&c, srv.addr, "/mutate", SAMPLE.as_bytes().to_vec()).await;
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(v["kind"], "AdmissionReview");
+    assert_eq!(v["response"]["uid"], "6e62712e-3efc-42bc-9d89-135571712f9f");
+    assert_eq!(v["response"]["allowed"], true);
+    assert!(v["response"].get("patch").is_none());
+
+    // The same review with GPUs: a JSON patch that applies to the object.
+    let review = gpu_sample();
+    let (status, body) = post(
+        &c,
+        srv.addr,
+        "/mutate",
+        serde_json::to_vec(&review).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["response"]["allowed"], true);
+    assert_eq!(v["response"]["patchType"], "JSONPatch");
+    let patch_bytes = base64::engine::general_purpose::STANDARD
+        .decode(v["response"]["patch"].as_str().unwrap())
+        .unwrap();
+    let patch: json_patch::Patch = serde_json::from_slice(&patch_bytes).unwrap();
+    let mut object = review["request"]["object"].clone();
+    json_patch::patch(&mut object, &patch).unwrap();
+    let pod: Pod = serde_json::from_value(object).unwrap();
+    let ann = pod.metadata.annotations.unwrap();
+    assert_eq!(ann["railguard.io/profile"], "h100-ndr");
+    let env = pod.spec.unwrap().containers[0].env.clone().unwrap();
+    assert!(env.iter().any(|e| e.name == "NCCL_IB_HCA"
+        && e.value
+            .as_deref()
+            .is_some_and(|v| v.starts_with("=mlx5_0:1,"))));
+
+    // The no-op endpoint decodes and allows without a patch.
+    let (status, body) = post(&c, srv.addr, "/noop", serde_json::to_vec(&review).unwrap()).await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["response"]["allowed"], true);
+    assert!(v["response"].get("patch").is_none());
+
+    // Health, readiness and metrics on the plain port.
+    let plain = reqwest::Client::new();
+    let base = format!("http://{}", srv.metrics_addr);
+    for path in ["/healthz", "/readyz"] {
+        let r = plain.get(format!("{base}{path}")).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{path}");
+    }
+    let metrics = plain
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            r#"railguard_webhook_admissions_total{outcome="mutated",profile="h100-ndr"} 1"#
+        ),
+        "{metrics}"
+    );
+    assert!(metrics
+        .contains(r#"railguard_webhook_admissions_total{outcome="not-training",profile=""} 1"#));
+    assert!(metrics.contains("railguard_webhook_admission_duration_seconds_count 2"));
+    srv.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_bodies_get_clear_answers() {
+    let ca = Ca::new("railguard-test-ca");
+    let (cert, key) = ca.serving_pair();
+    let volume = SecretVolume::new(&cert, &key);
+    let srv = start(&volume, FailureMode::Open).await;
+    let c = client(&ca.pem());
+
+    let truncated = SAMPLE.as_bytes()[..SAMPLE.len() / 2].to_vec();
+    let (status, body) = post(&c, srv.addr, "/mutate", truncated).await;
+    assert_eq!(status, 400);
+    assert!(
+        body.contains("not an AdmissionReview JSON object"),
+        "{body}"
+    );
+
+    let (status, body) = post(&c, srv.addr, "/mutate", Vec::new()).await;
+    assert_eq!(status, 400);
+    assert!(body.contains("empty"), "{body}");
+
+    let mut wrong_kind = sample();
+    wrong_kind["kind"] = json!("ConversionReview");
+    let (status, body) = post(
+        &c,
+        srv.addr,
+        "/mutate",
+        serde_json::to_vec(&wrong_kind).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(body.contains("kind is \"ConversionReview\""), "{body}");
+
+    let mut v1beta1 = sample();
+    v1beta1["apiVersion"] = json!("admission.k8s.io/v1beta1");
+    let (status, body) = post(
+        &c,
+        srv.addr,
+        "/mutate",
+        serde_json::to_vec(&v1beta1).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(body.contains("admission.k8s.io/v1beta1"), "{body}");
+
+    // A non-Pod object is allowed unchanged, with a warning that names it.
+    let mut deployment = sample();
+    deployment["request"]["kind"] = json!({"group": "apps", "version": "v1", "kind": "Deployment"});
+    deployment["request"]["object"] =
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"}});
+    let (status, body) = post(
+        &c,
+        srv.addr,
+        "/mutate",
+        serde_json::to_vec(&deployment).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["response"]["allowed"], true);
+    assert!(v["response"]["warnings"][0]
+        .as_str()
+        .unwrap()
+        .contains("only Pods, got apps/v1/Deployment"));
+
+    // An object that claims to be a Pod but is not one: fail open, with a warning.
+    let mut broken = gpu_sample();
+    broken["request"]["object"]["spec"]["containers"] = json!("not-a-list");
+    let (status, body) = post(
+        &c,
+        srv.addr,
+        "/mutate",
+        serde_json::to_vec(&broken).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["response"]["allowed"], true);
+    assert!(v["response"]["warnings"][0]
+        .as_str()
+        .unwrap()
+        .contains("not a valid Pod"));
+
+    // Unicode names and 200 containers.
+    let mut big = gpu_sample();
+    big["request"]["name"] = json!("训练-🚀");
+    big["request"]["object"]["metadata"]["name"] = json!("训练-🚀");
+    let c0 = big["request"]["object"]["spec"]["containers"][0].clone();
+    big["request"]["object"]["spec"]["containers"] = Value::Array(
+        (0..200)
+            .map(|i| {
+                let mut c = c0.clone();
+                c["name"] = json!(format!("wörker-{i}"));
+                c
+            })
+            .collect(),
+    );
+    let (status, body) = post(&c, srv.addr, "/mutate", serde_json::to_vec(&big).unwrap()).await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["response"]["allowed"], true);
+    assert!(v["response"]["patch"].as_str().unwrap().len() > 10_000);
+
+    // Over the body limit.
+    let (status, _) = post(&c, srv.addr, "/mutate", vec![b' '; 2 << 20]).await;
+    assert_eq!(status, 413);
+
+    let plain = reqwest::Client::new();
+    let metrics = plain
+        .get(format!("http://{}/metrics", srv.metrics_addr))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("railguard_webhook_bad_requests_total 4"),
+        "{metrics}"
+    );
+    assert!(metrics.contains(r#"railguard_webhook_internal_errors_total{failure_mode="open"} 1"#));
+    assert!(metrics.contains(r#"railguard_webhook_warnings_total{kind="not-pod"} 1"#));
+    srv.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn failure_mode_closed_denies_on_internal_errors() {
+    let ca = Ca::new("railguard-test-ca");
+    let (cert, key) = ca.serving_pair();
+    let volume = SecretVolume::new(&cert, &key);
+    let srv = start(&volume, FailureMode::Closed).await;
+    let c = client(&ca.pem());
+    let mut no_spec = gpu_sample();
+    no_spec["request"]["object"]
+        .as_object_mut()
+        .unwrap()
+        .remove("spec");
+    let (status, body) = post(
+        &c,
+        srv.addr,
+        "/mutate",
+        serde_json::to_vec(&no_spec).unwrap(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["response"]["allowed"], false);
+    assert_eq!(v["response"]["status"]["code"], 403);
+    assert!(v["response"]["status"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("pod has no spec"));
+    srv.shutdown().await.unwrap();
+}
+
+async fn handshake_ok(ca_pem: &str, addr: std::net::SocketAddr) -> bool {
+    let c = client(ca_pem);
+    c.post(format!("https://127.0.0.1:{}/noop", addr.port()))
+        .body(SAMPLE)
+        .send()
+        .await
+        .is_ok_and(|r| r.status().is_success())
+}
+
+async fn wait_for(what: &str, mut f: impl AsyncFnMut() -> bool) {
+    for _ in 0..100 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+async fn metric(addr: std::net::SocketAddr, needle: &str) -> bool {
+    reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+        .contains(needle)
+}
+
+#[tokio::test]
+async fn certificate_rotation_through_a_secret_volume_swap() {
+    let old_ca = Ca::new("old-ca");
+    let new_ca = Ca::new("new-ca");
+    let (cert, key) = old_ca.serving_pair();
+    let mut volume = SecretVolume::new(&cert, &key);
+    let srv = start(&volume, FailureMode::Open).await;
+    assert!(handshake_ok(&old_ca.pem(), srv.addr).await);
+    assert!(!handshake_ok(&new_ca.pem(), srv.addr).await);
+
+    // The kubelet swaps ..data to a new version with a certificate from another CA.
+    let (cert2, key2) = new_ca.serving_pair();
+    volume.publish(&cert2, &key2);
+    wait_for("the new certificate", async || {
+        handshake_ok(&new_ca.pem(), srv.addr).await
+    })
+    .await;
+    assert!(!handshake_ok(&old_ca.pem(), srv.addr).await);
+
+    // A broken pair (key of another certificate) is rejected; the good one stays.
+    let (cert3, _) = old_ca.serving_pair();
+    volume.publish(&cert3, &key2);
+    wait_for("the rejection", async || {
+        metric(
+            srv.metrics_addr,
+            r#"railguard_webhook_tls_reloads_total{result="rejected"} 1"#,
+        )
+        .await
+    })
+    .await;
+    assert!(handshake_ok(&new_ca.pem(), srv.addr).await);
+    assert!(!handshake_ok(&old_ca.pem(), srv.addr).await);
+
+    // Garbage instead of PEM: rejected as well.
+    volume.publish("not a certificate", "not a key");
+    wait_for("the second rejection", async || {
+        metric(
+            srv.metrics_addr,
+            r#"railguard_webhook_tls_reloads_total{result="rejected"} 2"#,
+        )
+        .await
+    })
+    .await;
+    assert!(handshake_ok(&new_ca.pem(), srv.addr).await);
+    assert!(
+        metric(
+            srv.metrics_addr,
+            r#"railguard_webhook_tls_reloads_total{result="ok"} 1"#
+        )
+        .await
+    );
+    srv.shutdown().await.unwrap();
+}
+
+/// Reads one HTTP/1.1 response (headers and a Content-Length body).
+async fn read_response<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> (String, Vec<u8>) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        let n = s.read(&mut chunk).await.unwrap();
+        assert!(
+            n > 0,
+            "connection closed early: {}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_string();
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .unwrap_or(0);
+            while buf.len() < end + 4 + len {
+                let n = s.read(&mut chunk).await.unwrap();
+                assert!(n > 0);
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            return (head, buf[end + 4..end + 4 + len].to_vec());
+        }
+    }
+}
+
+#[tokio::test]
+async fn graceful_shutdown_finishes_a_request_in_flight() {
+    let ca = Ca::new("railguard-test-ca");
+    let (cert, key) = ca.serving_pair();
+    let volume = SecretVolume::new(&cert, &key);
+    let srv = start(&volume, FailureMode::Open).await;
+
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pemfile::certs(&mut ca.pem().as_bytes()) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(srv.addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+
+    // Send the headers and half the body, then ask the server to stop.
+    let body = serde_json::to_vec(&gpu_sample()).unwrap();
+    let head = format!(
+        "POST /mutate HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    tls.write_all(head.as_bytes()).await.unwrap();
+    tls.write_all(&body[..body.len() / 2]).await.unwrap();
+    tls.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let shutdown = tokio::spawn(srv.shutdown());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !shutdown.is_finished(),
+        "shutdown must wait for the request in flight"
+    );
+    tls.write_all(&body[body.len() / 2..]).await.unwrap();
+    tls.flush().await.unwrap();
+    let (head, resp) = read_response(&mut tls).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let v: Value = serde_json::from_slice(&resp).unwrap();
+    assert!(v["response"]["patch"].is_string());
+    tokio::time::timeout(Duration::from_secs(5), shutdown)
+        .await
+        .expect("shutdown finishes after the last request")
+        .unwrap()
+        .unwrap();
+}

@@ -7,6 +7,8 @@
 //! creates fake Nodes and test namespaces, and stops everything it started on drop — also
 //! when a test panics, in which case the logs are kept and their path printed.
 
+pub mod gotmpl;
+
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -83,6 +85,21 @@ pub fn free_port() -> Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
+/// Where a control plane keeps its files: a temp dir for tests, a fixed dir for the demo.
+enum Workdir {
+    Temp(tempfile::TempDir),
+    Fixed(PathBuf),
+}
+
+impl Workdir {
+    fn path(&self) -> &Path {
+        match self {
+            Workdir::Temp(t) => t.path(),
+            Workdir::Fixed(p) => p,
+        }
+    }
+}
+
 struct Proc {
     name: &'static str,
     child: Child,
@@ -90,7 +107,7 @@ struct Proc {
 
 /// A running etcd + kube-apiserver (+ optional kube-scheduler).
 pub struct ControlPlane {
-    dir: tempfile::TempDir,
+    dir: Workdir,
     bin: PathBuf,
     procs: Vec<Proc>,
     client: Client,
@@ -112,10 +129,20 @@ impl std::fmt::Debug for ControlPlane {
 impl ControlPlane {
     /// Starts etcd and kube-apiserver and waits until the API answers.
     pub async fn start() -> Result<ControlPlane> {
+        let dir = tempfile::Builder::new().prefix("railguard-cp-").tempdir()?;
+        Self::start_with(Workdir::Temp(dir)).await
+    }
+
+    /// Starts a control plane whose files live in `dir` and are kept (the demo uses this).
+    pub async fn start_in(dir: &Path) -> Result<ControlPlane> {
+        std::fs::create_dir_all(dir)?;
+        Self::start_with(Workdir::Fixed(dir.to_path_buf())).await
+    }
+
+    async fn start_with(dir: Workdir) -> Result<ControlPlane> {
         // kube pulls ring and other crates may pull aws-lc-rs: pick one provider explicitly.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let bin = control_plane_binaries()?;
-        let dir = tempfile::Builder::new().prefix("railguard-cp-").tempdir()?;
         let d = dir.path().to_path_buf();
 
         // Certificates: one CA signing the serving certificate; a service-account key pair.
@@ -257,6 +284,11 @@ impl ControlPlane {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+
+    /// Process ids of everything the harness started (for the demo's `--down`).
+    pub fn pids(&self) -> Vec<u32> {
+        self.procs.iter().map(|p| p.child.id()).collect()
     }
 
     /// Fails if a process the harness started has exited.
@@ -458,18 +490,16 @@ impl Drop for ControlPlane {
             terminate(&mut p.child);
         }
         if std::thread::panicking() || std::env::var_os("RAILGUARD_KEEP_LOGS").is_some() {
-            let kept = std::mem::replace(
-                &mut self.dir,
-                match tempfile::tempdir() {
-                    Ok(d) => d,
-                    Err(_) => return,
-                },
-            );
-            let path = kept.keep();
-            eprintln!(
-                "railguard-tests: control plane logs kept in {}",
-                path.display()
-            );
+            if let Workdir::Temp(_) = self.dir {
+                let placeholder = Workdir::Fixed(PathBuf::new());
+                if let Workdir::Temp(t) = std::mem::replace(&mut self.dir, placeholder) {
+                    let path = t.keep();
+                    eprintln!(
+                        "railguard-tests: control plane logs kept in {}",
+                        path.display()
+                    );
+                }
+            }
         }
     }
 }

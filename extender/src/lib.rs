@@ -1,1 +1,24 @@
-//! railguard extender (being built).
+//! railguard's kube-scheduler extender: keeps training pods off nodes whose RDMA fabric is
+//! uncertified, expired or regressed, and prefers nodes with bandwidth headroom close to the
+//! job's other pods.
+//!
+//! The decisions ([`decision::filter`], [`decision::prioritize`]) are pure functions over
+//! [`railguard_api::NodeFabric`] values; [`server`] adapts the scheduler's HTTP protocol
+//! ([`wire`]) and [`cache`] keeps the cluster state the decisions read.
+#![forbid(unsafe_code)]
+
+pub mod cache;
+pub mod decision;
+pub mod error;
+pub mod metrics;
+pub mod pod;
+pub mod server;
+pub mod synth;
+pub mod wire;
+
+pub use decision::{
+    filter, prioritize, target_for, ExtenderConfig, FilterVerdicts, NodeSlot, PodTarget,
+    RejectReason, Rejection,
+};
+pub use error::ExtenderError;
+pub use pod::PodFacts;

@@ -1,4 +1,181 @@
-fn main() {
-    eprintln!("railguard-extender: not built yet");
-    std::process::exit(2);
+//! `railguard-extender`: the kube-scheduler extender binary.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use railguard_extender::cache::ClusterState;
+use railguard_extender::metrics::Metrics;
+use railguard_extender::server::{self, AppState, Source, DEFAULT_MAX_NODES};
+use railguard_extender::ExtenderConfig;
+
+/// Keeps training pods off nodes with uncertified, expired or regressed RDMA fabric.
+#[derive(Debug, Parser)]
+#[command(name = "railguard-extender", version)]
+struct Args {
+    /// Address of the extender endpoint (`/filter`, `/prioritize`).
+    #[arg(long, env = "RAILGUARD_LISTEN", default_value = "0.0.0.0:8888")]
+    listen: SocketAddr,
+    /// Plain HTTP address for `/healthz`, `/readyz` and `/metrics`.
+    #[arg(long, env = "RAILGUARD_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    metrics_listen: SocketAddr,
+    /// Kubeconfig file; in-cluster config or $KUBECONFIG when unset.
+    #[arg(long, env = "RAILGUARD_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Run without a cluster: profiles from --profiles, full-Node requests only.
+    #[arg(long, env = "RAILGUARD_STANDALONE", requires = "profiles")]
+    standalone: bool,
+    /// YAML stream of FabricProfiles (standalone mode).
+    #[arg(long, env = "RAILGUARD_PROFILES")]
+    profiles: Option<PathBuf>,
+    /// PEM certificate chain for TLS on --listen.
+    #[arg(long, env = "RAILGUARD_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS on --listen.
+    #[arg(long, env = "RAILGUARD_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Pod label keys that group the pods of one job, tried in order.
+    #[arg(long, env = "RAILGUARD_JOB_LABEL_KEYS", value_delimiter = ',',
+          default_values_t = railguard_api::keys::DEFAULT_JOB_LABEL_KEYS.iter().map(|s| s.to_string()).collect::<Vec<_>>())]
+    job_label_keys: Vec<String>,
+    /// Node topology label keys, most specific first (profiles may set their own).
+    #[arg(long, env = "RAILGUARD_TOPOLOGY_KEYS", value_delimiter = ',',
+          default_values_t = railguard_api::keys::DEFAULT_TOPOLOGY_KEYS.iter().map(|s| s.to_string()).collect::<Vec<_>>())]
+    topology_keys: Vec<String>,
+    /// Resources that make a pod a GPU pod.
+    #[arg(long, env = "RAILGUARD_GPU_RESOURCES", value_delimiter = ',',
+          default_values_t = railguard_api::keys::DEFAULT_GPU_RESOURCES.iter().map(|s| s.to_string()).collect::<Vec<_>>())]
+    gpu_resources: Vec<String>,
+    /// Most candidate nodes accepted in one request.
+    #[arg(long, env = "RAILGUARD_MAX_NODES", default_value_t = DEFAULT_MAX_NODES)]
+    max_nodes: usize,
+    /// Largest request body accepted, bytes (full-Node requests of big clusters are large).
+    #[arg(long, env = "RAILGUARD_MAX_BODY_BYTES", default_value_t = 512 * 1024 * 1024)]
+    max_body_bytes: usize,
+    /// Log format: `text` or `json`.
+    #[arg(long, env = "RAILGUARD_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    if args.log_format == "json" {
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+
+    let config = ExtenderConfig {
+        gpu_resources: args.gpu_resources.clone(),
+        job_label_keys: args.job_label_keys.clone(),
+        topology_keys: args.topology_keys.clone(),
+    };
+    let metrics = Arc::new(Metrics::new());
+    let mut watches = None;
+    let source = if args.standalone {
+        let path = args
+            .profiles
+            .as_ref()
+            .context("--standalone needs --profiles")?;
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read profiles {}", path.display()))?;
+        let profiles = railguard_api::profiles_from_yaml(&text)
+            .with_context(|| format!("invalid FabricProfiles in {}", path.display()))?;
+        if profiles.is_empty() {
+            anyhow::bail!("{} holds no FabricProfile", path.display());
+        }
+        tracing::info!(profiles = profiles.len(), "standalone mode");
+        Source::Standalone {
+            profiles: Arc::new(profiles),
+        }
+    } else {
+        let kube_config = match &args.kubeconfig {
+            Some(path) => {
+                let kc = kube::config::Kubeconfig::read_from(path)
+                    .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+                kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                    .await
+                    .context("invalid kubeconfig")?
+            }
+            None => kube::Config::infer()
+                .await
+                .context("no kubeconfig and not in a cluster")?,
+        };
+        let client = kube::Client::try_from(kube_config).context("cannot build a kube client")?;
+        let cluster = Arc::new(ClusterState::new(config.clone()));
+        watches = Some(tokio::spawn(cluster.clone().run(client, metrics.clone())));
+        Source::Cluster(cluster)
+    };
+    let state = Arc::new(AppState {
+        source,
+        config,
+        max_nodes: args.max_nodes,
+        metrics,
+    });
+
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(server::load_tls(cert, key).await?),
+        _ => None,
+    };
+    let listener = std::net::TcpListener::bind(args.listen)
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let metrics_listener = tokio::net::TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.metrics_listen))?;
+    tracing::info!(listen = %args.listen, metrics = %args.metrics_listen, tls = tls.is_some(), "serving");
+
+    let handle = axum_server::Handle::new();
+    let shutdown = handle.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        shutdown.graceful_shutdown(Some(std::time::Duration::from_secs(5)));
+    });
+    let health = axum::serve(metrics_listener, server::health_router(state.clone()));
+    let extender = server::serve_extender(
+        listener,
+        tls,
+        server::extender_router(state, args.max_body_bytes),
+        handle,
+    );
+    tokio::select! {
+        r = extender => r.context("extender endpoint failed")?,
+        r = health => r.context("metrics endpoint failed")?,
+    }
+    if let Some(w) = watches {
+        w.abort();
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
 }

@@ -1,0 +1,445 @@
+//! The extender's view of the cluster: Nodes (as [`NodeFabric`]), bound GPU pods (for gang
+//! locality), Namespaces (for exemptions) and FabricProfiles, each kept current by a watch.
+//!
+//! The node cache keeps only what decisions read (name, labels, allocatable and the parsed
+//! certificate), never managedFields, images or conditions, and parses each certificate
+//! once per Node change instead of once per scheduling call.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, Resource, ResourceExt};
+use railguard_api::{FabricProfile, NodeFabric};
+
+use crate::decision::ExtenderConfig;
+use crate::metrics::{CacheLabels, Metrics};
+use crate::pod::PodFacts;
+
+/// One keyed cache fed by a watch.
+#[derive(Debug)]
+pub struct Store<V> {
+    pub name: &'static str,
+    map: RwLock<HashMap<String, Arc<V>>>,
+    synced: AtomicBool,
+    last_heard: Mutex<Option<Instant>>,
+}
+
+impl<V> Store<V> {
+    pub fn new(name: &'static str) -> Self {
+        Store {
+            name,
+            map: RwLock::new(HashMap::new()),
+            synced: AtomicBool::new(false),
+            last_heard: Mutex::new(None),
+        }
+    }
+
+    /// Read access; a panic elsewhere while writing cannot leave a half-applied map (every
+    /// write is a single insert, remove or swap), so a poisoned lock is still consistent.
+    pub fn read(&self) -> RwLockReadGuard<'_, HashMap<String, Arc<V>>> {
+        self.map.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn get(&self, key: &str) -> Option<Arc<V>> {
+        self.read().get(key).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    /// Time since the API server last sent this cache anything.
+    pub fn age(&self) -> Option<Duration> {
+        self.last_heard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .map(|t| t.elapsed())
+    }
+
+    fn heard(&self) {
+        *self
+            .last_heard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<V>>> {
+        self.map.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Replaces the whole content (end of a list) and marks the cache synced.
+    pub fn replace(&self, items: HashMap<String, Arc<V>>) {
+        *self.write() = items;
+        self.synced.store(true, Ordering::Release);
+    }
+
+    /// Sets or removes one key.
+    pub fn set(&self, key: String, value: Option<V>) {
+        match value {
+            Some(v) => {
+                self.write().insert(key, Arc::new(v));
+            }
+            None => {
+                self.write().remove(&key);
+            }
+        }
+    }
+}
+
+/// A watch event reduced to what a [`Store`] needs: the object's key and its converted
+/// value (`None` when the object is deleted or not of interest).
+#[derive(Debug)]
+pub enum Change<V> {
+    /// A (re)list starts.
+    Restart,
+    /// An object seen while listing.
+    Listed(String, Option<V>),
+    /// The list is complete.
+    ListDone,
+    /// An object changed after the list.
+    Changed(String, Option<V>),
+}
+
+/// Applies changes to a store, buffering a list so readers never see half of one.
+#[derive(Debug)]
+pub struct Applier<V> {
+    staging: Option<HashMap<String, Arc<V>>>,
+}
+
+impl<V> Default for Applier<V> {
+    fn default() -> Self {
+        Applier { staging: None }
+    }
+}
+
+impl<V> Applier<V> {
+    pub fn apply(&mut self, store: &Store<V>, change: Change<V>) {
+        match change {
+            Change::Restart => self.staging = Some(HashMap::new()),
+            Change::Listed(key, value) => {
+                let staging = self.staging.get_or_insert_with(HashMap::new);
+                match value {
+                    Some(v) => {
+                        staging.insert(key, Arc::new(v));
+                    }
+                    None => {
+                        staging.remove(&key);
+                    }
+                }
+            }
+            Change::ListDone => store.replace(self.staging.take().unwrap_or_default()),
+            Change::Changed(key, value) => store.set(key, value),
+        }
+        store.heard();
+    }
+}
+
+/// A pod bound to a node that matters for gang locality.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BoundPod {
+    pub namespace: String,
+    pub node: String,
+    pub job: (String, String),
+}
+
+/// A bound, not finished GPU pod of a job; `None` for every other pod.
+pub fn bound_pod(pod: &Pod, config: &ExtenderConfig) -> Option<BoundPod> {
+    let node = pod
+        .spec
+        .as_ref()?
+        .node_name
+        .clone()
+        .filter(|n| !n.is_empty())?;
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if matches!(phase, Some("Succeeded" | "Failed")) {
+        return None;
+    }
+    let facts = PodFacts::from_pod(pod, &config.job_label_keys);
+    if !facts.requests_any(&config.gpu_resources) {
+        return None;
+    }
+    Some(BoundPod {
+        namespace: facts.namespace,
+        node,
+        job: facts.job?,
+    })
+}
+
+/// Everything the extender caches about the cluster.
+#[derive(Debug)]
+pub struct ClusterState {
+    pub nodes: Store<NodeFabric>,
+    pub pods: Store<BoundPod>,
+    pub namespaces: Store<BTreeMap<String, String>>,
+    pub profiles: Store<FabricProfile>,
+    /// Profiles sorted by name, rebuilt on every profile change; handlers clone the Arc.
+    profile_list: RwLock<Arc<Vec<FabricProfile>>>,
+    pub config: ExtenderConfig,
+}
+
+impl ClusterState {
+    pub fn new(config: ExtenderConfig) -> Self {
+        ClusterState {
+            nodes: Store::new("nodes"),
+            pods: Store::new("pods"),
+            namespaces: Store::new("namespaces"),
+            profiles: Store::new("fabricprofiles"),
+            profile_list: RwLock::new(Arc::new(Vec::new())),
+            config,
+        }
+    }
+
+    /// Names of the caches that have not finished their first list.
+    pub fn unsynced(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        for (name, synced) in [
+            (self.nodes.name, self.nodes.is_synced()),
+            (self.pods.name, self.pods.is_synced()),
+            (self.namespaces.name, self.namespaces.is_synced()),
+            (self.profiles.name, self.profiles.is_synced()),
+        ] {
+            if !synced {
+                out.push(name);
+            }
+        }
+        out
+    }
+
+    pub fn profile_list(&self) -> Arc<Vec<FabricProfile>> {
+        self.profile_list
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn rebuild_profile_list(&self) {
+        let mut list: Vec<FabricProfile> = self
+            .profiles
+            .read()
+            .values()
+            .map(|p| (**p).clone())
+            .collect();
+        list.sort_by(|a, b| a.name().cmp(b.name()));
+        *self
+            .profile_list
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::new(list);
+    }
+
+    /// The nodes where other pods of `job` in `namespace` run.
+    pub fn peers(&self, namespace: &str, job: &(String, String)) -> Vec<Arc<NodeFabric>> {
+        let node_names: Vec<String> = self
+            .pods
+            .read()
+            .values()
+            .filter(|p| p.namespace == namespace && &p.job == job)
+            .map(|p| p.node.clone())
+            .collect();
+        let nodes = self.nodes.read();
+        node_names
+            .iter()
+            .filter_map(|n| nodes.get(n).cloned())
+            .collect()
+    }
+
+    /// Updates the cache gauges (called when metrics are scraped).
+    pub fn record(&self, metrics: &Metrics) {
+        for (name, age, len) in [
+            (self.nodes.name, self.nodes.age(), self.nodes.len()),
+            (self.pods.name, self.pods.age(), self.pods.len()),
+            (
+                self.namespaces.name,
+                self.namespaces.age(),
+                self.namespaces.len(),
+            ),
+            (self.profiles.name, self.profiles.age(), self.profiles.len()),
+        ] {
+            let labels = CacheLabels { cache: name };
+            metrics
+                .cache_age_seconds
+                .get_or_create(&labels)
+                .set(age.map_or(f64::NAN, |a| a.as_secs_f64()));
+            metrics
+                .cache_objects
+                .get_or_create(&labels)
+                .set(i64::try_from(len).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Runs the four watches until the returned future is dropped.
+    pub async fn run(self: Arc<Self>, client: Client, metrics: Arc<Metrics>) {
+        let nodes = watch(
+            Api::<Node>::all(client.clone()),
+            watcher::Config::default(),
+            &self.nodes,
+            &metrics,
+            |n: &Node| Some(NodeFabric::from_node(n, Timestamp::now())),
+            || {},
+        );
+        let config = self.config.clone();
+        let pods = watch(
+            Api::<Pod>::all(client.clone()),
+            // Only bound pods matter for locality.
+            watcher::Config::default().fields("spec.nodeName!="),
+            &self.pods,
+            &metrics,
+            move |p: &Pod| bound_pod(p, &config),
+            || {},
+        );
+        let namespaces = watch(
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default(),
+            &self.namespaces,
+            &metrics,
+            |ns: &Namespace| Some(ns.labels().clone()),
+            || {},
+        );
+        let profiles = watch(
+            Api::<FabricProfile>::all(client),
+            watcher::Config::default(),
+            &self.profiles,
+            &metrics,
+            |p: &FabricProfile| match p.validate() {
+                Ok(()) => Some(p.clone()),
+                Err(e) => {
+                    tracing::warn!(profile = p.name(), error = %e, "ignoring invalid FabricProfile");
+                    None
+                }
+            },
+            || self.rebuild_profile_list(),
+        );
+        tokio::join!(nodes, pods, namespaces, profiles);
+    }
+}
+
+fn key_of<K: Resource>(obj: &K) -> String {
+    let meta = obj.meta();
+    let name = meta.name.clone().unwrap_or_default();
+    match &meta.namespace {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name,
+    }
+}
+
+async fn watch<K, V>(
+    api: Api<K>,
+    config: watcher::Config,
+    store: &Store<V>,
+    metrics: &Metrics,
+    convert: impl Fn(&K) -> Option<V>,
+    on_change: impl Fn(),
+) where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let stream = watcher::watcher(api, config).default_backoff();
+    futures::pin_mut!(stream);
+    let mut applier = Applier::default();
+    while let Some(event) = stream.next().await {
+        let change = match event {
+            Ok(Event::Init) => Change::Restart,
+            Ok(Event::InitApply(obj)) => Change::Listed(key_of(&obj), convert(&obj)),
+            Ok(Event::InitDone) => {
+                tracing::info!(cache = store.name, "cache listed");
+                Change::ListDone
+            }
+            Ok(Event::Apply(obj)) => Change::Changed(key_of(&obj), convert(&obj)),
+            Ok(Event::Delete(obj)) => Change::Changed(key_of(&obj), None),
+            Err(e) => {
+                metrics
+                    .watch_errors
+                    .get_or_create(&CacheLabels { cache: store.name })
+                    .inc();
+                tracing::warn!(cache = store.name, error = %e, "watch failed; retrying");
+                continue;
+            }
+        };
+        let done = matches!(change, Change::ListDone | Change::Changed(..));
+        applier.apply(store, change);
+        if done {
+            on_change();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_is_applied_atomically_and_marks_synced() {
+        let store: Store<u32> = Store::new("t");
+        store.set("old".into(), Some(1));
+        let mut a = Applier::default();
+        a.apply(&store, Change::Restart);
+        a.apply(&store, Change::Listed("x".into(), Some(7)));
+        // Readers still see the previous content until the list is complete.
+        assert!(store.get("x").is_none());
+        assert!(!store.is_synced());
+        a.apply(&store, Change::Listed("skip".into(), None));
+        a.apply(&store, Change::ListDone);
+        assert!(store.is_synced());
+        assert_eq!(store.get("x").as_deref(), Some(&7));
+        assert!(store.get("old").is_none(), "objects not relisted are gone");
+        a.apply(&store, Change::Changed("x".into(), None));
+        assert!(store.is_empty());
+        assert!(store.age().is_some());
+    }
+
+    #[test]
+    fn bound_pod_keeps_only_running_gpu_job_pods() {
+        let cfg = ExtenderConfig::default();
+        let mk = |node: Option<&str>, phase: &str, gpu: bool, job: bool| -> Pod {
+            let mut labels = serde_json::Map::new();
+            if job {
+                labels.insert("training.kubeflow.org/job-name".into(), "llm".into());
+            }
+            let limits = if gpu {
+                serde_json::json!({"nvidia.com/gpu": "8"})
+            } else {
+                serde_json::json!({"cpu": "1"})
+            };
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "ml", "labels": labels},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"limits": limits}}]},
+                "status": {"phase": phase}
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            bound_pod(&mk(Some("n1"), "Running", true, true), &cfg),
+            Some(BoundPod {
+                namespace: "ml".into(),
+                node: "n1".into(),
+                job: ("training.kubeflow.org/job-name".into(), "llm".into())
+            })
+        );
+        assert_eq!(bound_pod(&mk(None, "Pending", true, true), &cfg), None);
+        assert_eq!(
+            bound_pod(&mk(Some("n1"), "Succeeded", true, true), &cfg),
+            None
+        );
+        assert_eq!(
+            bound_pod(&mk(Some("n1"), "Running", false, true), &cfg),
+            None
+        );
+        assert_eq!(
+            bound_pod(&mk(Some("n1"), "Running", true, false), &cfg),
+            None
+        );
+    }
+}

@@ -1,0 +1,436 @@
+//! The HTTP shell around the decisions: `POST /filter` and `POST /prioritize` on the
+//! extender port (TLS optional), `/healthz`, `/readyz` and `/metrics` on a plain port.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use jiff::Timestamp;
+use railguard_api::{FabricProfile, NodeFabric};
+
+use crate::cache::ClusterState;
+use crate::decision::{filter, prioritize, target_for, ExtenderConfig, NodeSlot, PodTarget};
+use crate::error::ExtenderError;
+use crate::metrics::{Metrics, ModeLabels, ReasonLabels};
+use crate::pod::PodFacts;
+use crate::wire::{
+    decode_node, Candidates, ExtenderArgs, ExtenderFilterResult, HostPriority, NodeList, Request,
+};
+
+/// Where node and profile state comes from.
+#[derive(Debug)]
+pub enum Source {
+    /// No cluster: profiles from a file, nodes only as full objects in each request.
+    Standalone { profiles: Arc<Vec<FabricProfile>> },
+    /// Watches of the cluster.
+    Cluster(Arc<ClusterState>),
+}
+
+/// Shared state of the handlers.
+#[derive(Debug)]
+pub struct AppState {
+    pub source: Source,
+    pub config: ExtenderConfig,
+    /// Upper bound on candidate nodes per request.
+    pub max_nodes: usize,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Default bound on candidates: above the largest clusters Kubernetes supports.
+pub const DEFAULT_MAX_NODES: usize = 15_000;
+
+impl AppState {
+    fn profiles(&self) -> Arc<Vec<FabricProfile>> {
+        match &self.source {
+            Source::Standalone { profiles } => profiles.clone(),
+            Source::Cluster(c) => c.profile_list(),
+        }
+    }
+
+    /// `Err` names the caches still listing.
+    pub fn ready(&self) -> Result<(), String> {
+        match &self.source {
+            Source::Standalone { .. } => Ok(()),
+            Source::Cluster(c) => {
+                let pending = c.unsynced();
+                if pending.is_empty() {
+                    Ok(())
+                } else {
+                    Err(pending.join(", "))
+                }
+            }
+        }
+    }
+
+    fn count_error(&self, e: &ExtenderError) {
+        let reason = match e {
+            ExtenderError::Json { .. } => "json",
+            ExtenderError::MissingPod | ExtenderError::PodJson { .. } => "pod",
+            ExtenderError::NoNodes | ExtenderError::BothNodeForms => "node_form",
+            ExtenderError::TooManyNodes { .. } => "too_many_nodes",
+            ExtenderError::NodeJson { .. } | ExtenderError::NodeWithoutName { .. } => "node",
+            ExtenderError::NamesWithoutCache => "names_without_cache",
+            ExtenderError::NotSynced { .. } => "not_synced",
+            _ => "other",
+        };
+        self.metrics
+            .request_errors
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+}
+
+/// The pod's target, with what the decision needs from the caches.
+struct Prepared<'p> {
+    facts: PodFacts,
+    target: PodTarget<'p>,
+}
+
+fn prepare<'p>(state: &AppState, req: &Request, profiles: &'p [FabricProfile]) -> Prepared<'p> {
+    let facts = PodFacts::from_pod(&req.pod, &state.config.job_label_keys);
+    let ns_labels = match &state.source {
+        Source::Cluster(c) => c.namespaces.get(&facts.namespace),
+        Source::Standalone { .. } => None,
+    };
+    let target = target_for(&facts, profiles, ns_labels.as_deref(), &state.config);
+    Prepared { facts, target }
+}
+
+/// Full Node objects interpreted at `now`.
+fn interpret_nodes(
+    items: &[Box<serde_json::value::RawValue>],
+    now: Timestamp,
+) -> Result<Vec<NodeFabric>, ExtenderError> {
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, raw)| decode_node(raw, i).map(|n| NodeFabric::from_node(&n, now)))
+        .collect()
+}
+
+/// Answers a `/filter` body. `Err` is a body that is not an `ExtenderArgs` at all (HTTP 400).
+pub fn answer_filter(
+    state: &AppState,
+    body: &[u8],
+    now: Timestamp,
+) -> Result<ExtenderFilterResult, ExtenderError> {
+    let req = ExtenderArgs::decode(body, state.max_nodes)?;
+    if let Err(pending) = state.ready() {
+        return Err(ExtenderError::NotSynced { pending });
+    }
+    let profiles = state.profiles();
+    let prepared = prepare(state, &req, &profiles);
+    let Request { candidates, .. } = req;
+    match candidates {
+        Candidates::Nodes(items) => {
+            if matches!(prepared.target, PodTarget::PassThrough) {
+                return Ok(ExtenderFilterResult {
+                    nodes: Some(NodeList { items }),
+                    ..ExtenderFilterResult::default()
+                });
+            }
+            let fabrics = interpret_nodes(&items, now)?;
+            let slots: Vec<NodeSlot<'_>> = fabrics
+                .iter()
+                .map(|f| NodeSlot {
+                    name: &f.name,
+                    fabric: Some(f),
+                })
+                .collect();
+            let verdicts = filter(&prepared.target, &slots, now);
+            record_rejections(state, &verdicts.reasons);
+            let mut keep = vec![false; items.len()];
+            for &i in &verdicts.passed {
+                keep[i] = true;
+            }
+            let items = items
+                .into_iter()
+                .zip(keep)
+                .filter_map(|(item, k)| k.then_some(item))
+                .collect();
+            Ok(ExtenderFilterResult {
+                nodes: Some(NodeList { items }),
+                node_names: None,
+                failed_nodes: verdicts.failed,
+                failed_and_unresolvable_nodes: verdicts.unresolvable,
+                error: String::new(),
+            })
+        }
+        Candidates::Names(names) => {
+            let Source::Cluster(cluster) = &state.source else {
+                return Err(ExtenderError::NamesWithoutCache);
+            };
+            if matches!(prepared.target, PodTarget::PassThrough) {
+                return Ok(ExtenderFilterResult {
+                    node_names: Some(names),
+                    ..ExtenderFilterResult::default()
+                });
+            }
+            let verdicts = {
+                let nodes = cluster.nodes.read();
+                let slots: Vec<NodeSlot<'_>> = names
+                    .iter()
+                    .map(|n| NodeSlot {
+                        name: n,
+                        fabric: nodes.get(n).map(|f| &**f),
+                    })
+                    .collect();
+                filter(&prepared.target, &slots, now)
+            };
+            record_rejections(state, &verdicts.reasons);
+            let passed = verdicts.passed.iter().map(|&i| names[i].clone()).collect();
+            Ok(ExtenderFilterResult {
+                nodes: None,
+                node_names: Some(passed),
+                failed_nodes: verdicts.failed,
+                failed_and_unresolvable_nodes: verdicts.unresolvable,
+                error: String::new(),
+            })
+        }
+    }
+}
+
+fn record_rejections(
+    state: &AppState,
+    reasons: &std::collections::BTreeMap<crate::decision::RejectReason, u64>,
+) {
+    for (reason, n) in reasons {
+        state
+            .metrics
+            .nodes_rejected
+            .get_or_create(&ReasonLabels {
+                reason: reason.as_str(),
+            })
+            .inc_by(*n);
+    }
+}
+
+/// Answers a `/prioritize` body with a score 0..=10 for every candidate, in input order.
+pub fn answer_prioritize(
+    state: &AppState,
+    body: &[u8],
+    now: Timestamp,
+) -> Result<Vec<HostPriority>, ExtenderError> {
+    let req = ExtenderArgs::decode(body, state.max_nodes)?;
+    if let Err(pending) = state.ready() {
+        return Err(ExtenderError::NotSynced { pending });
+    }
+    let profiles = state.profiles();
+    let prepared = prepare(state, &req, &profiles);
+    let peers: Vec<Arc<NodeFabric>> = match (&state.source, &prepared.facts.job) {
+        (Source::Cluster(c), Some(job)) => c.peers(&prepared.facts.namespace, job),
+        _ => Vec::new(),
+    };
+    let peer_refs: Vec<&NodeFabric> = peers.iter().map(|p| &**p).collect();
+    let scores = match &req.candidates {
+        Candidates::Nodes(items) => {
+            let fabrics = interpret_nodes(items, now)?;
+            let slots: Vec<NodeSlot<'_>> = fabrics
+                .iter()
+                .map(|f| NodeSlot {
+                    name: &f.name,
+                    fabric: Some(f),
+                })
+                .collect();
+            prioritize(&prepared.target, &slots, &peer_refs, now, &state.config)
+        }
+        Candidates::Names(names) => {
+            let Source::Cluster(cluster) = &state.source else {
+                return Err(ExtenderError::NamesWithoutCache);
+            };
+            let nodes = cluster.nodes.read();
+            let slots: Vec<NodeSlot<'_>> = names
+                .iter()
+                .map(|n| NodeSlot {
+                    name: n,
+                    fabric: nodes.get(n).map(|f| &**f),
+                })
+                .collect();
+            prioritize(&prepared.target, &slots, &peer_refs, now, &state.config)
+        }
+    };
+    Ok(scores
+        .into_iter()
+        .map(|(host, score)| HostPriority { host, score })
+        .collect())
+}
+
+fn json_response<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode response");
+            (StatusCode::INTERNAL_SERVER_ERROR, "cannot encode response").into_response()
+        }
+    }
+}
+
+async fn filter_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let start = Instant::now();
+    let result = answer_filter(&state, &body, Timestamp::now());
+    let mode = mode_of(&body);
+    state
+        .metrics
+        .filter_seconds
+        .get_or_create(&ModeLabels { mode })
+        .observe(start.elapsed().as_secs_f64());
+    match result {
+        Ok(r) => json_response(StatusCode::OK, &r),
+        Err(e) => {
+            state.count_error(&e);
+            let message = format!("railguard: {e}");
+            tracing::warn!(error = %message, "filter request failed");
+            // Unparseable requests are the client's fault (400); everything else is an answer
+            // with Error set, which fails the scheduling cycle with our message.
+            let status = match e {
+                ExtenderError::Json { .. }
+                | ExtenderError::MissingPod
+                | ExtenderError::PodJson { .. }
+                | ExtenderError::NoNodes
+                | ExtenderError::BothNodeForms
+                | ExtenderError::TooManyNodes { .. }
+                | ExtenderError::NodeJson { .. }
+                | ExtenderError::NodeWithoutName { .. } => StatusCode::BAD_REQUEST,
+                _ => StatusCode::OK,
+            };
+            json_response(status, &ExtenderFilterResult::error(message))
+        }
+    }
+}
+
+async fn prioritize_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let start = Instant::now();
+    let result = answer_prioritize(&state, &body, Timestamp::now());
+    let mode = mode_of(&body);
+    state
+        .metrics
+        .prioritize_seconds
+        .get_or_create(&ModeLabels { mode })
+        .observe(start.elapsed().as_secs_f64());
+    match result {
+        Ok(r) => json_response(StatusCode::OK, &r),
+        Err(e) => {
+            state.count_error(&e);
+            // The scheduler ignores prioritize failures; say why for whoever looks.
+            let status = match e {
+                ExtenderError::NotSynced { .. } => StatusCode::SERVICE_UNAVAILABLE,
+                _ => StatusCode::BAD_REQUEST,
+            };
+            (status, format!("railguard: {e}\n")).into_response()
+        }
+    }
+}
+
+/// The metric label for the request form; a cheap scan, the body is decoded elsewhere.
+fn mode_of(body: &[u8]) -> &'static str {
+    // Cache-mode bodies carry `"Nodes":null`; full-mode bodies `"NodeNames":null`.
+    let head = &body[..body.len().min(64)];
+    if head.windows(12).any(|w| w == b"\"Nodes\":null")
+        || body.windows(13).any(|w| w == b"\"Nodes\": null")
+    {
+        "names"
+    } else {
+        "nodes"
+    }
+}
+
+/// Router of the extender port.
+pub fn extender_router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/filter", post(filter_handler))
+        .route("/prioritize", post(prioritize_handler))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+}
+
+/// Router of the plain health and metrics port.
+pub fn health_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_handler))
+        .with_state(state)
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    match state.ready() {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(pending) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("caches not synced: {pending}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
+    if let Source::Cluster(c) = &state.source {
+        c.record(&state.metrics);
+    }
+    match state.metrics.encode() {
+        Ok(text) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics").into_response(),
+    }
+}
+
+/// Serves the extender router on `listener`, with TLS when `tls` is given, until `handle`
+/// is told to shut down.
+pub async fn serve_extender(
+    listener: std::net::TcpListener,
+    tls: Option<axum_server::tls_rustls::RustlsConfig>,
+    router: Router,
+    handle: axum_server::Handle,
+) -> Result<(), ExtenderError> {
+    let addr = listener
+        .local_addr()
+        .map_err(|source| ExtenderError::Serve {
+            addr: ([0, 0, 0, 0], 0).into(),
+            source,
+        })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|source| ExtenderError::Serve { addr, source })?;
+    let service = router.into_make_service();
+    let result = match tls {
+        Some(tls) => {
+            axum_server::from_tcp_rustls(listener, tls)
+                .handle(handle)
+                .serve(service)
+                .await
+        }
+        None => {
+            axum_server::from_tcp(listener)
+                .handle(handle)
+                .serve(service)
+                .await
+        }
+    };
+    result.map_err(|source| ExtenderError::Serve { addr, source })
+}
+
+/// Loads a PEM certificate chain and key for the extender port.
+pub async fn load_tls(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<axum_server::tls_rustls::RustlsConfig, ExtenderError> {
+    axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
+        .await
+        .map_err(|source| ExtenderError::Tls {
+            cert: cert.display().to_string(),
+            key: key.display().to_string(),
+            source,
+        })
+}

@@ -1,0 +1,381 @@
+//! filter and prioritize over node states built from the Node JSON a real kube-scheduler
+//! 1.20 sent, with certificates built by railguard_api::Certificate.
+
+#![allow(clippy::unwrap_used, clippy::type_complexity)]
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use jiff::SignedDuration;
+use railguard_api::{NodeFabric, Verdict};
+use railguard_extender::decision::check_node;
+use railguard_extender::{
+    filter, prioritize, synth, target_for, ExtenderConfig, NodeSlot, PodFacts, PodTarget,
+    RejectReason,
+};
+
+fn slots(nodes: &[NodeFabric]) -> Vec<NodeSlot<'_>> {
+    nodes
+        .iter()
+        .map(|n| NodeSlot {
+            name: &n.name,
+            fabric: Some(n),
+        })
+        .collect()
+}
+
+fn facts(pod: &k8s_openapi::api::core::v1::Pod) -> PodFacts {
+    PodFacts::from_pod(pod, &ExtenderConfig::default().job_label_keys)
+}
+
+#[test]
+fn six_nodes_split_into_passed_failed_and_unresolvable() {
+    let profiles = profiles();
+    let nodes = six_nodes(&profiles);
+    let pod = facts(&training_pod(profile(&profiles, "h100-ndr")));
+    let target = target_for(&pod, &profiles, None, &ExtenderConfig::default());
+    let v = filter(&target, &slots(&nodes), now());
+
+    let passed: Vec<&str> = v.passed.iter().map(|&i| nodes[i].name.as_str()).collect();
+    assert_eq!(passed, ["n-certified"]);
+    // Only the expired node may become eligible without a repair.
+    assert_eq!(
+        v.failed,
+        BTreeMap::from([(
+            "n-expired".to_string(),
+            "railguard: certificate expired 2h10m ago".to_string()
+        )])
+    );
+    let u = &v.unresolvable;
+    assert_eq!(u.len(), 4, "{u:?}");
+    assert_eq!(
+        u["n-other-profile"],
+        "railguard: node is certified for profile a100-hdr, pod needs h100-ndr"
+    );
+    assert_eq!(
+        u["n-degraded"],
+        "railguard: rail mlx5_3:1 measured 196 Gb/s, profile h100-ndr needs 360"
+    );
+    assert_eq!(
+        u["n-failed"],
+        "railguard: fabric certification failed: NCCL fell back to Socket transport"
+    );
+    assert!(
+        u["n-none"].starts_with("railguard: node has no fabric certificate; profile h100-ndr"),
+        "{}",
+        u["n-none"]
+    );
+    assert_eq!(v.reasons[&RejectReason::Expired], 1);
+    assert_eq!(v.reasons[&RejectReason::Degraded], 1);
+    assert!(v
+        .failed
+        .values()
+        .chain(u.values())
+        .all(|m| !m.contains('\n')));
+}
+
+#[test]
+fn recorded_nodes_without_railguard_metadata_are_unresolvable() {
+    let profiles = profiles();
+    let args: serde_json::Value = serde_json::from_str(ARGS_FULL).unwrap();
+    let nodes: Vec<NodeFabric> = args["Nodes"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| NodeFabric::from_node(&serde_json::from_value(n.clone()).unwrap(), now()))
+        .collect();
+    assert_eq!(nodes.len(), 3);
+    let pod = facts(&training_pod(profile(&profiles, "a100-hdr")));
+    let target = target_for(&pod, &profiles, None, &ExtenderConfig::default());
+    let v = filter(&target, &slots(&nodes), now());
+    assert!(v.passed.is_empty());
+    assert_eq!(
+        v.unresolvable.keys().collect::<Vec<_>>(),
+        ["fake-node-1", "fake-node-2", "fake-node-3"]
+    );
+}
+
+#[test]
+fn pods_that_are_not_training_pods_pass_untouched() {
+    let profiles = profiles();
+    let nodes = six_nodes(&profiles);
+    let pod = facts(&sample_pod());
+    let target = target_for(&pod, &profiles, None, &ExtenderConfig::default());
+    assert!(matches!(target, PodTarget::PassThrough));
+    let v = filter(&target, &slots(&nodes), now());
+    assert_eq!(v.passed, (0..6).collect::<Vec<_>>());
+    assert!(v.failed.is_empty() && v.unresolvable.is_empty());
+    assert!(prioritize(
+        &target,
+        &slots(&nodes),
+        &[],
+        now(),
+        &ExtenderConfig::default()
+    )
+    .iter()
+    .all(|(_, s)| *s == 0));
+}
+
+fn gpu_pod(rdma: bool) -> k8s_openapi::api::core::v1::Pod {
+    let mut pod = sample_pod();
+    let c = &mut pod.spec.as_mut().unwrap().containers[0];
+    let mut limits = BTreeMap::from([(
+        "nvidia.com/gpu".to_string(),
+        k8s_openapi::apimachinery::pkg::api::resource::Quantity("8".into()),
+    )]);
+    if rdma {
+        limits.insert(
+            "rdma/rdma_shared_device_a".into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()),
+        );
+    }
+    c.resources.get_or_insert_with(Default::default).limits = Some(limits);
+    pod
+}
+
+#[test]
+fn unannotated_gpu_rdma_pods_are_held_to_the_default_profile() {
+    let profiles = profiles();
+    let config = ExtenderConfig::default();
+    let pod = facts(&gpu_pod(true));
+    match target_for(&pod, &profiles, None, &config) {
+        PodTarget::Profile {
+            profile,
+            signature,
+            exempt,
+        } => {
+            assert_eq!(profile.name(), "h100-ndr");
+            assert_eq!(signature, profile.spec.signature());
+            assert!(!exempt);
+        }
+        other => panic!("expected the default profile, got {other:?}"),
+    }
+    // GPUs without RDMA: not a multi-node training pod, untouched.
+    assert!(matches!(
+        target_for(&facts(&gpu_pod(false)), &profiles, None, &config),
+        PodTarget::PassThrough
+    ));
+    // No default profile: every node fails, resolvably, with a message that says why.
+    let no_default: Vec<_> = profiles
+        .iter()
+        .filter(|p| !p.spec.default)
+        .cloned()
+        .collect();
+    let target = target_for(&pod, &no_default, None, &config);
+    let nodes = six_nodes(&profiles);
+    let v = filter(&target, &slots(&nodes), now());
+    assert!(v.passed.is_empty());
+    assert_eq!(v.failed.len(), 6);
+    assert!(v.failed["n-certified"].contains("no FabricProfile is marked default"));
+}
+
+#[test]
+fn unknown_profile_fails_every_node_resolvably() {
+    let profiles = profiles();
+    let mut pod = facts(&sample_pod());
+    pod.profile = Some("b200-xdr".into());
+    let target = target_for(&pod, &profiles, None, &ExtenderConfig::default());
+    let nodes = six_nodes(&profiles);
+    let v = filter(&target, &slots(&nodes), now());
+    assert_eq!(v.failed.len(), 6);
+    assert_eq!(
+        v.failed["n-certified"],
+        "railguard: pod asks for FabricProfile b200-xdr, which does not exist"
+    );
+}
+
+#[test]
+fn allow_uncertified_is_honored_only_where_the_profile_allows() {
+    let profiles = profiles();
+    let nodes = six_nodes(&profiles);
+    let config = ExtenderConfig::default();
+    let mut pod = facts(&training_pod(profile(&profiles, "h100-ndr")));
+    pod.allow_uncertified = true;
+    let allowed = BTreeMap::from([("railguard.io/exemptions".into(), "allowed".into())]);
+    let other = BTreeMap::from([("team".into(), "ml".into())]);
+
+    let exempt = target_for(&pod, &profiles, Some(&allowed), &config);
+    assert_eq!(filter(&exempt, &slots(&nodes), now()).passed.len(), 6);
+    for labels in [Some(&other), None] {
+        let t = target_for(&pod, &profiles, labels, &config);
+        assert_eq!(filter(&t, &slots(&nodes), now()).passed, vec![0]);
+    }
+}
+
+#[test]
+fn a_certificate_that_expires_after_caching_is_rejected_as_expired() {
+    let profiles = profiles();
+    let nodes = six_nodes(&profiles);
+    let h100 = profile(&profiles, "h100-ndr");
+    let later = now().checked_add(SignedDuration::from_hours(24)).unwrap();
+    let r = check_node(&nodes[0], h100, &h100.spec.signature(), later).unwrap_err();
+    assert_eq!(r.reason, RejectReason::Expired);
+    assert_eq!(r.message, "railguard: certificate expired 1h0m ago");
+}
+
+#[test]
+fn signature_thresholds_and_missing_rails_are_checked_on_certified_nodes() {
+    let profiles = profiles();
+    let h100 = profile(&profiles, "h100-ndr");
+    let sig = h100.spec.signature();
+    let base = sample_node();
+    let build = |edit: &dyn Fn(&mut railguard_api::Certificate)| {
+        let mut c = synth::certificate(h100, Verdict::Certified, hours_ago(1), 392.0, 370.0);
+        edit(&mut c);
+        NodeFabric::from_node(&synth::node(&base, "n", Some(&c), &[]), now())
+    };
+    let cases: Vec<(Box<dyn Fn(&mut railguard_api::Certificate)>, RejectReason, &str)> = vec![
+        (
+            Box::new(|c| c.signature = "0000deadbeef".into()),
+            RejectReason::OtherSignature,
+            "railguard: node rail layout 0000deadbeef differs from the pod's",
+        ),
+        (
+            Box::new(|c| c.rails[2].write_bw_host_gbps = Some(301.5)),
+            RejectReason::RailBelowThreshold,
+            "railguard: rail mlx5_4:1 measured 301.5 Gb/s, profile h100-ndr needs 360",
+        ),
+        (
+            Box::new(|c| c.rails[7].write_bw_gpu_gbps = Some(200.0)),
+            RejectReason::RailBelowThreshold,
+            "railguard: rail mlx5_11:1 measured 200 Gb/s from GPU memory, profile h100-ndr needs 350",
+        ),
+        (
+            Box::new(|c| {
+                c.rails.remove(1);
+            }),
+            RejectReason::RailMissing,
+            "railguard: rail mlx5_3:1 of profile h100-ndr is missing",
+        ),
+        (
+            Box::new(|c| c.nccl.as_mut().unwrap().busbw_plateau_gbps = Some(300.0)),
+            RejectReason::BusbwBelowThreshold,
+            "railguard: NCCL busbw plateau 300 GB/s, profile h100-ndr needs 360",
+        ),
+        (
+            Box::new(|c| c.rails[0].latency_us = Some(9.0)),
+            RejectReason::RailBelowThreshold,
+            "railguard: rail mlx5_0:1 latency 9 us, profile h100-ndr allows 5",
+        ),
+    ];
+    for (edit, reason, prefix) in cases {
+        let node = build(&*edit);
+        let r = check_node(&node, h100, &sig, now()).unwrap_err();
+        assert_eq!(r.reason, reason, "{}", r.message);
+        assert!(r.message.starts_with(prefix), "{}", r.message);
+    }
+    assert!(check_node(&build(&|_| {}), h100, &sig, now()).is_ok());
+}
+
+#[test]
+fn pending_and_unreadable_nodes() {
+    let profiles = profiles();
+    let h100 = profile(&profiles, "h100-ndr");
+    let mut pending = sample_node();
+    pending
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("railguard.io/fabric".into(), "pending".into());
+    let mut unreadable = sample_node();
+    unreadable
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("railguard.io/certificate".into(), "{not json".into());
+    let r = check_node(&NodeFabric::from_node(&pending, now()), h100, "x", now()).unwrap_err();
+    assert_eq!(r.reason, RejectReason::Pending);
+    assert!(r.reason.resolvable());
+    let r = check_node(&NodeFabric::from_node(&unreadable, now()), h100, "x", now()).unwrap_err();
+    assert_eq!(r.reason, RejectReason::Unreadable);
+    assert!(!r.reason.resolvable());
+    assert!(
+        r.message.starts_with(
+            "railguard: node fabric metadata is unreadable: annotation railguard.io/certificate"
+        ),
+        "{}",
+        r.message
+    );
+}
+
+#[test]
+fn nodes_missing_from_the_cache_fail_resolvably() {
+    let profiles = profiles();
+    let pod = facts(&training_pod(profile(&profiles, "h100-ndr")));
+    let target = target_for(&pod, &profiles, None, &ExtenderConfig::default());
+    let v = filter(
+        &target,
+        &[NodeSlot {
+            name: "new-node",
+            fabric: None,
+        }],
+        now(),
+    );
+    assert_eq!(
+        v.failed["new-node"],
+        "railguard: node is not in the extender's cache yet"
+    );
+}
+
+#[test]
+fn prioritize_prefers_headroom_and_the_jobs_topology() {
+    let profiles = profiles();
+    let h100 = profile(&profiles, "h100-ndr");
+    let base = sample_node();
+    let cert = |gbps: f64| synth::certificate(h100, Verdict::Certified, hours_ago(1), gbps, 400.0);
+    let topo = |leaf: &'static str, spine: &'static str| {
+        vec![
+            ("network.topology.nvidia.com/leaf", leaf),
+            ("network.topology.nvidia.com/spine", spine),
+            ("fabric.topograph.run/tier-1", "t1"),
+        ]
+    };
+    let mk = |name: &str, gbps: f64, leaf: &'static str, spine: &'static str| {
+        NodeFabric::from_node(
+            &synth::node(&base, name, Some(&cert(gbps)), &topo(leaf, spine)),
+            now(),
+        )
+    };
+    let nodes = vec![
+        mk("same-leaf-fast", 400.0, "L1", "S1"), // 11% headroom, same leaf
+        mk("same-spine-slow", 367.2, "L2", "S1"), // 2% headroom, same spine
+        mk("far-fast", 396.0, "L9", "S9"),       // 10% headroom, same tier-1 only
+        NodeFabric::from_node(
+            &synth::node(&base, "uncertified", None, &topo("L1", "S1")),
+            now(),
+        ),
+    ];
+    let peer = mk("peer", 400.0, "L1", "S1");
+    let pod = facts(&training_pod(h100));
+    let target = target_for(&pod, &profiles, None, &ExtenderConfig::default());
+    let scores = prioritize(
+        &target,
+        &slots(&nodes),
+        &[&peer],
+        now(),
+        &ExtenderConfig::default(),
+    );
+    assert_eq!(
+        scores,
+        vec![
+            ("same-leaf-fast".to_string(), 10),
+            ("same-spine-slow".to_string(), 1 + 4),
+            ("far-fast".to_string(), 5 + 2),
+            ("uncertified".to_string(), 5),
+        ]
+    );
+    // Without peers only headroom counts; an ineligible node gets nothing.
+    let alone = prioritize(
+        &target,
+        &slots(&nodes),
+        &[],
+        now(),
+        &ExtenderConfig::default(),
+    );
+    assert_eq!(
+        alone.iter().map(|(_, s)| *s).collect::<Vec<_>>(),
+        [5, 1, 5, 0]
+    );
+}

@@ -1,0 +1,539 @@
+//! End-to-end: railguard-webhook in cluster mode (reflector caches on a real kube-apiserver
+//! 1.20), registered through a v1 MutatingWebhookConfiguration with `clientConfig.url` on
+//! loopback; pods created through the API server, assertions on the stored pods and on the
+//! warnings the API server returns to the client.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::ByteString;
+use kube::api::{Api, PostParams};
+use kube::Client;
+use railguard_api::profile::Enforcement;
+use railguard_api::{profiles_from_yaml, FabricProfile};
+use railguard_tests::{eventually, labels, workspace_root, ControlPlane};
+use railguard_webhook::catalog::Catalog;
+use railguard_webhook::metrics::Metrics;
+use railguard_webhook::server::{self, AppState, ServeOptions};
+use railguard_webhook::tls::CertReloader;
+use railguard_webhook::{FailureMode, WebhookConfig};
+use serde_json::{json, Value};
+
+fn fixture_profile(file: &str) -> FabricProfile {
+    let text =
+        std::fs::read_to_string(workspace_root().join("api/fixtures/profiles").join(file)).unwrap();
+    profiles_from_yaml(&text).unwrap().remove(0)
+}
+
+/// What the API server answered to a pod create.
+struct Created {
+    status: u16,
+    body: Value,
+    warnings: Vec<String>,
+}
+
+impl Created {
+    fn pod(&self) -> Pod {
+        assert_eq!(self.status, 201, "create failed: {}", self.body);
+        serde_json::from_value(self.body.clone()).unwrap()
+    }
+}
+
+/// Creates a pod with a raw request so the `Warning` headers can be read.
+async fn create_pod(client: &Client, namespace: &str, pod: Value) -> Created {
+    let req = kube::core::Request::new(format!("/api/v1/namespaces/{namespace}/pods"))
+        .create(
+            &PostParams {
+                field_manager: Some("railguard-e2e".into()),
+                ..Default::default()
+            },
+            serde_json::to_vec(&pod).unwrap(),
+        )
+        .unwrap()
+        .map(kube::client::Body::from);
+    let resp = client.send(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let warnings = resp
+        .headers()
+        .get_all("warning")
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).to_string())
+        .collect();
+    let bytes = resp.into_body().collect_bytes().await.unwrap();
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Created {
+        status,
+        body,
+        warnings,
+    }
+}
+
+fn gpu_pod(name: &str, gpus: u32, annotations: Value, env: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations,
+            "labels": {"training.kubeflow.org/job-name": "llama", "training.kubeflow.org/replica-type": "worker"}},
+        "spec": {
+            "containers": [
+                {"name": "pytorch", "image": "registry.invalid/pytorch:24.05",
+                 "env": env,
+                 "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}},
+                {"name": "log-shipper", "image": "registry.invalid/fluent-bit:3.0"}
+            ]
+        }
+    })
+}
+
+fn env_of(c: &Container) -> BTreeMap<String, String> {
+    c.env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
+        .collect()
+}
+
+fn caps(c: &Container) -> Vec<String> {
+    c.security_context
+        .as_ref()
+        .and_then(|s| s.capabilities.as_ref())
+        .and_then(|c| c.add.clone())
+        .unwrap_or_default()
+}
+
+fn annotation(p: &Pod, key: &str) -> Option<String> {
+    p.metadata.annotations.as_ref()?.get(key).cloned()
+}
+
+fn has_shm(p: &Pod) -> bool {
+    let spec = p.spec.as_ref().unwrap();
+    spec.volumes
+        .iter()
+        .flatten()
+        .any(|v| v.name == "railguard-shm")
+        && spec.containers[0]
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.mount_path == "/dev/shm")
+}
+
+fn serving_pair() -> (String, String, String) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "railguard-webhook-ca");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+    (ca.pem(), cert.pem(), key.serialize_pem())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_configures_pods_created_through_the_api_server() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    cp.apply_fabricprofile_crd().await.expect("CRD");
+    let client = cp.client();
+
+    // Profiles: the default H100 pool (exemptions by namespace label), the RoCE pool
+    // (networks, per-GPU RDMA) and a strict pool that denies unsafe NCCL settings.
+    let profiles: Api<FabricProfile> = Api::all(client.clone());
+    let h100 = fixture_profile("dgx-h100-ndr.yaml");
+    let mut strict = h100.clone();
+    strict.metadata.name = Some("h100-strict".into());
+    strict.spec.default = false;
+    strict.spec.node_selector = BTreeMap::from([("railguard.io/pool".into(), "strict".into())]);
+    strict.spec.policy.unsafe_nccl = Enforcement::Deny;
+    for p in [h100.clone(), fixture_profile("roce-cloud.yaml"), strict] {
+        profiles.create(&PostParams::default(), &p).await.unwrap();
+    }
+    for (ns, l) in [
+        ("train", labels(&[])),
+        (
+            "train-exempt",
+            labels(&[("railguard.io/exemptions", "allowed")]),
+        ),
+        (
+            "train-baseline",
+            labels(&[("pod-security.kubernetes.io/enforce", "baseline")]),
+        ),
+        ("railguard-system", labels(&[])),
+    ] {
+        cp.create_namespace(ns, &l).await.unwrap();
+    }
+
+    // The webhook in cluster mode on loopback.
+    let tmp = tempfile::tempdir().unwrap();
+    let (ca_pem, cert_pem, key_pem) = serving_pair();
+    std::fs::write(tmp.path().join("tls.crt"), &cert_pem).unwrap();
+    std::fs::write(tmp.path().join("tls.key"), &key_pem).unwrap();
+    let metrics = Arc::new(Metrics::new());
+    let catalog = Catalog::cluster(client.clone(), metrics.clone());
+    let state = Arc::new(AppState {
+        catalog: catalog.clone(),
+        config: WebhookConfig {
+            excluded_namespaces: vec!["kube-system".into(), "railguard-system".into()],
+            ..WebhookConfig::default()
+        },
+        failure_mode: FailureMode::Closed,
+        metrics,
+    });
+    let reloader =
+        CertReloader::new(&tmp.path().join("tls.crt"), &tmp.path().join("tls.key")).unwrap();
+    let srv = server::start(state, reloader, ServeOptions::default())
+        .await
+        .unwrap();
+    let readyz = format!("http://{}/readyz", srv.metrics_addr);
+    eventually(Duration::from_secs(30), "webhook caches synced", || async {
+        let ready = reqwest_status(&readyz).await == Some(200);
+        Ok((ready && catalog.profiles().len() == 3).then_some(()))
+    })
+    .await
+    .unwrap();
+
+    // Two entries calling the same endpoint: the second sees the pod the first mutated
+    // and must return an empty patch (the reinvocation contract).
+    let webhook = |name: &str| {
+        json!({
+            "name": name,
+            "clientConfig": {
+                "url": format!("https://127.0.0.1:{}/mutate", srv.addr.port()),
+            },
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": ["pods"], "scope": "Namespaced"}],
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "IfNeeded",
+            "timeoutSeconds": 10,
+        })
+    };
+    let mut mwc: MutatingWebhookConfiguration = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "railguard"},
+        "webhooks": [webhook("pods.railguard.io"), webhook("pods-again.railguard.io")],
+    }))
+    .unwrap();
+    for w in mwc.webhooks.iter_mut().flatten() {
+        w.client_config.ca_bundle = Some(ByteString(ca_pem.as_bytes().to_vec()));
+    }
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(
+            &PostParams {
+                field_manager: Some("railguard-e2e".into()),
+                ..Default::default()
+            },
+            &mwc,
+        )
+        .await
+        .unwrap();
+
+    // The API server picks the configuration up asynchronously: probe until it calls us.
+    let mut n = 0;
+    eventually(
+        Duration::from_secs(30),
+        "API server calls the webhook",
+        || {
+            n += 1;
+            let client = client.clone();
+            async move {
+                let c = create_pod(
+                    &client,
+                    "train",
+                    gpu_pod(&format!("probe-{n}"), 1, json!({}), json!([])),
+                )
+                .await;
+                Ok(annotation(&c.pod(), "railguard.io/profile").map(|_| ()))
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    // A PyTorchJob-style worker in a namespace without exemptions: fully configured.
+    let c = create_pod(
+        &client,
+        "train",
+        gpu_pod(
+            "worker-0",
+            8,
+            json!({}),
+            json!([{"name": "MASTER_ADDR", "value": "llama-master-0"}]),
+        ),
+    )
+    .await;
+    let pod = c.pod();
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    let spec = pod.spec.as_ref().unwrap();
+    let env = env_of(&spec.containers[0]);
+    assert_eq!(env["NCCL_IB_HCA"], h100.spec.nccl_ib_hca());
+    assert_eq!(env["NCCL_SOCKET_IFNAME"], "=eth0");
+    assert_eq!(env["MASTER_ADDR"], "llama-master-0");
+    assert_eq!(caps(&spec.containers[0]), ["IPC_LOCK"]);
+    assert!(has_shm(&pod));
+    let limits = spec.containers[0]
+        .resources
+        .as_ref()
+        .unwrap()
+        .limits
+        .as_ref()
+        .unwrap();
+    let requests = spec.containers[0]
+        .resources
+        .as_ref()
+        .unwrap()
+        .requests
+        .as_ref()
+        .unwrap();
+    assert_eq!(limits["rdma/rdma_shared_device_a"].0, "1");
+    assert_eq!(requests["rdma/rdma_shared_device_a"].0, "1");
+    assert_eq!(
+        spec.containers[1].env, None,
+        "the non-GPU container is untouched"
+    );
+    assert!(spec.containers[1].security_context.is_none());
+    let terms = &spec
+        .affinity
+        .as_ref()
+        .unwrap()
+        .node_affinity
+        .as_ref()
+        .unwrap()
+        .required_during_scheduling_ignored_during_execution
+        .as_ref()
+        .unwrap()
+        .node_selector_terms;
+    let keys: Vec<(&str, Vec<String>)> = terms[0]
+        .match_expressions
+        .iter()
+        .flatten()
+        .map(|e| (e.key.as_str(), e.values.clone().unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        keys,
+        vec![
+            ("railguard.io/fabric", vec!["certified".to_string()]),
+            ("railguard.io/profile", vec!["h100-ndr".to_string()])
+        ]
+    );
+    assert_eq!(
+        annotation(&pod, "railguard.io/profile").as_deref(),
+        Some("h100-ndr")
+    );
+    assert_eq!(
+        annotation(&pod, "railguard.io/signature"),
+        Some(h100.spec.signature())
+    );
+    assert_eq!(
+        annotation(&pod, "railguard.io/mutations").as_deref(),
+        Some("nccl-env,ipc-lock,shm,rdma,affinity")
+    );
+
+    // Exemptions where the profile does not allow them: ignored, and the client is told.
+    let c = create_pod(
+        &client,
+        "train",
+        gpu_pod(
+            "skip-ignored",
+            8,
+            json!({"railguard.io/skip": "shm", "railguard.io/inject": "false"}),
+            json!([]),
+        ),
+    )
+    .await;
+    let pod = c.pod();
+    assert!(has_shm(&pod), "skip was ignored");
+    assert!(
+        c.warnings.iter().any(|w| w.contains(
+            "railguard.io/skip ignored: namespace train may not use exemptions of profile h100-ndr"
+        )),
+        "{:?}",
+        c.warnings
+    );
+    assert!(c
+        .warnings
+        .iter()
+        .any(|w| w.contains("railguard.io/inject=false ignored")));
+
+    // The same annotations where the profile allows exemptions: honored, silently.
+    let c = create_pod(
+        &client,
+        "train-exempt",
+        gpu_pod(
+            "skip-honored",
+            8,
+            json!({"railguard.io/skip": "shm"}),
+            json!([]),
+        ),
+    )
+    .await;
+    let pod = c.pod();
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    assert!(!has_shm(&pod));
+    assert_eq!(
+        caps(&pod.spec.as_ref().unwrap().containers[0]),
+        ["IPC_LOCK"]
+    );
+    let c = create_pod(
+        &client,
+        "train-exempt",
+        gpu_pod(
+            "opted-out",
+            8,
+            json!({"railguard.io/inject": "false"}),
+            json!([]),
+        ),
+    )
+    .await;
+    let pod = c.pod();
+    assert_eq!(annotation(&pod, "railguard.io/profile"), None);
+    assert_eq!(pod.spec.as_ref().unwrap().containers[0].env, None);
+
+    // Unsafe NCCL settings: a warning through the API server.
+    let c = create_pod(
+        &client,
+        "train",
+        gpu_pod(
+            "debug",
+            8,
+            json!({}),
+            json!([{"name": "NCCL_DEBUG", "value": "INFO"}]),
+        ),
+    )
+    .await;
+    c.pod();
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("container pytorch: NCCL_DEBUG=INFO persisted")),
+        "{:?}",
+        c.warnings
+    );
+
+    // ... and a denial where the profile says so.
+    let c = create_pod(
+        &client,
+        "train",
+        gpu_pod(
+            "strict",
+            8,
+            json!({"railguard.io/profile": "h100-strict"}),
+            json!([{"name": "NCCL_NET_GDR_LEVEL", "value": "SYS"}]),
+        ),
+    )
+    .await;
+    assert_eq!(c.status, 403, "{}", c.body);
+    assert!(
+        c.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("profile h100-strict denies unsafe NCCL settings: NCCL_NET_GDR_LEVEL"),
+        "{}",
+        c.body
+    );
+
+    // Pod Security baseline rejects IPC_LOCK: not injected, and the label is named.
+    let c = create_pod(
+        &client,
+        "train-baseline",
+        gpu_pod("psa", 8, json!({}), json!([])),
+    )
+    .await;
+    let pod = c.pod();
+    assert!(caps(&pod.spec.as_ref().unwrap().containers[0]).is_empty());
+    assert!(has_shm(&pod));
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("pod-security.kubernetes.io/enforce=baseline")),
+        "{:?}",
+        c.warnings
+    );
+
+    // The RoCE pool, chosen by nodeSelector: per-GPU RDMA and merged JSON networks.
+    let mut roce = gpu_pod(
+        "roce",
+        4,
+        json!({"k8s.v1.cni.cncf.io/networks": r#"[{"name":"storage","interface":"st0"}]"#}),
+        json!([]),
+    );
+    roce["spec"]["nodeSelector"] = json!({"node.kubernetes.io/instance-type": "gpu-8x-roce"});
+    let pod = create_pod(&client, "train", roce).await.pod();
+    assert_eq!(
+        annotation(&pod, "railguard.io/profile").as_deref(),
+        Some("roce-cloud")
+    );
+    let nets: Vec<Value> =
+        serde_json::from_str(&annotation(&pod, "k8s.v1.cni.cncf.io/networks").unwrap()).unwrap();
+    let names: Vec<&str> = nets.iter().map(|n| n["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["storage", "sriov-rdma-0", "sriov-rdma-1"]);
+    let limits = pod.spec.as_ref().unwrap().containers[0]
+        .resources
+        .as_ref()
+        .unwrap()
+        .limits
+        .clone()
+        .unwrap();
+    assert_eq!(limits["nvidia.com/sriov_rdma"].0, "4");
+
+    // Untouched: the webhook's own namespace, and an MPIJob launcher without GPUs.
+    let pod = create_pod(
+        &client,
+        "railguard-system",
+        gpu_pod("own", 8, json!({}), json!([])),
+    )
+    .await
+    .pod();
+    assert_eq!(annotation(&pod, "railguard.io/profile"), None);
+    let mut launcher = gpu_pod("launcher", 0, json!({}), json!([]));
+    launcher["spec"]["containers"][0]["resources"] = json!({});
+    let pod = create_pod(&client, "train", launcher).await.pod();
+    assert_eq!(annotation(&pod, "railguard.io/profile"), None);
+    assert_eq!(pod.spec.as_ref().unwrap().containers[0].env, None);
+
+    // Every configured pod went through both entries: the second call changed nothing.
+    let metrics = reqwest_text(&format!("http://{}/metrics", srv.metrics_addr)).await;
+    let unchanged: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("railguard_webhook_admissions_total{outcome=\"unchanged\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(
+        unchanged >= 7,
+        "second-entry calls must be no-ops:\n{metrics}"
+    );
+    assert!(!metrics.contains("outcome=\"error\""), "{metrics}");
+
+    srv.shutdown().await.unwrap();
+}
+
+async fn reqwest_status(url: &str) -> Option<u16> {
+    http_get(url).await.map(|(s, _)| s)
+}
+
+async fn reqwest_text(url: &str) -> String {
+    http_get(url).await.map(|(_, b)| b).unwrap_or_default()
+}
+
+/// A minimal plain HTTP/1.0 GET (the metrics port), so the test needs no HTTP client crate.
+async fn http_get(url: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://")?;
+    let (host, path) = rest.split_once('/').map(|(h, p)| (h, format!("/{p}")))?;
+    let mut s = tokio::net::TcpStream::connect(host).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nhost: {host}\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.ok()?;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}

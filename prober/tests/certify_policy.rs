@@ -1,0 +1,643 @@
+//! The certification policy, one test per failure reason, plus history regression, the
+//! software diff, passive checks and the certificate record.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use railguard_api::certificate::HistoryEntry;
+use railguard_api::{FabricProfileSpec, LinkLayer, RailVerdict, Transport, Verdict};
+use railguard_prober::certify::evidence::{RUN_GDR_OFF, RUN_MAIN};
+use railguard_prober::certify::record::{invasive_certificate, passive_certificate, Subject};
+use railguard_prober::certify::{
+    assess, assess_passive, Evidence, NcclRunEvidence, PortReading, RailBench, ResourceExposure,
+};
+use railguard_prober::nccl::NcclObservation;
+
+const PROFILE: &str = r#"
+apiVersion: railguard.io/v1alpha1
+kind: FabricProfile
+metadata: { name: test-ndr }
+spec:
+  rails:
+    - { hca: mlx5_0, port: 1, linkLayer: IB, rateGbps: 400, gpus: [0] }
+    - { hca: mlx5_1, port: 1, linkLayer: IB, rateGbps: 400, gpus: [1] }
+  rdma: { resourceName: rdma/rdma_shared_device_a, countMode: SharedDevice }
+  thresholds:
+    writeBwHostGbps: 360
+    writeBwGpuGbps: 350
+    maxLatencyUs: 5
+    busbwPlateauGbps: 360
+    counterGrowth: { port_rcv_errors: 2 }
+    regressionTolerancePercent: 10
+  certification:
+    historyDepth: 3
+    ttlSeconds: 3600
+    intervalSeconds: 600
+"#;
+
+fn profile() -> FabricProfileSpec {
+    railguard_api::profiles_from_yaml(PROFILE)
+        .unwrap()
+        .remove(0)
+        .spec
+}
+
+fn port(hca: &str, counters: &[(&str, u64)]) -> PortReading {
+    PortReading {
+        hca: hca.into(),
+        port: 1,
+        state: "ACTIVE".into(),
+        phys_state: Some("5: LinkUp".into()),
+        link_layer: Some(LinkLayer::Ib),
+        rate_gbps: Some(400.0),
+        counters: counters.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+    }
+}
+
+/// nccl-tests output (new format) whose large sizes all run at `busbw`.
+fn table(busbw: f64, wrong: u64) -> String {
+    let mut s = String::from(
+        "#  Rank  0 Group  0 Pid 1 on node-a device  0 [0x0f] NVIDIA H100\n\
+         #  Rank  1 Group  0 Pid 1 on node-b device  0 [0x0f] NVIDIA H100\n\
+         #       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n",
+    );
+    for p in 23..=33u32 {
+        let size = 1u64 << p;
+        let bw = if p < 30 { busbw / 4.0 } else { busbw };
+        s.push_str(&format!(
+            "{size} {} float sum -1 100.0 {a:.2} {bw:.2} {wrong} 100.0 {a:.2} {bw:.2} 0\n",
+            size / 4,
+            a = bw / 2.0
+        ));
+    }
+    s.push_str("# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 200.5\n");
+    s
+}
+
+fn log(net: &str, gdr: bool, hcas: &[&str]) -> String {
+    let using: Vec<String> = hcas
+        .iter()
+        .enumerate()
+        .map(|(i, h)| format!("[{i}]{h}:1/IB"))
+        .collect();
+    let mut s = format!(
+        "node-a:1:1 [0] NCCL INFO NCCL version 2.21.5+cuda12.4\n\
+         node-a:1:1 [0] NCCL INFO NET/{net} : Using {} [RO]; OOB eth0:10.0.0.1<0>\n",
+        using.join(" ")
+    );
+    for (i, _) in hcas.iter().enumerate() {
+        s.push_str(&format!(
+            "node-a:1:1 [0] NCCL INFO Channel 0{i}/0 : 0[0] -> 1[0] [send] via NET/{net}/{i}{}\n",
+            if gdr { "/GDRDMA" } else { "" }
+        ));
+    }
+    s
+}
+
+fn observation(busbw: f64, wrong: u64, log_text: &str) -> NcclObservation {
+    let t = table(busbw, wrong);
+    NcclObservation::from_texts([t.as_str(), log_text]).unwrap()
+}
+
+fn main_run(obs: NcclObservation) -> NcclRunEvidence {
+    NcclRunEvidence {
+        label: RUN_MAIN.into(),
+        env: vec![],
+        outcome: Ok(obs),
+    }
+}
+
+fn good() -> Evidence {
+    let p = profile();
+    Evidence {
+        before: vec![
+            port("mlx5_0", &[("symbol_error", 5), ("port_rcv_errors", 10)]),
+            port("mlx5_1", &[("symbol_error", 0)]),
+        ],
+        after: vec![
+            port("mlx5_0", &[("symbol_error", 5), ("port_rcv_errors", 11)]),
+            port("mlx5_1", &[("symbol_error", 0)]),
+        ],
+        benches: ["mlx5_0", "mlx5_1"]
+            .iter()
+            .map(|h| RailBench {
+                hca: h.to_string(),
+                port: 1,
+                write_bw_host_gbps: Some(390.0),
+                write_bw_gpu_gbps: Some(380.0),
+                latency_us: Some(2.1),
+                error: None,
+            })
+            .collect(),
+        nccl: vec![main_run(observation(
+            380.0,
+            0,
+            &log("IB", true, &["mlx5_0", "mlx5_1"]),
+        ))],
+        layout_signature: Some(p.signature()),
+        software: [("driver", "550.54.15"), ("nccl", "2.21.5")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        exposure: Some(ResourceExposure {
+            resource: "rdma/rdma_shared_device_a".into(),
+            allocatable: Some("1k".into()),
+        }),
+    }
+}
+
+fn failed_with(e: &Evidence, reason: &str) {
+    let a = assess(&profile(), e, &[]);
+    assert_eq!(a.verdict, Verdict::Failed, "reasons: {:?}", a.reasons);
+    assert!(
+        a.reasons.iter().any(|r| r == reason),
+        "expected reason {reason:?} in {:?}",
+        a.reasons
+    );
+}
+
+#[test]
+fn healthy_node_is_certified_with_counter_growth_within_allowance() {
+    let a = assess(&profile(), &good(), &[]);
+    assert_eq!(a.verdict, Verdict::Certified, "{:?}", a.reasons);
+    assert!(a.reasons.is_empty());
+    assert!(a.rails.iter().all(|r| r.verdict == RailVerdict::Healthy));
+    // port_rcv_errors grew by 1, allowed 2: recorded, not failed
+    assert_eq!(a.rails[0].counter_deltas.get("port_rcv_errors"), Some(&1));
+    let n = a.nccl.unwrap();
+    assert_eq!(n.busbw_plateau_gbps, Some(380.0));
+    assert_eq!(n.transport, Some(Transport::Ib));
+    assert_eq!(n.gdr, Some(true));
+    assert_eq!(n.hcas, vec!["mlx5_0:1", "mlx5_1:1"]);
+    assert_eq!(n.nccl_version.as_deref(), Some("2.21.5"));
+}
+
+#[test]
+fn missing_rail_fails() {
+    let mut e = good();
+    e.after.retain(|p| p.hca != "mlx5_1");
+    e.before.retain(|p| p.hca != "mlx5_1");
+    e.exposure = None;
+    failed_with(&e, "rail mlx5_1:1: port not found (expected IB 400 Gb/s)");
+}
+
+#[test]
+fn port_down_and_phys_state_fail() {
+    let mut e = good();
+    e.after[1].state = "DOWN".into();
+    e.after[1].phys_state = Some("3: Disabled".into());
+    failed_with(&e, "rail mlx5_1:1: port state DOWN, expected ACTIVE");
+    failed_with(
+        &e,
+        "rail mlx5_1:1: physical state \"3: Disabled\", expected LinkUp",
+    );
+    let a = assess(&profile(), &e, &[]);
+    assert_eq!(a.rails[1].verdict, RailVerdict::Failed);
+    assert_eq!(a.rails[0].verdict, RailVerdict::Healthy);
+}
+
+#[test]
+fn wrong_link_layer_fails() {
+    let mut e = good();
+    e.after[0].link_layer = Some(LinkLayer::Roce);
+    failed_with(&e, "rail mlx5_0:1: link layer RoCE, expected IB");
+}
+
+#[test]
+fn low_link_rate_fails() {
+    let mut e = good();
+    e.after[0].rate_gbps = Some(200.0);
+    failed_with(&e, "rail mlx5_0:1: link rate 200 Gb/s, expected 400 Gb/s");
+}
+
+#[test]
+fn growing_error_counters_fail() {
+    let mut e = good();
+    e.after[1].counters.insert("symbol_error".into(), 7);
+    failed_with(
+        &e,
+        "rail mlx5_1:1: error counter symbol_error grew by 7 during the check window (allowed 0)",
+    );
+    // beyond the profile's allowance
+    let mut e = good();
+    e.after[0].counters.insert("port_rcv_errors".into(), 13);
+    failed_with(
+        &e,
+        "rail mlx5_0:1: error counter port_rcv_errors grew by 3 during the check window (allowed 2)",
+    );
+    // traffic counters are never judged
+    let mut e = good();
+    e.before[0].counters.insert("port_xmit_data".into(), 1);
+    e.after[0]
+        .counters
+        .insert("port_xmit_data".into(), 1_000_000);
+    assert_eq!(assess(&profile(), &e, &[]).verdict, Verdict::Certified);
+}
+
+#[test]
+fn counter_reset_counts_from_zero() {
+    let mut e = good();
+    e.before[1].counters.insert("link_downed".into(), 40);
+    e.after[1].counters.insert("link_downed".into(), 1);
+    failed_with(
+        &e,
+        "rail mlx5_1:1: error counter link_downed grew by 1 during the check window (allowed 0)",
+    );
+}
+
+#[test]
+fn rdma_bandwidth_latency_and_errors_fail() {
+    let mut e = good();
+    e.benches[0].write_bw_host_gbps = Some(180.5);
+    failed_with(
+        &e,
+        "rail mlx5_0:1: RDMA write bandwidth (host memory) 180.5 Gb/s, expected at least 360 Gb/s",
+    );
+    let mut e = good();
+    e.benches[1].write_bw_gpu_gbps = Some(90.0);
+    failed_with(
+        &e,
+        "rail mlx5_1:1: RDMA write bandwidth (GPU memory) 90 Gb/s, expected at least 350 Gb/s",
+    );
+    let mut e = good();
+    e.benches[1].latency_us = Some(12.5);
+    failed_with(
+        &e,
+        "rail mlx5_1:1: RDMA write latency 12.5 us, expected at most 5 us",
+    );
+    let mut e = good();
+    e.benches[0].error = Some("no RDMA devices".into());
+    failed_with(&e, "rail mlx5_0:1: RDMA write test failed: no RDMA devices");
+    let mut e = good();
+    e.benches.remove(1);
+    failed_with(&e, "rail mlx5_1:1: no RDMA write measurement");
+}
+
+#[test]
+fn wrong_values_always_fail() {
+    let mut e = good();
+    e.nccl = vec![main_run(observation(
+        400.0,
+        5,
+        &log("IB", true, &["mlx5_0", "mlx5_1"]),
+    ))];
+    failed_with(
+        &e,
+        // 5 wrong out-of-place values on each of the 11 sizes
+        "NCCL all_reduce reported #wrong 55, expected 0 (data corruption)",
+    );
+}
+
+#[test]
+fn socket_fallback_always_fails() {
+    let mut e = good();
+    let sock = "node-a:1:1 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\n\
+                node-a:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0\n";
+    e.nccl = vec![main_run(observation(400.0, 0, sock))];
+    failed_with(
+        &e,
+        "NCCL fell back to NET/Socket, expected NET/IB: the run did not use RDMA",
+    );
+}
+
+#[test]
+fn missing_gdr_fails_only_when_expected() {
+    let mut e = good();
+    e.nccl = vec![main_run(observation(
+        400.0,
+        0,
+        &log("IB", false, &["mlx5_0", "mlx5_1"]),
+    ))];
+    failed_with(
+        &e,
+        "GPUDirect RDMA not in use (NCCL network channels lack GDRDMA), profile expects it",
+    );
+    let mut p = profile();
+    p.certification.nccl_tests.expect_gdr = false;
+    assert_eq!(assess(&p, &e, &[]).verdict, Verdict::Certified);
+}
+
+#[test]
+fn no_network_transport_fails() {
+    let mut e = good();
+    e.nccl = vec![main_run(observation(400.0, 0, ""))];
+    failed_with(
+        &e,
+        "NCCL log shows no network transport, expected NET/IB: the run did not cross the fabric",
+    );
+}
+
+#[test]
+fn low_plateau_fails() {
+    let mut e = good();
+    e.nccl = vec![main_run(observation(
+        250.0,
+        0,
+        &log("IB", true, &["mlx5_0", "mlx5_1"]),
+    ))];
+    failed_with(
+        &e,
+        "NCCL busbw plateau 250 GB/s, expected at least 360 GB/s",
+    );
+}
+
+#[test]
+fn nccl_log_errors_fail() {
+    let mut e = good();
+    let l = log("IB", true, &["mlx5_0", "mlx5_1"])
+        + "node-a:1:2 [0] misc/ibvwrap.cc:190 NCCL WARN Call to ibv_reg_dmabuf_mr failed with error Bad address\n";
+    e.nccl = vec![main_run(observation(400.0, 0, &l))];
+    failed_with(
+        &e,
+        "NCCL error: Call to ibv_reg_dmabuf_mr failed with error Bad address",
+    );
+}
+
+#[test]
+fn nccl_on_the_wrong_hcas_fails() {
+    let mut e = good();
+    e.nccl = vec![main_run(observation(
+        400.0,
+        0,
+        &log("IB", true, &["mlx5_0", "mlx5_4"]),
+    ))];
+    failed_with(&e, "NCCL used HCAs outside the profile: mlx5_4:1");
+    failed_with(&e, "NCCL did not use the profile's rails mlx5_1:1");
+}
+
+#[test]
+fn nccl_run_failure_or_absence_fails() {
+    let mut e = good();
+    e.nccl = vec![NcclRunEvidence {
+        label: RUN_MAIN.into(),
+        env: vec![],
+        outcome: Err("all_reduce_perf exited with exit status: 3".into()),
+    }];
+    failed_with(
+        &e,
+        "NCCL all_reduce_perf failed: all_reduce_perf exited with exit status: 3",
+    );
+    let mut e = good();
+    e.nccl.clear();
+    failed_with(&e, "NCCL all_reduce_perf did not run (no NCCL evidence)");
+}
+
+#[test]
+fn gdr_negative_control_must_be_slower() {
+    let mut e = good();
+    e.nccl.push(NcclRunEvidence {
+        label: RUN_GDR_OFF.into(),
+        env: vec![("NCCL_NET_GDR_LEVEL".into(), "LOC".into())],
+        outcome: Ok(observation(
+            375.0,
+            0,
+            &log("IB", false, &["mlx5_0", "mlx5_1"]),
+        )),
+    });
+    failed_with(&e, "GDR negative control (NCCL_NET_GDR_LEVEL=LOC) reached 375 GB/s vs 380 GB/s with GDR: GPUDirect RDMA is not what carries the traffic");
+    // a slower control passes
+    if let Ok(o) = &mut e.nccl[1].outcome {
+        *o = observation(200.0, 0, &log("IB", false, &["mlx5_0", "mlx5_1"]));
+    }
+    assert_eq!(assess(&profile(), &e, &[]).verdict, Verdict::Certified);
+}
+
+#[test]
+fn foreign_layout_fails() {
+    let mut e = good();
+    e.layout_signature = Some("v1-000000000000".into());
+    let expected = profile().signature();
+    failed_with(
+        &e,
+        &format!("rail layout signature v1-000000000000 differs from the profile's {expected}"),
+    );
+}
+
+#[test]
+fn rdma_resource_exposure() {
+    let mut e = good();
+    e.exposure = Some(ResourceExposure {
+        resource: "rdma/rdma_shared_device_a".into(),
+        allocatable: None,
+    });
+    failed_with(
+        &e,
+        "node does not advertise RDMA resource rdma/rdma_shared_device_a in allocatable (found none)",
+    );
+    let mut e = good();
+    e.after.retain(|p| p.hca != "mlx5_1");
+    failed_with(
+        &e,
+        "node advertises RDMA resource rdma/rdma_shared_device_a (1k) but lacks the profile's rails mlx5_1:1",
+    );
+}
+
+fn pass(at: i64, busbw: f64, bw0: f64, driver: &str) -> HistoryEntry {
+    HistoryEntry {
+        issued_at: Timestamp::from_second(at).unwrap(),
+        verdict: Verdict::Certified,
+        busbw_plateau_gbps: Some(busbw),
+        rail_write_bw_gbps: [
+            ("mlx5_0:1".to_string(), bw0),
+            ("mlx5_1:1".to_string(), 390.0),
+        ]
+        .into_iter()
+        .collect(),
+        software: [("driver", driver), ("nccl", "2.21.5")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+#[test]
+fn drop_against_history_median_degrades_even_above_threshold() {
+    // history median busbw 440 (430, 440, 450); now 380: 13.6% down, threshold is 360
+    let history = vec![
+        pass(1, 430.0, 390.0, "550.54"),
+        pass(2, 450.0, 390.0, "550.54"),
+        pass(3, 440.0, 390.0, "550.54"),
+    ];
+    let mut e = good();
+    e.software.insert("driver".into(), "560.28".into());
+    let a = assess(&profile(), &e, &history);
+    assert_eq!(a.verdict, Verdict::Degraded, "{:?}", a.reasons);
+    assert!(a.regressed);
+    assert_eq!(
+        a.reasons,
+        vec![
+            "NCCL busbw plateau 380 GB/s is 13.6% below this node's history median 440 GB/s (tolerance 10%)".to_string(),
+            "changed since the last pass: driver 550.54 -> 560.28".to_string(),
+        ]
+    );
+}
+
+#[test]
+fn rail_bandwidth_regression_degrades_the_rail() {
+    let history = vec![
+        pass(1, 380.0, 460.0, "550.54.15"),
+        pass(2, 380.0, 470.0, "550.54.15"),
+    ];
+    let a = assess(&profile(), &good(), &history);
+    assert_eq!(a.verdict, Verdict::Degraded);
+    assert_eq!(a.rails[0].verdict, RailVerdict::Degraded);
+    assert_eq!(a.rails[1].verdict, RailVerdict::Healthy);
+    assert_eq!(
+        a.rails[0].reasons,
+        vec!["rail mlx5_0:1: RDMA write bandwidth (host memory) 390 Gb/s is 16.1% below this node's history median 465 Gb/s (tolerance 10%)"]
+    );
+    // same software: no diff reason
+    assert!(!a.reasons.iter().any(|r| r.starts_with("changed since")));
+}
+
+#[test]
+fn history_within_tolerance_and_failed_entries_are_ignored() {
+    let mut failed = pass(3, 1000.0, 1000.0, "x");
+    failed.verdict = Verdict::Failed;
+    // median of passes 400 -> 380 is 5% down: within 10%
+    let history = vec![
+        pass(1, 400.0, 400.0, "550.54.15"),
+        pass(2, 400.0, 400.0, "550.54.15"),
+        failed,
+    ];
+    let a = assess(&profile(), &good(), &history);
+    assert_eq!(a.verdict, Verdict::Certified, "{:?}", a.reasons);
+}
+
+#[test]
+fn only_the_last_history_depth_passes_count() {
+    // depth 3: the old 1000 GB/s pass falls out of the window
+    let history = vec![
+        pass(1, 1000.0, 390.0, "550.54.15"),
+        pass(2, 390.0, 390.0, "550.54.15"),
+        pass(3, 390.0, 390.0, "550.54.15"),
+        pass(4, 390.0, 390.0, "550.54.15"),
+    ];
+    assert_eq!(
+        assess(&profile(), &good(), &history).verdict,
+        Verdict::Certified
+    );
+}
+
+#[test]
+fn passive_counter_growth_fails_at_once_and_a_clean_window_keeps_the_verdict() {
+    let p = profile();
+    let full = assess(&p, &good(), &[]);
+    let mut e = good();
+    e.benches.clear();
+    e.nccl.clear();
+    let ok = assess_passive(&p, &e, Some(Verdict::Certified), &full.rails);
+    assert_eq!(ok.verdict, Verdict::Certified);
+    assert_eq!(
+        ok.rails[0].write_bw_host_gbps,
+        Some(390.0),
+        "bench figures carried over"
+    );
+
+    e.after[0].counters.insert("symbol_error".into(), 9);
+    let bad = assess_passive(&p, &e, Some(Verdict::Certified), &full.rails);
+    assert_eq!(bad.verdict, Verdict::Failed);
+    assert_eq!(
+        bad.reasons,
+        vec!["rail mlx5_0:1: error counter symbol_error grew by 4 during the check window (allowed 0)"]
+    );
+    assert_eq!(bad.rails[0].verdict, RailVerdict::Failed);
+    assert_eq!(bad.rails[1].verdict, RailVerdict::Healthy);
+
+    // nothing certified yet: a clean passive window certifies nothing
+    let mut clean = good();
+    clean.benches.clear();
+    assert_eq!(
+        assess_passive(&p, &clean, None, &[]).verdict,
+        Verdict::Pending
+    );
+}
+
+#[test]
+fn certificate_record_keeps_history_and_expiry_from_the_invasive_pass() {
+    let p = profile();
+    let subject = Subject {
+        node: "gpu-1",
+        profile_name: "test-ndr",
+        profile: &p,
+        signature: None,
+        gpus: vec![],
+    };
+    let e = good();
+    let t0 = Timestamp::from_second(1_700_000_000).unwrap();
+    let mut prev = None;
+    for i in 0..5 {
+        let now = t0 + jiff::SignedDuration::from_secs(600 * i);
+        let a = assess(
+            &p,
+            &e,
+            prev.as_ref()
+                .map(|c: &railguard_api::Certificate| c.history.as_slice())
+                .unwrap_or(&[]),
+        );
+        let c = invasive_certificate(&subject, &a, &e.software, prev.as_ref(), now);
+        assert_eq!(c.generation, i as u64 + 1);
+        assert_eq!(c.issued_at, now);
+        assert_eq!(c.expires_at, now + jiff::SignedDuration::from_secs(3600));
+        assert!(c.history.len() <= 3, "history depth 3");
+        assert_eq!(c.history.last().unwrap().issued_at, now);
+        // the annotation round-trips through the api reader
+        let back =
+            railguard_api::Certificate::from_annotation(&c.to_annotation().unwrap()).unwrap();
+        assert_eq!(back, c);
+        prev = Some(c);
+    }
+    let last = prev.unwrap();
+    assert_eq!(last.signature, p.signature());
+    assert_eq!(
+        last.software.get("driver").map(String::as_str),
+        Some("550.54.15")
+    );
+
+    // a passive failure later: new generation, verdict failed, same issue/expiry
+    let mut e2 = good();
+    e2.benches.clear();
+    e2.after[1].counters.insert("symbol_error".into(), 3);
+    let a = assess_passive(&p, &e2, Some(last.verdict), &last.rails);
+    let later = last.issued_at + jiff::SignedDuration::from_secs(60);
+    let c = passive_certificate(&subject, &a, Some(&last), later);
+    assert_eq!(c.verdict, Verdict::Failed);
+    assert_eq!(c.generation, last.generation + 1);
+    assert_eq!(c.issued_at, last.issued_at);
+    assert_eq!(c.expires_at, last.expires_at);
+    assert_eq!(c.passive_checked_at, Some(later));
+    assert_eq!(c.history, last.history);
+    assert!(c.reasons[0].contains("symbol_error grew by 3"));
+}
+
+#[test]
+fn history_medians_and_software_diff_are_plain_functions() {
+    use railguard_prober::certify::history::{history_medians, software_diff};
+    let h = vec![
+        pass(1, 100.0, 10.0, "a"),
+        pass(2, 300.0, 30.0, "a"),
+        pass(3, 200.0, 20.0, "a"),
+    ];
+    let m = history_medians(&h, 5);
+    assert_eq!(m.busbw_plateau_gbps, Some(200.0));
+    assert_eq!(m.rail_write_bw_gbps.get("mlx5_0:1"), Some(&20.0));
+    assert_eq!(m.passes, 3);
+    let old: BTreeMap<String, String> = [
+        ("driver".to_string(), "550.54".to_string()),
+        ("ofed".to_string(), "24.01".to_string()),
+    ]
+    .into();
+    let new: BTreeMap<String, String> = [
+        ("driver".to_string(), "560.28".to_string()),
+        ("nccl".to_string(), "2.23.4".to_string()),
+    ]
+    .into();
+    assert_eq!(
+        software_diff(&old, &new),
+        vec![
+            "driver 550.54 -> 560.28",
+            "nccl none -> 2.23.4",
+            "ofed 24.01 -> none"
+        ]
+    );
+}

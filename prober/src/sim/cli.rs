@@ -20,15 +20,12 @@ pub struct SimSysfsArgs {
 impl SimSysfsArgs {
     pub fn run(&self) -> Result<String, ModelError> {
         let model = NodeModel::load(&self.model)?;
-        let tree = write_sysfs(&model, &self.out)?;
+        write_sysfs(&model, &self.out)?;
         Ok(format!(
             "wrote model {} ({} GPUs, {} HCAs) under {}\n",
             model.name,
             model.gpus().len(),
-            tree.addresses
-                .keys()
-                .filter(|k| !k.starts_with("gpu"))
-                .count(),
+            model.hcas().len(),
             self.out.display()
         ))
     }

@@ -1,0 +1,531 @@
+//! `railguard-prober campaign` (the coordinator) and `railguard-prober peer-endpoint`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use clap::Args;
+use jiff::Timestamp;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::discovery::ApiResource;
+use kube::Client;
+use railguard_api::{keys, FabricProfile};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::coordinator::{run_campaign, CampaignNode, CampaignReport, CampaignSettings};
+use super::endpoint::{serve, EndpointConfig};
+use super::kube::{endpoint_of, profile_nodes, write_findings, GpuPodSource, LeaderLease};
+use super::mpijob::{self, PairJob};
+use super::simnode;
+use crate::rdma::{PeerConfig, PeerRdmaEngine, VerbsEngine};
+use crate::sim::NodeModel;
+
+/// Default TCP port of the peer endpoint.
+pub const DEFAULT_PEER_PORT: u16 = 7470;
+
+/// Where the shared token comes from.
+#[derive(Args, Debug, Clone)]
+pub struct TokenArgs {
+    /// File holding the shared token (e.g. a mounted Secret).
+    #[arg(long, env = "RAILGUARD_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+    /// The shared token itself (prefer --token-file; the value is never printed).
+    #[arg(long, env = "RAILGUARD_PEER_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+impl TokenArgs {
+    pub fn load(&self) -> anyhow::Result<Vec<u8>> {
+        let raw = match (&self.token_file, &self.token) {
+            (Some(path), _) => std::fs::read(path)
+                .with_context(|| format!("cannot read the shared token from {}", path.display()))?,
+            (None, Some(t)) => t.as_bytes().to_vec(),
+            (None, None) => bail!(
+                "no shared token: set --token-file (RAILGUARD_TOKEN_FILE) or RAILGUARD_PEER_TOKEN"
+            ),
+        };
+        let token = raw.strip_suffix(b"\n").unwrap_or(&raw).to_vec();
+        if token.len() < crate::rdma::peer::MIN_TOKEN_BYTES {
+            bail!(
+                "the shared token is {} bytes, at least {} are required",
+                token.len(),
+                crate::rdma::peer::MIN_TOKEN_BYTES
+            );
+        }
+        Ok(token)
+    }
+}
+
+async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Client> {
+    match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            let cfg = kube::Config::from_custom_kubeconfig(
+                kc,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .with_context(|| format!("invalid kubeconfig {}", path.display()))?;
+            Ok(Client::try_from(cfg)?)
+        }
+        None => Ok(Client::try_default()
+            .await
+            .context("no kubeconfig and not in a cluster")?),
+    }
+}
+
+/// `railguard-prober peer-endpoint`: serve campaign tests for this node.
+#[derive(Args, Debug)]
+pub struct PeerEndpointArgs {
+    /// This node's name.
+    #[arg(long, env = "RAILGUARD_NODE_NAME")]
+    pub node: String,
+    /// This node's FabricProfile; tests for another profile are refused.
+    #[arg(long, env = "RAILGUARD_PROFILE")]
+    pub profile: String,
+    /// Address of the endpoint (control channel and RDMA side channel).
+    #[arg(long, env = "RAILGUARD_PEER_LISTEN", default_value = "0.0.0.0:7470")]
+    pub listen: String,
+    #[command(flatten)]
+    pub token: TokenArgs,
+    /// Simulate this node from a node model (prober/models/*.yaml) instead of using ibverbs.
+    #[arg(long, env = "RAILGUARD_SIM")]
+    pub sim: Option<PathBuf>,
+    /// Simulated fault on the path to one peer: `PEER=dead|FACTOR[@HCA,...]` (repeatable).
+    #[arg(long = "sim-link", env = "RAILGUARD_SIM_LINKS", value_delimiter = ';')]
+    pub sim_links: Vec<String>,
+    /// Simulated bad cable/switch port behind a rail: `HCA:PORT=dead|FACTOR` (repeatable).
+    #[arg(long = "sim-wire", env = "RAILGUARD_SIM_WIRES", value_delimiter = ';')]
+    pub sim_wires: Vec<String>,
+    /// Kubeconfig for the GPU pod check (in-cluster config when unset).
+    #[arg(long, env = "RAILGUARD_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Extended resources that make a pod a GPU pod.
+    #[arg(
+        long = "gpu-resource",
+        env = "RAILGUARD_GPU_RESOURCES",
+        value_delimiter = ',',
+        default_value = "nvidia.com/gpu"
+    )]
+    pub gpu_resources: Vec<String>,
+    /// Limit for one side-channel step, seconds.
+    #[arg(long, env = "RAILGUARD_PEER_IO_TIMEOUT_SECS", default_value_t = 10)]
+    pub io_timeout_secs: u64,
+}
+
+impl PeerEndpointArgs {
+    pub fn run(self) -> anyhow::Result<String> {
+        let rt = tokio::runtime::Runtime::new()?;
+        rt.block_on(self.serve())?;
+        Ok(String::new())
+    }
+
+    async fn serve(self) -> anyhow::Result<()> {
+        let token = self.token.load()?;
+        let engine: Arc<dyn PeerRdmaEngine> = match &self.sim {
+            Some(path) => {
+                let model = NodeModel::load(path)
+                    .with_context(|| format!("cannot load node model {}", path.display()))?;
+                Arc::new(simnode::engine(
+                    &model,
+                    &self.node,
+                    &self.sim_links,
+                    &self.sim_wires,
+                )?)
+            }
+            None => {
+                if !self.sim_links.is_empty() || !self.sim_wires.is_empty() {
+                    bail!("--sim-link and --sim-wire need --sim MODEL");
+                }
+                Arc::new(VerbsEngine::new())
+            }
+        };
+        let gpu_pods = match kube_client(self.kubeconfig.as_ref()).await {
+            Ok(client) => GpuPodSource::Kube {
+                client,
+                node: self.node.clone(),
+                resources: self.gpu_resources.clone(),
+            },
+            // A simulated node outside a cluster has no pods to protect.
+            Err(e) if self.sim.is_some() => {
+                warn!(error = %format!("{e:#}"), "no cluster access: GPU pods are not checked on this simulated node");
+                GpuPodSource::Unchecked
+            }
+            Err(e) => return Err(e.context("the GPU pod check needs cluster access")),
+        };
+        let mut peer = PeerConfig::new(&self.node, &self.profile, &token)?;
+        peer.io_timeout = Duration::from_secs(self.io_timeout_secs.max(1));
+        let mut cfg = EndpointConfig::new(peer, &token, engine, gpu_pods);
+        cfg.io_timeout = Duration::from_secs(self.io_timeout_secs.max(1));
+        let listener = TcpListener::bind(&self.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", self.listen))?;
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            stop.cancel();
+        });
+        serve(listener, Arc::new(cfg), shutdown).await?;
+        Ok(())
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+/// `railguard-prober campaign`: test the nodes of a profile pairwise and localize faults.
+#[derive(Args, Debug)]
+pub struct CampaignArgs {
+    /// FabricProfile name (read from the API unless --profile-file is given).
+    #[arg(long, env = "RAILGUARD_PROFILE")]
+    pub profile: String,
+    /// Read the profile from this YAML file instead of the API.
+    #[arg(long, env = "RAILGUARD_PROFILE_FILE")]
+    pub profile_file: Option<PathBuf>,
+    #[arg(long, env = "RAILGUARD_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    pub token: TokenArgs,
+    /// Lease for leader election (`coordination.k8s.io/v1`); without it no election.
+    #[arg(long, env = "RAILGUARD_LEASE_NAME")]
+    pub lease_name: Option<String>,
+    #[arg(long, env = "RAILGUARD_LEASE_NAMESPACE", default_value = "railguard")]
+    pub lease_namespace: String,
+    /// This coordinator's identity in the Lease (the pod name in a Deployment).
+    #[arg(long, env = "RAILGUARD_IDENTITY")]
+    pub identity: Option<String>,
+    /// Lease duration, seconds.
+    #[arg(long, env = "RAILGUARD_LEASE_DURATION_SECS", default_value_t = 60)]
+    pub lease_duration_secs: i32,
+    /// Endpoint of a node, `NODE=HOST:PORT` (repeatable); otherwise the node's
+    /// `railguard.io/peer-endpoint` annotation or its InternalIP and --peer-port.
+    #[arg(long = "endpoint", env = "RAILGUARD_ENDPOINTS", value_delimiter = ',')]
+    pub endpoints: Vec<String>,
+    #[arg(long, env = "RAILGUARD_PEER_PORT", default_value_t = crate::campaign::cli::DEFAULT_PEER_PORT)]
+    pub peer_port: u16,
+    /// Run tests even on nodes with GPU pods.
+    #[arg(long, env = "RAILGUARD_ALLOW_GPU_PODS")]
+    pub allow_gpu_pods: bool,
+    #[arg(
+        long = "gpu-resource",
+        env = "RAILGUARD_GPU_RESOURCES",
+        value_delimiter = ',',
+        default_value = "nvidia.com/gpu"
+    )]
+    pub gpu_resources: Vec<String>,
+    /// Shuffle the ring with this seed (default: keep node-name order).
+    #[arg(long, env = "RAILGUARD_SHUFFLE_SEED")]
+    pub shuffle_seed: Option<u64>,
+    /// Limit for one pair test, seconds.
+    #[arg(long, env = "RAILGUARD_TEST_TIMEOUT_SECS", default_value_t = 120)]
+    pub test_timeout_secs: u64,
+    /// RDMA WRITE iterations per message size.
+    #[arg(long, env = "RAILGUARD_ITERATIONS", default_value_t = 200)]
+    pub iterations: u32,
+    /// Plan and test, but write nothing to the nodes.
+    #[arg(long, env = "RAILGUARD_DRY_RUN")]
+    pub dry_run: bool,
+    /// Print the campaign report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Instead of a campaign: render (and with --launch, create) the 2-node nccl-tests MPIJob
+    /// for this pair, `NODE_A,NODE_B`.
+    #[arg(long, env = "RAILGUARD_NCCL_PAIR")]
+    pub nccl_pair: Option<String>,
+    #[arg(long, env = "RAILGUARD_MPIJOB_TEMPLATE")]
+    pub mpijob_template: Option<PathBuf>,
+    #[arg(long, env = "RAILGUARD_NCCL_NAMESPACE", default_value = "railguard")]
+    pub nccl_namespace: String,
+    #[arg(
+        long,
+        env = "RAILGUARD_NCCL_IMAGE",
+        default_value = "ghcr.io/railguard/nccl-tests:latest"
+    )]
+    pub nccl_image: String,
+    #[arg(long, env = "RAILGUARD_GPUS_PER_NODE")]
+    pub gpus_per_node: Option<u32>,
+    /// Create the rendered MPIJob in the cluster.
+    #[arg(long)]
+    pub launch: bool,
+    /// Judge collected nccl-tests logs of a 2-node run (repeatable) instead of a campaign.
+    #[arg(long = "nccl-log")]
+    pub nccl_logs: Vec<PathBuf>,
+}
+
+impl CampaignArgs {
+    pub fn run(self) -> anyhow::Result<String> {
+        let rt = tokio::runtime::Runtime::new()?;
+        rt.block_on(self.run_async())
+    }
+
+    async fn load_profile(&self, client: Option<&Client>) -> anyhow::Result<FabricProfile> {
+        let profile = match &self.profile_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                railguard_api::profiles_from_yaml(&text)?
+                    .into_iter()
+                    .find(|p| p.name() == self.profile)
+                    .ok_or_else(|| anyhow!("{} has no profile {}", path.display(), self.profile))?
+            }
+            None => {
+                let client = client
+                    .ok_or_else(|| anyhow!("reading the profile from the API needs a cluster"))?;
+                let api: Api<FabricProfile> = Api::all(client.clone());
+                let p = api
+                    .get(&self.profile)
+                    .await
+                    .with_context(|| format!("cannot read FabricProfile {}", self.profile))?;
+                p.validate()?;
+                p
+            }
+        };
+        Ok(profile)
+    }
+
+    async fn run_async(self) -> anyhow::Result<String> {
+        if !self.nccl_logs.is_empty() {
+            let profile = self.load_profile(None).await?;
+            let texts: Vec<String> = self
+                .nccl_logs
+                .iter()
+                .map(|p| {
+                    std::fs::read_to_string(p)
+                        .with_context(|| format!("cannot read {}", p.display()))
+                })
+                .collect::<Result<_, _>>()?;
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let report = mpijob::judge_log(&refs, &profile)?;
+            return Ok(serde_json::to_string_pretty(&report)? + "\n");
+        }
+        if let Some(pair) = &self.nccl_pair {
+            return self.nccl_pair(pair).await;
+        }
+        let client = kube_client(self.kubeconfig.as_ref()).await?;
+        let profile = self.load_profile(Some(&client)).await?;
+        let token = self.token.load()?;
+        if let Some(lease_name) = &self.lease_name {
+            let identity = self
+                .identity
+                .clone()
+                .or_else(|| std::env::var("HOSTNAME").ok())
+                .ok_or_else(|| anyhow!("leader election needs --identity (RAILGUARD_IDENTITY)"))?;
+            let lease = LeaderLease::new(
+                &client,
+                &self.lease_namespace,
+                lease_name,
+                &identity,
+                self.lease_duration_secs,
+            );
+            if !lease.try_acquire(Timestamp::now()).await? {
+                info!(lease = %lease_name, "another coordinator holds the lease; nothing to do");
+                return Ok(format!(
+                    "lease {lease_name} is held by another coordinator; no campaign run\n"
+                ));
+            }
+            info!(lease = %lease_name, identity = %identity, "leader");
+            // Keep the lease while the campaign runs.
+            let renew = lease.clone();
+            let period = Duration::from_secs((self.lease_duration_secs.max(3) / 3) as u64);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(period).await;
+                    match renew.try_acquire(Timestamp::now()).await {
+                        Ok(true) => {}
+                        Ok(false) => warn!(lease = %renew.name(), "lost the lease"),
+                        Err(e) => warn!(error = %e, "cannot renew the lease"),
+                    }
+                }
+            });
+        }
+
+        let overrides: BTreeMap<String, String> = self
+            .endpoints
+            .iter()
+            .map(|s| {
+                s.split_once('=')
+                    .map(|(n, a)| (n.trim().to_string(), a.trim().to_string()))
+                    .ok_or_else(|| anyhow!("--endpoint {s:?} is not NODE=HOST:PORT"))
+            })
+            .collect::<Result<_, _>>()?;
+        let mut nodes = Vec::new();
+        let gpu_check = |node: &str| GpuPodSource::Kube {
+            client: client.clone(),
+            node: node.to_string(),
+            resources: self.gpu_resources.clone(),
+        };
+        for node in profile_nodes(&client, &profile).await? {
+            let Some(name) = node.metadata.name.clone() else {
+                continue;
+            };
+            let Some(endpoint) = overrides
+                .get(&name)
+                .cloned()
+                .or_else(|| endpoint_of(&node, self.peer_port))
+            else {
+                warn!(node = %name, "no endpoint (annotation, InternalIP or --endpoint); skipped");
+                continue;
+            };
+            if !self.allow_gpu_pods {
+                let pods = gpu_check(&name).gpu_pods().await?;
+                if !pods.is_empty() {
+                    warn!(node = %name, pods = %pods.join(","), "GPU pods on the node; skipped");
+                    continue;
+                }
+            }
+            nodes.push(CampaignNode { name, endpoint });
+        }
+        let mut settings = CampaignSettings::from_profile(&profile, &token)?;
+        settings.allow_gpu_pods = self.allow_gpu_pods;
+        settings.plan.shuffle_seed = self.shuffle_seed;
+        settings.test_timeout = Duration::from_secs(self.test_timeout_secs.max(1));
+        settings.iterations = self.iterations.max(1);
+        info!(profile = %profile.name(), nodes = nodes.len(), rails = settings.rails.len(), "campaign starts");
+        let now = Timestamp::now();
+        let report = run_campaign(&nodes, &settings, now).await?;
+        if !self.dry_run {
+            for (name, findings) in &report.findings {
+                if let Err(e) = write_findings(&client, name, findings, now).await {
+                    warn!(node = %name, error = %format!("{e:#}"), "cannot write campaign results");
+                }
+            }
+        }
+        if self.json {
+            Ok(serde_json::to_string_pretty(&report)? + "\n")
+        } else {
+            Ok(render_summary(&report))
+        }
+    }
+
+    async fn nccl_pair(&self, pair: &str) -> anyhow::Result<String> {
+        let (a, b) = pair
+            .split_once(',')
+            .ok_or_else(|| anyhow!("--nccl-pair {pair:?} is not NODE_A,NODE_B"))?;
+        let client = if self.launch || self.profile_file.is_none() {
+            Some(kube_client(self.kubeconfig.as_ref()).await?)
+        } else {
+            None
+        };
+        let profile = self.load_profile(client.as_ref()).await?;
+        let template = match &self.mpijob_template {
+            Some(p) => std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read {}", p.display()))?,
+            None => mpijob::DEFAULT_TEMPLATE.to_string(),
+        };
+        let gpus = self.gpus_per_node.unwrap_or_else(|| {
+            let n: std::collections::BTreeSet<u32> = profile
+                .spec
+                .rails
+                .iter()
+                .flat_map(|r| r.gpus.iter().copied())
+                .collect();
+            (n.len() as u32).max(1)
+        });
+        let job = PairJob {
+            node_a: a.trim().to_string(),
+            node_b: b.trim().to_string(),
+            namespace: self.nccl_namespace.clone(),
+            image: self.nccl_image.clone(),
+            gpus_per_node: gpus,
+            deadline_seconds: 1800,
+        };
+        let manifest = mpijob::render(&template, &profile, &job)?;
+        if self.launch {
+            let client = client.ok_or_else(|| anyhow!("--launch needs a cluster"))?;
+            let ar = ApiResource {
+                group: "kubeflow.org".into(),
+                version: "v2beta1".into(),
+                api_version: "kubeflow.org/v2beta1".into(),
+                kind: "MPIJob".into(),
+                plural: "mpijobs".into(),
+            };
+            let api: Api<DynamicObject> = Api::namespaced_with(client, &job.namespace, &ar);
+            let name = mpijob::job_name(&job.node_a, &job.node_b);
+            api.patch(
+                &name,
+                &PatchParams::apply(keys::PROBER_FIELD_MANAGER).force(),
+                &Patch::Apply(&manifest),
+            )
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot create MPIJob {}/{name} (is the MPI Operator installed?)",
+                    job.namespace
+                )
+            })?;
+            return Ok(format!(
+                "mpijob.kubeflow.org/{name} created in {}\n",
+                job.namespace
+            ));
+        }
+        Ok(serde_yaml::to_string(&manifest)?)
+    }
+}
+
+/// A short text summary: counts and the culprits.
+pub fn render_summary(r: &CampaignReport) -> String {
+    let mut out = format!(
+        "campaign {}: {} nodes, {} rails, {} tests in {} rounds\n",
+        r.profile,
+        r.nodes.len(),
+        r.rails.len(),
+        r.tests.len(),
+        r.rounds
+    );
+    let mut any = false;
+    for f in r.findings.values() {
+        if let Some(reason) = &f.node_fault {
+            out.push_str(&format!("  node {}: {reason}\n", f.node));
+            any = true;
+        } else {
+            for b in f.blamed_rails.values() {
+                out.push_str(&format!("  node {}: {}\n", f.node, b.reason));
+                any = true;
+            }
+        }
+    }
+    let mut links: Vec<&String> = r.findings.values().flat_map(|f| f.links.iter()).collect();
+    links.sort();
+    links.dedup();
+    for l in links {
+        out.push_str(&format!("  {l}\n"));
+        any = true;
+    }
+    for t in r.tests.iter().filter(|t| t.error.is_some()) {
+        out.push_str(&format!(
+            "  test {}->{}: {}\n",
+            t.initiator,
+            t.responder,
+            t.error.as_deref().unwrap_or_default()
+        ));
+    }
+    if !any {
+        out.push_str("  no fault found\n");
+    }
+    out
+}

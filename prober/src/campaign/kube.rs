@@ -1,0 +1,449 @@
+//! The thin Kubernetes shell of a campaign: the profile's nodes and their endpoints, GPU pods
+//! on a node, writing findings into certificates by server-side apply, and the Lease that
+//! makes one coordinator the leader.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::Client;
+use railguard_api::{keys, Certificate, FabricProfile, Verdict};
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::verdict::{apply_findings, NodeFindings};
+use super::CampaignError;
+
+/// Node annotation: `host:port` of the node's peer endpoint, when it is not the node's
+/// InternalIP and the default port.
+pub const ANNOTATION_PEER_ENDPOINT: &str = "railguard.io/peer-endpoint";
+
+/// Where GPU pods on a node are looked up.
+#[derive(Clone)]
+pub enum GpuPodSource {
+    /// No pod information (a simulated node outside a cluster): never blocks a test.
+    Unchecked,
+    /// Pods bound to `node` in the API that request one of `resources`.
+    Kube {
+        client: Client,
+        node: String,
+        resources: Vec<String>,
+    },
+}
+
+impl GpuPodSource {
+    /// `namespace/name` of the running or pending GPU pods on the node.
+    pub async fn gpu_pods(&self) -> Result<Vec<String>, CampaignError> {
+        match self {
+            GpuPodSource::Unchecked => Ok(Vec::new()),
+            GpuPodSource::Kube {
+                client,
+                node,
+                resources,
+            } => {
+                let pods: Api<Pod> = Api::all(client.clone());
+                let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
+                let list = pods.list(&lp).await.map_err(|source| CampaignError::Kube {
+                    what: format!("list pods on node {node}"),
+                    source,
+                })?;
+                Ok(gpu_pods_of(&list.items, resources))
+            }
+        }
+    }
+}
+
+/// The pods among `pods` that hold a GPU: not finished, and requesting (or limited to) one
+/// of `resources`.
+pub fn gpu_pods_of(pods: &[Pod], resources: &[String]) -> Vec<String> {
+    pods.iter()
+        .filter(|p| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            !matches!(phase, Some("Succeeded" | "Failed"))
+        })
+        .filter(|p| {
+            p.spec.as_ref().is_some_and(|spec| {
+                spec.containers
+                    .iter()
+                    .chain(spec.init_containers.iter().flatten())
+                    .filter_map(|c| c.resources.as_ref())
+                    .flat_map(|r| r.requests.iter().flatten().chain(r.limits.iter().flatten()))
+                    .any(|(name, q)| resources.contains(name) && q.0.trim() != "0")
+            })
+        })
+        .map(|p| {
+            format!(
+                "{}/{}",
+                p.metadata.namespace.as_deref().unwrap_or("default"),
+                p.metadata.name.as_deref().unwrap_or("?")
+            )
+        })
+        .collect()
+}
+
+/// The endpoint of a node: its annotation, else its InternalIP with `default_port`.
+pub fn endpoint_of(node: &Node, default_port: u16) -> Option<String> {
+    if let Some(a) = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_PEER_ENDPOINT))
+    {
+        return Some(a.trim().to_string());
+    }
+    let ip = node
+        .status
+        .as_ref()?
+        .addresses
+        .as_ref()?
+        .iter()
+        .find(|a| a.type_ == "InternalIP")?;
+    if ip.address.contains(':') {
+        Some(format!("[{}]:{default_port}", ip.address))
+    } else {
+        Some(format!("{}:{default_port}", ip.address))
+    }
+}
+
+/// Nodes matching the profile's node selector, sorted by name.
+pub async fn profile_nodes(
+    client: &Client,
+    profile: &FabricProfile,
+) -> Result<Vec<Node>, CampaignError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let selector: Vec<String> = profile
+        .spec
+        .node_selector
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let lp = if selector.is_empty() {
+        ListParams::default().labels(&format!("{}={}", keys::LABEL_PROFILE, profile.name()))
+    } else {
+        ListParams::default().labels(&selector.join(","))
+    };
+    let mut list = nodes
+        .list(&lp)
+        .await
+        .map_err(|source| CampaignError::Kube {
+            what: "list nodes".into(),
+            source,
+        })?;
+    list.items
+        .sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    Ok(list.items)
+}
+
+/// Writes one node's findings into its certificate: labels and annotation by server-side
+/// apply (field manager `railguard-prober`, optimistic on the resourceVersion, retried on
+/// conflict) and the `RailguardFabricReady` condition through the status subresource.
+/// Returns the certificate as written, or `None` when the node has no certificate to update.
+pub async fn write_findings(
+    client: &Client,
+    node_name: &str,
+    findings: &NodeFindings,
+    now: Timestamp,
+) -> Result<Option<Certificate>, CampaignError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    for attempt in 0..5 {
+        let node = nodes
+            .get(node_name)
+            .await
+            .map_err(|source| CampaignError::Kube {
+                what: format!("get node {node_name}"),
+                source,
+            })?;
+        let Some(raw) = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(keys::ANNOTATION_CERTIFICATE))
+        else {
+            warn!(node = %node_name, "node has no certificate; campaign results not written");
+            return Ok(None);
+        };
+        let mut cert =
+            Certificate::from_annotation(raw).map_err(|source| CampaignError::Certificate {
+                node: node_name.to_string(),
+                source,
+            })?;
+        let before = cert.clone();
+        apply_findings(&mut cert, findings);
+        if cert == before {
+            return Ok(Some(cert));
+        }
+        let annotation = cert
+            .to_annotation()
+            .map_err(|source| CampaignError::Certificate {
+                node: node_name.to_string(),
+                source,
+            })?;
+        let labels: BTreeMap<&str, &str> = BTreeMap::from([
+            (keys::LABEL_FABRIC, cert.verdict.as_label()),
+            (keys::LABEL_PROFILE, cert.profile.as_str()),
+            (keys::LABEL_SIGNATURE, cert.signature.as_str()),
+        ]);
+        let patch = json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": node_name,
+                "resourceVersion": node.metadata.resource_version,
+                "labels": labels,
+                "annotations": { keys::ANNOTATION_CERTIFICATE: annotation },
+            }
+        });
+        let pp = PatchParams::apply(keys::PROBER_FIELD_MANAGER).force();
+        match nodes.patch(node_name, &pp, &Patch::Apply(&patch)).await {
+            Ok(_) => {
+                write_condition(&nodes, node_name, &cert, now).await?;
+                info!(node = %node_name, verdict = %cert.verdict, "campaign findings written");
+                return Ok(Some(cert));
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 && attempt < 4 => {
+                warn!(node = %node_name, "certificate changed while writing; retrying");
+                continue;
+            }
+            Err(source) => {
+                return Err(CampaignError::Kube {
+                    what: format!("apply certificate to node {node_name}"),
+                    source,
+                })
+            }
+        }
+    }
+    Err(CampaignError::Node {
+        node: node_name.to_string(),
+        reason: "certificate kept changing while writing campaign results".into(),
+    })
+}
+
+async fn write_condition(
+    nodes: &Api<Node>,
+    node_name: &str,
+    cert: &Certificate,
+    now: Timestamp,
+) -> Result<(), CampaignError> {
+    let ready = cert.verdict == Verdict::Certified;
+    let message = if cert.reasons.is_empty() {
+        format!("fabric {}", cert.verdict)
+    } else {
+        cert.reasons.join("; ")
+    };
+    let reason = match cert.verdict {
+        Verdict::Certified => "Certified",
+        Verdict::Degraded => "Degraded",
+        Verdict::Failed => "CertificationFailed",
+        Verdict::Pending => "Pending",
+    };
+    let patch = json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "status": { "conditions": [{
+            "type": keys::CONDITION_FABRIC_READY,
+            "status": if ready { "True" } else { "False" },
+            "reason": reason,
+            "message": message,
+            "lastHeartbeatTime": now.to_string(),
+            "lastTransitionTime": now.to_string(),
+        }]}
+    });
+    let pp = PatchParams::apply(keys::PROBER_FIELD_MANAGER).force();
+    nodes
+        .patch_status(node_name, &pp, &Patch::Apply(&patch))
+        .await
+        .map_err(|source| CampaignError::Kube {
+            what: format!("patch condition of node {node_name}"),
+            source,
+        })?;
+    Ok(())
+}
+
+/// Leader election through a `coordination.k8s.io/v1` Lease: one coordinator at a time.
+#[derive(Clone)]
+pub struct LeaderLease {
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    duration_secs: i32,
+}
+
+impl LeaderLease {
+    pub fn new(
+        client: &Client,
+        namespace: &str,
+        name: &str,
+        identity: &str,
+        duration_secs: i32,
+    ) -> Self {
+        LeaderLease {
+            api: Api::namespaced(client.clone(), namespace),
+            name: name.to_string(),
+            identity: identity.to_string(),
+            duration_secs,
+        }
+    }
+
+    /// Takes (or renews) the lease. `Ok(false)` when another holder's lease is still valid.
+    pub async fn try_acquire(&self, now: Timestamp) -> Result<bool, CampaignError> {
+        let kube_err = |what: &str| {
+            let what = format!("{what} lease {}", self.name);
+            move |source| CampaignError::Kube { what, source }
+        };
+        let existing = self
+            .api
+            .get_opt(&self.name)
+            .await
+            .map_err(kube_err("get"))?;
+        let spec = LeaseSpec {
+            holder_identity: Some(self.identity.clone()),
+            lease_duration_seconds: Some(self.duration_secs),
+            renew_time: Some(MicroTime(now)),
+            acquire_time: Some(MicroTime(now)),
+            ..LeaseSpec::default()
+        };
+        match existing {
+            None => {
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(self.name.clone()),
+                        ..ObjectMeta::default()
+                    },
+                    spec: Some(spec),
+                };
+                match self.api.create(&PostParams::default(), &lease).await {
+                    Ok(_) => Ok(true),
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+                    Err(source) => Err(CampaignError::Kube {
+                        what: format!("create lease {}", self.name),
+                        source,
+                    }),
+                }
+            }
+            Some(mut lease) => {
+                let current = lease.spec.clone().unwrap_or_default();
+                if !lease_available(&current, &self.identity, now) {
+                    return Ok(false);
+                }
+                let mut spec = spec;
+                if current.holder_identity.as_deref() == Some(self.identity.as_str()) {
+                    spec.acquire_time = current.acquire_time.clone();
+                }
+                spec.lease_transitions = current.lease_transitions;
+                lease.spec = Some(spec);
+                // Replace carries the resourceVersion: a concurrent taker makes this a 409.
+                match self
+                    .api
+                    .replace(&self.name, &PostParams::default(), &lease)
+                    .await
+                {
+                    Ok(_) => Ok(true),
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+                    Err(source) => Err(CampaignError::Kube {
+                        what: format!("take lease {}", self.name),
+                        source,
+                    }),
+                }
+            }
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// Whether `identity` may take a lease with `spec` at `now`: free, ours, or expired.
+pub fn lease_available(spec: &LeaseSpec, identity: &str, now: Timestamp) -> bool {
+    match spec.holder_identity.as_deref() {
+        None | Some("") => true,
+        Some(h) if h == identity => true,
+        Some(_) => {
+            let Some(renew) = spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) else {
+                return true;
+            };
+            let duration = i64::from(spec.lease_duration_seconds.unwrap_or(15));
+            now.as_second() >= renew.0.as_second() + duration
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn pod(name: &str, phase: &str, gpu: Option<&str>) -> Pod {
+        let mut v = json!({
+            "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+            "status": {"phase": phase},
+        });
+        if let Some(q) = gpu {
+            v["spec"]["containers"][0]["resources"] = json!({"limits": {"nvidia.com/gpu": q}});
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn gpu_pods_are_unfinished_pods_holding_a_gpu() {
+        let pods = vec![
+            pod("train", "Running", Some("8")),
+            pod("done", "Succeeded", Some("8")),
+            pod("cpu", "Running", None),
+            pod("zero", "Pending", Some("0")),
+            pod("pending", "Pending", Some("1")),
+        ];
+        let r = vec!["nvidia.com/gpu".to_string()];
+        assert_eq!(gpu_pods_of(&pods, &r), vec!["ml/train", "ml/pending"]);
+        assert!(gpu_pods_of(&pods, &["amd.com/gpu".to_string()]).is_empty());
+    }
+
+    #[test]
+    fn endpoint_from_annotation_or_internal_ip() {
+        let mut n: Node = serde_json::from_value(json!({
+            "metadata": {"name": "a"},
+            "status": {"addresses": [{"type": "Hostname", "address": "a"}, {"type": "InternalIP", "address": "10.0.0.5"}]}
+        }))
+        .unwrap();
+        assert_eq!(endpoint_of(&n, 7470).as_deref(), Some("10.0.0.5:7470"));
+        n.metadata.annotations = Some(BTreeMap::from([(
+            ANNOTATION_PEER_ENDPOINT.to_string(),
+            "127.0.0.3:9000".to_string(),
+        )]));
+        assert_eq!(endpoint_of(&n, 7470).as_deref(), Some("127.0.0.3:9000"));
+        let bare: Node = serde_json::from_value(json!({"metadata": {"name": "b"}})).unwrap();
+        assert_eq!(endpoint_of(&bare, 7470), None);
+    }
+
+    #[test]
+    fn lease_rules() {
+        let now: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
+        let at = |s: &str| Some(MicroTime(s.parse().unwrap()));
+        let spec = |holder: Option<&str>, renew: Option<MicroTime>| LeaseSpec {
+            holder_identity: holder.map(String::from),
+            lease_duration_seconds: Some(30),
+            renew_time: renew,
+            ..LeaseSpec::default()
+        };
+        assert!(lease_available(&spec(None, None), "me", now));
+        assert!(lease_available(
+            &spec(Some("me"), at("2026-01-01T00:00:59Z")),
+            "me",
+            now
+        ));
+        assert!(!lease_available(
+            &spec(Some("other"), at("2026-01-01T00:00:59Z")),
+            "me",
+            now
+        ));
+        assert!(lease_available(
+            &spec(Some("other"), at("2026-01-01T00:00:29Z")),
+            "me",
+            now
+        ));
+    }
+}

@@ -1,0 +1,180 @@
+//! A simulated node's RDMA engine for campaigns: the rails of a node model (rates, latencies,
+//! port states and faults of `prober/models/*.yaml`) plus wire faults that only show between
+//! nodes (a bad cable behind a rail, a bad path to one peer, given on the command line).
+
+use std::collections::BTreeMap;
+
+use crate::rdma::sim::{SimRailModel, SimRdmaModel};
+use crate::rdma::{SimLinkFault, SimulatedRdmaEngine};
+use crate::sim::{ModelPortState, NodeModel};
+
+use super::CampaignError;
+
+/// The RDMA model of `node_name` from its node model: one rail per HCA port.
+pub fn rdma_model(model: &NodeModel, node_name: &str) -> SimRdmaModel {
+    let gpudirect = model.platform.nvidia_peermem || model.platform.open_kernel_module;
+    let mut rails = BTreeMap::new();
+    for hca in model.hcas() {
+        for port in &hca.ports {
+            let active = port.state == ModelPortState::Active;
+            let host = port.simulated_write_bw_gbps(false);
+            let gpu = port.simulated_write_bw_gbps(true);
+            rails.insert(
+                format!("{}:{}", hca.name, port.port),
+                SimRailModel {
+                    // An inactive port still needs a positive model value; `active` decides.
+                    bw_host_gbps: if host > 0.0 { host } else { 1.0 },
+                    bw_gpu_gbps: (gpudirect && gpu > 0.0).then_some(gpu),
+                    latency_us: if port.latency_us > 0.0 {
+                        port.latency_us
+                    } else {
+                        2.5
+                    },
+                    active,
+                    fault: None,
+                    wire: None,
+                },
+            );
+        }
+    }
+    SimRdmaModel {
+        node: node_name.to_string(),
+        rails,
+        links: BTreeMap::new(),
+    }
+}
+
+/// Parses a wire fault value: `dead`, or a bandwidth factor in (0, 1].
+fn parse_fault(value: &str, what: &str) -> Result<SimLinkFault, CampaignError> {
+    let value = value.trim();
+    if value == "dead" {
+        return Ok(SimLinkFault {
+            bw_factor: 1.0,
+            dead: true,
+            hcas: vec![],
+        });
+    }
+    match value.parse::<f64>() {
+        Ok(f) if f.is_finite() && f > 0.0 && f <= 1.0 => Ok(SimLinkFault {
+            bw_factor: f,
+            dead: false,
+            hcas: vec![],
+        }),
+        _ => Err(CampaignError::Invalid {
+            reason: format!("{what}: {value:?} is neither `dead` nor a factor in (0, 1]"),
+        }),
+    }
+}
+
+/// `--sim-link PEER=dead|FACTOR[@HCA,HCA...]`: the path from this node to PEER.
+pub fn parse_link(spec: &str) -> Result<(String, SimLinkFault), CampaignError> {
+    let (peer, rest) = spec.split_once('=').ok_or_else(|| CampaignError::Invalid {
+        reason: format!("--sim-link {spec:?} is not PEER=dead|FACTOR[@HCA,...]"),
+    })?;
+    let (value, hcas) = match rest.split_once('@') {
+        Some((v, h)) => (
+            v,
+            h.split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+        ),
+        None => (rest, Vec::new()),
+    };
+    if peer.trim().is_empty() {
+        return Err(CampaignError::Invalid {
+            reason: format!("--sim-link {spec:?} names no peer"),
+        });
+    }
+    let mut fault = parse_fault(value, "--sim-link")?;
+    fault.hcas = hcas;
+    Ok((peer.trim().to_string(), fault))
+}
+
+/// `--sim-wire HCA:PORT=dead|FACTOR`: the cable or switch port behind one rail.
+pub fn parse_wire(spec: &str) -> Result<(String, SimLinkFault), CampaignError> {
+    let (rail, value) = spec.split_once('=').ok_or_else(|| CampaignError::Invalid {
+        reason: format!("--sim-wire {spec:?} is not HCA:PORT=dead|FACTOR"),
+    })?;
+    Ok((rail.trim().to_string(), parse_fault(value, "--sim-wire")?))
+}
+
+/// The engine of a simulated node with its wire faults.
+pub fn engine(
+    model: &NodeModel,
+    node_name: &str,
+    links: &[String],
+    wires: &[String],
+) -> Result<SimulatedRdmaEngine, CampaignError> {
+    let mut m = rdma_model(model, node_name);
+    for spec in links {
+        let (peer, fault) = parse_link(spec)?;
+        m.links.insert(peer, fault);
+    }
+    for spec in wires {
+        let (rail, fault) = parse_wire(spec)?;
+        let known = m.rails.keys().cloned().collect::<Vec<_>>().join(", ");
+        let r = m
+            .rails
+            .get_mut(&rail)
+            .ok_or_else(|| CampaignError::Invalid {
+                reason: format!("--sim-wire names rail {rail}, the model has {known}"),
+            })?;
+        r.wire = Some(fault);
+    }
+    Ok(SimulatedRdmaEngine::new(m)?)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use std::path::Path;
+
+    fn model(name: &str) -> NodeModel {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+        NodeModel::load(&dir.join(name)).unwrap()
+    }
+
+    #[test]
+    fn rails_follow_the_model_and_its_faults() {
+        let healthy = rdma_model(&model("dgx-h100.yaml"), "a");
+        let r = &healthy.rails["mlx5_4:1"];
+        assert!(r.bw_host_gbps > 380.0 && r.active, "{r:?}");
+        let slow = rdma_model(&model("h100-rate-downshift.yaml"), "a");
+        assert!(slow.rails["mlx5_4:1"].bw_host_gbps < 200.0);
+        assert_eq!(
+            slow.rails["mlx5_0:1"].bw_host_gbps,
+            healthy.rails["mlx5_0:1"].bw_host_gbps
+        );
+    }
+
+    #[test]
+    fn fault_specs_parse_or_explain() {
+        let (peer, f) = parse_link("node-b=dead@mlx5_0,mlx5_3").unwrap();
+        assert_eq!(peer, "node-b");
+        assert!(f.dead);
+        assert_eq!(f.hcas, vec!["mlx5_0", "mlx5_3"]);
+        let (_, f) = parse_link("node-c=0.5").unwrap();
+        assert_eq!(f.bw_factor, 0.5);
+        assert!(parse_link("node-c")
+            .unwrap_err()
+            .to_string()
+            .contains("PEER="));
+        assert!(parse_link("node-c=1.5")
+            .unwrap_err()
+            .to_string()
+            .contains("(0, 1]"));
+        assert!(parse_link("=dead").is_err());
+        let (rail, f) = parse_wire("mlx5_0:1=0.3").unwrap();
+        assert_eq!((rail.as_str(), f.bw_factor), ("mlx5_0:1", 0.3));
+        let e = engine(
+            &model("dgx-h100.yaml"),
+            "a",
+            &[],
+            &["mlx5_99:1=dead".into()],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("mlx5_99:1"), "{e}");
+    }
+}

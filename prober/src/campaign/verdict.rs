@@ -1,0 +1,291 @@
+//! The pure merge of a campaign's findings into a node's certificate.
+//!
+//! The campaign owns three things in a certificate: each rail's `wire` entries (replaced by
+//! every campaign), reasons starting with [`CAMPAIGN_REASON_PREFIX`] (on the certificate and
+//! on rails), and the verdict changes those reasons cause. Everything else (the certifier's
+//! results, reasons, history, fields this version does not know) is kept as is, and a node
+//! that a previous campaign failed gets its certifier's verdict back once the campaign clears
+//! it.
+
+use std::collections::BTreeMap;
+
+use railguard_api::certificate::WireResult;
+use railguard_api::{Certificate, RailVerdict, Verdict};
+use serde::{Deserialize, Serialize};
+
+/// Reasons written by a campaign start with this.
+pub const CAMPAIGN_REASON_PREFIX: &str = "campaign: ";
+
+/// A rail of this node that the campaign blames.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RailBlame {
+    /// `Degraded` when the writes ran but too slowly, `Failed` when they did not get through.
+    pub verdict: RailVerdict,
+    pub reason: String,
+}
+
+/// What one campaign found about one node.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeFindings {
+    pub node: String,
+    /// Wire entries per rail (`hca:port`), one per conclusive test with a peer.
+    pub wire: BTreeMap<String, Vec<WireResult>>,
+    /// Rails (`hca:port`) the campaign blames on this node.
+    pub blamed_rails: BTreeMap<String, RailBlame>,
+    /// Set when every rail is blamed: the node itself is the culprit.
+    pub node_fault: Option<String>,
+    /// Links from this node found (or suspected) bad; informational, the node keeps its verdict.
+    pub links: Vec<String>,
+}
+
+impl NodeFindings {
+    pub fn blames_node(&self) -> bool {
+        self.node_fault.is_some() || !self.blamed_rails.is_empty()
+    }
+}
+
+fn is_campaign(reason: &str) -> bool {
+    reason.starts_with(CAMPAIGN_REASON_PREFIX)
+}
+
+fn with_prefix(reason: &str) -> String {
+    if is_campaign(reason) {
+        reason.to_string()
+    } else {
+        format!("{CAMPAIGN_REASON_PREFIX}{reason}")
+    }
+}
+
+fn rank(v: RailVerdict) -> u8 {
+    match v {
+        RailVerdict::Healthy => 0,
+        RailVerdict::Degraded => 1,
+        RailVerdict::Failed => 2,
+    }
+}
+
+/// Merges `findings` into `cert`. Idempotent: applying the same findings twice changes nothing.
+pub fn apply_findings(cert: &mut Certificate, findings: &NodeFindings) {
+    // What the certifier alone said, before any campaign.
+    let only_campaign_made_it_bad = matches!(cert.verdict, Verdict::Degraded | Verdict::Failed)
+        && !cert.reasons.is_empty()
+        && cert.reasons.iter().all(|r| is_campaign(r));
+    cert.reasons.retain(|r| !is_campaign(r));
+    let mut base = if only_campaign_made_it_bad {
+        Verdict::Certified
+    } else {
+        cert.verdict
+    };
+
+    let mut worst = RailVerdict::Healthy;
+    for rail in &mut cert.rails {
+        let id = rail.id();
+        let campaign_only = rail.verdict != RailVerdict::Healthy
+            && !rail.reasons.is_empty()
+            && rail.reasons.iter().all(|r| is_campaign(r));
+        rail.reasons.retain(|r| !is_campaign(r));
+        if campaign_only {
+            rail.verdict = RailVerdict::Healthy;
+        }
+        rail.wire = findings.wire.get(&id).cloned().unwrap_or_default();
+        if let Some(blame) = findings.blamed_rails.get(&id) {
+            if rank(blame.verdict) > rank(rail.verdict) {
+                rail.verdict = blame.verdict;
+            }
+            rail.reasons.push(with_prefix(&blame.reason));
+            if rank(blame.verdict) > rank(worst) {
+                worst = blame.verdict;
+            }
+        }
+    }
+    // Blamed rails the certificate does not list still name the culprit.
+    for (id, blame) in &findings.blamed_rails {
+        if !cert.rails.iter().any(|r| &r.id() == id) {
+            if rank(blame.verdict) > rank(worst) {
+                worst = blame.verdict;
+            }
+        }
+        cert.reasons.push(with_prefix(&blame.reason));
+    }
+    if let Some(reason) = &findings.node_fault {
+        cert.reasons.push(with_prefix(reason));
+        worst = RailVerdict::Failed;
+    }
+    for link in &findings.links {
+        cert.reasons.push(with_prefix(link));
+    }
+    // A pending certification stays pending: its run decides, the campaign only adds evidence.
+    if base != Verdict::Pending {
+        base = match (base, worst) {
+            (Verdict::Failed, _) | (_, RailVerdict::Failed) => Verdict::Failed,
+            (_, RailVerdict::Degraded) => Verdict::Degraded,
+            (b, RailVerdict::Healthy) => b,
+        };
+    }
+    cert.verdict = base;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use railguard_api::certificate::CERTIFICATE_VERSION;
+    use railguard_api::RailResult;
+
+    fn cert() -> Certificate {
+        let rail = |hca: &str| RailResult {
+            hca: hca.into(),
+            port: 1,
+            link_layer: None,
+            state: "ACTIVE".into(),
+            rate_gbps: Some(400.0),
+            write_bw_host_gbps: Some(390.0),
+            write_bw_gpu_gbps: None,
+            latency_us: Some(2.0),
+            counter_deltas: BTreeMap::new(),
+            verdict: RailVerdict::Healthy,
+            reasons: vec![],
+            wire: vec![],
+        };
+        Certificate {
+            version: CERTIFICATE_VERSION,
+            generation: 3,
+            issued_at: "2026-01-01T00:00:00Z".parse().unwrap(),
+            expires_at: "2026-01-02T00:00:00Z".parse().unwrap(),
+            profile: "p".into(),
+            signature: "sig".into(),
+            node: Some("a".into()),
+            verdict: Verdict::Certified,
+            reasons: vec![],
+            rails: vec![rail("mlx5_0"), rail("mlx5_1")],
+            gpus: vec![],
+            nccl: None,
+            software: BTreeMap::from([("driver".into(), "550".into())]),
+            passive_checked_at: None,
+            history: vec![],
+            extra: BTreeMap::from([("future".into(), serde_json::json!(1))]),
+        }
+    }
+
+    fn wire(peer: &str, ok: bool) -> WireResult {
+        WireResult {
+            peer: peer.into(),
+            write_bw_gbps: Some(if ok { 390.0 } else { 190.0 }),
+            latency_us: Some(2.5),
+            ok,
+            tested_at: None,
+            note: None,
+        }
+    }
+
+    #[test]
+    fn healthy_findings_add_wire_entries_and_keep_everything_else() {
+        let mut c = cert();
+        let f = NodeFindings {
+            node: "a".into(),
+            wire: BTreeMap::from([("mlx5_0:1".into(), vec![wire("b", true), wire("c", true)])]),
+            ..Default::default()
+        };
+        apply_findings(&mut c, &f);
+        assert_eq!(c.verdict, Verdict::Certified);
+        assert!(c.reasons.is_empty());
+        assert_eq!(c.rails[0].wire.len(), 2);
+        assert!(c.rails[1].wire.is_empty());
+        assert_eq!(c.generation, 3);
+        assert_eq!(c.extra["future"], 1);
+        assert_eq!(c.software["driver"], "550");
+    }
+
+    #[test]
+    fn blamed_rail_degrades_then_a_clean_campaign_restores() {
+        let mut c = cert();
+        let f = NodeFindings {
+            node: "a".into(),
+            blamed_rails: BTreeMap::from([(
+                "mlx5_1:1".into(),
+                RailBlame {
+                    verdict: RailVerdict::Degraded,
+                    reason: "rail mlx5_1:1 degraded with 2 healthy peers".into(),
+                },
+            )]),
+            ..Default::default()
+        };
+        apply_findings(&mut c, &f);
+        assert_eq!(c.verdict, Verdict::Degraded);
+        assert_eq!(c.rails[1].verdict, RailVerdict::Degraded);
+        assert_eq!(
+            c.rails[1].reasons,
+            vec!["campaign: rail mlx5_1:1 degraded with 2 healthy peers"]
+        );
+        assert!(c.reasons.iter().any(|r| r.contains("mlx5_1:1")));
+        let once = c.clone();
+        apply_findings(&mut c, &f);
+        assert_eq!(c, once, "idempotent");
+
+        apply_findings(
+            &mut c,
+            &NodeFindings {
+                node: "a".into(),
+                ..Default::default()
+            },
+        );
+        assert_eq!(c.verdict, Verdict::Certified);
+        assert_eq!(c.rails[1].verdict, RailVerdict::Healthy);
+        assert!(c.reasons.is_empty() && c.rails[1].reasons.is_empty());
+    }
+
+    #[test]
+    fn certifier_failure_is_never_cleared_by_a_campaign() {
+        let mut c = cert();
+        c.verdict = Verdict::Failed;
+        c.reasons = vec!["rail mlx5_0:1: write bandwidth 100 < 360".into()];
+        apply_findings(
+            &mut c,
+            &NodeFindings {
+                node: "a".into(),
+                ..Default::default()
+            },
+        );
+        assert_eq!(c.verdict, Verdict::Failed);
+        assert_eq!(c.reasons.len(), 1);
+    }
+
+    #[test]
+    fn node_fault_fails_and_links_only_inform() {
+        let mut c = cert();
+        apply_findings(
+            &mut c,
+            &NodeFindings {
+                node: "a".into(),
+                links: vec!["link a<->b on mlx5_0:1 failed".into()],
+                ..Default::default()
+            },
+        );
+        assert_eq!(c.verdict, Verdict::Certified);
+        assert_eq!(c.reasons, vec!["campaign: link a<->b on mlx5_0:1 failed"]);
+
+        let mut c = cert();
+        apply_findings(
+            &mut c,
+            &NodeFindings {
+                node: "a".into(),
+                node_fault: Some("node failed on every rail".into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(c.verdict, Verdict::Failed);
+    }
+
+    #[test]
+    fn pending_stays_pending() {
+        let mut c = cert();
+        c.verdict = Verdict::Pending;
+        let f = NodeFindings {
+            node: "a".into(),
+            node_fault: Some("dead".into()),
+            ..Default::default()
+        };
+        apply_findings(&mut c, &f);
+        assert_eq!(c.verdict, Verdict::Pending);
+    }
+}

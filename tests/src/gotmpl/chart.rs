@@ -10,8 +10,14 @@ use super::value::Value;
 use super::TemplateError;
 
 /// The API group/versions a Kubernetes 1.20 API server serves (what `kubectl api-versions`
-/// prints there): `policy/v1beta1` but no `policy/v1`.
+/// prints there), plus the `group/version/Kind` entries Helm adds for the kinds charts
+/// commonly test: `policy/v1beta1` but no `policy/v1`, CronJob only in `batch/v1beta1`.
 pub const KUBE_1_20_API_VERSIONS: &[&str] = &[
+    "policy/v1beta1/PodDisruptionBudget",
+    "batch/v1beta1/CronJob",
+    "batch/v1/Job",
+    "apps/v1/Deployment",
+    "apps/v1/DaemonSet",
     "admissionregistration.k8s.io/v1",
     "admissionregistration.k8s.io/v1beta1",
     "apiextensions.k8s.io/v1",

@@ -67,6 +67,8 @@ const NAMES: &[&str] = &[
     "kindIs",
     "kindOf",
     "splitList",
+    "has",
+    "append",
 ];
 
 /// True when `name` is a function templates may call.
@@ -339,6 +341,26 @@ pub(crate) fn call(name: &str, args: Vec<Value>) -> Result<Value, String> {
             Value::Map(m)
         }
         "list" => Value::List(args),
+        "has" => {
+            want(2)?;
+            match a(1) {
+                Value::List(l) => {
+                    Value::Bool(l.iter().any(|x| go_eq(x, &args[0]).unwrap_or(false)))
+                }
+                Value::Invalid | Value::Nil => Value::Bool(false),
+                other => return Err(format!("cannot find has on type {}", other.kind())),
+            }
+        }
+        "append" => {
+            want(2)?;
+            match a(0) {
+                Value::List(mut l) => {
+                    l.push(a(1));
+                    Value::List(l)
+                }
+                other => return Err(format!("cannot append to type {}", other.kind())),
+            }
+        }
         "hasKey" => {
             want(2)?;
             match a(0) {

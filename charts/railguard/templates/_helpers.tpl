@@ -1,0 +1,158 @@
+{{/* Chart name, truncated to a DNS label. */}}
+{{- define "railguard.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Fully qualified app name; the release name alone when it already contains the chart name. */}}
+{{- define "railguard.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Common labels; call with (dict "root" $ "component" "webhook"). */}}
+{{- define "railguard.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+{{ include "railguard.selectorLabels" . }}
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "railguard.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "railguard.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Name of a component's objects: (dict "root" $ "component" "webhook"). */}}
+{{- define "railguard.componentName" -}}
+{{- printf "%s-%s" (include "railguard.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Image reference: (dict "root" $ "image" .Values.webhook.image). */}}
+{{- define "railguard.image" -}}
+{{- $tag := default .root.Chart.AppVersion (default .root.Values.image.tag .image.tag) -}}
+{{- $repo := .image.repository -}}
+{{- if and .root.Values.image.registry (not (contains "/" $repo)) -}}
+{{- $repo = printf "%s/%s" .root.Values.image.registry $repo -}}
+{{- end -}}
+{{- printf "%s:%s" $repo $tag -}}
+{{- end -}}
+
+{{/* PodDisruptionBudget API: policy/v1 where served (1.21+), policy/v1beta1 before. */}}
+{{- define "railguard.pdbApiVersion" -}}
+{{- if .Capabilities.APIVersions.Has "policy/v1/PodDisruptionBudget" -}}
+policy/v1
+{{- else -}}
+policy/v1beta1
+{{- end -}}
+{{- end -}}
+
+{{/* CronJob API: batch/v1 where it serves CronJob (1.21+), batch/v1beta1 before. */}}
+{{- define "railguard.cronJobApiVersion" -}}
+{{- if .Capabilities.APIVersions.Has "batch/v1/CronJob" -}}
+batch/v1
+{{- else -}}
+batch/v1beta1
+{{- end -}}
+{{- end -}}
+
+{{/* kube-scheduler's minor version as an int ("20+" on some distributions is 20). */}}
+{{- define "railguard.kubeMinor" -}}
+{{- trimSuffix "+" .Capabilities.KubeVersion.Minor | int -}}
+{{- end -}}
+
+{{/* KubeSchedulerConfiguration API version for the cluster's kube-scheduler. */}}
+{{- define "railguard.schedulerConfigApiVersion" -}}
+{{- if .Values.scheduler.configApiVersion -}}
+{{- .Values.scheduler.configApiVersion -}}
+{{- else -}}
+{{- $minor := include "railguard.kubeMinor" . | int -}}
+{{- if ge $minor 25 -}}
+kubescheduler.config.k8s.io/v1
+{{- else if ge $minor 23 -}}
+kubescheduler.config.k8s.io/v1beta3
+{{- else if ge $minor 22 -}}
+kubescheduler.config.k8s.io/v1beta2
+{{- else -}}
+kubescheduler.config.k8s.io/v1beta1
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Where kube-scheduler reaches the extender. */}}
+{{- define "railguard.extenderURL" -}}
+{{- if .Values.scheduler.extenderURL -}}
+{{- .Values.scheduler.extenderURL -}}
+{{- else -}}
+{{- printf "http://%s.%s.svc:%d" (include "railguard.componentName" (dict "root" . "component" "extender")) .Release.Namespace (int .Values.extender.port) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The extenders list of a KubeSchedulerConfiguration. */}}
+{{- define "railguard.schedulerExtenders" -}}
+- urlPrefix: {{ include "railguard.extenderURL" . | quote }}
+  filterVerb: filter
+  prioritizeVerb: prioritize
+  weight: {{ int .Values.scheduler.weight }}
+  enableHTTPS: false
+  nodeCacheCapable: {{ .Values.scheduler.nodeCacheCapable }}
+  httpTimeout: {{ .Values.scheduler.httpTimeout }}
+  # Fail closed: a pod is not placed on a node railguard could not check.
+  ignorable: false
+  managedResources:
+  {{- range .Values.scheduler.managedResources }}
+    - name: {{ . | quote }}
+      ignoredByScheduler: false
+  {{- end }}
+{{- end -}}
+
+{{/* Names of the webhook's objects. */}}
+{{- define "railguard.webhookConfigName" -}}
+{{- include "railguard.componentName" (dict "root" . "component" "webhook") -}}
+{{- end -}}
+{{- define "railguard.webhookTlsSecret" -}}
+{{- printf "%s-tls" (include "railguard.componentName" (dict "root" . "component" "webhook")) -}}
+{{- end -}}
+{{- define "railguard.peerTokenSecret" -}}
+{{- printf "%s-peer-token" (include "railguard.fullname" .) -}}
+{{- end -}}
+
+{{/* Pod security context shared by the non-root components. */}}
+{{- define "railguard.restrictedContainer" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop: [ALL]
+{{- end -}}
+{{- define "railguard.restrictedPod" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Soft anti-affinity over nodes for a component's replicas. */}}
+{{- define "railguard.spreadAffinity" -}}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "railguard.selectorLabels" . | nindent 12 }}
+{{- end -}}

@@ -1,0 +1,1134 @@
+//! The Helm chart (`charts/railguard`): rendered with the crate's Go template renderer for
+//! several values sets, checked structurally, then every object dry-run against the real
+//! kube-apiserver 1.20 from the harness (`kubectl apply --dry-run=server` when kubectl is
+//! installed, and always the same dry run through the kube client with `dryRun=All`).
+//! Where `helm` is on PATH, `helm lint` and `helm template` run too and must agree.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Command;
+
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::discovery::{Discovery, Scope};
+use railguard_tests::gotmpl::{Chart, RenderOptions, TemplateError, KUBE_1_20_API_VERSIONS};
+use railguard_tests::{labels, workspace_root, ControlPlane};
+use serde_json::{json, Value as Json};
+
+fn chart() -> Chart {
+    Chart::load(workspace_root().join("charts/railguard")).expect("chart loads")
+}
+
+/// One rendered object with the template it came from.
+#[derive(Debug, Clone)]
+struct Doc {
+    source: String,
+    obj: Json,
+}
+
+impl Doc {
+    fn kind(&self) -> &str {
+        self.obj["kind"].as_str().unwrap_or_default()
+    }
+    fn name(&self) -> &str {
+        self.obj["metadata"]["name"].as_str().unwrap_or_default()
+    }
+}
+
+struct ValuesSet {
+    label: &'static str,
+    release: &'static str,
+    namespace: &'static str,
+    values: &'static str,
+}
+
+const DEFAULT: ValuesSet = ValuesSet {
+    label: "default",
+    release: "railguard",
+    namespace: "railguard",
+    values: "{}",
+};
+
+const CERT_MANAGER_CONFIG_ONLY: ValuesSet = ValuesSet {
+    label: "cert-manager + config-only scheduler",
+    release: "rg",
+    namespace: "railguard-cm",
+    values: r#"
+webhook:
+  failurePolicy: Fail
+  certificates:
+    mode: certManager
+scheduler:
+  mode: configOnly
+  extenderURL: http://10.96.0.50:8888
+"#,
+};
+
+const ROCE: ValuesSet = ValuesSet {
+    label: "RoCE profiles, custom namespaces, Ignore",
+    release: "fabric",
+    namespace: "gpu-infra",
+    values: r#"
+fabricProfiles:
+  h100-ndr: {enabled: false}
+  a100-hdr: {enabled: false}
+  roce-cloud: {enabled: true}
+webhook:
+  failurePolicy: Ignore
+  failureMode: closed
+  excludedNamespaces: [kube-system, monitoring, gpu-operator]
+  objectSelector:
+    matchExpressions:
+      - {key: railguard.io/opt-out, operator: DoesNotExist}
+prober:
+  hostNetwork: true
+  peerToken: a-given-token-of-sufficient-length
+  campaign:
+    ncclNamespace: nccl-tests
+scheduler:
+  schedulerName: fabric-aware
+  weight: 10
+"#,
+};
+
+fn render_with(
+    set: &ValuesSet,
+    api_versions: &[String],
+    kube_version: &str,
+) -> Result<Vec<Doc>, TemplateError> {
+    let mut opts = RenderOptions::new(set.release, set.namespace).with_values_yaml(set.values)?;
+    opts.api_versions = api_versions.to_vec();
+    opts.kube_version = kube_version.to_string();
+    let rendered = chart().render(&opts)?;
+    let docs = rendered.documents()?;
+    Ok(docs
+        .into_iter()
+        .map(|(source, v)| Doc {
+            source,
+            obj: serde_json::to_value(v).expect("YAML maps to JSON"),
+        })
+        .collect())
+}
+
+fn kube_1_20() -> Vec<String> {
+    KUBE_1_20_API_VERSIONS
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn render(set: &ValuesSet) -> Vec<Doc> {
+    render_with(set, &kube_1_20(), "v1.20.2").unwrap_or_else(|e| panic!("{}: {e}", set.label))
+}
+
+fn find<'a>(docs: &'a [Doc], kind: &str, name: &str) -> &'a Json {
+    &docs
+        .iter()
+        .find(|d| d.kind() == kind && d.name() == name)
+        .unwrap_or_else(|| {
+            let have: Vec<String> = docs
+                .iter()
+                .map(|d| format!("{}/{}", d.kind(), d.name()))
+                .collect();
+            panic!("no {kind}/{name} in {have:?}")
+        })
+        .obj
+}
+
+fn all<'a>(docs: &'a [Doc], kind: &str) -> Vec<&'a Json> {
+    docs.iter()
+        .filter(|d| d.kind() == kind)
+        .map(|d| &d.obj)
+        .collect()
+}
+
+fn strs(v: &Json) -> Vec<String> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|x| {
+            x.as_str()
+                .unwrap_or_else(|| panic!("not a string: {x}"))
+                .to_string()
+        })
+        .collect()
+}
+
+/// The rule of a Role/ClusterRole that covers `resource` in `group`.
+fn rule_for<'a>(role: &'a Json, group: &str, resource: &str) -> Option<&'a Json> {
+    role["rules"].as_array()?.iter().find(|r| {
+        strs(&r["apiGroups"]).iter().any(|g| g == group)
+            && strs(&r["resources"]).iter().any(|x| x == resource)
+    })
+}
+
+fn verbs(role: &Json, group: &str, resource: &str) -> BTreeSet<String> {
+    role["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| {
+            strs(&r["apiGroups"]).iter().any(|g| g == group)
+                && strs(&r["resources"]).iter().any(|x| x == resource)
+        })
+        .flat_map(|r| strs(&r["verbs"]))
+        .collect()
+}
+
+fn container_args(c: &Json) -> Vec<String> {
+    strs(&c["args"])
+}
+
+#[test]
+fn default_values_render_the_webhook_configuration_the_issue_asks_for() {
+    let docs = render(&DEFAULT);
+    let mwc = find(&docs, "MutatingWebhookConfiguration", "railguard-webhook");
+    let w = &mwc["webhooks"][0];
+    assert_eq!(w["admissionReviewVersions"], json!(["v1"]));
+    assert_eq!(w["sideEffects"], "None");
+    assert_eq!(w["reinvocationPolicy"], "IfNeeded");
+    assert_eq!(w["timeoutSeconds"], 10);
+    assert_eq!(w["failurePolicy"], "Ignore");
+    assert_eq!(
+        w["clientConfig"]["service"],
+        json!({"name": "railguard-webhook", "namespace": "railguard", "path": "/mutate", "port": 443})
+    );
+    assert!(
+        w["clientConfig"].get("caBundle").is_none(),
+        "no cluster: the webhook writes the caBundle"
+    );
+    assert_eq!(
+        w["rules"],
+        json!([{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}])
+    );
+    let exprs = &w["namespaceSelector"]["matchExpressions"];
+    assert_eq!(exprs[0]["key"], "kubernetes.io/metadata.name");
+    assert_eq!(exprs[0]["operator"], "NotIn");
+    assert_eq!(strs(&exprs[0]["values"]), ["kube-system", "railguard"]);
+    assert!(w.get("objectSelector").is_none());
+
+    // Deployment: two replicas spread over nodes, probes on the metrics port.
+    let dep = find(&docs, "Deployment", "railguard-webhook");
+    assert_eq!(dep["spec"]["replicas"], 2);
+    let pod = &dep["spec"]["template"]["spec"];
+    let anti = &pod["affinity"]["podAntiAffinity"]
+        ["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"];
+    assert_eq!(anti["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(
+        anti["labelSelector"]["matchLabels"]["app.kubernetes.io/component"],
+        "webhook"
+    );
+    let c = &pod["containers"][0];
+    assert_eq!(
+        c["livenessProbe"]["httpGet"],
+        json!({"path": "/healthz", "port": "metrics"})
+    );
+    assert_eq!(
+        c["readinessProbe"]["httpGet"],
+        json!({"path": "/readyz", "port": "metrics"})
+    );
+    assert_eq!(c["image"], "ghcr.io/railguard/railguard-webhook:0.1.0");
+    let args = container_args(c);
+    for want in [
+        "--listen=0.0.0.0:8443",
+        "--metrics-listen=0.0.0.0:9090",
+        "--tls-cert=/etc/railguard/tls/tls.crt",
+        "--tls-key=/etc/railguard/tls/tls.key",
+        "--failure-mode=open",
+        "--excluded-namespaces=kube-system,railguard",
+        "--self-signed-secret=railguard-webhook-tls",
+        "--webhook-config-name=railguard-webhook",
+        "--prober-image=ghcr.io/railguard/railguard-prober:0.1.0",
+    ] {
+        assert!(
+            args.contains(&want.to_string()),
+            "webhook args lack {want}: {args:?}"
+        );
+    }
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    // Self-managed mode: writable in-memory dir for the generated pair, the Secret exists.
+    assert_eq!(pod["volumes"][0]["emptyDir"]["medium"], "Memory");
+    assert_eq!(
+        find(&docs, "Secret", "railguard-webhook-tls")["type"],
+        "Opaque"
+    );
+
+    // PDB in the API the 1.20 server has.
+    let pdb = find(&docs, "PodDisruptionBudget", "railguard-webhook");
+    assert_eq!(pdb["apiVersion"], "policy/v1beta1");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+}
+
+#[test]
+fn rbac_is_least_privilege_per_component() {
+    let docs = render(&DEFAULT);
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+
+    let webhook = find(&docs, "ClusterRole", "railguard-webhook");
+    assert_eq!(
+        verbs(webhook, "railguard.io", "fabricprofiles"),
+        set(&["get", "list", "watch"])
+    );
+    assert_eq!(
+        verbs(webhook, "", "namespaces"),
+        set(&["get", "list", "watch"])
+    );
+    let mwc = rule_for(
+        webhook,
+        "admissionregistration.k8s.io",
+        "mutatingwebhookconfigurations",
+    )
+    .expect("caBundle rule");
+    assert_eq!(strs(&mwc["resourceNames"]), ["railguard-webhook"]);
+    assert!(verbs(webhook, "", "pods").is_empty() && verbs(webhook, "", "secrets").is_empty());
+    let certs = find(&docs, "Role", "railguard-webhook-certs");
+    let secret_rule = rule_for(certs, "", "secrets").expect("secret rule");
+    assert_eq!(
+        strs(&secret_rule["resourceNames"]),
+        ["railguard-webhook-tls"]
+    );
+    assert_eq!(strs(&secret_rule["verbs"]), ["get", "update", "patch"]);
+
+    let extender = find(&docs, "ClusterRole", "railguard-extender");
+    for r in ["nodes", "pods", "namespaces"] {
+        assert_eq!(
+            verbs(extender, "", r),
+            set(&["get", "list", "watch"]),
+            "extender {r}"
+        );
+    }
+    assert_eq!(
+        verbs(extender, "railguard.io", "fabricprofiles"),
+        set(&["get", "list", "watch"])
+    );
+    assert_eq!(
+        extender["rules"].as_array().unwrap().len(),
+        2,
+        "nothing else"
+    );
+
+    let prober = find(&docs, "ClusterRole", "railguard-prober");
+    assert_eq!(
+        verbs(prober, "", "nodes"),
+        set(&["get", "list", "watch", "patch"])
+    );
+    assert_eq!(verbs(prober, "", "nodes/status"), set(&["get", "patch"]));
+    assert_eq!(verbs(prober, "", "events"), set(&["create", "patch"]));
+    assert_eq!(verbs(prober, "", "pods"), set(&["get", "list"]));
+    assert_eq!(
+        verbs(prober, "railguard.io", "fabricprofiles"),
+        set(&["get", "list", "watch"])
+    );
+    assert!(verbs(prober, "", "secrets").is_empty());
+
+    // The secondary scheduler: the built-in roles plus its own lease.
+    let bound: BTreeSet<String> = all(&docs, "ClusterRoleBinding")
+        .iter()
+        .filter(|b| b["subjects"][0]["name"] == "railguard-scheduler")
+        .map(|b| b["roleRef"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        bound,
+        set(&[
+            "system:kube-scheduler",
+            "system:volume-scheduler",
+            "railguard-scheduler"
+        ])
+    );
+    let lease = find(&docs, "Role", "railguard-scheduler-leader-election");
+    assert_eq!(
+        strs(&lease["rules"][1]["resourceNames"]),
+        ["railguard-scheduler"]
+    );
+
+    // No component may touch RBAC or escalate.
+    for role in all(&docs, "ClusterRole")
+        .into_iter()
+        .chain(all(&docs, "Role"))
+    {
+        for r in role["rules"].as_array().unwrap() {
+            let v = strs(&r["verbs"]);
+            assert!(
+                !v.contains(&"*".to_string())
+                    && !v.contains(&"escalate".to_string())
+                    && !v.contains(&"bind".to_string()),
+                "{role}"
+            );
+            assert!(
+                !strs(&r["apiGroups"]).contains(&"rbac.authorization.k8s.io".to_string()),
+                "{role}"
+            );
+        }
+    }
+}
+
+#[test]
+fn secondary_scheduler_points_at_the_extender_and_fails_closed() {
+    let docs = render(&DEFAULT);
+    let cm = find(&docs, "ConfigMap", "railguard-scheduler");
+    let config: Json = serde_yaml::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        config["apiVersion"], "kubescheduler.config.k8s.io/v1beta1",
+        "1.20 scheduler"
+    );
+    assert_eq!(config["kind"], "KubeSchedulerConfiguration");
+    assert_eq!(
+        config["profiles"][0]["schedulerName"],
+        "railguard-scheduler"
+    );
+    assert_eq!(
+        config["leaderElection"]["resourceName"],
+        "railguard-scheduler"
+    );
+    let e = &config["extenders"][0];
+    assert_eq!(
+        e["urlPrefix"],
+        "http://railguard-extender.railguard.svc:8888"
+    );
+    assert_eq!(e["filterVerb"], "filter");
+    assert_eq!(e["prioritizeVerb"], "prioritize");
+    assert_eq!(e["nodeCacheCapable"], true);
+    assert_eq!(e["ignorable"], false);
+    assert_eq!(e["weight"], 5);
+    assert_eq!(
+        e["managedResources"],
+        json!([{"name": "nvidia.com/gpu", "ignoredByScheduler": false}])
+    );
+    let dep = find(&docs, "Deployment", "railguard-scheduler");
+    let c = &dep["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        c["image"], "registry.k8s.io/kube-scheduler:v1.20.2",
+        "matches the cluster"
+    );
+    assert!(
+        strs(&c["command"]).contains(&"--config=/etc/railguard-scheduler/config.yaml".to_string())
+    );
+    // The extender Service serves the port the URL names.
+    let svc = find(&docs, "Service", "railguard-extender");
+    assert_eq!(svc["spec"]["ports"][0]["port"], 8888);
+    let ext = find(&docs, "Deployment", "railguard-extender");
+    let args = container_args(&ext["spec"]["template"]["spec"]["containers"][0]);
+    assert!(
+        args.contains(&"--listen=0.0.0.0:8888".to_string())
+            && args.contains(&"--metrics-listen=0.0.0.0:9090".to_string()),
+        "{args:?}"
+    );
+
+    // A newer cluster gets the matching configuration version and PDB API.
+    let mut newer = kube_1_20();
+    newer.extend([
+        "policy/v1".to_string(),
+        "policy/v1/PodDisruptionBudget".into(),
+        "batch/v1/CronJob".into(),
+    ]);
+    let docs = render_with(&DEFAULT, &newer, "v1.29.3").unwrap();
+    let cm = find(&docs, "ConfigMap", "railguard-scheduler");
+    let config: Json = serde_yaml::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
+    assert_eq!(config["apiVersion"], "kubescheduler.config.k8s.io/v1");
+    assert_eq!(
+        find(&docs, "PodDisruptionBudget", "railguard-webhook")["apiVersion"],
+        "policy/v1"
+    );
+    assert!(all(&docs, "CronJob")
+        .iter()
+        .all(|c| c["apiVersion"] == "batch/v1"));
+}
+
+#[test]
+fn cert_manager_mode_and_config_only_scheduler() {
+    let docs = render(&CERT_MANAGER_CONFIG_ONLY);
+    let mwc = find(
+        &docs,
+        "MutatingWebhookConfiguration",
+        "rg-railguard-webhook",
+    );
+    assert_eq!(
+        mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        "railguard-cm/rg-railguard-webhook"
+    );
+    assert_eq!(mwc["webhooks"][0]["failurePolicy"], "Fail");
+    let cert = find(&docs, "Certificate", "rg-railguard-webhook");
+    assert_eq!(cert["spec"]["secretName"], "rg-railguard-webhook-tls");
+    assert_eq!(
+        strs(&cert["spec"]["dnsNames"])[0],
+        "rg-railguard-webhook.railguard-cm.svc"
+    );
+    assert_eq!(
+        cert["spec"]["issuerRef"],
+        json!({"name": "rg-railguard-webhook-ca", "kind": "Issuer"})
+    );
+    assert_eq!(
+        find(&docs, "Certificate", "rg-railguard-webhook-ca")["spec"]["isCA"],
+        true
+    );
+    assert!(
+        find(&docs, "Issuer", "rg-railguard-webhook-selfsigned")["spec"]["selfSigned"].is_object()
+    );
+    // The Secret is cert-manager's; the webhook mounts it and has no certificate RBAC.
+    assert!(!docs
+        .iter()
+        .any(|d| d.kind() == "Secret" && d.name() == "rg-railguard-webhook-tls"));
+    assert!(!docs
+        .iter()
+        .any(|d| d.kind() == "Role" && d.name() == "rg-railguard-webhook-certs"));
+    let webhook_role = find(&docs, "ClusterRole", "rg-railguard-webhook");
+    assert!(rule_for(
+        webhook_role,
+        "admissionregistration.k8s.io",
+        "mutatingwebhookconfigurations"
+    )
+    .is_none());
+    let dep = find(&docs, "Deployment", "rg-railguard-webhook");
+    let pod = &dep["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["volumes"][0]["secret"]["secretName"],
+        "rg-railguard-webhook-tls"
+    );
+    assert!(!container_args(&pod["containers"][0])
+        .iter()
+        .any(|a| a.starts_with("--self-signed-secret")));
+
+    // Config only: the extenders stanza for the main scheduler, no second scheduler.
+    let cm = find(&docs, "ConfigMap", "rg-railguard-scheduler");
+    let ext: Json = serde_yaml::from_str(cm["data"]["extenders.yaml"].as_str().unwrap()).unwrap();
+    assert_eq!(ext[0]["urlPrefix"], "http://10.96.0.50:8888");
+    assert_eq!(ext[0]["ignorable"], false);
+    assert!(cm["data"].get("config.yaml").is_none());
+    assert!(!docs
+        .iter()
+        .any(|d| d.kind() == "Deployment" && d.name() == "rg-railguard-scheduler"));
+    assert!(!docs
+        .iter()
+        .any(|d| d.obj["subjects"][0]["name"] == "rg-railguard-scheduler"));
+
+    // An existing issuer replaces the generated chain.
+    let set = ValuesSet {
+        values: "webhook:\n  certificates:\n    mode: certManager\n    certManager:\n      issuerRef: {name: corp-ca, kind: ClusterIssuer}\n",
+        ..CERT_MANAGER_CONFIG_ONLY
+    };
+    let docs = render(&set);
+    assert!(all(&docs, "Issuer").is_empty());
+    assert_eq!(
+        find(&docs, "Certificate", "rg-railguard-webhook")["spec"]["issuerRef"],
+        json!({"name": "corp-ca", "kind": "ClusterIssuer"})
+    );
+}
+
+#[test]
+fn roce_set_with_custom_namespaces_uses_the_profile_for_rdma_and_shm() {
+    let docs = render(&ROCE);
+    let profiles: Vec<&str> = all(&docs, "FabricProfile")
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(profiles, ["roce-cloud"]);
+    let w = &find(
+        &docs,
+        "MutatingWebhookConfiguration",
+        "fabric-railguard-webhook",
+    )["webhooks"][0];
+    assert_eq!(w["failurePolicy"], "Ignore");
+    assert_eq!(
+        strs(&w["namespaceSelector"]["matchExpressions"][0]["values"]),
+        ["kube-system", "gpu-infra", "monitoring", "gpu-operator"]
+    );
+    assert_eq!(
+        w["objectSelector"]["matchExpressions"][0]["operator"],
+        "DoesNotExist"
+    );
+    let dep = find(&docs, "Deployment", "fabric-railguard-webhook");
+    let args = container_args(&dep["spec"]["template"]["spec"]["containers"][0]);
+    assert!(args.contains(&"--failure-mode=closed".to_string()));
+    assert!(args.contains(
+        &"--excluded-namespaces=kube-system,gpu-infra,monitoring,gpu-operator".to_string()
+    ));
+
+    // One DaemonSet, for the RoCE pool: the profile's selector, RDMA resource and shm size.
+    let ds = all(&docs, "DaemonSet");
+    assert_eq!(ds.len(), 1);
+    let pod = &ds[0]["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["nodeSelector"],
+        json!({"node.kubernetes.io/instance-type": "gpu-8x-roce", "nvidia.com/gpu.present": "true"})
+    );
+    assert_eq!(pod["hostNetwork"], true);
+    assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet");
+    assert_eq!(pod["runtimeClassName"], "nvidia");
+    let daemon = &pod["containers"][0];
+    assert_eq!(container_args(daemon), ["daemon", "--node", "$(NODE_NAME)"]);
+    assert_eq!(daemon["resources"]["limits"]["nvidia.com/sriov_rdma"], "1");
+    assert_eq!(
+        daemon["resources"]["requests"]["nvidia.com/sriov_rdma"],
+        "1"
+    );
+    assert_eq!(
+        daemon["securityContext"]["capabilities"],
+        json!({"drop": ["ALL"], "add": ["IPC_LOCK"]})
+    );
+    assert_eq!(
+        daemon["env"][0],
+        json!({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    );
+    let sys = daemon["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "host-sys")
+        .unwrap();
+    assert_eq!(sys["readOnly"], true);
+    let vol = |name: &str| {
+        pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(vol("host-sys")["hostPath"]["path"], "/sys");
+    assert_eq!(
+        vol("dshm")["emptyDir"],
+        json!({"medium": "Memory", "sizeLimit": "64Gi"})
+    );
+    let peer = &pod["containers"][1];
+    assert_eq!(
+        container_args(peer),
+        [
+            "peer-endpoint",
+            "--node",
+            "$(NODE_NAME)",
+            "--profile",
+            "roce-cloud"
+        ]
+    );
+    assert_eq!(peer["ports"][0]["hostPort"], 7470);
+
+    // The given token is used; campaign Role for MPIJobs sits in the NCCL namespace.
+    let token = find(&docs, "Secret", "fabric-railguard-peer-token");
+    assert_eq!(
+        token["data"]["token"],
+        json!(b64("a-given-token-of-sufficient-length"))
+    );
+    assert_eq!(
+        find(&docs, "Role", "fabric-railguard-campaign-mpijobs")["metadata"]["namespace"],
+        "nccl-tests"
+    );
+    let cron = find(&docs, "CronJob", "fabric-railguard-campaign-roce-cloud");
+    assert_eq!(
+        cron["apiVersion"], "batch/v1beta1",
+        "1.20 has CronJob only in v1beta1"
+    );
+    let c = &cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container_args(c), ["campaign", "--profile", "roce-cloud"]);
+    let env: BTreeMap<String, Json> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap().to_string(), e.clone()))
+        .collect();
+    assert_eq!(
+        env["RAILGUARD_LEASE_NAME"]["value"],
+        "fabric-railguard-campaign-roce-cloud"
+    );
+    assert_eq!(env["RAILGUARD_NCCL_NAMESPACE"]["value"], "nccl-tests");
+    assert_eq!(
+        env["RAILGUARD_IDENTITY"]["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.name"
+    );
+
+    // The custom scheduler name flows into the configuration and its lease RBAC.
+    let cm = find(&docs, "ConfigMap", "fabric-railguard-scheduler");
+    let config: Json = serde_yaml::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
+    assert_eq!(config["profiles"][0]["schedulerName"], "fabric-aware");
+    assert_eq!(config["extenders"][0]["weight"], 10);
+}
+
+fn b64(s: &str) -> String {
+    let mut set = railguard_tests::gotmpl::TemplateSet::new();
+    set.add("b", "{{ b64enc . }}").unwrap();
+    set.execute("b", &railguard_tests::gotmpl::Value::Str(s.into()))
+        .unwrap()
+}
+
+#[test]
+fn chart_profiles_are_the_repository_fixtures() {
+    let docs = render(&DEFAULT);
+    let fixtures_dir = workspace_root().join("api/fixtures/profiles");
+    let mut fixtures = BTreeMap::new();
+    for f in std::fs::read_dir(&fixtures_dir).unwrap() {
+        let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+        for p in railguard_api::profiles_from_yaml(&text).unwrap() {
+            fixtures.insert(p.metadata.name.clone().unwrap(), p);
+        }
+    }
+    // Every example in values.yaml, enabled or not.
+    let all_on = ValuesSet {
+        values: "fabricProfiles:\n  roce-cloud: {enabled: true}\n",
+        ..DEFAULT
+    };
+    let rendered = all(&render(&all_on), "FabricProfile")
+        .into_iter()
+        .cloned()
+        .collect::<Vec<_>>();
+    assert_eq!(rendered.len(), 3);
+    for obj in rendered {
+        let p: railguard_api::FabricProfile = serde_json::from_value(obj).expect("a FabricProfile");
+        let name = p.metadata.name.clone().unwrap();
+        assert_eq!(
+            p.spec, fixtures[&name].spec,
+            "chart profile {name} differs from its fixture"
+        );
+        p.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    assert_eq!(
+        all(&docs, "FabricProfile").len(),
+        2,
+        "h100 and a100 enabled by default"
+    );
+    assert_eq!(
+        all(&docs, "DaemonSet").len(),
+        2,
+        "one prober DaemonSet per enabled profile"
+    );
+}
+
+#[test]
+fn mpijob_template_is_the_probers_own() {
+    let chart = std::fs::read_to_string(
+        workspace_root().join("charts/railguard/files/mpijob-nccl-pair.yaml"),
+    )
+    .unwrap();
+    let prober =
+        std::fs::read_to_string(workspace_root().join("prober/templates/mpijob-nccl-pair.yaml"))
+            .unwrap();
+    assert_eq!(
+        chart, prober,
+        "copy prober/templates/mpijob-nccl-pair.yaml into the chart"
+    );
+    let docs = render(&DEFAULT);
+    let cm = find(&docs, "ConfigMap", "railguard-campaign-mpijob");
+    assert_eq!(
+        cm["data"]["mpijob-nccl-pair.yaml"]
+            .as_str()
+            .unwrap()
+            .trim_end(),
+        prober.trim_end(),
+        "placeholders pass through Helm untouched"
+    );
+}
+
+#[test]
+fn peer_token_is_generated_when_not_given() {
+    let a = render(&DEFAULT);
+    let b = render(&DEFAULT);
+    let token = |docs: &[Doc]| {
+        find(docs, "Secret", "railguard-peer-token")["data"]["token"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (ta, tb) = (token(&a), token(&b));
+    assert_eq!(ta.len(), 64, "48 random characters, base64");
+    assert_ne!(ta, tb, "random per install");
+    // Everything else is deterministic.
+    let strip = |docs: &[Doc]| {
+        docs.iter()
+            .filter(|d| d.name() != "railguard-peer-token")
+            .map(|d| d.obj.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(strip(&a), strip(&b));
+}
+
+#[test]
+fn bad_values_are_rejected_by_the_schema_with_the_path() {
+    let cases = [
+        (
+            "webhook:\n  failurePolicy: Sometimes\n",
+            "webhook.failurePolicy: must be one of [\"Fail\",\"Ignore\"]",
+        ),
+        ("webhok:\n  replicas: 2\n", "additional property \"webhok\""),
+        (
+            "webhook:\n  certificates:\n    mode: vault\n",
+            "webhook.certificates.mode",
+        ),
+        ("scheduler:\n  mode: both\n", "scheduler.mode"),
+        ("prober:\n  peerToken: short\n", "prober.peerToken"),
+        (
+            "extender:\n  port: 70000\n",
+            "extender.port: must be less than or equal to 65535",
+        ),
+        (
+            "fabricProfiles:\n  empty: {enabled: true, spec: {rails: []}}\n",
+            "fabricProfiles.empty.spec.rails: must have at least 1 items",
+        ),
+    ];
+    for (values, want) in cases {
+        let set = ValuesSet { values, ..DEFAULT };
+        match render_with(&set, &kube_1_20(), "v1.20.2") {
+            Err(TemplateError::Schema(errs)) => {
+                assert!(
+                    errs.iter().any(|e| e.contains(want)),
+                    "{values}: {errs:?} lacks {want}"
+                )
+            }
+            other => panic!("{values}: expected a schema error, got {other:?}"),
+        }
+    }
+    // `null` deletes a key (Helm's coalescing), so a profile without spec is caught too.
+    let set = ValuesSet {
+        values: "fabricProfiles:\n  custom: {enabled: true, spec: null}\n",
+        ..DEFAULT
+    };
+    match render_with(&set, &kube_1_20(), "v1.20.2") {
+        Err(TemplateError::Schema(errs)) => {
+            assert_eq!(errs, ["fabricProfiles.custom: spec is required"])
+        }
+        other => panic!("expected a schema error, got {other:?}"),
+    }
+}
+
+// ---------------------------------------------------------------- against the API server
+
+/// Minimal cert-manager CRDs (no schema: cert-manager is not installed here), so the
+/// Issuer/Certificate objects can be dry-run; their fields are asserted structurally above.
+fn cert_manager_crds() -> Vec<Json> {
+    ["Issuer", "Certificate"]
+        .iter()
+        .map(|kind| {
+            let plural = format!("{}s", kind.to_lowercase());
+            json!({
+                "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": { "name": format!("{plural}.cert-manager.io") },
+                "spec": {
+                    "group": "cert-manager.io", "scope": "Namespaced",
+                    "names": { "kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List") },
+                    "versions": [{ "name": "v1", "served": true, "storage": true,
+                        "schema": { "openAPIV3Schema": { "type": "object", "x-kubernetes-preserve-unknown-fields": true } } }]
+                }
+            })
+        })
+        .collect()
+}
+
+async fn server_api_versions(client: &kube::Client) -> Vec<String> {
+    let discovery = Discovery::new(client.clone())
+        .run()
+        .await
+        .expect("discovery");
+    let mut out = Vec::new();
+    for group in discovery.groups() {
+        for ver in group.versions() {
+            let gv = if group.name().is_empty() {
+                ver.to_string()
+            } else {
+                format!("{}/{ver}", group.name())
+            };
+            for (res, _) in group.versioned_resources(ver) {
+                out.push(format!("{gv}/{}", res.kind));
+            }
+            out.push(gv);
+        }
+    }
+    out
+}
+
+fn kubectl_available() -> bool {
+    Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn manifest_file(dir: &std::path::Path, label: &str, docs: &[Doc]) -> PathBuf {
+    let path = dir.join(format!(
+        "{}.yaml",
+        label.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+    ));
+    let text: String = docs
+        .iter()
+        .map(|d| {
+            format!(
+                "---\n# Source: {}\n{}",
+                d.source,
+                serde_yaml::to_string(&d.obj).unwrap()
+            )
+        })
+        .collect();
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn kubectl_dry_run(cp: &ControlPlane, file: &std::path::Path) -> std::process::Output {
+    Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig_path())
+        .args(["apply", "--dry-run=server", "--validate=strict", "-f"])
+        .arg(file)
+        .output()
+        .expect("running kubectl")
+}
+
+/// Dry-runs every object through the kube client; returns the failures.
+async fn client_dry_run(client: &kube::Client, discovery: &Discovery, docs: &[Doc]) -> Vec<String> {
+    let mut failures = Vec::new();
+    for d in docs {
+        let obj: DynamicObject = serde_json::from_value(d.obj.clone()).expect("object");
+        let tm = obj.types.clone().expect("apiVersion and kind");
+        let Some((ar, caps)) = discovery.resolve_typemeta(&tm) else {
+            failures.push(format!(
+                "{}/{}: the server has no {} {}",
+                d.kind(),
+                d.name(),
+                tm.api_version,
+                tm.kind
+            ));
+            continue;
+        };
+        let api: Api<DynamicObject> = match caps.scope {
+            Scope::Namespaced => Api::namespaced_with(
+                client.clone(),
+                obj.metadata.namespace.as_deref().unwrap_or("default"),
+                &ar,
+            ),
+            Scope::Cluster => Api::all_with(client.clone(), &ar),
+        };
+        let pp = PostParams {
+            dry_run: true,
+            field_manager: Some("railguard-chart-test".into()),
+        };
+        if let Err(e) = api.create(&pp, &obj).await {
+            failures.push(format!("{}/{} from {}: {e}", d.kind(), d.name(), d.source));
+        }
+    }
+    failures
+}
+
+fn helm_available() -> bool {
+    Command::new("helm")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// `helm lint` and `helm template` must accept the same values and produce the same objects
+/// (the random peer token aside). Runs only where Helm is installed.
+fn compare_with_helm(
+    set: &ValuesSet,
+    ours: &[Doc],
+    api_versions: &[String],
+    dir: &std::path::Path,
+) {
+    let chart_dir = workspace_root().join("charts/railguard");
+    let values = dir.join(format!("{}-values.yaml", set.release));
+    std::fs::write(&values, set.values).unwrap();
+    let lint = Command::new("helm")
+        .arg("lint")
+        .arg(&chart_dir)
+        .arg("-f")
+        .arg(&values)
+        .output()
+        .unwrap();
+    assert!(
+        lint.status.success(),
+        "helm lint: {}",
+        String::from_utf8_lossy(&lint.stdout)
+    );
+    let mut cmd = Command::new("helm");
+    cmd.args(["template", set.release])
+        .arg(&chart_dir)
+        .args([
+            "--namespace",
+            set.namespace,
+            "--kube-version",
+            "1.20.2",
+            "-f",
+        ])
+        .arg(&values);
+    for v in api_versions {
+        cmd.args(["--api-versions", v]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "helm template: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    use serde::Deserialize;
+    let theirs: Vec<Json> =
+        serde_yaml::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
+            .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+            .filter(|v| !v.is_null())
+            .map(|v| serde_json::to_value(v).unwrap())
+            .filter(|v| {
+                !v["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .ends_with("-peer-token")
+            })
+            .collect();
+    let mine: Vec<Json> = ours
+        .iter()
+        .filter(|d| !d.name().ends_with("-peer-token"))
+        .map(|d| d.obj.clone())
+        .collect();
+    let key = |v: &Json| {
+        format!(
+            "{}/{}/{}",
+            v["kind"], v["metadata"]["namespace"], v["metadata"]["name"]
+        )
+    };
+    let theirs: BTreeMap<String, Json> = theirs.into_iter().map(|v| (key(&v), v)).collect();
+    let mine: BTreeMap<String, Json> = mine.into_iter().map(|v| (key(&v), v)).collect();
+    assert_eq!(
+        mine, theirs,
+        "{}: renderer and helm template differ",
+        set.label
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rendered_object_passes_a_server_side_dry_run() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    cp.apply_fabricprofile_crd()
+        .await
+        .expect("FabricProfile CRD");
+    let client = cp.client();
+    let crds: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource::erase::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>(&()),
+    );
+    for crd in cert_manager_crds() {
+        crds.create(
+            &PostParams::default(),
+            &serde_json::from_value(crd).unwrap(),
+        )
+        .await
+        .expect("cert-manager CRD");
+    }
+    for ns in ["railguard", "railguard-cm", "gpu-infra", "nccl-tests"] {
+        cp.create_namespace(ns, &labels(&[]))
+            .await
+            .expect("namespace");
+    }
+    // The renderer's Capabilities are the server's own (group/versions and kinds).
+    let api_versions = server_api_versions(&client).await;
+    assert!(api_versions.contains(&"policy/v1beta1/PodDisruptionBudget".to_string()));
+    assert!(
+        !api_versions.contains(&"policy/v1".to_string()),
+        "a 1.20 server"
+    );
+    let discovery = railguard_tests::eventually(
+        std::time::Duration::from_secs(30),
+        "CRDs in discovery",
+        || async {
+            let d = Discovery::new(cp.client()).run().await?;
+            Ok(d.has_group("cert-manager.io").then_some(d))
+        },
+    )
+    .await
+    .expect("discovery");
+
+    let dir = tempfile::tempdir().unwrap();
+    let use_kubectl = kubectl_available();
+    let use_helm = helm_available();
+    eprintln!(
+        "chart dry run: kubectl {}, helm {}",
+        if use_kubectl {
+            "found"
+        } else {
+            "not found (kube client only)"
+        },
+        if use_helm {
+            "found"
+        } else {
+            "not found: helm lint/template comparison skipped"
+        }
+    );
+    for set in [&DEFAULT, &CERT_MANAGER_CONFIG_ONLY, &ROCE] {
+        let docs = render_with(set, &api_versions, "v1.20.2")
+            .unwrap_or_else(|e| panic!("{}: {e}", set.label));
+        assert!(docs.len() > 20, "{}: {} objects", set.label, docs.len());
+        if use_kubectl {
+            let file = manifest_file(dir.path(), set.label, &docs);
+            let out = kubectl_dry_run(&cp, &file);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{}: kubectl dry run failed:\n{}\n{stdout}",
+                set.label,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert_eq!(
+                stdout
+                    .lines()
+                    .filter(|l| l.contains("(server dry run)"))
+                    .count(),
+                docs.len(),
+                "{}: every object dry-run:\n{stdout}",
+                set.label
+            );
+        }
+        let failures = client_dry_run(&client, &discovery, &docs).await;
+        assert!(failures.is_empty(), "{}: {failures:#?}", set.label);
+        if use_helm {
+            compare_with_helm(set, &docs, &api_versions, dir.path());
+        }
+    }
+    // Nothing was created by the dry runs.
+    let webhooks: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource::erase::<
+            k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration,
+        >(&()),
+    );
+    assert!(webhooks
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .is_empty());
+
+    // The dry run does reject what this server cannot serve: the same chart rendered for a
+    // newer cluster (policy/v1 PDBs, batch/v1 CronJobs) fails here.
+    let mut newer = api_versions.clone();
+    newer.extend([
+        "policy/v1".to_string(),
+        "policy/v1/PodDisruptionBudget".into(),
+        "batch/v1/CronJob".into(),
+    ]);
+    let docs = render_with(&DEFAULT, &newer, "v1.20.2").unwrap();
+    let failures = client_dry_run(&client, &discovery, &docs).await;
+    assert!(
+        failures
+            .iter()
+            .any(|f| f.contains("policy/v1 PodDisruptionBudget")),
+        "{failures:#?}"
+    );
+    assert!(
+        failures.iter().any(|f| f.contains("batch/v1 CronJob")),
+        "{failures:#?}"
+    );
+    if use_kubectl {
+        let out = kubectl_dry_run(&cp, &manifest_file(dir.path(), "newer", &docs));
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("PodDisruptionBudget") && stderr.contains("policy/v1"),
+            "{stderr}"
+        );
+    }
+    // And an invalid object is refused by the server, not just by our asserts.
+    let mut docs = render(&DEFAULT);
+    let i = docs
+        .iter()
+        .position(|d| d.kind() == "MutatingWebhookConfiguration")
+        .unwrap();
+    docs[i].obj["webhooks"][0]["sideEffects"] = json!("Sometimes");
+    let failures = client_dry_run(&client, &discovery, &docs[i..=i]).await;
+    assert!(
+        failures.len() == 1 && failures[0].contains("sideEffects"),
+        "{failures:#?}"
+    );
+}

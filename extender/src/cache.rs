@@ -227,7 +227,8 @@ impl ClusterState {
             .clone()
     }
 
-    fn rebuild_profile_list(&self) {
+    /// Rebuilds the profile list handlers read; the profile watch calls it on every change.
+    pub fn rebuild_profile_list(&self) {
         let mut list: Vec<FabricProfile> = self
             .profiles
             .read()

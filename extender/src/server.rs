@@ -113,13 +113,12 @@ fn interpret_nodes(
         .collect()
 }
 
-/// Answers a `/filter` body. `Err` is a body that is not an `ExtenderArgs` at all (HTTP 400).
+/// Answers a decoded `/filter` request.
 pub fn answer_filter(
     state: &AppState,
-    body: &[u8],
+    req: Request,
     now: Timestamp,
 ) -> Result<ExtenderFilterResult, ExtenderError> {
-    let req = ExtenderArgs::decode(body, state.max_nodes)?;
     if let Err(pending) = state.ready() {
         return Err(ExtenderError::NotSynced { pending });
     }
@@ -210,18 +209,18 @@ fn record_rejections(
     }
 }
 
-/// Answers a `/prioritize` body with a score 0..=10 for every candidate, in input order.
+/// Answers a decoded `/prioritize` request with a score 0..=10 for every candidate, in
+/// input order.
 pub fn answer_prioritize(
     state: &AppState,
-    body: &[u8],
+    req: &Request,
     now: Timestamp,
 ) -> Result<Vec<HostPriority>, ExtenderError> {
-    let req = ExtenderArgs::decode(body, state.max_nodes)?;
     if let Err(pending) = state.ready() {
         return Err(ExtenderError::NotSynced { pending });
     }
     let profiles = state.profiles();
-    let prepared = prepare(state, &req, &profiles);
+    let prepared = prepare(state, req, &profiles);
     let peers: Vec<Arc<NodeFabric>> = match (&state.source, &prepared.facts.job) {
         (Source::Cluster(c), Some(job)) => c.peers(&prepared.facts.namespace, job),
         _ => Vec::new(),
@@ -272,8 +271,10 @@ fn json_response<T: serde::Serialize>(status: StatusCode, value: &T) -> Response
 
 async fn filter_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let start = Instant::now();
-    let result = answer_filter(&state, &body, Timestamp::now());
-    let mode = mode_of(&body);
+    let (mode, result) = match ExtenderArgs::decode(&body, state.max_nodes) {
+        Ok(req) => (mode_of(&req), answer_filter(&state, req, Timestamp::now())),
+        Err(e) => ("invalid", Err(e)),
+    };
     state
         .metrics
         .filter_seconds
@@ -305,8 +306,13 @@ async fn filter_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Resp
 
 async fn prioritize_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
     let start = Instant::now();
-    let result = answer_prioritize(&state, &body, Timestamp::now());
-    let mode = mode_of(&body);
+    let (mode, result) = match ExtenderArgs::decode(&body, state.max_nodes) {
+        Ok(req) => (
+            mode_of(&req),
+            answer_prioritize(&state, &req, Timestamp::now()),
+        ),
+        Err(e) => ("invalid", Err(e)),
+    };
     state
         .metrics
         .prioritize_seconds
@@ -326,16 +332,11 @@ async fn prioritize_handler(State(state): State<Arc<AppState>>, body: Bytes) -> 
     }
 }
 
-/// The metric label for the request form; a cheap scan, the body is decoded elsewhere.
-fn mode_of(body: &[u8]) -> &'static str {
-    // Cache-mode bodies carry `"Nodes":null`; full-mode bodies `"NodeNames":null`.
-    let head = &body[..body.len().min(64)];
-    if head.windows(12).any(|w| w == b"\"Nodes\":null")
-        || body.windows(13).any(|w| w == b"\"Nodes\": null")
-    {
-        "names"
-    } else {
-        "nodes"
+/// The metric label for the request form.
+fn mode_of(req: &Request) -> &'static str {
+    match req.candidates {
+        Candidates::Nodes(_) => "nodes",
+        Candidates::Names(_) => "names",
     }
 }
 

@@ -61,6 +61,20 @@ pub fn hours_ago(h: i64) -> Timestamp {
 
 /// The six kinds of node the issue names, built on the recorded Node, interpreted at `now()`.
 pub fn six_nodes(profiles: &[FabricProfile]) -> Vec<NodeFabric> {
+    six_nodes_at(profiles, now())
+}
+
+/// The six nodes with certificates dated relative to `at`, interpreted at `at`.
+pub fn six_nodes_at(profiles: &[FabricProfile], at: Timestamp) -> Vec<NodeFabric> {
+    six_node_objects(profiles, at)
+        .iter()
+        .map(|n| NodeFabric::from_node(n, at))
+        .collect()
+}
+
+/// The six Node objects, certificates dated relative to `at`.
+pub fn six_node_objects(profiles: &[FabricProfile], at: Timestamp) -> Vec<Node> {
+    let hours_ago = |h: i64| at.checked_sub(SignedDuration::from_hours(h)).unwrap();
     let h100 = profile(profiles, "h100-ndr");
     let a100 = profile(profiles, "a100-hdr");
     let base = sample_node();
@@ -70,8 +84,7 @@ pub fn six_nodes(profiles: &[FabricProfile]) -> Vec<NodeFabric> {
     let expired = synth::certificate(
         h100,
         Verdict::Certified,
-        now()
-            .checked_sub(SignedDuration::from_secs(26 * 3600 + 600))
+        at.checked_sub(SignedDuration::from_secs(26 * 3600 + 600))
             .unwrap(),
         392.0,
         370.0,
@@ -80,16 +93,12 @@ pub fn six_nodes(profiles: &[FabricProfile]) -> Vec<NodeFabric> {
     synth::degrade_rail(&mut degraded, "mlx5_3", 1, 196.0);
     let mut failed = synth::certificate(h100, Verdict::Failed, hours_ago(1), 392.0, 120.0);
     failed.reasons = vec!["NCCL fell back to Socket transport".into()];
-    let nodes = [
+    vec![
         synth::node(&base, "n-certified", Some(&good), &[]),
         synth::node(&base, "n-other-profile", Some(&other), &[]),
         synth::node(&base, "n-expired", Some(&expired), &[]),
         synth::node(&base, "n-degraded", Some(&degraded), &[]),
         synth::node(&base, "n-failed", Some(&failed), &[]),
         synth::node(&base, "n-none", None, &[]),
-    ];
-    nodes
-        .iter()
-        .map(|n| NodeFabric::from_node(n, now()))
-        .collect()
+    ]
 }

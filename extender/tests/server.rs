@@ -1,0 +1,419 @@
+//! The extender over real HTTP and TLS: recorded kube-scheduler 1.20 requests in both
+//! nodeCacheCapable modes, malformed requests, fail-closed readiness and metrics.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use common::*;
+use railguard_extender::cache::ClusterState;
+use railguard_extender::metrics::Metrics;
+use railguard_extender::server::{self, AppState, Source};
+use railguard_extender::wire::{ExtenderFilterResult, HostPriority};
+use railguard_extender::ExtenderConfig;
+use serde_json::{json, Value};
+
+struct Running {
+    base: String,
+    health: String,
+    client: reqwest::Client,
+    handle: axum_server::Handle,
+    state: Arc<AppState>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.handle.shutdown();
+    }
+}
+
+/// A CA and a serving certificate for 127.0.0.1 signed by it: (ca PEM, cert PEM, key PEM).
+fn tls_material() -> (String, String, String) {
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+    (ca.pem(), cert.pem(), key.serialize_pem())
+}
+
+async fn start(source: Source) -> Running {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let state = Arc::new(AppState {
+        source,
+        config: ExtenderConfig::default(),
+        max_nodes: server::DEFAULT_MAX_NODES,
+        metrics: Arc::new(Metrics::new()),
+    });
+    let (ca, cert, key) = tls_material();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tls.crt"), cert).unwrap();
+    std::fs::write(dir.path().join("tls.key"), key).unwrap();
+    let tls = server::load_tls(&dir.path().join("tls.crt"), &dir.path().join("tls.key"))
+        .await
+        .unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let handle = axum_server::Handle::new();
+    tokio::spawn(server::serve_extender(
+        listener,
+        Some(tls),
+        server::extender_router(state.clone(), 512 << 20),
+        handle.clone(),
+    ));
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let health_port = health.local_addr().unwrap().port();
+    tokio::spawn(std::future::IntoFuture::into_future(axum::serve(
+        health,
+        server::health_router(state.clone()),
+    )));
+    handle.listening().await.unwrap();
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    Running {
+        base: format!("https://127.0.0.1:{port}"),
+        health: format!("http://127.0.0.1:{health_port}"),
+        client,
+        handle,
+        state,
+    }
+}
+
+fn standalone() -> Source {
+    Source::Standalone {
+        profiles: Arc::new(profiles()),
+    }
+}
+
+/// A synced cluster cache holding the six nodes, namespaces and profiles.
+fn synced_cluster() -> Arc<ClusterState> {
+    let cluster = Arc::new(ClusterState::new(ExtenderConfig::default()));
+    let profiles = profiles();
+    cluster.nodes.replace(
+        six_nodes_at(&profiles, jiff::Timestamp::now())
+            .into_iter()
+            .map(|n| (n.name.clone(), Arc::new(n)))
+            .collect(),
+    );
+    cluster.pods.replace(HashMap::new());
+    cluster.namespaces.replace(HashMap::from([(
+        "default".to_string(),
+        Arc::new(BTreeMap::new()),
+    )]));
+    cluster.profiles.replace(
+        profiles
+            .into_iter()
+            .map(|p| (p.name().to_string(), Arc::new(p)))
+            .collect(),
+    );
+    cluster.rebuild_profile_list();
+    cluster
+}
+
+/// The recorded full-mode request, its nodes replaced by the six railguard nodes
+/// (certificates dated relative to the real clock).
+fn full_args(pod: Value) -> String {
+    let mut args: Value = serde_json::from_str(ARGS_FULL).unwrap();
+    let nodes = six_node_objects(&profiles(), jiff::Timestamp::now());
+    args["Nodes"]["items"] = serde_json::to_value(nodes).unwrap();
+    args["Pod"] = pod;
+    args.to_string()
+}
+
+fn h100_pod() -> Value {
+    let profiles = profiles();
+    serde_json::to_value(training_pod(profile(&profiles, "h100-ndr"))).unwrap()
+}
+
+async fn post(r: &Running, path: &str, body: impl Into<reqwest::Body>) -> (u16, String) {
+    let resp = r
+        .client
+        .post(format!("{}{path}", r.base))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn full_node_mode_returns_the_schedulers_own_node_objects() {
+    let r = start(standalone()).await;
+    let body = full_args(h100_pod());
+    let (status, text) = post(&r, "/filter", body.clone()).await;
+    assert_eq!(status, 200, "{text}");
+    let result: ExtenderFilterResult = serde_json::from_str(&text).unwrap();
+    assert_eq!(result.error, "");
+    assert!(result.node_names.is_none(), "full mode answers with Nodes");
+    let items = result.nodes.unwrap().items;
+    assert_eq!(items.len(), 1);
+    // Byte-for-byte the object the scheduler sent.
+    let sent: Value = serde_json::from_str(&body).unwrap();
+    let sent_node = serde_json::to_string(&sent["Nodes"]["items"][0]).unwrap();
+    assert_eq!(items[0].get(), sent_node);
+    assert_eq!(
+        result.failed_nodes.keys().collect::<Vec<_>>(),
+        ["n-expired"]
+    );
+    assert!(result.failed_nodes["n-expired"].starts_with("railguard: certificate expired 2h10m"));
+    assert_eq!(result.failed_and_unresolvable_nodes.len(), 4);
+
+    // Prioritize in full mode: one score per input node, certified node scored.
+    let (status, text) = post(&r, "/prioritize", body).await;
+    assert_eq!(status, 200, "{text}");
+    let scores: Vec<HostPriority> = serde_json::from_str(&text).unwrap();
+    assert_eq!(scores.len(), 6);
+    assert!(scores.iter().all(|s| (0..=10).contains(&s.score)));
+    assert_eq!(scores[0].host, "n-certified");
+    assert!(scores[0].score > 0);
+    assert!(scores[1..].iter().all(|s| s.score == 0), "{scores:?}");
+}
+
+#[tokio::test]
+async fn recorded_requests_pass_through_for_pods_railguard_does_not_gate() {
+    let r = start(Source::Cluster(synced_cluster())).await;
+    // The recorded full-mode request, untouched: its pod requests no GPU.
+    let (status, text) = post(&r, "/filter", ARGS_FULL).await;
+    assert_eq!(status, 200, "{text}");
+    let result: ExtenderFilterResult = serde_json::from_str(&text).unwrap();
+    assert_eq!(result.nodes.unwrap().items.len(), 3);
+    // The recorded cache-mode request names nodes the cache does not know: still untouched.
+    let (_, text) = post(&r, "/filter", ARGS_NAMES).await;
+    let result: ExtenderFilterResult = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        result.node_names.unwrap(),
+        ["fake-node-1", "fake-node-2", "fake-node-3"]
+    );
+    assert!(result.nodes.is_none());
+    let (status, text) = post(&r, "/prioritize", PRIORITIZE_NAMES).await;
+    assert_eq!(status, 200);
+    let scores: Vec<HostPriority> = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        scores,
+        [
+            HostPriority {
+                host: "fake-node-1".into(),
+                score: 0
+            },
+            HostPriority {
+                host: "fake-node-3".into(),
+                score: 0
+            }
+        ]
+    );
+}
+
+#[tokio::test]
+async fn cache_mode_filters_names_from_the_cache_and_returns_only_input_names() {
+    let r = start(Source::Cluster(synced_cluster())).await;
+    let mut args: Value = serde_json::from_str(ARGS_NAMES).unwrap();
+    args["Pod"] = h100_pod();
+    // The scheduler's own filters may already have removed some nodes; "n-unknown" is new.
+    args["NodeNames"] = json!([
+        "n-degraded",
+        "n-certified",
+        "n-expired",
+        "n-unknown",
+        "n-none"
+    ]);
+    let (status, text) = post(&r, "/filter", args.to_string()).await;
+    assert_eq!(status, 200, "{text}");
+    let result: ExtenderFilterResult = serde_json::from_str(&text).unwrap();
+    assert!(result.nodes.is_none());
+    let names = result.node_names.unwrap();
+    assert_eq!(names, ["n-certified"]);
+    assert_eq!(
+        result.failed_nodes["n-unknown"],
+        "railguard: node is not in the extender's cache yet"
+    );
+    assert_eq!(
+        result.failed_nodes["n-expired"],
+        "railguard: certificate expired 2h10m ago"
+    );
+    assert!(result
+        .failed_and_unresolvable_nodes
+        .contains_key("n-degraded"));
+    assert!(result.failed_and_unresolvable_nodes.contains_key("n-none"));
+    let all: Vec<&String> = names
+        .iter()
+        .chain(result.failed_nodes.keys())
+        .chain(result.failed_and_unresolvable_nodes.keys())
+        .collect();
+    assert_eq!(all.len(), 5, "every input node is answered exactly once");
+
+    let metrics = reqwest::get(format!("{}/metrics", r.health))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("railguard_extender_nodes_rejected_total{reason=\"not_cached\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("railguard_extender_filter_duration_seconds_count{mode=\"names\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("railguard_extender_cache_objects{cache=\"nodes\"} 6"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("railguard_extender_cache_age_seconds{cache=\"nodes\"}"));
+}
+
+#[tokio::test]
+async fn unsynced_caches_fail_closed_and_are_not_ready() {
+    let cluster = Arc::new(ClusterState::new(ExtenderConfig::default()));
+    let r = start(Source::Cluster(cluster.clone())).await;
+    let ready = reqwest::get(format!("{}/readyz", r.health)).await.unwrap();
+    assert_eq!(ready.status().as_u16(), 503);
+    assert!(ready
+        .text()
+        .await
+        .unwrap()
+        .contains("nodes, pods, namespaces, fabricprofiles"));
+
+    let (status, text) = post(&r, "/filter", ARGS_NAMES).await;
+    assert_eq!(status, 200);
+    let result: ExtenderFilterResult = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        result.error,
+        "railguard: extender caches are not synced yet (nodes, pods, namespaces, fabricprofiles); failing closed"
+    );
+    assert!(result.node_names.is_none() && result.nodes.is_none());
+    let (status, _) = post(&r, "/prioritize", ARGS_NAMES).await;
+    assert_eq!(status, 503);
+
+    // Once every cache has listed, the same request is answered.
+    cluster.nodes.replace(HashMap::new());
+    cluster.pods.replace(HashMap::new());
+    cluster.namespaces.replace(HashMap::new());
+    cluster.profiles.replace(HashMap::new());
+    let ready = reqwest::get(format!("{}/readyz", r.health)).await.unwrap();
+    assert_eq!(ready.status().as_u16(), 200);
+    let (_, text) = post(&r, "/filter", ARGS_NAMES).await;
+    let result: ExtenderFilterResult = serde_json::from_str(&text).unwrap();
+    assert_eq!(result.error, "");
+    assert_eq!(result.node_names.unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn malformed_requests_get_clear_errors_and_the_server_keeps_serving() {
+    let r = start(Source::Cluster(synced_cluster())).await;
+    let truncated = &ARGS_FULL[..ARGS_FULL.len() / 2];
+    let mut no_pod: Value = serde_json::from_str(ARGS_NAMES).unwrap();
+    no_pod.as_object_mut().unwrap().remove("Pod");
+    let mut null_pod: Value = serde_json::from_str(ARGS_NAMES).unwrap();
+    null_pod["Pod"] = Value::Null;
+    let mut no_nodes: Value = serde_json::from_str(ARGS_NAMES).unwrap();
+    no_nodes["NodeNames"] = Value::Null;
+    let mut both: Value = serde_json::from_str(ARGS_FULL).unwrap();
+    both["NodeNames"] = json!(["fake-node-1"]);
+    let mut many: Value = serde_json::from_str(ARGS_NAMES).unwrap();
+    many["Pod"] = h100_pod();
+    many["NodeNames"] = Value::Array((0..50_000).map(|i| json!(format!("node-{i}"))).collect());
+    let mut bad_node: Value = serde_json::from_str(ARGS_FULL).unwrap();
+    bad_node["Pod"] = h100_pod();
+    bad_node["Nodes"]["items"][1]["metadata"]["labels"] = json!(["not", "a", "map"]);
+    let mut bad_pod: Value = serde_json::from_str(ARGS_NAMES).unwrap();
+    bad_pod["Pod"]["spec"]["containers"] = json!("nope");
+
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "truncated",
+            truncated.to_string(),
+            "railguard: ExtenderArgs is not valid JSON: EOF while parsing",
+        ),
+        (
+            "no pod",
+            no_pod.to_string(),
+            "railguard: ExtenderArgs has no Pod",
+        ),
+        (
+            "null pod",
+            null_pod.to_string(),
+            "railguard: ExtenderArgs has no Pod",
+        ),
+        (
+            "no nodes",
+            no_nodes.to_string(),
+            "railguard: ExtenderArgs has neither Nodes nor NodeNames",
+        ),
+        (
+            "both",
+            both.to_string(),
+            "railguard: ExtenderArgs has both Nodes and NodeNames",
+        ),
+        (
+            "50k names",
+            many.to_string(),
+            "railguard: ExtenderArgs lists 50000 nodes, more than the limit of 15000 (--max-nodes)",
+        ),
+        (
+            "bad node",
+            bad_node.to_string(),
+            "railguard: ExtenderArgs.Nodes.items[1] is not a valid Node",
+        ),
+        (
+            "bad pod",
+            bad_pod.to_string(),
+            "railguard: ExtenderArgs.Pod is not a valid Pod",
+        ),
+        (
+            "not json",
+            "<html>".to_string(),
+            "railguard: ExtenderArgs is not valid JSON",
+        ),
+        (
+            "empty",
+            String::new(),
+            "railguard: ExtenderArgs is not valid JSON",
+        ),
+    ];
+    for (what, body, want) in cases {
+        let (status, text) = post(&r, "/filter", body.clone()).await;
+        assert_eq!(status, 400, "{what}: {text}");
+        let result: ExtenderFilterResult = serde_json::from_str(&text).unwrap();
+        assert!(result.error.starts_with(want), "{what}: {}", result.error);
+        assert!(
+            result.nodes.is_none() && result.node_names.is_none(),
+            "{what}"
+        );
+        let (status, text) = post(&r, "/prioritize", body).await;
+        assert_eq!(status, 400, "{what}: {text}");
+        assert!(text.starts_with(want), "{what}: {text}");
+    }
+    // Still serving.
+    let (status, _) = post(&r, "/filter", ARGS_NAMES).await;
+    assert_eq!(status, 200);
+    let metrics = r.state.metrics.encode().unwrap();
+    assert!(
+        metrics.contains("railguard_extender_request_errors_total{reason=\"too_many_nodes\"} 2"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn standalone_mode_refuses_node_names_with_a_clear_error() {
+    let r = start(standalone()).await;
+    let mut args: Value = serde_json::from_str(ARGS_NAMES).unwrap();
+    args["Pod"] = h100_pod();
+    let (status, text) = post(&r, "/filter", args.to_string()).await;
+    assert_eq!(status, 200);
+    let result: ExtenderFilterResult = serde_json::from_str(&text).unwrap();
+    assert!(
+        result.error.contains("runs --standalone without a node cache; configure the extender with nodeCacheCapable: false"),
+        "{}",
+        result.error
+    );
+    let ready = reqwest::get(format!("{}/readyz", r.health)).await.unwrap();
+    assert_eq!(ready.status().as_u16(), 200);
+}

@@ -188,3 +188,114 @@ pub fn render_report(r: &AnalyzeReport) -> String {
     }
     out
 }
+
+/// `railguard-prober analyze [--nccl-tests FILE] [--nccl-log FILE]... [--profile FILE] [--json]`
+#[derive(clap::Args, Debug, Clone)]
+pub struct AnalyzeArgs {
+    /// nccl-tests output (may also hold NCCL INFO lines).
+    #[arg(long = "nccl-tests", env = "RAILGUARD_NCCL_TESTS")]
+    pub nccl_tests: Option<std::path::PathBuf>,
+    /// NCCL debug log (repeatable; may also hold nccl-tests output).
+    #[arg(long = "nccl-log", env = "RAILGUARD_NCCL_LOG", value_delimiter = ',')]
+    pub nccl_log: Vec<std::path::PathBuf>,
+    /// FabricProfile YAML whose thresholds to judge against (first profile of the file).
+    #[arg(long, env = "RAILGUARD_PROFILE")]
+    pub profile: Option<std::path::PathBuf>,
+    /// Print JSON.
+    #[arg(long, env = "RAILGUARD_JSON")]
+    pub json: bool,
+}
+
+/// Why `analyze` could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum AnalyzeError {
+    #[error("analyze needs at least one input: --nccl-tests FILE or --nccl-log FILE")]
+    NoInput,
+    #[error("cannot read {path}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: nccl-tests output is unusable")]
+    Perf {
+        path: String,
+        #[source]
+        source: crate::nccl::PerfParseError,
+    },
+    #[error("cannot read profile {path}")]
+    Profile {
+        path: String,
+        #[source]
+        source: railguard_api::ProfileError,
+    },
+    #[error("profile file {path} holds no FabricProfile")]
+    EmptyProfile { path: String },
+    #[error("cannot encode JSON")]
+    Json {
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl AnalyzeArgs {
+    /// Returns the text to print and whether the verdict is `fail`.
+    pub fn run(&self) -> Result<(String, bool), AnalyzeError> {
+        let paths: Vec<&std::path::PathBuf> =
+            self.nccl_tests.iter().chain(self.nccl_log.iter()).collect();
+        if paths.is_empty() {
+            return Err(AnalyzeError::NoInput);
+        }
+        let mut texts = Vec::new();
+        for p in &paths {
+            let text = std::fs::read_to_string(p).map_err(|source| AnalyzeError::Read {
+                path: p.display().to_string(),
+                source,
+            })?;
+            // Each input is checked on its own, so an error names the file.
+            crate::nccl::parse_perf_output(&text).map_err(|source| AnalyzeError::Perf {
+                path: p.display().to_string(),
+                source,
+            })?;
+            texts.push(text);
+        }
+        let obs =
+            NcclObservation::from_texts(texts.iter().map(String::as_str)).map_err(|source| {
+                AnalyzeError::Perf {
+                    path: "inputs".into(),
+                    source,
+                }
+            })?;
+        let profile = match &self.profile {
+            None => None,
+            Some(p) => {
+                let shown = p.display().to_string();
+                let text = std::fs::read_to_string(p).map_err(|source| AnalyzeError::Read {
+                    path: shown.clone(),
+                    source,
+                })?;
+                let mut list = railguard_api::profiles_from_yaml(&text).map_err(|source| {
+                    AnalyzeError::Profile {
+                        path: shown.clone(),
+                        source,
+                    }
+                })?;
+                if list.is_empty() {
+                    return Err(AnalyzeError::EmptyProfile { path: shown });
+                }
+                Some(list.remove(0))
+            }
+        };
+        let report = analyze(&obs, profile.as_ref().map(|p| &p.spec));
+        let failed = report.verdict == AnalyzeVerdict::Fail;
+        let text = if self.json {
+            let mut s = serde_json::to_string_pretty(&report)
+                .map_err(|source| AnalyzeError::Json { source })?;
+            s.push('\n');
+            s
+        } else {
+            render_report(&report)
+        };
+        Ok((text, failed))
+    }
+}

@@ -4,7 +4,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use railguard_prober::analyze::AnalyzeArgs;
 use railguard_prober::campaign::cli::{CampaignArgs, PeerEndpointArgs};
+use railguard_prober::certify::cli::CertifyArgs;
 use railguard_prober::discover::cli::{AffinityArgs, DiscoverArgs, EmitProfileArgs};
 use railguard_prober::sim::cli::SimSysfsArgs;
 
@@ -30,6 +32,46 @@ enum Command {
     Campaign(CampaignArgs),
     /// Serve campaign tests for this node (control channel and RDMA side channel).
     PeerEndpoint(PeerEndpointArgs),
+    /// One certification run: rails, native RDMA, NCCL; prints the comparison matrix.
+    Certify(CertifyArgs),
+    /// Offline analysis of nccl-tests output and NCCL debug logs.
+    Analyze(AnalyzeArgs),
+}
+
+/// Runs an async command on a fresh runtime; exit 1 when the command reports a failed verdict.
+fn run_async<F>(fut: F) -> ExitCode
+where
+    F: std::future::Future<Output = anyhow::Result<(String, bool)>>,
+{
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("railguard-prober: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    verdict_exit(rt.block_on(fut))
+}
+
+/// Prints the text; exit 0 on success, 1 when the verdict is not a pass, 2 on errors.
+fn verdict_exit(out: anyhow::Result<(String, bool)>) -> ExitCode {
+    match out {
+        Ok((text, ok)) => {
+            print!("{text}");
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(e) => {
+            eprintln!("railguard-prober: {e:#}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 fn print(out: anyhow::Result<String>) -> ExitCode {
@@ -62,5 +104,9 @@ fn main() -> ExitCode {
         Command::SimSysfs(a) => print(a.run().map_err(Into::into)),
         Command::Campaign(a) => print(a.run()),
         Command::PeerEndpoint(a) => print(a.run()),
+        Command::Certify(a) => run_async(async move { a.run().await }),
+        Command::Analyze(a) => {
+            verdict_exit(a.run().map(|(t, failed)| (t, !failed)).map_err(Into::into))
+        }
     }
 }

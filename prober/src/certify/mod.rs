@@ -3,11 +3,13 @@
 //! ([`history`]), the certificate record ([`record`]) and the comparison matrix
 //! ([`matrix`]). [`run`] is the shell that gathers the evidence on a node.
 
+pub mod cli;
 pub mod evidence;
 pub mod history;
 pub mod matrix;
 pub mod policy;
 pub mod record;
+pub mod run;
 
 pub use evidence::{
     Evidence, NcclRunEvidence, PortReading, RailBench, ResourceExposure, ERROR_COUNTERS,

@@ -4,6 +4,7 @@
 pub mod debug_log;
 pub mod perf;
 pub mod runner;
+pub mod standin;
 
 use railguard_api::{NcclResult, Transport};
 use serde::Serialize;

@@ -1,0 +1,331 @@
+//! The shell that gathers certification evidence on a node: sysfs port readings before and
+//! after the invasive window, native RDMA per rail through an [`RdmaEngine`], the NCCL runs
+//! (main and the profile's controls) as child processes, and the software baseline. Every
+//! decision is left to [`super::policy`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use railguard_api::{FabricProfileSpec, GpuAffinity};
+
+use super::evidence::{
+    Evidence, NcclRunEvidence, PortReading, RailBench, ResourceExposure, RUN_GDR_OFF, RUN_MAIN,
+    RUN_SOCKET,
+};
+use crate::discover::{self, DiscoverError, Discovery};
+use crate::nccl::{run_nccl_test, NcclRunSpec};
+use crate::rdma::{MemoryKind, RailBenchRequest, RdmaEngine, RdmaError};
+use crate::sim::NodeModel;
+
+/// Why evidence could not be gathered at all (individual measurements that fail become
+/// evidence, not errors).
+#[derive(Debug, thiserror::Error)]
+pub enum GatherError {
+    #[error("cannot read the node's sysfs")]
+    Discover {
+        #[source]
+        source: DiscoverError,
+    },
+}
+
+/// Where and how to gather evidence on this node.
+#[derive(Clone)]
+pub struct NodeSetup {
+    pub sysfs_root: PathBuf,
+    pub use_nvml: bool,
+    pub engine: Arc<dyn RdmaEngine>,
+    /// nccl-tests `all_reduce_perf` (the profile's, or the simulated stand-in).
+    pub nccl_binary: PathBuf,
+    /// Environment for every NCCL run (e.g. `RAILGUARD_SIM_ROOT` for the stand-in).
+    pub nccl_env: Vec<(String, String)>,
+    pub log_dir: PathBuf,
+    pub nccl_timeout: Duration,
+    /// The node model when simulating (fills software facts sysfs does not hold).
+    pub sim: Option<NodeModel>,
+}
+
+/// Evidence plus what the certificate records besides the verdict.
+#[derive(Clone, Debug)]
+pub struct Gathered {
+    pub evidence: Evidence,
+    pub gpus: Vec<GpuAffinity>,
+}
+
+/// Port readings of every HCA port discovery found.
+pub fn port_readings(d: &Discovery) -> Vec<PortReading> {
+    let mut out = Vec::new();
+    for h in &d.hcas {
+        for p in &h.ports {
+            let mut counters = p.counters.clone();
+            counters.extend(p.hw_counters.iter().map(|(k, v)| (k.clone(), *v)));
+            out.push(PortReading {
+                hca: h.name.clone(),
+                port: p.port,
+                state: p.state.as_str().to_string(),
+                phys_state: p.phys_state.clone(),
+                link_layer: p.link_layer,
+                rate_gbps: p.rate_gbps,
+                counters,
+            });
+        }
+    }
+    out
+}
+
+/// The certificate's GPU affinity from discovery.
+pub fn gpu_affinity(d: &Discovery) -> Vec<GpuAffinity> {
+    d.affinity
+        .gpus
+        .iter()
+        .filter_map(|g| {
+            let nic = g.preferred.as_ref()?;
+            Some(GpuAffinity {
+                gpu: g.index,
+                pci_bus_id: g.pci_bus_id.clone(),
+                preferred_hca: nic.hca.clone(),
+                port: nic.port,
+                path: nic.path,
+                numa: g.numa,
+            })
+        })
+        .collect()
+}
+
+/// Driver, CUDA, kernel, HCA firmware and OFED versions.
+pub fn software_baseline(
+    d: &Discovery,
+    root: &Path,
+    profile: &FabricProfileSpec,
+    sim: Option<&NodeModel>,
+) -> BTreeMap<String, String> {
+    let mut s = BTreeMap::new();
+    if let Some(v) = &d.platform.nvidia_driver {
+        s.insert("driver".into(), v.trim().to_string());
+    }
+    if let Some(v) = &d.platform.kernel {
+        s.insert("kernel".into(), v.trim().to_string());
+    }
+    let mut fw: Vec<String> = d
+        .hcas
+        .iter()
+        .filter(|h| profile.rails.iter().any(|r| r.hca == h.name))
+        .filter_map(|h| h.fw_ver.clone())
+        .collect();
+    fw.sort();
+    fw.dedup();
+    if !fw.is_empty() {
+        s.insert("fw_ver".into(), fw.join(","));
+    }
+    if let Ok(v) = std::fs::read_to_string(root.join("sys/module/mlx5_core/version")) {
+        s.insert("ofed".into(), v.trim().to_string());
+    }
+    if let Some(m) = sim {
+        s.entry("cuda".into()).or_insert(m.software.cuda.clone());
+        s.entry("ofed".into()).or_insert(m.software.ofed.clone());
+    }
+    s
+}
+
+/// Reads the node's sysfs.
+pub fn discover_node(setup: &NodeSetup) -> Result<Discovery, GatherError> {
+    discover::discover(&setup.sysfs_root, setup.use_nvml)
+        .map_err(|source| GatherError::Discover { source })
+}
+
+/// Native RDMA per profile rail: host memory, then GPU memory of the rail's first GPU (the
+/// GPU↔HCA path), then nothing else. Runs on a blocking thread: verbs calls block.
+pub async fn bench_rails(
+    engine: Arc<dyn RdmaEngine>,
+    profile: &FabricProfileSpec,
+) -> Vec<RailBench> {
+    let rails: Vec<(String, u32, Option<u32>)> = profile
+        .rails
+        .iter()
+        .map(|r| (r.hca.clone(), r.port, r.gpus.first().copied()))
+        .collect();
+    let joined = tokio::task::spawn_blocking(move || {
+        rails
+            .into_iter()
+            .map(|(hca, port, gpu)| bench_rail(engine.as_ref(), &hca, port, gpu))
+            .collect::<Vec<_>>()
+    })
+    .await;
+    match joined {
+        Ok(v) => v,
+        Err(e) => profile
+            .rails
+            .iter()
+            .map(|r| RailBench {
+                hca: r.hca.clone(),
+                port: r.port,
+                error: Some(format!("benchmark thread failed: {e}")),
+                ..RailBench::default()
+            })
+            .collect(),
+    }
+}
+
+fn bench_rail(engine: &dyn RdmaEngine, hca: &str, port: u32, gpu: Option<u32>) -> RailBench {
+    let mut out = RailBench {
+        hca: hca.to_string(),
+        port,
+        ..RailBench::default()
+    };
+    match engine.loopback(&RailBenchRequest::host(hca, port)) {
+        Ok(r) => {
+            out.write_bw_host_gbps = Some(r.peak_bw_gbps);
+            out.latency_us = Some(r.small_msg_latency_us);
+        }
+        Err(e) => {
+            out.error = Some(e.to_string());
+            return out;
+        }
+    }
+    if let Some(gpu) = gpu {
+        let mut req = RailBenchRequest::host(hca, port);
+        req.memory = MemoryKind::Gpu { gpu };
+        match engine.loopback(&req) {
+            Ok(r) => out.write_bw_gpu_gbps = Some(r.peak_bw_gbps),
+            // No CUDA on this node: GPU memory is not measured, not failed.
+            Err(RdmaError::GpuMemoryUnavailable { .. }) => {}
+            Err(e) => out.error = Some(format!("GPU memory (gpu {gpu}): {e}")),
+        }
+    }
+    out
+}
+
+/// The NCCL runs the profile asks for: main, then the optional GDR-off control and the
+/// socket comparison. Returns the runs and the binary's digest.
+pub async fn nccl_runs(
+    setup: &NodeSetup,
+    profile: &FabricProfileSpec,
+) -> (Vec<NcclRunEvidence>, Option<String>) {
+    let spec = &profile.certification.nccl_tests;
+    let mut base_env = setup.nccl_env.clone();
+    base_env.push(("NCCL_IB_HCA".into(), profile.nccl_ib_hca()));
+    if let Some(ifname) = &profile.nccl.socket_ifname {
+        base_env.push(("NCCL_SOCKET_IFNAME".into(), ifname.clone()));
+    }
+    if spec.force_ring {
+        base_env.push(("NCCL_ALGO".into(), "Ring".into()));
+    }
+    let mut plan: Vec<(&str, Vec<(String, String)>)> = vec![(RUN_MAIN, vec![])];
+    if spec.gdr_negative_control {
+        plan.push((
+            RUN_GDR_OFF,
+            vec![("NCCL_NET_GDR_LEVEL".into(), "LOC".into())],
+        ));
+    }
+    if spec.socket_comparison {
+        plan.push((RUN_SOCKET, vec![("NCCL_IB_DISABLE".into(), "1".into())]));
+    }
+    let mut runs = Vec::new();
+    let mut digest = None;
+    for (label, extra) in plan {
+        let mut env = base_env.clone();
+        env.extend(extra.iter().cloned());
+        let run = NcclRunSpec {
+            label: label.to_string(),
+            binary: setup.nccl_binary.clone(),
+            args: spec.args.clone(),
+            env,
+            log_dir: setup.log_dir.clone(),
+            timeout: setup.nccl_timeout,
+        };
+        let shown_env: Vec<(String, String)> = extra;
+        let outcome = match run_nccl_test(&run).await {
+            Ok(r) => {
+                digest = digest.or(r.binary_sha256.clone());
+                tracing::info!(run = label, plateau = ?r.observation.busbw_plateau_gbps(), transport = ?r.observation.log.net, gdr = ?r.observation.log.gdr, "nccl run finished");
+                Ok(r.observation)
+            }
+            Err(e) => {
+                tracing::warn!(run = label, error = %error_chain(&e), "nccl run failed");
+                Err(error_chain(&e))
+            }
+        };
+        runs.push(NcclRunEvidence {
+            label: label.to_string(),
+            env: shown_env,
+            outcome,
+        });
+    }
+    (runs, digest)
+}
+
+/// `outer: inner: innermost`, the way operators read error chains.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// One invasive certification window: read ports, benchmark every rail, run NCCL, read
+/// ports again.
+pub async fn gather_invasive(
+    setup: &NodeSetup,
+    profile: &FabricProfileSpec,
+    exposure: Option<ResourceExposure>,
+) -> Result<Gathered, GatherError> {
+    let first = discover_node(setup)?;
+    let before = port_readings(&first);
+    let benches = bench_rails(setup.engine.clone(), profile).await;
+    let (nccl, digest) = nccl_runs(setup, profile).await;
+    let last = discover_node(setup)?;
+    let mut software = software_baseline(&last, &setup.sysfs_root, profile, setup.sim.as_ref());
+    if let Some(v) = nccl
+        .iter()
+        .find(|r| r.label == RUN_MAIN)
+        .and_then(|r| r.outcome.as_ref().ok())
+        .and_then(|o| o.nccl_version())
+    {
+        software.insert("nccl".into(), v);
+    }
+    if let Some(d) = digest {
+        software.insert("nccl-tests".into(), d);
+    }
+    Ok(Gathered {
+        evidence: Evidence {
+            before,
+            after: port_readings(&last),
+            benches,
+            nccl,
+            layout_signature: Some(last.signature()),
+            software,
+            exposure,
+        },
+        gpus: gpu_affinity(&last),
+    })
+}
+
+/// One passive window: read ports, wait `window`, read again.
+pub async fn gather_passive(
+    setup: &NodeSetup,
+    profile: &FabricProfileSpec,
+    window: Duration,
+    exposure: Option<ResourceExposure>,
+) -> Result<Gathered, GatherError> {
+    let first = discover_node(setup)?;
+    tokio::time::sleep(window).await;
+    let last = discover_node(setup)?;
+    let software = software_baseline(&last, &setup.sysfs_root, profile, setup.sim.as_ref());
+    Ok(Gathered {
+        evidence: Evidence {
+            before: port_readings(&first),
+            after: port_readings(&last),
+            benches: Vec::new(),
+            nccl: Vec::new(),
+            layout_signature: Some(last.signature()),
+            software,
+            exposure,
+        },
+        gpus: gpu_affinity(&last),
+    })
+}

@@ -102,7 +102,8 @@ pub struct PeerEndpointArgs {
     /// Simulated bad cable/switch port behind a rail: `HCA:PORT=dead|FACTOR` (repeatable).
     #[arg(long = "sim-wire", env = "RAILGUARD_SIM_WIRES", value_delimiter = ';')]
     pub sim_wires: Vec<String>,
-    /// Kubeconfig for the GPU pod check (in-cluster config when unset).
+    /// Kubeconfig for the GPU pod check (in-cluster config when unset; a simulated node
+    /// without it checks no pods).
     #[arg(long, env = "RAILGUARD_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Extended resources that make a pod a GPU pod.
@@ -145,18 +146,19 @@ impl PeerEndpointArgs {
                 Arc::new(VerbsEngine::new())
             }
         };
-        let gpu_pods = match kube_client(self.kubeconfig.as_ref()).await {
-            Ok(client) => GpuPodSource::Kube {
+        let gpu_pods = if self.sim.is_some() && self.kubeconfig.is_none() {
+            // A simulated node outside a cluster has no pods to protect.
+            warn!("simulated node without --kubeconfig: GPU pods are not checked");
+            GpuPodSource::Unchecked
+        } else {
+            let client = kube_client(self.kubeconfig.as_ref())
+                .await
+                .context("the GPU pod check needs cluster access")?;
+            GpuPodSource::Kube {
                 client,
                 node: self.node.clone(),
                 resources: self.gpu_resources.clone(),
-            },
-            // A simulated node outside a cluster has no pods to protect.
-            Err(e) if self.sim.is_some() => {
-                warn!(error = %format!("{e:#}"), "no cluster access: GPU pods are not checked on this simulated node");
-                GpuPodSource::Unchecked
             }
-            Err(e) => return Err(e.context("the GPU pod check needs cluster access")),
         };
         let mut peer = PeerConfig::new(&self.node, &self.profile, &token)?;
         peer.io_timeout = Duration::from_secs(self.io_timeout_secs.max(1));

@@ -61,6 +61,8 @@ pub enum Purpose {
     Sweep,
     /// `suspect` is paired with a known-good reference node.
     Confirm { suspect: NodeIx },
+    /// Two undecided nodes without a known-good reference, paired with each other.
+    Pairing,
 }
 
 /// One planned test: `initiator` writes into `responder`, every rail.
@@ -282,10 +284,15 @@ impl CampaignPlan {
             self.met[a].insert(b);
             self.met[b].insert(a);
         }
-        if let Purpose::Confirm { suspect } = t.purpose {
-            if suspect < self.nodes {
-                self.confirmations[suspect] += 1;
+        match t.purpose {
+            Purpose::Confirm { suspect } if suspect < self.nodes => {
+                self.confirmations[suspect] += 1
             }
+            Purpose::Pairing => {
+                self.confirmations[a] += 1;
+                self.confirmations[b] += 1;
+            }
+            _ => {}
         }
         self.results.push(result);
         Ok(())
@@ -329,6 +336,7 @@ impl CampaignPlan {
         for &s in &suspects {
             busy[s] = true;
         }
+        let mut unmatched = Vec::new();
         for &s in &suspects {
             let open = self.open_rails(s);
             let wanted: Vec<RailIx> = if open.is_empty() {
@@ -351,6 +359,29 @@ impl CampaignPlan {
                     initiator: g,
                     responder: s,
                     purpose: Purpose::Confirm { suspect: s },
+                });
+            } else {
+                unmatched.push(s);
+            }
+        }
+        // No proven-good reference for them (e.g. every sweep test of theirs was
+        // inconclusive): pair undecided nodes with each other. A pass proves both; a failure
+        // blames nobody, since blame needs peers proven good.
+        let mut taken = vec![false; unmatched.len()];
+        for i in 0..unmatched.len() {
+            if taken[i] {
+                continue;
+            }
+            let a = unmatched[i];
+            if let Some(j) = (i + 1..unmatched.len())
+                .find(|&j| !taken[j] && !self.tested.contains(&key(a, unmatched[j])))
+            {
+                taken[i] = true;
+                taken[j] = true;
+                round.push(PairTest {
+                    initiator: a,
+                    responder: unmatched[j],
+                    purpose: Purpose::Pairing,
                 });
             }
         }
@@ -713,6 +744,45 @@ mod tests {
         assert_eq!(loc.unresolved, BTreeSet::from([(2, 0)]));
         // Node 2 got its attempt budget and no more.
         assert!(plan.tests() <= 5 + PlanOptions::default().max_confirmations_per_node);
+    }
+
+    #[test]
+    fn undecided_nodes_without_references_are_paired_with_each_other() {
+        // Every sweep test is inconclusive (e.g. half the endpoints refuse): nobody is proven
+        // good, so the planner pairs undecided nodes with each other until passes appear.
+        let bad = [1usize, 3, 5, 7];
+        let mut plan = CampaignPlan::new(8, 2, PlanOptions::default()).unwrap();
+        while let Some(round) = plan.next_round() {
+            for t in round {
+                let inconclusive = bad.contains(&t.initiator) || bad.contains(&t.responder);
+                let o = if inconclusive {
+                    RailOutcome::Inconclusive
+                } else {
+                    RailOutcome::Pass
+                };
+                plan.record(PairResult {
+                    test: t,
+                    rails: vec![o; 2],
+                })
+                .unwrap();
+            }
+        }
+        let loc = plan.localize();
+        for n in [0usize, 2, 4, 6] {
+            assert!(
+                plan.is_good(n, 0) && plan.is_good(n, 1),
+                "node {n} proven good"
+            );
+            assert!(
+                plan.peers_met(n) >= 2,
+                "node {n} met {} peers",
+                plan.peers_met(n)
+            );
+        }
+        assert!(loc.rail_faults.is_empty() && loc.node_faults.is_empty());
+        for n in bad {
+            assert!(loc.unresolved.contains(&(n, 0)));
+        }
     }
 
     #[test]

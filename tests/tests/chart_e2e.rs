@@ -1119,6 +1119,20 @@ async fn every_rendered_object_passes_a_server_side_dry_run() {
             "{stderr}"
         );
     }
+    // kubectl validates against the server's schema: an unknown field fails.
+    if use_kubectl {
+        let mut docs = render(&DEFAULT);
+        let i = docs.iter().position(|d| d.kind() == "Deployment").unwrap();
+        docs[i].obj["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGet"]
+            ["pathh"] = json!("/typo");
+        let out = kubectl_dry_run(&cp, &manifest_file(dir.path(), "typo", &docs[i..=i]));
+        assert!(!out.status.success(), "unknown field accepted");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("pathh"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     // And an invalid object is refused by the server, not just by our asserts.
     let mut docs = render(&DEFAULT);
     let i = docs
@@ -1131,4 +1145,65 @@ async fn every_rendered_object_passes_a_server_side_dry_run() {
         failures.len() == 1 && failures[0].contains("sideEffects"),
         "{failures:#?}"
     );
+}
+
+#[test]
+fn dockerfiles_build_the_binaries_the_chart_runs() {
+    let root = workspace_root();
+    let values: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root.join("charts/railguard/values.yaml")).unwrap(),
+    )
+    .unwrap();
+    for (component, ports) in [
+        ("webhook", vec!["webhook.port", "webhook.metricsPort"]),
+        ("extender", vec!["extender.port", "extender.metricsPort"]),
+        ("prober", vec!["prober.peerPort", "prober.metricsPort"]),
+    ] {
+        let bin = format!("railguard-{component}");
+        let text =
+            std::fs::read_to_string(root.join(format!("docker/{component}.Dockerfile"))).unwrap();
+        let cargo = std::fs::read_to_string(root.join(format!("{component}/Cargo.toml"))).unwrap();
+        assert!(
+            cargo.contains(&format!("name = \"{bin}\"")),
+            "{component}/Cargo.toml declares {bin}"
+        );
+        assert!(
+            text.contains(&format!("-p {bin} --bin {bin}")),
+            "{component}: builds {bin}"
+        );
+        assert!(
+            text.matches("\nFROM ").count() >= 2,
+            "{component}: multi-stage"
+        );
+        assert!(
+            text.contains(&format!("ENTRYPOINT [\"/usr/local/bin/{bin}\"]")),
+            "{component}: entrypoint"
+        );
+        let last_user = text
+            .lines()
+            .filter(|l| l.starts_with("USER "))
+            .last()
+            .unwrap();
+        assert_eq!(last_user, "USER 65532:65532", "{component}: non-root");
+        let exposed: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("EXPOSE "))
+            .flat_map(|l| l.split_whitespace())
+            .collect();
+        for key in ports {
+            let (a, b) = key.split_once('.').unwrap();
+            let port = values[a][b].as_u64().unwrap().to_string();
+            assert!(
+                exposed.contains(&port.as_str()),
+                "{component}: EXPOSE {port} ({key})"
+            );
+        }
+    }
+    let prober = std::fs::read_to_string(root.join("docker/prober.Dockerfile")).unwrap();
+    for needle in ["nccl-tests", "perftest", "NCCL_VERSION", "libibverbs1"] {
+        assert!(
+            prober.contains(needle),
+            "prober Dockerfile documents {needle}"
+        );
+    }
 }

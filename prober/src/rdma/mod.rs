@@ -205,6 +205,29 @@ pub enum RdmaError {
     Busy { hca: String, port: u32 },
 }
 
+impl RdmaError {
+    /// A stable short name of the variant, for metrics, JSON and test assertions.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RdmaError::NoDevices => "no-devices",
+            RdmaError::DeviceNotFound { .. } => "device-not-found",
+            RdmaError::PortNotActive { .. } => "port-not-active",
+            RdmaError::Verbs { .. } => "verbs",
+            RdmaError::WorkCompletion { .. } => "work-completion",
+            RdmaError::Timeout { .. } => "timeout",
+            RdmaError::GpuMemoryUnavailable { .. } => "gpu-memory-unavailable",
+            RdmaError::InvalidRequest { .. } => "invalid-request",
+            RdmaError::PeerUnreachable { .. } => "peer-unreachable",
+            RdmaError::PeerIo { .. } => "peer-io",
+            RdmaError::PeerGone { .. } => "peer-gone",
+            RdmaError::PeerAuth { .. } => "peer-auth",
+            RdmaError::PeerProtocol { .. } => "peer-protocol",
+            RdmaError::PeerRefused { .. } => "peer-refused",
+            RdmaError::Busy { .. } => "busy",
+        }
+    }
+}
+
 fn errno_text(errno: i32) -> String {
     format!(
         "{} (errno {errno})",

@@ -418,6 +418,7 @@ pub struct ServedTest {
     pub peer_node: String,
     pub hca: String,
     pub port: u32,
+    #[serde(flatten)]
     pub status: ServedStatus,
 }
 
@@ -530,7 +531,9 @@ pub fn run_write_test_initiator(
     check_remote_qp(peer, &remote, req, buffer)?;
     endpoint.connect(&remote)?;
 
-    let sweep = endpoint.write_sweep(&remote, &req.sizes, req.iterations);
+    let sweep = endpoint
+        .write_sweep(&remote, &req.sizes, req.iterations)
+        .map_err(|e| explain_sweep_error(&mut stream, peer, e));
     let (ok, note) = match &sweep {
         Ok(_) => (true, String::new()),
         Err(e) => (false, e.to_string()),
@@ -549,6 +552,37 @@ pub fn run_write_test_initiator(
         remote_memory: req.remote_memory,
         result: RailBenchResult::from_points(&req.hca, req.port, req.local_memory, points),
     })
+}
+
+/// A sweep that times out or ends in an error completion often means the peer process died:
+/// if its side channel is closed too, say so instead of reporting the symptom.
+fn explain_sweep_error(stream: &mut TcpStream, peer: &str, err: RdmaError) -> RdmaError {
+    if !matches!(
+        err,
+        RdmaError::Timeout { .. } | RdmaError::WorkCompletion { .. }
+    ) {
+        return err;
+    }
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut byte = [0u8; 1];
+    match stream.read(&mut byte) {
+        Ok(0) => RdmaError::PeerGone {
+            peer: peer.to_string(),
+            stage: "rdma write sweep",
+        },
+        Err(e)
+            if matches!(
+                e.kind(),
+                ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted | ErrorKind::BrokenPipe
+            ) =>
+        {
+            RdmaError::PeerGone {
+                peer: peer.to_string(),
+                stage: "rdma write sweep",
+            }
+        }
+        _ => err,
+    }
 }
 
 /// The peer's QP must be on the rail we asked for and offer a buffer big enough: a peer that
@@ -607,6 +641,69 @@ fn set_timeout(stream: &TcpStream, peer: &str, t: Duration) -> Result<(), RdmaEr
         .map_err(|e| io_error(peer, "socket setup", e))
 }
 
+/// Who the initiator said it is, after it proved knowledge of the token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthenticatedPeer {
+    pub node: String,
+    pub profile: String,
+}
+
+/// The responder's half of the mutual authentication (hello, challenge, auth). Public so test
+/// tools can script misbehaving peers on top of a correct handshake.
+pub fn authenticate_initiator(
+    stream: &mut TcpStream,
+    cfg: &PeerConfig,
+    peer: &str,
+) -> Result<AuthenticatedPeer, RdmaError> {
+    let (peer_node, peer_profile, nonce_i) = match read_message(stream, peer, "hello")? {
+        Message::Hello {
+            node,
+            profile,
+            nonce,
+        } => (node, profile, unhex(peer, "nonce", &nonce)?),
+        other => return Err(unexpected(peer, "hello", &other)),
+    };
+    if nonce_i.len() < 16 {
+        return Err(protocol(peer, "nonce shorter than 16 bytes".into()));
+    }
+    let nonce_r = nonce();
+    write_message(
+        stream,
+        &Message::Challenge {
+            node: cfg.node.clone(),
+            profile: cfg.profile.clone(),
+            nonce: hex::encode(nonce_r),
+            proof: hex::encode(cfg.proof("responder", &nonce_i, &nonce_r)),
+        },
+        peer,
+        "challenge",
+    )?;
+    match read_message(stream, peer, "auth")? {
+        Message::Auth { proof } => {
+            let proof = unhex(peer, "proof", &proof)?;
+            if !cfg.verify("initiator", &nonce_i, &nonce_r, &proof) {
+                let _ = write_message(
+                    stream,
+                    &Message::Error {
+                        reason: "authentication failed".into(),
+                    },
+                    peer,
+                    "auth",
+                );
+                return Err(RdmaError::PeerAuth {
+                    peer: peer.to_string(),
+                    reason: "initiator's proof does not match the shared token".into(),
+                });
+            }
+        }
+        other => return Err(unexpected(peer, "auth", &other)),
+    }
+    Ok(AuthenticatedPeer {
+        node: peer_node,
+        profile: peer_profile,
+    })
+}
+
 /// Serves one accepted side-channel connection: authenticates the initiator, checks the
 /// request against this node (profile, HCA, busy rail), opens and connects the target QP and
 /// buffer, and keeps them alive until the initiator reports `Done` (or `test_timeout`).
@@ -624,49 +721,10 @@ pub fn run_write_test_responder(
     set_timeout(&stream, peer, cfg.io_timeout)?;
     let _ = stream.set_nodelay(true);
 
-    let (peer_node, peer_profile, nonce_i) = match read_message(&mut stream, peer, "hello")? {
-        Message::Hello {
-            node,
-            profile,
-            nonce,
-        } => (node, profile, unhex(peer, "nonce", &nonce)?),
-        other => return Err(unexpected(peer, "hello", &other)),
-    };
-    if nonce_i.len() < 16 {
-        return Err(protocol(peer, "nonce shorter than 16 bytes".into()));
-    }
-    let nonce_r = nonce();
-    write_message(
-        &mut stream,
-        &Message::Challenge {
-            node: cfg.node.clone(),
-            profile: cfg.profile.clone(),
-            nonce: hex::encode(nonce_r),
-            proof: hex::encode(cfg.proof("responder", &nonce_i, &nonce_r)),
-        },
-        peer,
-        "challenge",
-    )?;
-    match read_message(&mut stream, peer, "auth")? {
-        Message::Auth { proof } => {
-            let proof = unhex(peer, "proof", &proof)?;
-            if !cfg.verify("initiator", &nonce_i, &nonce_r, &proof) {
-                let _ = write_message(
-                    &mut stream,
-                    &Message::Error {
-                        reason: "authentication failed".into(),
-                    },
-                    peer,
-                    "auth",
-                );
-                return Err(RdmaError::PeerAuth {
-                    peer: peer.to_string(),
-                    reason: "initiator's proof does not match the shared token".into(),
-                });
-            }
-        }
-        other => return Err(unexpected(peer, "auth", &other)),
-    }
+    let AuthenticatedPeer {
+        node: peer_node,
+        profile: peer_profile,
+    } = authenticate_initiator(&mut stream, cfg, peer)?;
 
     let (hca, port, memory, sizes, iterations, initiator) =
         match read_message(&mut stream, peer, "test request")? {

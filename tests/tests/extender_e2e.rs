@@ -1,0 +1,449 @@
+//! End-to-end: railguard-extender (cluster mode, watches on a real kube-apiserver 1.20) called
+//! by a real kube-scheduler 1.20 configured with `kubescheduler.config.k8s.io/v1beta1`
+//! extenders, in both nodeCacheCapable modes. Six fake nodes in the six fabric states; pods
+//! annotated as the webhook would; assertions on bindings and FailedScheduling events.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::Client;
+use railguard_api::{profiles_from_yaml, Certificate, FabricProfile, Verdict};
+use railguard_extender::cache::ClusterState;
+use railguard_extender::metrics::Metrics;
+use railguard_extender::server::{self, AppState, Source};
+use railguard_extender::{synth, ExtenderConfig};
+use railguard_tests::{
+    control_plane_binaries, eventually, free_port, labels, workspace_root, ControlPlane,
+};
+use serde_json::{json, Value};
+
+const MANAGER: &str = "railguard-e2e";
+
+fn fixture_profile(file: &str) -> FabricProfile {
+    let text =
+        std::fs::read_to_string(workspace_root().join("api/fixtures/profiles").join(file)).unwrap();
+    profiles_from_yaml(&text).unwrap().remove(0)
+}
+
+fn hours_ago(h: f64) -> Timestamp {
+    Timestamp::now()
+        .checked_sub(SignedDuration::from_secs_f64(h * 3600.0))
+        .unwrap()
+}
+
+/// Publishes a certificate on a node the way the prober does: labels and annotation.
+async fn publish(client: &Client, node: &str, cert: &Certificate) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let patch = json!({"metadata": {
+        "labels": {
+            "railguard.io/fabric": cert.verdict.as_label(),
+            "railguard.io/profile": cert.profile,
+            "railguard.io/signature": cert.signature,
+        },
+        "annotations": {"railguard.io/certificate": cert.to_annotation().unwrap()},
+    }});
+    nodes
+        .patch(
+            node,
+            &PatchParams {
+                field_manager: Some(MANAGER.into()),
+                ..Default::default()
+            },
+            &Patch::Merge(patch),
+        )
+        .await
+        .unwrap();
+}
+
+async fn set_fabric_label(client: &Client, node: &str, value: &str) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    nodes
+        .patch(
+            node,
+            &PatchParams {
+                field_manager: Some(MANAGER.into()),
+                ..Default::default()
+            },
+            &Patch::Merge(json!({"metadata": {"labels": {"railguard.io/fabric": value}}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// A training pod as the webhook leaves it: profile and signature annotations, GPUs and RDMA.
+fn training_pod(name: &str, profile: &FabricProfile, gpus: u32, extra: Value) -> Value {
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name,
+            "labels": {"training.kubeflow.org/job-name": "llama"},
+            "annotations": {
+                "railguard.io/profile": profile.name(),
+                "railguard.io/signature": profile.spec.signature(),
+            }},
+        "spec": {"containers": [{
+            "name": "trainer", "image": "registry.invalid/trainer:1",
+            "resources": {"limits": {
+                "nvidia.com/gpu": gpus.to_string(),
+                "rdma/rdma_shared_device_a": "1",
+            }},
+        }]},
+    });
+    merge(&mut pod, extra);
+    pod
+}
+
+fn merge(a: &mut Value, b: Value) {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (a, b) => *a = b,
+    }
+}
+
+async fn create_pod(client: &Client, ns: &str, pod: Value) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod: Pod = serde_json::from_value(pod).unwrap();
+    pods.create(
+        &PostParams {
+            field_manager: Some(MANAGER.into()),
+            ..Default::default()
+        },
+        &pod,
+    )
+    .await
+    .unwrap();
+}
+
+async fn node_of(client: &Client, ns: &str, name: &str) -> Option<String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pods.get(name)
+        .await
+        .ok()
+        .and_then(|p| p.spec)
+        .and_then(|s| s.node_name)
+}
+
+async fn bound_to(client: &Client, ns: &str, name: &str) -> String {
+    eventually(
+        Duration::from_secs(60),
+        &format!("pod {ns}/{name} bound"),
+        || async { Ok(node_of(client, ns, name).await) },
+    )
+    .await
+    .unwrap()
+}
+
+/// Messages of the pod's FailedScheduling events.
+async fn failed_scheduling(client: &Client, ns: &str, name: &str) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let list = events
+        .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+        .unwrap();
+    list.items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
+        .filter_map(|e| e.message)
+        .collect()
+}
+
+struct Extender {
+    url: String,
+    health: String,
+    state: Arc<AppState>,
+    handle: axum_server::Handle,
+    watches: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Extender {
+    fn drop(&mut self) {
+        self.handle.shutdown();
+        self.watches.abort();
+    }
+}
+
+async fn start_extender(client: Client) -> Extender {
+    let config = ExtenderConfig::default();
+    let metrics = Arc::new(Metrics::new());
+    let cluster = Arc::new(ClusterState::new(config.clone()));
+    let watches = tokio::spawn(cluster.clone().run(client, metrics.clone()));
+    let state = Arc::new(AppState {
+        source: Source::Cluster(cluster),
+        config,
+        max_nodes: server::DEFAULT_MAX_NODES,
+        metrics,
+    });
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let handle = axum_server::Handle::new();
+    tokio::spawn(server::serve_extender(
+        listener,
+        None,
+        server::extender_router(state.clone(), 512 << 20),
+        handle.clone(),
+    ));
+    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let health_port = health.local_addr().unwrap().port();
+    tokio::spawn(std::future::IntoFuture::into_future(axum::serve(
+        health,
+        server::health_router(state.clone()),
+    )));
+    Extender {
+        url: format!("http://127.0.0.1:{port}"),
+        health: format!("http://127.0.0.1:{health_port}"),
+        state,
+        handle,
+        watches,
+    }
+}
+
+/// kube-scheduler 1.20 with an extenders stanza. Like `ControlPlane::start_scheduler`, but
+/// with its health and metrics listeners on free loopback ports: with `--config`, 1.20
+/// ignores `--port=0` and binds 0.0.0.0:10251, which clashes with any other scheduler on the
+/// machine (a parallel test or a running demo).
+struct Scheduler(std::process::Child);
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_scheduler(cp: &ControlPlane, extenders_yaml: &str, tag: &str) -> Scheduler {
+    let extenders: serde_yaml::Value = serde_yaml::from_str(extenders_yaml).unwrap();
+    let config = json!({
+        "apiVersion": "kubescheduler.config.k8s.io/v1beta1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": cp.kubeconfig_path().display().to_string(), "qps": 500, "burst": 1000},
+        "leaderElection": {"leaderElect": false},
+        "healthzBindAddress": format!("127.0.0.1:{}", free_port().unwrap()),
+        "metricsBindAddress": format!("127.0.0.1:{}", free_port().unwrap()),
+        "extenders": extenders,
+    });
+    let path = cp.log_dir().join(format!("scheduler-{tag}.yaml"));
+    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    let log =
+        std::fs::File::create(cp.log_dir().join(format!("kube-scheduler-{tag}.log"))).unwrap();
+    let child =
+        std::process::Command::new(control_plane_binaries().unwrap().join("kube-scheduler"))
+            .arg(format!("--config={}", path.display()))
+            .arg("--secure-port=0")
+            .arg("--v=2")
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+    Scheduler(child)
+}
+
+async fn scenario(node_cache_capable: bool) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut cp = ControlPlane::start().await.expect("control plane");
+    cp.apply_fabricprofile_crd().await.expect("CRD");
+    let client = cp.client();
+    let h100 = fixture_profile("dgx-h100-ndr.yaml");
+    let a100 = fixture_profile("dgx-a100-hdr.yaml");
+    let profiles: Api<FabricProfile> = Api::all(client.clone());
+    for p in [&h100, &a100] {
+        profiles.create(&PostParams::default(), p).await.unwrap();
+    }
+    cp.create_namespace("train", &labels(&[])).await.unwrap();
+    cp.create_namespace(
+        "sandbox",
+        &labels(&[("railguard.io/exemptions", "allowed")]),
+    )
+    .await
+    .unwrap();
+
+    // Six nodes with 8 GPUs each, in the six fabric states.
+    let alloc = [("nvidia.com/gpu", "8"), ("rdma/rdma_shared_device_a", "1")];
+    for name in [
+        "n-certified",
+        "n-other-profile",
+        "n-expired",
+        "n-degraded",
+        "n-failed",
+        "n-none",
+    ] {
+        cp.create_node(name, &labels(&[]), &alloc).await.unwrap();
+    }
+    let good = synth::certificate(&h100, Verdict::Certified, hours_ago(1.0), 392.0, 370.0);
+    publish(&client, "n-certified", &good).await;
+    let other = synth::certificate(&a100, Verdict::Certified, hours_ago(1.0), 195.0, 190.0);
+    publish(&client, "n-other-profile", &other).await;
+    // TTL 24h, issued 26h10m ago: expired 2h10m ago.
+    let expired = synth::certificate(
+        &h100,
+        Verdict::Certified,
+        hours_ago(26.0 + 10.0 / 60.0),
+        392.0,
+        370.0,
+    );
+    publish(&client, "n-expired", &expired).await;
+    let mut degraded = good.clone();
+    synth::degrade_rail(&mut degraded, "mlx5_3", 1, 196.0);
+    publish(&client, "n-degraded", &degraded).await;
+    let mut failed = synth::certificate(&h100, Verdict::Failed, hours_ago(1.0), 392.0, 100.0);
+    failed.reasons = vec!["NCCL fell back to Socket transport".into()];
+    publish(&client, "n-failed", &failed).await;
+
+    let ext = start_extender(client.clone()).await;
+    eventually(Duration::from_secs(30), "extender ready", || async {
+        let r = reqwest::get(format!("{}/readyz", ext.health)).await;
+        Ok(r.ok().filter(|r| r.status().is_success()).map(|_| ()))
+    })
+    .await
+    .unwrap();
+    let mut scheduler = start_scheduler(
+        &cp,
+        &format!(
+            "- urlPrefix: \"{}\"\n  filterVerb: filter\n  prioritizeVerb: prioritize\n  weight: 1\n  enableHTTPS: false\n  nodeCacheCapable: {node_cache_capable}\n  ignorable: false\n",
+            ext.url
+        ),
+        if node_cache_capable { "names" } else { "nodes" },
+    );
+
+    // Each profile's pods land on the one node certified for it.
+    create_pod(
+        &client,
+        "train",
+        training_pod("h100-a", &h100, 8, json!({})),
+    )
+    .await;
+    create_pod(
+        &client,
+        "train",
+        training_pod("a100-a", &a100, 8, json!({})),
+    )
+    .await;
+    // A pod railguard does not gate is placed by the scheduler alone.
+    create_pod(
+        &client,
+        "train",
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain"},
+               "spec": {"containers": [{"name": "c", "image": "registry.invalid/c:1"}]}}),
+    )
+    .await;
+    assert_eq!(bound_to(&client, "train", "h100-a").await, "n-certified");
+    assert_eq!(
+        bound_to(&client, "train", "a100-a").await,
+        "n-other-profile"
+    );
+    bound_to(&client, "train", "plain").await;
+
+    // The only certified h100 node is full: the next pod has no eligible node. It stays
+    // Pending and its scheduling event carries the extender's reason for the node that may
+    // become eligible (kube-scheduler 1.20 reports FailedNodes; it ignores
+    // FailedAndUnresolvableNodes, which later versions keep out of preemption).
+    create_pod(
+        &client,
+        "train",
+        training_pod("h100-b", &h100, 8, json!({})),
+    )
+    .await;
+    let messages = eventually(
+        Duration::from_secs(60),
+        "FailedScheduling for h100-b",
+        || async {
+            let m = failed_scheduling(&client, "train", "h100-b").await;
+            Ok((!m.is_empty()).then_some(m))
+        },
+    )
+    .await
+    .unwrap();
+    let msg = &messages[0];
+    assert!(
+        msg.contains("railguard: certificate expired 2h1"),
+        "extender reason missing from the event: {msg}"
+    );
+    assert!(msg.contains("0/6 nodes are available"), "{msg}");
+    assert!(msg.contains("Insufficient nvidia.com/gpu"), "{msg}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        node_of(&client, "train", "h100-b").await,
+        None,
+        "must stay Pending"
+    );
+
+    // allow-uncertified: ignored in a namespace the profile does not allow, honored where it does.
+    let to_none = json!({
+        "metadata": {"annotations": {"railguard.io/allow-uncertified": "true"}},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": "n-none"}},
+    });
+    create_pod(
+        &client,
+        "train",
+        training_pod("exempt-denied", &h100, 0, to_none.clone()),
+    )
+    .await;
+    create_pod(
+        &client,
+        "sandbox",
+        training_pod("exempt-allowed", &h100, 0, to_none),
+    )
+    .await;
+    assert_eq!(
+        bound_to(&client, "sandbox", "exempt-allowed").await,
+        "n-none"
+    );
+    eventually(
+        Duration::from_secs(60),
+        "FailedScheduling for exempt-denied",
+        || async {
+            let m = failed_scheduling(&client, "train", "exempt-denied").await;
+            Ok((!m.is_empty()).then_some(m))
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(node_of(&client, "train", "exempt-denied").await, None);
+
+    // The expired node is recertified the way the prober renews: pending, then certified.
+    set_fabric_label(&client, "n-expired", "pending").await;
+    let renewed = synth::certificate(&h100, Verdict::Certified, hours_ago(0.0), 394.0, 372.0);
+    publish(&client, "n-expired", &renewed).await;
+    let node = eventually(
+        Duration::from_secs(90),
+        "h100-b bound after renewal",
+        || async { Ok(node_of(&client, "train", "h100-b").await) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(node, "n-expired");
+
+    // The extender saw the scheduler's calls in the expected form.
+    let metrics = ext.state.metrics.encode().unwrap();
+    let mode = if node_cache_capable { "names" } else { "nodes" };
+    assert!(
+        metrics.contains(&format!(
+            "railguard_extender_filter_duration_seconds_count{{mode=\"{mode}\"}}"
+        )),
+        "{metrics}"
+    );
+    assert!(metrics.contains("railguard_extender_nodes_rejected_total{reason=\"expired\"}"));
+    assert!(metrics.contains("railguard_extender_nodes_rejected_total{reason=\"other_profile\"}"));
+    cp.check_alive().unwrap();
+    assert!(
+        scheduler.0.try_wait().unwrap().is_none(),
+        "kube-scheduler exited; see {}",
+        cp.log_dir().display()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduler_places_training_pods_through_the_extender_with_node_cache() {
+    scenario(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduler_places_training_pods_through_the_extender_with_full_nodes() {
+    scenario(false).await;
+}

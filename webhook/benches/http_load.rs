@@ -1,1 +1,354 @@
-fn main() {}
+//! HTTP load over TLS with keep-alive against the real `railguard-webhook` binary (a child
+//! process on 127.0.0.1, standalone mode), `/mutate` and the no-op `/noop` in the same run.
+//! Prints a table: throughput, p50/p99 latency, and the server's RSS.
+//!
+//! Run: `cargo bench -p railguard-webhook --bench http_load`
+//! Knobs (env): LOAD_CONNECTIONS (10), LOAD_REQUESTS (20000 per endpoint and round),
+//! LOAD_ROUNDS (2), LOAD_PACED_SECONDS (5).
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use serde_json::json;
+
+const H100: &str = include_str!("../../api/fixtures/profiles/dgx-h100-ndr.yaml");
+const SAMPLE: &str = include_str!("../fixtures/admission-review-sample.json");
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The review recorded from kube-apiserver 1.20, turned into an 8-GPU, 3-container pod.
+fn review_body() -> Vec<u8> {
+    let mut v: serde_json::Value = serde_json::from_str(SAMPLE).expect("sample");
+    let c0 = v["request"]["object"]["spec"]["containers"][0].clone();
+    let mut trainer = c0.clone();
+    trainer["name"] = json!("pytorch");
+    trainer["resources"] =
+        json!({"limits": {"nvidia.com/gpu": "8"}, "requests": {"nvidia.com/gpu": "8"}});
+    trainer["env"] = json!([{"name": "MASTER_ADDR", "value": "llama-master-0"}]);
+    let mut shipper = c0.clone();
+    shipper["name"] = json!("log-shipper");
+    let mut exporter = c0;
+    exporter["name"] = json!("dcgm-exporter");
+    v["request"]["object"]["spec"]["containers"] = json!([trainer, shipper, exporter]);
+    serde_json::to_vec(&v).expect("review")
+}
+
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    metrics: SocketAddr,
+    _dir: tempfile::TempDir,
+    ca_pem: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+async fn start_server() -> Server {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca_key = rcgen::KeyPair::generate().expect("key");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).expect("ca");
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+        .expect("params")
+        .signed_by(&key, &ca, &ca_key)
+        .expect("cert");
+    std::fs::write(dir.path().join("tls.crt"), cert.pem()).expect("write");
+    std::fs::write(dir.path().join("tls.key"), key.serialize_pem()).expect("write");
+    std::fs::write(dir.path().join("profiles.yaml"), H100).expect("write");
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+    let child = Command::new(env!("CARGO_BIN_EXE_railguard-webhook"))
+        .arg("--listen")
+        .arg(addr.to_string())
+        .arg("--metrics-listen")
+        .arg(metrics.to_string())
+        .arg("--tls-cert")
+        .arg(dir.path().join("tls.crt"))
+        .arg("--tls-key")
+        .arg(dir.path().join("tls.key"))
+        .arg("--profiles")
+        .arg(dir.path().join("profiles.yaml"))
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("spawn railguard-webhook");
+    let server = Server {
+        child,
+        addr,
+        metrics,
+        _dir: dir,
+        ca_pem: ca.pem(),
+    };
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(server.metrics).is_ok()
+            && std::net::TcpStream::connect(server.addr).is_ok()
+        {
+            return server;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("railguard-webhook did not listen");
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+async fn connect(addr: SocketAddr, tls: &tokio_rustls::TlsConnector) -> Sender {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    tcp.set_nodelay(true).expect("nodelay");
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let stream = tls.connect(name, tcp).await.expect("tls handshake");
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("http handshake");
+    tokio::spawn(conn);
+    sender
+}
+
+async fn one(sender: &mut Sender, path: &str, body: &Bytes) -> Duration {
+    sender.ready().await.expect("ready");
+    let req = hyper::Request::post(path)
+        .header("host", "localhost")
+        .header("content-type", "application/json")
+        .body(Full::new(body.clone()))
+        .expect("request");
+    let start = Instant::now();
+    let resp = sender.send_request(req).await.expect("send");
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    let elapsed = start.elapsed();
+    // Keep the server honest: /mutate must patch, /noop must not.
+    let has_patch = bytes.windows(9).any(|w| w == b"\"patch\":\"");
+    assert_eq!(
+        has_patch,
+        path == "/mutate",
+        "unexpected answer from {path}"
+    );
+    elapsed
+}
+
+struct Run {
+    label: String,
+    requests: usize,
+    secs: f64,
+    lat: Vec<Duration>,
+}
+
+impl Run {
+    fn pct(&self, p: f64) -> f64 {
+        let mut v = self.lat.clone();
+        v.sort_unstable();
+        let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+        v[i].as_secs_f64() * 1e3
+    }
+}
+
+/// Closed loop: `conns` keep-alive connections, each sending `per_conn` requests back to back.
+async fn closed_loop(
+    addr: SocketAddr,
+    tls: &tokio_rustls::TlsConnector,
+    path: &'static str,
+    body: &Bytes,
+    conns: usize,
+    per_conn: usize,
+) -> Run {
+    let mut senders = Vec::new();
+    for _ in 0..conns {
+        senders.push(connect(addr, tls).await);
+    }
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for mut s in senders {
+        let body = body.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(per_conn);
+            for _ in 0..per_conn {
+                lat.push(one(&mut s, path, &body).await);
+            }
+            lat
+        }));
+    }
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.expect("task"));
+    }
+    Run {
+        label: format!("{path} closed loop, {conns} conns"),
+        requests: lat.len(),
+        secs: start.elapsed().as_secs_f64(),
+        lat,
+    }
+}
+
+/// Open loop at `rate` req/s for `secs`, spread over `conns` connections; latency counts
+/// from the scheduled send time, so a stall is not hidden (no coordinated omission).
+async fn paced(
+    addr: SocketAddr,
+    tls: &tokio_rustls::TlsConnector,
+    path: &'static str,
+    body: &Bytes,
+    conns: usize,
+    rate: u64,
+    secs: u64,
+) -> Run {
+    let per_conn_rate = rate as f64 / conns as f64;
+    let per_conn = (per_conn_rate * secs as f64) as usize;
+    let interval = Duration::from_secs_f64(1.0 / per_conn_rate);
+    let mut senders = Vec::new();
+    for _ in 0..conns {
+        senders.push(connect(addr, tls).await);
+    }
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for (i, mut s) in senders.into_iter().enumerate() {
+        let body = body.clone();
+        // Stagger connections across one interval.
+        let offset = interval.mul_f64(i as f64 / conns as f64);
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(per_conn);
+            for k in 0..per_conn {
+                let due = start + offset + interval.mul_f64(k as f64);
+                tokio::time::sleep_until(due.into()).await;
+                one(&mut s, path, &body).await;
+                lat.push(due.elapsed());
+            }
+            lat
+        }));
+    }
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.expect("task"));
+    }
+    Run {
+        label: format!("{path} paced {rate}/s, {conns} conns"),
+        requests: lat.len(),
+        secs: start.elapsed().as_secs_f64(),
+        lat,
+    }
+}
+
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+fn main() {
+    // The client gets one thread; the server process keeps the rest of the machine.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(run());
+}
+
+async fn run() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let conns = env_or("LOAD_CONNECTIONS", 10) as usize;
+    let requests = env_or("LOAD_REQUESTS", 20_000) as usize;
+    let rounds = env_or("LOAD_ROUNDS", 2);
+    let paced_secs = env_or("LOAD_PACED_SECONDS", 5);
+    let server = start_server().await;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pemfile::certs(&mut server.ca_pem.as_bytes()) {
+        roots.add(c.expect("ca")).expect("root");
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let body = Bytes::from(review_body());
+    let pid = server.child.id();
+
+    // Warm-up on both endpoints.
+    for path in ["/noop", "/mutate"] {
+        closed_loop(server.addr, &tls, path, &body, conns, 200).await;
+    }
+    let per_conn = requests.div_ceil(conns);
+    let mut runs = Vec::new();
+    let mut noop_total = (0usize, 0f64);
+    let mut mutate_total = (0usize, 0f64);
+    // Alternate endpoints so drift on a shared machine hits both alike.
+    for _ in 0..rounds {
+        for path in ["/noop", "/mutate"] {
+            let r = closed_loop(server.addr, &tls, path, &body, conns, per_conn).await;
+            let t = if path == "/noop" {
+                &mut noop_total
+            } else {
+                &mut mutate_total
+            };
+            t.0 += r.requests;
+            t.1 += r.secs;
+            runs.push(r);
+        }
+    }
+    runs.push(paced(server.addr, &tls, "/mutate", &body, conns, 1000, paced_secs).await);
+    runs.push(paced(server.addr, &tls, "/noop", &body, conns, 1000, paced_secs).await);
+    let (rss, hwm) = rss_kib(pid);
+
+    println!(
+        "\nrailguard-webhook HTTP load: TLS 1.3 keep-alive, {conns} connections, body {} bytes, client 1 thread",
+        body.len()
+    );
+    println!("| run | requests | req/s | p50 ms | p99 ms |");
+    println!("|---|---:|---:|---:|---:|");
+    for r in &runs {
+        println!(
+            "| {} | {} | {:.0} | {:.3} | {:.3} |",
+            r.label,
+            r.requests,
+            r.requests as f64 / r.secs,
+            r.pct(0.50),
+            r.pct(0.99)
+        );
+    }
+    let noop_rps = noop_total.0 as f64 / noop_total.1;
+    let mutate_rps = mutate_total.0 as f64 / mutate_total.1;
+    println!(
+        "\n/mutate throughput = {:.1}% of /noop ({mutate_rps:.0} vs {noop_rps:.0} req/s, all closed-loop rounds)",
+        100.0 * mutate_rps / noop_rps
+    );
+    println!(
+        "server RSS after the run: {:.1} MiB (peak {:.1} MiB)",
+        rss as f64 / 1024.0,
+        hwm as f64 / 1024.0
+    );
+}

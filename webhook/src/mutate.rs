@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use jsonptr::PointerBuf;
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, NodeSelectorRequirement, Pod, PodSpec,
-    ResourceRequirements, SecurityContext, Volume, VolumeMount,
+    Capabilities, Container, EnvVar, NodeSelectorRequirement, Pod, PodSpec, ResourceRequirements,
+    SecurityContext, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use railguard_api::profile::{parse_ib_hca, Enforcement, RdmaCountMode};
@@ -266,6 +266,7 @@ pub fn mutate(
     };
     let name = profile.name();
     plan.profile = Some(name.to_string());
+    let signature = profile.spec.signature();
     let exemptions_allowed = profile
         .spec
         .exemptions
@@ -384,6 +385,7 @@ pub fn mutate(
         .rdma
         .as_ref()
         .filter(|_| !skip.contains(&Mutation::Rdma));
+    let want_preflight = profile.spec.preflight && config.prober_image.is_some();
     let mut preflight_base: Option<Container> = None;
     for &i in &targets {
         let c = &spec.containers[i];
@@ -418,7 +420,7 @@ pub fn mutate(
         }
         ch.record(&mut done);
         ch.ops(i, c, &mut plan.ops)?;
-        if preflight_base.is_none() {
+        if want_preflight && preflight_base.is_none() {
             let mut mutated = c.clone();
             ch.apply(&mut mutated);
             preflight_base = Some(mutated);
@@ -426,15 +428,11 @@ pub fn mutate(
     }
     if done.contains(&Mutation::Shm) && !spec.volumes.iter().flatten().any(|v| v.name == SHM_VOLUME)
     {
-        let volume = Volume {
-            name: SHM_VOLUME.to_string(),
-            empty_dir: Some(EmptyDirVolumeSource {
-                medium: Some("Memory".to_string()),
-                size_limit: profile.spec.shm_size.clone().map(Quantity),
-            }),
-            ..Default::default()
-        };
-        let value = to_value(&volume, "shm volume")?;
+        let mut empty_dir = json!({"medium": "Memory"});
+        if let Some(size) = &profile.spec.shm_size {
+            empty_dir["sizeLimit"] = Value::String(size.clone());
+        }
+        let value = json!({"name": SHM_VOLUME, "emptyDir": empty_dir});
         plan.ops.push(match &spec.volumes {
             None => PatchOp::add(pointer(["spec", "volumes"]), Value::Array(vec![value])),
             Some(_) => PatchOp::add(pointer(["spec", "volumes", "-"]), value),
@@ -479,7 +477,7 @@ pub fn mutate(
     {
         match (&config.prober_image, preflight_base) {
             (Some(image), Some(base)) => {
-                let init = preflight_container(&base, image, name, &profile.spec.signature());
+                let init = preflight_container(&base, image, name, &signature);
                 let value = to_value(&init, "preflight init container")?;
                 // First, so a misconfigured pod fails before any other init work.
                 plan.ops.push(match &spec.init_containers {
@@ -502,7 +500,6 @@ pub fn mutate(
     }
 
     // Output annotations: profile, signature and the union of all mutations so far.
-    let signature = profile.spec.signature();
     for (key, value) in [
         (keys::ANNOTATION_PROFILE, name.to_string()),
         (keys::ANNOTATION_SIGNATURE, signature),
@@ -586,17 +583,15 @@ impl ContainerChanges {
         let idx = index.to_string();
         let base = pointer(["spec", "containers", idx.as_str()]);
         if !self.env.is_empty() {
+            let vars = self
+                .env
+                .iter()
+                .map(|e| json!({"name": e.name, "value": e.value.as_deref().unwrap_or_default()}));
             match &c.env {
-                None => out.push(PatchOp::add(
-                    child(&base, ["env"]),
-                    to_value(&self.env, "env")?,
-                )),
+                None => out.push(PatchOp::add(child(&base, ["env"]), vars.collect())),
                 Some(_) => {
-                    for e in &self.env {
-                        out.push(PatchOp::add(
-                            child(&base, ["env", "-"]),
-                            to_value(e, "env var")?,
-                        ));
+                    for v in vars {
+                        out.push(PatchOp::add(child(&base, ["env", "-"]), v));
                     }
                 }
             }
@@ -624,7 +619,7 @@ impl ContainerChanges {
             });
         }
         if self.shm_mount {
-            let mount = to_value(&shm_mount(), "volume mount")?;
+            let mount = json!({"name": SHM_VOLUME, "mountPath": "/dev/shm"});
             out.push(match &c.volume_mounts {
                 None => PatchOp::add(child(&base, ["volumeMounts"]), Value::Array(vec![mount])),
                 Some(_) => PatchOp::add(child(&base, ["volumeMounts", "-"]), mount),
@@ -827,6 +822,10 @@ fn required_expressions(profile: &str) -> [NodeSelectorRequirement; 2] {
     ]
 }
 
+fn requirement_json(r: &NodeSelectorRequirement) -> Value {
+    json!({"key": r.key, "operator": r.operator, "values": r.values.as_deref().unwrap_or_default()})
+}
+
 /// ANDs the certified-node requirement into every required nodeSelectorTerm (terms are
 /// ORed, so each needs it). Returns whether anything was added.
 fn affinity_ops(
@@ -835,7 +834,7 @@ fn affinity_ops(
     out: &mut Vec<PatchOp>,
 ) -> Result<bool, MutateError> {
     let wanted = required_expressions(profile);
-    let term = json!({"matchExpressions": to_value(&wanted, "node affinity")?});
+    let term = json!({"matchExpressions": wanted.iter().map(requirement_json).collect::<Value>()});
     let selector = json!({"nodeSelectorTerms": [term.clone()]});
     let affinity = spec.affinity.as_ref();
     let node = affinity.and_then(|a| a.node_affinity.as_ref());
@@ -887,13 +886,13 @@ fn affinity_ops(
                 match &existing.match_expressions {
                     None => out.push(PatchOp::add(
                         child(&term_base, ["matchExpressions"]),
-                        to_value(&missing, "node affinity")?,
+                        missing.iter().map(|m| requirement_json(m)).collect(),
                     )),
                     Some(_) => {
                         for m in missing {
                             out.push(PatchOp::add(
                                 child(&term_base, ["matchExpressions", "-"]),
-                                to_value(m, "node affinity")?,
+                                requirement_json(m),
                             ));
                         }
                     }

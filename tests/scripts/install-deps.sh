@@ -17,3 +17,5 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# The prober's Soft-RoCE VM test (qemu, busybox, rdma-core userspace).
+sh "$(dirname "$0")/../../prober/vm/install-deps.sh"

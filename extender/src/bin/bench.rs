@@ -1,1 +1,211 @@
-fn main() {}
+//! `railguard-extender-bench`: extender latency and decode cost, printed as a table.
+//!
+//! 1. Cache mode (`nodeCacheCapable: true`): 5,000 certified nodes in the cache, a training
+//!    pod, all 5,000 names per request. Reports the in-server time (decode, filter, encode)
+//!    and the round trip over loopback HTTP, p50/p99.
+//! 2. Full-Node mode: a 5,000-node `ExtenderArgs` built from the Node kube-scheduler 1.20
+//!    sent (managedFields included), decoded, filtered and encoded, as a ratio to a plain
+//!    `serde_json::from_slice::<Value>` of the same bytes.
+//!
+//! Usage: `cargo run --release -p railguard-extender --bin railguard-extender-bench [-- ROUNDS]`
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use railguard_api::{NodeFabric, Verdict};
+use railguard_extender::cache::ClusterState;
+use railguard_extender::metrics::Metrics;
+use railguard_extender::server::{self, AppState, Source};
+use railguard_extender::wire::ExtenderArgs;
+use railguard_extender::{synth, ExtenderConfig};
+use serde_json::json;
+
+const NODES: usize = 5_000;
+const ARGS_FULL: &str = include_str!("../../fixtures/extender-args-sample.json");
+const H100: &str = include_str!("../../../api/fixtures/profiles/dgx-h100-ndr.yaml");
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.0} µs", d.as_secs_f64() * 1e6)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let rounds: usize = std::env::args()
+        .nth(1)
+        .map(|s| s.parse())
+        .transpose()
+        .context("ROUNDS must be a number")?
+        .unwrap_or(1000);
+    let profiles = railguard_api::profiles_from_yaml(H100)?;
+    let h100 = profiles[0].clone();
+    let sample: serde_json::Value = serde_json::from_str(ARGS_FULL)?;
+    let base: Node = serde_json::from_value(sample["Nodes"]["items"][0].clone())?;
+    let mut pod: Pod = serde_json::from_value(sample["Pod"].clone())?;
+    let ann = pod
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    ann.insert("railguard.io/profile".into(), h100.name().into());
+    ann.insert("railguard.io/signature".into(), h100.spec.signature());
+
+    let now = Timestamp::now();
+    let issued = now.checked_sub(SignedDuration::from_hours(1))?;
+    // Every tenth node is degraded, so the filter does real rejecting work.
+    let nodes: Vec<Node> = (0..NODES)
+        .map(|i| {
+            let mut cert = synth::certificate(&h100, Verdict::Certified, issued, 392.0, 370.0);
+            if i % 10 == 0 {
+                synth::degrade_rail(&mut cert, "mlx5_3", 1, 196.0);
+            }
+            synth::node(
+                &base,
+                &format!("gpu-{i:05}"),
+                Some(&cert),
+                &[(
+                    "network.topology.nvidia.com/leaf",
+                    &format!("leaf-{}", i / 32),
+                )],
+            )
+        })
+        .collect();
+
+    // 1. Cache mode.
+    let cluster = Arc::new(ClusterState::new(ExtenderConfig::default()));
+    cluster.nodes.replace(
+        nodes
+            .iter()
+            .map(|n| {
+                let f = NodeFabric::from_node(n, now);
+                (f.name.clone(), Arc::new(f))
+            })
+            .collect(),
+    );
+    cluster.pods.replace(Default::default());
+    cluster.namespaces.replace(Default::default());
+    cluster.profiles.replace(
+        profiles
+            .iter()
+            .map(|p| (p.name().to_string(), Arc::new(p.clone())))
+            .collect(),
+    );
+    cluster.rebuild_profile_list();
+    let state = Arc::new(AppState {
+        source: Source::Cluster(cluster),
+        config: ExtenderConfig::default(),
+        max_nodes: server::DEFAULT_MAX_NODES,
+        metrics: Arc::new(Metrics::new()),
+    });
+    let names: Vec<String> = nodes
+        .iter()
+        .filter_map(|n| n.metadata.name.clone())
+        .collect();
+    let body = serde_json::to_vec(&json!({"Pod": pod, "Nodes": null, "NodeNames": names}))?;
+
+    let mut in_server = Vec::with_capacity(rounds);
+    let mut passed = 0;
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let req = ExtenderArgs::decode(&body, state.max_nodes)?;
+        let result = server::answer_filter(&state, req, Timestamp::now())?;
+        let out = serde_json::to_vec(&result)?;
+        in_server.push(t.elapsed());
+        passed = result.node_names.map_or(0, |n| n.len());
+        std::hint::black_box(out);
+    }
+    in_server.sort();
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    let handle = axum_server::Handle::new();
+    tokio::spawn(server::serve_extender(
+        listener,
+        None,
+        server::extender_router(state.clone(), 512 << 20),
+        handle.clone(),
+    ));
+    handle.listening().await.context("server did not start")?;
+    let client = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}/filter");
+    let mut round_trip = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let resp = client.post(&url).body(body.clone()).send().await?;
+        let bytes = resp.bytes().await?;
+        round_trip.push(t.elapsed());
+        std::hint::black_box(bytes);
+    }
+    round_trip.sort();
+    handle.shutdown();
+
+    // 2. Full-Node mode.
+    let full = serde_json::to_vec(
+        &json!({"Pod": pod, "Nodes": {"metadata": {}, "items": nodes}, "NodeNames": null}),
+    )?;
+    let standalone = AppState {
+        source: Source::Standalone {
+            profiles: Arc::new(profiles.clone()),
+        },
+        config: ExtenderConfig::default(),
+        max_nodes: server::DEFAULT_MAX_NODES,
+        metrics: Arc::new(Metrics::new()),
+    };
+    let full_rounds = (rounds / 50).max(5);
+    let mut plain = Vec::new();
+    let mut ours = Vec::new();
+    for _ in 0..full_rounds {
+        let t = Instant::now();
+        let v: serde_json::Value = serde_json::from_slice(&full)?;
+        plain.push(t.elapsed());
+        std::hint::black_box(v);
+        let t = Instant::now();
+        let req = ExtenderArgs::decode(&full, standalone.max_nodes)?;
+        let result = server::answer_filter(&standalone, req, Timestamp::now())?;
+        let out = serde_json::to_vec(&result)?;
+        ours.push(t.elapsed());
+        std::hint::black_box(out);
+    }
+    plain.sort();
+    ours.sort();
+    let median = |v: &[Duration]| percentile(v, 0.5);
+
+    println!("railguard-extender bench: {NODES} nodes, h100-ndr pod, every 10th node degraded");
+    println!();
+    println!("| measurement | rounds | p50 | p99 |");
+    println!("|---|---|---|---|");
+    println!(
+        "| cache mode, in server (decode + filter + encode), {passed} of {NODES} pass | {rounds} | {} | {} |",
+        us(median(&in_server)),
+        us(percentile(&in_server, 0.99))
+    );
+    println!(
+        "| cache mode, HTTP round trip over loopback | {rounds} | {} | {} |",
+        us(median(&round_trip)),
+        us(percentile(&round_trip, 0.99))
+    );
+    println!(
+        "| full-Node mode, plain serde_json::Value parse ({:.1} MB) | {full_rounds} | {} | {} |",
+        full.len() as f64 / 1e6,
+        us(median(&plain)),
+        us(percentile(&plain, 0.99))
+    );
+    println!(
+        "| full-Node mode, decode + filter + encode | {full_rounds} | {} | {} |",
+        us(median(&ours)),
+        us(percentile(&ours, 0.99))
+    );
+    println!();
+    println!(
+        "full-Node mode ratio (decode + filter + encode / plain parse, medians): {:.2}",
+        median(&ours).as_secs_f64() / median(&plain).as_secs_f64()
+    );
+    Ok(())
+}

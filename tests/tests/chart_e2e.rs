@@ -1182,7 +1182,7 @@ fn dockerfiles_build_the_binaries_the_chart_runs() {
         let last_user = text
             .lines()
             .filter(|l| l.starts_with("USER "))
-            .last()
+            .next_back()
             .unwrap();
         assert_eq!(last_user, "USER 65532:65532", "{component}: non-root");
         let exposed: Vec<&str> = text

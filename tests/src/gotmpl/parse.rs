@@ -365,7 +365,7 @@ impl<'a> Lexer<'a> {
                 || ch == '_'
                 || ((ch == '-' || ch == '+')
                     && (off == 0
-                        || matches!(src[start..].as_bytes()[off - 1], b'e' | b'E' | b'p' | b'P')));
+                        || matches!(src.as_bytes()[start + off - 1], b'e' | b'E' | b'p' | b'P')));
             if !ok {
                 break;
             }

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use railguard_prober::analyze::AnalyzeArgs;
 use railguard_prober::campaign::cli::{CampaignArgs, PeerEndpointArgs};
 use railguard_prober::certify::cli::CertifyArgs;
+use railguard_prober::daemon::DaemonArgs;
 use railguard_prober::discover::cli::{AffinityArgs, DiscoverArgs, EmitProfileArgs};
 use railguard_prober::sim::cli::SimSysfsArgs;
 
@@ -36,6 +37,8 @@ enum Command {
     Certify(CertifyArgs),
     /// Offline analysis of nccl-tests output and NCCL debug logs.
     Analyze(AnalyzeArgs),
+    /// Passive checks every interval, invasive certification when due; metrics and health.
+    Daemon(DaemonArgs),
 }
 
 /// Runs an async command on a fresh runtime; exit 1 when the command reports a failed verdict.
@@ -105,6 +108,9 @@ fn main() -> ExitCode {
         Command::Campaign(a) => print(a.run()),
         Command::PeerEndpoint(a) => print(a.run()),
         Command::Certify(a) => run_async(async move { a.run().await }),
+        Command::Daemon(a) => {
+            run_async(async move { a.run().await.map(|()| (String::new(), true)) })
+        }
         Command::Analyze(a) => {
             verdict_exit(a.run().map(|(t, failed)| (t, !failed)).map_err(Into::into))
         }

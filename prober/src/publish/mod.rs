@@ -273,10 +273,10 @@ impl NodePublisher {
             }
             _ => now,
         };
+        // A strategic merge patch (conditions merge by type): before Kubernetes 1.22 managed
+        // fields do not tell the status subresource apart, so an apply here by the same
+        // manager would drop the labels and annotation that manager applied.
         let patch = json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": { "name": self.node },
             "status": {
                 "conditions": [{
                     "type": keys::CONDITION_FABRIC_READY,
@@ -288,9 +288,12 @@ impl NodePublisher {
                 }]
             }
         });
-        let pp = PatchParams::apply(keys::PROBER_FIELD_MANAGER).force();
+        let pp = PatchParams {
+            field_manager: Some(keys::PROBER_FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
         self.nodes()
-            .patch_status(&self.node, &pp, &Patch::Apply(&patch))
+            .patch_status(&self.node, &pp, &Patch::Strategic(&patch))
             .await
             .map_err(|source| PublishError::Condition {
                 node: self.node.clone(),

@@ -1,0 +1,337 @@
+//! End-to-end: the real `railguard-prober` binary on simulated nodes (synthetic sysfs, the
+//! simulated RDMA engine, the `all_reduce_perf_sim` child process) publishing certificates to
+//! a real kube-apiserver 1.20; what the extender reads (`NodeFabric::from_node`) follows.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use k8s_openapi::api::core::v1::{Event, Node};
+use kube::api::{Api, ListParams};
+use railguard_api::{keys, profiles_from_yaml, Certificate, FabricState, NodeFabric};
+use railguard_tests::{eventually, free_port, labels, workspace_root, ControlPlane};
+
+const RDMA: &str = "rdma/rdma_shared_device_a";
+
+/// Builds the prober binaries (no-op when fresh) and returns the directory holding them.
+fn prober_bin_dir() -> Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args(["build", "-p", "railguard-prober", "--bins"])
+        .current_dir(workspace_root())
+        .status()
+        .context("building railguard-prober")?;
+    if !status.success() {
+        bail!("cargo build -p railguard-prober failed");
+    }
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| workspace_root().join("target"));
+    Ok(target.join("debug"))
+}
+
+fn profile_path() -> PathBuf {
+    workspace_root().join("api/fixtures/profiles/dgx-h100-ndr.yaml")
+}
+
+struct Prober<'a> {
+    bin: PathBuf,
+    kubeconfig: &'a Path,
+    work: &'a Path,
+}
+
+impl Prober<'_> {
+    fn command(&self, sub: &str, node: &str, model: &str) -> tokio::process::Command {
+        let mut c = tokio::process::Command::new(self.bin.join("railguard-prober"));
+        c.arg(sub)
+            .args(["--node", node, "--sim", model])
+            .arg("--profile")
+            .arg(profile_path())
+            .arg("--models-dir")
+            .arg(workspace_root().join("prober/models"))
+            .arg("--sysfs-root")
+            .arg(self.work.join(format!("sysfs-{node}")))
+            .arg("--log-dir")
+            .arg(self.work.join("logs"))
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig)
+            .env("RAILGUARD_LOG", "info")
+            .kill_on_drop(true);
+        c
+    }
+
+    /// `certify --publish`; returns the exit code and the printed matrix.
+    async fn certify(&self, node: &str, model: &str) -> Result<(i32, String)> {
+        let out = self
+            .command("certify", node, model)
+            .arg("--publish")
+            .output()
+            .await
+            .context("running railguard-prober certify")?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.code() == Some(2) {
+            bail!(
+                "certify {node} errored: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok((out.status.code().unwrap_or(-1), stdout))
+    }
+}
+
+async fn fabric(nodes: &Api<Node>, name: &str) -> Result<NodeFabric> {
+    let n = nodes.get(name).await?;
+    Ok(NodeFabric::from_node(&n, jiff::Timestamp::now()))
+}
+
+fn certificate(f: &NodeFabric) -> &Certificate {
+    f.state.certificate().expect("node has a certificate")
+}
+
+async fn events_for(client: &kube::Client, node: &str) -> Result<Vec<(String, String)>> {
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    Ok(events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(node))
+        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn simulated_nodes_certify_fail_on_faults_and_flip_on_passive_counters() -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let bin = prober_bin_dir()?;
+    let cp = ControlPlane::start().await?;
+    let client = cp.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let work = tempfile::tempdir()?;
+    let prober = Prober {
+        bin,
+        kubeconfig: cp.kubeconfig_path(),
+        work: work.path(),
+    };
+    let profile = profiles_from_yaml(&std::fs::read_to_string(profile_path())?)?.remove(0);
+    let names = ["gpu-a", "gpu-b", "gpu-c"];
+    for n in names {
+        cp.create_node(
+            n,
+            &labels(&[("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3")]),
+            &[(RDMA, "1k"), ("nvidia.com/gpu", "8")],
+        )
+        .await?;
+    }
+
+    // 1. Several probers certify and publish concurrently.
+    let (a, b, c) = tokio::join!(
+        prober.certify("gpu-a", "dgx-h100"),
+        prober.certify("gpu-b", "dgx-h100"),
+        prober.certify("gpu-c", "dgx-h100"),
+    );
+    for (n, r) in names.iter().zip([a, b, c]) {
+        let (code, matrix) = r?;
+        assert_eq!(code, 0, "{n} not certified:\n{matrix}");
+        assert!(matrix.contains("nccl/main"), "{matrix}");
+        assert!(matrix.contains("verdict: certified"), "{matrix}");
+    }
+    for n in names {
+        let f = fabric(&nodes, n).await?;
+        assert!(
+            matches!(f.state, FabricState::Certified(_)),
+            "{n}: {}",
+            f.state
+        );
+        let c = certificate(&f);
+        assert_eq!(c.profile, "h100-ndr");
+        assert_eq!(c.signature, profile.spec.signature());
+        assert_eq!(f.signature.as_deref(), Some(c.signature.as_str()));
+        assert_eq!(c.rails.len(), 8);
+        assert!(c.rails.iter().all(|r| r.write_bw_host_gbps.is_some()));
+        let nccl = c.nccl.as_ref().expect("nccl result");
+        assert!(nccl.busbw_plateau_gbps.unwrap() >= 360.0);
+        assert_eq!(nccl.gdr, Some(true));
+        assert_eq!(
+            c.software.get("driver").map(String::as_str),
+            Some("550.54.15")
+        );
+        assert!(c.software.contains_key("nccl-tests"));
+        let node = nodes.get(n).await?;
+        let cond = node
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == keys::CONDITION_FABRIC_READY)
+            .expect("condition");
+        assert_eq!(cond.status, "True");
+        assert_eq!(cond.reason.as_deref(), Some("Certified"));
+        // the prober owns its fields through one field manager
+        let managers: Vec<String> = node
+            .metadata
+            .managed_fields
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|m| m.manager)
+            .collect();
+        assert!(
+            managers.iter().any(|m| m == keys::PROBER_FIELD_MANAGER),
+            "{managers:?}"
+        );
+        assert!(events_for(&client, n)
+            .await?
+            .iter()
+            .any(|(r, _)| r == "Certified"));
+    }
+
+    // 2. A fault injected before the next run: gpu-b's NCCL falls back to sockets.
+    let fault = work.path().join("gpu-b-socket.yaml");
+    std::fs::write(
+        &fault,
+        format!(
+            "base: {}\nname: gpu-b-socket\nnccl: {{ transport: Socket }}\n",
+            workspace_root()
+                .join("prober/models/dgx-h100.yaml")
+                .display()
+        ),
+    )?;
+    let (code, matrix) = prober
+        .certify("gpu-b", fault.to_str().unwrap_or_default())
+        .await?;
+    assert_eq!(code, 1, "{matrix}");
+    let f = fabric(&nodes, "gpu-b").await?;
+    let FabricState::Failed(c) = &f.state else {
+        bail!("gpu-b should be failed, is {}", f.state);
+    };
+    assert!(
+        c.reasons
+            .iter()
+            .any(|r| r == "NCCL fell back to NET/Socket, expected NET/IB: the run did not use RDMA"),
+        "{:?}",
+        c.reasons
+    );
+    assert_eq!(c.generation, 2);
+    assert_eq!(c.history.len(), 2, "the pass and the failure");
+    assert!(events_for(&client, "gpu-b")
+        .await?
+        .iter()
+        .any(|(r, m)| r == "CertificationFailed" && m.contains("NET/Socket")));
+    // the other nodes are untouched
+    assert!(matches!(
+        fabric(&nodes, "gpu-a").await?.state,
+        FabricState::Certified(_)
+    ));
+
+    // 3. The daemon on gpu-c: its first invasive run certifies, then counters grow on one
+    //    rail and a passive check fails the node without another invasive run.
+    let metrics_port = free_port()?;
+    let mut daemon = prober
+        .command("daemon", "gpu-c", "dgx-h100")
+        .args([
+            "--passive-interval-secs",
+            "1",
+            "--interval-secs",
+            "3600",
+            "--window-ms",
+            "700",
+            "--poll-ms",
+            "200",
+            "--jitter-percent",
+            "0",
+        ])
+        .arg("--metrics-listen")
+        .arg(format!("127.0.0.1:{metrics_port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting the daemon")?;
+    let certified = eventually(
+        Duration::from_secs(60),
+        "gpu-c recertified by the daemon",
+        || async {
+            let f = fabric(&nodes, "gpu-c").await?;
+            Ok(match &f.state {
+                FabricState::Certified(c) if c.history.len() == 2 => Some(c.generation),
+                _ => None,
+            })
+        },
+    )
+    .await?;
+    let counter = work
+        .path()
+        .join("sysfs-gpu-c/sys/class/infiniband/mlx5_4/ports/1/counters/symbol_error");
+    let failed = eventually(Duration::from_secs(60), "passive failure on gpu-c", || {
+        let counter = counter.clone();
+        let nodes = nodes.clone();
+        async move {
+            // Link errors keep coming while the cable is bad.
+            let now: u64 = std::fs::read_to_string(&counter)?.trim().parse()?;
+            std::fs::write(&counter, format!("{}\n", now + 3))?;
+            let f = fabric(&nodes, "gpu-c").await?;
+            Ok(match f.state {
+                FabricState::Failed(c) => Some(c),
+                _ => None,
+            })
+        }
+    })
+    .await?;
+    assert!(
+        failed
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("rail mlx5_4:1: error counter symbol_error grew by")),
+        "{:?}",
+        failed.reasons
+    );
+    assert!(failed.generation > certified);
+    assert_eq!(failed.history.len(), 2, "no invasive run happened");
+    let rail = failed.rail("mlx5_4", 1).expect("rail");
+    assert!(
+        rail.counter_deltas
+            .get("symbol_error")
+            .copied()
+            .unwrap_or(0)
+            > 0
+    );
+    assert!(events_for(&client, "gpu-c")
+        .await?
+        .iter()
+        .any(|(r, m)| r == "CertificationFailed" && m.contains("symbol_error")));
+
+    // metrics and health on the plain port
+    let metrics = http_get(metrics_port, "/metrics").await?;
+    assert!(
+        metrics.contains("railguard_prober_verdict{verdict=\"failed\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "railguard_prober_rail_counter_delta{rail=\"mlx5_4:1\",counter=\"symbol_error\"}"
+        ),
+        "{metrics}"
+    );
+    assert!(http_get(metrics_port, "/healthz").await?.ends_with("ok"));
+
+    // graceful shutdown on SIGTERM
+    let pid = daemon.id().context("daemon pid")?;
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
+    let status = tokio::time::timeout(Duration::from_secs(20), daemon.wait()).await??;
+    assert!(status.success(), "daemon exit: {status}");
+    Ok(())
+}
+
+async fn http_get(port: u16, path: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await?;
+    Ok(buf)
+}

@@ -204,6 +204,9 @@ fn verbs_engine_on_soft_roce_vms() {
              {vmtest} devices\n\
              {vmtest} loopback --hca rxe0\n\
              {vmtest} wrong-rkey --hca rxe0\n\
+             {vmtest} loopback --hca mlx5_9 --label missing-hca\n\
+             {vmtest} loopback --hca rxe0 --port 2 --label missing-port\n\
+             {vmtest} loopback --hca rxe0 --gpu 0 --label gpu-memory\n\
              {vmtest} serve --node vm-a --listen 169.254.10.1:18515 --sessions normal,normal,vanish"
         ),
     );
@@ -246,6 +249,28 @@ fn verbs_engine_on_soft_roce_vms() {
     let rb = results(&log_b);
     let context = format!("\nVM a: {ra:?}\nVM b: {rb:?}");
 
+    // The numbers for BENCHMARKS.md (software RDMA under TCG: correctness, not speed).
+    for (label, r) in [
+        ("loopback VM a", ra.get("loopback")),
+        ("loopback VM b", rb.get("loopback")),
+        ("VM b -> VM a", rb.get("peer").map(|p| &p["result"])),
+    ] {
+        if let Some(points) = r.and_then(|r| r["points"].as_array()) {
+            eprintln!(
+                "{label}:\n  {:>9} {:>12} {:>12}",
+                "bytes", "bw Gb/s", "lat us"
+            );
+            for p in points {
+                eprintln!(
+                    "  {:>9} {:>12.4} {:>12.1}",
+                    p["bytes"].as_u64().unwrap_or(0),
+                    p["bw_gbps"].as_f64().unwrap_or(f64::NAN),
+                    p["lat_us"].as_f64().unwrap_or(f64::NAN)
+                );
+            }
+        }
+    }
+
     // Device discovery through libibverbs.
     assert_eq!(
         ra.get("devices"),
@@ -271,6 +296,30 @@ fn verbs_engine_on_soft_roce_vms() {
             .unwrap_or("")
             .contains("remote access error"),
         "{wr}"
+    );
+
+    // Bad requests against a real device fail cleanly and say why.
+    let missing = &ra["missing-hca"];
+    assert_eq!(missing["kind"], "device-not-found", "{context}");
+    assert!(
+        missing["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("available: rxe0"),
+        "{missing}"
+    );
+    let port = &ra["missing-port"];
+    assert_eq!(port["kind"], "port-not-active", "{context}");
+    assert!(
+        port["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("state absent"),
+        "{port}"
+    );
+    assert_eq!(
+        ra["gpu-memory"]["kind"], "gpu-memory-unavailable",
+        "{context}"
     );
 
     // Device to device, over the authenticated side channel.

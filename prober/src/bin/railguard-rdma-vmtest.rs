@@ -68,6 +68,11 @@ enum Step {
     Loopback {
         #[command(flatten)]
         sweep: Sweep,
+        #[arg(long, env = "RAILGUARD_LABEL", default_value = "loopback")]
+        label: String,
+        /// Use GPU memory of this GPU instead of host memory.
+        #[arg(long, env = "RAILGUARD_GPU")]
+        gpu: Option<u32>,
     },
     /// Loopback with a corrupted remote key: must end in a clean error completion.
     WrongRkey {
@@ -134,7 +139,7 @@ fn config(peer: &Peer) -> anyhow::Result<PeerConfig> {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let timeout = match &cli.step {
-        Step::Loopback { sweep } | Step::WrongRkey { sweep } | Step::Connect { sweep, .. } => {
+        Step::Loopback { sweep, .. } | Step::WrongRkey { sweep } | Step::Connect { sweep, .. } => {
             sweep.completion_timeout_ms
         }
         Step::Devices | Step::Serve { .. } => 10_000,
@@ -148,10 +153,16 @@ fn main() -> anyhow::Result<()> {
             Ok(d) => report("devices", json!({ "devices": d })),
             Err(e) => report("devices", error_json(&e)),
         },
-        Step::Loopback { sweep } => match engine.loopback(&bench(&sweep)) {
-            Ok(r) => report("loopback", serde_json::to_value(r)?),
-            Err(e) => report("loopback", error_json(&e)),
-        },
+        Step::Loopback { sweep, label, gpu } => {
+            let mut req = bench(&sweep);
+            if let Some(gpu) = gpu {
+                req.memory = MemoryKind::Gpu { gpu };
+            }
+            match engine.loopback(&req) {
+                Ok(r) => report(&label, serde_json::to_value(r)?),
+                Err(e) => report(&label, error_json(&e)),
+            }
+        }
         Step::WrongRkey { sweep } => report("wrong-rkey", wrong_rkey(&engine, &sweep)),
         Step::Serve {
             listen,

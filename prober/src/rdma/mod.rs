@@ -229,10 +229,8 @@ impl RdmaError {
 }
 
 fn errno_text(errno: i32) -> String {
-    format!(
-        "{} (errno {errno})",
-        std::io::Error::from_raw_os_error(errno)
-    )
+    // io::Error's text already ends in "(os error N)".
+    std::io::Error::from_raw_os_error(errno).to_string()
 }
 
 /// One node's RDMA benchmarks: the certification's view of the native engine.
@@ -420,6 +418,6 @@ mod tests {
             errno: 12,
         };
         assert!(e.to_string().starts_with("ibv_reg_mr failed: "), "{e}");
-        assert!(e.to_string().contains("errno 12"));
+        assert!(e.to_string().contains("os error 12"), "{e}");
     }
 }

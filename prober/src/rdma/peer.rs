@@ -256,6 +256,31 @@ pub fn write_message(
         .map_err(|e| io_error(peer, stage, e))
 }
 
+/// `read_message` on a socket, with its read timeout in a timeout error.
+fn recv(stream: &mut TcpStream, peer: &str, stage: &'static str) -> Result<Message, RdmaError> {
+    read_message(stream, peer, stage).map_err(|e| with_timeout(e, stream.read_timeout()))
+}
+
+/// `write_message` on a socket, with its write timeout in a timeout error.
+fn send(
+    stream: &mut TcpStream,
+    msg: &Message,
+    peer: &str,
+    stage: &'static str,
+) -> Result<(), RdmaError> {
+    write_message(stream, msg, peer, stage).map_err(|e| with_timeout(e, stream.write_timeout()))
+}
+
+fn with_timeout(e: RdmaError, limit: std::io::Result<Option<Duration>>) -> RdmaError {
+    match (e, limit) {
+        (RdmaError::Timeout { op, after_ms: 0 }, Ok(Some(limit))) => RdmaError::Timeout {
+            op,
+            after_ms: limit.as_millis() as u64,
+        },
+        (e, _) => e,
+    }
+}
+
 fn read_exact(
     r: &mut impl Read,
     buf: &mut [u8],
@@ -456,7 +481,7 @@ pub fn run_write_test_initiator(
 
     // Mutual authentication.
     let nonce_i = nonce();
-    write_message(
+    send(
         &mut stream,
         &Message::Hello {
             node: cfg.node.clone(),
@@ -466,7 +491,7 @@ pub fn run_write_test_initiator(
         peer,
         "hello",
     )?;
-    let (peer_node, nonce_r) = match read_message(&mut stream, peer, "challenge")? {
+    let (peer_node, nonce_r) = match recv(&mut stream, peer, "challenge")? {
         Message::Challenge {
             node,
             profile: _,
@@ -485,7 +510,7 @@ pub fn run_write_test_initiator(
         }
         other => return Err(unexpected(peer, "challenge", &other)),
     };
-    write_message(
+    send(
         &mut stream,
         &Message::Auth {
             proof: hex::encode(cfg.proof("initiator", &nonce_i, &nonce_r)),
@@ -505,7 +530,7 @@ pub fn run_write_test_initiator(
     // Resources, then the QP exchange.
     let buffer = req.sizes.iter().copied().max().unwrap_or(0);
     let mut endpoint = engine.open_endpoint(&req.hca, req.port, req.local_memory, buffer)?;
-    write_message(
+    send(
         &mut stream,
         &Message::TestRequest {
             hca: req.hca.clone(),
@@ -518,7 +543,7 @@ pub fn run_write_test_initiator(
         peer,
         "test request",
     )?;
-    let remote = match read_message(&mut stream, peer, "accept")? {
+    let remote = match recv(&mut stream, peer, "accept")? {
         Message::Accept { responder } => responder,
         Message::Refuse { reason } => {
             return Err(RdmaError::PeerRefused {
@@ -539,11 +564,11 @@ pub fn run_write_test_initiator(
         Err(e) => (false, e.to_string()),
     };
     // The peer learns the outcome either way; if it is gone, the sweep error matters more.
-    let done = write_message(&mut stream, &Message::Done { ok, note }, peer, "done");
+    let done = send(&mut stream, &Message::Done { ok, note }, peer, "done");
     let points = sweep?;
     done?;
     set_timeout(&stream, peer, cfg.io_timeout)?;
-    match read_message(&mut stream, peer, "bye")? {
+    match recv(&mut stream, peer, "bye")? {
         Message::Bye => {}
         other => return Err(unexpected(peer, "bye", &other)),
     }
@@ -655,7 +680,7 @@ pub fn authenticate_initiator(
     cfg: &PeerConfig,
     peer: &str,
 ) -> Result<AuthenticatedPeer, RdmaError> {
-    let (peer_node, peer_profile, nonce_i) = match read_message(stream, peer, "hello")? {
+    let (peer_node, peer_profile, nonce_i) = match recv(stream, peer, "hello")? {
         Message::Hello {
             node,
             profile,
@@ -667,7 +692,7 @@ pub fn authenticate_initiator(
         return Err(protocol(peer, "nonce shorter than 16 bytes".into()));
     }
     let nonce_r = nonce();
-    write_message(
+    send(
         stream,
         &Message::Challenge {
             node: cfg.node.clone(),
@@ -678,11 +703,11 @@ pub fn authenticate_initiator(
         peer,
         "challenge",
     )?;
-    match read_message(stream, peer, "auth")? {
+    match recv(stream, peer, "auth")? {
         Message::Auth { proof } => {
             let proof = unhex(peer, "proof", &proof)?;
             if !cfg.verify("initiator", &nonce_i, &nonce_r, &proof) {
-                let _ = write_message(
+                let _ = send(
                     stream,
                     &Message::Error {
                         reason: "authentication failed".into(),
@@ -719,6 +744,10 @@ pub fn run_write_test_responder(
         .unwrap_or_else(|_| "unknown".into());
     let peer = peer.as_str();
     set_timeout(&stream, peer, cfg.io_timeout)?;
+    // A stream handed over from an async runtime may still be non-blocking.
+    stream
+        .set_nonblocking(false)
+        .map_err(|e| io_error(peer, "socket setup", e))?;
     let _ = stream.set_nodelay(true);
 
     let AuthenticatedPeer {
@@ -727,7 +756,7 @@ pub fn run_write_test_responder(
     } = authenticate_initiator(&mut stream, cfg, peer)?;
 
     let (hca, port, memory, sizes, iterations, initiator) =
-        match read_message(&mut stream, peer, "test request")? {
+        match recv(&mut stream, peer, "test request")? {
             Message::TestRequest {
                 hca,
                 port,
@@ -745,7 +774,7 @@ pub fn run_write_test_responder(
         status,
     };
     let mut refuse = |reason: String| -> Result<ServedTest, RdmaError> {
-        write_message(
+        send(
             &mut stream,
             &Message::Refuse {
                 reason: reason.clone(),
@@ -792,7 +821,7 @@ pub fn run_write_test_responder(
     if let Err(e) = endpoint.connect(&initiator) {
         return refuse(e.to_string());
     }
-    write_message(
+    send(
         &mut stream,
         &Message::Accept {
             responder: endpoint.info(),
@@ -803,13 +832,13 @@ pub fn run_write_test_responder(
 
     // The initiator writes into our buffer now; we only keep it registered until Done.
     set_timeout(&stream, peer, cfg.test_timeout)?;
-    let status = match read_message(&mut stream, peer, "done")? {
+    let status = match recv(&mut stream, peer, "done")? {
         Message::Done { ok: true, .. } => ServedStatus::Completed,
         Message::Done { ok: false, note } => ServedStatus::InitiatorFailed { note },
         other => return Err(unexpected(peer, "done", &other)),
     };
     set_timeout(&stream, peer, cfg.io_timeout)?;
-    write_message(&mut stream, &Message::Bye, peer, "bye")?;
+    send(&mut stream, &Message::Bye, peer, "bye")?;
     drop(endpoint);
     Ok(served(status))
 }
@@ -1044,6 +1073,32 @@ mod tests {
         assert!(matches!(err, RdmaError::Busy { .. }));
         drop(_g);
         assert!(!locks.is_held("mlx5_0", 1));
+    }
+
+    #[test]
+    fn silent_peer_times_out_with_the_configured_limit() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let h = thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            thread::sleep(Duration::from_millis(1500));
+            drop(s);
+        });
+        let mut c = cfg("a", "prof", TOKEN);
+        c.io_timeout = Duration::from_millis(300);
+        let err = run_write_test_initiator(
+            &addr,
+            &c,
+            &engine("a", 100.0, &["mlx5_0"]),
+            &RailLocks::new(),
+            &small_request("mlx5_0"),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, RdmaError::Timeout { after_ms: 300, ref op } if op.contains("challenge")),
+            "{err}"
+        );
+        h.join().unwrap();
     }
 
     #[test]

@@ -284,7 +284,15 @@ impl VerbsEndpoint {
         // exported symbol fills).
         let rc = unsafe { ffi::ibv_query_port(ctx.0, port_num, &mut attr as *mut _ as *mut _) };
         if rc != 0 {
-            return Err(verbs_err("ibv_query_port", rc));
+            // EINVAL: the device has no such port; same answer as the simulated engine.
+            return Err(match verbs_err("ibv_query_port", rc) {
+                RdmaError::Verbs { errno: 22, .. } => RdmaError::PortNotActive {
+                    hca: hca.to_string(),
+                    port,
+                    state: "absent".into(),
+                },
+                other => other,
+            });
         }
         if attr.state != ffi::ibv_port_state::IBV_PORT_ACTIVE {
             return Err(RdmaError::PortNotActive {

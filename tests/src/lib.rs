@@ -342,6 +342,10 @@ impl ControlPlane {
             "kind": "KubeSchedulerConfiguration",
             "clientConnection": { "kubeconfig": self.kubeconfig.display().to_string(), "qps": 500, "burst": 1000 },
             "leaderElection": { "leaderElect": false },
+            // With --config, 1.20 ignores --port=0 and would bind 0.0.0.0:10251; keep each
+            // scheduler on its own free loopback port so several can run side by side.
+            "healthzBindAddress": format!("127.0.0.1:{}", free_port()?),
+            "metricsBindAddress": format!("127.0.0.1:{}", free_port()?),
             "extenders": extenders,
         });
         let path = d.join("scheduler-config.yaml");

@@ -82,7 +82,10 @@ fn boot(kernel: &Path, initrd: &Path, log: &Path, mac: &str, local: u16, remote:
         .arg(format!(
             "socket,id=n0,udp=127.0.0.1:{remote},localaddr=127.0.0.1:{local}"
         ))
-        .args(["-device", &format!("virtio-net-pci,netdev=n0,mac={mac}")])
+        .args([
+            "-device",
+            &format!("virtio-net-pci,netdev=n0,mac={mac},romfile="),
+        ])
         .arg("-serial")
         .arg(format!("file:{}", log.display()))
         .stdin(Stdio::null())

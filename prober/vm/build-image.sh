@@ -52,6 +52,10 @@ if [ ! -f "$KDIR/.complete" ]; then
   dpkg-deb -x "$KDIR"/deb/*.deb "$KDIR/root"
   rm -rf "$KDIR/deb"
   touch "$KDIR/.complete"
+  # Debian moved to a newer kernel: older unpacked kernels are dead weight.
+  for old in "$CACHE"/linux-image-*; do
+    [ "$old" = "$KDIR" ] || rm -rf "$old"
+  done
 fi
 KVER="$(ls "$KDIR/root/lib/modules" | head -n1)"
 KERNEL="$(ls "$KDIR"/root/boot/vmlinuz-* | head -n1)"
@@ -114,6 +118,7 @@ if [ ! -f "$BASE" ]; then
   depmod -b "$R" "$KVER"
   cp "$HERE/init" "$R/init"
   chmod 755 "$R/init"
+  rm -f "$KDIR"/base-*.cpio.gz
   pack "$R" > "$BASE.tmp" && mv "$BASE.tmp" "$BASE"
   rm -rf "$R"
   trap - EXIT

@@ -12,5 +12,5 @@ bash tests/scripts/install-deps.sh
 echo "==> Preparing the local control plane (cached after the first run)"
 export RAILGUARD_KUBE_BIN_DIR="$(bash tests/scripts/control-plane.sh)"
 echo "==> Building railguard (cargo build; the first build takes several minutes)"
-cargo build --workspace --bins --locked
+cargo build --workspace --bins
 exec target/debug/railguard-demo "$@"

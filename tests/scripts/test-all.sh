@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash tests/scripts/install-deps.sh
 export RAILGUARD_KUBE_BIN_DIR="$(bash tests/scripts/control-plane.sh)"
-cargo test --workspace --locked "$@"
+cargo test --workspace "$@"

@@ -43,8 +43,11 @@ pub(crate) fn read_hcas_with_problems(
     names.sort_by(|a, b| natural_key(a).cmp(&natural_key(b)));
     for name in names {
         let hdir = dir.join(&name);
-        let pci_bus_id = fs::canonicalize(hdir.join("device"))
+        // Only the PCI address (the link's last component) is needed: one readlink.
+        let device_link = hdir.join("device");
+        let pci_bus_id = fs::read_link(&device_link)
             .ok()
+            .or_else(|| fs::canonicalize(&device_link).ok())
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .filter(|n| is_pci_address(n));
         let numa = pci_bus_id

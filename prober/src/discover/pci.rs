@@ -55,12 +55,13 @@ pub struct PciDevice {
     pub device: Option<u16>,
     /// 24-bit class code, e.g. 0x030200.
     pub class: Option<u32>,
-    /// `None` for -1 (unknown) or an unreadable file.
+    /// `None` for -1 (unknown), an unreadable file, or a bridge (not read).
     pub numa: Option<u32>,
     /// Host bridge directory, e.g. `pci0000:15`.
     pub host_bridge: String,
     /// Bridges from the root port down to (not including) this device.
     pub bridges: Vec<String>,
+    /// Not read for bridges (left unknown).
     pub link: PcieLink,
     /// Only read for bridges (class 0x0604).
     pub acs: Option<AcsState>,
@@ -111,8 +112,26 @@ pub fn classify_path(a: &PciDevice, b: &PciDevice) -> PathType {
     }
 }
 
+/// Reads a small sysfs attribute, trimmed. One `open` + one `read` + `close`: attributes fit
+/// in a page and a short read is the whole value (no size probe, no EOF read).
 pub(crate) fn read_trimmed(path: &Path) -> Option<String> {
-    fs::read_to_string(path).ok().map(|s| s.trim().to_string())
+    use std::io::Read;
+    let mut f = fs::File::open(path).ok()?;
+    let mut buf = [0u8; 4096];
+    let mut len = 0;
+    loop {
+        let n = f.read(&mut buf[len..]).ok()?;
+        len += n;
+        if n == 0 || len < buf.len() {
+            break;
+        }
+        if len == buf.len() {
+            // Larger than an attribute: not something we understand.
+            return None;
+        }
+    }
+    let text = std::str::from_utf8(&buf[..len]).ok()?;
+    Some(text.trim().to_string())
 }
 
 fn parse_hex_u32(s: &str) -> Option<u32> {
@@ -141,6 +160,30 @@ pub(crate) fn is_pci_address(s: &str) -> bool {
         && b.iter()
             .enumerate()
             .all(|(i, c)| matches!(i, 4 | 7 | 10) || c.is_ascii_hexdigit())
+}
+
+/// Resolves a sysfs symlink lexically (one `readlink` instead of a `canonicalize` walk over
+/// a dozen components); sysfs links are relative and point at real directories. Falls back
+/// to `canonicalize` for anything unusual.
+pub(crate) fn resolve_link(link: &Path) -> Option<PathBuf> {
+    use std::path::Component;
+    let Ok(target) = fs::read_link(link) else {
+        return fs::canonicalize(link).ok();
+    };
+    if target.is_absolute() {
+        return fs::canonicalize(link).ok();
+    }
+    let mut out = link.parent()?.to_path_buf();
+    for c in target.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other.as_os_str()),
+        }
+    }
+    Some(out)
 }
 
 /// Where a canonical sysfs device path sits in the PCI tree: host bridge and bridges.
@@ -232,13 +275,10 @@ pub fn read_pci_devices(
         if !is_pci_address(&name) {
             continue;
         }
-        let link = entry.path();
-        let canon = match fs::canonicalize(&link) {
-            Ok(p) => p,
-            Err(e) => {
-                problems.push(unreadable(&name, &link, &format!("broken link: {e}")));
-                continue;
-            }
+        let link = canon_root.join("sys/bus/pci/devices").join(&name);
+        let Some(canon) = resolve_link(&link).filter(|p| p.is_dir()) else {
+            problems.push(unreadable(&name, &link, "broken link"));
+            continue;
         };
         let rel: PathBuf = canon
             .strip_prefix(&canon_root)
@@ -294,18 +334,29 @@ fn read_device(
     let vendor = hex("vendor").and_then(|v| u16::try_from(v).ok());
     let device = hex("device").and_then(|v| u16::try_from(v).ok());
     let class = hex("class");
-    let numa = read_numa(&dir.join("numa_node"), &address, problems);
+    // Bridges only matter for their place in the tree and their ACS state; their NUMA node
+    // and link are not used, so skip those reads (discovery is mostly file opens).
+    let is_bridge = class.map(|c| c >> 8) == Some(0x0604);
+    let numa = if is_bridge {
+        None
+    } else {
+        read_numa(&dir.join("numa_node"), &address, problems)
+    };
     let speed = |f: &str| read_trimmed(&dir.join(f)).and_then(|s| parse_link_speed(&s));
     let width = |f: &str| {
         read_trimmed(&dir.join(f))
             .and_then(|s| s.parse::<u32>().ok())
             .filter(|w| *w > 0)
     };
-    let link = PcieLink {
-        current_speed_gts: speed("current_link_speed"),
-        current_width: width("current_link_width"),
-        max_speed_gts: speed("max_link_speed"),
-        max_width: width("max_link_width"),
+    let link = if is_bridge {
+        PcieLink::default()
+    } else {
+        PcieLink {
+            current_speed_gts: speed("current_link_speed"),
+            current_width: width("current_link_width"),
+            max_speed_gts: speed("max_link_speed"),
+            max_width: width("max_link_width"),
+        }
     };
     let mut dev = PciDevice {
         address,

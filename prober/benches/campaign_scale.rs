@@ -16,7 +16,7 @@ fn main() {
     println!("| N | k | tests mean | tests max | 3·N | C(N,2) | rounds mean | rounds max | all found | healthy blamed | plan+localize time |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut failures = 0;
-    for n in [64usize, 256, 1024] {
+    for n in [64usize, 232, 256, 1024] {
         for k in [1usize, 4, 16] {
             let (mut tests, mut rounds, mut max_tests, mut max_rounds) =
                 (0usize, 0usize, 0usize, 0usize);

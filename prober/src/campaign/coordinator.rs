@@ -386,10 +386,17 @@ pub fn findings(
                 }
                 _ => None,
             };
-            for (me, peer) in [
-                (&rec.initiator, &rec.responder),
-                (&rec.responder, &rec.initiator),
-            ] {
+            // When the initiator's endpoint could not run the test at all, the responder's
+            // rails were never exercised: only the initiator's certificate records it.
+            let sides: &[(&String, &String)] = if rec.error.is_some() {
+                &[(&rec.initiator, &rec.responder)]
+            } else {
+                &[
+                    (&rec.initiator, &rec.responder),
+                    (&rec.responder, &rec.initiator),
+                ]
+            };
+            for &(me, peer) in sides {
                 if let Some(f) = out.get_mut(me.as_str()) {
                     let list = f.wire.entry(rails[r].id()).or_default();
                     list.retain(|w| &w.peer != peer);

@@ -240,8 +240,6 @@ async fn write_condition(
         Verdict::Pending => "Pending",
     };
     let patch = json!({
-        "apiVersion": "v1",
-        "kind": "Node",
         "status": { "conditions": [{
             "type": keys::CONDITION_FABRIC_READY,
             "status": if ready { "True" } else { "False" },
@@ -251,9 +249,15 @@ async fn write_condition(
             "lastTransitionTime": now.to_string(),
         }]}
     });
-    let pp = PatchParams::apply(keys::PROBER_FIELD_MANAGER).force();
+    // A strategic merge (conditions merge by type), not an apply: on API servers before 1.22
+    // an apply to /status by the same field manager would drop the labels and annotation that
+    // manager applied to the Node.
+    let pp = PatchParams {
+        field_manager: Some(keys::PROBER_FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
     nodes
-        .patch_status(node_name, &pp, &Patch::Apply(&patch))
+        .patch_status(node_name, &pp, &Patch::Strategic(&patch))
         .await
         .map_err(|source| CampaignError::Kube {
             what: format!("patch condition of node {node_name}"),

@@ -363,6 +363,26 @@ mod tests {
     }
 
     #[test]
+    fn collected_two_node_logs_are_judged_like_analyze() {
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+        let read = |f: &str| std::fs::read_to_string(fixtures.join(f)).unwrap();
+        let p = profile("dgx-h100-ndr.yaml");
+        // A socket fallback between the two nodes always fails.
+        let socket = read("nccl-debug/moc-h100-2x4-socket-fallback.txt");
+        let r = judge_log(&[&socket], &p).unwrap();
+        assert_eq!(
+            r.verdict,
+            crate::analyze::AnalyzeVerdict::Fail,
+            "{:?}",
+            r.reasons
+        );
+        assert_eq!(r.transport, Some("Socket"));
+        // A cut-short or garbage log is an error or unknown, never a pass.
+        let r = judge_log(&["nothing useful here"], &p).unwrap();
+        assert_ne!(r.verdict, crate::analyze::AnalyzeVerdict::Pass);
+    }
+
+    #[test]
     fn bad_templates_are_explained() {
         let p = profile("dgx-h100-ndr.yaml");
         let e = render("{{nope}}", &p, &job()).unwrap_err().to_string();

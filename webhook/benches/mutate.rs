@@ -3,7 +3,7 @@
 //!
 //! Run: `cargo bench -p railguard-webhook --bench mutate`
 
-use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion};
 use k8s_openapi::api::core::v1::Pod;
 use railguard_webhook::review;
 use railguard_webhook::{mutate, FailureMode, NamespaceInfo, WebhookConfig};
@@ -46,6 +46,22 @@ fn bench(c: &mut Criterion) {
 
     c.bench_function("mutate/8gpu-3container", |b| {
         b.iter(|| mutate(black_box(&p), black_box(&ns), black_box(&profiles), &config))
+    });
+
+    // Parts of the path, to see where the time goes.
+    c.bench_function("parts/profile-signature", |b| {
+        b.iter(|| black_box(&profiles[0]).spec.signature())
+    });
+    c.bench_function("parts/patch-serialize", |b| {
+        b.iter_batched(
+            || plan.clone(),
+            |mut p| serde_json::to_vec(&p.take_patch()),
+            BatchSize::SmallInput,
+        )
+    });
+    let pod_json = serde_json::to_string(&pod()).expect("pod json");
+    c.bench_function("parts/pod-decode", |b| {
+        b.iter(|| serde_json::from_str::<Pod>(black_box(&pod_json)))
     });
 
     let body = serde_json::to_vec(&json!({

@@ -1,6 +1,7 @@
 //! The pure admission decision: which pods are training pods, which profile they get, and
 //! the typed patch that configures them for it.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use jsonptr::PointerBuf;
@@ -11,7 +12,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use railguard_api::profile::{parse_ib_hca, Enforcement, RdmaCountMode};
 use railguard_api::quantity::parse_bytes;
-use railguard_api::{keys, FabricProfile};
+use railguard_api::{keys, FabricProfile, FabricProfileSpec, RailSpec};
 use serde_json::{json, Value};
 
 use crate::config::{NamespaceInfo, WebhookConfig};
@@ -202,6 +203,11 @@ impl Plan {
     pub fn patch(&self) -> json_patch::Patch {
         crate::patch::to_patch(self.ops.clone())
     }
+
+    /// Moves the operations out as a `json_patch::Patch` (no copy on the serving path).
+    pub fn take_patch(&mut self) -> json_patch::Patch {
+        crate::patch::to_patch(std::mem::take(&mut self.ops))
+    }
 }
 
 /// Decides what to do with `pod`, created in `namespace`, given the profiles (in priority
@@ -266,7 +272,7 @@ pub fn mutate(
     };
     let name = profile.name();
     plan.profile = Some(name.to_string());
-    let signature = profile.spec.signature();
+    let signature = profile_signature(&profile.spec);
     let exemptions_allowed = profile
         .spec
         .exemptions
@@ -693,6 +699,28 @@ fn shm_mount() -> VolumeMount {
 
 fn to_value<T: serde::Serialize>(v: &T, what: &'static str) -> Result<Value, MutateError> {
     serde_json::to_value(v).map_err(|source| MutateError::Serialize { what, source })
+}
+
+/// The profile's rail-layout signature, memoized per thread: hashing the canonical layout
+/// costs more than the rest of a mutation, and a cluster has a handful of layouts. The key
+/// is the full rail list, so an edited profile never gets a stale signature.
+fn profile_signature(spec: &FabricProfileSpec) -> String {
+    const MEMO_SIZE: usize = 32;
+    thread_local! {
+        static MEMO: RefCell<Vec<(Vec<RailSpec>, String)>> = const { RefCell::new(Vec::new()) };
+    }
+    MEMO.with(|memo| {
+        if let Some((_, sig)) = memo.borrow().iter().find(|(rails, _)| *rails == spec.rails) {
+            return sig.clone();
+        }
+        let sig = spec.signature();
+        let mut memo = memo.borrow_mut();
+        if memo.len() >= MEMO_SIZE {
+            memo.remove(0);
+        }
+        memo.push((spec.rails.clone(), sig.clone()));
+        sig
+    })
 }
 
 /// The env the profile injects, in a stable order.

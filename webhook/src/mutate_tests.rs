@@ -1034,3 +1034,14 @@ fn annotations_are_added_one_by_one_when_the_map_exists() {
     let out = apply(&p, &plan);
     assert_eq!(annotation(&out, "a/b"), Some("c"));
 }
+
+#[test]
+fn memoized_signature_follows_rail_edits() {
+    let h = profile(H100);
+    assert_eq!(profile_signature(&h.spec), h.spec.signature());
+    assert_eq!(profile_signature(&h.spec), h.spec.signature(), "memo hit");
+    let mut edited = h.clone();
+    edited.spec.rails[3].rate_gbps = 200;
+    assert_ne!(profile_signature(&edited.spec), profile_signature(&h.spec));
+    assert_eq!(profile_signature(&edited.spec), edited.spec.signature());
+}

@@ -284,17 +284,17 @@ pub fn admit(
         Ok(p) => p,
         Err(e) => return failed(format!("object is not a valid Pod: {e}"), response),
     };
-    let plan = match mutate(&pod, namespace, profiles, config) {
+    let mut plan = match mutate(&pod, namespace, profiles, config) {
         Ok(p) => p,
         Err(e) => return failed(error_chain(&e), response),
     };
     let warning_kinds = plan.warnings.iter().map(|w| w.kind).collect();
-    response.warnings = plan.warnings.iter().map(|w| w.message.clone()).collect();
-    if let Some(reason) = &plan.deny {
+    response.warnings = plan.warnings.drain(..).map(|w| w.message).collect();
+    if let Some(reason) = plan.deny.take() {
         response.allowed = false;
-        response.denial = Some(reason.clone());
+        response.denial = Some(reason);
     } else if !plan.ops.is_empty() {
-        match serde_json::to_vec(&plan.patch()) {
+        match serde_json::to_vec(&plan.take_patch()) {
             Ok(bytes) => response.patch = Some(bytes),
             Err(e) => return failed(format!("cannot serialize the patch: {e}"), response),
         }

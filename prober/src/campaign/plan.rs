@@ -461,7 +461,8 @@ pub fn ring_rounds(order: &[NodeIx]) -> Vec<Vec<PairTest>> {
         return vec![vec![edge(0)]];
     }
     let mut rounds = vec![Vec::new(), Vec::new()];
-    let last = if n % 2 == 0 { n } else { n - 1 };
+    // The closing edge of an odd ring goes to a third round.
+    let last = n - n % 2;
     for i in 0..last {
         rounds[i % 2].push(edge(i));
     }
@@ -545,6 +546,92 @@ pub fn simulate(
     }
     let loc = plan.localize();
     Ok((plan, loc))
+}
+
+/// The ring order of the sweep for `nodes` nodes under `shuffle_seed`.
+pub fn sweep_order(nodes: usize, shuffle_seed: Option<u64>) -> Vec<NodeIx> {
+    let mut order: Vec<NodeIx> = (0..nodes).collect();
+    if let Some(seed) = shuffle_seed {
+        shuffle(&mut order, seed);
+    }
+    order
+}
+
+/// Places `k` faults on distinct nodes (cycling rail fault, link fault, dead node), for the
+/// scale simulation. Faults touch disjoint nodes: two faults sharing a node can be
+/// indistinguishable from a third fault (two bad links of one node look like its rail).
+/// A fault that only shows between two particular nodes is observable only if that pair is
+/// tested, so link faults sit on pairs of the sweep ring (`ring`, from [`sweep_order`]).
+pub fn random_faults(ring: &[NodeIx], rails: usize, k: usize, seed: u64) -> FaultSet {
+    let n = ring.len();
+    let mut positions: Vec<usize> = (0..n).collect();
+    shuffle(&mut positions, seed ^ 0xFA17);
+    let mut used = vec![false; n];
+    let mut f = FaultSet::default();
+    let mut cursor = positions.into_iter();
+    for i in 0..k {
+        let rail = ((seed as usize).wrapping_add(i * 7)) % rails;
+        let Some(pos) = cursor.by_ref().find(|&p| !used[p] && !used[(p + 1) % n]) else {
+            break;
+        };
+        let (a, b) = (ring[pos], ring[(pos + 1) % n]);
+        used[pos] = true;
+        match i % 3 {
+            0 => {
+                f.rails.insert((a, rail));
+            }
+            1 => {
+                used[(pos + 1) % n] = true;
+                f.links.insert((a.min(b), a.max(b), rail));
+            }
+            _ => {
+                f.nodes.insert(a);
+            }
+        }
+    }
+    f
+}
+
+/// Checks a localization against the injected faults: every fault found, nothing healthy
+/// blamed. Returns a description of the first mismatch.
+pub fn check_localization(f: &FaultSet, loc: &Localization) -> Result<(), String> {
+    for &(n, r) in &f.rails {
+        if !loc.rail_faults.contains_key(&(n, r)) {
+            return Err(format!("rail fault ({n},{r}) not found"));
+        }
+    }
+    for &n in &f.nodes {
+        if !loc.node_faults.contains(&n) {
+            return Err(format!("dead node {n} not found"));
+        }
+    }
+    for l in &f.links {
+        if !loc.link_faults.contains(l) {
+            return Err(format!("link fault {l:?} not found"));
+        }
+    }
+    for &(n, r) in loc.rail_faults.keys() {
+        if !f.rails.contains(&(n, r)) && !f.nodes.contains(&n) {
+            return Err(format!("healthy rail ({n},{r}) blamed"));
+        }
+    }
+    for &n in &loc.node_faults {
+        // With every rail of a node faulty, "the node" is the right answer too.
+        let all_rails = loc
+            .rail_faults
+            .keys()
+            .filter(|(m, _)| *m == n)
+            .all(|k| f.rails.contains(k));
+        if !f.nodes.contains(&n) && !all_rails {
+            return Err(format!("healthy node {n} blamed as dead"));
+        }
+    }
+    for l in &loc.link_faults {
+        if !f.links.contains(l) {
+            return Err(format!("healthy link {l:?} blamed"));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -861,90 +948,4 @@ mod tests {
             );
         }
     }
-}
-
-/// The ring order of the sweep for `nodes` nodes under `shuffle_seed`.
-pub fn sweep_order(nodes: usize, shuffle_seed: Option<u64>) -> Vec<NodeIx> {
-    let mut order: Vec<NodeIx> = (0..nodes).collect();
-    if let Some(seed) = shuffle_seed {
-        shuffle(&mut order, seed);
-    }
-    order
-}
-
-/// Places `k` faults on distinct nodes (cycling rail fault, link fault, dead node), for the
-/// scale simulation. Faults touch disjoint nodes: two faults sharing a node can be
-/// indistinguishable from a third fault (two bad links of one node look like its rail).
-/// A fault that only shows between two particular nodes is observable only if that pair is
-/// tested, so link faults sit on pairs of the sweep ring (`ring`, from [`sweep_order`]).
-pub fn random_faults(ring: &[NodeIx], rails: usize, k: usize, seed: u64) -> FaultSet {
-    let n = ring.len();
-    let mut positions: Vec<usize> = (0..n).collect();
-    shuffle(&mut positions, seed ^ 0xFA17);
-    let mut used = vec![false; n];
-    let mut f = FaultSet::default();
-    let mut cursor = positions.into_iter();
-    for i in 0..k {
-        let rail = ((seed as usize).wrapping_add(i * 7)) % rails;
-        let Some(pos) = cursor.by_ref().find(|&p| !used[p] && !used[(p + 1) % n]) else {
-            break;
-        };
-        let (a, b) = (ring[pos], ring[(pos + 1) % n]);
-        used[pos] = true;
-        match i % 3 {
-            0 => {
-                f.rails.insert((a, rail));
-            }
-            1 => {
-                used[(pos + 1) % n] = true;
-                f.links.insert((a.min(b), a.max(b), rail));
-            }
-            _ => {
-                f.nodes.insert(a);
-            }
-        }
-    }
-    f
-}
-
-/// Checks a localization against the injected faults: every fault found, nothing healthy
-/// blamed. Returns a description of the first mismatch.
-pub fn check_localization(f: &FaultSet, loc: &Localization) -> Result<(), String> {
-    for &(n, r) in &f.rails {
-        if !loc.rail_faults.contains_key(&(n, r)) {
-            return Err(format!("rail fault ({n},{r}) not found"));
-        }
-    }
-    for &n in &f.nodes {
-        if !loc.node_faults.contains(&n) {
-            return Err(format!("dead node {n} not found"));
-        }
-    }
-    for l in &f.links {
-        if !loc.link_faults.contains(l) {
-            return Err(format!("link fault {l:?} not found"));
-        }
-    }
-    for (&(n, r), _) in &loc.rail_faults {
-        if !f.rails.contains(&(n, r)) && !f.nodes.contains(&n) {
-            return Err(format!("healthy rail ({n},{r}) blamed"));
-        }
-    }
-    for &n in &loc.node_faults {
-        // With every rail of a node faulty, "the node" is the right answer too.
-        let all_rails = loc
-            .rail_faults
-            .keys()
-            .filter(|(m, _)| *m == n)
-            .all(|k| f.rails.contains(k));
-        if !f.nodes.contains(&n) && !all_rails {
-            return Err(format!("healthy node {n} blamed as dead"));
-        }
-    }
-    for l in &loc.link_faults {
-        if !f.links.contains(l) {
-            return Err(format!("healthy link {l:?} blamed"));
-        }
-    }
-    Ok(())
 }

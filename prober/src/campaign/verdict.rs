@@ -100,10 +100,8 @@ pub fn apply_findings(cert: &mut Certificate, findings: &NodeFindings) {
     }
     // Blamed rails the certificate does not list still name the culprit.
     for (id, blame) in &findings.blamed_rails {
-        if !cert.rails.iter().any(|r| &r.id() == id) {
-            if rank(blame.verdict) > rank(worst) {
-                worst = blame.verdict;
-            }
+        if !cert.rails.iter().any(|r| &r.id() == id) && rank(blame.verdict) > rank(worst) {
+            worst = blame.verdict;
         }
         cert.reasons.push(with_prefix(&blame.reason));
     }

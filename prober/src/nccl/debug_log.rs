@@ -61,6 +61,8 @@ struct Scan {
     n_ranks: Option<u32>,
     n_nodes: Option<u32>,
     error_lines: usize,
+    /// Host of the previous NCCL line: consecutive lines nearly always share it.
+    last_host: String,
 }
 
 /// Parses NCCL debug output. Never fails: text without NCCL lines gives an empty report
@@ -96,8 +98,11 @@ impl Scan {
             };
             self.report.nccl_lines += 1;
             if let Some(host) = line_host(&line[..at]) {
-                if !self.report.hosts.contains(host) {
-                    self.report.hosts.insert(host.to_string());
+                if host != self.last_host {
+                    host.clone_into(&mut self.last_host);
+                    if !self.report.hosts.contains(host) {
+                        self.report.hosts.insert(host.to_string());
+                    }
                 }
             }
             if warn {
@@ -149,10 +154,8 @@ impl Scan {
             self.report.dmabuf = true;
         } else if msg.starts_with("comm 0x") || msg.starts_with("ncclCommInitRank") {
             self.comm_line(msg);
-        } else if msg.contains("ibv_reg_mr")
-            || msg.contains("ibv_reg_dmabuf_mr")
-            || msg.contains("No device found")
-        {
+        } else if msg.contains("ibv_reg") || msg.contains("No device found") {
+            // `ibv_reg` covers ibv_reg_mr and ibv_reg_dmabuf_mr failures.
             // NCCL reports some of these at INFO level before falling back.
             self.error(msg.trim());
         }

@@ -1,4 +1,5 @@
 //! The built `railguard-prober` binary: discover / affinity / emit-profile / sim-sysfs.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -1,5 +1,6 @@
 //! Synthetic sysfs trees for every shipped node model and fault, read by the real discovery
 //! code, with the expected affinity map, rails, signature and findings.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
 

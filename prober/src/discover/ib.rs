@@ -40,7 +40,7 @@ pub(crate) fn read_hcas_with_problems(
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
-    names.sort_by(|a, b| natural_key(a).cmp(&natural_key(b)));
+    names.sort_by_key(|a| natural_key(a));
     for name in names {
         let hdir = dir.join(&name);
         // Only the PCI address (the link's last component) is needed: one readlink.
@@ -211,7 +211,7 @@ mod tests {
     #[test]
     fn names_sort_naturally() {
         let mut v = vec!["mlx5_10", "mlx5_9", "mlx5_1"];
-        v.sort_by(|a, b| natural_key(a).cmp(&natural_key(b)));
+        v.sort_by_key(|a| natural_key(a));
         assert_eq!(v, ["mlx5_1", "mlx5_9", "mlx5_10"]);
     }
 }

@@ -230,9 +230,8 @@ pub fn readiness_findings(inv: &Inventory, affinity: &AffinityMap, rails: &[Rail
                 continue;
             };
             match &bridge.acs {
-                Some(AcsState::Redirect { control }) => {
-                    if acs_seen.insert(b.to_string()) {
-                        out.push(Finding {
+                Some(AcsState::Redirect { control }) if acs_seen.insert(b.to_string()) => {
+                    out.push(Finding {
                             kind: FindingKind::AcsRedirect,
                             severity: Severity::Critical,
                             subject: b.to_string(),
@@ -245,12 +244,9 @@ pub fn readiness_findings(inv: &Inventory, affinity: &AffinityMap, rails: &[Rail
                                 pci_path(b, "config")
                             )],
                         });
-                    }
                 }
-                Some(AcsState::Unknown { reason }) => {
-                    if acs_seen.insert(b.to_string()) {
-                        acs_unknown.push(format!("{}: {reason}", pci_path(b, "config")));
-                    }
+                Some(AcsState::Unknown { reason }) if acs_seen.insert(b.to_string()) => {
+                    acs_unknown.push(format!("{}: {reason}", pci_path(b, "config")));
                 }
                 _ => {}
             }

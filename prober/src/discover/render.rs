@@ -65,8 +65,8 @@ pub fn render_table(j: &AffinityJson) -> String {
     let _ = writeln!(s, "GPU affinity ({order})");
     let _ = writeln!(
         s,
-        "{:<5} {:<14} {:<5} {:<5} {}",
-        "GPU", "PREFERRED", "NUMA", "PATH", "ALTERNATES"
+        "{:<5} {:<14} {:<5} {:<5} ALTERNATES",
+        "GPU", "PREFERRED", "NUMA", "PATH"
     );
     for g in &j.gpus {
         let (pref, path) = match &g.preferred {
@@ -108,8 +108,8 @@ pub fn render_table(j: &AffinityJson) -> String {
         );
         let _ = writeln!(
             s,
-            "{:<14} {:<5} {:<7} {:<9} {:<12} {}",
-            "RAIL", "LL", "STATE", "RATE", "NETDEV", "GPUS"
+            "{:<14} {:<5} {:<7} {:<9} {:<12} GPUS",
+            "RAIL", "LL", "STATE", "RATE", "NETDEV"
         );
         for r in &j.rails {
             let gpus: Vec<String> = r.gpus.iter().map(u32::to_string).collect();

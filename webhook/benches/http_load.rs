@@ -6,6 +6,8 @@
 //! Knobs (env): LOAD_CONNECTIONS (10), LOAD_REQUESTS (20000 per endpoint and round),
 //! LOAD_ROUNDS (2), LOAD_PACED_SECONDS (5).
 
+#![allow(clippy::expect_used, clippy::unwrap_used)] // bench harness: a failed setup should abort loudly
+
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;

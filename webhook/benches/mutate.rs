@@ -3,6 +3,8 @@
 //!
 //! Run: `cargo bench -p railguard-webhook --bench mutate`
 
+#![allow(clippy::expect_used, clippy::unwrap_used)] // bench harness: a failed setup should abort loudly
+
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion};
 use k8s_openapi::api::core::v1::Pod;
 use railguard_webhook::review;

@@ -2,6 +2,8 @@
 //! review recorded from kube-apiserver 1.20), bad bodies, health and metrics, certificate
 //! rotation through a Secret-volume `..data` swap, and graceful shutdown mid-request.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;

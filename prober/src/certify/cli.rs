@@ -214,7 +214,7 @@ impl NodeArgs {
                 .with_context(|| format!("no FabricProfile named {name}"));
         }
         if profiles.len() == 1 {
-            return Ok(profiles.into_iter().next().context("no profile")?);
+            return profiles.into_iter().next().context("no profile");
         }
         // Several: the one whose rail layout this node has, else the default.
         let signature = crate::discover::discover(root, false)

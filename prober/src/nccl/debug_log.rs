@@ -193,9 +193,10 @@ impl Scan {
             self.gdr_enabled_lines += 1;
         } else if rest.starts_with("GPU Direct RDMA Disabled") {
             self.gdr_disabled_lines += 1;
-        } else if rest.starts_with("No device found") {
-            self.error(&format!("NET/IB : {}", rest.trim()));
-        } else if rest.contains("ibv_reg_mr") || rest.contains("ibv_reg_dmabuf_mr") {
+        } else if rest.starts_with("No device found")
+            || rest.contains("ibv_reg_mr")
+            || rest.contains("ibv_reg_dmabuf_mr")
+        {
             self.error(&format!("NET/IB : {}", rest.trim()));
         }
     }

@@ -626,9 +626,14 @@ async fn print_fleet(client: &Client, s: &Style) -> Result<()> {
         };
         let reason = match &nf.state {
             FabricState::Certified(_) => String::new(),
-            FabricState::Failed(c) | FabricState::Degraded(c) => {
-                c.reasons.first().cloned().unwrap_or_default()
-            }
+            // The most specific reason first: one that names a rail beats a summary.
+            FabricState::Failed(c) | FabricState::Degraded(c) => c
+                .reasons
+                .iter()
+                .find(|r| r.starts_with("rail "))
+                .or(c.reasons.first())
+                .cloned()
+                .unwrap_or_default(),
             other => other.to_string(),
         };
         println!(

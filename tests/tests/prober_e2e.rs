@@ -16,6 +16,11 @@ const RDMA: &str = "rdma/rdma_shared_device_a";
 
 /// Builds the prober binaries (no-op when fresh) and returns the directory holding them.
 fn prober_bin_dir() -> Result<PathBuf> {
+    // tests/scripts/test-all.sh builds every binary first; a nested `cargo build -p` would
+    // resolve features differently and rebuild half the dependency tree.
+    if let Ok(dir) = std::env::var("RAILGUARD_BIN_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = std::process::Command::new(cargo)
         .args(["build", "-p", "railguard-prober", "--bins"])

@@ -7,6 +7,7 @@ pub mod certify;
 pub mod daemon;
 pub mod discover;
 pub mod nccl;
+pub mod preflight;
 pub mod publish;
 pub mod rdma;
 pub mod sim;

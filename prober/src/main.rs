@@ -9,6 +9,7 @@ use railguard_prober::campaign::cli::{CampaignArgs, PeerEndpointArgs};
 use railguard_prober::certify::cli::CertifyArgs;
 use railguard_prober::daemon::DaemonArgs;
 use railguard_prober::discover::cli::{AffinityArgs, DiscoverArgs, EmitProfileArgs};
+use railguard_prober::preflight::PreflightArgs;
 use railguard_prober::sim::cli::SimSysfsArgs;
 
 #[derive(Parser, Debug)]
@@ -39,6 +40,8 @@ enum Command {
     Analyze(AnalyzeArgs),
     /// Passive checks every interval, invasive certification when due; metrics and health.
     Daemon(DaemonArgs),
+    /// In-pod check (init container): RDMA devices, locked memory, /dev/shm, NCCL env.
+    Preflight(PreflightArgs),
 }
 
 /// Runs an async command on a fresh runtime; exit 1 when the command reports a failed verdict.
@@ -111,6 +114,16 @@ fn main() -> ExitCode {
         Command::Daemon(a) => {
             run_async(async move { a.run().await.map(|()| (String::new(), true)) })
         }
+        Command::Preflight(a) => match a.run() {
+            Ok(text) => {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(text) => {
+                eprintln!("{text}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Analyze(a) => {
             verdict_exit(a.run().map(|(t, failed)| (t, !failed)).map_err(Into::into))
         }

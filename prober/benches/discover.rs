@@ -28,7 +28,9 @@ fn bench(c: &mut Criterion) {
         Ok(i) => i,
         Err(e) => panic!("read: {e}"),
     };
-    c.bench_function("analyze_dgx_h100_inventory", |b| b.iter(|| analyze(&inv).rails.len()));
+    c.bench_function("analyze_dgx_h100_inventory", |b| {
+        b.iter(|| analyze(&inv).rails.len())
+    });
     let topo = match std::fs::read_to_string(
         manifest.join("fixtures/topo/dgx-h200-layout-12nic-pxb-pix-pairs-tabs.txt"),
     ) {

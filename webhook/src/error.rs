@@ -60,3 +60,47 @@ pub enum TlsError {
         source: rustls::Error,
     },
 }
+
+/// Self-managed certificates could not be specified or issued.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("invalid self-signed certificate settings: {0}")]
+    Spec(String),
+    #[error("cannot generate a certificate")]
+    Generate {
+        #[source]
+        source: rcgen::Error,
+    },
+}
+
+/// Keeping the Secret, the serving files and the caBundle in step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CertSyncError {
+    #[error(transparent)]
+    Cert(#[from] CertError),
+    #[error("cannot {action} secret {namespace}/{name}")]
+    Secret {
+        action: &'static str,
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("the secret's material is not usable after another writer won the race: {reason}")]
+    WinnerInvalid { reason: String },
+    #[error("secret {namespace}/{name} kept changing under concurrent writers")]
+    Contended { namespace: String, name: String },
+    #[error("cannot {action} MutatingWebhookConfiguration {name}")]
+    WebhookConfig {
+        action: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}

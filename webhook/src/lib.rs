@@ -7,6 +7,8 @@
 #![forbid(unsafe_code)]
 
 pub mod catalog;
+pub mod cert_sync;
+pub mod certs;
 pub mod config;
 pub mod error;
 pub mod metrics;
@@ -20,6 +22,6 @@ pub mod server;
 pub mod tls;
 
 pub use config::{FailureMode, NamespaceInfo, WebhookConfig};
-pub use error::{DecodeError, MutateError, TlsError};
+pub use error::{CertError, CertSyncError, DecodeError, MutateError, TlsError};
 pub use mutate::{mutate, Mutation, Outcome, Plan, Warning, WarningKind};
 pub use patch::PatchOp;

@@ -63,6 +63,17 @@ fn server_config_from_pem(
     Ok(Arc::new(config))
 }
 
+/// Checks that a PEM certificate chain and key form a usable serving pair.
+pub(crate) fn check_pair(cert_pem: &[u8], key_pem: &[u8]) -> Result<(), TlsError> {
+    server_config_from_pem(
+        cert_pem,
+        Path::new("tls.crt"),
+        key_pem,
+        Path::new("tls.key"),
+    )
+    .map(|_| ())
+}
+
 /// What identifies one version of a file: where its symlinks lead, its size and mtime.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileStamp {

@@ -1,0 +1,343 @@
+//! Self-managed certificates, the IO shell: reads the Secret, asks [`crate::certs`] what to
+//! do, writes the Secret (optimistic concurrency: the loser of a race between replicas
+//! adopts the winner's material), patches every caBundle of the MutatingWebhookConfiguration
+//! and writes the serving pair to the files [`crate::tls::CertReloader`] watches.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::ByteString;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::Client;
+use time::OffsetDateTime;
+
+use crate::certs::{self, CertMaterial, CertSpec, RenewReason, SecretDecision};
+use crate::error::CertSyncError;
+
+pub const FIELD_MANAGER: &str = "railguard-webhook";
+
+/// Where the material lives and who trusts it.
+#[derive(Clone, Debug)]
+pub struct SelfSignedOptions {
+    pub secret_name: String,
+    pub namespace: String,
+    pub webhook_config_name: String,
+    pub spec: CertSpec,
+    pub tls_cert: PathBuf,
+    pub tls_key: PathBuf,
+}
+
+/// What happened to the Secret in one pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SecretAction {
+    Kept,
+    /// This replica wrote new material.
+    Issued {
+        reason: String,
+    },
+    /// Another replica wrote first; its material is used.
+    AdoptedWinner,
+}
+
+/// The outcome of one pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SyncReport {
+    pub secret: SecretAction,
+    /// Webhook entries whose caBundle was changed.
+    pub bundles_patched: usize,
+    pub files_written: bool,
+    /// When the material enters its rotation window.
+    pub renew_at: Option<OffsetDateTime>,
+}
+
+/// One pass: Secret, then caBundle, then files — so the new CA is trusted before the new
+/// pair is served (the old CA stays in the bundle for replicas not yet switched).
+pub async fn sync_once(
+    client: &Client,
+    opts: &SelfSignedOptions,
+    now: OffsetDateTime,
+) -> Result<SyncReport, CertSyncError> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &opts.namespace);
+    let (material, previous_ca, action) = settle_secret(&secrets, opts, now).await?;
+    let bundles_patched = patch_ca_bundles(
+        client,
+        &opts.webhook_config_name,
+        &material,
+        previous_ca.as_deref(),
+        now,
+    )
+    .await?;
+    let files_written = write_files_if_stale(opts, &material)?;
+    let renew_at = match certs::assess_secret(Some(&bytes_map(&material)), &opts.spec, now) {
+        SecretDecision::Keep { renew_at, .. } => Some(renew_at),
+        SecretDecision::Renew { .. } => None,
+    };
+    Ok(SyncReport {
+        secret: action,
+        bundles_patched,
+        files_written,
+        renew_at,
+    })
+}
+
+/// Repeats [`sync_once`] every `interval` until `stop` changes; failures are logged and
+/// retried on the next tick (the pair in service keeps serving).
+pub async fn run(
+    client: Client,
+    opts: SelfSignedOptions,
+    interval: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        match sync_once(&client, &opts, OffsetDateTime::now_utc()).await {
+            Ok(report) => log_report(&opts, &report),
+            Err(e) => tracing::warn!(
+                secret = %opts.secret_name,
+                error = %crate::tls::error_chain(&e),
+                "self-managed certificate pass failed; retrying next period"
+            ),
+        }
+    }
+}
+
+pub fn log_report(opts: &SelfSignedOptions, report: &SyncReport) {
+    if report.secret == SecretAction::Kept && report.bundles_patched == 0 && !report.files_written {
+        tracing::debug!(secret = %opts.secret_name, "self-managed certificate unchanged");
+        return;
+    }
+    tracing::info!(
+        secret = %opts.secret_name,
+        action = ?report.secret,
+        bundles_patched = report.bundles_patched,
+        files_written = report.files_written,
+        renew_at = ?report.renew_at,
+        "self-managed certificate synced"
+    );
+}
+
+async fn settle_secret(
+    secrets: &Api<Secret>,
+    opts: &SelfSignedOptions,
+    now: OffsetDateTime,
+) -> Result<(CertMaterial, Option<String>, SecretAction), CertSyncError> {
+    let err = |action: &'static str| {
+        let (namespace, name) = (opts.namespace.clone(), opts.secret_name.clone());
+        move |source| CertSyncError::Secret {
+            action,
+            namespace,
+            name,
+            source,
+        }
+    };
+    // A few rounds: a conflict means someone else wrote; the next read sees their material.
+    for round in 0..4 {
+        let current = secrets
+            .get_opt(&opts.secret_name)
+            .await
+            .map_err(err("read"))?;
+        let data = current.as_ref().map(secret_bytes);
+        let (reason, previous_ca) = match certs::assess_secret(data.as_ref(), &opts.spec, now) {
+            SecretDecision::Keep { material, .. } => {
+                let action = if round == 0 {
+                    SecretAction::Kept
+                } else {
+                    SecretAction::AdoptedWinner
+                };
+                return Ok((material, None, action));
+            }
+            SecretDecision::Renew {
+                reason,
+                previous_ca,
+            } => (reason, previous_ca),
+        };
+        if round > 0 {
+            // The winner's material is itself unusable: renew again, once more at most.
+            tracing::warn!(%reason, "secret written by another replica is not usable");
+        }
+        let material = certs::issue(&opts.spec, now)?;
+        let string_map = material.to_secret_data();
+        let data: BTreeMap<String, ByteString> = string_map
+            .into_iter()
+            .map(|(k, v)| (k, ByteString(v.into_bytes())))
+            .collect();
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PostParams::default()
+        };
+        let written = match current {
+            None => {
+                let secret = Secret {
+                    metadata: ObjectMeta {
+                        name: Some(opts.secret_name.clone()),
+                        namespace: Some(opts.namespace.clone()),
+                        ..ObjectMeta::default()
+                    },
+                    type_: Some("Opaque".to_string()),
+                    data: Some(data),
+                    ..Secret::default()
+                };
+                secrets.create(&pp, &secret).await
+            }
+            Some(mut secret) => {
+                // replace carries metadata.resourceVersion: a concurrent write fails with 409.
+                let mut merged = secret.data.take().unwrap_or_default();
+                merged.extend(data);
+                secret.data = Some(merged);
+                secret.string_data = None;
+                secrets.replace(&opts.secret_name, &pp, &secret).await
+            }
+        };
+        match written {
+            Ok(_) => {
+                return Ok((
+                    material,
+                    previous_ca,
+                    SecretAction::Issued {
+                        reason: render(&reason),
+                    },
+                ))
+            }
+            Err(kube::Error::Api(status)) if status.is_conflict() || status.is_already_exists() => {
+                tracing::info!(secret = %opts.secret_name, "another replica wrote the secret first; re-reading");
+                continue;
+            }
+            Err(e) => return Err(err("write")(e)),
+        }
+    }
+    Err(CertSyncError::Contended {
+        namespace: opts.namespace.clone(),
+        name: opts.secret_name.clone(),
+    })
+}
+
+fn render(reason: &RenewReason) -> String {
+    reason.to_string()
+}
+
+async fn patch_ca_bundles(
+    client: &Client,
+    name: &str,
+    material: &CertMaterial,
+    previous_ca: Option<&str>,
+    now: OffsetDateTime,
+) -> Result<usize, CertSyncError> {
+    use base64::Engine as _;
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    let err = |action: &'static str| {
+        let name = name.to_string();
+        move |source| CertSyncError::WebhookConfig {
+            action,
+            name,
+            source,
+        }
+    };
+    let config = api.get(name).await.map_err(err("read"))?;
+    let mut ops = Vec::new();
+    for (i, hook) in config.webhooks.iter().flatten().enumerate() {
+        let existing = hook
+            .client_config
+            .ca_bundle
+            .as_ref()
+            .map(|b| b.0.as_slice())
+            .unwrap_or_default();
+        if let Some(bundle) = certs::ca_bundle_update(&material.ca_crt, previous_ca, existing, now)
+        {
+            // The test pins the index to the entry we looked at, in case the list changed.
+            ops.push(serde_json::json!({"op": "test", "path": format!("/webhooks/{i}/name"), "value": hook.name}));
+            ops.push(serde_json::json!({
+                "op": "add",
+                "path": format!("/webhooks/{i}/clientConfig/caBundle"),
+                "value": base64::engine::general_purpose::STANDARD.encode(bundle.as_bytes()),
+            }));
+        }
+    }
+    if ops.is_empty() {
+        return Ok(0);
+    }
+    let patched = ops.len() / 2;
+    let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
+        .map_err(|e| err("build a patch for")(kube::Error::SerdeError(e)))?;
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    };
+    api.patch(name, &pp, &Patch::Json::<()>(patch))
+        .await
+        .map_err(err("patch the caBundle of"))?;
+    Ok(patched)
+}
+
+fn write_files_if_stale(
+    opts: &SelfSignedOptions,
+    material: &CertMaterial,
+) -> Result<bool, CertSyncError> {
+    let cert = std::fs::read(&opts.tls_cert).ok();
+    let key = std::fs::read(&opts.tls_key).ok();
+    if !certs::files_stale(cert.as_deref(), key.as_deref(), material) {
+        return Ok(false);
+    }
+    // Key first: the reloader rejects a half-switched pair and picks up the whole one later.
+    write_atomic(&opts.tls_key, material.tls_key.as_bytes(), 0o600)?;
+    write_atomic(&opts.tls_cert, material.tls_crt.as_bytes(), 0o644)?;
+    Ok(true)
+}
+
+/// Writes a sibling temp file and renames it over `path`, so readers never see half a PEM.
+pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), CertSyncError> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let io = |source| CertSyncError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "pem".into());
+    let tmp = path.with_file_name(format!(".{file_name}.tmp-{}", std::process::id()));
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(io)?;
+    f.write_all(contents).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+fn secret_bytes(secret: &Secret) -> BTreeMap<String, Vec<u8>> {
+    let mut out: BTreeMap<String, Vec<u8>> = secret
+        .data
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.0.clone()))
+        .collect();
+    for (k, v) in secret.string_data.iter().flatten() {
+        out.insert(k.clone(), v.clone().into_bytes());
+    }
+    out
+}
+
+fn bytes_map(material: &CertMaterial) -> BTreeMap<String, Vec<u8>> {
+    material
+        .to_secret_data()
+        .into_iter()
+        .map(|(k, v)| (k, v.into_bytes()))
+        .collect()
+}

@@ -6,7 +6,7 @@
 //! once per Node change instead of once per scheduling call.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,7 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
 use railguard_api::{FabricProfile, NodeFabric};
 
-use crate::decision::ExtenderConfig;
+use crate::decision::{precheck, ExtenderConfig, Precheck};
 use crate::metrics::{CacheLabels, Metrics};
 use crate::pod::PodFacts;
 
@@ -78,7 +78,7 @@ impl<V> Store<V> {
             .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<V>>> {
+    pub(crate) fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<V>>> {
         self.map.write().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -180,15 +180,85 @@ pub fn bound_pod(pod: &Pod, config: &ExtenderConfig) -> Option<BoundPod> {
     })
 }
 
+/// The valid FabricProfiles, as handlers and the node cache read them.
+#[derive(Debug, Default)]
+pub struct ProfileSet {
+    /// Bumped on every profile change; node prechecks carry the generation they were made for.
+    pub generation: u64,
+    /// Sorted by name.
+    pub profiles: Vec<FabricProfile>,
+    /// Each profile's own rail-layout signature (what the webhook writes on pods), same order.
+    pub signatures: Vec<String>,
+}
+
+impl ProfileSet {
+    pub fn new(generation: u64, mut profiles: Vec<FabricProfile>) -> Self {
+        profiles.sort_by(|a, b| a.name().cmp(b.name()));
+        let signatures = profiles.iter().map(|p| p.spec.signature()).collect();
+        ProfileSet {
+            generation,
+            profiles,
+            signatures,
+        }
+    }
+
+    /// Position of `profile` when `signature` is its own; prechecks exist only for those.
+    pub fn index_of(&self, profile: &str, signature: &str) -> Option<usize> {
+        self.profiles
+            .iter()
+            .zip(&self.signatures)
+            .position(|(p, s)| p.name() == profile && s == signature)
+    }
+}
+
+/// A cached Node: its fabric state and its verdict for every profile, computed when the node
+/// or the profiles change so that a filter call only compares expiry times.
+#[derive(Clone, Debug)]
+pub struct CachedNode {
+    pub fabric: Arc<NodeFabric>,
+    /// Generation of the [`ProfileSet`] `prechecks` were made for.
+    pub generation: u64,
+    /// One per profile of that set, in its order, each for the profile's own signature.
+    pub prechecks: Vec<Precheck>,
+}
+
+impl CachedNode {
+    pub fn new(fabric: Arc<NodeFabric>, profiles: &ProfileSet) -> Self {
+        let prechecks = profiles
+            .profiles
+            .iter()
+            .zip(&profiles.signatures)
+            .map(|(p, s)| precheck(&fabric, p, s))
+            .collect();
+        CachedNode {
+            fabric,
+            generation: profiles.generation,
+            prechecks,
+        }
+    }
+
+    /// The precheck for profile `index` of `profiles`, unless it was made for another set.
+    pub fn precheck(&self, profiles: &ProfileSet, index: usize) -> Option<&Precheck> {
+        if self.generation == profiles.generation {
+            self.prechecks.get(index)
+        } else {
+            None
+        }
+    }
+}
+
 /// Everything the extender caches about the cluster.
 #[derive(Debug)]
 pub struct ClusterState {
-    pub nodes: Store<NodeFabric>,
+    pub nodes: Store<CachedNode>,
     pub pods: Store<BoundPod>,
     pub namespaces: Store<BTreeMap<String, String>>,
     pub profiles: Store<FabricProfile>,
     /// Profiles sorted by name, rebuilt on every profile change; handlers clone the Arc.
-    profile_list: RwLock<Arc<Vec<FabricProfile>>>,
+    profile_set: RwLock<Arc<ProfileSet>>,
+    generation: AtomicU64,
+    /// Serializes precheck refreshes (profile watch and node watch both start them).
+    refreshing: Mutex<()>,
     pub config: ExtenderConfig,
 }
 
@@ -199,7 +269,9 @@ impl ClusterState {
             pods: Store::new("pods"),
             namespaces: Store::new("namespaces"),
             profiles: Store::new("fabricprofiles"),
-            profile_list: RwLock::new(Arc::new(Vec::new())),
+            profile_set: RwLock::new(Arc::new(ProfileSet::default())),
+            generation: AtomicU64::new(0),
+            refreshing: Mutex::new(()),
             config,
         }
     }
@@ -220,26 +292,81 @@ impl ClusterState {
         out
     }
 
-    pub fn profile_list(&self) -> Arc<Vec<FabricProfile>> {
-        self.profile_list
+    pub fn profile_set(&self) -> Arc<ProfileSet> {
+        self.profile_set
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
 
-    /// Rebuilds the profile list handlers read; the profile watch calls it on every change.
+    /// Rebuilds the profile set handlers read and every node's prechecks; the profile watch
+    /// calls it on every change.
     pub fn rebuild_profile_list(&self) {
-        let mut list: Vec<FabricProfile> = self
+        let list: Vec<FabricProfile> = self
             .profiles
             .read()
             .values()
             .map(|p| (**p).clone())
             .collect();
-        list.sort_by(|a, b| a.name().cmp(b.name()));
+        let generation = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         *self
-            .profile_list
+            .profile_set
             .write()
-            .unwrap_or_else(PoisonError::into_inner) = Arc::new(list);
+            .unwrap_or_else(PoisonError::into_inner) = Arc::new(ProfileSet::new(generation, list));
+        self.refresh_prechecks();
+    }
+
+    /// Replaces the node cache with `nodes` (prechecked against the current profiles) and
+    /// marks it synced.
+    pub fn replace_nodes(&self, nodes: impl IntoIterator<Item = NodeFabric>) {
+        let set = self.profile_set();
+        self.nodes.replace(
+            nodes
+                .into_iter()
+                .map(|n| (n.name.clone(), Arc::new(CachedNode::new(Arc::new(n), &set))))
+                .collect(),
+        );
+    }
+
+    /// Recomputes the prechecks of nodes made for an older profile set. Nodes converted
+    /// while the profiles changed are caught by the refresh that follows their insert;
+    /// until then handlers fall back to checking the certificate, which gives the same answer.
+    pub fn refresh_prechecks(&self) {
+        let _serial = self
+            .refreshing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let set = self.profile_set();
+        let stale: Vec<(String, Arc<CachedNode>)> = self
+            .nodes
+            .read()
+            .iter()
+            .filter(|(_, n)| n.generation != set.generation)
+            .map(|(k, n)| (k.clone(), n.clone()))
+            .collect();
+        if stale.is_empty() {
+            return;
+        }
+        // Computed outside the write lock, so filter calls keep reading meanwhile.
+        let fresh: Vec<(String, Arc<CachedNode>, CachedNode)> = stale
+            .into_iter()
+            .map(|(k, old)| {
+                let new = CachedNode::new(old.fabric.clone(), &set);
+                (k, old, new)
+            })
+            .collect();
+        let mut map = self.nodes.write();
+        for (key, old, new) in fresh {
+            if let Some(current) = map.get_mut(&key) {
+                if Arc::ptr_eq(current, &old) {
+                    *current = Arc::new(new);
+                } else if current.generation != set.generation {
+                    // Replaced by the watch meanwhile with an older set; rare, done in place.
+                    let redone = CachedNode::new(current.fabric.clone(), &set);
+                    *current = Arc::new(redone);
+                }
+            }
+        }
     }
 
     /// The nodes where other pods of `job` in `namespace` run.
@@ -254,7 +381,7 @@ impl ClusterState {
         let nodes = self.nodes.read();
         node_names
             .iter()
-            .filter_map(|n| nodes.get(n).cloned())
+            .filter_map(|n| nodes.get(n).map(|c| c.fabric.clone()))
             .collect()
     }
 
@@ -289,8 +416,11 @@ impl ClusterState {
             watcher::Config::default(),
             &self.nodes,
             &metrics,
-            |n: &Node| Some(NodeFabric::from_node(n, Timestamp::now())),
-            || {},
+            |n: &Node| {
+                let fabric = NodeFabric::from_node(n, Timestamp::now());
+                Some(CachedNode::new(Arc::new(fabric), &self.profile_set()))
+            },
+            || self.refresh_prechecks(),
         );
         let config = self.config.clone();
         let pods = watch(

@@ -216,6 +216,66 @@ fn first_reason(reasons: &[String]) -> String {
     }
 }
 
+/// Where a node stands for a profile and signature before the clock is read: every check
+/// of [`check_node`] that does not depend on the current time.
+enum Standing<'c> {
+    Rejected(Rejection),
+    /// Certified for this profile and signature; still valid until its expiry.
+    Current(&'c Certificate),
+    /// The cache already saw this certificate expire.
+    Expired(&'c Certificate),
+}
+
+fn standing<'n>(node: &'n NodeFabric, profile: &FabricProfile, signature: &str) -> Standing<'n> {
+    let name = profile.name();
+    let reject = Standing::Rejected;
+    match &node.state {
+        FabricState::Absent => reject(Rejection::new(
+            RejectReason::NoCertificate,
+            format!("railguard: node has no fabric certificate; profile {name} requires one (is railguard-prober running on it?)"),
+        )),
+        FabricState::Unreadable { reason } => reject(Rejection::new(
+            RejectReason::Unreadable,
+            format!("railguard: node fabric metadata is unreadable: {reason}"),
+        )),
+        FabricState::Pending { .. } => reject(Rejection::new(
+            RejectReason::Pending,
+            "railguard: fabric certification is pending on this node",
+        )),
+        FabricState::Failed(c) => reject(match check_identity(c, name, signature) {
+            Err(r) => r,
+            Ok(()) => Rejection::new(
+                RejectReason::Failed,
+                format!(
+                    "railguard: fabric certification failed{}",
+                    first_reason(&c.reasons)
+                ),
+            ),
+        }),
+        FabricState::Degraded(c) => reject(match check_identity(c, name, signature) {
+            Err(r) => r,
+            // Name the rail that is degraded when the certificate shows it.
+            Ok(()) => match check_rails(c, profile) {
+                Err(r) => Rejection::new(RejectReason::Degraded, r.message),
+                Ok(()) => Rejection::new(
+                    RejectReason::Degraded,
+                    format!("railguard: fabric degraded{}", first_reason(&c.reasons)),
+                ),
+            },
+        }),
+        FabricState::Expired { certificate, .. } => {
+            match check_identity(certificate, name, signature) {
+                Err(r) => reject(r),
+                Ok(()) => Standing::Expired(certificate),
+            }
+        }
+        FabricState::Certified(c) => match check_identity(c, name, signature) {
+            Err(r) => reject(r),
+            Ok(()) => Standing::Current(c),
+        },
+    }
+}
+
 /// Whether `node` may run a pod held to `profile` and `signature` at `now`.
 pub fn check_node(
     node: &NodeFabric,
@@ -223,59 +283,85 @@ pub fn check_node(
     signature: &str,
     now: Timestamp,
 ) -> Result<(), Rejection> {
-    let name = profile.name();
-    let cert = match &node.state {
-        FabricState::Absent => {
-            return Err(Rejection::new(
-                RejectReason::NoCertificate,
-                format!("railguard: node has no fabric certificate; profile {name} requires one (is railguard-prober running on it?)"),
-            ))
-        }
-        FabricState::Unreadable { reason } => {
-            return Err(Rejection::new(
-                RejectReason::Unreadable,
-                format!("railguard: node fabric metadata is unreadable: {reason}"),
-            ))
-        }
-        FabricState::Pending { .. } => {
-            return Err(Rejection::new(
-                RejectReason::Pending,
-                "railguard: fabric certification is pending on this node",
-            ))
-        }
-        FabricState::Failed(c) => {
-            check_identity(c, name, signature)?;
-            return Err(Rejection::new(
-                RejectReason::Failed,
-                format!(
-                    "railguard: fabric certification failed{}",
-                    first_reason(&c.reasons)
-                ),
-            ));
-        }
-        FabricState::Degraded(c) => {
-            check_identity(c, name, signature)?;
-            // Name the rail that is degraded when the certificate shows it.
-            if let Err(r) = check_rails(c, profile) {
-                return Err(Rejection::new(RejectReason::Degraded, r.message));
+    match standing(node, profile, signature) {
+        Standing::Rejected(r) => Err(r),
+        Standing::Expired(cert) => Err(expired(cert.expires_at, now)),
+        Standing::Current(cert) => {
+            // The cache interpreted the node when it last changed; time has moved on since.
+            if cert.is_expired(now) {
+                return Err(expired(cert.expires_at, now));
             }
-            return Err(Rejection::new(
-                RejectReason::Degraded,
-                format!("railguard: fabric degraded{}", first_reason(&c.reasons)),
-            ));
+            check_rails(cert, profile)?;
+            check_busbw(cert, profile)
         }
-        FabricState::Expired { certificate, .. } => {
-            check_identity(certificate, name, signature)?;
-            return Err(expired(certificate, now));
-        }
-        FabricState::Certified(c) => c,
-    };
-    check_identity(cert, name, signature)?;
-    // The cache interpreted the node when it last changed; time has moved on since.
-    if cert.is_expired(now) {
-        return Err(expired(cert, now));
     }
-    check_rails(cert, profile)?;
+}
+
+/// A node's verdict for one (profile, signature), computed when the node or the profile
+/// changes: everything [`check_node`] decides except the comparison with the clock, plus the
+/// headroom points [`prioritize`] gives it. [`Precheck::check`] at any `now` equals
+/// [`check_node`] at that `now`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Precheck {
+    /// Rejected whatever the time.
+    Rejected(Rejection),
+    /// Certified for the pod, but the certificate had expired at this instant when cached.
+    Expired(Timestamp),
+    /// A certificate for the pod's profile and signature: `until_expiry` holds (`Ok` carries
+    /// the headroom points) before `expires_at`; from then on the node is expired.
+    Valid {
+        expires_at: Timestamp,
+        until_expiry: Result<i64, Rejection>,
+    },
+}
+
+/// Computes a node's [`Precheck`] for a profile and signature.
+pub fn precheck(node: &NodeFabric, profile: &FabricProfile, signature: &str) -> Precheck {
+    match standing(node, profile, signature) {
+        Standing::Rejected(r) => Precheck::Rejected(r),
+        Standing::Expired(cert) => Precheck::Expired(cert.expires_at),
+        Standing::Current(cert) => Precheck::Valid {
+            expires_at: cert.expires_at,
+            until_expiry: check_rails(cert, profile)
+                .and_then(|()| check_busbw(cert, profile))
+                .map(|()| points_for_headroom(cert, profile)),
+        },
+    }
+}
+
+impl Precheck {
+    /// The verdict at `now`: one comparison, and a message clone for rejected nodes.
+    pub fn check(&self, now: Timestamp) -> Result<(), Rejection> {
+        match self {
+            Precheck::Rejected(r) => Err(r.clone()),
+            Precheck::Expired(at) => Err(expired(*at, now)),
+            Precheck::Valid {
+                expires_at,
+                until_expiry,
+            } => {
+                if now >= *expires_at {
+                    Err(expired(*expires_at, now))
+                } else {
+                    until_expiry.as_ref().map(|_| ()).map_err(Clone::clone)
+                }
+            }
+        }
+    }
+
+    /// Headroom points at `now` (0 for nodes that do not pass).
+    pub fn headroom_points(&self, now: Timestamp) -> i64 {
+        match self {
+            Precheck::Valid {
+                expires_at,
+                until_expiry: Ok(points),
+            } if now < *expires_at => *points,
+            _ => 0,
+        }
+    }
+}
+
+fn check_busbw(cert: &Certificate, profile: &FabricProfile) -> Result<(), Rejection> {
+    let name = profile.name();
     let want = profile.spec.thresholds.busbw_plateau_gbps;
     match cert.nccl.as_ref().and_then(|n| n.busbw_plateau_gbps) {
         Some(got) if got >= want => Ok(()),
@@ -297,8 +383,8 @@ pub fn check_node(
     }
 }
 
-fn expired(cert: &Certificate, now: Timestamp) -> Rejection {
-    let ago = now.as_second() - cert.expires_at.as_second();
+fn expired(expires_at: Timestamp, now: Timestamp) -> Rejection {
+    let ago = now.as_second() - expires_at.as_second();
     Rejection::new(
         RejectReason::Expired,
         format!("railguard: certificate expired {} ago", human_duration(ago)),
@@ -440,6 +526,20 @@ pub struct NodeSlot<'a> {
     pub name: &'a str,
     /// `None` when the node is not in the extender's cache (cache mode only).
     pub fabric: Option<&'a NodeFabric>,
+    /// The node's [`Precheck`] for the target's profile and signature, when the cache has
+    /// one; decisions then skip re-checking the certificate.
+    pub precheck: Option<&'a Precheck>,
+}
+
+impl<'a> NodeSlot<'a> {
+    /// A slot decided from the fabric state alone.
+    pub fn new(name: &'a str, fabric: Option<&'a NodeFabric>) -> Self {
+        NodeSlot {
+            name,
+            fabric,
+            precheck: None,
+        }
+    }
 }
 
 /// The outcome of a filter call.
@@ -489,12 +589,13 @@ pub fn filter(target: &PodTarget<'_>, nodes: &[NodeSlot<'_>], now: Timestamp) ->
         } => {
             out.passed.reserve(nodes.len());
             for (i, slot) in nodes.iter().enumerate() {
-                let verdict = match slot.fabric {
-                    None => Err(Rejection::new(
+                let verdict = match (slot.precheck, slot.fabric) {
+                    (Some(pre), _) => pre.check(now),
+                    (None, Some(node)) => check_node(node, profile, signature, now),
+                    (None, None) => Err(Rejection::new(
                         RejectReason::NotCached,
                         "railguard: node is not in the extender's cache yet",
                     )),
-                    Some(node) => check_node(node, profile, signature, now),
                 };
                 match verdict {
                     Ok(()) => out.passed.push(i),
@@ -575,8 +676,11 @@ pub fn prioritize(
         .iter()
         .map(|slot| {
             let score = slot.fabric.map_or(0, |node| {
-                headroom_points(node, profile, signature, now)
-                    + locality_points(node, &keys, &occupied)
+                let headroom = match slot.precheck {
+                    Some(pre) => pre.headroom_points(now),
+                    None => headroom_points(node, profile, signature, now),
+                };
+                headroom + locality_points(node, &keys, &occupied)
             });
             (slot.name.to_string(), score.clamp(0, MAX_EXTENDER_PRIORITY))
         })
@@ -595,6 +699,11 @@ fn headroom_points(
     let Some(cert) = node.state.certificate() else {
         return 0;
     };
+    points_for_headroom(cert, profile)
+}
+
+/// Headroom points of a certificate that passes the profile.
+fn points_for_headroom(cert: &Certificate, profile: &FabricProfile) -> i64 {
     let h = headroom(cert, profile).unwrap_or(0.0).max(0.0);
     // Truncation is intended: a point per full 2% of headroom.
     let points = (h / FULL_HEADROOM * HEADROOM_POINTS as f64).floor() as i64;

@@ -1,6 +1,7 @@
 //! The HTTP shell around the decisions: `POST /filter` and `POST /prioritize` on the
 //! extender port (TLS optional), `/healthz`, `/readyz` and `/metrics` on a plain port.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -13,7 +14,7 @@ use axum::Router;
 use jiff::Timestamp;
 use railguard_api::{FabricProfile, NodeFabric};
 
-use crate::cache::ClusterState;
+use crate::cache::{CachedNode, ClusterState, ProfileSet};
 use crate::decision::{filter, prioritize, target_for, ExtenderConfig, NodeSlot, PodTarget};
 use crate::error::ExtenderError;
 use crate::metrics::{Metrics, ModeLabels, ReasonLabels};
@@ -44,11 +45,26 @@ pub struct AppState {
 /// Default bound on candidates: above the largest clusters Kubernetes supports.
 pub const DEFAULT_MAX_NODES: usize = 15_000;
 
+/// The profiles a request is decided against.
+enum Profiles {
+    Standalone(Arc<Vec<FabricProfile>>),
+    Cluster(Arc<ProfileSet>),
+}
+
+impl Profiles {
+    fn list(&self) -> &[FabricProfile] {
+        match self {
+            Profiles::Standalone(p) => p,
+            Profiles::Cluster(set) => &set.profiles,
+        }
+    }
+}
+
 impl AppState {
-    fn profiles(&self) -> Arc<Vec<FabricProfile>> {
+    fn profiles(&self) -> Profiles {
         match &self.source {
-            Source::Standalone { profiles } => profiles.clone(),
-            Source::Cluster(c) => c.profile_list(),
+            Source::Standalone { profiles } => Profiles::Standalone(profiles.clone()),
+            Source::Cluster(c) => Profiles::Cluster(c.profile_set()),
         }
     }
 
@@ -123,7 +139,7 @@ pub fn answer_filter(
         return Err(ExtenderError::NotSynced { pending });
     }
     let profiles = state.profiles();
-    let prepared = prepare(state, &req, &profiles);
+    let prepared = prepare(state, &req, profiles.list());
     let Request { candidates, .. } = req;
     match candidates {
         Candidates::Nodes(items) => {
@@ -136,10 +152,7 @@ pub fn answer_filter(
             let fabrics = interpret_nodes(&items, now)?;
             let slots: Vec<NodeSlot<'_>> = fabrics
                 .iter()
-                .map(|f| NodeSlot {
-                    name: &f.name,
-                    fabric: Some(f),
-                })
+                .map(|f| NodeSlot::new(&f.name, Some(f)))
                 .collect();
             let verdicts = filter(&prepared.target, &slots, now);
             record_rejections(state, &verdicts.reasons);
@@ -172,17 +185,11 @@ pub fn answer_filter(
             }
             let verdicts = {
                 let nodes = cluster.nodes.read();
-                let slots: Vec<NodeSlot<'_>> = names
-                    .iter()
-                    .map(|n| NodeSlot {
-                        name: n,
-                        fabric: nodes.get(n).map(|f| &**f),
-                    })
-                    .collect();
+                let slots = cached_slots(&names, &nodes, &profiles, &prepared.target);
                 filter(&prepared.target, &slots, now)
             };
             record_rejections(state, &verdicts.reasons);
-            let passed = verdicts.passed.iter().map(|&i| names[i].clone()).collect();
+            let passed = keep_passed(names, &verdicts.passed);
             Ok(ExtenderFilterResult {
                 nodes: None,
                 node_names: Some(passed),
@@ -192,6 +199,53 @@ pub fn answer_filter(
             })
         }
     }
+}
+
+/// Slots for cached nodes, with each node's precheck for the pod's profile when the cache
+/// has one (the pod carries its profile's own signature and the profile set is current).
+fn cached_slots<'a>(
+    names: &'a [String],
+    nodes: &'a HashMap<String, Arc<CachedNode>>,
+    profiles: &'a Profiles,
+    target: &PodTarget<'_>,
+) -> Vec<NodeSlot<'a>> {
+    let index = match (profiles, target) {
+        (
+            Profiles::Cluster(set),
+            PodTarget::Profile {
+                profile, signature, ..
+            },
+        ) => set.index_of(profile.name(), signature).map(|i| (&**set, i)),
+        _ => None,
+    };
+    names
+        .iter()
+        .map(|n| match nodes.get(n) {
+            Some(cached) => NodeSlot {
+                name: n,
+                fabric: Some(&cached.fabric),
+                precheck: index.and_then(|(set, i)| cached.precheck(set, i)),
+            },
+            None => NodeSlot::new(n, None),
+        })
+        .collect()
+}
+
+/// The names at the `passed` indices (ascending), moved out of `names`.
+fn keep_passed(names: Vec<String>, passed: &[usize]) -> Vec<String> {
+    let mut next = passed.iter().peekable();
+    names
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, n)| {
+            if next.peek() == Some(&&i) {
+                next.next();
+                Some(n)
+            } else {
+                None
+            }
+        })
+        .collect()
 }
 
 fn record_rejections(
@@ -220,7 +274,7 @@ pub fn answer_prioritize(
         return Err(ExtenderError::NotSynced { pending });
     }
     let profiles = state.profiles();
-    let prepared = prepare(state, req, &profiles);
+    let prepared = prepare(state, req, profiles.list());
     let peers: Vec<Arc<NodeFabric>> = match (&state.source, &prepared.facts.job) {
         (Source::Cluster(c), Some(job)) => c.peers(&prepared.facts.namespace, job),
         _ => Vec::new(),
@@ -231,10 +285,7 @@ pub fn answer_prioritize(
             let fabrics = interpret_nodes(items, now)?;
             let slots: Vec<NodeSlot<'_>> = fabrics
                 .iter()
-                .map(|f| NodeSlot {
-                    name: &f.name,
-                    fabric: Some(f),
-                })
+                .map(|f| NodeSlot::new(&f.name, Some(f)))
                 .collect();
             prioritize(&prepared.target, &slots, &peer_refs, now, &state.config)
         }
@@ -243,13 +294,7 @@ pub fn answer_prioritize(
                 return Err(ExtenderError::NamesWithoutCache);
             };
             let nodes = cluster.nodes.read();
-            let slots: Vec<NodeSlot<'_>> = names
-                .iter()
-                .map(|n| NodeSlot {
-                    name: n,
-                    fabric: nodes.get(n).map(|f| &**f),
-                })
-                .collect();
+            let slots = cached_slots(names, &nodes, &profiles, &prepared.target);
             prioritize(&prepared.target, &slots, &peer_refs, now, &state.config)
         }
     };

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use common::*;
 use jiff::SignedDuration;
-use railguard_api::{NodeFabric, Verdict};
+use railguard_api::{NodeFabric, RailVerdict, Verdict};
 use railguard_extender::decision::check_node;
 use railguard_extender::{
     filter, prioritize, synth, target_for, ExtenderConfig, NodeSlot, PodFacts, PodTarget,
@@ -19,10 +19,7 @@ use railguard_extender::{
 fn slots(nodes: &[NodeFabric]) -> Vec<NodeSlot<'_>> {
     nodes
         .iter()
-        .map(|n| NodeSlot {
-            name: &n.name,
-            fabric: Some(n),
-        })
+        .map(|n| NodeSlot::new(&n.name, Some(n)))
         .collect()
 }
 
@@ -305,14 +302,7 @@ fn nodes_missing_from_the_cache_fail_resolvably() {
     let profiles = profiles();
     let pod = facts(&training_pod(profile(&profiles, "h100-ndr")));
     let target = target_for(&pod, &profiles, None, &ExtenderConfig::default());
-    let v = filter(
-        &target,
-        &[NodeSlot {
-            name: "new-node",
-            fabric: None,
-        }],
-        now(),
-    );
+    let v = filter(&target, &[NodeSlot::new("new-node", None)], now());
     assert_eq!(
         v.failed["new-node"],
         "railguard: node is not in the extender's cache yet"
@@ -378,4 +368,245 @@ fn prioritize_prefers_headroom_and_the_jobs_topology() {
         alone.iter().map(|(_, s)| *s).collect::<Vec<_>>(),
         [5, 1, 5, 0]
     );
+}
+
+/// A small deterministic generator (xorshift), so the equivalence test is reproducible
+/// without a dependency.
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn chance(&mut self, one_in: u64) -> bool {
+        self.below(one_in) == 0
+    }
+    /// A bandwidth mostly above `threshold`, sometimes below (or exactly on it), rarely absent.
+    fn gbps(&mut self, threshold: f64) -> Option<f64> {
+        match self.below(60) {
+            0 => None,
+            1 => Some(threshold),
+            2..=3 => Some(threshold * (0.5 + self.below(50) as f64 / 100.0)),
+            _ => Some(threshold * (1.0 + self.below(20) as f64 / 100.0)),
+        }
+    }
+}
+
+/// A node in a random fabric state: any verdict, profile, signature, age, rail values around
+/// the thresholds, missing or reordered rails, disagreeing labels, unreadable annotations.
+fn random_node(g: &mut Gen, profiles: &[railguard_api::FabricProfile], i: usize) -> NodeFabric {
+    let base = sample_node();
+    let name = format!("gen-{i}");
+    if g.chance(10) {
+        return NodeFabric::from_node(&synth::node(&base, &name, None, &[]), now());
+    }
+    let p = &profiles[g.below(profiles.len() as u64) as usize];
+    let t = &p.spec.thresholds;
+    let verdict = [
+        Verdict::Certified,
+        Verdict::Certified,
+        Verdict::Certified,
+        Verdict::Degraded,
+        Verdict::Failed,
+        Verdict::Pending,
+    ][g.below(6) as usize];
+    // Issued between 30h ago and now: TTL 24h, so about a fifth are already expired.
+    let issued = now()
+        .checked_sub(SignedDuration::from_secs(g.below(30 * 3600) as i64))
+        .unwrap();
+    let mut c = synth::certificate(p, verdict, issued, 0.0, 0.0);
+    for r in &mut c.rails {
+        r.write_bw_host_gbps = g.gbps(t.write_bw_host_gbps);
+        r.write_bw_gpu_gbps = g.gbps(t.write_bw_gpu_gbps.unwrap_or(100.0));
+        r.latency_us = match g.below(40) {
+            0 => None,
+            1 => Some(9.5),
+            _ => Some(1.0 + g.below(30) as f64 / 10.0),
+        };
+        if g.chance(60) {
+            r.verdict = if g.chance(2) {
+                RailVerdict::Degraded
+            } else {
+                RailVerdict::Failed
+            };
+            r.reasons = vec![format!("counter symbol_error grew by {}", g.below(9) + 1)];
+        }
+    }
+    if g.chance(15) && !c.rails.is_empty() {
+        let at = g.below(c.rails.len() as u64) as usize;
+        c.rails.remove(at);
+    }
+    if g.chance(10) {
+        c.rails.reverse();
+    }
+    c.nccl.as_mut().unwrap().busbw_plateau_gbps = g.gbps(t.busbw_plateau_gbps);
+    if g.chance(10) {
+        c.signature = "0000deadbeef".into();
+    }
+    if g.chance(6) {
+        c.reasons = vec!["line one\nline two".into()];
+    }
+    let mut node = synth::node(&base, &name, Some(&c), &[]);
+    let labels = node.metadata.labels.as_mut().unwrap();
+    if g.chance(25) {
+        labels.insert("railguard.io/fabric".into(), "certified".into());
+    }
+    if g.chance(25) {
+        labels.remove("railguard.io/fabric");
+    }
+    if g.chance(30) {
+        node.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert("railguard.io/certificate".into(), "{\"version\": 1".into());
+    }
+    NodeFabric::from_node(&node, now())
+}
+
+#[test]
+fn prechecked_verdicts_equal_the_pure_filter_over_generated_nodes() {
+    use railguard_extender::decision::{precheck, Precheck};
+    let profiles = profiles();
+    let config = ExtenderConfig::default();
+    let mut g = Gen(0x5eed_cafe_f00d_1234);
+    let nodes: Vec<NodeFabric> = (0..2000)
+        .map(|i| random_node(&mut g, &profiles, i))
+        .collect();
+    let kinds: std::collections::BTreeSet<&str> = nodes.iter().map(|n| n.state.kind()).collect();
+    assert_eq!(
+        kinds.len(),
+        7,
+        "the generator covers every fabric state: {kinds:?}"
+    );
+    // Filter times before and after caching, around the 24h expiry of the youngest certificates.
+    let times: Vec<jiff::Timestamp> = [-3600i64, 0, 1, 6 * 3600, 25 * 3600]
+        .iter()
+        .map(|s| now().checked_add(SignedDuration::from_secs(*s)).unwrap())
+        .collect();
+    let mut passed_somewhere = 0;
+    let mut reasons = std::collections::BTreeSet::new();
+    for p in &profiles {
+        for sig in [p.spec.signature(), "0000deadbeef".to_string()] {
+            let pre: Vec<Precheck> = nodes.iter().map(|n| precheck(n, p, &sig)).collect();
+            // Each node at the edges of its own expiry.
+            for (n, pc) in nodes.iter().zip(&pre) {
+                if let Some(c) = n.state.certificate() {
+                    let before = c.expires_at.checked_sub(SignedDuration::from_nanos(1));
+                    for t in [c.expires_at, before.unwrap()] {
+                        assert_eq!(pc.check(t), check_node(n, p, &sig, t), "{} at {t}", n.name);
+                    }
+                }
+            }
+            for &t in &times {
+                for (n, pc) in nodes.iter().zip(&pre) {
+                    let want = check_node(n, p, &sig, t);
+                    assert_eq!(pc.check(t), want, "node {} at {t}", n.name);
+                    match &want {
+                        Ok(()) => passed_somewhere += 1,
+                        Err(r) => {
+                            reasons.insert(r.reason);
+                        }
+                    }
+                }
+                // The whole decisions, with and without prechecks.
+                let target = PodTarget::Profile {
+                    profile: p,
+                    signature: sig.clone(),
+                    exempt: false,
+                };
+                let plain = slots(&nodes);
+                let fast: Vec<NodeSlot<'_>> = nodes
+                    .iter()
+                    .zip(&pre)
+                    .map(|(n, pc)| NodeSlot {
+                        name: &n.name,
+                        fabric: Some(n),
+                        precheck: Some(pc),
+                    })
+                    .collect();
+                assert_eq!(filter(&target, &fast, t), filter(&target, &plain, t));
+                let peers = [&nodes[0], &nodes[1]];
+                assert_eq!(
+                    prioritize(&target, &fast, &peers, t, &config),
+                    prioritize(&target, &plain, &peers, t, &config)
+                );
+            }
+        }
+    }
+    // The comparison covered passing nodes and every reason a node's state can give.
+    assert!(passed_somewhere > 100, "{passed_somewhere}");
+    for r in [
+        RejectReason::NoCertificate,
+        RejectReason::Unreadable,
+        RejectReason::Pending,
+        RejectReason::Failed,
+        RejectReason::Degraded,
+        RejectReason::Expired,
+        RejectReason::OtherProfile,
+        RejectReason::OtherSignature,
+        RejectReason::RailMissing,
+        RejectReason::RailUnhealthy,
+        RejectReason::RailBelowThreshold,
+        RejectReason::BusbwBelowThreshold,
+    ] {
+        assert!(
+            reasons.contains(&r),
+            "no generated node was rejected for {r:?}"
+        );
+    }
+}
+
+#[test]
+fn cache_prechecks_follow_profile_changes() {
+    use railguard_extender::cache::ClusterState;
+    let mut profiles = profiles();
+    let cluster = ClusterState::new(ExtenderConfig::default());
+    let nodes = six_nodes_at(&profiles, jiff::Timestamp::now());
+    // Nodes listed before the profiles: no prechecks yet, so decisions fall back.
+    cluster.replace_nodes(nodes.clone());
+    let set = cluster.profile_set();
+    let h100_sig = profile(&profiles, "h100-ndr").spec.signature();
+    assert_eq!(set.index_of("h100-ndr", &h100_sig), None);
+
+    let load = |profiles: &[railguard_api::FabricProfile]| {
+        cluster.profiles.replace(
+            profiles
+                .iter()
+                .map(|p| (p.name().to_string(), std::sync::Arc::new(p.clone())))
+                .collect(),
+        );
+        cluster.rebuild_profile_list();
+        let set = cluster.profile_set();
+        let i = set.index_of("h100-ndr", &h100_sig).unwrap();
+        let cached = cluster.nodes.get("n-certified").unwrap();
+        cached
+            .precheck(&set, i)
+            .expect("refreshed for the current profiles")
+            .check(jiff::Timestamp::now())
+    };
+    assert_eq!(load(&profiles), Ok(()));
+    // Raising the NCCL threshold above the node's 370 GB/s rejects it without a node event.
+    let h100 = profiles
+        .iter_mut()
+        .find(|p| p.name() == "h100-ndr")
+        .unwrap();
+    h100.spec.thresholds.busbw_plateau_gbps = 380.0;
+    let r = load(&profiles).unwrap_err();
+    assert_eq!(r.reason, RejectReason::BusbwBelowThreshold);
+    assert_eq!(
+        r.message,
+        "railguard: NCCL busbw plateau 370 GB/s, profile h100-ndr needs 380"
+    );
+    // A precheck from an older profile set is never used.
+    let old_set = cluster.profile_set();
+    cluster.rebuild_profile_list();
+    let cached = cluster.nodes.get("n-certified").unwrap();
+    assert!(cached.precheck(&old_set, 0).is_none());
 }

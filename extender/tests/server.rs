@@ -95,12 +95,7 @@ fn standalone() -> Source {
 fn synced_cluster() -> Arc<ClusterState> {
     let cluster = Arc::new(ClusterState::new(ExtenderConfig::default()));
     let profiles = profiles();
-    cluster.nodes.replace(
-        six_nodes_at(&profiles, jiff::Timestamp::now())
-            .into_iter()
-            .map(|n| (n.name.clone(), Arc::new(n)))
-            .collect(),
-    );
+    cluster.replace_nodes(six_nodes_at(&profiles, jiff::Timestamp::now()));
     cluster.pods.replace(HashMap::new());
     cluster.namespaces.replace(HashMap::from([(
         "default".to_string(),

@@ -8,6 +8,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Parser;
 use railguard_webhook::catalog::Catalog;
+use railguard_webhook::cert_sync::{self, SelfSignedOptions};
+use railguard_webhook::certs::CertSpec;
 use railguard_webhook::metrics::Metrics;
 use railguard_webhook::server::{self, AppState, ServeOptions};
 use railguard_webhook::tls::CertReloader;
@@ -75,6 +77,30 @@ struct Cli {
     /// How often the certificate files are checked for changes, seconds.
     #[arg(long, env = "RAILGUARD_CERT_POLL_SECONDS", default_value_t = 2)]
     cert_poll_seconds: u64,
+    /// Self-managed certificates: the Secret (in --namespace) holding the CA and serving pair.
+    /// The webhook creates or renews it, writes the pair to --tls-cert/--tls-key and the CA
+    /// into --webhook-config-name's caBundle.
+    #[arg(long, env = "RAILGUARD_SELF_SIGNED_SECRET", requires_all = ["webhook_config_name", "service_name"])]
+    self_signed_secret: Option<String>,
+    /// MutatingWebhookConfiguration whose caBundle (every entry) trusts the self-managed CA.
+    #[arg(
+        long,
+        env = "RAILGUARD_WEBHOOK_CONFIG_NAME",
+        requires = "self_signed_secret"
+    )]
+    webhook_config_name: Option<String>,
+    /// Service the API server dials; the certificate covers `<svc>.<ns>.svc[.cluster.local]`.
+    #[arg(long, env = "RAILGUARD_SERVICE_NAME", requires = "self_signed_secret")]
+    service_name: Option<String>,
+    /// Lifetime of a self-managed serving certificate, days.
+    #[arg(long, env = "RAILGUARD_CERT_VALIDITY_DAYS", default_value_t = 365)]
+    cert_validity_days: u32,
+    /// Renew a self-managed certificate this many days before it expires.
+    #[arg(long, env = "RAILGUARD_CERT_ROTATE_BEFORE_DAYS", default_value_t = 30)]
+    cert_rotate_before_days: u32,
+    /// How often the self-managed Secret and caBundle are checked, seconds.
+    #[arg(long, env = "RAILGUARD_CERT_SYNC_SECONDS", default_value_t = 300)]
+    cert_sync_seconds: u64,
     /// Log as JSON lines.
     #[arg(long, env = "RAILGUARD_LOG_JSON")]
     log_json: bool,
@@ -108,9 +134,9 @@ async fn main() -> anyhow::Result<()> {
         .or_else(|| std::fs::read_to_string(SA_NAMESPACE_FILE).ok())
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty());
-    if let Some(own) = own {
-        if !excluded.contains(&own) {
-            excluded.push(own);
+    if let Some(own) = &own {
+        if !excluded.contains(own) {
+            excluded.push(own.clone());
         }
     }
     let config = WebhookConfig {
@@ -139,6 +165,43 @@ async fn main() -> anyhow::Result<()> {
         }
     };
 
+    // Self-managed certificates are settled before the first load, so the files exist.
+    let (cert_stop_tx, cert_stop_rx) = tokio::sync::watch::channel(false);
+    let cert_task = match &cli.self_signed_secret {
+        Some(secret) => {
+            let namespace = own
+                .clone()
+                .context("--self-signed-secret needs --namespace (or a service account)")?;
+            let spec = CertSpec::new(
+                cli.service_name.as_deref().unwrap_or_default(),
+                &namespace,
+                cli.cert_validity_days,
+                cli.cert_rotate_before_days,
+            )?;
+            let opts = SelfSignedOptions {
+                secret_name: secret.clone(),
+                namespace,
+                webhook_config_name: cli.webhook_config_name.clone().unwrap_or_default(),
+                spec,
+                tls_cert: cli.tls_cert.clone(),
+                tls_key: cli.tls_key.clone(),
+            };
+            let client = kube_client(cli.kubeconfig.as_deref()).await?;
+            let report = cert_sync::sync_once(&client, &opts, time::OffsetDateTime::now_utc())
+                .await
+                .context("cannot provision the self-managed certificate")?;
+            cert_sync::log_report(&opts, &report);
+            let interval = Duration::from_secs(cli.cert_sync_seconds.max(1));
+            Some(tokio::spawn(cert_sync::run(
+                client,
+                opts,
+                interval,
+                cert_stop_rx,
+            )))
+        }
+        None => None,
+    };
+
     let reloader = CertReloader::new(&cli.tls_cert, &cli.tls_key)
         .context("cannot load the serving certificate")?;
     let state = Arc::new(AppState {
@@ -160,6 +223,10 @@ async fn main() -> anyhow::Result<()> {
         .context("cannot start the server")?;
     shutdown_signal().await;
     tracing::info!("shutting down; finishing in-flight requests");
+    let _ = cert_stop_tx.send(true);
+    if let Some(task) = cert_task {
+        let _ = task.await;
+    }
     running.shutdown().await.context("server error")?;
     Ok(())
 }

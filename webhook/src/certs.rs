@@ -14,6 +14,9 @@ use time::OffsetDateTime;
 
 use crate::error::CertError;
 
+/// The time crate the API here speaks, for callers that do not depend on it.
+pub use time;
+
 /// Secret keys (the layout cert-manager and the chart use).
 pub const CA_CRT: &str = "ca.crt";
 pub const CA_KEY: &str = "ca.key";
@@ -355,6 +358,13 @@ pub fn files_stale(
 fn unix_time(t: OffsetDateTime) -> UnixTime {
     let secs = u64::try_from(t.unix_timestamp()).unwrap_or(0);
     UnixTime::since_unix_epoch(std::time::Duration::from_secs(secs))
+}
+
+/// The certificates of a PEM bundle, in order; unparsable blocks are skipped.
+pub fn certificates_in(pem: &[u8]) -> Vec<CertificateDer<'static>> {
+    rustls_pemfile::certs(&mut &pem[..])
+        .filter_map(Result::ok)
+        .collect()
 }
 
 fn all_cert_ders(pem: &str) -> Vec<CertificateDer<'static>> {

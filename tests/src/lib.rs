@@ -258,7 +258,7 @@ impl ControlPlane {
     }
 
     fn write_kubeconfig(&self) -> Result<()> {
-        let ca_b64 = base64_encode(self.ca_pem.as_bytes());
+        let ca_b64 = gotmpl::funcs::base64(self.ca_pem.as_bytes());
         let yaml = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: railguard-test\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: admin\n  user:\n    token: {}\ncontexts:\n- name: railguard-test\n  context:\n    cluster: railguard-test\n    user: admin\ncurrent-context: railguard-test\n",
             self.server, ca_b64, self.token
@@ -559,32 +559,6 @@ fn hex_token(seed: &[u8]) -> String {
         let _ = write!(s, "{b:02x}");
     }
     s
-}
-
-fn base64_encode(data: &[u8]) -> String {
-    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        out.push(T[(n >> 18) as usize & 63] as char);
-        out.push(T[(n >> 12) as usize & 63] as char);
-        out.push(if chunk.len() > 1 {
-            T[(n >> 6) as usize & 63] as char
-        } else {
-            '='
-        });
-        out.push(if chunk.len() > 2 {
-            T[n as usize & 63] as char
-        } else {
-            '='
-        });
-    }
-    out
 }
 
 /// Label map from pairs.

@@ -485,6 +485,38 @@ impl ControlPlane {
         sas.create(&PostParams::default(), &sa).await?;
         Ok(())
     }
+
+    /// Publishes `cert` on a Node the way the prober does, in one server-side apply patch:
+    /// the fabric, profile and signature labels and the certificate annotation.
+    pub async fn publish_certificate(
+        &self,
+        node: &str,
+        cert: &railguard_api::Certificate,
+    ) -> Result<()> {
+        use railguard_api::keys;
+        let labels = labels(&[
+            (keys::LABEL_FABRIC, cert.verdict.as_label()),
+            (keys::LABEL_PROFILE, &cert.profile),
+            (keys::LABEL_SIGNATURE, &cert.signature),
+        ]);
+        let annotations = BTreeMap::from([(
+            keys::ANNOTATION_CERTIFICATE.to_string(),
+            cert.to_annotation()?,
+        )]);
+        let patch = json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node, "labels": labels, "annotations": annotations},
+        });
+        Api::<Node>::all(self.client.clone())
+            .patch(
+                node,
+                &PatchParams::apply(HARNESS_FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+            .with_context(|| format!("publishing a certificate on {node}"))?;
+        Ok(())
+    }
 }
 
 impl Drop for ControlPlane {
@@ -584,5 +616,73 @@ where
             bail!("timed out after {timeout:?} waiting for {what}");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Path of the workspace binary `name` from `package`. Uses `RAILGUARD_BIN_DIR` when set
+/// (tests/scripts/test-all.sh builds every binary once, up front); otherwise builds it, so a
+/// single test can be run on its own with `cargo test`.
+pub fn workspace_binary(package: &str, name: &str) -> Result<PathBuf> {
+    if let Ok(dir) = std::env::var("RAILGUARD_BIN_DIR") {
+        let path = PathBuf::from(dir).join(name);
+        if !path.is_file() {
+            bail!("{} is not built (RAILGUARD_BIN_DIR is set)", path.display());
+        }
+        return Ok(path);
+    }
+    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "-p", package, "--bin", name])
+        .current_dir(workspace_root())
+        .status()
+        .with_context(|| format!("building {name}"))?;
+    if !status.success() {
+        bail!("cargo build -p {package} --bin {name} failed");
+    }
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| workspace_root().join("target"));
+    Ok(target.join("debug").join(name))
+}
+
+/// A throwaway CA and a serving certificate it signed, all PEM.
+#[derive(Clone, Debug)]
+pub struct ServingCertificate {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl ServingCertificate {
+    /// A certificate for `127.0.0.1` (IP SAN) and `localhost`, as loopback servers under
+    /// test present to the API server and kube-scheduler.
+    pub fn loopback(ca_name: &str) -> Result<ServingCertificate> {
+        let ca_key = rcgen::KeyPair::generate()?;
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, ca_name);
+        let ca = ca_params.self_signed(&ca_key)?;
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()])?;
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::IpAddress("127.0.0.1".parse()?));
+        let key = rcgen::KeyPair::generate()?;
+        let cert = params.signed_by(&key, &ca, &ca_key)?;
+        Ok(ServingCertificate {
+            ca_pem: ca.pem(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+
+    /// Writes `tls.crt` and `tls.key` into `dir` and returns their paths.
+    pub fn write_pair(&self, dir: &Path) -> Result<(PathBuf, PathBuf)> {
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::write(&cert, &self.cert_pem)?;
+        std::fs::write(&key, &self.key_pem)?;
+        Ok((cert, key))
     }
 }

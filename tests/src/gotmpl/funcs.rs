@@ -741,7 +741,9 @@ pub(crate) fn to_yaml(v: &Value) -> String {
 
 const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
-pub(crate) fn base64(data: &[u8]) -> String {
+/// Standard padded base64 (RFC 4648), as Helm's `b64enc` writes it; also used for kubeconfig and
+/// scheduler-config `*Data` fields.
+pub fn base64(data: &[u8]) -> String {
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {
         let b = [

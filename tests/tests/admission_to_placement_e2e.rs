@@ -1,0 +1,500 @@
+//! End-to-end through every gate a training pod passes, with the real binaries: a user's pod
+//! (no railguard annotations) is created through kube-apiserver 1.20, mutated by the
+//! `railguard-webhook` binary (TLS, registered by a MutatingWebhookConfiguration), and placed
+//! by kube-scheduler 1.20 calling the `railguard-extender` binary over HTTPS
+//! (`enableHTTPS`, `tlsConfig.caData`, nodeCacheCapable). Asserts gang locality across
+//! topology labels, that a degraded node is never chosen however local it is, and that a
+//! GPU + RDMA pod the webhook never saw is still held to the default profile.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::ByteString;
+use kube::api::{Api, ListParams, PostParams};
+use kube::Client;
+use railguard_api::{keys, profiles_from_yaml, Certificate, FabricProfile, Verdict};
+use railguard_extender::synth;
+use railguard_tests::{
+    eventually, free_port, gotmpl, labels, workspace_binary, workspace_root, ControlPlane,
+    ServingCertificate,
+};
+use serde_json::{json, Value};
+
+const LEAF: &str = "network.topology.nvidia.com/leaf";
+const SPINE: &str = "network.topology.nvidia.com/spine";
+const GPU_PRODUCT: &str = "nvidia.com/gpu.product";
+const H100: &str = "NVIDIA-H100-80GB-HBM3";
+const RDMA: &str = "rdma/rdma_shared_device_a";
+const JOB: &str = "training.kubeflow.org/job-name";
+
+/// A child process stopped when the test ends, panicking or not.
+struct Daemon {
+    name: &'static str,
+    child: Child,
+}
+
+impl Daemon {
+    fn spawn(name: &'static str, cmd: &mut Command, log_dir: &Path) -> Daemon {
+        let log = std::fs::File::create(log_dir.join(format!("{name}.log"))).unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        Daemon { name, child }
+    }
+
+    fn assert_running(&mut self, log_dir: &Path) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!(
+                "{} exited with {status}; see {}/{}.log",
+                self.name,
+                log_dir.display(),
+                self.name
+            );
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn h100_profile() -> FabricProfile {
+    let path = workspace_root().join("api/fixtures/profiles/dgx-h100-ndr.yaml");
+    profiles_from_yaml(&std::fs::read_to_string(path).unwrap())
+        .unwrap()
+        .remove(0)
+}
+
+fn issued_an_hour_ago() -> Timestamp {
+    Timestamp::now()
+        .checked_sub(SignedDuration::from_hours(1))
+        .unwrap()
+}
+
+async fn wait_ready(url: &str, what: &str, daemon: &mut Daemon, log_dir: &Path) {
+    for _ in 0..300 {
+        daemon.assert_running(log_dir);
+        if let Ok(r) = reqwest::get(url).await {
+            if r.status().is_success() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{what} not ready at {url}; see {}", log_dir.display());
+}
+
+/// A pod as a user submits it: GPUs, a job label, nothing railguard-specific.
+fn user_pod(name: &str, job: &str, extra: Value) -> Pod {
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {JOB: job}},
+        "spec": {"containers": [{
+            "name": "trainer", "image": "registry.invalid/trainer:1",
+            "resources": {"limits": {"nvidia.com/gpu": "8"}},
+        }]},
+    });
+    merge(&mut pod, extra);
+    serde_json::from_value(pod).unwrap()
+}
+
+fn merge(a: &mut Value, b: Value) {
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (a, b) => *a = b,
+    }
+}
+
+async fn create(client: &Client, ns: &str, pod: &Pod) -> Pod {
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(
+            &PostParams {
+                field_manager: Some("railguard-e2e".into()),
+                ..Default::default()
+            },
+            pod,
+        )
+        .await
+        .unwrap()
+}
+
+async fn node_of(client: &Client, ns: &str, name: &str) -> Option<String> {
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .ok()
+        .and_then(|p| p.spec)
+        .and_then(|s| s.node_name)
+}
+
+async fn bound_to(client: &Client, ns: &str, name: &str) -> String {
+    eventually(
+        Duration::from_secs(60),
+        &format!("{ns}/{name} bound"),
+        || async { Ok(node_of(client, ns, name).await) },
+    )
+    .await
+    .unwrap()
+}
+
+fn env_value(pod: &Pod, name: &str) -> Option<String> {
+    pod.spec.as_ref()?.containers[0]
+        .env
+        .as_ref()?
+        .iter()
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.clone())
+}
+
+async fn register_webhook(client: &Client, port: u16, ca_pem: &str) {
+    let mut mwc: MutatingWebhookConfiguration = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "railguard"},
+        "webhooks": [{
+            "name": "pods.railguard.io",
+            "clientConfig": {"url": format!("https://127.0.0.1:{port}/mutate")},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": ["pods"], "scope": "Namespaced"}],
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "IfNeeded",
+            "timeoutSeconds": 10,
+        }],
+    }))
+    .unwrap();
+    for w in mwc.webhooks.iter_mut().flatten() {
+        w.client_config.ca_bundle = Some(ByteString(ca_pem.as_bytes().to_vec()));
+    }
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &mwc)
+        .await
+        .unwrap();
+    // The API server loads webhook configurations asynchronously: dry-run creates (the
+    // webhook declares no side effects, so it is called) until one comes back mutated.
+    let probe = user_pod("probe", "probe", json!({}));
+    eventually(
+        Duration::from_secs(30),
+        "API server calls the webhook",
+        || {
+            let pods = Api::<Pod>::namespaced(client.clone(), "train");
+            let probe = probe.clone();
+            async move {
+                let p = pods
+                    .create(
+                        &PostParams {
+                            dry_run: true,
+                            ..Default::default()
+                        },
+                        &probe,
+                    )
+                    .await?;
+                let annotated = p
+                    .metadata
+                    .annotations
+                    .is_some_and(|a| a.contains_key(keys::ANNOTATION_PROFILE));
+                Ok(annotated.then_some(()))
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// Asks the extender itself, over HTTPS, to rank two nodes for `pod`.
+async fn extender_scores(
+    https: &reqwest::Client,
+    url: &str,
+    pod: &Pod,
+    nodes: &[&str],
+) -> Vec<(String, i64)> {
+    let args = json!({"Pod": pod, "Nodes": null, "NodeNames": nodes});
+    let resp = https
+        .post(format!("{url}/prioritize"))
+        .json(&args)
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let list: Vec<Value> = resp.json().await.unwrap();
+    list.iter()
+        .map(|h| {
+            (
+                h["Host"].as_str().unwrap().to_string(),
+                h["Score"].as_i64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+async fn failed_scheduling(client: &Client, ns: &str, name: &str) -> Vec<String> {
+    Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
+        .filter_map(|e| e.message)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_locality() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let webhook_bin = workspace_binary("railguard-webhook", "railguard-webhook").unwrap();
+    let extender_bin = workspace_binary("railguard-extender", "railguard-extender").unwrap();
+    let mut cp = ControlPlane::start().await.expect("control plane");
+    cp.apply_fabricprofile_crd().await.expect("CRD");
+    let client = cp.client();
+    let logs = cp.log_dir().to_path_buf();
+    let h100 = h100_profile();
+    Api::<FabricProfile>::all(client.clone())
+        .create(&PostParams::default(), &h100)
+        .await
+        .unwrap();
+    cp.create_namespace("train", &labels(&[])).await.unwrap();
+    // Not seen by the webhook (--excluded-namespaces), as if it had been down with
+    // failurePolicy Ignore.
+    cp.create_namespace("ops", &labels(&[])).await.unwrap();
+
+    // Two leaves under two spines. Leaf a's nodes have more bandwidth headroom (4 of the 5
+    // headroom points) than leaf b's (0), so without gang locality the scheduler would always
+    // prefer leaf a. n-b3 sits in leaf b but has a degraded rail.
+    let alloc = [("nvidia.com/gpu", "8"), (RDMA, "1k")];
+    let fleet: [(&str, &str, &str, f64); 6] = [
+        ("n-a1", "leaf-a", "spine-2", 392.0),
+        ("n-a2", "leaf-a", "spine-2", 392.0),
+        ("n-a3", "leaf-a", "spine-2", 392.0),
+        ("n-b1", "leaf-b", "spine-1", 362.0),
+        ("n-b2", "leaf-b", "spine-1", 362.0),
+        ("n-b3", "leaf-b", "spine-1", 362.0),
+    ];
+    for (name, leaf, spine, gbps) in fleet {
+        cp.create_node(
+            name,
+            &labels(&[(GPU_PRODUCT, H100), (LEAF, leaf), (SPINE, spine)]),
+            &alloc,
+        )
+        .await
+        .unwrap();
+        let mut cert: Certificate =
+            synth::certificate(&h100, Verdict::Certified, issued_an_hour_ago(), gbps, gbps);
+        if name == "n-b3" {
+            synth::degrade_rail(&mut cert, "mlx5_3", 1, 196.0);
+        }
+        cp.publish_certificate(name, &cert).await.unwrap();
+    }
+
+    // Both servers present one loopback certificate from a throwaway CA.
+    let tls = ServingCertificate::loopback("railguard-e2e-ca").unwrap();
+    let (cert_path, key_path) = tls.write_pair(&logs).unwrap();
+    let (ext_port, ext_metrics) = (free_port().unwrap(), free_port().unwrap());
+    let mut extender = Daemon::spawn(
+        "railguard-extender",
+        Command::new(&extender_bin)
+            .arg("--kubeconfig")
+            .arg(cp.kubeconfig_path())
+            .arg(format!("--listen=127.0.0.1:{ext_port}"))
+            .arg(format!("--metrics-listen=127.0.0.1:{ext_metrics}"))
+            .arg("--tls-cert")
+            .arg(&cert_path)
+            .arg("--tls-key")
+            .arg(&key_path),
+        &logs,
+    );
+    let (wh_port, wh_metrics) = (free_port().unwrap(), free_port().unwrap());
+    let mut webhook = Daemon::spawn(
+        "railguard-webhook",
+        Command::new(&webhook_bin)
+            .arg("--kubeconfig")
+            .arg(cp.kubeconfig_path())
+            .arg(format!("--listen=127.0.0.1:{wh_port}"))
+            .arg(format!("--metrics-listen=127.0.0.1:{wh_metrics}"))
+            .arg("--tls-cert")
+            .arg(&cert_path)
+            .arg("--tls-key")
+            .arg(&key_path)
+            .arg("--failure-mode=closed")
+            .arg("--excluded-namespaces=kube-system,ops"),
+        &logs,
+    );
+    wait_ready(
+        &format!("http://127.0.0.1:{ext_metrics}/readyz"),
+        "railguard-extender",
+        &mut extender,
+        &logs,
+    )
+    .await;
+    wait_ready(
+        &format!("http://127.0.0.1:{wh_metrics}/readyz"),
+        "railguard-webhook",
+        &mut webhook,
+        &logs,
+    )
+    .await;
+    register_webhook(&client, wh_port, &tls.ca_pem).await;
+
+    let extender_url = format!("https://127.0.0.1:{ext_port}");
+    cp.start_scheduler(&format!(
+        "- urlPrefix: \"{extender_url}\"\n  filterVerb: filter\n  prioritizeVerb: prioritize\n  weight: 5\n  enableHTTPS: true\n  tlsConfig:\n    caData: {}\n  nodeCacheCapable: true\n  ignorable: false\n",
+        gotmpl::funcs::base64(tls.ca_pem.as_bytes())
+    ))
+    .await
+    .unwrap();
+
+    // Worker 0 is pinned by its user to n-b1. The webhook configures it for h100-ndr.
+    let w0 = create(
+        &client,
+        "train",
+        &user_pod(
+            "llama-worker-0",
+            "llama",
+            json!({"spec": {"nodeSelector": {"kubernetes.io/hostname": "n-b1"}}}),
+        ),
+    )
+    .await;
+    let annotations = w0.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations.get(keys::ANNOTATION_PROFILE).map(String::as_str),
+        Some("h100-ndr")
+    );
+    assert_eq!(
+        annotations.get(keys::ANNOTATION_SIGNATURE),
+        Some(&h100.spec.signature())
+    );
+    assert_eq!(
+        env_value(&w0, "NCCL_IB_HCA"),
+        Some(h100.spec.nccl_ib_hca())
+    );
+    assert_eq!(bound_to(&client, "train", "llama-worker-0").await, "n-b1");
+
+    // The extender learns of the bound worker from its pod watch; until then it has no
+    // peer to be local to. Ask it directly (over HTTPS, trusting only the test CA) until the
+    // node sharing worker 0's leaf outranks the better-provisioned node in the other leaf.
+    let https = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(tls.ca_pem.as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    let mut next = w0.clone();
+    next.metadata.name = Some("llama-worker-1".into());
+    next.spec.as_mut().unwrap().node_selector = None;
+    next.spec.as_mut().unwrap().node_name = None;
+    let scores = eventually(
+        Duration::from_secs(30),
+        "extender sees worker 0",
+        || async {
+            let s = extender_scores(&https, &extender_url, &next, &["n-a1", "n-b2", "n-b3"]).await;
+            Ok((s[1].1 > s[0].1).then_some(s))
+        },
+    )
+    .await
+    .unwrap();
+    // n-a1: 4 headroom points, no locality; n-b2: no headroom, 5 for sharing the leaf;
+    // n-b3: locality only (a node that does not pass earns no headroom).
+    assert_eq!(
+        scores,
+        vec![("n-a1".into(), 4), ("n-b2".into(), 5), ("n-b3".into(), 5)]
+    );
+
+    // Worker 1 follows worker 0 into leaf b.
+    create(
+        &client,
+        "train",
+        &user_pod("llama-worker-1", "llama", json!({})),
+    )
+    .await;
+    assert_eq!(bound_to(&client, "train", "llama-worker-1").await, "n-b2");
+
+    // Leaf b's last node is degraded: worker 2 goes to leaf a instead.
+    create(
+        &client,
+        "train",
+        &user_pod("llama-worker-2", "llama", json!({})),
+    )
+    .await;
+    let w2 = bound_to(&client, "train", "llama-worker-2").await;
+    assert!(
+        ["n-a1", "n-a2", "n-a3"].contains(&w2.as_str()),
+        "worker 2 on {w2}"
+    );
+
+    // A GPU + RDMA pod the webhook never saw is held to the default profile: pinned to the
+    // degraded node it stays Pending; a pod without GPUs pinned there is placed at once.
+    let to_b3 = json!({"spec": {"nodeSelector": {"kubernetes.io/hostname": "n-b3"}}});
+    let mut raw = user_pod("unmutated", "ops-check", to_b3.clone());
+    raw.spec.as_mut().unwrap().containers[0]
+        .resources
+        .as_mut()
+        .unwrap()
+        .limits
+        .as_mut()
+        .unwrap()
+        .insert(RDMA.into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()));
+    let stored = create(&client, "ops", &raw).await;
+    assert!(
+        stored
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get(keys::ANNOTATION_PROFILE)
+            .is_none(),
+        "the webhook must not have seen namespace ops"
+    );
+    let mut plain: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain"},
+        "spec": {"containers": [{"name": "c", "image": "registry.invalid/c:1"}]},
+    }))
+    .unwrap();
+    merge_pod(&mut plain, to_b3);
+    create(&client, "ops", &plain).await;
+    assert_eq!(bound_to(&client, "ops", "plain").await, "n-b3");
+    let events = eventually(
+        Duration::from_secs(60),
+        "FailedScheduling for the unmutated pod",
+        || async {
+            let m = failed_scheduling(&client, "ops", "unmutated").await;
+            Ok((!m.is_empty()).then_some(m))
+        },
+    )
+    .await
+    .unwrap();
+    assert!(events[0].contains("0/6 nodes are available"), "{events:?}");
+    assert_eq!(node_of(&client, "ops", "unmutated").await, None);
+
+    // The extender counted the degraded node's rejections.
+    let metrics = reqwest::get(format!("http://127.0.0.1:{ext_metrics}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("railguard_extender_nodes_rejected_total{reason=\"degraded\"}"),
+        "{metrics}"
+    );
+    extender.assert_running(&logs);
+    webhook.assert_running(&logs);
+    cp.check_alive().unwrap();
+}
+
+fn merge_pod(pod: &mut Pod, extra: Value) {
+    let mut v = serde_json::to_value(&*pod).unwrap();
+    merge(&mut v, extra);
+    *pod = serde_json::from_value(v).unwrap();
+}

@@ -6,11 +6,13 @@
 //! once per Node change instead of once per scheduling call.
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use hashbrown::{DefaultHashBuilder, HashTable};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::runtime::watcher::{self, Event};
@@ -18,7 +20,7 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
 use railguard_api::{FabricProfile, NodeFabric};
 
-use crate::decision::{precheck, ExtenderConfig, Precheck};
+use crate::decision::{precheck, ExtenderConfig, NodeSlot, Precheck};
 use crate::metrics::{CacheLabels, Metrics};
 use crate::pod::PodFacts;
 
@@ -27,6 +29,8 @@ use crate::pod::PodFacts;
 pub struct Store<V> {
     pub name: &'static str,
     map: RwLock<HashMap<String, Arc<V>>>,
+    /// Bumped by every write, so derived indexes can tell whether they are current.
+    version: AtomicU64,
     synced: AtomicBool,
     last_heard: Mutex<Option<Instant>>,
 }
@@ -36,6 +40,7 @@ impl<V> Store<V> {
         Store {
             name,
             map: RwLock::new(HashMap::new()),
+            version: AtomicU64::new(0),
             synced: AtomicBool::new(false),
             last_heard: Mutex::new(None),
         }
@@ -63,6 +68,11 @@ impl<V> Store<V> {
         self.synced.load(Ordering::Acquire)
     }
 
+    /// Number of writes so far. Read under [`Store::read`] it names exactly the content seen.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
     /// Time since the API server last sent this cache anything.
     pub fn age(&self) -> Option<Duration> {
         self.last_heard
@@ -79,7 +89,11 @@ impl<V> Store<V> {
     }
 
     pub(crate) fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<V>>> {
-        self.map.write().unwrap_or_else(PoisonError::into_inner)
+        let guard = self.map.write().unwrap_or_else(PoisonError::into_inner);
+        // Bumped while holding the lock: a reader comparing versions either sees the bump or
+        // reads the map before this write.
+        self.version.fetch_add(1, Ordering::AcqRel);
+        guard
     }
 
     /// Replaces the whole content (end of a list) and marks the cache synced.
@@ -247,6 +261,134 @@ impl CachedNode {
     }
 }
 
+/// The node cache laid out for the filter path. A `/filter` call looks up thousands of names;
+/// through the node map each lookup compares its key behind a heap pointer and then follows
+/// `Arc<CachedNode>` and its precheck vector into a heap full of certificates, a cache miss
+/// at every step. Here the names sit in one arena, the hash table holds slot numbers, and
+/// each profile's prechecks are one contiguous array, so a lookup stays in a few hundred
+/// kilobytes that the CPU caches hold.
+///
+/// Rebuilt whole after a node or profile change (cheap next to the watch event that caused
+/// it). Handlers use it only while [`NodeIndex::is_current`] says it reflects the node cache
+/// and the profile set they decide with; otherwise they read the node cache (same answers).
+#[derive(Debug, Default)]
+pub struct NodeIndex {
+    /// [`Store::version`] of the node cache this index was built from.
+    nodes_version: u64,
+    /// [`ProfileSet::generation`] of the prechecks.
+    generation: u64,
+    /// Every node name, back to back.
+    names: String,
+    /// Slot `i`'s name is `names[ends[i - 1]..ends[i]]` (from 0 for slot 0).
+    ends: Vec<u32>,
+    /// Slot numbers, hashed by name.
+    table: HashTable<u32>,
+    /// foldhash instead of SipHash: node names come from the API server (the node watch) and
+    /// from kube-scheduler (requests), both trusted, so flooding resistance buys nothing and
+    /// SipHash would cost more than the rest of a lookup.
+    hasher: DefaultHashBuilder,
+    fabrics: Vec<Arc<NodeFabric>>,
+    /// `prechecks[profile * len + slot]`; `None` where the node's prechecks were made for an
+    /// older profile set (decisions then check its certificate instead).
+    prechecks: Vec<Option<Precheck>>,
+}
+
+impl NodeIndex {
+    /// Indexes `nodes` (the node cache at `nodes_version`) for the profiles of `set`.
+    pub fn build(
+        nodes: &HashMap<String, Arc<CachedNode>>,
+        nodes_version: u64,
+        set: &ProfileSet,
+    ) -> Self {
+        let len = nodes.len();
+        let mut index = NodeIndex {
+            nodes_version,
+            generation: set.generation,
+            names: String::with_capacity(nodes.keys().map(String::len).sum()),
+            ends: Vec::with_capacity(len),
+            table: HashTable::with_capacity(len),
+            hasher: DefaultHashBuilder::default(),
+            fabrics: Vec::with_capacity(len),
+            prechecks: Vec::with_capacity(len * set.profiles.len()),
+        };
+        // Sorted, so slots (and the arena) follow name order whatever the map's order.
+        let mut entries: Vec<(&String, &Arc<CachedNode>)> = nodes.iter().collect();
+        entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (name, cached) in &entries {
+            let Ok(end) = u32::try_from(index.names.len() + name.len()) else {
+                // Over 4 GiB of names: leave the rest to the node cache path.
+                break;
+            };
+            let slot = index.ends.len() as u32;
+            index.names.push_str(name);
+            index.ends.push(end);
+            index.fabrics.push(cached.fabric.clone());
+            let hash = index.hasher.hash_one(name.as_str());
+            let (names, ends, hasher) = (&index.names, &index.ends, &index.hasher);
+            index.table.insert_unique(hash, slot, |&s| {
+                hasher.hash_one(name_at(names, ends, s as usize))
+            });
+        }
+        let indexed = index.ends.len();
+        for p in 0..set.profiles.len() {
+            index.prechecks.extend(
+                entries[..indexed]
+                    .iter()
+                    .map(|(_, cached)| cached.precheck(set, p).cloned()),
+            );
+        }
+        index
+    }
+
+    /// Whether this index reflects the node cache at `nodes_version` and the profile set of
+    /// `generation`.
+    pub fn is_current(&self, nodes_version: u64, generation: u64) -> bool {
+        self.nodes_version == nodes_version && self.generation == generation
+    }
+
+    pub fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The slot of the node called `name`.
+    pub fn lookup(&self, name: &str) -> Option<usize> {
+        let hash = self.hasher.hash_one(name);
+        self.table
+            .find(hash, |&s| {
+                name_at(&self.names, &self.ends, s as usize) == name
+            })
+            .map(|&s| s as usize)
+    }
+
+    /// The decision input for `name`: its fabric and, when `profile` (a position in the
+    /// profile set this index was built for) is given, its precheck for that profile.
+    pub fn slot<'a>(&'a self, name: &'a str, profile: Option<usize>) -> NodeSlot<'a> {
+        match self.lookup(name) {
+            Some(slot) => NodeSlot {
+                name,
+                fabric: self.fabrics.get(slot).map(|f| &**f),
+                precheck: profile
+                    .and_then(|p| self.prechecks.get(p * self.len() + slot))
+                    .and_then(Option::as_ref),
+            },
+            None => NodeSlot::new(name, None),
+        }
+    }
+}
+
+fn name_at<'a>(names: &'a str, ends: &[u32], slot: usize) -> &'a str {
+    let start = match slot {
+        0 => 0,
+        _ => ends.get(slot - 1).map_or(0, |&e| e as usize),
+    };
+    let end = ends.get(slot).map_or(start, |&e| e as usize);
+    names.get(start..end).unwrap_or_default()
+}
+
 /// Everything the extender caches about the cluster.
 #[derive(Debug)]
 pub struct ClusterState {
@@ -257,6 +399,8 @@ pub struct ClusterState {
     /// Profiles sorted by name, rebuilt on every profile change; handlers clone the Arc.
     profile_set: RwLock<Arc<ProfileSet>>,
     generation: AtomicU64,
+    /// The node cache as the filter path reads it; see [`NodeIndex`].
+    node_index: RwLock<Arc<NodeIndex>>,
     /// Serializes precheck refreshes (profile watch and node watch both start them).
     refreshing: Mutex<()>,
     pub config: ExtenderConfig,
@@ -271,6 +415,7 @@ impl ClusterState {
             profiles: Store::new("fabricprofiles"),
             profile_set: RwLock::new(Arc::new(ProfileSet::default())),
             generation: AtomicU64::new(0),
+            node_index: RwLock::new(Arc::new(NodeIndex::default())),
             refreshing: Mutex::new(()),
             config,
         }
@@ -294,6 +439,14 @@ impl ClusterState {
 
     pub fn profile_set(&self) -> Arc<ProfileSet> {
         self.profile_set
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The latest node index; check [`NodeIndex::is_current`] before trusting it.
+    pub fn node_index(&self) -> Arc<NodeIndex> {
+        self.node_index
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
@@ -326,17 +479,39 @@ impl ClusterState {
                 .map(|n| (n.name.clone(), Arc::new(CachedNode::new(Arc::new(n), &set))))
                 .collect(),
         );
+        self.refresh_prechecks();
     }
 
-    /// Recomputes the prechecks of nodes made for an older profile set. Nodes converted
-    /// while the profiles changed are caught by the refresh that follows their insert;
-    /// until then handlers fall back to checking the certificate, which gives the same answer.
+    /// Recomputes the prechecks of nodes made for an older profile set, then the node index.
+    /// Nodes converted while the profiles changed are caught by the refresh that follows
+    /// their insert; until then handlers fall back to checking the certificate, which gives
+    /// the same answer. The node watch calls this after every change.
     pub fn refresh_prechecks(&self) {
         let _serial = self
             .refreshing
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let set = self.profile_set();
+        self.refresh_stale_prechecks(&set);
+        self.rebuild_node_index(&set);
+    }
+
+    fn rebuild_node_index(&self, set: &ProfileSet) {
+        let nodes = self.nodes.read();
+        // Read under the lock: no write is in flight, so this version names `nodes` exactly.
+        let version = self.nodes.version();
+        if self.node_index().is_current(version, set.generation) {
+            return;
+        }
+        let index = Arc::new(NodeIndex::build(&nodes, version, set));
+        drop(nodes);
+        *self
+            .node_index
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = index;
+    }
+
+    fn refresh_stale_prechecks(&self, set: &ProfileSet) {
         let stale: Vec<(String, Arc<CachedNode>)> = self
             .nodes
             .read()
@@ -351,7 +526,7 @@ impl ClusterState {
         let fresh: Vec<(String, Arc<CachedNode>, CachedNode)> = stale
             .into_iter()
             .map(|(k, old)| {
-                let new = CachedNode::new(old.fabric.clone(), &set);
+                let new = CachedNode::new(old.fabric.clone(), set);
                 (k, old, new)
             })
             .collect();
@@ -362,7 +537,7 @@ impl ClusterState {
                     *current = Arc::new(new);
                 } else if current.generation != set.generation {
                     // Replaced by the watch meanwhile with an older set; rare, done in place.
-                    let redone = CachedNode::new(current.fabric.clone(), &set);
+                    let redone = CachedNode::new(current.fabric.clone(), set);
                     *current = Arc::new(redone);
                 }
             }

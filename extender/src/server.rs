@@ -20,7 +20,8 @@ use crate::error::ExtenderError;
 use crate::metrics::{Metrics, ModeLabels, ReasonLabels};
 use crate::pod::PodFacts;
 use crate::wire::{
-    decode_node, Candidates, ExtenderArgs, ExtenderFilterResult, HostPriority, NodeList, Request,
+    decode_node, Candidates, ExtenderArgs, ExtenderFilterResult, HostPriority, NodeList, NodeName,
+    Request,
 };
 
 /// Where node and profile state comes from.
@@ -107,7 +108,7 @@ struct Prepared<'p> {
     target: PodTarget<'p>,
 }
 
-fn prepare<'p>(state: &AppState, req: &Request, profiles: &'p [FabricProfile]) -> Prepared<'p> {
+fn prepare<'p>(state: &AppState, req: &Request<'_>, profiles: &'p [FabricProfile]) -> Prepared<'p> {
     let facts = PodFacts::from_pod(&req.pod, &state.config.job_label_keys);
     let ns_labels = match &state.source {
         Source::Cluster(c) => c.namespaces.get(&facts.namespace),
@@ -130,11 +131,11 @@ fn interpret_nodes(
 }
 
 /// Answers a decoded `/filter` request.
-pub fn answer_filter(
+pub fn answer_filter<'a>(
     state: &AppState,
-    req: Request,
+    req: Request<'a>,
     now: Timestamp,
-) -> Result<ExtenderFilterResult, ExtenderError> {
+) -> Result<ExtenderFilterResult<'a>, ExtenderError> {
     if let Err(pending) = state.ready() {
         return Err(ExtenderError::NotSynced { pending });
     }
@@ -183,11 +184,10 @@ pub fn answer_filter(
                     ..ExtenderFilterResult::default()
                 });
             }
-            let verdicts = {
-                let nodes = cluster.nodes.read();
-                let slots = cached_slots(&names, &nodes, &profiles, &prepared.target);
-                filter(&prepared.target, &slots, now)
-            };
+            let verdicts =
+                with_cached_slots(cluster, &names, &profiles, &prepared.target, |slots| {
+                    filter(&prepared.target, slots, now)
+                });
             record_rejections(state, &verdicts.reasons);
             let passed = keep_passed(names, &verdicts.passed);
             Ok(ExtenderFilterResult {
@@ -201,26 +201,49 @@ pub fn answer_filter(
     }
 }
 
-/// Slots for cached nodes, with each node's precheck for the pod's profile when the cache
-/// has one (the pod carries its profile's own signature and the profile set is current).
-fn cached_slots<'a>(
-    names: &'a [String],
-    nodes: &'a HashMap<String, Arc<CachedNode>>,
-    profiles: &'a Profiles,
+/// Runs `decide` over slots for cached nodes, each with its precheck for the pod's profile
+/// when the cache has one (the pod carries its profile's own signature and the profile set
+/// is current). Reads the [`NodeIndex`](crate::cache::NodeIndex) when it reflects the node
+/// cache and the profile set, and the node cache itself otherwise (same answers, slower).
+fn with_cached_slots<T>(
+    cluster: &ClusterState,
+    names: &[NodeName<'_>],
+    profiles: &Profiles,
     target: &PodTarget<'_>,
-) -> Vec<NodeSlot<'a>> {
-    let index = match (profiles, target) {
+    decide: impl FnOnce(&[NodeSlot<'_>]) -> T,
+) -> T {
+    let (set, index) = match (profiles, target) {
         (
             Profiles::Cluster(set),
             PodTarget::Profile {
                 profile, signature, ..
             },
-        ) => set.index_of(profile.name(), signature).map(|i| (&**set, i)),
-        _ => None,
+        ) => (Some(&**set), set.index_of(profile.name(), signature)),
+        (Profiles::Cluster(set), _) => (Some(&**set), None),
+        (Profiles::Standalone(_), _) => (None, None),
     };
+    let node_index = cluster.node_index();
+    if let Some(set) = set {
+        if node_index.is_current(cluster.nodes.version(), set.generation) {
+            let slots: Vec<NodeSlot<'_>> =
+                names.iter().map(|n| node_index.slot(n, index)).collect();
+            return decide(&slots);
+        }
+    }
+    let nodes = cluster.nodes.read();
+    let slots = cached_slots(names, &nodes, set.zip(index));
+    decide(&slots)
+}
+
+/// Slots read from the node cache map (the path while the index is being rebuilt).
+fn cached_slots<'a>(
+    names: &'a [NodeName<'_>],
+    nodes: &'a HashMap<String, Arc<CachedNode>>,
+    index: Option<(&'a ProfileSet, usize)>,
+) -> Vec<NodeSlot<'a>> {
     names
         .iter()
-        .map(|n| match nodes.get(n) {
+        .map(|n| match nodes.get(n.as_str()) {
             Some(cached) => NodeSlot {
                 name: n,
                 fabric: Some(&cached.fabric),
@@ -232,7 +255,7 @@ fn cached_slots<'a>(
 }
 
 /// The names at the `passed` indices (ascending), moved out of `names`.
-fn keep_passed(names: Vec<String>, passed: &[usize]) -> Vec<String> {
+fn keep_passed<'a>(names: Vec<NodeName<'a>>, passed: &[usize]) -> Vec<NodeName<'a>> {
     let mut next = passed.iter().peekable();
     names
         .into_iter()
@@ -267,7 +290,7 @@ fn record_rejections(
 /// input order.
 pub fn answer_prioritize(
     state: &AppState,
-    req: &Request,
+    req: &Request<'_>,
     now: Timestamp,
 ) -> Result<Vec<HostPriority>, ExtenderError> {
     if let Err(pending) = state.ready() {
@@ -293,9 +316,9 @@ pub fn answer_prioritize(
             let Source::Cluster(cluster) = &state.source else {
                 return Err(ExtenderError::NamesWithoutCache);
             };
-            let nodes = cluster.nodes.read();
-            let slots = cached_slots(names, &nodes, &profiles, &prepared.target);
-            prioritize(&prepared.target, &slots, &peer_refs, now, &state.config)
+            with_cached_slots(cluster, names, &profiles, &prepared.target, |slots| {
+                prioritize(&prepared.target, slots, &peer_refs, now, &state.config)
+            })
         }
     };
     Ok(scores
@@ -378,7 +401,7 @@ async fn prioritize_handler(State(state): State<Arc<AppState>>, body: Bytes) -> 
 }
 
 /// The metric label for the request form.
-fn mode_of(req: &Request) -> &'static str {
+fn mode_of(req: &Request<'_>) -> &'static str {
     match req.candidates {
         Candidates::Nodes(_) => "nodes",
         Candidates::Names(_) => "names",

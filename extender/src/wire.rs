@@ -6,6 +6,7 @@
 //! schedulers that tag them. Nodes stay raw JSON so a full-Node answer echoes the
 //! scheduler's own bytes (no loss of fields this crate's Node type does not know).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod};
@@ -19,20 +20,53 @@ use crate::error::ExtenderError;
 /// Highest score an extender may return (`MaxExtenderPriority`).
 pub const MAX_EXTENDER_PRIORITY: i64 = 10;
 
-/// `ExtenderArgs` as received. Use [`ExtenderArgs::decode`] to validate.
+/// `ExtenderArgs` as received, borrowing from the request body. Use [`ExtenderArgs::decode`]
+/// to validate.
 #[derive(Debug, Default, Deserialize, Serialize)]
-pub struct ExtenderArgs {
-    #[serde(rename = "Pod", alias = "pod", default)]
-    pub pod: Option<Box<RawValue>>,
+pub struct ExtenderArgs<'a> {
+    #[serde(rename = "Pod", alias = "pod", default, borrow)]
+    pub pod: Option<&'a RawValue>,
     #[serde(rename = "Nodes", alias = "nodes", default)]
     pub nodes: Option<NodeList>,
     #[serde(
         rename = "NodeNames",
         alias = "nodenames",
         alias = "nodeNames",
-        default
+        default,
+        borrow
     )]
-    pub node_names: Option<Vec<String>>,
+    pub node_names: Option<Vec<NodeName<'a>>>,
+}
+
+/// A node name, borrowed from the request body unless JSON escapes forced a copy (never for
+/// a valid name: they are DNS subdomains). Saves an allocation per candidate in cache mode.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(transparent)]
+pub struct NodeName<'a>(#[serde(borrow)] pub Cow<'a, str>);
+
+impl NodeName<'_> {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for NodeName<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<str> for NodeName<'_> {
+    fn eq(&self, other: &str) -> bool {
+        *self.0 == *other
+    }
+}
+
+impl PartialEq<&str> for NodeName<'_> {
+    fn eq(&self, other: &&str) -> bool {
+        *self.0 == **other
+    }
 }
 
 /// A `v1.NodeList` whose items are kept as raw JSON.
@@ -44,14 +78,14 @@ pub struct NodeList {
 
 /// The candidate nodes of a request, in the form the scheduler chose.
 #[derive(Debug)]
-pub enum Candidates {
+pub enum Candidates<'a> {
     /// `nodeCacheCapable: false`: full Node objects.
     Nodes(Vec<Box<RawValue>>),
     /// `nodeCacheCapable: true`: names; state comes from the extender's cache.
-    Names(Vec<String>),
+    Names(Vec<NodeName<'a>>),
 }
 
-impl Candidates {
+impl Candidates<'_> {
     pub fn len(&self) -> usize {
         match self {
             Candidates::Nodes(n) => n.len(),
@@ -64,16 +98,16 @@ impl Candidates {
     }
 }
 
-/// A validated request: the pod and its candidate nodes.
+/// A validated request: the pod and its candidate nodes (names borrowed from the body).
 #[derive(Debug)]
-pub struct Request {
+pub struct Request<'a> {
     pub pod: Pod,
-    pub candidates: Candidates,
+    pub candidates: Candidates<'a>,
 }
 
-impl ExtenderArgs {
+impl<'a> ExtenderArgs<'a> {
     /// Decodes and validates a request body. `max_nodes` bounds the candidate count.
-    pub fn decode(body: &[u8], max_nodes: usize) -> Result<Request, ExtenderError> {
+    pub fn decode(body: &'a [u8], max_nodes: usize) -> Result<Request<'a>, ExtenderError> {
         let args: ExtenderArgs =
             serde_json::from_slice(body).map_err(|source| ExtenderError::Json { source })?;
         let raw_pod = args.pod.ok_or(ExtenderError::MissingPod)?;
@@ -146,15 +180,15 @@ pub fn decode_node(raw: &RawValue, index: usize) -> Result<Node, ExtenderError> 
     })
 }
 
-/// `ExtenderFilterResult`.
+/// `ExtenderFilterResult`; in cache mode the passing names borrow from the request.
 #[derive(Debug, Default, Deserialize, Serialize)]
-pub struct ExtenderFilterResult {
+pub struct ExtenderFilterResult<'a> {
     /// Passing nodes in full-Node mode (`nodeCacheCapable: false`).
     #[serde(rename = "Nodes", default)]
     pub nodes: Option<NodeList>,
     /// Passing node names in cache mode (`nodeCacheCapable: true`).
-    #[serde(rename = "NodeNames", default)]
-    pub node_names: Option<Vec<String>>,
+    #[serde(rename = "NodeNames", default, borrow)]
+    pub node_names: Option<Vec<NodeName<'a>>>,
     /// Nodes that may become eligible, with a reason (preemption may consider them).
     #[serde(rename = "FailedNodes", default)]
     pub failed_nodes: BTreeMap<String, String>,
@@ -166,7 +200,7 @@ pub struct ExtenderFilterResult {
     pub error: String,
 }
 
-impl ExtenderFilterResult {
+impl ExtenderFilterResult<'_> {
     /// A result that fails the whole scheduling cycle with a message.
     pub fn error(message: impl Into<String>) -> Self {
         ExtenderFilterResult {

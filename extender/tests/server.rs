@@ -236,10 +236,16 @@ async fn cache_mode_filters_names_from_the_cache_and_returns_only_input_names() 
         .failed_and_unresolvable_nodes
         .contains_key("n-degraded"));
     assert!(result.failed_and_unresolvable_nodes.contains_key("n-none"));
-    let all: Vec<&String> = names
+    let all: Vec<&str> = names
         .iter()
-        .chain(result.failed_nodes.keys())
-        .chain(result.failed_and_unresolvable_nodes.keys())
+        .map(|n| n.as_str())
+        .chain(result.failed_nodes.keys().map(String::as_str))
+        .chain(
+            result
+                .failed_and_unresolvable_nodes
+                .keys()
+                .map(String::as_str),
+        )
         .collect();
     assert_eq!(all.len(), 5, "every input node is answered exactly once");
 

@@ -6,10 +6,12 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use common::*;
 use jiff::SignedDuration;
 use railguard_api::{NodeFabric, RailVerdict, Verdict};
+use railguard_extender::cache::{CachedNode, ClusterState};
 use railguard_extender::decision::check_node;
 use railguard_extender::{
     filter, prioritize, synth, target_for, ExtenderConfig, NodeSlot, PodFacts, PodTarget,
@@ -490,11 +492,61 @@ fn prechecked_verdicts_equal_the_pure_filter_over_generated_nodes() {
         .iter()
         .map(|s| now().checked_add(SignedDuration::from_secs(*s)).unwrap())
         .collect();
+    // The same nodes through the cluster cache and its node index, as `/filter` reads them.
+    let cluster = ClusterState::new(config.clone());
+    cluster.profiles.replace(
+        profiles
+            .iter()
+            .map(|p| (p.name().to_string(), Arc::new(p.clone())))
+            .collect(),
+    );
+    cluster.rebuild_profile_list();
+    cluster.replace_nodes(nodes.clone());
+    let set = cluster.profile_set();
+    let index = cluster.node_index();
+    assert!(index.is_current(cluster.nodes.version(), set.generation));
+    assert_eq!(index.len(), nodes.len());
+    // Candidates as the scheduler sends them: shuffled, with names the cache does not know.
+    let mut order: Vec<usize> = (0..nodes.len()).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, g.below(i as u64 + 1) as usize);
+    }
+    let unknown = ["gen-x", "gen-", "", "gen-00", "gen-1999 "];
+    let candidates: Vec<(&str, Option<&NodeFabric>)> = order
+        .iter()
+        .map(|&i| (nodes[i].name.as_str(), Some(&nodes[i])))
+        .chain(unknown.iter().map(|u| (*u, None)))
+        .collect();
+    let plain_candidates: Vec<NodeSlot<'_>> = candidates
+        .iter()
+        .map(|(name, fabric)| NodeSlot::new(name, *fabric))
+        .collect();
+    let mut indexed_with_precheck = 0;
+
     let mut passed_somewhere = 0;
     let mut reasons = std::collections::BTreeSet::new();
     for p in &profiles {
         for sig in [p.spec.signature(), "0000deadbeef".to_string()] {
             let pre: Vec<Precheck> = nodes.iter().map(|n| precheck(n, p, &sig)).collect();
+            // The index holds exactly these prechecks for each profile's own signature.
+            let at = set.index_of(p.name(), &sig);
+            assert_eq!(at.is_some(), sig == p.spec.signature());
+            let indexed: Vec<NodeSlot<'_>> = candidates
+                .iter()
+                .map(|(name, _)| index.slot(name, at))
+                .collect();
+            for (slot, (name, fabric)) in indexed.iter().zip(&candidates) {
+                assert_eq!(slot.name, *name);
+                assert_eq!(
+                    slot.fabric.map(|f| &f.name),
+                    fabric.map(|f| &f.name),
+                    "{name}"
+                );
+                if let (Some(got), Some(f)) = (slot.precheck, fabric) {
+                    assert_eq!(got, &precheck(f, p, &sig), "{name}");
+                    indexed_with_precheck += 1;
+                }
+            }
             // Each node at the edges of its own expiry.
             for (n, pc) in nodes.iter().zip(&pre) {
                 if let Some(c) = n.state.certificate() {
@@ -537,11 +589,21 @@ fn prechecked_verdicts_equal_the_pure_filter_over_generated_nodes() {
                     prioritize(&target, &fast, &peers, t, &config),
                     prioritize(&target, &plain, &peers, t, &config)
                 );
+                // Through the node index, in scheduler order with unknown names.
+                assert_eq!(
+                    filter(&target, &indexed, t),
+                    filter(&target, &plain_candidates, t)
+                );
+                assert_eq!(
+                    prioritize(&target, &indexed, &peers, t, &config),
+                    prioritize(&target, &plain_candidates, &peers, t, &config)
+                );
             }
         }
     }
     // The comparison covered passing nodes and every reason a node's state can give.
     assert!(passed_somewhere > 100, "{passed_somewhere}");
+    assert_eq!(indexed_with_precheck, profiles.len() * nodes.len());
     for r in [
         RejectReason::NoCertificate,
         RejectReason::Unreadable,
@@ -609,4 +671,61 @@ fn cache_prechecks_follow_profile_changes() {
     cluster.rebuild_profile_list();
     let cached = cluster.nodes.get("n-certified").unwrap();
     assert!(cached.precheck(&old_set, 0).is_none());
+}
+
+#[test]
+fn node_index_follows_node_changes_and_is_never_used_stale() {
+    let profiles = profiles();
+    let cluster = ClusterState::new(ExtenderConfig::default());
+    cluster.profiles.replace(
+        profiles
+            .iter()
+            .map(|p| (p.name().to_string(), Arc::new(p.clone())))
+            .collect(),
+    );
+    cluster.rebuild_profile_list();
+    let nodes = six_nodes_at(&profiles, jiff::Timestamp::now());
+    cluster.replace_nodes(nodes.clone());
+    let set = cluster.profile_set();
+    let current = |c: &ClusterState| {
+        c.node_index()
+            .is_current(c.nodes.version(), c.profile_set().generation)
+    };
+    assert!(current(&cluster));
+    assert_eq!(cluster.node_index().len(), 6);
+    assert!(cluster.node_index().lookup("n-certified").is_some());
+    assert!(cluster.node_index().lookup("n-added").is_none());
+
+    // A node event makes the index stale until the refresh the watch runs after it.
+    let mut added = nodes[0].clone();
+    added.name = "n-added".into();
+    cluster.nodes.set(
+        "n-added".into(),
+        Some(CachedNode::new(Arc::new(added), &set)),
+    );
+    assert!(!current(&cluster));
+    cluster.refresh_prechecks();
+    assert!(current(&cluster));
+    let index = cluster.node_index();
+    let h100 = set
+        .index_of("h100-ndr", &profile(&profiles, "h100-ndr").spec.signature())
+        .unwrap();
+    let slot = index.slot("n-added", Some(h100));
+    assert_eq!(slot.fabric.unwrap().name, "n-added");
+    assert_eq!(slot.precheck.unwrap().check(jiff::Timestamp::now()), Ok(()));
+
+    cluster.nodes.set("n-added".into(), None);
+    assert!(!current(&cluster));
+    cluster.refresh_prechecks();
+    assert!(current(&cluster));
+    assert!(cluster.node_index().lookup("n-added").is_none());
+    assert_eq!(cluster.node_index().len(), 6);
+
+    // A profile change also makes it stale, and the rebuild carries the new prechecks.
+    cluster.rebuild_profile_list();
+    assert!(current(&cluster));
+    assert_ne!(cluster.profile_set().generation, set.generation);
+    assert!(!cluster
+        .node_index()
+        .is_current(cluster.nodes.version(), set.generation));
 }

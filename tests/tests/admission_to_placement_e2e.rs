@@ -371,17 +371,16 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
     .await;
     let annotations = w0.metadata.annotations.clone().unwrap_or_default();
     assert_eq!(
-        annotations.get(keys::ANNOTATION_PROFILE).map(String::as_str),
+        annotations
+            .get(keys::ANNOTATION_PROFILE)
+            .map(String::as_str),
         Some("h100-ndr")
     );
     assert_eq!(
         annotations.get(keys::ANNOTATION_SIGNATURE),
         Some(&h100.spec.signature())
     );
-    assert_eq!(
-        env_value(&w0, "NCCL_IB_HCA"),
-        Some(h100.spec.nccl_ib_hca())
-    );
+    assert_eq!(env_value(&w0, "NCCL_IB_HCA"), Some(h100.spec.nccl_ib_hca()));
     assert_eq!(bound_to(&client, "train", "llama-worker-0").await, "n-b1");
 
     // The extender learns of the bound worker from its pod watch; until then it has no
@@ -445,7 +444,10 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
         .limits
         .as_mut()
         .unwrap()
-        .insert(RDMA.into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()));
+        .insert(
+            RDMA.into(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()),
+        );
     let stored = create(&client, "ops", &raw).await;
     assert!(
         stored

@@ -10,14 +10,12 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
-use railguard_api::{profiles_from_yaml, Certificate, FabricProfile, Verdict};
+use railguard_api::{profiles_from_yaml, FabricProfile, Verdict};
 use railguard_extender::cache::ClusterState;
 use railguard_extender::metrics::Metrics;
 use railguard_extender::server::{self, AppState, Source};
 use railguard_extender::{synth, ExtenderConfig};
-use railguard_tests::{
-    control_plane_binaries, eventually, free_port, labels, workspace_root, ControlPlane,
-};
+use railguard_tests::{eventually, labels, workspace_root, ControlPlane};
 use serde_json::{json, Value};
 
 const MANAGER: &str = "railguard-e2e";
@@ -32,30 +30,6 @@ fn hours_ago(h: f64) -> Timestamp {
     Timestamp::now()
         .checked_sub(SignedDuration::from_secs_f64(h * 3600.0))
         .unwrap()
-}
-
-/// Publishes a certificate on a node the way the prober does: labels and annotation.
-async fn publish(client: &Client, node: &str, cert: &Certificate) {
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-    let patch = json!({"metadata": {
-        "labels": {
-            "railguard.io/fabric": cert.verdict.as_label(),
-            "railguard.io/profile": cert.profile,
-            "railguard.io/signature": cert.signature,
-        },
-        "annotations": {"railguard.io/certificate": cert.to_annotation().unwrap()},
-    }});
-    nodes
-        .patch(
-            node,
-            &PatchParams {
-                field_manager: Some(MANAGER.into()),
-                ..Default::default()
-            },
-            &Patch::Merge(patch),
-        )
-        .await
-        .unwrap();
 }
 
 async fn set_fabric_label(client: &Client, node: &str, value: &str) {
@@ -203,47 +177,6 @@ async fn start_extender(client: Client) -> Extender {
     }
 }
 
-/// kube-scheduler 1.20 with an extenders stanza. Like `ControlPlane::start_scheduler`, but
-/// with its health and metrics listeners on free loopback ports: with `--config`, 1.20
-/// ignores `--port=0` and binds 0.0.0.0:10251, which clashes with any other scheduler on the
-/// machine (a parallel test or a running demo).
-struct Scheduler(std::process::Child);
-
-impl Drop for Scheduler {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_scheduler(cp: &ControlPlane, extenders_yaml: &str, tag: &str) -> Scheduler {
-    let extenders: serde_yaml::Value = serde_yaml::from_str(extenders_yaml).unwrap();
-    let config = json!({
-        "apiVersion": "kubescheduler.config.k8s.io/v1beta1",
-        "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": cp.kubeconfig_path().display().to_string(), "qps": 500, "burst": 1000},
-        "leaderElection": {"leaderElect": false},
-        "healthzBindAddress": format!("127.0.0.1:{}", free_port().unwrap()),
-        "metricsBindAddress": format!("127.0.0.1:{}", free_port().unwrap()),
-        "extenders": extenders,
-    });
-    let path = cp.log_dir().join(format!("scheduler-{tag}.yaml"));
-    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
-    let log =
-        std::fs::File::create(cp.log_dir().join(format!("kube-scheduler-{tag}.log"))).unwrap();
-    let child =
-        std::process::Command::new(control_plane_binaries().unwrap().join("kube-scheduler"))
-            .arg(format!("--config={}", path.display()))
-            .arg("--secure-port=0")
-            .arg("--v=2")
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-    Scheduler(child)
-}
-
 async fn scenario(node_cache_capable: bool) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut cp = ControlPlane::start().await.expect("control plane");
@@ -276,9 +209,11 @@ async fn scenario(node_cache_capable: bool) {
         cp.create_node(name, &labels(&[]), &alloc).await.unwrap();
     }
     let good = synth::certificate(&h100, Verdict::Certified, hours_ago(1.0), 392.0, 370.0);
-    publish(&client, "n-certified", &good).await;
+    cp.publish_certificate("n-certified", &good).await.unwrap();
     let other = synth::certificate(&a100, Verdict::Certified, hours_ago(1.0), 195.0, 190.0);
-    publish(&client, "n-other-profile", &other).await;
+    cp.publish_certificate("n-other-profile", &other)
+        .await
+        .unwrap();
     // TTL 24h, issued 26h10m ago: expired 2h10m ago.
     let expired = synth::certificate(
         &h100,
@@ -287,13 +222,15 @@ async fn scenario(node_cache_capable: bool) {
         392.0,
         370.0,
     );
-    publish(&client, "n-expired", &expired).await;
+    cp.publish_certificate("n-expired", &expired).await.unwrap();
     let mut degraded = good.clone();
     synth::degrade_rail(&mut degraded, "mlx5_3", 1, 196.0);
-    publish(&client, "n-degraded", &degraded).await;
+    cp.publish_certificate("n-degraded", &degraded)
+        .await
+        .unwrap();
     let mut failed = synth::certificate(&h100, Verdict::Failed, hours_ago(1.0), 392.0, 100.0);
     failed.reasons = vec!["NCCL fell back to Socket transport".into()];
-    publish(&client, "n-failed", &failed).await;
+    cp.publish_certificate("n-failed", &failed).await.unwrap();
 
     let ext = start_extender(client.clone()).await;
     eventually(Duration::from_secs(30), "extender ready", || async {
@@ -302,14 +239,12 @@ async fn scenario(node_cache_capable: bool) {
     })
     .await
     .unwrap();
-    let mut scheduler = start_scheduler(
-        &cp,
-        &format!(
-            "- urlPrefix: \"{}\"\n  filterVerb: filter\n  prioritizeVerb: prioritize\n  weight: 1\n  enableHTTPS: false\n  nodeCacheCapable: {node_cache_capable}\n  ignorable: false\n",
-            ext.url
-        ),
-        if node_cache_capable { "names" } else { "nodes" },
-    );
+    cp.start_scheduler(&format!(
+        "- urlPrefix: \"{}\"\n  filterVerb: filter\n  prioritizeVerb: prioritize\n  weight: 1\n  enableHTTPS: false\n  nodeCacheCapable: {node_cache_capable}\n  ignorable: false\n",
+        ext.url
+    ))
+    .await
+    .unwrap();
 
     // Each profile's pods land on the one node certified for it.
     create_pod(
@@ -409,7 +344,7 @@ async fn scenario(node_cache_capable: bool) {
     // The expired node is recertified the way the prober renews: pending, then certified.
     set_fabric_label(&client, "n-expired", "pending").await;
     let renewed = synth::certificate(&h100, Verdict::Certified, hours_ago(0.0), 394.0, 372.0);
-    publish(&client, "n-expired", &renewed).await;
+    cp.publish_certificate("n-expired", &renewed).await.unwrap();
     let node = eventually(
         Duration::from_secs(90),
         "h100-b bound after renewal",
@@ -430,12 +365,8 @@ async fn scenario(node_cache_capable: bool) {
     );
     assert!(metrics.contains("railguard_extender_nodes_rejected_total{reason=\"expired\"}"));
     assert!(metrics.contains("railguard_extender_nodes_rejected_total{reason=\"other_profile\"}"));
+    // Fails if kube-scheduler, the API server or etcd exited.
     cp.check_alive().unwrap();
-    assert!(
-        scheduler.0.try_wait().unwrap().is_none(),
-        "kube-scheduler exited; see {}",
-        cp.log_dir().display()
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,7 +14,7 @@ use kube::api::{Api, PostParams};
 use kube::Client;
 use railguard_api::profile::Enforcement;
 use railguard_api::{profiles_from_yaml, FabricProfile};
-use railguard_tests::{eventually, labels, workspace_root, ControlPlane};
+use railguard_tests::{eventually, labels, workspace_root, ControlPlane, ServingCertificate};
 use railguard_webhook::catalog::Catalog;
 use railguard_webhook::metrics::Metrics;
 use railguard_webhook::server::{self, AppState, ServeOptions};
@@ -120,20 +120,6 @@ fn has_shm(p: &Pod) -> bool {
             .any(|m| m.mount_path == "/dev/shm")
 }
 
-fn serving_pair() -> (String, String, String) {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "railguard-webhook-ca");
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
-    (ca.pem(), cert.pem(), key.serialize_pem())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_configures_pods_created_through_the_api_server() {
     let cp = ControlPlane::start().await.expect("control plane");
@@ -169,9 +155,8 @@ async fn webhook_configures_pods_created_through_the_api_server() {
 
     // The webhook in cluster mode on loopback.
     let tmp = tempfile::tempdir().unwrap();
-    let (ca_pem, cert_pem, key_pem) = serving_pair();
-    std::fs::write(tmp.path().join("tls.crt"), &cert_pem).unwrap();
-    std::fs::write(tmp.path().join("tls.key"), &key_pem).unwrap();
+    let tls = ServingCertificate::loopback("railguard-webhook-ca").unwrap();
+    tls.write_pair(tmp.path()).unwrap();
     let metrics = Arc::new(Metrics::new());
     let catalog = Catalog::cluster(client.clone(), metrics.clone());
     let state = Arc::new(AppState {
@@ -221,7 +206,7 @@ async fn webhook_configures_pods_created_through_the_api_server() {
     }))
     .unwrap();
     for w in mwc.webhooks.iter_mut().flatten() {
-        w.client_config.ca_bundle = Some(ByteString(ca_pem.as_bytes().to_vec()));
+        w.client_config.ca_bundle = Some(ByteString(tls.ca_pem.as_bytes().to_vec()));
     }
     Api::<MutatingWebhookConfiguration>::all(client.clone())
         .create(

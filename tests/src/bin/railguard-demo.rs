@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use kube::Client;
 use railguard_api::{FabricProfile, FabricState, NodeFabric};
-use railguard_tests::{free_port, labels, workspace_root, ControlPlane};
+use railguard_tests::{free_port, labels, workspace_root, ControlPlane, ServingCertificate};
 use serde_json::{json, Value};
 
 #[derive(Parser, Debug)]
@@ -294,9 +294,9 @@ async fn run(args: &Args, dir: &Path, s: &Style) -> Result<()> {
     record_pids(dir, &pids)?;
 
     s.step("Starting railguard-webhook (TLS, generated CA) and registering it");
-    let (ca_pem, cert_pem, key_pem) = webhook_certs()?;
-    std::fs::write(dir.join("webhook.crt"), &cert_pem)?;
-    std::fs::write(dir.join("webhook.key"), &key_pem)?;
+    let tls = ServingCertificate::loopback("railguard-demo-ca")?;
+    std::fs::write(dir.join("webhook.crt"), &tls.cert_pem)?;
+    std::fs::write(dir.join("webhook.key"), &tls.key_pem)?;
     let wh_port = free_port()?;
     let wh_metrics = free_port()?;
     pids.push(
@@ -317,7 +317,7 @@ async fn run(args: &Args, dir: &Path, s: &Style) -> Result<()> {
         Duration::from_secs(30),
     )
     .await?;
-    register_webhook(&client, wh_port, &ca_pem).await?;
+    register_webhook(&client, wh_port, &tls.ca_pem).await?;
     println!("  webhook https://127.0.0.1:{wh_port}/mutate, extender http://127.0.0.1:{ext_port}");
 
     s.step("Creating six DGX-H100-like nodes and running a simulated prober on each");
@@ -472,23 +472,6 @@ async fn http_request(
     let mut buf = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut buf)).await??;
     Ok(String::from_utf8_lossy(&buf).into_owned())
-}
-
-fn webhook_certs() -> Result<(String, String, String)> {
-    let ca_key = rcgen::KeyPair::generate()?;
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "railguard-demo-ca");
-    let ca = ca_params.self_signed(&ca_key)?;
-    let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()])?;
-    params
-        .subject_alt_names
-        .push(rcgen::SanType::IpAddress("127.0.0.1".parse()?));
-    let key = rcgen::KeyPair::generate()?;
-    let cert = params.signed_by(&key, &ca, &ca_key)?;
-    Ok((ca.pem(), cert.pem(), key.serialize_pem()))
 }
 
 async fn register_webhook(client: &Client, port: u16, ca_pem: &str) -> Result<()> {

@@ -94,6 +94,10 @@ struct Args {
     /// Directory holding `railguard-extender` (default: next to this binary).
     #[arg(long, env = "RAILGUARD_BIN_DIR")]
     bin_dir: Option<PathBuf>,
+    /// Pods carry no job label, so the extender's prioritize skips gang locality (isolates
+    /// its cost: by default all pods are one job, whose bound pods grow to --pods).
+    #[arg(long, env = "RAILGUARD_BENCH_NO_GANG")]
+    no_gang: bool,
     /// Keep the control plane's files and logs here (default: a temp dir removed at exit).
     #[arg(long, env = "RAILGUARD_BENCH_DIR")]
     dir: Option<PathBuf>,
@@ -310,18 +314,31 @@ async fn create_nodes(cp: &ControlPlane, profile: &FabricProfile, n: usize) -> R
     .await
 }
 
-/// Training pods as the webhook leaves them, all of one job (so gang scoring has work).
-async fn create_pods(client: &Client, ns: &str, profile: &FabricProfile, n: usize) -> Result<()> {
+/// Training pods as the webhook leaves them, all of one job (so gang scoring has work)
+/// unless `gang` is false.
+async fn create_pods(
+    client: &Client,
+    ns: &str,
+    profile: &FabricProfile,
+    n: usize,
+    gang: bool,
+) -> Result<()> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let signature = profile.spec.signature();
+    let labels = if gang {
+        json!({"training.kubeflow.org/job-name": "bench"})
+    } else {
+        json!({})
+    };
     fan_out(n, |i| {
         let pods = pods.clone();
         let signature = signature.clone();
+        let labels = labels.clone();
         async move {
             let pod: Pod = serde_json::from_value(json!({
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": format!("worker-{i:04}"),
-                    "labels": {"training.kubeflow.org/job-name": "bench"},
+                    "labels": labels,
                     "annotations": {
                         "railguard.io/profile": profile.name(),
                         "railguard.io/signature": signature,
@@ -354,7 +371,7 @@ async fn measure(
 ) -> Result<Run> {
     let client = cp.client();
     cp.create_namespace(ns, &BTreeMap::new()).await?;
-    create_pods(&client, ns, &fixture_profile()?, args.pods).await?;
+    create_pods(&client, ns, &fixture_profile()?, args.pods, !args.no_gang).await?;
 
     // Watch first, so no binding is missed; count the pending pods the initial list shows.
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -747,9 +764,14 @@ fn print_report(args: &Args, runs: &[Run]) {
         (!baseline.is_empty()).then(|| baseline.iter().sum::<f64>() / baseline.len() as f64);
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
-        "\nkube-scheduler 1.20, {} nodes × 8 GPUs, {} pods × 1 GPU per mode; {} CPUs; {}",
+        "\nkube-scheduler 1.20, {} nodes × 8 GPUs, {} pods × 1 GPU per mode ({}); {} CPUs; {}",
         args.nodes,
         args.pods,
+        if args.no_gang {
+            "no job label"
+        } else {
+            "one job"
+        },
         cpus,
         Timestamp::now().strftime("%Y-%m-%d %H:%M UTC")
     );

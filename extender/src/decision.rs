@@ -2,6 +2,7 @@
 //! nodes pass, and how the passing nodes rank.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use jiff::Timestamp;
 use railguard_api::certificate::human_duration;
@@ -174,14 +175,15 @@ impl RejectReason {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Rejection {
     pub reason: RejectReason,
-    pub message: String,
+    /// Shared: a cached rejection is handed to every filter call without copying the text.
+    pub message: Arc<str>,
 }
 
 impl Rejection {
     fn new(reason: RejectReason, message: impl AsRef<str>) -> Self {
         Rejection {
             reason,
-            message: one_line(message.as_ref()),
+            message: Arc::from(one_line(message.as_ref())),
         }
     }
 }
@@ -542,44 +544,77 @@ impl<'a> NodeSlot<'a> {
     }
 }
 
-/// The outcome of a filter call.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct FilterVerdicts {
+/// The outcome of a filter call: by default keyed by owned names with owned messages;
+/// [`filter_by`] chooses other key and message types (the server borrows names from the
+/// request and shares messages with the cache, so rejecting a node allocates nothing).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FilterVerdicts<K = String, M = String> {
     /// Indices into the input of the nodes that passed, in input order.
     pub passed: Vec<usize>,
     /// Nodes that may become eligible (`FailedNodes`).
-    pub failed: BTreeMap<String, String>,
+    pub failed: BTreeMap<K, M>,
     /// Nodes this pod can never use (`FailedAndUnresolvableNodes`).
-    pub unresolvable: BTreeMap<String, String>,
+    pub unresolvable: BTreeMap<K, M>,
     /// Rejections counted by reason.
     pub reasons: BTreeMap<RejectReason, u64>,
 }
 
-impl FilterVerdicts {
-    fn reject(&mut self, name: &str, r: Rejection) {
-        *self.reasons.entry(r.reason).or_default() += 1;
-        let map = if r.reason.resolvable() {
+impl<K, M> Default for FilterVerdicts<K, M> {
+    fn default() -> Self {
+        FilterVerdicts {
+            passed: Vec::new(),
+            failed: BTreeMap::new(),
+            unresolvable: BTreeMap::new(),
+            reasons: BTreeMap::new(),
+        }
+    }
+}
+
+impl<K: Ord, M> FilterVerdicts<K, M> {
+    fn reject(&mut self, key: K, reason: RejectReason, message: M) {
+        *self.reasons.entry(reason).or_default() += 1;
+        let map = if reason.resolvable() {
             &mut self.failed
         } else {
             &mut self.unresolvable
         };
-        map.insert(name.to_string(), r.message);
+        map.insert(key, message);
     }
 }
 
 /// Filters candidate nodes for a pod held to `target` at time `now`.
 pub fn filter(target: &PodTarget<'_>, nodes: &[NodeSlot<'_>], now: Timestamp) -> FilterVerdicts {
+    filter_by(
+        target,
+        nodes,
+        now,
+        |i| {
+            nodes
+                .get(i)
+                .map_or_else(String::new, |s| s.name.to_string())
+        },
+        |message| message.to_string(),
+    )
+}
+
+/// [`filter`], naming rejected node `i` (its index in `nodes`) `key(i)` and keeping its
+/// message as `message(..)`.
+pub fn filter_by<K: Ord, M>(
+    target: &PodTarget<'_>,
+    nodes: &[NodeSlot<'_>],
+    now: Timestamp,
+    key: impl Fn(usize) -> K,
+    message: impl Fn(Arc<str>) -> M,
+) -> FilterVerdicts<K, M> {
     let mut out = FilterVerdicts::default();
     match target {
         PodTarget::PassThrough | PodTarget::Profile { exempt: true, .. } => {
             out.passed = (0..nodes.len()).collect()
         }
-        PodTarget::Unplaceable(message) => {
-            for slot in nodes {
-                out.reject(
-                    slot.name,
-                    Rejection::new(RejectReason::Unplaceable, message),
-                );
+        PodTarget::Unplaceable(text) => {
+            let r = Rejection::new(RejectReason::Unplaceable, text);
+            for i in 0..nodes.len() {
+                out.reject(key(i), r.reason, message(r.message.clone()));
             }
         }
         PodTarget::Profile {
@@ -599,7 +634,7 @@ pub fn filter(target: &PodTarget<'_>, nodes: &[NodeSlot<'_>], now: Timestamp) ->
                 };
                 match verdict {
                     Ok(()) => out.passed.push(i),
-                    Err(r) => out.reject(slot.name, r),
+                    Err(r) => out.reject(key(i), r.reason, message(r.message)),
                 }
             }
         }

@@ -1,6 +1,7 @@
 //! The HTTP shell around the decisions: `POST /filter` and `POST /prioritize` on the
 //! extender port (TLS optional), `/healthz`, `/readyz` and `/metrics` on a plain port.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,7 +16,7 @@ use jiff::Timestamp;
 use railguard_api::{FabricProfile, NodeFabric};
 
 use crate::cache::{CachedNode, ClusterState, ProfileSet};
-use crate::decision::{filter, prioritize, target_for, ExtenderConfig, NodeSlot, PodTarget};
+use crate::decision::{filter_by, prioritize, target_for, ExtenderConfig, NodeSlot, PodTarget};
 use crate::error::ExtenderError;
 use crate::metrics::{Metrics, ModeLabels, ReasonLabels};
 use crate::pod::PodFacts;
@@ -155,7 +156,19 @@ pub fn answer_filter<'a>(
                 .iter()
                 .map(|f| NodeSlot::new(&f.name, Some(f)))
                 .collect();
-            let verdicts = filter(&prepared.target, &slots, now);
+            let verdicts = filter_by(
+                &prepared.target,
+                &slots,
+                now,
+                |i| {
+                    NodeName(Cow::Owned(
+                        slots
+                            .get(i)
+                            .map_or_else(String::new, |s| s.name.to_string()),
+                    ))
+                },
+                |m| m,
+            );
             record_rejections(state, &verdicts.reasons);
             let mut keep = vec![false; items.len()];
             for &i in &verdicts.passed {
@@ -184,9 +197,16 @@ pub fn answer_filter<'a>(
                     ..ExtenderFilterResult::default()
                 });
             }
+            // Rejected names are the request's own (borrowed), messages the cache's (shared).
             let verdicts =
                 with_cached_slots(cluster, &names, &profiles, &prepared.target, |slots| {
-                    filter(&prepared.target, slots, now)
+                    filter_by(
+                        &prepared.target,
+                        slots,
+                        now,
+                        |i| names.get(i).cloned().unwrap_or_default(),
+                        |m| m,
+                    )
                 });
             record_rejections(state, &verdicts.reasons);
             let passed = keep_passed(names, &verdicts.passed);

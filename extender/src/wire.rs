@@ -8,6 +8,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -40,12 +41,20 @@ pub struct ExtenderArgs<'a> {
 
 /// A node name, borrowed from the request body unless JSON escapes forced a copy (never for
 /// a valid name: they are DNS subdomains). Saves an allocation per candidate in cache mode.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
 #[serde(transparent)]
 pub struct NodeName<'a>(#[serde(borrow)] pub Cow<'a, str>);
 
 impl NodeName<'_> {
     pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+// Ordered, compared and hashed as the `str` it holds (derived through `Cow<str>`), so maps
+// keyed by names can be read with a `&str`.
+impl std::borrow::Borrow<str> for NodeName<'_> {
+    fn borrow(&self) -> &str {
         &self.0
     }
 }
@@ -190,11 +199,11 @@ pub struct ExtenderFilterResult<'a> {
     #[serde(rename = "NodeNames", default, borrow)]
     pub node_names: Option<Vec<NodeName<'a>>>,
     /// Nodes that may become eligible, with a reason (preemption may consider them).
-    #[serde(rename = "FailedNodes", default)]
-    pub failed_nodes: BTreeMap<String, String>,
+    #[serde(rename = "FailedNodes", default, borrow)]
+    pub failed_nodes: BTreeMap<NodeName<'a>, Arc<str>>,
     /// Nodes this pod can never use; schedulers from 1.21 on keep them out of preemption.
-    #[serde(rename = "FailedAndUnresolvableNodes", default)]
-    pub failed_and_unresolvable_nodes: BTreeMap<String, String>,
+    #[serde(rename = "FailedAndUnresolvableNodes", default, borrow)]
+    pub failed_and_unresolvable_nodes: BTreeMap<NodeName<'a>, Arc<str>>,
     /// Set when the whole request failed; the scheduler then fails the pod's cycle.
     #[serde(rename = "Error", default)]
     pub error: String,

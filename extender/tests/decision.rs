@@ -12,7 +12,7 @@ use common::*;
 use jiff::SignedDuration;
 use railguard_api::{NodeFabric, RailVerdict, Verdict};
 use railguard_extender::cache::{CachedNode, ClusterState};
-use railguard_extender::decision::check_node;
+use railguard_extender::decision::{check_node, filter_by};
 use railguard_extender::{
     filter, prioritize, synth, target_for, ExtenderConfig, NodeSlot, PodFacts, PodTarget,
     RejectReason,
@@ -211,7 +211,7 @@ fn a_certificate_that_expires_after_caching_is_rejected_as_expired() {
     let later = now().checked_add(SignedDuration::from_hours(24)).unwrap();
     let r = check_node(&nodes[0], h100, &h100.spec.signature(), later).unwrap_err();
     assert_eq!(r.reason, RejectReason::Expired);
-    assert_eq!(r.message, "railguard: certificate expired 1h0m ago");
+    assert_eq!(&*r.message, "railguard: certificate expired 1h0m ago");
 }
 
 #[test]
@@ -594,6 +594,11 @@ fn prechecked_verdicts_equal_the_pure_filter_over_generated_nodes() {
                     filter(&target, &indexed, t),
                     filter(&target, &plain_candidates, t)
                 );
+                // The server's form: names by input position, messages shared.
+                let by_position = |slots: &[NodeSlot<'_>]| {
+                    filter_by(&target, slots, t, |i| candidates[i].0, |m| m)
+                };
+                assert_eq!(by_position(&indexed), by_position(&plain_candidates));
                 assert_eq!(
                     prioritize(&target, &indexed, &peers, t, &config),
                     prioritize(&target, &plain_candidates, &peers, t, &config)
@@ -663,7 +668,7 @@ fn cache_prechecks_follow_profile_changes() {
     let r = load(&profiles).unwrap_err();
     assert_eq!(r.reason, RejectReason::BusbwBelowThreshold);
     assert_eq!(
-        r.message,
+        &*r.message,
         "railguard: NCCL busbw plateau 370 GB/s, profile h100-ndr needs 380"
     );
     // A precheck from an older profile set is never used.

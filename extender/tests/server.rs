@@ -225,11 +225,11 @@ async fn cache_mode_filters_names_from_the_cache_and_returns_only_input_names() 
     let names = result.node_names.unwrap();
     assert_eq!(names, ["n-certified"]);
     assert_eq!(
-        result.failed_nodes["n-unknown"],
+        &*result.failed_nodes["n-unknown"],
         "railguard: node is not in the extender's cache yet"
     );
     assert_eq!(
-        result.failed_nodes["n-expired"],
+        &*result.failed_nodes["n-expired"],
         "railguard: certificate expired 2h10m ago"
     );
     assert!(result
@@ -239,12 +239,12 @@ async fn cache_mode_filters_names_from_the_cache_and_returns_only_input_names() 
     let all: Vec<&str> = names
         .iter()
         .map(|n| n.as_str())
-        .chain(result.failed_nodes.keys().map(String::as_str))
+        .chain(result.failed_nodes.keys().map(|n| n.as_str()))
         .chain(
             result
                 .failed_and_unresolvable_nodes
                 .keys()
-                .map(String::as_str),
+                .map(|n| n.as_str()),
         )
         .collect();
     assert_eq!(all.len(), 5, "every input node is answered exactly once");

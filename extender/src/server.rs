@@ -348,7 +348,11 @@ pub fn answer_prioritize(
 }
 
 fn json_response<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
-    match serde_json::to_vec(value) {
+    json_body(status, serde_json::to_vec(value))
+}
+
+fn json_body(status: StatusCode, body: Result<Vec<u8>, serde_json::Error>) -> Response {
+    match body {
         Ok(body) => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(e) => {
             tracing::error!(error = %e, "cannot encode response");
@@ -369,7 +373,7 @@ async fn filter_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Resp
         .get_or_create(&ModeLabels { mode })
         .observe(start.elapsed().as_secs_f64());
     match result {
-        Ok(r) => json_response(StatusCode::OK, &r),
+        Ok(r) => json_body(StatusCode::OK, r.to_json()),
         Err(e) => {
             state.count_error(&e);
             let message = format!("railguard: {e}");

@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Node, NodeStatus, Pod};
+use k8s_openapi::api::core::v1::{Container, Node, NodeStatus, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
@@ -135,10 +135,85 @@ impl<'a> ExtenderArgs<'a> {
                 max: max_nodes,
             });
         }
-        let pod: Pod = serde_json::from_str(raw_pod.get())
-            .map_err(|source| ExtenderError::PodJson { source })?;
+        let pod = decode_pod(raw_pod)?;
         Ok(Request { pod, candidates })
     }
+}
+
+/// The fields of a Pod that [`crate::pod::PodFacts::from_pod`] reads: metadata and container
+/// resources. The rest of the spec and the status are skipped without being built.
+#[derive(Deserialize)]
+struct SlimPod {
+    #[serde(default)]
+    metadata: Option<SlimPodMeta>,
+    #[serde(default)]
+    spec: Option<SlimPodSpec>,
+}
+
+#[derive(Default, Deserialize)]
+struct SlimPodMeta {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Deserialize)]
+struct SlimPodSpec {
+    #[serde(default)]
+    containers: Vec<SlimContainer>,
+    #[serde(default, rename = "initContainers")]
+    init_containers: Option<Vec<SlimContainer>>,
+}
+
+#[derive(Deserialize)]
+struct SlimContainer {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    resources: Option<ResourceRequirements>,
+}
+
+impl SlimContainer {
+    fn into_container(self) -> Container {
+        Container {
+            name: self.name,
+            resources: self.resources,
+            ..Container::default()
+        }
+    }
+}
+
+/// Decodes the part of the request's Pod that railguard interprets.
+fn decode_pod(raw: &RawValue) -> Result<Pod, ExtenderError> {
+    let slim: SlimPod =
+        serde_json::from_str(raw.get()).map_err(|source| ExtenderError::PodJson { source })?;
+    let meta = slim.metadata.unwrap_or_default();
+    Ok(Pod {
+        metadata: ObjectMeta {
+            name: meta.name,
+            namespace: meta.namespace,
+            labels: meta.labels,
+            annotations: meta.annotations,
+            ..ObjectMeta::default()
+        },
+        spec: slim.spec.map(|spec| PodSpec {
+            containers: spec
+                .containers
+                .into_iter()
+                .map(SlimContainer::into_container)
+                .collect(),
+            init_containers: spec
+                .init_containers
+                .map(|c| c.into_iter().map(SlimContainer::into_container).collect()),
+            ..PodSpec::default()
+        }),
+        status: None,
+    })
 }
 
 /// The fields of a Node that [`railguard_api::NodeFabric::from_node`] reads. Decoding only
@@ -210,6 +285,28 @@ pub struct ExtenderFilterResult<'a> {
 }
 
 impl ExtenderFilterResult<'_> {
+    /// The JSON body, written into a buffer sized up front: growing it by doubling would copy
+    /// the 100 kB answer to a 5,000-name request several times.
+    pub fn to_json(&self) -> Result<Vec<u8>, serde_json::Error> {
+        // Quotes, comma and a little slack per entry; escapes beyond that are rare.
+        let names: usize = self.node_names.iter().flatten().map(|n| n.len() + 4).sum();
+        let rejected: usize = self
+            .failed_nodes
+            .iter()
+            .chain(&self.failed_and_unresolvable_nodes)
+            .map(|(n, m)| n.len() + m.len() + 8)
+            .sum();
+        let nodes: usize = self
+            .nodes
+            .iter()
+            .flat_map(|l| &l.items)
+            .map(|n| n.get().len() + 1)
+            .sum();
+        let mut out = Vec::with_capacity(128 + names + rejected + nodes + self.error.len());
+        serde_json::to_writer(&mut out, self)?;
+        Ok(out)
+    }
+
     /// A result that fails the whole scheduling cycle with a message.
     pub fn error(message: impl Into<String>) -> Self {
         ExtenderFilterResult {
@@ -226,4 +323,52 @@ pub struct HostPriority {
     pub host: String,
     #[serde(rename = "Score")]
     pub score: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::pod::PodFacts;
+
+    /// The slim Pod decode reads the same facts as a full k8s-openapi decode.
+    #[test]
+    fn slim_pod_gives_the_facts_of_the_full_pod() {
+        let pod = serde_json::json!({
+            "metadata": {"name": "w-0", "namespace": "ml", "uid": "u",
+                "labels": {"jobset.sigs.k8s.io/jobset-name": "llama"},
+                "annotations": {"railguard.io/profile": "h100-ndr", "railguard.io/signature": "abc",
+                                "railguard.io/allow-uncertified": "true"},
+                "managedFields": [{"manager": "kubectl"}]},
+            "spec": {
+                "schedulerName": "default-scheduler",
+                "initContainers": [{"name": "init", "image": "x",
+                    "resources": {"limits": {"rdma/rdma_shared_device_a": "1"}}}],
+                "containers": [{"name": "c", "image": "y", "command": ["train"],
+                    "resources": {"limits": {"nvidia.com/gpu": "8"}, "requests": {"cpu": "4"}}}]},
+            "status": {"phase": "Pending"}
+        });
+        let body = serde_json::json!({"Pod": pod, "NodeNames": ["n1", "n\u{0032}"]}).to_string();
+        let req = ExtenderArgs::decode(body.as_bytes(), 10).unwrap();
+        let full: Pod = serde_json::from_value(pod).unwrap();
+        let keys: Vec<String> = railguard_api::keys::DEFAULT_JOB_LABEL_KEYS
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let slim_facts = PodFacts::from_pod(&req.pod, &keys);
+        assert_eq!(slim_facts, PodFacts::from_pod(&full, &keys));
+        assert_eq!(slim_facts.extended_resources.len(), 2);
+        let Candidates::Names(names) = req.candidates else {
+            panic!("names expected")
+        };
+        assert_eq!(names, ["n1", "n2"]);
+        // Escaped names are decoded (copied), not rejected.
+        let escaped = br#"{"Pod": {}, "NodeNames": ["n\u0031", "n2"]}"#;
+        let req = ExtenderArgs::decode(escaped, 10).unwrap();
+        let Candidates::Names(names) = req.candidates else {
+            panic!("names expected")
+        };
+        assert_eq!(names, ["n1", "n2"]);
+        assert!(matches!(names[0].0, Cow::Owned(_)) && matches!(names[1].0, Cow::Borrowed(_)));
+    }
 }

@@ -121,7 +121,7 @@ async fn main() -> anyhow::Result<()> {
         let t1 = Instant::now();
         let result = server::answer_filter(&state, req, Timestamp::now())?;
         let t2 = Instant::now();
-        let out = serde_json::to_vec(&result)?;
+        let out = result.to_json()?;
         let t3 = Instant::now();
         in_server.push(t3 - t);
         decode.push(t1 - t);
@@ -196,7 +196,7 @@ async fn main() -> anyhow::Result<()> {
         let t = Instant::now();
         let req = ExtenderArgs::decode(&full, standalone.max_nodes)?;
         let result = server::answer_filter(&standalone, req, Timestamp::now())?;
-        let out = serde_json::to_vec(&result)?;
+        let out = result.to_json()?;
         ours.push(t.elapsed());
         std::hint::black_box(out);
     }

@@ -16,7 +16,7 @@ use anyhow::Context;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use railguard_api::{NodeFabric, Verdict};
-use railguard_extender::cache::ClusterState;
+use railguard_extender::cache::{ClusterState, NodeIndex};
 use railguard_extender::metrics::Metrics;
 use railguard_extender::server::{self, AppState, Source};
 use railguard_extender::wire::ExtenderArgs;
@@ -146,6 +146,19 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     lookups.sort();
+    // What every node or profile change costs the watch task: rebuilding the node index.
+    let mut rebuilds = Vec::new();
+    if let Source::Cluster(cluster) = &state.source {
+        let set = cluster.profile_set();
+        for _ in 0..(rounds / 20).max(5) {
+            let nodes = cluster.nodes.read();
+            let t = Instant::now();
+            let index = NodeIndex::build(&nodes, cluster.nodes.version(), &set);
+            rebuilds.push(t.elapsed());
+            std::hint::black_box(index);
+        }
+    }
+    rebuilds.sort();
     for v in [&mut in_server, &mut decode, &mut answer, &mut encode] {
         v.sort();
     }
@@ -228,6 +241,13 @@ async fn main() -> anyhow::Result<()> {
             us(percentile(v, 0.99))
         );
     }
+    println!(
+        "| node index rebuild after a node or profile change ({NODES} nodes, {} profile) | {} | {} | {} |",
+        profiles.len(),
+        rebuilds.len(),
+        us(median(&rebuilds)),
+        us(percentile(&rebuilds, 0.99))
+    );
     if let Some(cpu) = cpu_total {
         println!(
             "| cache mode, in server: mean on-CPU time per request (schedstat); the thread had a core {:.0}% of the loop's wall time | {rounds} | {} (mean) | – |",

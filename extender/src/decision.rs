@@ -332,7 +332,7 @@ pub fn precheck(node: &NodeFabric, profile: &FabricProfile, signature: &str) -> 
 }
 
 impl Precheck {
-    /// The verdict at `now`: one comparison, and a message clone for rejected nodes.
+    /// The verdict at `now`: one comparison; a rejected node shares the cached message.
     pub fn check(&self, now: Timestamp) -> Result<(), Rejection> {
         match self {
             Precheck::Rejected(r) => Err(r.clone()),

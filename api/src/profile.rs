@@ -418,7 +418,7 @@ impl FabricProfileSpec {
                 );
             }
             if !seen.insert((rail.hca.as_str(), rail.port)) {
-                push(format!("{at}"), format!("duplicate rail {}", rail.id()));
+                push(at.to_string(), format!("duplicate rail {}", rail.id()));
             }
             let mut gpus = BTreeSet::new();
             for g in &rail.gpus {

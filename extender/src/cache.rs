@@ -102,15 +102,11 @@ impl<V> Store<V> {
         self.synced.store(true, Ordering::Release);
     }
 
-    /// Sets or removes one key.
-    pub fn set(&self, key: String, value: Option<V>) {
+    /// Sets or removes one key; returns the value it replaced.
+    pub fn set(&self, key: String, value: Option<V>) -> Option<Arc<V>> {
         match value {
-            Some(v) => {
-                self.write().insert(key, Arc::new(v));
-            }
-            None => {
-                self.write().remove(&key);
-            }
+            Some(v) => self.write().insert(key, Arc::new(v)),
+            None => self.write().remove(&key),
         }
     }
 }
@@ -129,6 +125,20 @@ pub enum Change<V> {
     Changed(String, Option<V>),
 }
 
+/// What one [`Change`] did to a store, for indexes derived from it.
+#[derive(Debug)]
+pub enum Applied<V> {
+    /// Buffered (a list in progress); readers see nothing new yet.
+    Staged,
+    /// A complete list replaced the whole content.
+    Replaced,
+    /// One key changed: its value before and after (`None`: absent).
+    Changed {
+        old: Option<Arc<V>>,
+        new: Option<Arc<V>>,
+    },
+}
+
 /// Applies changes to a store, buffering a list so readers never see half of one.
 #[derive(Debug)]
 pub struct Applier<V> {
@@ -142,9 +152,12 @@ impl<V> Default for Applier<V> {
 }
 
 impl<V> Applier<V> {
-    pub fn apply(&mut self, store: &Store<V>, change: Change<V>) {
-        match change {
-            Change::Restart => self.staging = Some(HashMap::new()),
+    pub fn apply(&mut self, store: &Store<V>, change: Change<V>) -> Applied<V> {
+        let applied = match change {
+            Change::Restart => {
+                self.staging = Some(HashMap::new());
+                Applied::Staged
+            }
             Change::Listed(key, value) => {
                 let staging = self.staging.get_or_insert_with(HashMap::new);
                 match value {
@@ -155,11 +168,23 @@ impl<V> Applier<V> {
                         staging.remove(&key);
                     }
                 }
+                Applied::Staged
             }
-            Change::ListDone => store.replace(self.staging.take().unwrap_or_default()),
-            Change::Changed(key, value) => store.set(key, value),
-        }
+            Change::ListDone => {
+                store.replace(self.staging.take().unwrap_or_default());
+                Applied::Replaced
+            }
+            Change::Changed(key, value) => {
+                let new = value.map(Arc::new);
+                let old = match &new {
+                    Some(v) => store.write().insert(key, v.clone()),
+                    None => store.write().remove(&key),
+                };
+                Applied::Changed { old, new }
+            }
+        };
         store.heard();
+        applied
     }
 }
 
@@ -192,6 +217,75 @@ pub fn bound_pod(pod: &Pod, config: &ExtenderConfig) -> Option<BoundPod> {
         node,
         job: facts.job?,
     })
+}
+
+/// `(namespace, job label key, job name)`.
+type JobKey = (String, String, String);
+
+/// Where each job's bound GPU pods run: job → node → number of its pods there. Kept in step
+/// with the pods cache on every change, so gang scoring reads one job's nodes instead of
+/// scanning every bound pod in the cluster on each `/prioritize`.
+#[derive(Debug, Default)]
+pub struct JobPlacements {
+    jobs: RwLock<HashMap<JobKey, BTreeMap<String, u32>>>,
+}
+
+impl JobPlacements {
+    fn key(namespace: &str, job: &(String, String)) -> JobKey {
+        (namespace.to_string(), job.0.clone(), job.1.clone())
+    }
+
+    /// Rebuilds from the whole pods cache (after a list).
+    pub fn rebuild(&self, pods: &HashMap<String, Arc<BoundPod>>) {
+        let mut jobs: HashMap<JobKey, BTreeMap<String, u32>> = HashMap::new();
+        for p in pods.values() {
+            *jobs
+                .entry(Self::key(&p.namespace, &p.job))
+                .or_default()
+                .entry(p.node.clone())
+                .or_default() += 1;
+        }
+        *self.jobs.write().unwrap_or_else(PoisonError::into_inner) = jobs;
+    }
+
+    /// Moves one pod from `old` to `new` (either may be absent).
+    pub fn update(&self, old: Option<&BoundPod>, new: Option<&BoundPod>) {
+        if old == new {
+            return;
+        }
+        let mut jobs = self.jobs.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(o) = old {
+            let key = Self::key(&o.namespace, &o.job);
+            if let Some(nodes) = jobs.get_mut(&key) {
+                if let Some(n) = nodes.get_mut(&o.node) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        nodes.remove(&o.node);
+                    }
+                }
+                if nodes.is_empty() {
+                    jobs.remove(&key);
+                }
+            }
+        }
+        if let Some(n) = new {
+            *jobs
+                .entry(Self::key(&n.namespace, &n.job))
+                .or_default()
+                .entry(n.node.clone())
+                .or_default() += 1;
+        }
+    }
+
+    /// The distinct nodes running pods of `job` in `namespace`, sorted.
+    pub fn nodes(&self, namespace: &str, job: &(String, String)) -> Vec<String> {
+        self.jobs
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&Self::key(namespace, job))
+            .map(|nodes| nodes.keys().cloned().collect())
+            .unwrap_or_default()
+    }
 }
 
 /// The valid FabricProfiles, as handlers and the node cache read them.
@@ -394,6 +488,8 @@ fn name_at<'a>(names: &'a str, ends: &[u32], slot: usize) -> &'a str {
 pub struct ClusterState {
     pub nodes: Store<CachedNode>,
     pub pods: Store<BoundPod>,
+    /// Derived from `pods`: each job's nodes.
+    pub jobs: JobPlacements,
     pub namespaces: Store<BTreeMap<String, String>>,
     pub profiles: Store<FabricProfile>,
     /// Profiles sorted by name, rebuilt on every profile change; handlers clone the Arc.
@@ -411,6 +507,7 @@ impl ClusterState {
         ClusterState {
             nodes: Store::new("nodes"),
             pods: Store::new("pods"),
+            jobs: JobPlacements::default(),
             namespaces: Store::new("namespaces"),
             profiles: Store::new("fabricprofiles"),
             profile_set: RwLock::new(Arc::new(ProfileSet::default())),
@@ -545,14 +642,9 @@ impl ClusterState {
     }
 
     /// The nodes where other pods of `job` in `namespace` run.
+    /// Each node once, however many of the job's pods it runs.
     pub fn peers(&self, namespace: &str, job: &(String, String)) -> Vec<Arc<NodeFabric>> {
-        let node_names: Vec<String> = self
-            .pods
-            .read()
-            .values()
-            .filter(|p| p.namespace == namespace && &p.job == job)
-            .map(|p| p.node.clone())
-            .collect();
+        let node_names = self.jobs.nodes(namespace, job);
         let nodes = self.nodes.read();
         node_names
             .iter()
@@ -595,7 +687,7 @@ impl ClusterState {
                 let fabric = NodeFabric::from_node(n, Timestamp::now());
                 Some(CachedNode::new(Arc::new(fabric), &self.profile_set()))
             },
-            || self.refresh_prechecks(),
+            |_| self.refresh_prechecks(),
         );
         let config = self.config.clone();
         let pods = watch(
@@ -605,7 +697,11 @@ impl ClusterState {
             &self.pods,
             &metrics,
             move |p: &Pod| bound_pod(p, &config),
-            || {},
+            |applied| match applied {
+                Applied::Staged => {}
+                Applied::Replaced => self.jobs.rebuild(&self.pods.read()),
+                Applied::Changed { old, new } => self.jobs.update(old.as_deref(), new.as_deref()),
+            },
         );
         let namespaces = watch(
             Api::<Namespace>::all(client.clone()),
@@ -613,7 +709,7 @@ impl ClusterState {
             &self.namespaces,
             &metrics,
             |ns: &Namespace| Some(ns.labels().clone()),
-            || {},
+            |_| {},
         );
         let profiles = watch(
             Api::<FabricProfile>::all(client),
@@ -627,7 +723,7 @@ impl ClusterState {
                     None
                 }
             },
-            || self.rebuild_profile_list(),
+            |_| self.rebuild_profile_list(),
         );
         tokio::join!(nodes, pods, namespaces, profiles);
     }
@@ -648,7 +744,7 @@ async fn watch<K, V>(
     store: &Store<V>,
     metrics: &Metrics,
     convert: impl Fn(&K) -> Option<V>,
-    on_change: impl Fn(),
+    on_change: impl Fn(&Applied<V>),
 ) where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
@@ -674,10 +770,9 @@ async fn watch<K, V>(
                 continue;
             }
         };
-        let done = matches!(change, Change::ListDone | Change::Changed(..));
-        applier.apply(store, change);
-        if done {
-            on_change();
+        let applied = applier.apply(store, change);
+        if !matches!(applied, Applied::Staged) {
+            on_change(&applied);
         }
     }
 }
@@ -704,6 +799,83 @@ mod tests {
         a.apply(&store, Change::Changed("x".into(), None));
         assert!(store.is_empty());
         assert!(store.age().is_some());
+    }
+
+    /// What the job index must equal: a scan of every cached pod.
+    fn scanned(store: &Store<BoundPod>, ns: &str, job: &(String, String)) -> Vec<String> {
+        let mut nodes: Vec<String> = store
+            .read()
+            .values()
+            .filter(|p| p.namespace == ns && &p.job == job)
+            .map(|p| p.node.clone())
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes
+    }
+
+    #[test]
+    fn job_placements_follow_every_pod_change() {
+        let store: Store<BoundPod> = Store::new("pods");
+        let jobs = JobPlacements::default();
+        let mut a = Applier::default();
+        let mut apply = |change| match a.apply(&store, change) {
+            Applied::Staged => {}
+            Applied::Replaced => jobs.rebuild(&store.read()),
+            Applied::Changed { old, new } => jobs.update(old.as_deref(), new.as_deref()),
+        };
+        let kind = "training.kubeflow.org/job-name".to_string();
+        let llm = (kind.clone(), "llm".to_string());
+        let other = (kind.clone(), "other".to_string());
+        let pod = |ns: &str, node: &str, job: &(String, String)| BoundPod {
+            namespace: ns.into(),
+            node: node.into(),
+            job: job.clone(),
+        };
+        let check = |jobs: &JobPlacements, store: &Store<BoundPod>| {
+            for ns in ["a", "b"] {
+                for job in [&llm, &other] {
+                    assert_eq!(jobs.nodes(ns, job), scanned(store, ns, job), "{ns} {job:?}");
+                }
+            }
+        };
+
+        apply(Change::Restart);
+        apply(Change::Listed("a/p0".into(), Some(pod("a", "n1", &llm))));
+        apply(Change::Listed("a/p1".into(), Some(pod("a", "n1", &llm))));
+        apply(Change::Listed("a/p2".into(), Some(pod("a", "n2", &llm))));
+        apply(Change::Listed("b/p0".into(), Some(pod("b", "n3", &llm))));
+        // Nothing is visible until the list completes.
+        assert!(jobs.nodes("a", &llm).is_empty());
+        apply(Change::ListDone);
+        assert_eq!(jobs.nodes("a", &llm), ["n1", "n2"]);
+        check(&jobs, &store);
+
+        // Two pods share n1: it stays until both are gone.
+        apply(Change::Changed("a/p0".into(), None));
+        assert_eq!(jobs.nodes("a", &llm), ["n1", "n2"]);
+        apply(Change::Changed("a/p1".into(), None));
+        assert_eq!(jobs.nodes("a", &llm), ["n2"]);
+        check(&jobs, &store);
+
+        // A pod relabelled to another job, a finished pod (converted to None), a re-sent
+        // identical object, and a pod of the same job name in another namespace.
+        apply(Change::Changed("a/p2".into(), Some(pod("a", "n2", &other))));
+        apply(Change::Changed("a/p3".into(), Some(pod("a", "n4", &llm))));
+        apply(Change::Changed("a/p3".into(), Some(pod("a", "n4", &llm))));
+        apply(Change::Changed("b/p0".into(), None));
+        apply(Change::Changed("b/p0".into(), None));
+        check(&jobs, &store);
+        assert_eq!(jobs.nodes("a", &other), ["n2"]);
+        assert!(jobs.nodes("b", &llm).is_empty());
+
+        // A relist replaces everything, including jobs that vanished meanwhile.
+        apply(Change::Restart);
+        apply(Change::Listed("b/p9".into(), Some(pod("b", "n9", &other))));
+        apply(Change::ListDone);
+        check(&jobs, &store);
+        assert!(jobs.nodes("a", &llm).is_empty());
+        assert_eq!(jobs.nodes("b", &other), ["n9"]);
     }
 
     #[test]

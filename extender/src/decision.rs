@@ -692,21 +692,12 @@ pub fn prioritize(
     else {
         return nodes.iter().map(|s| (s.name.to_string(), 0)).collect();
     };
-    let keys = if profile.spec.topology_keys.is_empty() {
-        config.topology_keys.clone()
+    let keys: &[String] = if profile.spec.topology_keys.is_empty() {
+        &config.topology_keys
     } else {
-        profile.spec.topology_keys.clone()
+        &profile.spec.topology_keys
     };
-    // Per key, the topology values the job's pods already occupy.
-    let occupied: Vec<HashSet<&str>> = keys
-        .iter()
-        .map(|k| {
-            peers
-                .iter()
-                .filter_map(|p| p.labels.get(k).map(String::as_str))
-                .collect()
-        })
-        .collect();
+    let occupied = Occupied::new(keys, peers);
     nodes
         .iter()
         .map(|slot| {
@@ -715,7 +706,7 @@ pub fn prioritize(
                     Some(pre) => pre.headroom_points(now),
                     None => headroom_points(node, profile, signature, now),
                 };
-                headroom + locality_points(node, &keys, &occupied)
+                headroom + occupied.locality_points(node)
             });
             (slot.name.to_string(), score.clamp(0, MAX_EXTENDER_PRIORITY))
         })
@@ -745,16 +736,44 @@ fn points_for_headroom(cert: &Certificate, profile: &FabricProfile) -> i64 {
     points.clamp(0, HEADROOM_POINTS)
 }
 
-fn locality_points(node: &NodeFabric, keys: &[String], occupied: &[HashSet<&str>]) -> i64 {
-    let k = keys.len() as i64;
-    for (i, (key, values)) in keys.iter().zip(occupied).enumerate() {
-        if let Some(v) = node.labels.get(key) {
-            if values.contains(v.as_str()) {
-                // Most specific key earns all points, the least specific still one or more.
-                let rank = k - i as i64;
-                return (LOCALITY_POINTS * rank + k - 1) / k;
+/// The topology values a job's pods occupy, per key, most specific key first; only keys
+/// with at least one value are kept, so a job with no placed pods costs nothing per node.
+struct Occupied<'a> {
+    /// `(rank, key, values)`: rank is the key's position from the least specific (1) up.
+    keys: Vec<(
+        i64,
+        &'a str,
+        HashSet<&'a str, hashbrown::DefaultHashBuilder>,
+    )>,
+    count: i64,
+}
+
+impl<'a> Occupied<'a> {
+    fn new(keys: &'a [String], peers: &[&'a NodeFabric]) -> Self {
+        let count = keys.len() as i64;
+        let keys = keys
+            .iter()
+            .enumerate()
+            .filter_map(|(i, key)| {
+                let values: HashSet<&str, _> = peers
+                    .iter()
+                    .filter_map(|p| p.labels.get(key).map(String::as_str))
+                    .collect();
+                (!values.is_empty()).then_some((count - i as i64, key.as_str(), values))
+            })
+            .collect();
+        Occupied { keys, count }
+    }
+
+    fn locality_points(&self, node: &NodeFabric) -> i64 {
+        for (rank, key, values) in &self.keys {
+            if let Some(v) = node.labels.get(*key) {
+                if values.contains(v.as_str()) {
+                    // Most specific key earns all points, the least specific still one or more.
+                    return (LOCALITY_POINTS * rank + self.count - 1) / self.count;
+                }
             }
         }
+        0
     }
-    0
 }

@@ -18,7 +18,7 @@ pub use certificate::{
 pub use error::{CertificateError, ProfileError, QuantityError};
 pub use node::{FabricState, NodeFabric};
 pub use profile::{FabricProfile, FabricProfileSpec, LinkLayer, RailSpec};
-pub use signature::{layout_signature, RailLayout};
+pub use signature::{certified_signature, layout_signature, RailLayout};
 
 /// Parses a YAML stream of FabricProfile documents (e.g. `--profiles FILE`), skipping empty
 /// documents. Each profile is validated.

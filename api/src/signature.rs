@@ -58,9 +58,61 @@ pub fn layout_signature(rails: &[RailLayout]) -> String {
     format!("v1-{}", &hex::encode(digest)[..12])
 }
 
+/// The signature a node certified against a profile carries: the profile's own when the
+/// node's rails are the profile's rails (same HCAs, ports, link layers and GPUs) and differ
+/// at most in their current link rate; otherwise the node's own layout signature.
+///
+/// Why: a link that trained down (400 → 200 Gb/s) is one bad rail of a node of this layout,
+/// judged and reported per rail ("link rate 200 Gb/s, expected 400"); hashing the measured
+/// rate would instead make it look like a node of another layout, and the rail's own reason
+/// would be buried behind a signature mismatch.
+pub fn certified_signature(node: &[RailLayout], profile: &[RailLayout]) -> String {
+    let without_rate = |rails: &[RailLayout]| -> Vec<RailLayout> {
+        rails
+            .iter()
+            .map(|r| RailLayout {
+                rate_gbps: 0,
+                ..r.clone()
+            })
+            .collect()
+    };
+    if canonical_layout(&without_rate(node)) == canonical_layout(&without_rate(profile)) {
+        layout_signature(profile)
+    } else {
+        layout_signature(node)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn certified_signature_ignores_only_a_rate_difference() {
+        let profile = vec![rail("mlx5_0", 400, &[0]), rail("mlx5_1", 400, &[1])];
+        let downshifted = vec![rail("mlx5_1", 400, &[1]), rail("mlx5_0", 200, &[0])];
+        assert_eq!(
+            certified_signature(&downshifted, &profile),
+            layout_signature(&profile)
+        );
+        assert_ne!(layout_signature(&downshifted), layout_signature(&profile));
+        // Any other difference keeps the node's own signature.
+        let other_gpu = vec![rail("mlx5_0", 400, &[0]), rail("mlx5_1", 400, &[2])];
+        let missing = vec![rail("mlx5_0", 400, &[0])];
+        let extra = vec![
+            rail("mlx5_0", 400, &[0]),
+            rail("mlx5_1", 400, &[1]),
+            rail("mlx5_2", 400, &[2]),
+        ];
+        let mut roce = profile.clone();
+        roce[1].link_layer = LinkLayer::Roce;
+        for node in [other_gpu, missing, extra, roce] {
+            assert_eq!(
+                certified_signature(&node, &profile),
+                layout_signature(&node)
+            );
+        }
+    }
 
     fn rail(hca: &str, rate: u32, gpus: &[u32]) -> RailLayout {
         RailLayout {

@@ -229,6 +229,43 @@ async fn simulated_nodes_certify_fail_on_faults_and_flip_on_passive_counters() -
         FabricState::Certified(_)
     ));
 
+    // A link that trained down (mlx5_4 at 200 Gb/s) is judged as that rail, not as a node
+    // of another layout: the certificate keeps the profile's signature, names the rail, and
+    // so does the extender's one-line reason for the node.
+    let (code, matrix) = prober.certify("gpu-b", "h100-rate-downshift").await?;
+    assert_eq!(code, 1, "{matrix}");
+    let f = fabric(&nodes, "gpu-b").await?;
+    let FabricState::Failed(c) = &f.state else {
+        bail!("gpu-b should be failed, is {}", f.state);
+    };
+    assert_eq!(c.signature, profile.spec.signature());
+    assert_eq!(f.signature.as_deref(), Some(c.signature.as_str()));
+    assert!(
+        c.reasons
+            .iter()
+            .any(|r| r.contains("mlx5_4:1") && r.contains("link rate 200 Gb/s, expected 400 Gb/s")),
+        "{:?}",
+        c.reasons
+    );
+    assert!(
+        !c.reasons.iter().any(|r| r.contains("signature")),
+        "{:?}",
+        c.reasons
+    );
+    let rejection = railguard_extender::decision::check_node(
+        &f,
+        &profile,
+        &profile.spec.signature(),
+        jiff::Timestamp::now(),
+    )
+    .err()
+    .context("a failed node must be rejected")?;
+    assert!(
+        rejection.message.contains("mlx5_4:1"),
+        "{}",
+        rejection.message
+    );
+
     // 3. The daemon on gpu-c: its first invasive run certifies, then counters grow on one
     //    rail and a passive check fails the node without another invasive run.
     let metrics_port = free_port()?;
@@ -300,10 +337,19 @@ async fn simulated_nodes_certify_fail_on_faults_and_flip_on_passive_counters() -
             .unwrap_or(0)
             > 0
     );
-    assert!(events_for(&client, "gpu-c")
-        .await?
-        .iter()
-        .any(|(r, m)| r == "CertificationFailed" && m.contains("symbol_error")));
+    // The Event is posted after the Node patch the loop above saw.
+    eventually(
+        Duration::from_secs(30),
+        "CertificationFailed event for gpu-c",
+        || async {
+            let events = events_for(&client, "gpu-c").await?;
+            Ok(events
+                .iter()
+                .any(|(r, m)| r == "CertificationFailed" && m.contains("symbol_error"))
+                .then_some(()))
+        },
+    )
+    .await?;
 
     // metrics and health on the plain port
     let metrics = http_get(metrics_port, "/metrics").await?;

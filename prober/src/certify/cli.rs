@@ -217,11 +217,21 @@ impl NodeArgs {
             return profiles.into_iter().next().context("no profile");
         }
         // Several: the one whose rail layout this node has, else the default.
-        let signature = crate::discover::discover(root, false)
-            .ok()
-            .map(|d| d.signature());
-        if let Some(sig) = signature {
-            if let Some(p) = profiles.iter().find(|p| p.spec.signature() == sig) {
+        // An exact layout first, then one that differs only in a link's current rate (a
+        // downshifted link is then judged as that profile's rail).
+        if let Ok(found) = crate::discover::discover(root, false) {
+            let layout = found.rail_layout();
+            let exact = railguard_api::layout_signature(&layout);
+            let matching = profiles
+                .iter()
+                .find(|p| p.spec.signature() == exact)
+                .or_else(|| {
+                    profiles.iter().find(|p| {
+                        railguard_api::certified_signature(&layout, &p.spec.layout())
+                            == p.spec.signature()
+                    })
+                });
+            if let Some(p) = matching {
                 return Ok(p.clone());
             }
         }

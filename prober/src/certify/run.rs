@@ -297,7 +297,10 @@ pub async fn gather_invasive(
             after: port_readings(&last),
             benches,
             nccl,
-            layout_signature: Some(last.signature()),
+            layout_signature: Some(railguard_api::certified_signature(
+                &last.rail_layout(),
+                &profile.layout(),
+            )),
             software,
             exposure,
         },
@@ -322,7 +325,10 @@ pub async fn gather_passive(
             after: port_readings(&last),
             benches: Vec::new(),
             nccl: Vec::new(),
-            layout_signature: Some(last.signature()),
+            layout_signature: Some(railguard_api::certified_signature(
+                &last.rail_layout(),
+                &profile.layout(),
+            )),
             software,
             exposure,
         },

@@ -203,7 +203,7 @@ pub fn gather(root: &Path, env: BTreeMap<String, String>) -> PreflightInputs {
         .is_some_and(|caps| caps & (1 << 14) != 0);
     let shm_bytes = nix::sys::statvfs::statvfs(&root.join("dev/shm"))
         .ok()
-        .map(|s| s.blocks() as u64 * s.fragment_size() as u64);
+        .map(|s| s.blocks().saturating_mul(s.fragment_size()));
     PreflightInputs {
         env,
         rdma_devices,

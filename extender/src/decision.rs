@@ -22,6 +22,11 @@ pub struct ExtenderConfig {
     pub job_label_keys: Vec<String>,
     /// Node topology label keys, most specific first, for profiles that name none.
     pub topology_keys: Vec<String>,
+    /// Report every rejected node in `FailedNodes`, none in `FailedAndUnresolvableNodes`:
+    /// kube-scheduler 1.20 and older read only `FailedNodes`, so otherwise the reasons for
+    /// nodes that can never fit (a degraded rail, another profile) never reach the pod's
+    /// FailedScheduling event. The cost: preemption may evict pods on such nodes for nothing.
+    pub report_unresolvable_as_failed: bool,
 }
 
 impl Default for ExtenderConfig {
@@ -31,6 +36,7 @@ impl Default for ExtenderConfig {
             gpu_resources: own(keys::DEFAULT_GPU_RESOURCES),
             job_label_keys: own(keys::DEFAULT_JOB_LABEL_KEYS),
             topology_keys: own(keys::DEFAULT_TOPOLOGY_KEYS),
+            report_unresolvable_as_failed: false,
         }
     }
 }

@@ -48,6 +48,11 @@ struct Args {
     #[arg(long, env = "RAILGUARD_GPU_RESOURCES", value_delimiter = ',',
           default_values_t = railguard_api::keys::DEFAULT_GPU_RESOURCES.iter().map(|s| s.to_string()).collect::<Vec<_>>())]
     gpu_resources: Vec<String>,
+    /// Report nodes that can never fit in `FailedNodes` too, for kube-scheduler 1.20 and
+    /// older, which ignore `FailedAndUnresolvableNodes` (their reasons would be missing from
+    /// the pod's events; preemption may then try those nodes).
+    #[arg(long, env = "RAILGUARD_REPORT_UNRESOLVABLE_AS_FAILED")]
+    report_unresolvable_as_failed: bool,
     /// Most candidate nodes accepted in one request.
     #[arg(long, env = "RAILGUARD_MAX_NODES", default_value_t = DEFAULT_MAX_NODES)]
     max_nodes: usize,
@@ -78,6 +83,7 @@ async fn main() -> anyhow::Result<()> {
         gpu_resources: args.gpu_resources.clone(),
         job_label_keys: args.job_label_keys.clone(),
         topology_keys: args.topology_keys.clone(),
+        report_unresolvable_as_failed: args.report_unresolvable_as_failed,
     };
     let metrics = Arc::new(Metrics::new());
     let mut watches = None;

@@ -2,7 +2,7 @@
 //! extender port (TLS optional), `/healthz`, `/readyz` and `/metrics` on a plain port.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -179,11 +179,13 @@ pub fn answer_filter<'a>(
                 .zip(keep)
                 .filter_map(|(item, k)| k.then_some(item))
                 .collect();
+            let (failed_nodes, failed_and_unresolvable_nodes) =
+                failure_maps(&state.config, verdicts.failed, verdicts.unresolvable);
             Ok(ExtenderFilterResult {
                 nodes: Some(NodeList { items }),
                 node_names: None,
-                failed_nodes: verdicts.failed,
-                failed_and_unresolvable_nodes: verdicts.unresolvable,
+                failed_nodes,
+                failed_and_unresolvable_nodes,
                 error: String::new(),
             })
         }
@@ -210,14 +212,30 @@ pub fn answer_filter<'a>(
                 });
             record_rejections(state, &verdicts.reasons);
             let passed = keep_passed(names, &verdicts.passed);
+            let (failed_nodes, failed_and_unresolvable_nodes) =
+                failure_maps(&state.config, verdicts.failed, verdicts.unresolvable);
             Ok(ExtenderFilterResult {
                 nodes: None,
                 node_names: Some(passed),
-                failed_nodes: verdicts.failed,
-                failed_and_unresolvable_nodes: verdicts.unresolvable,
+                failed_nodes,
+                failed_and_unresolvable_nodes,
                 error: String::new(),
             })
         }
+    }
+}
+
+/// `FailedNodes` and `FailedAndUnresolvableNodes` as the configured scheduler reads them.
+fn failure_maps<K: Ord, V>(
+    config: &ExtenderConfig,
+    mut failed: BTreeMap<K, V>,
+    unresolvable: BTreeMap<K, V>,
+) -> (BTreeMap<K, V>, BTreeMap<K, V>) {
+    if config.report_unresolvable_as_failed {
+        failed.extend(unresolvable);
+        (failed, BTreeMap::new())
+    } else {
+        (failed, unresolvable)
     }
 }
 

@@ -42,10 +42,14 @@ fn tls_material() -> (String, String, String) {
 }
 
 async fn start(source: Source) -> Running {
+    start_with(source, ExtenderConfig::default()).await
+}
+
+async fn start_with(source: Source, config: ExtenderConfig) -> Running {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let state = Arc::new(AppState {
         source,
-        config: ExtenderConfig::default(),
+        config,
         max_nodes: server::DEFAULT_MAX_NODES,
         metrics: Arc::new(Metrics::new()),
     });
@@ -169,6 +173,36 @@ async fn full_node_mode_returns_the_schedulers_own_node_objects() {
     assert_eq!(scores[0].host, "n-certified");
     assert!(scores[0].score > 0);
     assert!(scores[1..].iter().all(|s| s.score == 0), "{scores:?}");
+}
+
+#[tokio::test]
+async fn unresolvable_nodes_are_reported_as_failed_for_old_schedulers_when_asked() {
+    let body = full_args(h100_pod());
+    let decide = |config| {
+        let body = body.clone();
+        async move {
+            let r = start_with(standalone(), config).await;
+            let (status, text) = post(&r, "/filter", body).await;
+            assert_eq!(status, 200, "{text}");
+            serde_json::from_str::<Value>(&text).unwrap()
+        }
+    };
+    let split = decide(ExtenderConfig::default()).await;
+    let merged = decide(ExtenderConfig {
+        report_unresolvable_as_failed: true,
+        ..ExtenderConfig::default()
+    })
+    .await;
+    let map = |v: &Value, key: &str| v[key].as_object().cloned().unwrap_or_default();
+    assert_eq!(map(&split, "FailedAndUnresolvableNodes").len(), 4);
+    assert!(map(&merged, "FailedAndUnresolvableNodes").is_empty());
+    // Every rejected node, each with the same one-line reason, now in FailedNodes.
+    let mut all = map(&split, "FailedNodes");
+    all.extend(map(&split, "FailedAndUnresolvableNodes"));
+    assert_eq!(all.len(), 5);
+    assert_eq!(map(&merged, "FailedNodes"), all);
+    // The passing node is unaffected.
+    assert_eq!(merged["Nodes"], split["Nodes"]);
 }
 
 #[tokio::test]

@@ -4,7 +4,8 @@
 //! by kube-scheduler 1.20 calling the `railguard-extender` binary over HTTPS
 //! (`enableHTTPS`, `tlsConfig.caData`, nodeCacheCapable). Asserts gang locality across
 //! topology labels, that a degraded node is never chosen however local it is, and that a
-//! GPU + RDMA pod the webhook never saw is still held to the default profile.
+//! GPU + RDMA pod the webhook never saw is still held to the default profile, with the
+//! degraded node's reason in its FailedScheduling event (`--report-unresolvable-as-failed`).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -315,7 +316,10 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
             .arg("--tls-cert")
             .arg(&cert_path)
             .arg("--tls-key")
-            .arg(&key_path),
+            .arg(&key_path)
+            // As the chart runs it for a 1.20 cluster (`reportUnresolvableAsFailed: auto`):
+            // this scheduler reads only FailedNodes.
+            .arg("--report-unresolvable-as-failed"),
         &logs,
     );
     let (wh_port, wh_metrics) = (free_port().unwrap(), free_port().unwrap());
@@ -477,6 +481,11 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
     .await
     .unwrap();
     assert!(events[0].contains("0/6 nodes are available"), "{events:?}");
+    // The degraded node's own reason reaches kube-scheduler 1.20's event.
+    assert!(
+        events[0].contains("railguard: ") && events[0].contains("mlx5_3:1"),
+        "{events:?}"
+    );
     assert_eq!(node_of(&client, "ops", "unmutated").await, None);
 
     // The extender counted the degraded node's rejections.

@@ -413,6 +413,11 @@ fn secondary_scheduler_points_at_the_extender_and_fails_closed() {
             && args.contains(&"--metrics-listen=0.0.0.0:9090".to_string()),
         "{args:?}"
     );
+    // kube-scheduler 1.20 ignores FailedAndUnresolvableNodes: `auto` reports them as failed.
+    assert!(
+        args.contains(&"--report-unresolvable-as-failed".to_string()),
+        "{args:?}"
+    );
 
     // A newer cluster gets the matching configuration version and PDB API.
     let mut newer = kube_1_20();
@@ -432,6 +437,12 @@ fn secondary_scheduler_points_at_the_extender_and_fails_closed() {
     assert!(all(&docs, "CronJob")
         .iter()
         .all(|c| c["apiVersion"] == "batch/v1"));
+    let ext = find(&docs, "Deployment", "railguard-extender");
+    let args = container_args(&ext["spec"]["template"]["spec"]["containers"][0]);
+    assert!(
+        !args.contains(&"--report-unresolvable-as-failed".to_string()),
+        "a 1.29 scheduler reads FailedAndUnresolvableNodes: {args:?}"
+    );
 }
 
 #[test]

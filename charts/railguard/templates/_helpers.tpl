@@ -72,6 +72,16 @@ batch/v1beta1
 {{- trimSuffix "+" .Capabilities.KubeVersion.Minor | int -}}
 {{- end -}}
 
+{{/* Non-empty when the extender should report unresolvable nodes in FailedNodes too:
+     asked for, or auto on a cluster whose kube-scheduler predates FailedAndUnresolvableNodes
+     (1.21). */}}
+{{- define "railguard.reportUnresolvableAsFailed" -}}
+{{- $v := toString .Values.extender.reportUnresolvableAsFailed -}}
+{{- if or (eq $v "true") (and (eq $v "auto") (lt (include "railguard.kubeMinor" . | int) 21)) -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/* KubeSchedulerConfiguration API version for the cluster's kube-scheduler. */}}
 {{- define "railguard.schedulerConfigApiVersion" -}}
 {{- if .Values.scheduler.configApiVersion -}}

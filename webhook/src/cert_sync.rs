@@ -133,11 +133,11 @@ async fn settle_secret(
 ) -> Result<(CertMaterial, Option<String>, SecretAction), CertSyncError> {
     let err = |action: &'static str| {
         let (namespace, name) = (opts.namespace.clone(), opts.secret_name.clone());
-        move |source| CertSyncError::Secret {
+        move |source: kube::Error| CertSyncError::Secret {
             action,
             namespace,
             name,
-            source,
+            source: Box::new(source),
         }
     };
     // A few rounds: a conflict means someone else wrote; the next read sees their material.
@@ -236,10 +236,10 @@ async fn patch_ca_bundles(
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let err = |action: &'static str| {
         let name = name.to_string();
-        move |source| CertSyncError::WebhookConfig {
+        move |source: kube::Error| CertSyncError::WebhookConfig {
             action,
             name,
-            source,
+            source: Box::new(source),
         }
     };
     let config = api.get(name).await.map_err(err("read"))?;

@@ -83,8 +83,9 @@ pub enum CertSyncError {
         action: &'static str,
         namespace: String,
         name: String,
+        // Boxed: kube::Error is large and this enum travels through every sync step.
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     #[error("the secret's material is not usable after another writer won the race: {reason}")]
     WinnerInvalid { reason: String },
@@ -95,7 +96,7 @@ pub enum CertSyncError {
         action: &'static str,
         name: String,
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     #[error("cannot write {path}")]
     Write {

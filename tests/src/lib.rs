@@ -686,3 +686,64 @@ impl ServingCertificate {
         Ok((cert, key))
     }
 }
+
+/// A FabricProfile from `api/fixtures/profiles/<file>`.
+pub fn fixture_profile(file: &str) -> Result<railguard_api::FabricProfile> {
+    let path = workspace_root().join("api/fixtures/profiles").join(file);
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    railguard_api::profiles_from_yaml(&text)?
+        .into_iter()
+        .next()
+        .with_context(|| format!("{} holds no profile", path.display()))
+}
+
+/// Merges `b` into `a` recursively (objects key by key; anything else replaced).
+pub fn merge_json(a: &mut serde_json::Value, b: serde_json::Value) {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge_json(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (a, b) => *a = b,
+    }
+}
+
+/// The node a pod is bound to, if it exists and is bound.
+pub async fn pod_node(client: &Client, ns: &str, name: &str) -> Option<String> {
+    Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .ok()
+        .and_then(|p| p.spec)
+        .and_then(|s| s.node_name)
+}
+
+/// Waits up to a minute for a pod to be bound; returns its node.
+pub async fn wait_bound(client: &Client, ns: &str, name: &str) -> Result<String> {
+    eventually(
+        Duration::from_secs(60),
+        &format!("pod {ns}/{name} bound"),
+        || async { Ok(pod_node(client, ns, name).await) },
+    )
+    .await
+}
+
+/// Messages of a pod's FailedScheduling events.
+pub async fn failed_scheduling_messages(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> Result<Vec<String>> {
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(client.clone(), ns)
+        .list(&kube::api::ListParams::default().fields(&format!("involvedObject.name={name}")))
+        .await?;
+    Ok(events
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
+        .filter_map(|e| e.message)
+        .collect())
+}

@@ -13,15 +13,15 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::ByteString;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::Client;
-use railguard_api::{keys, profiles_from_yaml, Certificate, FabricProfile, Verdict};
+use railguard_api::{keys, Certificate, FabricProfile, Verdict};
 use railguard_extender::synth;
 use railguard_tests::{
-    eventually, free_port, gotmpl, labels, workspace_binary, workspace_root, ControlPlane,
-    ServingCertificate,
+    eventually, failed_scheduling_messages, fixture_profile, free_port, gotmpl, labels, merge_json,
+    pod_node, wait_bound, workspace_binary, ControlPlane, ServingCertificate,
 };
 use serde_json::{json, Value};
 
@@ -69,13 +69,6 @@ impl Drop for Daemon {
     }
 }
 
-fn h100_profile() -> FabricProfile {
-    let path = workspace_root().join("api/fixtures/profiles/dgx-h100-ndr.yaml");
-    profiles_from_yaml(&std::fs::read_to_string(path).unwrap())
-        .unwrap()
-        .remove(0)
-}
-
 fn issued_an_hour_ago() -> Timestamp {
     Timestamp::now()
         .checked_sub(SignedDuration::from_hours(1))
@@ -105,19 +98,8 @@ fn user_pod(name: &str, job: &str, extra: Value) -> Pod {
             "resources": {"limits": {"nvidia.com/gpu": "8"}},
         }]},
     });
-    merge(&mut pod, extra);
+    merge_json(&mut pod, extra);
     serde_json::from_value(pod).unwrap()
-}
-
-fn merge(a: &mut Value, b: Value) {
-    match (a, b) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k).or_insert(Value::Null), v);
-            }
-        }
-        (a, b) => *a = b,
-    }
 }
 
 async fn create(client: &Client, ns: &str, pod: &Pod) -> Pod {
@@ -131,25 +113,6 @@ async fn create(client: &Client, ns: &str, pod: &Pod) -> Pod {
         )
         .await
         .unwrap()
-}
-
-async fn node_of(client: &Client, ns: &str, name: &str) -> Option<String> {
-    Api::<Pod>::namespaced(client.clone(), ns)
-        .get(name)
-        .await
-        .ok()
-        .and_then(|p| p.spec)
-        .and_then(|s| s.node_name)
-}
-
-async fn bound_to(client: &Client, ns: &str, name: &str) -> String {
-    eventually(
-        Duration::from_secs(60),
-        &format!("{ns}/{name} bound"),
-        || async { Ok(node_of(client, ns, name).await) },
-    )
-    .await
-    .unwrap()
 }
 
 fn env_value(pod: &Pod, name: &str) -> Option<String> {
@@ -243,18 +206,6 @@ async fn extender_scores(
         .collect()
 }
 
-async fn failed_scheduling(client: &Client, ns: &str, name: &str) -> Vec<String> {
-    Api::<Event>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
-        .filter_map(|e| e.message)
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_locality() {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -264,7 +215,7 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
     cp.apply_fabricprofile_crd().await.expect("CRD");
     let client = cp.client();
     let logs = cp.log_dir().to_path_buf();
-    let h100 = h100_profile();
+    let h100 = fixture_profile("dgx-h100-ndr.yaml").unwrap();
     Api::<FabricProfile>::all(client.clone())
         .create(&PostParams::default(), &h100)
         .await
@@ -385,7 +336,12 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
         Some(&h100.spec.signature())
     );
     assert_eq!(env_value(&w0, "NCCL_IB_HCA"), Some(h100.spec.nccl_ib_hca()));
-    assert_eq!(bound_to(&client, "train", "llama-worker-0").await, "n-b1");
+    assert_eq!(
+        wait_bound(&client, "train", "llama-worker-0")
+            .await
+            .unwrap(),
+        "n-b1"
+    );
 
     // The extender learns of the bound worker from its pod watch; until then it has no
     // peer to be local to. Ask it directly (over HTTPS, trusting only the test CA) until the
@@ -422,7 +378,12 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
         &user_pod("llama-worker-1", "llama", json!({})),
     )
     .await;
-    assert_eq!(bound_to(&client, "train", "llama-worker-1").await, "n-b2");
+    assert_eq!(
+        wait_bound(&client, "train", "llama-worker-1")
+            .await
+            .unwrap(),
+        "n-b2"
+    );
 
     // Leaf b's last node is degraded: worker 2 goes to leaf a instead.
     create(
@@ -431,7 +392,9 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
         &user_pod("llama-worker-2", "llama", json!({})),
     )
     .await;
-    let w2 = bound_to(&client, "train", "llama-worker-2").await;
+    let w2 = wait_bound(&client, "train", "llama-worker-2")
+        .await
+        .unwrap();
     assert!(
         ["n-a1", "n-a2", "n-a3"].contains(&w2.as_str()),
         "worker 2 on {w2}"
@@ -469,12 +432,12 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
     .unwrap();
     merge_pod(&mut plain, to_b3);
     create(&client, "ops", &plain).await;
-    assert_eq!(bound_to(&client, "ops", "plain").await, "n-b3");
+    assert_eq!(wait_bound(&client, "ops", "plain").await.unwrap(), "n-b3");
     let events = eventually(
         Duration::from_secs(60),
         "FailedScheduling for the unmutated pod",
         || async {
-            let m = failed_scheduling(&client, "ops", "unmutated").await;
+            let m = failed_scheduling_messages(&client, "ops", "unmutated").await?;
             Ok((!m.is_empty()).then_some(m))
         },
     )
@@ -486,7 +449,7 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
         events[0].contains("railguard: ") && events[0].contains("mlx5_3:1"),
         "{events:?}"
     );
-    assert_eq!(node_of(&client, "ops", "unmutated").await, None);
+    assert_eq!(pod_node(&client, "ops", "unmutated").await, None);
 
     // The extender counted the degraded node's rejections.
     let metrics = reqwest::get(format!("http://127.0.0.1:{ext_metrics}/metrics"))
@@ -506,6 +469,6 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
 
 fn merge_pod(pod: &mut Pod, extra: Value) {
     let mut v = serde_json::to_value(&*pod).unwrap();
-    merge(&mut v, extra);
+    merge_json(&mut v, extra);
     *pod = serde_json::from_value(v).unwrap();
 }

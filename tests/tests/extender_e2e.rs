@@ -7,24 +7,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Client;
-use railguard_api::{profiles_from_yaml, FabricProfile, Verdict};
+use railguard_api::{FabricProfile, Verdict};
 use railguard_extender::cache::ClusterState;
 use railguard_extender::metrics::Metrics;
 use railguard_extender::server::{self, AppState, Source};
 use railguard_extender::{synth, ExtenderConfig};
-use railguard_tests::{eventually, labels, workspace_root, ControlPlane};
+use railguard_tests::{
+    eventually, failed_scheduling_messages, fixture_profile, labels, merge_json, pod_node,
+    wait_bound, ControlPlane,
+};
 use serde_json::{json, Value};
 
 const MANAGER: &str = "railguard-e2e";
-
-fn fixture_profile(file: &str) -> FabricProfile {
-    let text =
-        std::fs::read_to_string(workspace_root().join("api/fixtures/profiles").join(file)).unwrap();
-    profiles_from_yaml(&text).unwrap().remove(0)
-}
 
 fn hours_ago(h: f64) -> Timestamp {
     Timestamp::now()
@@ -65,19 +62,8 @@ fn training_pod(name: &str, profile: &FabricProfile, gpus: u32, extra: Value) ->
             }},
         }]},
     });
-    merge(&mut pod, extra);
+    merge_json(&mut pod, extra);
     pod
-}
-
-fn merge(a: &mut Value, b: Value) {
-    match (a, b) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k).or_insert(Value::Null), v);
-            }
-        }
-        (a, b) => *a = b,
-    }
 }
 
 async fn create_pod(client: &Client, ns: &str, pod: Value) {
@@ -92,39 +78,6 @@ async fn create_pod(client: &Client, ns: &str, pod: Value) {
     )
     .await
     .unwrap();
-}
-
-async fn node_of(client: &Client, ns: &str, name: &str) -> Option<String> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    pods.get(name)
-        .await
-        .ok()
-        .and_then(|p| p.spec)
-        .and_then(|s| s.node_name)
-}
-
-async fn bound_to(client: &Client, ns: &str, name: &str) -> String {
-    eventually(
-        Duration::from_secs(60),
-        &format!("pod {ns}/{name} bound"),
-        || async { Ok(node_of(client, ns, name).await) },
-    )
-    .await
-    .unwrap()
-}
-
-/// Messages of the pod's FailedScheduling events.
-async fn failed_scheduling(client: &Client, ns: &str, name: &str) -> Vec<String> {
-    let events: Api<Event> = Api::namespaced(client.clone(), ns);
-    let list = events
-        .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
-        .await
-        .unwrap();
-    list.items
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
-        .filter_map(|e| e.message)
-        .collect()
 }
 
 struct Extender {
@@ -182,8 +135,8 @@ async fn scenario(node_cache_capable: bool) {
     let mut cp = ControlPlane::start().await.expect("control plane");
     cp.apply_fabricprofile_crd().await.expect("CRD");
     let client = cp.client();
-    let h100 = fixture_profile("dgx-h100-ndr.yaml");
-    let a100 = fixture_profile("dgx-a100-hdr.yaml");
+    let h100 = fixture_profile("dgx-h100-ndr.yaml").unwrap();
+    let a100 = fixture_profile("dgx-a100-hdr.yaml").unwrap();
     let profiles: Api<FabricProfile> = Api::all(client.clone());
     for p in [&h100, &a100] {
         profiles.create(&PostParams::default(), p).await.unwrap();
@@ -267,12 +220,15 @@ async fn scenario(node_cache_capable: bool) {
                "spec": {"containers": [{"name": "c", "image": "registry.invalid/c:1"}]}}),
     )
     .await;
-    assert_eq!(bound_to(&client, "train", "h100-a").await, "n-certified");
     assert_eq!(
-        bound_to(&client, "train", "a100-a").await,
+        wait_bound(&client, "train", "h100-a").await.unwrap(),
+        "n-certified"
+    );
+    assert_eq!(
+        wait_bound(&client, "train", "a100-a").await.unwrap(),
         "n-other-profile"
     );
-    bound_to(&client, "train", "plain").await;
+    wait_bound(&client, "train", "plain").await.unwrap();
 
     // The only certified h100 node is full: the next pod has no eligible node. It stays
     // Pending and its scheduling event carries the extender's reason for the node that may
@@ -288,7 +244,7 @@ async fn scenario(node_cache_capable: bool) {
         Duration::from_secs(60),
         "FailedScheduling for h100-b",
         || async {
-            let m = failed_scheduling(&client, "train", "h100-b").await;
+            let m = failed_scheduling_messages(&client, "train", "h100-b").await?;
             Ok((!m.is_empty()).then_some(m))
         },
     )
@@ -303,7 +259,7 @@ async fn scenario(node_cache_capable: bool) {
     assert!(msg.contains("Insufficient nvidia.com/gpu"), "{msg}");
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
-        node_of(&client, "train", "h100-b").await,
+        pod_node(&client, "train", "h100-b").await,
         None,
         "must stay Pending"
     );
@@ -326,20 +282,22 @@ async fn scenario(node_cache_capable: bool) {
     )
     .await;
     assert_eq!(
-        bound_to(&client, "sandbox", "exempt-allowed").await,
+        wait_bound(&client, "sandbox", "exempt-allowed")
+            .await
+            .unwrap(),
         "n-none"
     );
     eventually(
         Duration::from_secs(60),
         "FailedScheduling for exempt-denied",
         || async {
-            let m = failed_scheduling(&client, "train", "exempt-denied").await;
+            let m = failed_scheduling_messages(&client, "train", "exempt-denied").await?;
             Ok((!m.is_empty()).then_some(m))
         },
     )
     .await
     .unwrap();
-    assert_eq!(node_of(&client, "train", "exempt-denied").await, None);
+    assert_eq!(pod_node(&client, "train", "exempt-denied").await, None);
 
     // The expired node is recertified the way the prober renews: pending, then certified.
     set_fabric_label(&client, "n-expired", "pending").await;
@@ -348,7 +306,7 @@ async fn scenario(node_cache_capable: bool) {
     let node = eventually(
         Duration::from_secs(90),
         "h100-b bound after renewal",
-        || async { Ok(node_of(&client, "train", "h100-b").await) },
+        || async { Ok(pod_node(&client, "train", "h100-b").await) },
     )
     .await
     .unwrap();

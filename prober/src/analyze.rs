@@ -189,18 +189,21 @@ pub fn render_report(r: &AnalyzeReport) -> String {
     out
 }
 
-/// `railguard-prober analyze [--nccl-tests FILE] [--nccl-log FILE]... [--profile FILE] [--json]`
+/// `railguard-prober analyze [--nccl-tests FILE] [--nccl-log FILE]... [--profile-file FILE [--profile NAME]] [--json]`
 #[derive(clap::Args, Debug, Clone)]
 pub struct AnalyzeArgs {
     /// nccl-tests output (may also hold NCCL INFO lines).
-    #[arg(long = "nccl-tests", env = "RAILGUARD_NCCL_TESTS")]
+    #[arg(long = "nccl-tests", env = "RAILGUARD_NCCL_TESTS", value_hint = clap::ValueHint::FilePath)]
     pub nccl_tests: Option<std::path::PathBuf>,
     /// NCCL debug log (repeatable; may also hold nccl-tests output).
-    #[arg(long = "nccl-log", env = "RAILGUARD_NCCL_LOG", value_delimiter = ',')]
+    #[arg(long = "nccl-log", env = "RAILGUARD_NCCL_LOG", value_delimiter = ',', value_hint = clap::ValueHint::FilePath)]
     pub nccl_log: Vec<std::path::PathBuf>,
-    /// FabricProfile YAML whose thresholds to judge against (first profile of the file).
-    #[arg(long, env = "RAILGUARD_PROFILE")]
-    pub profile: Option<std::path::PathBuf>,
+    /// FabricProfile YAML whose thresholds to judge against.
+    #[arg(long, env = "RAILGUARD_PROFILE_FILE", value_hint = clap::ValueHint::FilePath)]
+    pub profile_file: Option<std::path::PathBuf>,
+    /// Which profile of --profile-file (default: its first).
+    #[arg(long, env = "RAILGUARD_PROFILE", requires = "profile_file")]
+    pub profile: Option<String>,
     /// Print JSON.
     #[arg(long, env = "RAILGUARD_JSON")]
     pub json: bool,
@@ -231,6 +234,8 @@ pub enum AnalyzeError {
     },
     #[error("profile file {path} holds no FabricProfile")]
     EmptyProfile { path: String },
+    #[error("profile file {path} holds no FabricProfile named {name}")]
+    NoSuchProfile { path: String, name: String },
     #[error("cannot encode JSON")]
     Json {
         #[source]
@@ -266,7 +271,7 @@ impl AnalyzeArgs {
                     source,
                 }
             })?;
-        let profile = match &self.profile {
+        let profile = match &self.profile_file {
             None => None,
             Some(p) => {
                 let shown = p.display().to_string();
@@ -280,10 +285,18 @@ impl AnalyzeArgs {
                         source,
                     }
                 })?;
-                if list.is_empty() {
-                    return Err(AnalyzeError::EmptyProfile { path: shown });
+                match &self.profile {
+                    Some(name) => Some(
+                        list.into_iter()
+                            .find(|p| p.name() == name)
+                            .ok_or_else(|| AnalyzeError::NoSuchProfile {
+                                path: shown,
+                                name: name.clone(),
+                            })?,
+                    ),
+                    None if list.is_empty() => return Err(AnalyzeError::EmptyProfile { path: shown }),
+                    None => Some(list.remove(0)),
                 }
-                Some(list.remove(0))
             }
         };
         let report = analyze(&obs, profile.as_ref().map(|p| &p.spec));

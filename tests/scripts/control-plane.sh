@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
-# Builds (once) and caches a real kube-apiserver and kube-scheduler from Debian's
-# `kubernetes` source package, and makes sure etcd is installed.
+# Builds (once) and caches a real Kubernetes 1.20 control plane and node from Debian's
+# `kubernetes` source package (kube-apiserver, kube-scheduler, kube-controller-manager,
+# kubelet, kube-proxy), and makes sure etcd is installed.
 #
 # Usage: tests/scripts/control-plane.sh            # prints the cache dir on success
-# Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/railguard/kube-1.20/{kube-apiserver,kube-scheduler}
+# Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/railguard/kube-1.20/<binary>
 # The machine's apt configuration is not changed: deb-src lists live in a private dir.
 set -euo pipefail
 
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/railguard"
 bin="$cache/kube-1.20"
 log() { printf '[control-plane] %s\n' "$*" >&2; }
+binaries=(kube-apiserver kube-scheduler kube-controller-manager kubelet kube-proxy)
+cached() { for b in "${binaries[@]}"; do [ -x "$bin/$b" ] || return 1; done; }
 
 need_pkgs=()
 command -v etcd >/dev/null 2>&1 || need_pkgs+=(etcd-server)
 command -v openssl >/dev/null 2>&1 || need_pkgs+=(openssl)
-if [ ! -x "$bin/kube-apiserver" ] || [ ! -x "$bin/kube-scheduler" ]; then
-  command -v go >/dev/null 2>&1 || need_pkgs+=(golang-go)
+if ! cached; then
+  # Kubernetes 1.20's build needs Debian's Go 1.19, not the machine's newer default Go.
+  [ -x /usr/lib/go-1.19/bin/go ] || need_pkgs+=(golang-1.19-go)
   command -v rsync >/dev/null 2>&1 || need_pkgs+=(rsync)
   command -v dpkg-source >/dev/null 2>&1 || need_pkgs+=(dpkg-dev)
   [ -d /usr/share/gocode/src/github.com/modern-go/reflect2 ] || need_pkgs+=(golang-github-modern-go-reflect2-dev)
@@ -28,7 +32,7 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >&2
 fi
 
-if [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kube-scheduler" ]; then
+if cached; then
   log "using cached binaries in $bin"
   echo "$bin"
   exit 0
@@ -59,14 +63,14 @@ log "source in $srcdir"
 rm -rf "$srcdir/vendor/github.com/modern-go/reflect2"
 cp -r /usr/share/gocode/src/github.com/modern-go/reflect2 "$srcdir/vendor/github.com/modern-go/reflect2"
 
-log "building kube-apiserver and kube-scheduler (takes several minutes the first time)"
+log "building ${binaries[*]} (takes several minutes the first time)"
 cd "$srcdir"
 mkdir -p .go/src/k8s.io
 ln -sfn ../../.. .go/src/k8s.io/kubernetes
-GOPATH="$PWD/.go" GOFLAGS=-mod=vendor GO111MODULE=auto CGO_ENABLED=0 \
-  make WHAT="cmd/kube-apiserver cmd/kube-scheduler" >&2
+PATH="/usr/lib/go-1.19/bin:$PATH" GOPATH="$PWD/.go" GOFLAGS=-mod=vendor GO111MODULE=auto CGO_ENABLED=0 \
+  make WHAT="${binaries[*]/#/cmd/}" >&2
 mkdir -p "$bin"
-for b in kube-apiserver kube-scheduler; do
+for b in "${binaries[@]}"; do
   f=$(find "$srcdir/_output" -type f -name "$b" -perm -u+x | head -n1)
   [ -n "$f" ] || { log "build produced no $b"; exit 1; }
   cp "$f" "$bin/$b.tmp" && mv "$bin/$b.tmp" "$bin/$b"

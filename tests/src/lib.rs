@@ -8,6 +8,10 @@
 //! when a test panics, in which case the logs are kept and their path printed.
 
 pub mod gotmpl;
+pub mod install;
+pub mod node;
+
+pub use node::RealNode;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -105,6 +109,24 @@ struct Proc {
     child: Child,
 }
 
+/// How the API server is reached and who may call it, beyond the loopback defaults.
+#[derive(Clone, Debug, Default)]
+pub struct ApiServerOptions {
+    /// Address the secure port binds and advertises (the Service `kubernetes` endpoint);
+    /// a real node needs a non-loopback one. Default: 127.0.0.1.
+    pub address: Option<std::net::IpAddr>,
+    /// Extra IP SANs of the serving certificate (e.g. the `kubernetes` Service's ClusterIP).
+    pub extra_ip_sans: Vec<std::net::IpAddr>,
+    /// Extra static token users: (token, user name, group).
+    pub extra_tokens: Vec<(String, String, String)>,
+    /// Extra kube-apiserver flags.
+    pub extra_args: Vec<String>,
+}
+
+/// Seconds a start-up step may take: generous, since a loaded 2-core machine is slow.
+const ETCD_START_TIMEOUT: Duration = Duration::from_secs(120);
+const APISERVER_START_TIMEOUT: Duration = Duration::from_secs(240);
+
 /// A running etcd + kube-apiserver (+ optional kube-scheduler).
 pub struct ControlPlane {
     dir: Workdir,
@@ -115,6 +137,8 @@ pub struct ControlPlane {
     kubeconfig: PathBuf,
     token: String,
     ca_pem: String,
+    /// Keep the logs on drop even without a panic (a failed start).
+    keep_logs: bool,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -129,21 +153,55 @@ impl std::fmt::Debug for ControlPlane {
 impl ControlPlane {
     /// Starts etcd and kube-apiserver and waits until the API answers.
     pub async fn start() -> Result<ControlPlane> {
+        Self::start_with_options(&ApiServerOptions::default()).await
+    }
+
+    /// [`ControlPlane::start`] with API server options (a real node uses these).
+    pub async fn start_with_options(opts: &ApiServerOptions) -> Result<ControlPlane> {
         let dir = tempfile::Builder::new().prefix("railguard-cp-").tempdir()?;
-        Self::start_with(Workdir::Temp(dir)).await
+        Self::start_with(Workdir::Temp(dir), opts).await
     }
 
     /// Starts a control plane whose files live in `dir` and are kept (the demo uses this).
     pub async fn start_in(dir: &Path) -> Result<ControlPlane> {
         std::fs::create_dir_all(dir)?;
-        Self::start_with(Workdir::Fixed(dir.to_path_buf())).await
+        Self::start_with(Workdir::Fixed(dir.to_path_buf()), &ApiServerOptions::default()).await
     }
 
-    async fn start_with(dir: Workdir) -> Result<ControlPlane> {
+    async fn start_with(dir: Workdir, opts: &ApiServerOptions) -> Result<ControlPlane> {
         // kube pulls ring and other crates may pull aws-lc-rs: pick one provider explicitly.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let bin = control_plane_binaries()?;
         let d = dir.path().to_path_buf();
+        let mut cp = ControlPlane {
+            client: placeholder_client()?,
+            dir,
+            bin,
+            procs: Vec::new(),
+            server: String::new(),
+            kubeconfig: d.join("kubeconfig"),
+            token: String::new(),
+            ca_pem: String::new(),
+            keep_logs: false,
+        };
+        match cp.boot(opts).await {
+            Ok(()) => Ok(cp),
+            Err(e) => {
+                // The caller only sees the error: keep what explains it.
+                cp.keep_logs = true;
+                Err(e.context(format!(
+                    "the control plane did not start; its logs are kept in {}",
+                    d.display()
+                )))
+            }
+        }
+    }
+
+    async fn boot(&mut self, opts: &ApiServerOptions) -> Result<()> {
+        let d = self.dir.path().to_path_buf();
+        let address = opts
+            .address
+            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
 
         // Certificates: one CA signing the serving certificate; a service-account key pair.
         let ca_key = rcgen::KeyPair::generate()?;
@@ -155,35 +213,57 @@ impl ControlPlane {
         let ca = ca_params.self_signed(&ca_key)?;
         let mut srv_params = rcgen::CertificateParams::new(vec![
             "localhost".to_string(),
+            "kubernetes".to_string(),
+            "kubernetes.default".to_string(),
             "kubernetes.default.svc".to_string(),
+            "kubernetes.default.svc.cluster.local".to_string(),
         ])?;
-        srv_params
-            .subject_alt_names
-            .push(rcgen::SanType::IpAddress("127.0.0.1".parse()?));
+        let mut ips = vec!["127.0.0.1".parse()?, address];
+        ips.extend(opts.extra_ip_sans.iter().copied());
+        ips.dedup();
+        for ip in ips {
+            srv_params
+                .subject_alt_names
+                .push(rcgen::SanType::IpAddress(ip));
+        }
         srv_params
             .distinguished_name
             .push(rcgen::DnType::CommonName, "kube-apiserver");
         let srv_key = rcgen::KeyPair::generate()?;
         let srv = srv_params.signed_by(&srv_key, &ca, &ca_key)?;
+        // The API server's client identity towards kubelets (exec, logs).
+        let mut kc_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        kc_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "kube-apiserver-kubelet-client");
+        kc_params
+            .distinguished_name
+            .push(rcgen::DnType::OrganizationName, "system:masters");
+        kc_params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let kc_key = rcgen::KeyPair::generate()?;
+        let kc = kc_params.signed_by(&kc_key, &ca, &ca_key)?;
         let sa_key = rcgen::KeyPair::generate()?;
         std::fs::write(d.join("ca.crt"), ca.pem())?;
+        std::fs::write(d.join("ca.key"), ca_key.serialize_pem())?;
         std::fs::write(d.join("apiserver.crt"), srv.pem())?;
         std::fs::write(d.join("apiserver.key"), srv_key.serialize_pem())?;
+        std::fs::write(d.join("kubelet-client.crt"), kc.pem())?;
+        std::fs::write(d.join("kubelet-client.key"), kc_key.serialize_pem())?;
         std::fs::write(d.join("sa.key"), sa_key.serialize_pem())?;
         std::fs::write(d.join("sa.pub"), sa_key.public_key_pem())?;
         let token =
             format!("railguard-{}", std::process::id()) + &hex_token(&srv_key.serialize_der());
-        std::fs::write(
-            d.join("tokens.csv"),
-            format!("{token},admin,admin-uid,\"system:masters\"\n"),
-        )?;
+        let mut tokens = format!("{token},admin,admin-uid,\"system:masters\"\n");
+        for (i, (t, user, group)) in opts.extra_tokens.iter().enumerate() {
+            tokens.push_str(&format!("{t},{user},uid-{i},\"{group}\"\n"));
+        }
+        std::fs::write(d.join("tokens.csv"), tokens)?;
 
         let etcd_port = free_port()?;
         let etcd_peer = free_port()?;
         let api_port = free_port()?;
-        let mut procs = Vec::new();
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        procs.push(spawn(
+        self.procs.push(spawn(
             "etcd",
             Command::new("etcd")
                 .arg("--data-dir")
@@ -200,11 +280,15 @@ impl ControlPlane {
                 .arg("--log-level=warn"),
             &d,
         )?);
-        let server = format!("https://127.0.0.1:{api_port}");
-        let mut api = Command::new(bin.join("kube-apiserver"));
+        let host = match address {
+            std::net::IpAddr::V6(a) => format!("[{a}]"),
+            a => a.to_string(),
+        };
+        let server = format!("https://{host}:{api_port}");
+        let mut api = Command::new(self.bin.join("kube-apiserver"));
         api.arg(format!("--etcd-servers={etcd_url}"))
-            .arg("--bind-address=127.0.0.1")
-            .arg("--advertise-address=127.0.0.1")
+            .arg(format!("--bind-address={address}"))
+            .arg(format!("--advertise-address={address}"))
             .arg(format!("--secure-port={api_port}"))
             .arg("--insecure-port=0")
             .arg(format!("--cert-dir={}", d.join("certs").display()))
@@ -221,7 +305,15 @@ impl ControlPlane {
                 "--token-auth-file={}",
                 d.join("tokens.csv").display()
             ))
-            .arg("--authorization-mode=RBAC")
+            .arg(format!(
+                "--kubelet-client-certificate={}",
+                d.join("kubelet-client.crt").display()
+            ))
+            .arg(format!(
+                "--kubelet-client-key={}",
+                d.join("kubelet-client.key").display()
+            ))
+            .arg("--authorization-mode=Node,RBAC")
             .arg("--service-account-issuer=https://kubernetes.default.svc")
             .arg(format!(
                 "--service-account-key-file={}",
@@ -234,27 +326,19 @@ impl ControlPlane {
             .arg("--service-cluster-ip-range=10.96.0.0/24")
             .arg("--allow-privileged=true")
             .arg("--enable-priority-and-fairness=false")
-            .arg("--v=1");
-        let etcd_ready = wait_for_tcp(etcd_port, Duration::from_secs(30));
-        let mut cp = ControlPlane {
-            client: placeholder_client()?,
-            dir,
-            bin,
-            procs,
-            server: server.clone(),
-            kubeconfig: d.join("kubeconfig"),
-            token: token.clone(),
-            ca_pem: ca.pem(),
-        };
-        etcd_ready.with_context(|| format!("etcd did not listen; logs in {}", d.display()))?;
-        cp.procs.push(spawn("kube-apiserver", &mut api, &d)?);
-        cp.write_kubeconfig()?;
-        let kubeconfig = Kubeconfig::read_from(&cp.kubeconfig)?;
+            .arg("--v=1")
+            .args(&opts.extra_args);
+        self.server = server;
+        self.token = token;
+        self.ca_pem = ca.pem();
+        wait_for_tcp(etcd_port, ETCD_START_TIMEOUT).context("etcd did not start")?;
+        self.procs.push(spawn("kube-apiserver", &mut api, &d)?);
+        self.write_kubeconfig()?;
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)?;
         let config =
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-        cp.client = Client::try_from(config)?;
-        cp.wait_ready(Duration::from_secs(90)).await?;
-        Ok(cp)
+        self.client = Client::try_from(config)?;
+        self.wait_ready(APISERVER_START_TIMEOUT).await
     }
 
     fn write_kubeconfig(&self) -> Result<()> {
@@ -277,10 +361,7 @@ impl ControlPlane {
                 return Ok(());
             }
             if start.elapsed() > timeout {
-                bail!(
-                    "kube-apiserver not ready after {timeout:?}; logs in {}",
-                    self.log_dir().display()
-                );
+                bail!("kube-apiserver not ready after {timeout:?}");
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
@@ -525,7 +606,10 @@ impl Drop for ControlPlane {
         while let Some(mut p) = self.procs.pop() {
             terminate(&mut p.child);
         }
-        if std::thread::panicking() || std::env::var_os("RAILGUARD_KEEP_LOGS").is_some() {
+        if self.keep_logs
+            || std::thread::panicking()
+            || std::env::var_os("RAILGUARD_KEEP_LOGS").is_some()
+        {
             if let Workdir::Temp(_) = self.dir {
                 let placeholder = Workdir::Fixed(PathBuf::new());
                 if let Workdir::Temp(t) = std::mem::replace(&mut self.dir, placeholder) {
@@ -550,6 +634,8 @@ fn spawn(name: &'static str, cmd: &mut Command, dir: &Path) -> Result<Proc> {
         .with_context(|| {
             format!("starting {name} (is it installed? run tests/scripts/control-plane.sh)")
         })?;
+    // For a teardown after a run that could not clean up (tests/scripts/real-node-teardown.sh).
+    let _ = std::fs::write(dir.join(format!("{name}.pid")), child.id().to_string());
     Ok(Proc { name, child })
 }
 
@@ -584,7 +670,7 @@ fn placeholder_client() -> Result<Client> {
     Ok(Client::try_from(config)?)
 }
 
-fn hex_token(seed: &[u8]) -> String {
+pub(crate) fn hex_token(seed: &[u8]) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     for b in seed.iter().rev().take(16) {

@@ -51,7 +51,7 @@ impl Prober<'_> {
         let mut c = tokio::process::Command::new(self.bin.join("railguard-prober"));
         c.arg(sub)
             .args(["--node", node, "--sim", model])
-            .arg("--profile")
+            .arg("--profile-file")
             .arg(profile_path())
             .arg("--models-dir")
             .arg(workspace_root().join("prober/models"))

@@ -161,10 +161,24 @@ async fn self_managed_certificates_provision_noop_and_rotate() {
     assert_eq!(fourth.secret, SecretAction::Kept);
     assert_eq!(fourth.bundles_patched, 0);
     assert!(fourth.files_written);
+    assert!(!fourth.webhook_config_missing);
     assert_eq!(
         std::fs::read(&opts.tls_cert).expect("cert file"),
         rotated["tls.crt"]
     );
+
+    // A webhook started before its MutatingWebhookConfiguration exists (an install applies
+    // it after the Deployment): the pass succeeds, says so, and serves the stored pair.
+    let early = SelfSignedOptions {
+        webhook_config_name: "railguard-certs-e2e-not-yet".into(),
+        ..opts.clone()
+    };
+    let fifth = cert_sync::sync_once(&client, &early, later)
+        .await
+        .expect("a missing configuration is not an error");
+    assert!(fifth.webhook_config_missing, "{fifth:?}");
+    assert_eq!(fifth.bundles_patched, 0);
+    assert_eq!(fifth.secret, SecretAction::Kept);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

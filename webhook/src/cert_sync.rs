@@ -49,6 +49,9 @@ pub struct SyncReport {
     pub secret: SecretAction,
     /// Webhook entries whose caBundle was changed.
     pub bundles_patched: usize,
+    /// The MutatingWebhookConfiguration does not exist (yet: an install applies it after
+    /// the Deployment); the pass is repeated soon.
+    pub webhook_config_missing: bool,
     pub files_written: bool,
     /// When the material enters its rotation window.
     pub renew_at: Option<OffsetDateTime>,
@@ -63,7 +66,7 @@ pub async fn sync_once(
 ) -> Result<SyncReport, CertSyncError> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &opts.namespace);
     let (material, previous_ca, action) = settle_secret(&secrets, opts, now).await?;
-    let bundles_patched = patch_ca_bundles(
+    let bundles = patch_ca_bundles(
         client,
         &opts.webhook_config_name,
         &material,
@@ -78,7 +81,8 @@ pub async fn sync_once(
     };
     Ok(SyncReport {
         secret: action,
-        bundles_patched,
+        bundles_patched: bundles.unwrap_or(0),
+        webhook_config_missing: bundles.is_none(),
         files_written,
         renew_at,
     })
@@ -92,26 +96,57 @@ pub async fn run(
     interval: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut tick = tokio::time::interval(interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
+    run_after(client, opts, interval, interval, &mut stop).await
+}
+
+/// Like [`run`], but the first pass comes after `first` (soon, when the first pass at
+/// start-up found no MutatingWebhookConfiguration to trust the CA).
+pub async fn run_after(
+    client: Client,
+    opts: SelfSignedOptions,
+    first: Duration,
+    interval: Duration,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+) {
+    let mut wait = first;
     loop {
         tokio::select! {
-            _ = tick.tick() => {}
+            _ = tokio::time::sleep(wait) => {}
             _ = stop.changed() => return,
         }
-        match sync_once(&client, &opts, OffsetDateTime::now_utc()).await {
-            Ok(report) => log_report(&opts, &report),
-            Err(e) => tracing::warn!(
-                secret = %opts.secret_name,
-                error = %crate::tls::error_chain(&e),
-                "self-managed certificate pass failed; retrying next period"
-            ),
-        }
+        wait = match sync_once(&client, &opts, OffsetDateTime::now_utc()).await {
+            Ok(report) => {
+                log_report(&opts, &report);
+                if report.webhook_config_missing {
+                    interval.min(RETRY_INTERVAL)
+                } else {
+                    interval
+                }
+            }
+            Err(e) => {
+                tracing::warn!(
+                    secret = %opts.secret_name,
+                    error = %crate::tls::error_chain(&e),
+                    "self-managed certificate pass failed; retrying soon"
+                );
+                interval.min(RETRY_INTERVAL)
+            }
+        };
     }
 }
 
+/// How soon a pass is repeated after a failure or a missing webhook configuration: until
+/// then the API server cannot verify the webhook.
+pub const RETRY_INTERVAL: Duration = Duration::from_secs(5);
+
 pub fn log_report(opts: &SelfSignedOptions, report: &SyncReport) {
+    if report.webhook_config_missing {
+        tracing::warn!(
+            secret = %opts.secret_name,
+            webhook_config = %opts.webhook_config_name,
+            "MutatingWebhookConfiguration not found: its caBundle cannot trust the CA yet; retrying"
+        );
+    }
     if report.secret == SecretAction::Kept && report.bundles_patched == 0 && !report.files_written {
         tracing::debug!(secret = %opts.secret_name, "self-managed certificate unchanged");
         return;
@@ -231,7 +266,7 @@ async fn patch_ca_bundles(
     material: &CertMaterial,
     previous_ca: Option<&str>,
     now: OffsetDateTime,
-) -> Result<usize, CertSyncError> {
+) -> Result<Option<usize>, CertSyncError> {
     use base64::Engine as _;
     let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let err = |action: &'static str| {
@@ -242,7 +277,9 @@ async fn patch_ca_bundles(
             source: Box::new(source),
         }
     };
-    let config = api.get(name).await.map_err(err("read"))?;
+    let Some(config) = api.get_opt(name).await.map_err(err("read"))? else {
+        return Ok(None);
+    };
     let mut ops = Vec::new();
     for (i, hook) in config.webhooks.iter().flatten().enumerate() {
         let existing = hook
@@ -263,7 +300,7 @@ async fn patch_ca_bundles(
         }
     }
     if ops.is_empty() {
-        return Ok(0);
+        return Ok(Some(0));
     }
     let patched = ops.len() / 2;
     let patch: json_patch::Patch = serde_json::from_value(serde_json::Value::Array(ops))
@@ -275,7 +312,7 @@ async fn patch_ca_bundles(
     api.patch(name, &pp, &Patch::Json::<()>(patch))
         .await
         .map_err(err("patch the caBundle of"))?;
-    Ok(patched)
+    Ok(Some(patched))
 }
 
 fn write_files_if_stale(

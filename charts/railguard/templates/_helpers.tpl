@@ -100,10 +100,72 @@ kubescheduler.config.k8s.io/v1beta1
 {{- end -}}
 {{- end -}}
 
+{{/* Where the extender runs: "sidecar" (a container of the secondary scheduler's pods,
+reached on localhost) or "deployment" (its own Deployment behind a Service). */}}
+{{- define "railguard.extenderPlacement" -}}
+{{- $p := .Values.extender.placement | default "auto" -}}
+{{- if eq $p "auto" -}}
+{{- if eq .Values.scheduler.mode "secondary" -}}sidecar{{- else -}}deployment{{- end -}}
+{{- else if and (eq $p "sidecar") (ne .Values.scheduler.mode "secondary") -}}
+{{- fail "extender.placement=sidecar needs scheduler.mode=secondary" -}}
+{{- else -}}
+{{- $p -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The extender container, for its Deployment or as the scheduler's sidecar. */}}
+{{- define "railguard.extenderContainer" -}}
+{{- $sidecar := eq (include "railguard.extenderPlacement" .) "sidecar" -}}
+- name: extender
+  image: {{ include "railguard.image" (dict "root" . "image" .Values.extender.image) }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args:
+    {{- if $sidecar }}
+    # Only the scheduler in the same pod calls it.
+    - --listen=127.0.0.1:{{ int .Values.extender.port }}
+    {{- else }}
+    - --listen=0.0.0.0:{{ int .Values.extender.port }}
+    {{- end }}
+    - --metrics-listen=0.0.0.0:{{ int .Values.extender.metricsPort }}
+    - --gpu-resources={{ join "," .Values.extender.gpuResources }}
+    - --log-format={{ .Values.extender.logFormat }}
+    {{- with .Values.extender.jobLabelKeys }}
+    - --job-label-keys={{ join "," . }}
+    {{- end }}
+    {{- with .Values.extender.topologyKeys }}
+    - --topology-keys={{ join "," . }}
+    {{- end }}
+    {{- if include "railguard.reportUnresolvableAsFailed" . }}
+    - --report-unresolvable-as-failed
+    {{- end }}
+  ports:
+    {{- if not $sidecar }}
+    - name: http
+      containerPort: {{ int .Values.extender.port }}
+      protocol: TCP
+    {{- end }}
+    - name: metrics
+      containerPort: {{ int .Values.extender.metricsPort }}
+      protocol: TCP
+  livenessProbe:
+    httpGet: {path: /healthz, port: metrics}
+    periodSeconds: 10
+  # Ready only once the node, pod and namespace caches are synced.
+  readinessProbe:
+    httpGet: {path: /readyz, port: metrics}
+    periodSeconds: 5
+  resources:
+    {{- toYaml .Values.extender.resources | nindent 4 }}
+  securityContext:
+    {{- include "railguard.restrictedContainer" . | nindent 4 }}
+{{- end -}}
+
 {{/* Where kube-scheduler reaches the extender. */}}
 {{- define "railguard.extenderURL" -}}
 {{- if .Values.scheduler.extenderURL -}}
 {{- .Values.scheduler.extenderURL -}}
+{{- else if eq (include "railguard.extenderPlacement" .) "sidecar" -}}
+{{- printf "http://127.0.0.1:%d" (int .Values.extender.port) -}}
 {{- else -}}
 {{- printf "http://%s.%s.svc:%d" (include "railguard.componentName" (dict "root" . "component" "extender")) .Release.Namespace (int .Values.extender.port) -}}
 {{- end -}}

@@ -15,7 +15,7 @@ use anyhow::{bail, Context};
 use railguard_api::profile::parse_ib_hca;
 use railguard_api::Transport;
 use railguard_prober::nccl::standin::{parse_size, StandinRun};
-use railguard_prober::sim::{bump_counters, ModelPortState, NodeModel};
+use railguard_prober::sim::{bump_counters, ModelPortState, NodeModel, SIM_MODEL_PATH};
 
 /// Socket transport tops out far below any RDMA rail.
 const SOCKET_BUSBW_GBPS: f64 = 11.5;
@@ -36,7 +36,7 @@ fn run() -> anyhow::Result<()> {
     let root = PathBuf::from(
         std::env::var("RAILGUARD_SIM_ROOT").context("RAILGUARD_SIM_ROOT is not set")?,
     );
-    let model_path = root.join("railguard-sim/model.yaml");
+    let model_path = root.join(SIM_MODEL_PATH);
     let text = std::fs::read_to_string(&model_path)
         .with_context(|| format!("cannot read {}", model_path.display()))?;
     let model = NodeModel::from_yaml(&text)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use clap::Args;
+use clap::{Args, ValueHint};
 use jiff::Timestamp;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::discovery::ApiResource;
@@ -22,7 +22,7 @@ use super::kube::{endpoint_of, profile_nodes, write_findings, GpuPodSource, Lead
 use super::mpijob::{self, PairJob};
 use super::simnode;
 use crate::rdma::{PeerConfig, PeerRdmaEngine, VerbsEngine};
-use crate::sim::NodeModel;
+use crate::sim::{NodeModel, SIM_MODEL_PATH};
 
 /// Default TCP port of the peer endpoint.
 pub const DEFAULT_PEER_PORT: u16 = 7470;
@@ -31,7 +31,7 @@ pub const DEFAULT_PEER_PORT: u16 = 7470;
 #[derive(Args, Debug, Clone)]
 pub struct TokenArgs {
     /// File holding the shared token (e.g. a mounted Secret).
-    #[arg(long, env = "RAILGUARD_TOKEN_FILE")]
+    #[arg(long, env = "RAILGUARD_TOKEN_FILE", value_hint = ValueHint::FilePath)]
     pub token_file: Option<PathBuf>,
     /// The shared token itself (prefer --token-file; the value is never printed).
     #[arg(long, env = "RAILGUARD_PEER_TOKEN", hide_env_values = true)]
@@ -94,8 +94,12 @@ pub struct PeerEndpointArgs {
     #[command(flatten)]
     pub token: TokenArgs,
     /// Simulate this node from a node model (prober/models/*.yaml) instead of using ibverbs.
-    #[arg(long, env = "RAILGUARD_SIM")]
+    #[arg(long, env = "RAILGUARD_SIM", value_hint = ValueHint::FilePath, conflicts_with = "sim_root")]
     pub sim: Option<PathBuf>,
+    /// Simulate the node whose tree `sim-sysfs` wrote here (its `railguard-sim/model.yaml`),
+    /// as `certify --sim-root` and `daemon --sim-root` do (test and demo only).
+    #[arg(long, env = "RAILGUARD_SIM_ROOT", value_hint = ValueHint::DirPath)]
+    pub sim_root: Option<PathBuf>,
     /// Simulated fault on the path to one peer: `PEER=dead|FACTOR[@HCA,...]` (repeatable).
     #[arg(long = "sim-link", env = "RAILGUARD_SIM_LINKS", value_delimiter = ';')]
     pub sim_links: Vec<String>,
@@ -128,7 +132,11 @@ impl PeerEndpointArgs {
 
     async fn serve(self) -> anyhow::Result<()> {
         let token = self.token.load()?;
-        let engine: Arc<dyn PeerRdmaEngine> = match &self.sim {
+        let model_path = self
+            .sim
+            .clone()
+            .or_else(|| self.sim_root.as_ref().map(|r| r.join(SIM_MODEL_PATH)));
+        let engine: Arc<dyn PeerRdmaEngine> = match &model_path {
             Some(path) => {
                 let model = NodeModel::load(path)
                     .with_context(|| format!("cannot load node model {}", path.display()))?;
@@ -146,7 +154,8 @@ impl PeerEndpointArgs {
                 Arc::new(VerbsEngine::new())
             }
         };
-        let gpu_pods = if self.sim.is_some() && self.kubeconfig.is_none() {
+        let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+        let gpu_pods = if model_path.is_some() && self.kubeconfig.is_none() && !in_cluster {
             // A simulated node outside a cluster has no pods to protect.
             warn!("simulated node without --kubeconfig: GPU pods are not checked");
             GpuPodSource::Unchecked

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::Args;
+use clap::{Args, ValueHint};
 use jiff::Timestamp;
 use kube::Client;
 use railguard_api::{Certificate, FabricProfile, Verdict};
@@ -19,7 +19,7 @@ use super::record::{invasive_certificate, Subject};
 use super::run::{error_chain, gather_invasive, NodeSetup};
 use crate::publish::NodePublisher;
 use crate::rdma::{RdmaEngine, SimulatedRdmaEngine, VerbsEngine};
-use crate::sim::{write_sysfs, NodeModel};
+use crate::sim::{write_sysfs, NodeModel, SIM_MODEL_PATH};
 
 /// Node, profile, simulation and cluster options shared by `certify` and `daemon`.
 #[derive(Args, Debug, Clone)]
@@ -27,29 +27,36 @@ pub struct NodeArgs {
     /// This node's name (the Node object); defaults to the host name.
     #[arg(long, env = "RAILGUARD_NODE_NAME")]
     pub node: Option<String>,
-    /// FabricProfile YAML; without it the profiles are read from the cluster.
-    #[arg(long, env = "RAILGUARD_PROFILE")]
-    pub profile: Option<PathBuf>,
-    /// Which profile of the file or cluster to use (default: the one matching this node).
-    #[arg(long, env = "RAILGUARD_PROFILE_NAME")]
-    pub profile_name: Option<String>,
-    /// Simulate this node model (a name from the models directory, or a YAML path).
-    #[arg(long, env = "RAILGUARD_SIM")]
+    /// FabricProfile name: which profile of the cluster (or of --profile-file) to certify
+    /// against (default: the one matching this node's rail layout, else the default one).
+    #[arg(long, alias = "profile-name", env = "RAILGUARD_PROFILE")]
+    pub profile: Option<String>,
+    /// Read the FabricProfiles from this YAML file instead of the cluster.
+    #[arg(long, env = "RAILGUARD_PROFILE_FILE", value_hint = ValueHint::FilePath)]
+    pub profile_file: Option<PathBuf>,
+    /// Simulate this node model (a name from the models directory, or a YAML path); its
+    /// sysfs tree is written at start (test and demo only).
+    #[arg(long, env = "RAILGUARD_SIM", conflicts_with = "sim_root")]
     pub sim: Option<String>,
+    /// Simulate the node whose tree already exists here (written by `sim-sysfs`): read as
+    /// the sysfs root as it is, with RDMA and NCCL simulated from its
+    /// `railguard-sim/model.yaml` (test and demo only). Faults written into the tree are seen.
+    #[arg(long, env = "RAILGUARD_SIM_ROOT", value_hint = ValueHint::DirPath, conflicts_with = "sysfs_root")]
+    pub sim_root: Option<PathBuf>,
     /// Where node models live (for `--sim NAME`).
-    #[arg(long, env = "RAILGUARD_MODELS_DIR")]
+    #[arg(long, env = "RAILGUARD_MODELS_DIR", value_hint = ValueHint::DirPath)]
     pub models_dir: Option<PathBuf>,
     /// sysfs root to read (`/` on a node; the simulated tree with `--sim`).
-    #[arg(long, env = "RAILGUARD_SYSFS_ROOT")]
+    #[arg(long, env = "RAILGUARD_SYSFS_ROOT", value_hint = ValueHint::DirPath)]
     pub sysfs_root: Option<PathBuf>,
     /// kubeconfig for publishing; in-cluster config when absent.
-    #[arg(long, env = "RAILGUARD_KUBECONFIG")]
+    #[arg(long, env = "RAILGUARD_KUBECONFIG", value_hint = ValueHint::FilePath)]
     pub kubeconfig: Option<PathBuf>,
     /// nccl-tests binary, overriding the profile's (with `--sim`: the stand-in).
-    #[arg(long, env = "RAILGUARD_NCCL_BINARY")]
+    #[arg(long, env = "RAILGUARD_NCCL_BINARY", value_hint = ValueHint::FilePath)]
     pub nccl_binary: Option<PathBuf>,
     /// Directory for NCCL debug logs of each run.
-    #[arg(long, env = "RAILGUARD_LOG_DIR", default_value = "/tmp/railguard-nccl")]
+    #[arg(long, env = "RAILGUARD_LOG_DIR", default_value = "/tmp/railguard-nccl", value_hint = ValueHint::DirPath)]
     pub log_dir: PathBuf,
     /// Kill an NCCL run after this many seconds.
     #[arg(long, env = "RAILGUARD_NCCL_TIMEOUT_SECS", default_value_t = 1800)]
@@ -128,8 +135,18 @@ impl NodeArgs {
     pub async fn context(&self, need_client: bool) -> anyhow::Result<NodeContext> {
         let node = self.node_name()?;
         let client = self.client(need_client).await?;
-        let (sim, sysfs_root) = match &self.sim {
-            Some(name) => {
+        let (sim, sysfs_root) = match (&self.sim, &self.sim_root) {
+            (_, Some(root)) => {
+                let path = root.join(SIM_MODEL_PATH);
+                let model = NodeModel::load(&path).with_context(|| {
+                    format!(
+                        "cannot load the simulated node {} (write the tree with `railguard-prober sim-sysfs`)",
+                        path.display()
+                    )
+                })?;
+                (Some(model), root.clone())
+            }
+            (Some(name), None) => {
                 let path = self.model_path(name);
                 let model = NodeModel::load(&path)
                     .with_context(|| format!("cannot load node model {}", path.display()))?;
@@ -142,7 +159,7 @@ impl NodeArgs {
                 })?;
                 (Some(model), root)
             }
-            None => (
+            (None, None) => (
                 None,
                 self.sysfs_root
                     .clone()
@@ -191,7 +208,7 @@ impl NodeArgs {
         node: &str,
         root: &Path,
     ) -> anyhow::Result<FabricProfile> {
-        let profiles = match (&self.profile, client) {
+        let profiles = match (&self.profile_file, client) {
             (Some(path), _) => {
                 let text = std::fs::read_to_string(path)
                     .with_context(|| format!("cannot read profile {}", path.display()))?;
@@ -205,9 +222,9 @@ impl NodeArgs {
                     .context("cannot list FabricProfiles")?
                     .items
             }
-            (None, None) => bail!("no --profile file and no cluster to read FabricProfiles from"),
+            (None, None) => bail!("no --profile-file and no cluster to read FabricProfiles from"),
         };
-        if let Some(name) = &self.profile_name {
+        if let Some(name) = &self.profile {
             return profiles
                 .into_iter()
                 .find(|p| p.name() == name)

@@ -61,7 +61,7 @@ pub struct EmitProfileArgs {
     #[arg(long, env = "RAILGUARD_SYSFS_ROOT", default_value = "/")]
     pub sysfs_root: PathBuf,
     /// metadata.name of the FabricProfile.
-    #[arg(long, env = "RAILGUARD_PROFILE_NAME")]
+    #[arg(long, env = "RAILGUARD_PROFILE")]
     pub name: String,
 }
 

@@ -209,7 +209,7 @@ pub fn acs_from_config(config: &[u8]) -> AcsState {
     if config.len() < 0x104 {
         return AcsState::Unknown {
             reason: format!(
-                "only {} bytes of config space readable (extended space needs root)",
+                "only {} bytes of config space readable (extended space needs CAP_SYS_ADMIN)",
                 config.len()
             ),
         };

@@ -258,7 +258,7 @@ pub fn readiness_findings(inv: &Inventory, affinity: &AffinityMap, rails: &[Rail
             severity: Severity::Warning,
             subject: "node".into(),
             message: format!(
-                "ACS state unknown on {} bridge(s) in GPU-HCA paths (reading extended config space needs privileges)",
+                "ACS state unknown on {} bridge(s) in GPU-HCA paths (reading extended PCI config space needs CAP_SYS_ADMIN; chart: prober.readPciConfigSpace=true)",
                 acs_unknown.len()
             ),
             evidence: acs_unknown,

@@ -11,7 +11,7 @@ pub use model::{
     NcclBehaviour, NicModel, NodeModel, PciNodeModel, PlatformModel, PortModel, SocketModel,
     SoftwareVersions, SwitchModel, WriteBw,
 };
-pub use sysfs::{bump_counters, write_sysfs, SimulatedTree};
+pub use sysfs::{bump_counters, write_sysfs, SimulatedTree, SIM_MODEL_PATH};
 
 /// A model could not be loaded, resolved or written.
 #[derive(Debug, thiserror::Error)]

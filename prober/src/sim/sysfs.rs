@@ -486,12 +486,15 @@ pub fn write_sysfs(model: &NodeModel, root: &Path) -> Result<SimulatedTree, Mode
     resolved.base = None;
     resolved.faults.clear();
     let yaml = serde_yaml::to_string(&resolved).map_err(|source| ModelError::Yaml {
-        path: "railguard-sim/model.yaml".into(),
+        path: SIM_MODEL_PATH.into(),
         source,
     })?;
-    write(&root.join("railguard-sim/model.yaml"), yaml)?;
+    write(&root.join(SIM_MODEL_PATH), yaml)?;
     Ok(w.tree)
 }
+
+/// Where a simulated tree keeps its resolved node model, relative to the tree's root.
+pub const SIM_MODEL_PATH: &str = "railguard-sim/model.yaml";
 
 /// Adds each port's `counter_growth` once to its counter files (one simulated run).
 pub fn bump_counters(model: &NodeModel, root: &Path) -> Result<(), ModelError> {

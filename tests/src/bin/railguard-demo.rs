@@ -172,7 +172,38 @@ fn bin(name: &str) -> Result<PathBuf> {
     Ok(p)
 }
 
+/// Whether a process is alive (signal 0).
+fn alive(pid: &str) -> bool {
+    Command::new("kill")
+        .args(["-0", pid])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 fn down(dir: &Path) -> Result<()> {
+    // A running demo stops its own processes when asked (SIGTERM) and exits 0.
+    if let Ok(pid) = std::fs::read_to_string(dir.join("demo.pid")) {
+        let pid = pid.trim().to_string();
+        // Only a demo: the pid may have been reused since.
+        let is_demo = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains("railguard-demo"));
+        if !pid.is_empty() && pid != std::process::id().to_string() && is_demo {
+            let _ = Command::new("kill").args(["-TERM", &pid]).status();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while alive(&pid) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            if !alive(&pid) {
+                println!("railguard demo: stopped the demo (pid {pid})");
+                if dir.exists() {
+                    std::fs::remove_dir_all(dir)
+                        .with_context(|| format!("removing {}", dir.display()))?;
+                }
+                return Ok(());
+            }
+        }
+    }
     let pids = dir.join("pids");
     if let Ok(text) = std::fs::read_to_string(&pids) {
         let mut stopped = 0;
@@ -226,15 +257,24 @@ async fn main() -> Result<()> {
     let style = Style {
         color: std::io::stdout().is_terminal(),
     };
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("demo.pid"), std::process::id().to_string())?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot watch for SIGTERM")?;
     let outcome = tokio::select! {
         r = run(&args, &dir, &style) => r,
         _ = tokio::signal::ctrl_c() => {
             println!("\nrailguard demo: Ctrl-C, cleaning up");
             Ok(())
         }
+        _ = term.recv() => {
+            println!("railguard demo: stop requested (./demo.sh --down), cleaning up");
+            Ok(())
+        }
     };
     // Everything started is owned by `run`'s locals and stopped when they drop.
     let _ = std::fs::remove_file(dir.join("pids"));
+    let _ = std::fs::remove_file(dir.join("demo.pid"));
     outcome
 }
 
@@ -545,7 +585,7 @@ async fn certify(
         .arg("certify")
         .arg(format!("--node={node}"))
         .arg(format!("--sim={}", model.display()))
-        .arg(format!("--profile={}", profile.display()))
+        .arg(format!("--profile-file={}", profile.display()))
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg(format!(
             "--log-dir={}",

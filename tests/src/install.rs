@@ -1,0 +1,175 @@
+//! Installs rendered chart objects into a cluster the way Helm does: in Helm's kind order,
+//! each object applied server-side, then waits for the workloads to become ready.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::discovery::{Discovery, Scope};
+use kube::Client;
+use serde_json::Value;
+
+use crate::eventually;
+
+/// Field manager of objects the harness installs from the chart.
+pub const INSTALL_FIELD_MANAGER: &str = "railguard-install";
+
+/// Helm's install order (`releaseutil.InstallOrder`); kinds it does not list go last.
+const INSTALL_ORDER: &[&str] = &[
+    "PriorityClass",
+    "Namespace",
+    "NetworkPolicy",
+    "ResourceQuota",
+    "LimitRange",
+    "PodSecurityPolicy",
+    "PodDisruptionBudget",
+    "ServiceAccount",
+    "Secret",
+    "ConfigMap",
+    "StorageClass",
+    "PersistentVolume",
+    "PersistentVolumeClaim",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "Service",
+    "DaemonSet",
+    "Pod",
+    "ReplicationController",
+    "ReplicaSet",
+    "Deployment",
+    "HorizontalPodAutoscaler",
+    "StatefulSet",
+    "Job",
+    "CronJob",
+    "IngressClass",
+    "Ingress",
+    "APIService",
+];
+
+fn install_rank(kind: &str) -> usize {
+    INSTALL_ORDER
+        .iter()
+        .position(|k| *k == kind)
+        .unwrap_or(INSTALL_ORDER.len())
+}
+
+/// `kind namespace/name` of an object, for messages.
+pub fn object_ref(obj: &Value) -> String {
+    let kind = obj["kind"].as_str().unwrap_or("?");
+    let name = obj["metadata"]["name"].as_str().unwrap_or("?");
+    match obj["metadata"]["namespace"].as_str() {
+        Some(ns) => format!("{kind} {ns}/{name}"),
+        None => format!("{kind} {name}"),
+    }
+}
+
+/// Applies `objects` server-side in Helm's order. Namespaced objects without a namespace go
+/// to `namespace`. Every failure is collected and reported together.
+pub async fn apply_objects(client: &Client, namespace: &str, objects: &[Value]) -> Result<()> {
+    let mut sorted: Vec<&Value> = objects.iter().collect();
+    sorted.sort_by_key(|o| install_rank(o["kind"].as_str().unwrap_or_default()));
+    let mut failures = Vec::new();
+    let mut discovery = Discovery::new(client.clone())
+        .run()
+        .await
+        .context("API discovery")?;
+    for obj in sorted {
+        let what = object_ref(obj);
+        let typed: DynamicObject =
+            serde_json::from_value(obj.clone()).with_context(|| format!("{what} is not an object"))?;
+        let Some(tm) = typed.types.clone() else {
+            failures.push(format!("{what}: no apiVersion/kind"));
+            continue;
+        };
+        let mut resolved = discovery.resolve_typemeta(&tm);
+        if resolved.is_none() {
+            // A kind from a CRD applied just before.
+            discovery = Discovery::new(client.clone()).run().await?;
+            resolved = discovery.resolve_typemeta(&tm);
+        }
+        let Some((ar, caps)) = resolved else {
+            failures.push(format!("{what}: {}/{} is not served", tm.api_version, tm.kind));
+            continue;
+        };
+        let name = typed.metadata.name.clone().unwrap_or_default();
+        let api: Api<DynamicObject> = match caps.scope {
+            Scope::Cluster => Api::all_with(client.clone(), &ar),
+            Scope::Namespaced => Api::namespaced_with(
+                client.clone(),
+                typed.metadata.namespace.as_deref().unwrap_or(namespace),
+                &ar,
+            ),
+        };
+        if let Err(e) = api
+            .patch(
+                &name,
+                &PatchParams::apply(INSTALL_FIELD_MANAGER).force(),
+                &Patch::Apply(&typed),
+            )
+            .await
+        {
+            failures.push(format!("{what}: {e}"));
+        }
+    }
+    if !failures.is_empty() {
+        bail!("installing failed:\n  {}", failures.join("\n  "));
+    }
+    Ok(())
+}
+
+/// Waits until every Deployment and DaemonSet among `objects` has all its pods ready
+/// (a DaemonSet at least one). The message names what is still not ready.
+pub async fn wait_workloads_ready(
+    client: &Client,
+    namespace: &str,
+    objects: &[Value],
+    timeout: Duration,
+) -> Result<()> {
+    let workloads: Vec<(String, String, String)> = objects
+        .iter()
+        .filter_map(|o| {
+            let kind = o["kind"].as_str()?;
+            if kind != "Deployment" && kind != "DaemonSet" {
+                return None;
+            }
+            let ns = o["metadata"]["namespace"].as_str().unwrap_or(namespace);
+            Some((kind.to_string(), ns.to_string(), o["metadata"]["name"].as_str()?.to_string()))
+        })
+        .collect();
+    let last = std::sync::Mutex::new(Vec::new());
+    let result = eventually(timeout, "workloads ready", || {
+        let workloads = workloads.clone();
+        let client = client.clone();
+        let last = &last;
+        async move {
+            let mut pending = Vec::new();
+            for (kind, ns, name) in &workloads {
+                let ready = if kind == "Deployment" {
+                    let d = Api::<Deployment>::namespaced(client.clone(), ns).get(name).await?;
+                    let want = d.spec.and_then(|s| s.replicas).unwrap_or(1);
+                    let st = d.status.unwrap_or_default();
+                    st.ready_replicas.unwrap_or(0) >= want
+                        && st.updated_replicas.unwrap_or(0) >= want
+                } else {
+                    let d = Api::<DaemonSet>::namespaced(client.clone(), ns).get(name).await?;
+                    let st = d.status.unwrap_or_default();
+                    st.desired_number_scheduled >= 1
+                        && st.number_ready >= st.desired_number_scheduled
+                };
+                if !ready {
+                    pending.push(format!("{kind} {ns}/{name}"));
+                }
+            }
+            let done = pending.is_empty();
+            *last.lock().unwrap_or_else(|p| p.into_inner()) = pending;
+            Ok(done.then_some(()))
+        }
+    })
+    .await;
+    let still = last.lock().unwrap_or_else(|p| p.into_inner()).join(", ");
+    result.with_context(|| format!("not ready: {still}"))
+}

@@ -1,0 +1,407 @@
+//! railguard as an operator deploys it: a real node (kubelet, containerd, kube-proxy,
+//! kube-controller-manager 1.20), the component images built with buildah and imported into
+//! containerd, and `charts/railguard` rendered with `tests/values/real-node.yaml` and
+//! applied. Nothing the components run with is written here: args and env come from the
+//! chart, binaries from the images.
+//!
+//! The flow, on running pods:
+//! - the webhook provisions its own certificate and caBundle; a pod created through the API
+//!   is mutated by the in-cluster webhook through its Service;
+//! - the prober DaemonSet certifies the node from its simulated hardware (a sysfs tree on
+//!   the node) and publishes labels, condition and certificate;
+//! - a training pod is placed by the chart's scheduler through its extender sidecar and
+//!   runs, with NCCL_IB_HCA, NCCL_SOCKET_IFNAME, a /dev/shm of the profile's size and
+//!   IPC_LOCK in the running container;
+//! - a port taken down in the node's sysfs makes the prober fail the node: new training
+//!   pods stay Pending (the extender's reason in the events of one that skipped the
+//!   injected affinity), while a pod without GPUs still runs;
+//! - webhook pods evicted one at a time: the PodDisruptionBudget refuses the second while
+//!   the first is replaced, and admission keeps answering throughout.
+//!
+//! One test: only one real node fits on a machine.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::Client;
+use railguard_api::{keys, FabricProfile};
+use railguard_tests::gotmpl::{Chart, RenderOptions};
+use railguard_tests::install::{apply_objects, wait_workloads_ready};
+use railguard_tests::node::{wait_service_account, REAL_NODE_NAME};
+use railguard_tests::{eventually, failed_scheduling_messages, workspace_binary, workspace_root, RealNode};
+use serde_json::{json, Value};
+
+const RELEASE: &str = "railguard";
+const NAMESPACE: &str = "railguard";
+const TRAINING: &str = "training";
+const PROFILE: &str = "h100-ndr";
+const TESTBOX: &str = "localhost/railguard-testbox:dev";
+/// The rail the fault takes down (a rail of the h100-ndr profile).
+const FAULT_RAIL: &str = "mlx5_3";
+
+fn bin_dir() -> Result<PathBuf> {
+    let prober = workspace_binary("railguard-prober", "railguard-prober")?;
+    for (pkg, name) in [
+        ("railguard-prober", "all_reduce_perf_sim"),
+        ("railguard-webhook", "railguard-webhook"),
+        ("railguard-extender", "railguard-extender"),
+    ] {
+        workspace_binary(pkg, name)?;
+    }
+    Ok(prober.parent().context("binary dir")?.to_path_buf())
+}
+
+/// Builds the images with tests/scripts/build-images.sh and returns their archives.
+fn build_images(out: &Path, bins: &Path, kube_bin: &Path) -> Result<Vec<PathBuf>> {
+    let t0 = Instant::now();
+    let status = Command::new("bash")
+        .arg(workspace_root().join("tests/scripts/build-images.sh"))
+        .arg(out)
+        .env("RAILGUARD_BIN_DIR", bins)
+        .env("RAILGUARD_KUBE_BIN_DIR", kube_bin)
+        .status()
+        .context("running build-images.sh")?;
+    ensure!(status.success(), "build-images.sh failed ({status})");
+    eprintln!("images built in {:.1}s", t0.elapsed().as_secs_f64());
+    let list = std::fs::read_to_string(out.join("images.txt"))?;
+    Ok(list
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .map(PathBuf::from)
+        .collect())
+}
+
+/// The chart's objects for this node, as JSON.
+fn render_chart(sim_node: &Path) -> Result<Vec<Value>> {
+    let chart = Chart::load(workspace_root().join("charts/railguard"))?;
+    let values = std::fs::read_to_string(workspace_root().join("tests/values/real-node.yaml"))?;
+    let opts = RenderOptions::new(RELEASE, NAMESPACE)
+        .with_values_yaml(&values)?
+        .with_values_yaml(&format!(
+            "prober: {{simulation: {{hostPath: {:?}}}}}",
+            sim_node.display().to_string()
+        ))?;
+    let rendered = chart.render(&opts)?;
+    let mut objects = Vec::new();
+    for (source, doc) in rendered.documents()? {
+        let v: Value =
+            serde_json::to_value(&doc).with_context(|| format!("{source}: not JSON-able"))?;
+        objects.push(v);
+    }
+    Ok(objects)
+}
+
+/// Namespaces as 1.21+ labels them: the chart's webhook excludes namespaces by
+/// `kubernetes.io/metadata.name`, which 1.20 does not set by itself.
+async fn create_namespace(client: &Client, name: &str, labels: &[(&str, &str)]) -> Result<()> {
+    let mut l: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    l.insert("kubernetes.io/metadata.name".into(), name.into());
+    let ns: Namespace = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": l},
+    }))?;
+    Api::<Namespace>::all(client.clone())
+        .patch(name, &PatchParams::apply("railguard-tests").force(), &Patch::Apply(&ns))
+        .await
+        .with_context(|| format!("namespace {name}"))?;
+    wait_service_account(client, name).await
+}
+
+fn training_pod(name: &str, annotations: &[(&str, &str)], gpus: Option<u32>) -> Result<Pod> {
+    let resources = match gpus {
+        Some(n) => json!({"limits": {"nvidia.com/gpu": n.to_string()}}),
+        None => json!({}),
+    };
+    let annotations: BTreeMap<&str, &str> = annotations.iter().copied().collect();
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "trainer"}, "annotations": annotations},
+        "spec": {
+            "schedulerName": "railguard-scheduler",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "trainer",
+                "image": TESTBOX,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c",
+                    "env | sort; grep CapEff /proc/self/status; df -k /dev/shm; echo railguard-ready; exec sleep 3600"],
+                "resources": resources,
+            }],
+        },
+    }))?)
+}
+
+async fn wait_running(pods: &Api<Pod>, name: &str, timeout: Duration) -> Result<Pod> {
+    eventually(timeout, &format!("pod {name} Running"), || async {
+        let p = pods.get(name).await?;
+        let phase = p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+        if phase == "Failed" || phase == "Succeeded" {
+            bail!("pod {name} ended: {:?}", p.status);
+        }
+        Ok((phase == "Running").then_some(p))
+    })
+    .await
+}
+
+async fn logs_until(pods: &Api<Pod>, name: &str, marker: &str) -> Result<String> {
+    eventually(Duration::from_secs(60), &format!("{marker} in {name}'s log"), || async {
+        let text = pods.logs(name, &LogParams::default()).await.unwrap_or_default();
+        Ok(text.contains(marker).then_some(text))
+    })
+    .await
+}
+
+fn env_line<'a>(log: &'a str, var: &str) -> Option<&'a str> {
+    log.lines().find_map(|l| l.strip_prefix(&format!("{var}=")))
+}
+
+/// The node's labels, condition and certificate as the prober published them.
+async fn fabric_state(nodes: &Api<Node>) -> Result<(Option<String>, Option<String>, Option<Value>)> {
+    let n = nodes.get(REAL_NODE_NAME).await?;
+    let label = n.metadata.labels.as_ref().and_then(|l| l.get(keys::LABEL_FABRIC).cloned());
+    let cond = n
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == keys::CONDITION_FABRIC_READY)
+        .map(|c| format!("{} {}", c.status, c.reason.unwrap_or_default()));
+    let cert = n
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(keys::ANNOTATION_CERTIFICATE))
+        .and_then(|c| serde_json::from_str(c).ok());
+    Ok((label, cond, cert))
+}
+
+/// Evicts a pod through the policy/v1beta1 Eviction subresource (1.20's); returns the
+/// HTTP status (201 evicted, 429 refused by a PodDisruptionBudget).
+async fn evict(client: &Client, ns: &str, name: &str) -> Result<u16> {
+    let body = json!({
+        "apiVersion": "policy/v1beta1", "kind": "Eviction",
+        "metadata": {"name": name, "namespace": ns},
+    });
+    let req = http::Request::post(format!("/api/v1/namespaces/{ns}/pods/{name}/eviction"))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&body)?)?;
+    let resp = client.send(req.map(Into::into)).await?;
+    Ok(resp.status().as_u16())
+}
+
+fn mutated(p: &Pod) -> bool {
+    p.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(keys::ANNOTATION_MUTATIONS))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chart_runs_on_a_real_node() -> Result<()> {
+    let bins = bin_dir()?;
+    let node = RealNode::start().await?;
+    let client = node.client();
+    let dir = node.dir().to_path_buf();
+    eprintln!("real node up in {:.1}s", node.startup_time().as_secs_f64());
+
+    // The node's simulated hardware, as the prober will read it through its hostPath.
+    let sim_node = dir.join("sim-node");
+    let out = Command::new(bins.join("railguard-prober"))
+        .args(["sim-sysfs", "--model"])
+        .arg(workspace_root().join("prober/models/dgx-h100.yaml"))
+        .arg("--out")
+        .arg(&sim_node)
+        .output()?;
+    ensure!(out.status.success(), "sim-sysfs: {}", String::from_utf8_lossy(&out.stderr));
+
+    let kube_bin = railguard_tests::control_plane_binaries()?;
+    let archives = build_images(&dir.join("images"), &bins, &kube_bin)?;
+    node.import_images(&archives)?;
+
+    // What GPU Feature Discovery and the device plugins would say about this node.
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .patch(
+            REAL_NODE_NAME,
+            &PatchParams::apply("railguard-tests").force(),
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": REAL_NODE_NAME, "labels": {
+                    "nvidia.com/gpu.present": "true",
+                    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                }},
+            })),
+        )
+        .await?;
+    node.advertise(&[("nvidia.com/gpu", "8"), ("rdma/rdma_shared_device_a", "100")])
+        .await?;
+
+    // Install: namespaces, CRD, every rendered object; wait for the workloads.
+    create_namespace(&client, "kube-system", &[]).await?;
+    create_namespace(&client, NAMESPACE, &[]).await?;
+    create_namespace(&client, TRAINING, &[("railguard.io/exemptions", "allowed")]).await?;
+    node.control_plane().apply_fabricprofile_crd().await?;
+    let objects = render_chart(&sim_node)?;
+    let t_install = Instant::now();
+    apply_objects(&client, NAMESPACE, &objects).await?;
+    wait_workloads_ready(&client, NAMESPACE, &objects, Duration::from_secs(300)).await?;
+    eprintln!("chart ready in {:.1}s", t_install.elapsed().as_secs_f64());
+
+    // The webhook's self-managed CA is in its MutatingWebhookConfiguration.
+    let hooks: Api<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration> =
+        Api::all(client.clone());
+    let hook = hooks.list(&ListParams::default()).await?.items;
+    let hook = hook
+        .iter()
+        .find(|h| h.metadata.name.as_deref().is_some_and(|n| n.starts_with(RELEASE)))
+        .context("the chart's MutatingWebhookConfiguration")?;
+    for w in hook.webhooks.iter().flatten() {
+        let ca = w.client_config.ca_bundle.as_ref().map(|b| b.0.len()).unwrap_or(0);
+        ensure!(ca > 0, "webhook {} has no caBundle", w.name);
+    }
+
+    // The prober certifies the node.
+    let cert = eventually(Duration::from_secs(240), "the prober's certificate", || async {
+        let (label, _, cert) = fabric_state(&nodes).await?;
+        Ok((label.as_deref() == Some(keys::fabric::CERTIFIED)).then_some(cert).flatten())
+    })
+    .await?;
+    let (_, cond, _) = fabric_state(&nodes).await?;
+    ensure!(
+        cond.as_deref().is_some_and(|c| c.starts_with("True")),
+        "condition {:?}",
+        cond
+    );
+    ensure!(cert["profile"] == PROFILE, "certificate profile {}", cert["profile"]);
+    ensure!(cert["verdict"] == "certified", "certificate verdict {}", cert["verdict"]);
+    let rails = cert["rails"].as_array().map(Vec::len).unwrap_or(0);
+    ensure!(rails == 8, "certificate has {rails} rails");
+
+    // A training pod: mutated through the Service, placed through the extender, running.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), TRAINING);
+    pods.create(&PostParams::default(), &training_pod("trainer-0", &[], Some(1))?)
+        .await
+        .context("creating trainer-0")?;
+    let p = wait_running(&pods, "trainer-0", Duration::from_secs(120)).await?;
+    ensure!(mutated(&p), "trainer-0 was not mutated: {:?}", p.metadata.annotations);
+    let profile: FabricProfile = Api::<FabricProfile>::all(client.clone()).get(PROFILE).await?;
+    let log = logs_until(&pods, "trainer-0", "railguard-ready").await?;
+    let hca = env_line(&log, "NCCL_IB_HCA").context("NCCL_IB_HCA in the container")?;
+    ensure!(
+        hca == profile.spec.nccl_ib_hca(),
+        "NCCL_IB_HCA={hca}, profile says {}",
+        profile.spec.nccl_ib_hca()
+    );
+    ensure!(
+        env_line(&log, "NCCL_SOCKET_IFNAME") == Some("=eth0"),
+        "NCCL_SOCKET_IFNAME in {log}"
+    );
+    let cap_eff = log
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .context("CapEff in the log")?;
+    ensure!(cap_eff & (1 << 14) != 0, "no CAP_IPC_LOCK in CapEff {cap_eff:x}");
+    let shm_kib = log
+        .lines()
+        .find(|l| l.trim_end().ends_with("/dev/shm"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .context("df of /dev/shm in the log")?;
+    ensure!(shm_kib == 64 << 20, "/dev/shm is {shm_kib} KiB, the profile's shmSize is 64Gi");
+    pods.delete("trainer-0", &DeleteParams::default()).await?;
+
+    // A port goes down: the prober fails the node.
+    let port = sim_node.join(format!("sys/class/infiniband/{FAULT_RAIL}/ports/1"));
+    std::fs::write(port.join("state"), "1: DOWN\n")?;
+    std::fs::write(port.join("phys_state"), "3: Disabled\n")?;
+    nodes
+        .patch(
+            REAL_NODE_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {keys::ANNOTATION_RECERTIFY: "true"}}})),
+        )
+        .await?;
+    let failed = eventually(Duration::from_secs(240), "the node failed", || async {
+        let (label, cond, cert) = fabric_state(&nodes).await?;
+        Ok((label.as_deref() == Some(keys::fabric::FAILED)).then_some((cond, cert)))
+    })
+    .await?;
+    ensure!(
+        failed.0.as_deref().is_some_and(|c| c.starts_with("False")),
+        "condition {:?}",
+        failed.0
+    );
+    let reasons = failed.1.map(|c| c["reasons"].to_string()).unwrap_or_default();
+    ensure!(reasons.contains(FAULT_RAIL), "certificate reasons {reasons}");
+
+    // New training pods stay Pending; the extender says why for one that skipped the
+    // injected affinity (its namespace allows exemptions); a CPU pod still runs.
+    pods.create(&PostParams::default(), &training_pod("trainer-1", &[], Some(1))?)
+        .await?;
+    pods.create(
+        &PostParams::default(),
+        &training_pod("trainer-2", &[(keys::ANNOTATION_SKIP, "affinity")], Some(1))?,
+    )
+    .await?;
+    pods.create(&PostParams::default(), &training_pod("cpu-0", &[], None)?)
+        .await?;
+    wait_running(&pods, "cpu-0", Duration::from_secs(120)).await?;
+    let msgs = eventually(Duration::from_secs(90), "the extender's reason for trainer-2", || async {
+        let m = failed_scheduling_messages(&client, TRAINING, "trainer-2").await?;
+        Ok(m.iter().any(|m| m.contains("railguard") && m.contains(FAULT_RAIL)).then_some(m))
+    })
+    .await?;
+    eprintln!("trainer-2 FailedScheduling: {msgs:?}");
+    let m1 = eventually(Duration::from_secs(90), "trainer-1 FailedScheduling", || async {
+        let m = failed_scheduling_messages(&client, TRAINING, "trainer-1").await?;
+        Ok((!m.is_empty()).then_some(m))
+    })
+    .await?;
+    eprintln!("trainer-1 FailedScheduling: {m1:?}");
+    for name in ["trainer-1", "trainer-2"] {
+        let p = pods.get(name).await?;
+        ensure!(
+            p.spec.and_then(|s| s.node_name).is_none(),
+            "{name} was placed on the failed node"
+        );
+    }
+
+    // Webhook replicas: one may go, the PodDisruptionBudget keeps the other; admission keeps
+    // answering (failurePolicy Fail: an outage would fail the creates).
+    let sys_pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let hook_pods: Vec<String> = sys_pods
+        .list(&ListParams::default().labels("app.kubernetes.io/component=webhook"))
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    ensure!(hook_pods.len() == 2, "webhook pods {hook_pods:?}");
+    ensure!(evict(&client, NAMESPACE, &hook_pods[0]).await? == 201, "first eviction refused");
+    let second = evict(&client, NAMESPACE, &hook_pods[1]).await?;
+    ensure!(second == 429, "second eviction answered {second}, the PDB should refuse it");
+    let t = Instant::now();
+    let mut i = 0;
+    while t.elapsed() < Duration::from_secs(20) {
+        let name = format!("during-eviction-{i}");
+        let p = pods
+            .create(&PostParams::default(), &training_pod(&name, &[], Some(1))?)
+            .await
+            .with_context(|| format!("admission failed for {name} after a webhook eviction"))?;
+        ensure!(mutated(&p), "{name} was not mutated");
+        pods.delete(&name, &DeleteParams::default()).await?;
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!("{i} pods admitted and mutated while a webhook replica was replaced");
+    wait_workloads_ready(&client, NAMESPACE, &objects, Duration::from_secs(180)).await?;
+    Ok(())
+}

@@ -1,68 +1,14 @@
 //! `railguard-extender`: the kube-scheduler extender binary.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
 use railguard_extender::cache::ClusterState;
+use railguard_extender::cli::Args;
 use railguard_extender::metrics::Metrics;
-use railguard_extender::server::{self, AppState, Source, DEFAULT_MAX_NODES};
+use railguard_extender::server::{self, AppState, Source};
 use railguard_extender::ExtenderConfig;
-
-/// Keeps training pods off nodes with uncertified, expired or regressed RDMA fabric.
-#[derive(Debug, Parser)]
-#[command(name = "railguard-extender", version)]
-struct Args {
-    /// Address of the extender endpoint (`/filter`, `/prioritize`).
-    #[arg(long, env = "RAILGUARD_LISTEN", default_value = "0.0.0.0:8888")]
-    listen: SocketAddr,
-    /// Plain HTTP address for `/healthz`, `/readyz` and `/metrics`.
-    #[arg(long, env = "RAILGUARD_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
-    metrics_listen: SocketAddr,
-    /// Kubeconfig file; in-cluster config or $KUBECONFIG when unset.
-    #[arg(long, env = "RAILGUARD_KUBECONFIG")]
-    kubeconfig: Option<PathBuf>,
-    /// Run without a cluster: profiles from --profiles, full-Node requests only.
-    #[arg(long, env = "RAILGUARD_STANDALONE", requires = "profiles")]
-    standalone: bool,
-    /// YAML stream of FabricProfiles (standalone mode).
-    #[arg(long, env = "RAILGUARD_PROFILES")]
-    profiles: Option<PathBuf>,
-    /// PEM certificate chain for TLS on --listen.
-    #[arg(long, env = "RAILGUARD_TLS_CERT", requires = "tls_key")]
-    tls_cert: Option<PathBuf>,
-    /// PEM private key for TLS on --listen.
-    #[arg(long, env = "RAILGUARD_TLS_KEY", requires = "tls_cert")]
-    tls_key: Option<PathBuf>,
-    /// Pod label keys that group the pods of one job, tried in order.
-    #[arg(long, env = "RAILGUARD_JOB_LABEL_KEYS", value_delimiter = ',',
-          default_values_t = railguard_api::keys::DEFAULT_JOB_LABEL_KEYS.iter().map(|s| s.to_string()).collect::<Vec<_>>())]
-    job_label_keys: Vec<String>,
-    /// Node topology label keys, most specific first (profiles may set their own).
-    #[arg(long, env = "RAILGUARD_TOPOLOGY_KEYS", value_delimiter = ',',
-          default_values_t = railguard_api::keys::DEFAULT_TOPOLOGY_KEYS.iter().map(|s| s.to_string()).collect::<Vec<_>>())]
-    topology_keys: Vec<String>,
-    /// Resources that make a pod a GPU pod.
-    #[arg(long, env = "RAILGUARD_GPU_RESOURCES", value_delimiter = ',',
-          default_values_t = railguard_api::keys::DEFAULT_GPU_RESOURCES.iter().map(|s| s.to_string()).collect::<Vec<_>>())]
-    gpu_resources: Vec<String>,
-    /// Report nodes that can never fit in `FailedNodes` too, for kube-scheduler 1.20 and
-    /// older, which ignore `FailedAndUnresolvableNodes` (their reasons would be missing from
-    /// the pod's events; preemption may then try those nodes).
-    #[arg(long, env = "RAILGUARD_REPORT_UNRESOLVABLE_AS_FAILED")]
-    report_unresolvable_as_failed: bool,
-    /// Most candidate nodes accepted in one request.
-    #[arg(long, env = "RAILGUARD_MAX_NODES", default_value_t = DEFAULT_MAX_NODES)]
-    max_nodes: usize,
-    /// Largest request body accepted, bytes (full-Node requests of big clusters are large).
-    #[arg(long, env = "RAILGUARD_MAX_BODY_BYTES", default_value_t = 512 * 1024 * 1024)]
-    max_body_bytes: usize,
-    /// Log format: `text` or `json`.
-    #[arg(long, env = "RAILGUARD_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
-    log_format: String,
-}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

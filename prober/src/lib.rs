@@ -4,6 +4,7 @@
 pub mod analyze;
 pub mod campaign;
 pub mod certify;
+pub mod cli;
 pub mod daemon;
 pub mod discover;
 pub mod nccl;

@@ -2,47 +2,9 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::Parser;
 
-use railguard_prober::analyze::AnalyzeArgs;
-use railguard_prober::campaign::cli::{CampaignArgs, PeerEndpointArgs};
-use railguard_prober::certify::cli::CertifyArgs;
-use railguard_prober::daemon::DaemonArgs;
-use railguard_prober::discover::cli::{AffinityArgs, DiscoverArgs, EmitProfileArgs};
-use railguard_prober::preflight::PreflightArgs;
-use railguard_prober::sim::cli::SimSysfsArgs;
-
-#[derive(Parser, Debug)]
-#[command(name = "railguard-prober", version, about = "railguard node prober")]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-/// Subcommands. Each variant's arguments live next to the code that runs it.
-#[derive(Subcommand, Debug)]
-enum Command {
-    /// Affinity map, rails and readiness findings of this node (from sysfs).
-    Discover(DiscoverArgs),
-    /// Affinity map from a saved `nvidia-smi topo -m`.
-    Affinity(AffinityArgs),
-    /// A FabricProfile YAML for this node's rail layout.
-    EmitProfile(EmitProfileArgs),
-    /// Write a synthetic sysfs tree for a node model (simulation, demos).
-    SimSysfs(SimSysfsArgs),
-    /// Test the nodes of a profile pairwise, rail by rail, and localize bad nodes, rails, links.
-    Campaign(CampaignArgs),
-    /// Serve campaign tests for this node (control channel and RDMA side channel).
-    PeerEndpoint(PeerEndpointArgs),
-    /// One certification run: rails, native RDMA, NCCL; prints the comparison matrix.
-    Certify(CertifyArgs),
-    /// Offline analysis of nccl-tests output and NCCL debug logs.
-    Analyze(AnalyzeArgs),
-    /// Passive checks every interval, invasive certification when due; metrics and health.
-    Daemon(DaemonArgs),
-    /// In-pod check (init container): RDMA devices, locked memory, /dev/shm, NCCL env.
-    Preflight(PreflightArgs),
-}
+use railguard_prober::cli::{Cli, Command};
 
 /// Runs an async command on a fresh runtime; exit 1 when the command reports a failed verdict.
 fn run_async<F>(fut: F) -> ExitCode

@@ -7,6 +7,7 @@
 //! creates fake Nodes and test namespaces, and stops everything it started on drop — also
 //! when a test panics, in which case the logs are kept and their path printed.
 
+pub mod chart_values;
 pub mod gotmpl;
 pub mod install;
 pub mod node;

@@ -10,7 +10,11 @@ use std::process::Command;
 
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::discovery::{Discovery, Scope};
-use railguard_tests::gotmpl::{Chart, RenderOptions, TemplateError, KUBE_1_20_API_VERSIONS};
+use railguard_tests::chart_values::{
+    ValuesSet, ALL_PROFILES, CERT_MANAGER_CONFIG_ONLY, CERT_MANAGER_ISSUER, DEFAULT, DRY_RUN_SETS,
+    ROCE,
+};
+use railguard_tests::gotmpl::{Chart, TemplateError, KUBE_1_20_API_VERSIONS};
 use railguard_tests::{labels, workspace_root, ControlPlane};
 use serde_json::{json, Value as Json};
 
@@ -34,71 +38,12 @@ impl Doc {
     }
 }
 
-struct ValuesSet {
-    label: &'static str,
-    release: &'static str,
-    namespace: &'static str,
-    values: &'static str,
-}
-
-const DEFAULT: ValuesSet = ValuesSet {
-    label: "default",
-    release: "railguard",
-    namespace: "railguard",
-    values: "{}",
-};
-
-const CERT_MANAGER_CONFIG_ONLY: ValuesSet = ValuesSet {
-    label: "cert-manager + config-only scheduler",
-    release: "rg",
-    namespace: "railguard-cm",
-    values: r#"
-webhook:
-  failurePolicy: Fail
-  certificates:
-    mode: certManager
-scheduler:
-  mode: configOnly
-  extenderURL: http://10.96.0.50:8888
-"#,
-};
-
-const ROCE: ValuesSet = ValuesSet {
-    label: "RoCE profiles, custom namespaces, Ignore",
-    release: "fabric",
-    namespace: "gpu-infra",
-    values: r#"
-fabricProfiles:
-  h100-ndr: {enabled: false}
-  a100-hdr: {enabled: false}
-  roce-cloud: {enabled: true}
-webhook:
-  failurePolicy: Ignore
-  failureMode: closed
-  excludedNamespaces: [kube-system, monitoring, gpu-operator]
-  objectSelector:
-    matchExpressions:
-      - {key: railguard.io/opt-out, operator: DoesNotExist}
-prober:
-  hostNetwork: true
-  peerToken: a-given-token-of-sufficient-length
-  campaign:
-    ncclNamespace: nccl-tests
-scheduler:
-  schedulerName: fabric-aware
-  weight: 10
-"#,
-};
-
 fn render_with(
     set: &ValuesSet,
     api_versions: &[String],
     kube_version: &str,
 ) -> Result<Vec<Doc>, TemplateError> {
-    let mut opts = RenderOptions::new(set.release, set.namespace).with_values_yaml(set.values)?;
-    opts.api_versions = api_versions.to_vec();
-    opts.kube_version = kube_version.to_string();
-    let rendered = chart().render(&opts)?;
+    let rendered = set.render(&chart(), api_versions, kube_version)?;
     let docs = rendered.documents()?;
     Ok(docs
         .into_iter()
@@ -513,11 +458,7 @@ fn cert_manager_mode_and_config_only_scheduler() {
         .any(|d| d.obj["subjects"][0]["name"] == "rg-railguard-scheduler"));
 
     // An existing issuer replaces the generated chain.
-    let set = ValuesSet {
-        values: "webhook:\n  certificates:\n    mode: certManager\n    certManager:\n      issuerRef: {name: corp-ca, kind: ClusterIssuer}\n",
-        ..CERT_MANAGER_CONFIG_ONLY
-    };
-    let docs = render(&set);
+    let docs = render(&CERT_MANAGER_ISSUER);
     assert!(all(&docs, "Issuer").is_empty());
     assert_eq!(
         find(&docs, "Certificate", "rg-railguard-webhook")["spec"]["issuerRef"],
@@ -673,11 +614,7 @@ fn chart_profiles_are_the_repository_fixtures() {
         }
     }
     // Every example in values.yaml, enabled or not.
-    let all_on = ValuesSet {
-        values: "fabricProfiles:\n  roce-cloud: {enabled: true}\n",
-        ..DEFAULT
-    };
-    let rendered = all(&render(&all_on), "FabricProfile")
+    let rendered = all(&render(&ALL_PROFILES), "FabricProfile")
         .into_iter()
         .cloned()
         .collect::<Vec<_>>();
@@ -1057,7 +994,7 @@ async fn every_rendered_object_passes_a_server_side_dry_run() {
             "not found: helm lint/template comparison skipped"
         }
     );
-    for set in [&DEFAULT, &CERT_MANAGER_CONFIG_ONLY, &ROCE] {
+    for set in DRY_RUN_SETS {
         let docs = render_with(set, &api_versions, "v1.20.2")
             .unwrap_or_else(|e| panic!("{}: {e}", set.label));
         assert!(docs.len() > 20, "{}: {} objects", set.label, docs.len());

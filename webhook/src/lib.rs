@@ -9,6 +9,7 @@
 pub mod catalog;
 pub mod cert_sync;
 pub mod certs;
+pub mod cli;
 pub mod config;
 pub mod error;
 pub mod metrics;

@@ -1,7 +1,5 @@
 //! `railguard-webhook`: the mutating admission webhook server.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,108 +8,18 @@ use clap::Parser;
 use railguard_webhook::catalog::Catalog;
 use railguard_webhook::cert_sync::{self, SelfSignedOptions};
 use railguard_webhook::certs::CertSpec;
+use railguard_webhook::cli::Args;
 use railguard_webhook::metrics::Metrics;
 use railguard_webhook::server::{self, AppState, ServeOptions};
 use railguard_webhook::tls::CertReloader;
-use railguard_webhook::{FailureMode, WebhookConfig};
-
-/// Configures GPU training pods for their RDMA fabric at admission.
-#[derive(Debug, Parser)]
-#[command(name = "railguard-webhook", version)]
-struct Cli {
-    /// Address of the TLS admission endpoint (`POST /mutate`).
-    #[arg(long, env = "RAILGUARD_LISTEN", default_value = "0.0.0.0:8443")]
-    listen: SocketAddr,
-    /// PEM certificate chain; reloaded when it changes (Secret-volume rotation included).
-    #[arg(long, env = "RAILGUARD_TLS_CERT")]
-    tls_cert: PathBuf,
-    /// PEM private key matching --tls-cert.
-    #[arg(long, env = "RAILGUARD_TLS_KEY")]
-    tls_key: PathBuf,
-    /// Plain-HTTP address of /healthz, /readyz and /metrics.
-    #[arg(long, env = "RAILGUARD_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
-    metrics_listen: SocketAddr,
-    /// Standalone mode: a YAML stream of FabricProfiles instead of the cluster's. Namespace
-    /// labels are then unknown (empty): selector exemptions and Pod Security labels are not
-    /// seen; exemptions listed by namespace name still apply.
-    #[arg(long, env = "RAILGUARD_PROFILES")]
-    profiles: Option<PathBuf>,
-    /// Kubeconfig for cluster mode (default: in-cluster or $KUBECONFIG).
-    #[arg(long, env = "RAILGUARD_KUBECONFIG", conflicts_with = "profiles")]
-    kubeconfig: Option<PathBuf>,
-    /// On an internal error building a patch: `open` allows unchanged with a warning,
-    /// `closed` denies.
-    #[arg(long, env = "RAILGUARD_FAILURE_MODE", value_enum, default_value_t = FailureMode::Open)]
-    failure_mode: FailureMode,
-    /// Resource names that make a container a GPU container (comma list).
-    #[arg(
-        long,
-        env = "RAILGUARD_GPU_RESOURCES",
-        value_delimiter = ',',
-        default_value = "nvidia.com/gpu"
-    )]
-    gpu_resources: Vec<String>,
-    /// Namespaces never touched (comma list); the webhook's own namespace is added.
-    #[arg(
-        long,
-        env = "RAILGUARD_EXCLUDED_NAMESPACES",
-        value_delimiter = ',',
-        default_value = "kube-system"
-    )]
-    excluded_namespaces: Vec<String>,
-    /// The webhook's own namespace (default: the service account's, when in a cluster).
-    #[arg(long, env = "RAILGUARD_NAMESPACE")]
-    namespace: Option<String>,
-    /// railguard-prober image for the optional preflight init container.
-    #[arg(long, env = "RAILGUARD_PROBER_IMAGE")]
-    prober_image: Option<String>,
-    /// Largest request body accepted, bytes.
-    #[arg(long, env = "RAILGUARD_MAX_BODY_BYTES", default_value_t = 6 << 20)]
-    max_body_bytes: usize,
-    /// Per-request timeout, seconds.
-    #[arg(long, env = "RAILGUARD_REQUEST_TIMEOUT_SECONDS", default_value_t = 10)]
-    request_timeout_seconds: u64,
-    /// How long shutdown waits for in-flight requests, seconds.
-    #[arg(long, env = "RAILGUARD_SHUTDOWN_GRACE_SECONDS", default_value_t = 20)]
-    shutdown_grace_seconds: u64,
-    /// How often the certificate files are checked for changes, seconds.
-    #[arg(long, env = "RAILGUARD_CERT_POLL_SECONDS", default_value_t = 2)]
-    cert_poll_seconds: u64,
-    /// Self-managed certificates: the Secret (in --namespace) holding the CA and serving pair.
-    /// The webhook creates or renews it, writes the pair to --tls-cert/--tls-key and the CA
-    /// into --webhook-config-name's caBundle.
-    #[arg(long, env = "RAILGUARD_SELF_SIGNED_SECRET", requires_all = ["webhook_config_name", "service_name"])]
-    self_signed_secret: Option<String>,
-    /// MutatingWebhookConfiguration whose caBundle (every entry) trusts the self-managed CA.
-    #[arg(
-        long,
-        env = "RAILGUARD_WEBHOOK_CONFIG_NAME",
-        requires = "self_signed_secret"
-    )]
-    webhook_config_name: Option<String>,
-    /// Service the API server dials; the certificate covers `<svc>.<ns>.svc[.cluster.local]`.
-    #[arg(long, env = "RAILGUARD_SERVICE_NAME", requires = "self_signed_secret")]
-    service_name: Option<String>,
-    /// Lifetime of a self-managed serving certificate, days.
-    #[arg(long, env = "RAILGUARD_CERT_VALIDITY_DAYS", default_value_t = 365)]
-    cert_validity_days: u32,
-    /// Renew a self-managed certificate this many days before it expires.
-    #[arg(long, env = "RAILGUARD_CERT_ROTATE_BEFORE_DAYS", default_value_t = 30)]
-    cert_rotate_before_days: u32,
-    /// How often the self-managed Secret and caBundle are checked, seconds.
-    #[arg(long, env = "RAILGUARD_CERT_SYNC_SECONDS", default_value_t = 300)]
-    cert_sync_seconds: u64,
-    /// Log as JSON lines.
-    #[arg(long, env = "RAILGUARD_LOG_JSON")]
-    log_json: bool,
-}
+use railguard_webhook::WebhookConfig;
 
 const SA_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let cli = Cli::parse();
+    let cli = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     if cli.log_json {

@@ -1,0 +1,105 @@
+//! The values sets the chart tests render `charts/railguard` with: the structural and
+//! dry-run tests (`tests/chart_e2e.rs`) and the chart/binary contract test
+//! (`tests/chart_contract.rs`) use the same ones.
+
+use crate::gotmpl::{Chart, RenderOptions, Rendered, TemplateError};
+
+/// A release name, namespace and values overrides to render the chart with.
+#[derive(Debug, Clone, Copy)]
+pub struct ValuesSet {
+    pub label: &'static str,
+    pub release: &'static str,
+    pub namespace: &'static str,
+    pub values: &'static str,
+}
+
+impl ValuesSet {
+    /// Renders `chart` with this set for a cluster serving `api_versions` at `kube_version`.
+    pub fn render(
+        &self,
+        chart: &Chart,
+        api_versions: &[String],
+        kube_version: &str,
+    ) -> Result<Rendered, TemplateError> {
+        let mut opts =
+            RenderOptions::new(self.release, self.namespace).with_values_yaml(self.values)?;
+        opts.api_versions = api_versions.to_vec();
+        opts.kube_version = kube_version.to_string();
+        chart.render(&opts)
+    }
+}
+
+pub const DEFAULT: ValuesSet = ValuesSet {
+    label: "default",
+    release: "railguard",
+    namespace: "railguard",
+    values: "{}",
+};
+
+pub const CERT_MANAGER_CONFIG_ONLY: ValuesSet = ValuesSet {
+    label: "cert-manager + config-only scheduler",
+    release: "rg",
+    namespace: "railguard-cm",
+    values: r#"
+webhook:
+  failurePolicy: Fail
+  certificates:
+    mode: certManager
+scheduler:
+  mode: configOnly
+  extenderURL: http://10.96.0.50:8888
+"#,
+};
+
+pub const ROCE: ValuesSet = ValuesSet {
+    label: "RoCE profiles, custom namespaces, Ignore",
+    release: "fabric",
+    namespace: "gpu-infra",
+    values: r#"
+fabricProfiles:
+  h100-ndr: {enabled: false}
+  a100-hdr: {enabled: false}
+  roce-cloud: {enabled: true}
+webhook:
+  failurePolicy: Ignore
+  failureMode: closed
+  excludedNamespaces: [kube-system, monitoring, gpu-operator]
+  objectSelector:
+    matchExpressions:
+      - {key: railguard.io/opt-out, operator: DoesNotExist}
+prober:
+  hostNetwork: true
+  peerToken: a-given-token-of-sufficient-length
+  campaign:
+    ncclNamespace: nccl-tests
+scheduler:
+  schedulerName: fabric-aware
+  weight: 10
+"#,
+};
+
+/// Every example profile of values.yaml enabled (the default set's release).
+pub const ALL_PROFILES: ValuesSet = ValuesSet {
+    label: "every example profile",
+    values: "fabricProfiles:\n  roce-cloud: {enabled: true}\n",
+    ..DEFAULT
+};
+
+/// cert-manager with an existing issuer instead of the generated chain.
+pub const CERT_MANAGER_ISSUER: ValuesSet = ValuesSet {
+    label: "cert-manager with an existing ClusterIssuer",
+    values: "webhook:\n  certificates:\n    mode: certManager\n    certManager:\n      issuerRef: {name: corp-ca, kind: ClusterIssuer}\n",
+    ..CERT_MANAGER_CONFIG_ONLY
+};
+
+/// The sets every rendered object is dry-run with.
+pub const DRY_RUN_SETS: [&ValuesSet; 3] = [&DEFAULT, &CERT_MANAGER_CONFIG_ONLY, &ROCE];
+
+/// Every set that renders (the schema-failure cases of chart_e2e.rs excluded).
+pub const ALL_SETS: [&ValuesSet; 5] = [
+    &DEFAULT,
+    &CERT_MANAGER_CONFIG_ONLY,
+    &ROCE,
+    &ALL_PROFILES,
+    &CERT_MANAGER_ISSUER,
+];

@@ -1,0 +1,1172 @@
+//! The chart and the binaries agree, without a cluster: every container the chart renders
+//! (for every values set of `railguard_tests::chart_values`) is parsed with the clap
+//! definition of the binary its image runs, the way Kubernetes and clap would run it:
+//!
+//! - `$(VAR)` in `command`/`args` is expanded from the container's `env` (values from
+//!   `valueFrom` are placeholders such as `node-a`), as the kubelet does;
+//! - each env variable that an argument of the selected (sub)command declares as its `env`
+//!   becomes the equivalent `--long=value` (a flag: `--long` when its own value parser reads
+//!   the value as true), unless the argument is on the command line (clap then ignores the
+//!   variable) — the process environment is never touched, and never read;
+//! - the result must parse (`try_get_matches_from`);
+//! - a `RAILGUARD_*` variable that no argument of that (sub)command reads is an error (it
+//!   would be silently ignored), as is one shadowed by a different command-line value;
+//! - every value of a path argument (`value_hint` FilePath/DirPath/ExecutablePath/AnyPath,
+//!   which clap also infers for `PathBuf` arguments) is an absolute path under one of the
+//!   container's volumeMounts, or an image path under `/usr/local/bin`;
+//! - the prober subcommands the chart runs take `--profile NAME` (env `RAILGUARD_PROFILE`)
+//!   and `--profile-file PATH` (env `RAILGUARD_PROFILE_FILE`).
+//!
+//! The kube-scheduler container is not ours: only its `--config` must be a mounted file.
+//! Containers map to binaries by image repository (values `webhook.image`, `extender.image`,
+//! `prober.image`, `scheduler.image`). All problems are collected and reported at once, as
+//! `<values set>: <kind>/<name> container <c>: <problem>`.
+
+use std::collections::BTreeMap;
+
+use clap::parser::ValueSource;
+use clap::{Arg, ArgAction, ArgMatches, Command, CommandFactory, ValueHint};
+use railguard_tests::chart_values::{ValuesSet, ALL_SETS};
+use railguard_tests::gotmpl::{Chart, KUBE_1_20_API_VERSIONS};
+use railguard_tests::workspace_root;
+use serde_json::Value as Json;
+
+/// One of railguard's binaries: where values.yaml names its image, and its clap definition.
+struct Binary {
+    values_key: &'static str,
+    name: &'static str,
+    command: fn() -> Command,
+}
+
+const BINARIES: [Binary; 3] = [
+    Binary {
+        values_key: "webhook",
+        name: "railguard-webhook",
+        command: railguard_webhook::cli::Args::command,
+    },
+    Binary {
+        values_key: "extender",
+        name: "railguard-extender",
+        command: railguard_extender::cli::Args::command,
+    },
+    Binary {
+        values_key: "prober",
+        name: "railguard-prober",
+        command: railguard_prober::cli::Cli::command,
+    },
+];
+
+/// Variables a binary reads outside clap (so setting them is not "ignored"):
+/// binary, subcommand (`None`: all of them), variable.
+const READ_OUTSIDE_CLAP: [(&str, Option<&str>, &str); 2] = [
+    // prober/src/main.rs: the tracing filter.
+    ("railguard-prober", None, "RAILGUARD_LOG"),
+    // prober/src/preflight.rs: the expected /dev/shm size, set by the webhook.
+    ("railguard-prober", Some("preflight"), "RAILGUARD_SHM_SIZE"),
+];
+
+/// Prober subcommands that select a FabricProfile: both ways of naming it must exist.
+const PROFILE_ARGS: [(&str, &str, bool); 2] = [
+    // long, env, is a path
+    ("profile", "RAILGUARD_PROFILE", false),
+    ("profile-file", "RAILGUARD_PROFILE_FILE", true),
+];
+
+/// Where images put our binaries (the Dockerfiles' ENTRYPOINT directory).
+const IMAGE_BIN_DIR: &str = "/usr/local/bin";
+
+// ---------------------------------------------------------------------------- the model
+
+/// A container of a rendered pod template, reduced to what the contract needs.
+#[derive(Debug, Clone, Default)]
+struct Container {
+    name: String,
+    image: String,
+    command: Option<Vec<String>>,
+    args: Vec<String>,
+    /// In declaration order, `valueFrom` as placeholders, `$(VAR)` expanded.
+    env: Vec<(String, String)>,
+    mounts: Vec<Mount>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Mount {
+    path: String,
+    /// A subPath mount may be a single file at `path`.
+    sub_path: bool,
+}
+
+impl Container {
+    fn from_json(c: &Json, namespace: &str) -> Container {
+        let strs = |v: &Json| -> Vec<String> {
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .map(|x| match x {
+                    Json::String(s) => s.clone(),
+                    other => other.to_string(),
+                })
+                .collect()
+        };
+        let mounts = c["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|m| Mount {
+                path: m["mountPath"].as_str().unwrap_or_default().to_string(),
+                sub_path: m["subPath"].as_str().is_some_and(|s| !s.is_empty())
+                    || m["subPathExpr"].as_str().is_some_and(|s| !s.is_empty()),
+            })
+            .collect();
+        Container {
+            name: c["name"].as_str().unwrap_or_default().to_string(),
+            image: c["image"].as_str().unwrap_or_default().to_string(),
+            command: c.get("command").filter(|v| !v.is_null()).map(strs),
+            args: strs(&c["args"]),
+            env: resolve_env(&c["env"], namespace),
+            mounts,
+        }
+    }
+
+    fn env_map(&self) -> BTreeMap<String, String> {
+        self.env.iter().cloned().collect()
+    }
+}
+
+/// Kubernetes' `$(VAR)` expansion (the kubelet's, for command, args and env values):
+/// `$(NAME)` is NAME's value when defined and stays as written otherwise, `$$` is `$`, any
+/// other `$` is kept.
+fn expand(input: &str, vars: &BTreeMap<String, String>) -> String {
+    let mut out = String::new();
+    let mut rest = input;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        let mut chars = after.chars();
+        match chars.next() {
+            None => {
+                out.push('$');
+                rest = after;
+            }
+            Some('$') => {
+                out.push('$');
+                rest = &after[1..];
+            }
+            Some('(') => match after.find(')') {
+                Some(close) => {
+                    let name = &after[1..close];
+                    match vars.get(name) {
+                        Some(v) => out.push_str(v),
+                        None => {
+                            out.push_str("$(");
+                            out.push_str(name);
+                            out.push(')');
+                        }
+                    }
+                    rest = &after[close + 1..];
+                }
+                None => {
+                    out.push_str("$(");
+                    rest = &after[1..];
+                }
+            },
+            Some(c) => {
+                out.push('$');
+                out.push(c);
+                rest = chars.as_str();
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// A stand-in for a value Kubernetes fills in at run time.
+fn placeholder(value_from: &Json, namespace: &str) -> String {
+    if let Some(path) = value_from["fieldRef"]["fieldPath"].as_str() {
+        return match path {
+            "spec.nodeName" => "node-a".into(),
+            "metadata.name" => "pod-a".into(),
+            "metadata.namespace" => namespace.into(),
+            "spec.serviceAccountName" => "service-account-a".into(),
+            "status.podIP" | "status.hostIP" => "10.0.0.1".into(),
+            _ => "field-value".into(),
+        };
+    }
+    if value_from.get("resourceFieldRef").is_some() {
+        return "1".into();
+    }
+    if value_from.get("secretKeyRef").is_some() {
+        return "secret-value".into();
+    }
+    "configmap-value".into()
+}
+
+/// The container's variables in order: values expanded against the ones before them (as the
+/// kubelet does), `valueFrom` as placeholders.
+fn resolve_env(env: &Json, namespace: &str) -> Vec<(String, String)> {
+    let mut known = BTreeMap::new();
+    let mut out = Vec::new();
+    for e in env.as_array().into_iter().flatten() {
+        let name = e["name"].as_str().unwrap_or_default().to_string();
+        let value = match e.get("valueFrom").filter(|v| !v.is_null()) {
+            Some(from) => placeholder(from, namespace),
+            None => expand(e["value"].as_str().unwrap_or_default(), &known),
+        };
+        known.insert(name.clone(), value.clone());
+        out.push((name, value));
+    }
+    out
+}
+
+// ------------------------------------------------------------------- clap, hermetically
+
+/// The definition with every `env` removed, so parsing reads nothing from this process's
+/// environment (clap reads it when `env` is set); the container's env is passed as arguments.
+fn without_env(cmd: Command) -> Command {
+    cmd.mut_args(|a| a.env(None::<&'static str>))
+        .mut_subcommands(without_env)
+}
+
+/// The subcommand the arguments select: the first one not starting with `-`, and its index.
+fn subcommand_index(cmd: &Command, args: &[String]) -> Option<(usize, String)> {
+    if !cmd.has_subcommands() {
+        return None;
+    }
+    args.iter()
+        .position(|a| !a.starts_with('-'))
+        .map(|i| (i, args[i].clone()))
+}
+
+/// Whether `arg` is on the command line in `tokens` (the tokens of its own (sub)command).
+fn given_on_command_line(arg: &Arg, tokens: &[String]) -> bool {
+    let longs: Vec<&str> = arg
+        .get_long()
+        .into_iter()
+        .chain(arg.get_all_aliases().unwrap_or_default())
+        .collect();
+    let shorts: Vec<char> = arg
+        .get_short()
+        .into_iter()
+        .chain(arg.get_all_short_aliases().unwrap_or_default())
+        .collect();
+    for t in tokens {
+        if t == "--" {
+            break;
+        }
+        if let Some(long) = t.strip_prefix("--") {
+            let name = long.split_once('=').map_or(long, |(n, _)| n);
+            if longs.contains(&name) {
+                return true;
+            }
+        } else if let Some(cluster) = t.strip_prefix('-') {
+            if cluster.chars().next().is_some_and(|c| shorts.contains(&c)) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// How `arg`'s own value parser reads `value` for a flag (what clap does with a flag's env).
+fn flag_value(arg: &Arg, value: &str) -> Result<bool, String> {
+    let id = arg.get_id().clone();
+    let probe = Command::new("probe").arg(
+        Arg::new(id.clone())
+            .action(ArgAction::Set)
+            .allow_hyphen_values(true)
+            .value_parser(arg.get_value_parser().clone()),
+    );
+    let m = probe
+        .try_get_matches_from(["probe", value])
+        .map_err(|e| clap_message(&e).replace(&format!("'[{id}]'"), &describe(arg)))?;
+    m.try_get_one::<bool>(id.as_str())
+        .map_err(|e| e.to_string())?
+        .copied()
+        .ok_or_else(|| "no value".to_string())
+}
+
+fn clap_message(e: &clap::Error) -> String {
+    match e.kind() {
+        clap::error::ErrorKind::DisplayHelp
+        | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            "would print its help and exit".into()
+        }
+        clap::error::ErrorKind::DisplayVersion => "would print its version and exit".into(),
+        _ => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            first.strip_prefix("error: ").unwrap_or(first).to_string()
+        }
+    }
+}
+
+fn describe(arg: &Arg) -> String {
+    match (arg.get_long(), arg.get_short()) {
+        (Some(l), _) => format!("--{l}"),
+        (None, Some(s)) => format!("-{s}"),
+        (None, None) => format!("<{}>", arg.get_id()),
+    }
+}
+
+/// The container's variables that clap would apply to `cmd`'s arguments, as arguments.
+#[derive(Debug, Default, PartialEq)]
+struct EnvArgs {
+    /// Arguments equivalent to the variables.
+    args: Vec<String>,
+    /// (variable, arg id) of the arguments these came from.
+    from_env: Vec<(String, String)>,
+    /// (variable, arg id) of variables clap ignores: the argument is on the command line.
+    shadowed: Vec<(String, String)>,
+    problems: Vec<String>,
+}
+
+fn env_as_args(cmd: &Command, cli: &[String], env: &[(String, String)]) -> EnvArgs {
+    let env: BTreeMap<&str, &str> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut out = EnvArgs::default();
+    for arg in cmd.get_arguments() {
+        let Some(var) = arg.get_env().and_then(|v| v.to_str()) else {
+            continue;
+        };
+        let Some(&value) = env.get(var) else {
+            continue;
+        };
+        let id = arg.get_id().to_string();
+        if given_on_command_line(arg, cli) {
+            out.shadowed.push((var.to_string(), id));
+            continue;
+        }
+        if arg.get_action().takes_values() {
+            match (arg.get_long(), arg.get_short()) {
+                (Some(long), _) => out.args.push(format!("--{long}={value}")),
+                (None, Some(short)) => out.args.push(format!("-{short}{value}")),
+                (None, None) => {
+                    out.problems.push(format!(
+                        "{var}: sets the positional {} (not checked here)",
+                        describe(arg)
+                    ));
+                    continue;
+                }
+            }
+            out.from_env.push((var.to_string(), id));
+            continue;
+        }
+        let flag = describe(arg);
+        match (arg.get_action(), flag_value(arg, value)) {
+            (ArgAction::SetTrue, Ok(true)) | (ArgAction::SetFalse, Ok(false)) => {
+                out.args.push(flag);
+                out.from_env.push((var.to_string(), id));
+            }
+            (ArgAction::SetTrue | ArgAction::SetFalse, Ok(_)) => {}
+            (ArgAction::SetTrue | ArgAction::SetFalse, Err(e)) => out
+                .problems
+                .push(format!("{var}={value}: clap rejects it: {e}")),
+            (action, _) => out.problems.push(format!(
+                "{var}: sets {flag} with action {action:?} (not checked here)"
+            )),
+        }
+    }
+    out
+}
+
+/// `RAILGUARD_*` variables that no argument of `cmds` (the command and its selected
+/// subcommand) reads.
+fn unread_vars(
+    bin: &str,
+    sub: Option<&str>,
+    cmds: &[&Command],
+    env: &[(String, String)],
+) -> Vec<String> {
+    env.iter()
+        .map(|(k, _)| k.as_str())
+        .filter(|k| k.starts_with("RAILGUARD_"))
+        .filter(|k| {
+            !cmds.iter().any(|c| {
+                c.get_arguments()
+                    .any(|a| a.get_env().is_some_and(|e| e == std::ffi::OsStr::new(k)))
+            })
+        })
+        .filter(|k| {
+            !READ_OUTSIDE_CLAP
+                .iter()
+                .any(|(b, s, v)| *b == bin && v == k && (s.is_none() || *s == sub))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+// ------------------------------------------------------------------------------- paths
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum PathKind {
+    File,
+    Dir,
+    Any,
+}
+
+fn path_kind(arg: &Arg) -> Option<PathKind> {
+    match arg.get_value_hint() {
+        ValueHint::FilePath | ValueHint::ExecutablePath => Some(PathKind::File),
+        ValueHint::DirPath => Some(PathKind::Dir),
+        ValueHint::AnyPath => Some(PathKind::Any),
+        _ => None,
+    }
+}
+
+/// `path` without `.` components and trailing slashes; `None` when it is relative or climbs.
+fn normalize(path: &str) -> Option<String> {
+    if !path.starts_with('/') {
+        return None;
+    }
+    let mut parts = Vec::new();
+    for p in path.split('/') {
+        match p {
+            "" | "." => {}
+            ".." => return None,
+            p => parts.push(p),
+        }
+    }
+    Some(format!("/{}", parts.join("/")))
+}
+
+fn is_under(path: &str, dir: &str) -> bool {
+    dir == "/"
+        || path
+            .strip_prefix(dir)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// Whether `value` names something the container has: under one of its mounts (a file
+/// strictly below the mount point, or a subPath mount itself; a directory may also be a
+/// mount point or one of its parents, which exist), or an image path under /usr/local/bin.
+fn check_path(kind: PathKind, value: &str, mounts: &[Mount]) -> Result<(), String> {
+    let Some(path) = normalize(value) else {
+        return Err(if value.starts_with('/') {
+            format!("`{value}` climbs with `..`")
+        } else {
+            format!("`{value}` is not an absolute path")
+        });
+    };
+    if is_under(&path, IMAGE_BIN_DIR) {
+        return Ok(());
+    }
+    for m in mounts {
+        let Some(mount) = normalize(&m.path) else {
+            continue;
+        };
+        if is_under(&path, &mount) {
+            return Ok(());
+        }
+        if path == mount && (kind != PathKind::File || m.sub_path) {
+            return Ok(());
+        }
+        if kind != PathKind::File && is_under(&mount, &path) {
+            return Ok(());
+        }
+    }
+    let have: Vec<&str> = mounts.iter().map(|m| m.path.as_str()).collect();
+    Err(format!(
+        "`{value}` is not under a volumeMount ({}) nor {IMAGE_BIN_DIR}",
+        if have.is_empty() {
+            "none".to_string()
+        } else {
+            have.join(", ")
+        }
+    ))
+}
+
+// ------------------------------------------------------------------------ the contract
+
+/// What the container's own binary would make of its command line and environment.
+fn check_container(bin: &str, make: fn() -> Command, c: &Container) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut intro = make();
+    intro.build();
+    let vars = c.env_map();
+    let mut cli: Vec<String> = Vec::new();
+    if let Some(command) = &c.command {
+        let command: Vec<String> = command.iter().map(|s| expand(s, &vars)).collect();
+        match command.first() {
+            Some(first) if first == bin || first == &format!("{IMAGE_BIN_DIR}/{bin}") => {
+                cli.extend(command[1..].iter().cloned())
+            }
+            Some(first) => {
+                problems.push(format!("command runs `{first}`, not {IMAGE_BIN_DIR}/{bin}"));
+                return problems;
+            }
+            None => {}
+        }
+    }
+    cli.extend(c.args.iter().map(|s| expand(s, &vars)));
+
+    // The (sub)command the arguments select, and the tokens of each level.
+    let sub = subcommand_index(&intro, &cli);
+    let leaf = sub
+        .as_ref()
+        .and_then(|(_, name)| intro.find_subcommand(name));
+    let sub_name = leaf.map(|l| l.get_name().to_string());
+    let (top_tokens, leaf_tokens) = match &sub {
+        Some((i, _)) => (&cli[..*i], &cli[*i + 1..]),
+        None => (&cli[..], &cli[..0]),
+    };
+    let program = match &sub_name {
+        Some(s) => format!("{bin} {s}"),
+        None => bin.to_string(),
+    };
+    let mut levels: Vec<&Command> = vec![&intro];
+    levels.extend(leaf);
+
+    // Without a known subcommand clap's own error says enough.
+    let resolved = !intro.has_subcommands() || leaf.is_some();
+    for var in unread_vars(bin, sub_name.as_deref(), &levels, &c.env)
+        .into_iter()
+        .filter(|_| resolved)
+    {
+        problems.push(format!(
+            "env {var} is read by no argument of `{program}` (silently ignored)"
+        ));
+    }
+
+    // The environment, as clap would apply it, becomes arguments of its level.
+    let top_env = env_as_args(&intro, top_tokens, &c.env);
+    let leaf_env = leaf.map(|l| env_as_args(l, leaf_tokens, &c.env));
+    let mut argv = vec![bin.to_string()];
+    argv.extend(top_tokens.iter().cloned());
+    argv.extend(top_env.args.iter().cloned());
+    if let Some((i, _)) = &sub {
+        argv.push(cli[*i].clone());
+        let end = leaf_tokens
+            .iter()
+            .position(|t| t == "--")
+            .unwrap_or(leaf_tokens.len());
+        argv.extend(leaf_tokens[..end].iter().cloned());
+        argv.extend(leaf_env.iter().flat_map(|e| e.args.iter().cloned()));
+        argv.extend(leaf_tokens[end..].iter().cloned());
+    }
+    for e in std::iter::once(&top_env).chain(leaf_env.iter()) {
+        problems.extend(e.problems.iter().map(|p| format!("`{program}`: {p}")));
+    }
+
+    let matches = match without_env(make()).try_get_matches_from(&argv) {
+        Ok(m) => m,
+        Err(e) => {
+            problems.push(format!(
+                "`{program}` rejects `{}`: {}",
+                argv[1..].join(" "),
+                clap_message(&e)
+            ));
+            return problems;
+        }
+    };
+    let leaf_matches = sub_name
+        .as_deref()
+        .and_then(|s| matches.subcommand_matches(s));
+
+    let mut checked: Vec<(&Command, &ArgMatches, &EnvArgs)> = vec![(&intro, &matches, &top_env)];
+    if let (Some(l), Some(m), Some(e)) = (leaf, leaf_matches, leaf_env.as_ref()) {
+        checked.push((l, m, e));
+    }
+    for (cmd, m, env) in checked {
+        // A variable shadowed by a different command-line value is misread.
+        for (var, id) in &env.shadowed {
+            let Some(arg) = cmd.get_arguments().find(|a| a.get_id() == id.as_str()) else {
+                continue;
+            };
+            let value = &vars[var];
+            let differs = if arg.get_action().takes_values() {
+                let given: Vec<String> = m
+                    .get_raw(id)
+                    .into_iter()
+                    .flatten()
+                    .map(|v| v.to_string_lossy().into_owned())
+                    .collect();
+                let from_env: Vec<String> = match arg.get_value_delimiter() {
+                    Some(d) => value.split(d).map(str::to_string).collect(),
+                    None => vec![value.clone()],
+                };
+                (given != from_env).then(|| given.join(","))
+            } else {
+                let on = matches!(arg.get_action(), ArgAction::SetTrue);
+                (flag_value(arg, value) != Ok(on)).then(|| describe(arg))
+            };
+            if let Some(given) = differs {
+                problems.push(format!(
+                    "`{program}`: env {var}={value} is ignored: {} is on the command line ({given})",
+                    describe(arg)
+                ));
+            }
+        }
+        // Every path the chart gives must exist in the container.
+        for arg in cmd.get_arguments() {
+            let Some(kind) = path_kind(arg) else {
+                continue;
+            };
+            let id = arg.get_id().as_str();
+            if m.value_source(id) != Some(ValueSource::CommandLine) {
+                continue;
+            }
+            let source = match env.from_env.iter().find(|(_, i)| i == id) {
+                Some((var, _)) => format!("{} (env {var})", describe(arg)),
+                None => describe(arg),
+            };
+            for v in m.get_raw(id).into_iter().flatten() {
+                if let Err(e) = check_path(kind, &v.to_string_lossy(), &c.mounts) {
+                    problems.push(format!("`{program}` {source}: {e}"));
+                }
+            }
+        }
+    }
+
+    // The prober subcommands the chart runs name their profile both ways.
+    if bin == "railguard-prober" {
+        if let Some(l) = leaf {
+            for (long, var, is_path) in PROFILE_ARGS {
+                match l.get_arguments().find(|a| a.get_long() == Some(long)) {
+                    None => problems.push(format!("`{program}` has no --{long} (env {var})")),
+                    Some(a) => {
+                        if a.get_env() != Some(std::ffi::OsStr::new(var)) {
+                            problems.push(format!(
+                                "`{program}` --{long} reads env {:?}, not {var}",
+                                a.get_env()
+                            ));
+                        }
+                        if path_kind(a).is_some() != is_path {
+                            problems.push(format!(
+                                "`{program}` --{long} {} a path",
+                                if is_path { "is not" } else { "is" }
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// The scheduler is not ours: its `--config` must be a mounted file.
+fn check_scheduler(c: &Container) -> Vec<String> {
+    let vars = c.env_map();
+    let tokens: Vec<String> = c
+        .command
+        .iter()
+        .flatten()
+        .chain(c.args.iter())
+        .map(|s| expand(s, &vars))
+        .collect();
+    let config = tokens.iter().enumerate().find_map(|(i, t)| {
+        t.strip_prefix("--config=")
+            .map(str::to_string)
+            .or_else(|| (t == "--config").then(|| tokens.get(i + 1).cloned().unwrap_or_default()))
+    });
+    match config {
+        None => vec!["kube-scheduler runs without --config".to_string()],
+        Some(path) => match check_path(PathKind::File, &path, &c.mounts) {
+            Ok(()) => Vec::new(),
+            Err(e) => vec![format!("kube-scheduler --config: {e}")],
+        },
+    }
+}
+
+/// The repository of an image reference (no tag, no digest).
+fn image_repository(image: &str) -> &str {
+    let image = image.split_once('@').map_or(image, |(r, _)| r);
+    match image.rfind(':') {
+        Some(i) if !image[i..].contains('/') => &image[..i],
+        _ => image,
+    }
+}
+
+fn repository_matches(image: &str, repository: &str) -> bool {
+    let repo = image_repository(image);
+    !repository.is_empty() && (repo == repository || repo.ends_with(&format!("/{repository}")))
+}
+
+/// The pod specs of a rendered object, if it has any.
+fn pod_spec(obj: &Json) -> Option<&Json> {
+    let spec = match obj["kind"].as_str()? {
+        "Pod" => &obj["spec"],
+        "Deployment" | "DaemonSet" | "StatefulSet" | "ReplicaSet" | "Job" => {
+            &obj["spec"]["template"]["spec"]
+        }
+        "CronJob" => &obj["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+        _ => return None,
+    };
+    spec.is_object().then_some(spec)
+}
+
+/// Every problem of every container the chart renders with `set`, and how many containers.
+fn contract_problems(chart: &Chart, set: &ValuesSet) -> (Vec<String>, usize) {
+    let api_versions: Vec<String> = KUBE_1_20_API_VERSIONS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let rendered = match set.render(chart, &api_versions, "v1.20.2") {
+        Ok(r) => r,
+        Err(e) => return (vec![format!("{}: does not render: {e}", set.label)], 0),
+    };
+    let values = rendered.values.to_json();
+    let repo = |key: &str| {
+        values[key]["image"]["repository"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let scheduler_repo = repo("scheduler");
+    let docs = match rendered.documents() {
+        Ok(d) => d,
+        Err(e) => return (vec![format!("{}: does not parse: {e}", set.label)], 0),
+    };
+    let mut problems = Vec::new();
+    let mut containers = 0;
+    for (_, doc) in docs {
+        let obj: Json = serde_json::to_value(doc).unwrap_or_default();
+        let Some(spec) = pod_spec(&obj) else {
+            continue;
+        };
+        let kind = obj["kind"].as_str().unwrap_or_default();
+        let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+        let namespace = obj["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or(set.namespace);
+        for json in ["initContainers", "containers"]
+            .iter()
+            .flat_map(|k| spec[*k].as_array().into_iter().flatten())
+        {
+            let c = Container::from_json(json, namespace);
+            containers += 1;
+            let found = BINARIES
+                .iter()
+                .find(|b| repository_matches(&c.image, &repo(b.values_key)));
+            let found_problems = match found {
+                Some(b) => check_container(b.name, b.command, &c),
+                None if repository_matches(&c.image, &scheduler_repo) => check_scheduler(&c),
+                None => vec![format!("image {} is none of the chart's images", c.image)],
+            };
+            problems.extend(
+                found_problems
+                    .into_iter()
+                    .map(|p| format!("{}: {kind}/{name} container {}: {p}", set.label, c.name)),
+            );
+        }
+    }
+    (problems, containers)
+}
+
+#[test]
+fn every_container_of_every_values_set_parses_with_its_binarys_own_clap_definition() {
+    let chart = Chart::load(workspace_root().join("charts/railguard")).expect("chart loads");
+    let mut containers = 0;
+    let mut problems = Vec::new();
+    for set in ALL_SETS {
+        let (p, n) = contract_problems(&chart, set);
+        problems.extend(p);
+        containers += n;
+    }
+    assert!(containers >= 10, "only {containers} containers rendered");
+    assert!(
+        problems.is_empty(),
+        "{} chart/binary contract problem(s):\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+}
+
+// ------------------------------------------------------------------- the helpers' tests
+
+fn vars(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn strings(s: &[&str]) -> Vec<String> {
+    s.iter().map(|x| x.to_string()).collect()
+}
+
+#[test]
+fn expansion_follows_the_kubelet() {
+    let v = vars(&[("NODE_NAME", "node-a"), ("EMPTY", "")]);
+    assert_eq!(expand("$(NODE_NAME)", &v), "node-a");
+    assert_eq!(expand("--node=$(NODE_NAME)/x", &v), "--node=node-a/x");
+    assert_eq!(expand("$(NODE_NAME)$(NODE_NAME)", &v), "node-anode-a");
+    assert_eq!(expand("a$(EMPTY)b", &v), "ab");
+    // Undefined stays as written; `$$` escapes; other `$` are kept.
+    assert_eq!(expand("$(MISSING)", &v), "$(MISSING)");
+    assert_eq!(expand("$$(NODE_NAME)", &v), "$(NODE_NAME)");
+    assert_eq!(expand("cost: 5$ or $x", &v), "cost: 5$ or $x");
+    assert_eq!(expand("$(NODE_NAME", &v), "$(NODE_NAME");
+    assert_eq!(expand("trailing $", &v), "trailing $");
+    assert_eq!(expand("ünï$(NODE_NAME)çødé", &v), "ünïnode-açødé");
+}
+
+#[test]
+fn env_values_expand_against_earlier_variables_and_value_from_is_a_placeholder() {
+    let e: Json = serde_json::json!([
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "DIR", "value": "/var/$(NODE_NAME)"},
+        {"name": "EARLY", "value": "$(LATE)"},
+        {"name": "LATE", "value": "x"},
+        {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+    ]);
+    assert_eq!(
+        resolve_env(&e, "ns-a"),
+        env(&[
+            ("NODE_NAME", "node-a"),
+            ("DIR", "/var/node-a"),
+            ("EARLY", "$(LATE)"),
+            ("LATE", "x"),
+            ("NS", "ns-a"),
+            ("TOKEN", "secret-value"),
+        ])
+    );
+}
+
+/// A small stand-in binary with the shapes the real ones use.
+fn toy() -> Command {
+    Command::new("toy")
+        .subcommand(
+            Command::new("serve")
+                .arg(Arg::new("listen").long("listen").env("TOY_LISTEN"))
+                .arg(
+                    Arg::new("config")
+                        .long("config")
+                        .env("TOY_CONFIG")
+                        .value_hint(ValueHint::FilePath),
+                )
+                .arg(
+                    Arg::new("data")
+                        .long("data")
+                        .env("TOY_DATA")
+                        .value_parser(clap::value_parser!(std::path::PathBuf)),
+                )
+                .arg(
+                    Arg::new("verbose")
+                        .long("verbose")
+                        .short('v')
+                        .env("TOY_VERBOSE")
+                        .action(ArgAction::SetTrue),
+                )
+                .arg(
+                    Arg::new("quiet")
+                        .long("quiet")
+                        .env("TOY_QUIET")
+                        .action(ArgAction::SetTrue)
+                        .value_parser(clap::builder::FalseyValueParser::new()),
+                )
+                .arg(
+                    Arg::new("names")
+                        .long("names")
+                        .env("TOY_NAMES")
+                        .value_delimiter(','),
+                ),
+        )
+        .subcommand(Command::new("other"))
+}
+
+fn built(mut cmd: Command) -> Command {
+    cmd.build();
+    cmd
+}
+
+#[test]
+fn subcommand_is_the_first_positional() {
+    let t = built(toy());
+    assert_eq!(
+        subcommand_index(&t, &strings(&["serve", "--listen", "x"])),
+        Some((0, "serve".into()))
+    );
+    assert_eq!(
+        subcommand_index(&t, &strings(&["--help", "other"])),
+        Some((1, "other".into()))
+    );
+    assert_eq!(subcommand_index(&t, &[]), None);
+    let flat = built(Command::new("flat").arg(Arg::new("a").long("a")));
+    assert_eq!(subcommand_index(&flat, &strings(&["x"])), None);
+}
+
+#[test]
+fn env_maps_to_arguments_unless_given_on_the_command_line() {
+    let t = built(toy());
+    let serve = t.find_subcommand("serve").unwrap();
+    let e = env_as_args(
+        serve,
+        &strings(&["--listen=0.0.0.0:1"]),
+        &env(&[
+            ("TOY_LISTEN", "0.0.0.0:2"),
+            ("TOY_CONFIG", "/etc/toy/config.yaml"),
+            ("TOY_VERBOSE", "true"),
+            ("TOY_QUIET", "off"),
+            ("TOY_NAMES", "a,b"),
+            ("UNRELATED", "x"),
+        ]),
+    );
+    assert_eq!(
+        e.args,
+        ["--config=/etc/toy/config.yaml", "--verbose", "--names=a,b"]
+    );
+    assert_eq!(e.shadowed, [("TOY_LISTEN".into(), "listen".into())]);
+    assert!(e.problems.is_empty(), "{:?}", e.problems);
+    assert_eq!(e.from_env.len(), 3);
+
+    // A flag's value goes through its own value parser: bool rejects `yes`, falsey reads it.
+    let e = env_as_args(
+        serve,
+        &strings(&["-v"]),
+        &env(&[("TOY_VERBOSE", "yes"), ("TOY_QUIET", "yes")]),
+    );
+    assert_eq!(e.args, ["--quiet"]);
+    assert_eq!(e.shadowed, [("TOY_VERBOSE".into(), "verbose".into())]);
+    let e = env_as_args(serve, &[], &env(&[("TOY_VERBOSE", "yes")]));
+    assert!(e.args.is_empty());
+    assert_eq!(
+        e.problems,
+        ["TOY_VERBOSE=yes: clap rejects it: invalid value 'yes' for --verbose"]
+    );
+
+    assert!(given_on_command_line(
+        serve
+            .get_arguments()
+            .find(|a| a.get_id() == "verbose")
+            .unwrap(),
+        &strings(&["-vq"])
+    ));
+    assert!(!given_on_command_line(
+        serve
+            .get_arguments()
+            .find(|a| a.get_id() == "listen")
+            .unwrap(),
+        &strings(&["--", "--listen=x"])
+    ));
+    assert!(!given_on_command_line(
+        serve
+            .get_arguments()
+            .find(|a| a.get_id() == "listen")
+            .unwrap(),
+        &strings(&["--listener=x"])
+    ));
+}
+
+#[test]
+fn unread_variables_are_found_per_subcommand() {
+    let t = built(toy());
+    let serve = t.find_subcommand("serve").unwrap();
+    let other = t.find_subcommand("other").unwrap();
+    let e = env(&[
+        ("TOY_LISTEN", "x"),
+        ("RAILGUARD_LOG", "debug"),
+        ("RAILGUARD_SHM_SIZE", "1Gi"),
+        ("NODE_NAME", "n"),
+    ]);
+    assert_eq!(
+        unread_vars("toy", Some("serve"), &[&t, serve], &e),
+        ["RAILGUARD_LOG", "RAILGUARD_SHM_SIZE"]
+    );
+    // Variables the prober reads outside clap.
+    assert!(unread_vars("railguard-prober", Some("other"), &[&t, other], &e[1..2]).is_empty());
+    assert_eq!(
+        unread_vars("railguard-prober", Some("daemon"), &[&t, other], &e),
+        ["RAILGUARD_SHM_SIZE"]
+    );
+    assert!(unread_vars("railguard-prober", Some("preflight"), &[&t, other], &e).is_empty());
+}
+
+#[test]
+fn path_values_must_be_mounted_or_in_the_image() {
+    let mounts = [
+        Mount {
+            path: "/etc/railguard/tls".into(),
+            sub_path: false,
+        },
+        Mount {
+            path: "/host/sys".into(),
+            sub_path: false,
+        },
+        Mount {
+            path: "/etc/app.yaml".into(),
+            sub_path: true,
+        },
+    ];
+    let ok = |k, v: &str| check_path(k, v, &mounts).is_ok();
+    assert!(ok(PathKind::File, "/etc/railguard/tls/tls.crt"));
+    assert!(ok(PathKind::File, "/etc/railguard/tls/./tls.crt"));
+    assert!(ok(PathKind::File, "/etc/app.yaml"), "a subPath file mount");
+    assert!(ok(PathKind::File, "/usr/local/bin/all_reduce_perf"));
+    assert!(
+        !ok(PathKind::File, "/etc/railguard/tls"),
+        "the mount is a directory"
+    );
+    assert!(!ok(PathKind::File, "/etc/railguard/tlsx/tls.crt"));
+    assert!(!ok(PathKind::File, "/etc/railguard/tls/../secret"));
+    assert!(!ok(PathKind::Any, "/var/lib/x"));
+    // A directory may be a mount point or a parent of one (sysfs root /host with /host/sys).
+    assert!(ok(PathKind::Dir, "/host"));
+    assert!(ok(PathKind::Dir, "/host/sys/"));
+    assert!(ok(PathKind::Any, "/etc/railguard/tls"));
+    assert!(!ok(PathKind::Dir, "/hos"));
+    assert_eq!(
+        check_path(PathKind::File, "h100-ndr", &mounts),
+        Err("`h100-ndr` is not an absolute path".into())
+    );
+    assert_eq!(
+        check_path(PathKind::File, "/data/x", &[]),
+        Err("`/data/x` is not under a volumeMount (none) nor /usr/local/bin".into())
+    );
+    let t = built(toy());
+    let serve = t.find_subcommand("serve").unwrap();
+    let kind = |id: &str| path_kind(serve.get_arguments().find(|a| a.get_id() == id).unwrap());
+    assert_eq!(kind("config"), Some(PathKind::File));
+    assert_eq!(
+        kind("data"),
+        Some(PathKind::Any),
+        "clap infers it for PathBuf"
+    );
+    assert_eq!(kind("listen"), None);
+}
+
+#[test]
+fn images_map_by_repository() {
+    assert!(repository_matches(
+        "ghcr.io/railguard/railguard-webhook:0.1.0",
+        "railguard-webhook"
+    ));
+    assert!(repository_matches(
+        "registry.k8s.io/kube-scheduler:v1.20.2",
+        "registry.k8s.io/kube-scheduler"
+    ));
+    assert!(repository_matches(
+        "localhost:5000/railguard-prober@sha256:abc",
+        "railguard-prober"
+    ));
+    assert!(!repository_matches(
+        "ghcr.io/railguard/railguard-prober-sim:0.1.0",
+        "railguard-prober"
+    ));
+    assert!(!repository_matches(
+        "ghcr.io/x/not-railguard-webhook:1",
+        "railguard-webhook"
+    ));
+    assert_eq!(image_repository("localhost:5000/a"), "localhost:5000/a");
+}
+
+fn webhook_container(args: &[&str], env_pairs: &[(&str, &str)]) -> Container {
+    Container {
+        name: "webhook".into(),
+        image: "ghcr.io/railguard/railguard-webhook:0.1.0".into(),
+        command: None,
+        args: strings(args),
+        env: env(env_pairs),
+        mounts: vec![Mount {
+            path: "/etc/railguard/tls".into(),
+            sub_path: false,
+        }],
+    }
+}
+
+#[test]
+fn a_deliberately_wrong_container_is_reported() {
+    let webhook: fn() -> Command = railguard_webhook::cli::Args::command;
+    let good = webhook_container(
+        &[
+            "--tls-cert=/etc/railguard/tls/tls.crt",
+            "--namespace=$(POD_NAMESPACE)",
+        ],
+        &[
+            ("POD_NAMESPACE", "ns-a"),
+            ("RAILGUARD_TLS_KEY", "/etc/railguard/tls/tls.key"),
+            ("RAILGUARD_LOG_JSON", "true"),
+        ],
+    );
+    assert_eq!(
+        check_container("railguard-webhook", webhook, &good),
+        Vec::<String>::new()
+    );
+
+    // A path argument given a bare name, an unknown variable, a shadowed different value.
+    let bad = webhook_container(
+        &["--tls-cert=tls.crt", "--failure-mode=open"],
+        &[
+            ("RAILGUARD_TLS_KEY", "/etc/railguard/tls/tls.key"),
+            ("RAILGUARD_PROFILE", "h100-ndr"),
+            ("RAILGUARD_FAILURE_MODE", "closed"),
+        ],
+    );
+    let problems = check_container("railguard-webhook", webhook, &bad);
+    assert_eq!(
+        problems,
+        [
+            "env RAILGUARD_PROFILE is read by no argument of `railguard-webhook` (silently ignored)",
+            "`railguard-webhook`: env RAILGUARD_FAILURE_MODE=closed is ignored: --failure-mode is on the command line (open)",
+            "`railguard-webhook` --tls-cert: `tls.crt` is not an absolute path",
+        ]
+    );
+
+    // An unknown flag; a key path from the environment that is not mounted.
+    let bad = webhook_container(
+        &["--tls-cert=/etc/railguard/tls/tls.crt", "--no-such-flag"],
+        &[("RAILGUARD_TLS_KEY", "/tls.key")],
+    );
+    let problems = check_container("railguard-webhook", webhook, &bad);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].starts_with(
+            "`railguard-webhook` rejects `--tls-cert=/etc/railguard/tls/tls.crt --no-such-flag --tls-key=/tls.key`: unexpected argument '--no-such-flag'"
+        ),
+        "{problems:?}"
+    );
+    let bad = webhook_container(
+        &["--tls-cert=/etc/railguard/tls/tls.crt"],
+        &[
+            ("RAILGUARD_TLS_KEY", "/tls.key"),
+            ("RAILGUARD_LOG_JSON", "1"),
+        ],
+    );
+    assert_eq!(
+        check_container("railguard-webhook", webhook, &bad),
+        [
+            "`railguard-webhook`: RAILGUARD_LOG_JSON=1: clap rejects it: invalid value '1' for --log-json",
+            "`railguard-webhook` --tls-key (env RAILGUARD_TLS_KEY): `/tls.key` is not under a volumeMount (/etc/railguard/tls) nor /usr/local/bin",
+        ]
+    );
+
+    // A command that runs something else; the scheduler's config must be mounted.
+    let mut other = good.clone();
+    other.command = Some(strings(&["/bin/sh", "-c", "railguard-webhook"]));
+    assert_eq!(
+        check_container("railguard-webhook", webhook, &other),
+        ["command runs `/bin/sh`, not /usr/local/bin/railguard-webhook"]
+    );
+    let mut sched = good.clone();
+    sched.command = Some(strings(&[
+        "kube-scheduler",
+        "--config=/etc/sched/config.yaml",
+    ]));
+    assert_eq!(
+        check_scheduler(&sched),
+        ["kube-scheduler --config: `/etc/sched/config.yaml` is not under a volumeMount (/etc/railguard/tls) nor /usr/local/bin"]
+    );
+    sched.command = Some(strings(&[
+        "kube-scheduler",
+        "--config",
+        "/etc/railguard/tls/c.yaml",
+    ]));
+    assert!(check_scheduler(&sched).is_empty());
+}
+
+#[test]
+fn the_process_environment_is_not_read() {
+    // clap reads `env` when the definition is built: the parsing copy has none.
+    let cmd = without_env(toy());
+    for sub in cmd.get_subcommands() {
+        assert!(sub.get_arguments().all(|a| a.get_env().is_none()));
+    }
+}

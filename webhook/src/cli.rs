@@ -1,0 +1,107 @@
+//! `railguard-webhook`'s command line: flags and their `RAILGUARD_*` environment variables.
+//!
+//! In the library so the chart's contract test parses the Deployment's arguments with the
+//! binary's own definition.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, ValueHint};
+
+use crate::FailureMode;
+
+/// Configures GPU training pods for their RDMA fabric at admission.
+#[derive(Debug, Parser)]
+#[command(name = "railguard-webhook", version)]
+pub struct Args {
+    /// Address of the TLS admission endpoint (`POST /mutate`).
+    #[arg(long, env = "RAILGUARD_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// PEM certificate chain; reloaded when it changes (Secret-volume rotation included).
+    #[arg(long, env = "RAILGUARD_TLS_CERT", value_hint = ValueHint::FilePath)]
+    pub tls_cert: PathBuf,
+    /// PEM private key matching --tls-cert.
+    #[arg(long, env = "RAILGUARD_TLS_KEY", value_hint = ValueHint::FilePath)]
+    pub tls_key: PathBuf,
+    /// Plain-HTTP address of /healthz, /readyz and /metrics.
+    #[arg(long, env = "RAILGUARD_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    pub metrics_listen: SocketAddr,
+    /// Standalone mode: a YAML stream of FabricProfiles instead of the cluster's. Namespace
+    /// labels are then unknown (empty): selector exemptions and Pod Security labels are not
+    /// seen; exemptions listed by namespace name still apply.
+    #[arg(long, env = "RAILGUARD_PROFILES", value_hint = ValueHint::FilePath)]
+    pub profiles: Option<PathBuf>,
+    /// Kubeconfig for cluster mode (default: in-cluster or $KUBECONFIG).
+    #[arg(
+        long,
+        env = "RAILGUARD_KUBECONFIG",
+        value_hint = ValueHint::FilePath,
+        conflicts_with = "profiles"
+    )]
+    pub kubeconfig: Option<PathBuf>,
+    /// On an internal error building a patch: `open` allows unchanged with a warning,
+    /// `closed` denies.
+    #[arg(long, env = "RAILGUARD_FAILURE_MODE", value_enum, default_value_t = FailureMode::Open)]
+    pub failure_mode: FailureMode,
+    /// Resource names that make a container a GPU container (comma list).
+    #[arg(
+        long,
+        env = "RAILGUARD_GPU_RESOURCES",
+        value_delimiter = ',',
+        default_value = "nvidia.com/gpu"
+    )]
+    pub gpu_resources: Vec<String>,
+    /// Namespaces never touched (comma list); the webhook's own namespace is added.
+    #[arg(
+        long,
+        env = "RAILGUARD_EXCLUDED_NAMESPACES",
+        value_delimiter = ',',
+        default_value = "kube-system"
+    )]
+    pub excluded_namespaces: Vec<String>,
+    /// The webhook's own namespace (default: the service account's, when in a cluster).
+    #[arg(long, env = "RAILGUARD_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// railguard-prober image for the optional preflight init container.
+    #[arg(long, env = "RAILGUARD_PROBER_IMAGE")]
+    pub prober_image: Option<String>,
+    /// Largest request body accepted, bytes.
+    #[arg(long, env = "RAILGUARD_MAX_BODY_BYTES", default_value_t = 6 << 20)]
+    pub max_body_bytes: usize,
+    /// Per-request timeout, seconds.
+    #[arg(long, env = "RAILGUARD_REQUEST_TIMEOUT_SECONDS", default_value_t = 10)]
+    pub request_timeout_seconds: u64,
+    /// How long shutdown waits for in-flight requests, seconds.
+    #[arg(long, env = "RAILGUARD_SHUTDOWN_GRACE_SECONDS", default_value_t = 20)]
+    pub shutdown_grace_seconds: u64,
+    /// How often the certificate files are checked for changes, seconds.
+    #[arg(long, env = "RAILGUARD_CERT_POLL_SECONDS", default_value_t = 2)]
+    pub cert_poll_seconds: u64,
+    /// Self-managed certificates: the Secret (in --namespace) holding the CA and serving pair.
+    /// The webhook creates or renews it, writes the pair to --tls-cert/--tls-key and the CA
+    /// into --webhook-config-name's caBundle.
+    #[arg(long, env = "RAILGUARD_SELF_SIGNED_SECRET", requires_all = ["webhook_config_name", "service_name"])]
+    pub self_signed_secret: Option<String>,
+    /// MutatingWebhookConfiguration whose caBundle (every entry) trusts the self-managed CA.
+    #[arg(
+        long,
+        env = "RAILGUARD_WEBHOOK_CONFIG_NAME",
+        requires = "self_signed_secret"
+    )]
+    pub webhook_config_name: Option<String>,
+    /// Service the API server dials; the certificate covers `<svc>.<ns>.svc[.cluster.local]`.
+    #[arg(long, env = "RAILGUARD_SERVICE_NAME", requires = "self_signed_secret")]
+    pub service_name: Option<String>,
+    /// Lifetime of a self-managed serving certificate, days.
+    #[arg(long, env = "RAILGUARD_CERT_VALIDITY_DAYS", default_value_t = 365)]
+    pub cert_validity_days: u32,
+    /// Renew a self-managed certificate this many days before it expires.
+    #[arg(long, env = "RAILGUARD_CERT_ROTATE_BEFORE_DAYS", default_value_t = 30)]
+    pub cert_rotate_before_days: u32,
+    /// How often the self-managed Secret and caBundle are checked, seconds.
+    #[arg(long, env = "RAILGUARD_CERT_SYNC_SECONDS", default_value_t = 300)]
+    pub cert_sync_seconds: u64,
+    /// Log as JSON lines.
+    #[arg(long, env = "RAILGUARD_LOG_JSON")]
+    pub log_json: bool,
+}

@@ -92,14 +92,31 @@ pub const CERT_MANAGER_ISSUER: ValuesSet = ValuesSet {
     ..CERT_MANAGER_CONFIG_ONLY
 };
 
+/// The values the real-node end-to-end test installs the chart with (local images, the
+/// prober on a simulated node's tree, failurePolicy Fail).
+pub const REAL_NODE: ValuesSet = ValuesSet {
+    label: "real node (tests/values/real-node.yaml)",
+    values: include_str!("../values/real-node.yaml"),
+    ..DEFAULT
+};
+
+/// The default set with the prober allowed to read PCI extended config space (ACS).
+pub const PCI_CONFIG_SPACE: ValuesSet = ValuesSet {
+    label: "prober.readPciConfigSpace",
+    values: "prober:\n  readPciConfigSpace: true\n",
+    ..DEFAULT
+};
+
 /// The sets every rendered object is dry-run with.
-pub const DRY_RUN_SETS: [&ValuesSet; 3] = [&DEFAULT, &CERT_MANAGER_CONFIG_ONLY, &ROCE];
+pub const DRY_RUN_SETS: [&ValuesSet; 4] = [&DEFAULT, &CERT_MANAGER_CONFIG_ONLY, &ROCE, &REAL_NODE];
 
 /// Every set that renders (the schema-failure cases of chart_e2e.rs excluded).
-pub const ALL_SETS: [&ValuesSet; 5] = [
+pub const ALL_SETS: [&ValuesSet; 7] = [
     &DEFAULT,
     &CERT_MANAGER_CONFIG_ONLY,
     &ROCE,
     &ALL_PROFILES,
     &CERT_MANAGER_ISSUER,
+    &REAL_NODE,
+    &PCI_CONFIG_SPACE,
 ];

@@ -121,8 +121,9 @@ pub async fn apply_objects(client: &Client, namespace: &str, objects: &[Value]) 
     Ok(())
 }
 
-/// Waits until every Deployment and DaemonSet among `objects` has all its pods ready
-/// (a DaemonSet at least one). The message names what is still not ready.
+/// Waits until every Deployment and DaemonSet among `objects` has all its pods ready (a
+/// DaemonSet whose node selector matches no node is ready with none). The message names
+/// what is still not ready.
 pub async fn wait_workloads_ready(
     client: &Client,
     namespace: &str,
@@ -156,8 +157,9 @@ pub async fn wait_workloads_ready(
                         && st.updated_replicas.unwrap_or(0) >= want
                 } else {
                     let d = Api::<DaemonSet>::namespaced(client.clone(), ns).get(name).await?;
+                    let generation = d.metadata.generation.unwrap_or(0);
                     let st = d.status.unwrap_or_default();
-                    st.desired_number_scheduled >= 1
+                    st.observed_generation.unwrap_or(0) >= generation
                         && st.number_ready >= st.desired_number_scheduled
                 };
                 if !ready {

@@ -445,6 +445,11 @@ impl RealNode {
         wait_service_account(&self.client(), namespace).await
     }
 
+    /// Keep the logs when this node is dropped (a test that failed without panicking).
+    pub fn keep_logs(&mut self) {
+        self.cp.keep_logs = true;
+    }
+
     /// The control plane (clients, kubeconfig, logs).
     pub fn control_plane(&self) -> &ControlPlane {
         &self.cp

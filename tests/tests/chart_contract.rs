@@ -65,7 +65,8 @@ const READ_OUTSIDE_CLAP: [(&str, Option<&str>, &str); 2] = [
     ("railguard-prober", Some("preflight"), "RAILGUARD_SHM_SIZE"),
 ];
 
-/// Prober subcommands that select a FabricProfile: both ways of naming it must exist.
+/// How prober subcommands select a FabricProfile: `--profile NAME` everywhere, and where a
+/// file may be given instead, `--profile-file PATH`.
 const PROFILE_ARGS: [(&str, &str, bool); 2] = [
     // long, env, is a path
     ("profile", "RAILGUARD_PROFILE", false),
@@ -622,6 +623,8 @@ fn check_container(bin: &str, make: fn() -> Command, c: &Container) -> Vec<Strin
         if let Some(l) = leaf {
             for (long, var, is_path) in PROFILE_ARGS {
                 match l.get_arguments().find(|a| a.get_long() == Some(long)) {
+                    // A profile file is optional (peer-endpoint only needs the name).
+                    None if is_path => {}
                     None => problems.push(format!("`{program}` has no --{long} (env {var})")),
                     Some(a) => {
                         if a.get_env() != Some(std::ffi::OsStr::new(var)) {
@@ -768,6 +771,53 @@ fn every_container_of_every_values_set_parses_with_its_binarys_own_clap_definiti
         problems.is_empty(),
         "{} chart/binary contract problem(s):\n{}",
         problems.len(),
+        problems.join("\n")
+    );
+}
+
+/// Every argument of a command tree, with the command path it belongs to.
+fn all_arguments(cmd: &Command, path: &str, out: &mut Vec<(String, Arg)>) {
+    for a in cmd.get_arguments() {
+        out.push((path.to_string(), a.clone()));
+    }
+    for sub in cmd.get_subcommands() {
+        all_arguments(sub, &format!("{path} {}", sub.get_name()), out);
+    }
+}
+
+/// One meaning per `RAILGUARD_*` variable: wherever a variable is read (any subcommand of
+/// any of the three binaries), it is the same flag, and a path everywhere or nowhere.
+#[test]
+fn each_railguard_variable_has_one_meaning_across_binaries_and_subcommands() {
+    let mut seen: BTreeMap<String, Vec<(String, String, bool)>> = BTreeMap::new();
+    for b in &BINARIES {
+        let mut args = Vec::new();
+        all_arguments(&(b.command)(), b.name, &mut args);
+        for (path, a) in args {
+            let Some(var) = a.get_env().and_then(|e| e.to_str()) else {
+                continue;
+            };
+            let long = a.get_long().unwrap_or_default().to_string();
+            seen.entry(var.to_string())
+                .or_default()
+                .push((path, long, path_kind(&a).is_some()));
+        }
+    }
+    let mut problems = Vec::new();
+    for (var, uses) in &seen {
+        let (_, long, is_path) = &uses[0];
+        if uses.iter().any(|(_, l, p)| l != long || p != is_path) {
+            let list: Vec<String> = uses
+                .iter()
+                .map(|(c, l, p)| format!("`{c}` --{l}{}", if *p { " (path)" } else { "" }))
+                .collect();
+            problems.push(format!("{var}: {}", list.join(", ")));
+        }
+    }
+    assert!(seen.len() > 40, "only {} variables found", seen.len());
+    assert!(
+        problems.is_empty(),
+        "variables with more than one meaning:\n{}",
         problems.join("\n")
     );
 }

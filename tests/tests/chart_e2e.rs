@@ -12,6 +12,7 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::discovery::{Discovery, Scope};
 use railguard_tests::chart_values::{
     ValuesSet, ALL_PROFILES, CERT_MANAGER_CONFIG_ONLY, CERT_MANAGER_ISSUER, DEFAULT, DRY_RUN_SETS,
+    PCI_CONFIG_SPACE, REAL_NODE,
     ROCE,
 };
 use railguard_tests::gotmpl::{Chart, TemplateError, KUBE_1_20_API_VERSIONS};
@@ -326,10 +327,8 @@ fn secondary_scheduler_points_at_the_extender_and_fails_closed() {
         "railguard-scheduler"
     );
     let e = &config["extenders"][0];
-    assert_eq!(
-        e["urlPrefix"],
-        "http://railguard-extender.railguard.svc:8888"
-    );
+    // The extender runs beside the scheduler (placement auto with a secondary scheduler).
+    assert_eq!(e["urlPrefix"], "http://127.0.0.1:8888");
     assert_eq!(e["filterVerb"], "filter");
     assert_eq!(e["prioritizeVerb"], "prioritize");
     assert_eq!(e["nodeCacheCapable"], true);
@@ -348,16 +347,28 @@ fn secondary_scheduler_points_at_the_extender_and_fails_closed() {
     assert!(
         strs(&c["command"]).contains(&"--config=/etc/railguard-scheduler/config.yaml".to_string())
     );
-    // The extender Service serves the port the URL names.
-    let svc = find(&docs, "Service", "railguard-extender");
-    assert_eq!(svc["spec"]["ports"][0]["port"], 8888);
-    let ext = find(&docs, "Deployment", "railguard-extender");
-    let args = container_args(&ext["spec"]["template"]["spec"]["containers"][0]);
+    // Its sidecar listens where the URL points, on loopback only; no Service or
+    // Deployment of its own, and the scheduler's service account may read what it caches.
+    let containers = dep["spec"]["template"]["spec"]["containers"].as_array().unwrap();
+    let ext = containers
+        .iter()
+        .find(|c| c["name"] == "extender")
+        .expect("extender sidecar");
+    let args = container_args(ext);
     assert!(
-        args.contains(&"--listen=0.0.0.0:8888".to_string())
+        args.contains(&"--listen=127.0.0.1:8888".to_string())
             && args.contains(&"--metrics-listen=0.0.0.0:9090".to_string()),
         "{args:?}"
     );
+    assert!(docs
+        .iter()
+        .all(|d| !(d.name() == "railguard-extender" && (d.kind() == "Service" || d.kind() == "Deployment"))));
+    let binding = find(&docs, "ClusterRoleBinding", "railguard-extender");
+    assert!(binding["subjects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|s| s["name"] == "railguard-scheduler"));
     // kube-scheduler 1.20 ignores FailedAndUnresolvableNodes: `auto` reports them as failed.
     assert!(
         args.contains(&"--report-unresolvable-as-failed".to_string()),
@@ -382,8 +393,14 @@ fn secondary_scheduler_points_at_the_extender_and_fails_closed() {
     assert!(all(&docs, "CronJob")
         .iter()
         .all(|c| c["apiVersion"] == "batch/v1"));
-    let ext = find(&docs, "Deployment", "railguard-extender");
-    let args = container_args(&ext["spec"]["template"]["spec"]["containers"][0]);
+    let sched = find(&docs, "Deployment", "railguard-scheduler");
+    let ext = sched["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "extender")
+        .expect("extender sidecar");
+    let args = container_args(ext);
     assert!(
         !args.contains(&"--report-unresolvable-as-failed".to_string()),
         "a 1.29 scheduler reads FailedAndUnresolvableNodes: {args:?}"
@@ -508,10 +525,11 @@ fn roce_set_with_custom_namespaces_uses_the_profile_for_rdma_and_shm() {
     assert_eq!(pod["runtimeClassName"], "nvidia");
     let daemon = &pod["containers"][0];
     assert_eq!(container_args(daemon), ["daemon", "--node", "$(NODE_NAME)"]);
-    assert_eq!(daemon["resources"]["limits"]["nvidia.com/sriov_rdma"], "1");
+    // A PerGpu profile: one VF per rail, so every rail can be tested.
+    assert_eq!(daemon["resources"]["limits"]["nvidia.com/sriov_rdma"], "8");
     assert_eq!(
         daemon["resources"]["requests"]["nvidia.com/sriov_rdma"],
-        "1"
+        "8"
     );
     assert_eq!(
         daemon["securityContext"]["capabilities"],
@@ -1155,3 +1173,60 @@ fn dockerfiles_build_the_binaries_the_chart_runs() {
         );
     }
 }
+
+/// The prober's view of its host: /sys and /proc read-only by default; ACS readable only
+/// when asked (CAP_SYS_ADMIN on the daemon alone); a simulated node's tree instead of both
+/// in the real-node values.
+#[test]
+fn prober_reads_host_sys_and_proc_and_capabilities_follow_the_values() {
+    let env_of = |c: &Json| -> BTreeMap<String, String> {
+        c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
+            .collect()
+    };
+    let mounts_of = |c: &Json| -> BTreeMap<String, Json> {
+        c["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| (m["mountPath"].as_str().unwrap().to_string(), m["readOnly"].clone()))
+            .collect()
+    };
+    let docs = render(&DEFAULT);
+    let pod = &find(&docs, "DaemonSet", "railguard-prober-h100-ndr")["spec"]["template"]["spec"];
+    let daemon = &pod["containers"][0];
+    assert_eq!(env_of(daemon)["RAILGUARD_SYSFS_ROOT"], "/host");
+    assert_eq!(env_of(daemon)["RAILGUARD_PROFILE"], "h100-ndr");
+    let m = mounts_of(daemon);
+    assert_eq!(m["/host/sys"], true);
+    assert_eq!(m["/host/proc"], true);
+    let proc = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "host-proc").unwrap();
+    assert_eq!(proc["hostPath"]["path"], "/proc");
+    assert_eq!(daemon["securityContext"]["capabilities"]["add"], json!(["IPC_LOCK"]));
+    // A shared RDMA device: one is enough for every rail.
+    assert_eq!(daemon["resources"]["limits"]["rdma/rdma_shared_device_a"], "1");
+
+    let docs = render(&PCI_CONFIG_SPACE);
+    let pod = &find(&docs, "DaemonSet", "railguard-prober-h100-ndr")["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["containers"][0]["securityContext"]["capabilities"]["add"],
+        json!(["IPC_LOCK", "SYS_ADMIN"])
+    );
+    assert_eq!(pod["containers"][1]["securityContext"]["capabilities"]["add"], json!(["IPC_LOCK"]));
+
+    let docs = render(&REAL_NODE);
+    let pod = &find(&docs, "DaemonSet", "railguard-prober-h100-ndr")["spec"]["template"]["spec"];
+    for c in pod["containers"].as_array().unwrap() {
+        let env = env_of(c);
+        assert_eq!(env["RAILGUARD_SIM_ROOT"], "/host", "{}", c["name"]);
+        assert!(!env.contains_key("RAILGUARD_SYSFS_ROOT"), "{}", c["name"]);
+        assert_eq!(mounts_of(c)["/host"], Json::Null, "read-write: the stand-in grows counters");
+    }
+    let names: Vec<&str> = pod["volumes"].as_array().unwrap().iter().filter_map(|v| v["name"].as_str()).collect();
+    assert!(names.contains(&"sim-node") && !names.contains(&"host-sys") && !names.contains(&"host-proc"), "{names:?}");
+    assert!(pod.get("runtimeClassName").is_none());
+}
+

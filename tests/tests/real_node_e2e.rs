@@ -206,7 +206,16 @@ fn mutated(p: &Pod) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chart_runs_on_a_real_node() -> Result<()> {
     let bins = bin_dir()?;
-    let node = RealNode::start().await?;
+    let mut node = RealNode::start().await?;
+    let result = scenario(&node, &bins).await;
+    if result.is_err() {
+        node.keep_logs();
+        eprintln!("logs of the failed run: {}", node.dir().display());
+    }
+    result
+}
+
+async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     let client = node.client();
     let dir = node.dir().to_path_buf();
     eprintln!("real node up in {:.1}s", node.startup_time().as_secs_f64());
@@ -222,7 +231,7 @@ async fn chart_runs_on_a_real_node() -> Result<()> {
     ensure!(out.status.success(), "sim-sysfs: {}", String::from_utf8_lossy(&out.stderr));
 
     let kube_bin = railguard_tests::control_plane_binaries()?;
-    let archives = build_images(&dir.join("images"), &bins, &kube_bin)?;
+    let archives = build_images(&dir.join("images"), bins, &kube_bin)?;
     node.import_images(&archives)?;
 
     // What GPU Feature Discovery and the device plugins would say about this node.

@@ -22,7 +22,7 @@ use super::kube::{endpoint_of, profile_nodes, write_findings, GpuPodSource, Lead
 use super::mpijob::{self, PairJob};
 use super::simnode;
 use crate::rdma::{PeerConfig, PeerRdmaEngine, VerbsEngine};
-use crate::sim::{NodeModel, SIM_MODEL_PATH};
+use crate::sim::{model_path, NodeModel, SIM_MODEL_PATH};
 
 /// Default TCP port of the peer endpoint.
 pub const DEFAULT_PEER_PORT: u16 = 7470;
@@ -93,9 +93,13 @@ pub struct PeerEndpointArgs {
     pub listen: String,
     #[command(flatten)]
     pub token: TokenArgs,
-    /// Simulate this node from a node model (prober/models/*.yaml) instead of using ibverbs.
-    #[arg(long, env = "RAILGUARD_SIM", value_hint = ValueHint::FilePath, conflicts_with = "sim_root")]
-    pub sim: Option<PathBuf>,
+    /// Simulate this node from a node model (a name from the models directory, or a YAML
+    /// path) instead of using ibverbs (test and demo only).
+    #[arg(long, env = "RAILGUARD_SIM", conflicts_with = "sim_root")]
+    pub sim: Option<String>,
+    /// Where node models live (for `--sim NAME`).
+    #[arg(long, env = "RAILGUARD_MODELS_DIR", value_hint = ValueHint::DirPath)]
+    pub models_dir: Option<PathBuf>,
     /// Simulate the node whose tree `sim-sysfs` wrote here (its `railguard-sim/model.yaml`),
     /// as `certify --sim-root` and `daemon --sim-root` do (test and demo only).
     #[arg(long, env = "RAILGUARD_SIM_ROOT", value_hint = ValueHint::DirPath)]
@@ -112,7 +116,8 @@ pub struct PeerEndpointArgs {
     pub kubeconfig: Option<PathBuf>,
     /// Extended resources that make a pod a GPU pod.
     #[arg(
-        long = "gpu-resource",
+        long = "gpu-resources",
+        alias = "gpu-resource",
         env = "RAILGUARD_GPU_RESOURCES",
         value_delimiter = ',',
         default_value = "nvidia.com/gpu"
@@ -132,10 +137,11 @@ impl PeerEndpointArgs {
 
     async fn serve(self) -> anyhow::Result<()> {
         let token = self.token.load()?;
-        let model_path = self
-            .sim
-            .clone()
-            .or_else(|| self.sim_root.as_ref().map(|r| r.join(SIM_MODEL_PATH)));
+        let model_path = match (&self.sim, &self.sim_root) {
+            (Some(sim), _) => Some(model_path(sim, self.models_dir.as_deref())),
+            (None, Some(root)) => Some(root.join(SIM_MODEL_PATH)),
+            (None, None) => None,
+        };
         let engine: Arc<dyn PeerRdmaEngine> = match &model_path {
             Some(path) => {
                 let model = NodeModel::load(path)
@@ -243,7 +249,8 @@ pub struct CampaignArgs {
     #[arg(long, env = "RAILGUARD_ALLOW_GPU_PODS")]
     pub allow_gpu_pods: bool,
     #[arg(
-        long = "gpu-resource",
+        long = "gpu-resources",
+        alias = "gpu-resource",
         env = "RAILGUARD_GPU_RESOURCES",
         value_delimiter = ',',
         default_value = "nvidia.com/gpu"

@@ -19,7 +19,7 @@ use super::record::{invasive_certificate, Subject};
 use super::run::{error_chain, gather_invasive, NodeSetup};
 use crate::publish::NodePublisher;
 use crate::rdma::{RdmaEngine, SimulatedRdmaEngine, VerbsEngine};
-use crate::sim::{write_sysfs, NodeModel, SIM_MODEL_PATH};
+use crate::sim::{model_path, write_sysfs, NodeModel, SIM_MODEL_PATH};
 
 /// Node, profile, simulation and cluster options shared by `certify` and `daemon`.
 #[derive(Args, Debug, Clone)]
@@ -96,15 +96,7 @@ impl NodeArgs {
 
     /// The node model file for `--sim`.
     pub fn model_path(&self, sim: &str) -> PathBuf {
-        let p = PathBuf::from(sim);
-        if p.is_file() {
-            return p;
-        }
-        let dir = self
-            .models_dir
-            .clone()
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"));
-        dir.join(format!("{sim}.yaml"))
+        model_path(sim, self.models_dir.as_deref())
     }
 
     pub async fn client(&self, required: bool) -> anyhow::Result<Option<Client>> {

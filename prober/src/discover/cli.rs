@@ -55,13 +55,13 @@ pub struct AffinityArgs {
     pub json: bool,
 }
 
-/// `railguard-prober emit-profile [--sysfs-root DIR] --name NAME`
+/// `railguard-prober emit-profile [--sysfs-root DIR] --profile NAME`
 #[derive(Args, Debug, Clone)]
 pub struct EmitProfileArgs {
     #[arg(long, env = "RAILGUARD_SYSFS_ROOT", default_value = "/")]
     pub sysfs_root: PathBuf,
     /// metadata.name of the FabricProfile.
-    #[arg(long, env = "RAILGUARD_PROFILE")]
+    #[arg(long = "profile", visible_alias = "name", env = "RAILGUARD_PROFILE")]
     pub name: String,
 }
 

@@ -37,3 +37,16 @@ pub enum ModelError {
         source: std::io::Error,
     },
 }
+
+/// The node model file `--sim` names: a YAML path, or a model name in `models_dir`
+/// (default: the models shipped in the source tree).
+pub fn model_path(sim: &str, models_dir: Option<&std::path::Path>) -> std::path::PathBuf {
+    let p = std::path::PathBuf::from(sim);
+    if p.is_file() {
+        return p;
+    }
+    let dir = models_dir
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"));
+    dir.join(format!("{sim}.yaml"))
+}

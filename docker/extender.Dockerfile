@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # railguard-extender: the kube-scheduler extender.
 # Build from the repository root:  docker build -f docker/extender.Dockerfile -t railguard-extender .
-ARG RUST_VERSION=1.85
+ARG RUST_VERSION=1.89
 
 FROM rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src

@@ -29,14 +29,15 @@
 #
 # The prober binary is built on Debian bookworm (glibc 2.36); the CUDA images must have at
 # least that glibc (Ubuntu 24.04 based ones do; 22.04 ones do not).
-ARG RUST_VERSION=1.85
+ARG RUST_VERSION=1.89
 ARG CUDA_IMAGE=nvcr.io/nvidia/cuda:12.6.3-devel-ubuntu24.04
 ARG CUDA_RUNTIME_IMAGE=nvcr.io/nvidia/cuda:12.6.3-runtime-ubuntu24.04
 
 FROM rust:${RUST_VERSION}-bookworm AS build
-# ibverbs-sys generates bindings and builds against rdma-core.
+# ibverbs-sys generates bindings and builds against rdma-core (its cmake finds libnl with
+# pkg-config).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends cmake clang libclang-dev libnl-3-dev libnl-route-3-dev libibverbs-dev \
+ && apt-get install -y --no-install-recommends cmake pkg-config clang libclang-dev libnl-3-dev libnl-route-3-dev libibverbs-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .

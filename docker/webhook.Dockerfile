@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # railguard-webhook: the mutating admission webhook.
 # Build from the repository root:  docker build -f docker/webhook.Dockerfile -t railguard-webhook .
-ARG RUST_VERSION=1.85
+ARG RUST_VERSION=1.89
 
 FROM rust:${RUST_VERSION}-bookworm AS build
 WORKDIR /src

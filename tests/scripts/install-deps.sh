@@ -6,6 +6,10 @@ pkgs=(
   cmake pkg-config libnl-3-dev libnl-route-3-dev libclang-dev libibverbs-dev clang
   # control plane
   etcd-server openssl
+  # real local node (containerd + kubelet) and its images (tests/scripts/build-images.sh:
+  # buildah, busybox-static test pods, gcc + libc6-dev for a static pause binary)
+  containerd runc containernetworking-plugins iptables conntrack socat ebtables ethtool
+  buildah busybox-static gcc libc6-dev
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -74,6 +74,10 @@ pub struct Args {
     /// How long shutdown waits for in-flight requests, seconds.
     #[arg(long, env = "RAILGUARD_SHUTDOWN_GRACE_SECONDS", default_value_t = 20)]
     pub shutdown_grace_seconds: u64,
+    /// After SIGTERM, keep serving this many seconds while /readyz reports not ready, so
+    /// the API server stops sending reviews here before the listener closes.
+    #[arg(long, env = "RAILGUARD_SHUTDOWN_DELAY_SECONDS", default_value_t = 5)]
+    pub shutdown_delay_seconds: u64,
     /// How often the certificate files are checked for changes, seconds.
     #[arg(long, env = "RAILGUARD_CERT_POLL_SECONDS", default_value_t = 2)]
     pub cert_poll_seconds: u64,

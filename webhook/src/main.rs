@@ -100,12 +100,17 @@ async fn main() -> anyhow::Result<()> {
                 .context("cannot provision the self-managed certificate")?;
             cert_sync::log_report(&opts, &report);
             let interval = Duration::from_secs(cli.cert_sync_seconds.max(1));
-            Some(tokio::spawn(cert_sync::run(
-                client,
-                opts,
-                interval,
-                cert_stop_rx,
-            )))
+            // No configuration to trust the CA yet (an install applies it after this
+            // Deployment): try again soon rather than a whole interval later.
+            let first = if report.webhook_config_missing {
+                interval.min(cert_sync::RETRY_INTERVAL)
+            } else {
+                interval
+            };
+            let mut stop = cert_stop_rx;
+            Some(tokio::spawn(async move {
+                cert_sync::run_after(client, opts, first, interval, &mut stop).await
+            }))
         }
         None => None,
     };
@@ -130,6 +135,12 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("cannot start the server")?;
     shutdown_signal().await;
+    tracing::info!(
+        delay_seconds = cli.shutdown_delay_seconds,
+        "stop requested: not ready, still serving"
+    );
+    running.begin_drain();
+    tokio::time::sleep(Duration::from_secs(cli.shutdown_delay_seconds)).await;
     tracing::info!("shutting down; finishing in-flight requests");
     let _ = cert_stop_tx.send(true);
     if let Some(task) = cert_task {

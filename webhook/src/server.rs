@@ -2,6 +2,7 @@
 //! on a separate plain port.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -73,9 +74,27 @@ pub fn webhook_router(state: Arc<AppState>, opts: &ServeOptions) -> Router {
 
 /// Health, readiness and metrics (plain HTTP).
 pub fn metrics_router(state: Arc<AppState>) -> Router {
+    metrics_router_draining(state, Arc::new(AtomicBool::new(false)))
+}
+
+/// [`metrics_router`] whose `/readyz` answers 503 once `draining` is set, so the pod leaves
+/// its Service's endpoints while the admission listener still serves.
+fn metrics_router_draining(state: Arc<AppState>, draining: Arc<AtomicBool>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
+        .route(
+            "/readyz",
+            get(move |s: State<Arc<AppState>>| {
+                let draining = draining.clone();
+                async move {
+                    if draining.load(Ordering::Relaxed) {
+                        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
+                    } else {
+                        readyz(s).await
+                    }
+                }
+            }),
+        )
         .route("/metrics", get(metrics_handler))
         .with_state(state)
 }
@@ -180,6 +199,7 @@ pub struct RunningServer {
     webhook: JoinHandle<std::io::Result<()>>,
     plain: JoinHandle<std::io::Result<()>>,
     grace: Duration,
+    draining: Arc<AtomicBool>,
 }
 
 /// Binds both ports and starts serving; returns once both listen.
@@ -210,7 +230,8 @@ pub async fn start(
     let plain_listener = tokio::net::TcpListener::bind(opts.metrics_listen).await?;
     let metrics_addr = plain_listener.local_addr()?;
     let mut plain_stop = stop_rx;
-    let plain_app = metrics_router(state);
+    let draining = Arc::new(AtomicBool::new(false));
+    let plain_app = metrics_router_draining(state, draining.clone());
     let plain = tokio::spawn(async move {
         axum::serve(plain_listener, plain_app)
             .with_graceful_shutdown(async move {
@@ -227,10 +248,18 @@ pub async fn start(
         webhook,
         plain,
         grace: opts.shutdown_grace,
+        draining,
     })
 }
 
 impl RunningServer {
+    /// Marks the server not ready while it keeps serving admission requests: the API server
+    /// stops picking this pod once the endpoint update reaches it. Call, wait a few
+    /// seconds, then [`RunningServer::shutdown`].
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::Relaxed);
+    }
+
     /// Stops accepting, lets in-flight requests finish (up to the grace period), then stops.
     pub async fn shutdown(self) -> std::io::Result<()> {
         self.handle.graceful_shutdown(Some(self.grace));

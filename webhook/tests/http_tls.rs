@@ -553,3 +553,30 @@ async fn graceful_shutdown_finishes_a_request_in_flight() {
         .unwrap()
         .unwrap();
 }
+
+#[tokio::test]
+async fn draining_reports_not_ready_and_still_admits() {
+    let ca = Ca::new("railguard-test-ca");
+    let (cert, key) = ca.serving_pair();
+    let volume = SecretVolume::new(&cert, &key);
+    let srv = start(&volume, FailureMode::Open).await;
+    let c = client(&ca.pem());
+    let ready = |addr: std::net::SocketAddr| async move {
+        reqwest::get(format!("http://{addr}/readyz"))
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(ready(srv.metrics_addr).await, 200);
+
+    // SIGTERM's first step: out of the Service's endpoints, but reviews still answered
+    // (the API server may pick this pod until the endpoint update reaches it).
+    srv.begin_drain();
+    assert_eq!(ready(srv.metrics_addr).await, 503);
+    let (status, body) = post(&c, srv.addr, "/mutate", SAMPLE.as_bytes().to_vec()).await;
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["response"]["allowed"], true);
+    srv.shutdown().await.unwrap();
+}

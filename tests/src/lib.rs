@@ -408,6 +408,12 @@ impl ControlPlane {
         &self.ca_pem
     }
 
+    /// The admin's bearer token (for raw HTTP where the kube client's retries would hide
+    /// an answer, e.g. a 429 from the eviction API).
+    pub fn admin_token(&self) -> &str {
+        &self.token
+    }
+
     /// Where the processes' logs are written.
     pub fn log_dir(&self) -> &Path {
         self.dir.path()

@@ -158,6 +158,20 @@ async fn logs_until(pods: &Api<Pod>, name: &str, marker: &str) -> Result<String>
     .await
 }
 
+/// A memory quantity as kubelet reports it (`24632384Ki`, `64Gi`, bytes), in KiB.
+fn kib(q: &str) -> Option<u64> {
+    let (num, unit) = q.split_at(q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len()));
+    let n: u64 = num.parse().ok()?;
+    Some(match unit {
+        "" => n / 1024,
+        "Ki" => n,
+        "Mi" => n << 10,
+        "Gi" => n << 20,
+        "Ti" => n << 30,
+        _ => return None,
+    })
+}
+
 fn env_line<'a>(log: &'a str, var: &str) -> Option<&'a str> {
     log.lines().find_map(|l| l.strip_prefix(&format!("{var}=")))
 }
@@ -183,16 +197,27 @@ async fn fabric_state(nodes: &Api<Node>) -> Result<(Option<String>, Option<Strin
 }
 
 /// Evicts a pod through the policy/v1beta1 Eviction subresource (1.20's); returns the
-/// HTTP status (201 evicted, 429 refused by a PodDisruptionBudget).
-async fn evict(client: &Client, ns: &str, name: &str) -> Result<u16> {
+/// HTTP status (201 evicted, 429 refused by a PodDisruptionBudget). Plain HTTP: the kube
+/// client retries a 429 until the budget allows it, which would hide the refusal.
+async fn evict(node: &RealNode, ns: &str, name: &str) -> Result<u16> {
+    let cp = node.control_plane();
+    let http = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(cp.ca_pem().as_bytes())?)
+        .build()?;
     let body = json!({
         "apiVersion": "policy/v1beta1", "kind": "Eviction",
         "metadata": {"name": name, "namespace": ns},
     });
-    let req = http::Request::post(format!("/api/v1/namespaces/{ns}/pods/{name}/eviction"))
-        .header("content-type", "application/json")
-        .body(serde_json::to_vec(&body)?)?;
-    let resp = client.send(req.map(Into::into)).await?;
+    let resp = http
+        .post(format!(
+            "{}/api/v1/namespaces/{ns}/pods/{name}/eviction",
+            cp.server_url()
+        ))
+        .bearer_auth(cp.admin_token())
+        .json(&body)
+        .send()
+        .await
+        .context("eviction request")?;
     Ok(resp.status().as_u16())
 }
 
@@ -324,7 +349,32 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse::<u64>().ok())
         .context("df of /dev/shm in the log")?;
-    ensure!(shm_kib == 64 << 20, "/dev/shm is {shm_kib} KiB, the profile's shmSize is 64Gi");
+    // kubelet sizes a memory-backed emptyDir at its sizeLimit, capped by the memory the pod
+    // may use (here the node's allocatable: the test machine has less than 64Gi), instead
+    // of tmpfs' default of half the RAM.
+    let alloc_kib = nodes
+        .get(REAL_NODE_NAME)
+        .await?
+        .status
+        .and_then(|s| s.allocatable)
+        .and_then(|a| a.get("memory").map(|q| q.0.clone()))
+        .as_deref()
+        .and_then(kib)
+        .context("the node's allocatable memory")?;
+    let want_kib = (64u64 << 20).min(alloc_kib);
+    ensure!(
+        shm_kib == want_kib,
+        "/dev/shm is {shm_kib} KiB; the profile's 64Gi capped by allocatable {alloc_kib} KiB is {want_kib}"
+    );
+    let shm_limit = p
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .and_then(|v| v.iter().find_map(|v| v.empty_dir.as_ref()?.size_limit.clone()));
+    ensure!(
+        shm_limit.as_ref().map(|q| q.0.as_str()) == Some("64Gi"),
+        "the injected /dev/shm sizeLimit is {shm_limit:?}"
+    );
     pods.delete("trainer-0", &DeleteParams::default()).await?;
 
     // A port goes down: the prober fails the node.
@@ -394,9 +444,31 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         .filter_map(|p| p.metadata.name)
         .collect();
     ensure!(hook_pods.len() == 2, "webhook pods {hook_pods:?}");
-    ensure!(evict(&client, NAMESPACE, &hook_pods[0]).await? == 201, "first eviction refused");
-    let second = evict(&client, NAMESPACE, &hook_pods[1]).await?;
-    ensure!(second == 429, "second eviction answered {second}, the PDB should refuse it");
+    let pdb_api = Api::<kube::api::DynamicObject>::namespaced_with(
+        client.clone(),
+        NAMESPACE,
+        &kube::api::ApiResource {
+            group: "policy".into(),
+            version: "v1beta1".into(),
+            api_version: "policy/v1beta1".into(),
+            kind: "PodDisruptionBudget".into(),
+            plural: "poddisruptionbudgets".into(),
+        },
+    );
+    let pdb_name = format!("{RELEASE}-webhook");
+    eventually(Duration::from_secs(60), "the webhook PDB to allow one disruption", || async {
+        let pdb = pdb_api.get(&pdb_name).await?;
+        let st = &pdb.data["status"];
+        Ok((st["currentHealthy"] == 2 && st["disruptionsAllowed"] == 1).then_some(()))
+    })
+    .await?;
+    ensure!(evict(node, NAMESPACE, &hook_pods[0]).await? == 201, "first eviction refused");
+    let second = evict(node, NAMESPACE, &hook_pods[1]).await?;
+    let status = pdb_api.get(&pdb_name).await?.data["status"].clone();
+    ensure!(
+        second == 429,
+        "second eviction answered {second}, the PDB should refuse it (PDB status {status})"
+    );
     let t = Instant::now();
     let mut i = 0;
     while t.elapsed() < Duration::from_secs(20) {

@@ -66,14 +66,19 @@ for ns in /run/netns/cni-*; do [ -e "$ns" ] && rm -f "$ns"; done
 #    sysctls exactly as they were before the node started.
 ip link del cni0 2>/dev/null
 if [ -f "$state/iptables.rules" ]; then
-  iptables-restore < "$state/iptables.rules" 2>/dev/null || log "iptables-restore failed"
+  for _ in 1 2 3; do
+    iptables-restore < "$state/iptables.rules" 2>/dev/null && \
+      ! iptables-save 2>/dev/null | grep -qE '^:(KUBE|CNI)-' && break
+    sleep 1
+  done
+  iptables-save 2>/dev/null | grep -qE '^:(KUBE|CNI)-' && log "iptables still hold KUBE-/CNI- chains"
 fi
 if [ -f "$state/ip6tables.rules" ]; then
   ip6tables-restore < "$state/ip6tables.rules" 2>/dev/null || true
 fi
 if [ -f "$state/sysctl" ]; then
   while read -r key value; do
-    [ -n "$key" ] && sysctl -q -w "$key=$value" >/dev/null 2>&1
+    [ -n "$key" ] && echo "$value" > "/proc/sys/${key//.//}" 2>/dev/null
   done < "$state/sysctl"
 fi
 

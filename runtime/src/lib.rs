@@ -1,0 +1,23 @@
+//! The plumbing every railguard binary repeats, in one place: logging set-up
+//! ([`init_logging`], one `--log-format` for all), start-up failures that print as one line
+//! naming the thing and the fix ([`StartupError`], [`error_line`]), listeners bound with
+//! that error ([`bind`]), and the Kubernetes client from `--kubeconfig` ([`kube_client`]).
+//!
+//! Exit codes shared by the binaries: [`EXIT_FAIL`] for a failed verdict (prober only),
+//! [`EXIT_ERROR`] for usage, configuration and runtime errors (clap's own usage errors
+//! exit 2 as well).
+
+mod client;
+mod error;
+mod listen;
+mod logging;
+
+pub use client::kube_client;
+pub use error::{describe_io, error_chain, error_line, StartupError};
+pub use listen::bind;
+pub use logging::{filter_directives, init_logging, use_ansi, LogFormat, LOG_FILTER_VARS};
+
+/// Exit code of a failed verdict or a critical finding.
+pub const EXIT_FAIL: u8 = 1;
+/// Exit code of a usage, configuration or runtime error.
+pub const EXIT_ERROR: u8 = 2;

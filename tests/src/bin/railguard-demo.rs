@@ -253,6 +253,10 @@ async fn main() -> Result<()> {
             dir.display()
         );
         down(&dir)?;
+    } else if dir.exists() {
+        // A finished demo's cluster state and logs: every demo starts from an empty cluster.
+        std::fs::remove_dir_all(&dir)
+            .with_context(|| format!("removing the previous demo's {}", dir.display()))?;
     }
     let style = Style {
         color: std::io::stdout().is_terminal(),

@@ -7,12 +7,24 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, ValueHint};
+use railguard_runtime::LogFormat;
 
 use crate::server::DEFAULT_MAX_NODES;
 
+/// Example invocations shown by `--help`.
+pub const EXAMPLES: &str = "\
+Examples:
+  # In a cluster, next to kube-scheduler (what the chart runs):
+  railguard-extender --listen 127.0.0.1:8888 --metrics-listen 0.0.0.0:9090 --log-format json
+
+  # Without a cluster, full-Node requests only, with profiles from a file:
+  railguard-extender --standalone --profiles profiles.yaml
+
+Exit status: 0 after a clean shutdown, 2 on a usage, configuration or runtime error.";
+
 /// Keeps training pods off nodes with uncertified, expired or regressed RDMA fabric.
 #[derive(Debug, Parser)]
-#[command(name = "railguard-extender", version)]
+#[command(name = "railguard-extender", version, after_help = EXAMPLES)]
 pub struct Args {
     /// Address of the extender endpoint (`/filter`, `/prioritize`).
     #[arg(long, env = "RAILGUARD_LISTEN", default_value = "0.0.0.0:8888")]
@@ -58,7 +70,8 @@ pub struct Args {
     /// Largest request body accepted, bytes (full-Node requests of big clusters are large).
     #[arg(long, env = "RAILGUARD_MAX_BODY_BYTES", default_value_t = 512 * 1024 * 1024)]
     pub max_body_bytes: usize,
-    /// Log format: `text` or `json`.
-    #[arg(long, env = "RAILGUARD_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
-    pub log_format: String,
+    /// Log format: `text` (coloured only on a terminal) or `json` lines. The filter comes
+    /// from RAILGUARD_LOG (or RUST_LOG), default `info`.
+    #[arg(long, env = "RAILGUARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }

@@ -1,5 +1,7 @@
 //! `railguard-extender`: the kube-scheduler extender binary.
 
+use std::path::Path;
+use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -9,21 +11,36 @@ use railguard_extender::cli::Args;
 use railguard_extender::metrics::Metrics;
 use railguard_extender::server::{self, AppState, Source};
 use railguard_extender::ExtenderConfig;
+use railguard_runtime::{describe_io, error_line, StartupError, EXIT_ERROR};
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+const NAME: &str = "railguard-extender";
+
+fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    if args.log_format == "json" {
-        tracing_subscriber::fmt()
-            .json()
-            .with_env_filter(filter)
-            .init();
-    } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
+    railguard_runtime::init_logging(args.log_format, "info");
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+        .and_then(|rt| rt.block_on(run(args)));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{NAME}: {}", error_line(e.as_ref()));
+            ExitCode::from(EXIT_ERROR)
+        }
     }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    // Both ports first: one in use fails before the caches start.
+    let listener = railguard_runtime::bind(args.listen, "scheduler requests", "--listen")?;
+    let metrics_listener = railguard_runtime::bind(
+        args.metrics_listen,
+        "metrics and health",
+        "--metrics-listen",
+    )?;
 
     let config = ExtenderConfig {
         gpu_resources: args.gpu_resources.clone(),
@@ -34,35 +51,25 @@ async fn main() -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     let mut watches = None;
     let source = if args.standalone {
-        let path = args
-            .profiles
-            .as_ref()
-            .context("--standalone needs --profiles")?;
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read profiles {}", path.display()))?;
-        let profiles = railguard_api::profiles_from_yaml(&text)
-            .with_context(|| format!("invalid FabricProfiles in {}", path.display()))?;
-        if profiles.is_empty() {
-            anyhow::bail!("{} holds no FabricProfile", path.display());
-        }
+        let path = args.profiles.as_ref().ok_or_else(|| {
+            StartupError::new(
+                "--standalone needs FabricProfiles",
+                "no --profiles given",
+                "pass --profiles FILE",
+            )
+        })?;
+        let profiles = railguard_runtime::read_profiles(path, "--profiles")?;
         tracing::info!(profiles = profiles.len(), "standalone mode");
         Source::Standalone {
             profiles: Arc::new(profiles),
         }
     } else {
-        let kube_config = match &args.kubeconfig {
-            Some(path) => {
-                let kc = kube::config::Kubeconfig::read_from(path)
-                    .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-                kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                    .await
-                    .context("invalid kubeconfig")?
-            }
-            None => kube::Config::infer()
-                .await
-                .context("no kubeconfig and not in a cluster")?,
-        };
-        let client = kube::Client::try_from(kube_config).context("cannot build a kube client")?;
+        let client = railguard_runtime::kube_client(
+            args.kubeconfig.as_deref(),
+            "--kubeconfig",
+            "pass --kubeconfig, run in a cluster, or use --standalone --profiles FILE",
+        )
+        .await?;
         let cluster = Arc::new(ClusterState::new(config.clone()));
         watches = Some(tokio::spawn(cluster.clone().run(client, metrics.clone())));
         Source::Cluster(cluster)
@@ -75,14 +82,11 @@ async fn main() -> anyhow::Result<()> {
     });
 
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(server::load_tls(cert, key).await?),
+        (Some(cert), Some(key)) => Some(load_tls(cert, key).await?),
         _ => None,
     };
-    let listener = std::net::TcpListener::bind(args.listen)
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
-    let metrics_listener = tokio::net::TcpListener::bind(args.metrics_listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.metrics_listen))?;
+    let metrics_listener = tokio::net::TcpListener::from_std(metrics_listener)
+        .context("cannot serve the metrics listener")?;
     tracing::info!(listen = %args.listen, metrics = %args.metrics_listen, tls = tls.is_some(), "serving");
 
     let handle = axum_server::Handle::new();
@@ -107,6 +111,30 @@ async fn main() -> anyhow::Result<()> {
         w.abort();
     }
     Ok(())
+}
+
+/// The TLS pair of `--tls-cert`/`--tls-key`, each file named when it cannot be read.
+async fn load_tls(
+    cert: &Path,
+    key: &Path,
+) -> Result<axum_server::tls_rustls::RustlsConfig, StartupError> {
+    let cert_pem = std::fs::read(cert)
+        .map_err(|e| StartupError::unreadable("the TLS certificate", cert, "--tls-cert", &e))?;
+    let key_pem = std::fs::read(key)
+        .map_err(|e| StartupError::unreadable("the TLS key", key, "--tls-key", &e))?;
+    axum_server::tls_rustls::RustlsConfig::from_pem(cert_pem, key_pem)
+        .await
+        .map_err(|e| {
+            StartupError::new(
+                format!(
+                    "cannot use the TLS certificate {} (--tls-cert) with the key {} (--tls-key)",
+                    cert.display(),
+                    key.display()
+                ),
+                describe_io(&e),
+                "give a PEM certificate chain and the PEM private key that belongs to it",
+            )
+        })
 }
 
 async fn shutdown_signal() {

@@ -35,11 +35,7 @@ pub async fn kube_client(
         }
         None => {
             let config = kube::Config::infer().await.map_err(|e| {
-                StartupError::new(
-                    "no Kubernetes configuration: not in a cluster and no usable $KUBECONFIG or ~/.kube/config",
-                    error_chain(&e),
-                    fix_without,
-                )
+                StartupError::new("no Kubernetes configuration", error_chain(&e), fix_without)
             })?;
             (config, "the inferred Kubernetes configuration".to_string())
         }

@@ -1,7 +1,8 @@
 //! The plumbing every railguard binary repeats, in one place: logging set-up
 //! ([`init_logging`], one `--log-format` for all), start-up failures that print as one line
 //! naming the thing and the fix ([`StartupError`], [`error_line`]), listeners bound with
-//! that error ([`bind`]), and the Kubernetes client from `--kubeconfig` ([`kube_client`]).
+//! that error ([`bind`]), the Kubernetes client from `--kubeconfig` ([`kube_client`]) and
+//! FabricProfiles from a file ([`read_profiles`]).
 //!
 //! Exit codes shared by the binaries: [`EXIT_FAIL`] for a failed verdict (prober only),
 //! [`EXIT_ERROR`] for usage, configuration and runtime errors (clap's own usage errors
@@ -11,11 +12,15 @@ mod client;
 mod error;
 mod listen;
 mod logging;
+mod profiles;
 
 pub use client::kube_client;
 pub use error::{describe_io, error_chain, error_line, StartupError};
 pub use listen::bind;
-pub use logging::{filter_directives, init_logging, use_ansi, LogFormat, LOG_FILTER_VARS};
+pub use logging::{
+    filter_directives, init_logging, init_logging_with, use_ansi, LogFormat, LOG_FILTER_VARS,
+};
+pub use profiles::read_profiles;
 
 /// Exit code of a failed verdict or a critical finding.
 pub const EXIT_FAIL: u8 = 1;

@@ -51,6 +51,16 @@ pub fn filter_directives(vars: &[Option<String>], default: &str) -> String {
 /// Installs the global subscriber: `format` lines on stderr, filtered by `RAILGUARD_LOG`, else
 /// `RUST_LOG`, else `default_directive` (e.g. `info`). A second call does nothing.
 pub fn init_logging(format: LogFormat, default_directive: &str) {
+    init_logging_with(format, default_directive, std::io::stderr);
+}
+
+/// [`init_logging`] writing through `writer`, which must end up on stderr (colour is decided
+/// by whether stderr is a terminal): e.g. a writer that hides a progress bar while a line
+/// is written.
+pub fn init_logging_with<W>(format: LogFormat, default_directive: &str, writer: W)
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
     let vars: Vec<Option<String>> = LOG_FILTER_VARS
         .iter()
         .map(|v| std::env::var(v).ok())
@@ -63,7 +73,7 @@ pub fn init_logging(format: LogFormat, default_directive: &str) {
     );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         .with_ansi(ansi);
     // An error means a subscriber is already installed (tests): keep that one.
     let _ = match format {

@@ -7,12 +7,26 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, ValueHint};
+use railguard_runtime::LogFormat;
 
 use crate::FailureMode;
 
+/// Example invocations shown by `--help`.
+pub const EXAMPLES: &str = "\
+Examples:
+  # Standalone, with profiles from a file and a certificate pair on disk:
+  railguard-webhook --profiles profiles.yaml --tls-cert tls.crt --tls-key tls.key
+
+  # In a cluster with self-managed certificates (what the chart runs):
+  railguard-webhook --tls-cert /etc/railguard/tls/tls.crt --tls-key /etc/railguard/tls/tls.key \\
+    --self-signed-secret railguard-webhook-tls --webhook-config-name railguard-webhook \\
+    --service-name railguard-webhook --log-format json
+
+Exit status: 0 after a clean shutdown, 2 on a usage, configuration or runtime error.";
+
 /// Configures GPU training pods for their RDMA fabric at admission.
 #[derive(Debug, Parser)]
-#[command(name = "railguard-webhook", version)]
+#[command(name = "railguard-webhook", version, after_help = EXAMPLES)]
 pub struct Args {
     /// Address of the TLS admission endpoint (`POST /mutate`).
     #[arg(long, env = "RAILGUARD_LISTEN", default_value = "0.0.0.0:8443")]
@@ -105,7 +119,22 @@ pub struct Args {
     /// How often the self-managed Secret and caBundle are checked, seconds.
     #[arg(long, env = "RAILGUARD_CERT_SYNC_SECONDS", default_value_t = 300)]
     pub cert_sync_seconds: u64,
-    /// Log as JSON lines.
-    #[arg(long, env = "RAILGUARD_LOG_JSON")]
+    /// Log format: `text` (coloured only on a terminal) or `json` lines. The filter comes
+    /// from RAILGUARD_LOG (or RUST_LOG), default `info`.
+    #[arg(long, env = "RAILGUARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Deprecated: `--log-format json`.
+    #[arg(long, env = "RAILGUARD_LOG_JSON", hide = true)]
     pub log_json: bool,
+}
+
+impl Args {
+    /// The log format, `--log-json` (deprecated) meaning `json`.
+    pub fn log_format(&self) -> LogFormat {
+        if self.log_json {
+            LogFormat::Json
+        } else {
+            self.log_format
+        }
+    }
 }

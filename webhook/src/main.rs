@@ -1,10 +1,13 @@
 //! `railguard-webhook`: the mutating admission webhook server.
 
+use std::path::Path;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::Parser;
+use railguard_runtime::{error_line, StartupError, EXIT_ERROR};
 use railguard_webhook::catalog::Catalog;
 use railguard_webhook::cert_sync::{self, SelfSignedOptions};
 use railguard_webhook::certs::CertSpec;
@@ -12,28 +15,46 @@ use railguard_webhook::cli::Args;
 use railguard_webhook::metrics::Metrics;
 use railguard_webhook::server::{self, AppState, ServeOptions};
 use railguard_webhook::tls::CertReloader;
-use railguard_webhook::WebhookConfig;
+use railguard_webhook::{TlsError, WebhookConfig};
 
 const SA_NAMESPACE_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+const NAME: &str = "railguard-webhook";
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    if cli.log_json {
-        tracing_subscriber::fmt()
-            .json()
-            .with_env_filter(filter)
-            .init();
-    } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
+    railguard_runtime::init_logging(cli.log_format(), "info");
+    let result = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+        .and_then(|rt| rt.block_on(run(cli)));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{NAME}: {}", error_line(e.as_ref()));
+            ExitCode::from(EXIT_ERROR)
+        }
     }
+}
+
+async fn run(cli: Args) -> anyhow::Result<()> {
+    if cli.log_json {
+        tracing::warn!("--log-json (RAILGUARD_LOG_JSON) is deprecated: use --log-format json");
+    }
+    // Both ports first: one in use fails before certificates or caches are touched.
+    let listener = railguard_runtime::bind(cli.listen, "admission requests", "--listen")?;
+    let metrics_listener =
+        railguard_runtime::bind(cli.metrics_listen, "metrics and health", "--metrics-listen")?;
 
     let gpu_resources: Vec<String> = clean_list(&cli.gpu_resources);
     if gpu_resources.is_empty() {
-        bail!("--gpu-resources names no resource");
+        return Err(StartupError::new(
+            "invalid --gpu-resources",
+            "it names no resource",
+            "give the resource names of GPU containers, e.g. nvidia.com/gpu",
+        )
+        .into());
     }
     let mut excluded = clean_list(&cli.excluded_namespaces);
     let own = cli
@@ -56,13 +77,7 @@ async fn main() -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     let catalog = match &cli.profiles {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read --profiles {}", path.display()))?;
-            let profiles = railguard_api::profiles_from_yaml(&text)
-                .with_context(|| format!("invalid --profiles {}", path.display()))?;
-            if profiles.is_empty() {
-                bail!("--profiles {} holds no FabricProfile", path.display());
-            }
+            let profiles = railguard_runtime::read_profiles(path, "--profiles")?;
             tracing::info!(count = profiles.len(), file = %path.display(), "standalone mode");
             metrics.profiles.set(profiles.len() as i64);
             Catalog::standalone(profiles)
@@ -77,9 +92,13 @@ async fn main() -> anyhow::Result<()> {
     let (cert_stop_tx, cert_stop_rx) = tokio::sync::watch::channel(false);
     let cert_task = match &cli.self_signed_secret {
         Some(secret) => {
-            let namespace = own
-                .clone()
-                .context("--self-signed-secret needs --namespace (or a service account)")?;
+            let namespace = own.clone().ok_or_else(|| {
+                StartupError::new(
+                    "--self-signed-secret needs the webhook's namespace",
+                    "no --namespace and no service account namespace file",
+                    "pass --namespace (RAILGUARD_NAMESPACE)",
+                )
+            })?;
             let spec = CertSpec::new(
                 cli.service_name.as_deref().unwrap_or_default(),
                 &namespace,
@@ -116,7 +135,7 @@ async fn main() -> anyhow::Result<()> {
     };
 
     let reloader = CertReloader::new(&cli.tls_cert, &cli.tls_key)
-        .context("cannot load the serving certificate")?;
+        .map_err(|e| tls_error(&e, &cli.tls_cert, &cli.tls_key))?;
     let state = Arc::new(AppState {
         catalog,
         config,
@@ -131,7 +150,7 @@ async fn main() -> anyhow::Result<()> {
         shutdown_grace: Duration::from_secs(cli.shutdown_grace_seconds),
         cert_poll_interval: Duration::from_secs(cli.cert_poll_seconds.max(1)),
     };
-    let running = server::start(state, reloader, opts)
+    let running = server::start_on(state, reloader, opts, listener, metrics_listener)
         .await
         .context("cannot start the server")?;
     shutdown_signal().await;
@@ -158,20 +177,52 @@ fn clean_list(items: &[String]) -> Vec<String> {
         .collect()
 }
 
-async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("cannot read --kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("invalid --kubeconfig {}", path.display()))?
+async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, StartupError> {
+    railguard_runtime::kube_client(
+        kubeconfig,
+        "--kubeconfig",
+        "pass --kubeconfig, run in a cluster, or use --profiles FILE (standalone)",
+    )
+    .await
+}
+
+/// The serving pair could not be loaded: which file, which flag.
+fn tls_error(e: &TlsError, cert: &Path, key: &Path) -> StartupError {
+    let flag = |path: &Path| {
+        if path == key && path != cert {
+            ("TLS key", "--tls-key")
+        } else {
+            ("TLS certificate", "--tls-cert")
         }
-        None => kube::Config::infer()
-            .await
-            .context("no kubeconfig: pass --kubeconfig, run in a cluster, or use --profiles")?,
     };
-    kube::Client::try_from(config).context("cannot build the Kubernetes client")
+    let pem_fix = "give PEM files (tls.crt: the certificate chain, tls.key: its private key)";
+    match e {
+        TlsError::Read { path, source } => {
+            let (what, flag) = flag(path);
+            StartupError::unreadable(&format!("the {what}"), path, flag, source)
+        }
+        TlsError::NoCertificate { path } | TlsError::NoKey { path } => {
+            let (what, flag) = flag(path);
+            StartupError::new(
+                format!("invalid {what} {} ({flag})", path.display()),
+                e.to_string(),
+                pem_fix,
+            )
+        }
+        TlsError::Pem { path, .. } => {
+            let (what, flag) = flag(path);
+            StartupError::invalid(what, path, flag, e, pem_fix)
+        }
+        TlsError::Pair { .. } => StartupError::new(
+            format!(
+                "the TLS certificate {} (--tls-cert) and key {} (--tls-key) are not a usable pair",
+                cert.display(),
+                key.display()
+            ),
+            railguard_runtime::error_chain(e),
+            "give the private key that belongs to the certificate",
+        ),
+    }
 }
 
 async fn shutdown_signal() {

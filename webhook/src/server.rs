@@ -208,6 +208,20 @@ pub async fn start(
     reloader: CertReloader,
     opts: ServeOptions,
 ) -> std::io::Result<RunningServer> {
+    let listener = std::net::TcpListener::bind(opts.listen)?;
+    let metrics = std::net::TcpListener::bind(opts.metrics_listen)?;
+    start_on(state, reloader, opts, listener, metrics).await
+}
+
+/// Starts serving on listeners bound already (the binary binds them first, so a port in use
+/// fails before anything else starts); `opts.listen` and `opts.metrics_listen` are not used.
+pub async fn start_on(
+    state: Arc<AppState>,
+    reloader: CertReloader,
+    opts: ServeOptions,
+    listener: std::net::TcpListener,
+    metrics_listener: std::net::TcpListener,
+) -> std::io::Result<RunningServer> {
     let (stop, stop_rx) = watch::channel(false);
     let handle = axum_server::Handle::new();
     let tls = reloader.rustls_config();
@@ -218,7 +232,6 @@ pub async fn start(
     ));
 
     let app = webhook_router(state.clone(), &opts);
-    let listener = std::net::TcpListener::bind(opts.listen)?;
     listener.set_nonblocking(true)?;
     let server = axum_server::from_tcp_rustls(listener, tls).handle(handle.clone());
     let webhook = tokio::spawn(async move { server.serve(app.into_make_service()).await });
@@ -227,7 +240,8 @@ pub async fn start(
         .await
         .ok_or_else(|| std::io::Error::other("webhook listener stopped before it was ready"))?;
 
-    let plain_listener = tokio::net::TcpListener::bind(opts.metrics_listen).await?;
+    metrics_listener.set_nonblocking(true)?;
+    let plain_listener = tokio::net::TcpListener::from_std(metrics_listener)?;
     let metrics_addr = plain_listener.local_addr()?;
     let mut plain_stop = stop_rx;
     let draining = Arc::new(AtomicBool::new(false));

@@ -204,7 +204,7 @@ pub struct AnalyzeArgs {
     /// Which profile of --profile-file (default: its first).
     #[arg(long, env = "RAILGUARD_PROFILE", requires = "profile_file")]
     pub profile: Option<String>,
-    /// Print JSON.
+    /// Print JSON instead of text (keys: README, "JSON output").
     #[arg(long, env = "RAILGUARD_JSON")]
     pub json: bool,
 }
@@ -226,15 +226,12 @@ pub enum AnalyzeError {
         #[source]
         source: crate::nccl::PerfParseError,
     },
-    #[error("cannot read profile {path}")]
-    Profile {
-        path: String,
-        #[source]
-        source: railguard_api::ProfileError,
-    },
-    #[error("profile file {path} holds no FabricProfile")]
-    EmptyProfile { path: String },
-    #[error("profile file {path} holds no FabricProfile named {name}")]
+    /// `--profile-file` is unreadable or invalid (the message names it and the fix).
+    #[error(transparent)]
+    Profile(#[from] railguard_runtime::StartupError),
+    #[error(
+        "profile file {path} (--profile-file) holds no FabricProfile named {name} (--profile)"
+    )]
     NoSuchProfile { path: String, name: String },
     #[error("cannot encode JSON")]
     Json {
@@ -244,8 +241,8 @@ pub enum AnalyzeError {
 }
 
 impl AnalyzeArgs {
-    /// Returns the text to print and whether the verdict is `fail`.
-    pub fn run(&self) -> Result<(String, bool), AnalyzeError> {
+    /// Analyzes the inputs; a `fail` verdict is exit status 1.
+    pub fn run(&self) -> Result<crate::cli::Outcome, AnalyzeError> {
         let paths: Vec<&std::path::PathBuf> =
             self.nccl_tests.iter().chain(self.nccl_log.iter()).collect();
         if paths.is_empty() {
@@ -274,27 +271,16 @@ impl AnalyzeArgs {
         let profile = match &self.profile_file {
             None => None,
             Some(p) => {
-                let shown = p.display().to_string();
-                let text = std::fs::read_to_string(p).map_err(|source| AnalyzeError::Read {
-                    path: shown.clone(),
-                    source,
-                })?;
-                let mut list = railguard_api::profiles_from_yaml(&text).map_err(|source| {
-                    AnalyzeError::Profile {
-                        path: shown.clone(),
-                        source,
-                    }
-                })?;
+                let mut list = railguard_runtime::read_profiles(p, "--profile-file")?;
                 match &self.profile {
-                    Some(name) => Some(
-                        list.into_iter()
-                            .find(|p| p.name() == name)
-                            .ok_or_else(|| AnalyzeError::NoSuchProfile {
-                                path: shown,
+                    Some(name) => {
+                        Some(list.into_iter().find(|p| p.name() == name).ok_or_else(|| {
+                            AnalyzeError::NoSuchProfile {
+                                path: p.display().to_string(),
                                 name: name.clone(),
-                            })?,
-                    ),
-                    None if list.is_empty() => return Err(AnalyzeError::EmptyProfile { path: shown }),
+                            }
+                        })?)
+                    }
                     None => Some(list.remove(0)),
                 }
             }
@@ -309,6 +295,6 @@ impl AnalyzeArgs {
         } else {
             render_report(&report)
         };
-        Ok((text, failed))
+        Ok(crate::cli::Outcome::verdict(text, failed))
     }
 }

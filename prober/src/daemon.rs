@@ -30,6 +30,7 @@ use crate::certify::cli::{certify_once, NodeArgs, NodeContext};
 use crate::certify::policy::assess_passive;
 use crate::certify::record::{passive_certificate, Subject};
 use crate::certify::run::{error_chain, gather_passive};
+use crate::progress::NoProgress;
 use crate::publish::NodePublisher;
 
 /// `railguard-prober daemon`
@@ -253,7 +254,7 @@ pub fn is_active_gpu_pod(pod: &Pod, gpu_resources: &[String]) -> bool {
 }
 
 async fn serve_metrics(
-    addr: SocketAddr,
+    listener: std::net::TcpListener,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -289,9 +290,9 @@ async fn serve_metrics(
                 }
             }),
         );
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
+    let addr = listener.local_addr().context("metrics listener")?;
+    let listener =
+        tokio::net::TcpListener::from_std(listener).context("cannot serve the metrics port")?;
     tracing::info!(%addr, "metrics and health listening");
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { stop.cancelled().await })
@@ -322,7 +323,7 @@ impl Loop {
     }
 
     async fn invasive(&self, recertify: bool) -> anyhow::Result<()> {
-        let out = certify_once(&self.ctx, true).await?;
+        let out = certify_once(&self.ctx, true, Arc::new(NoProgress)).await?;
         self.metrics.record(&out.certificate, "invasive");
         if recertify {
             self.publisher
@@ -452,17 +453,19 @@ impl Loop {
 
 impl DaemonArgs {
     pub async fn run(&self) -> anyhow::Result<()> {
+        // The port first: one in use fails before the node is touched.
+        let listener = railguard_runtime::bind(
+            self.metrics_listen,
+            "metrics and health",
+            "--metrics-listen",
+        )?;
         let ctx = self.node.context(true).await?;
         let publisher = ctx
             .publisher()
             .context("the daemon needs a cluster client")?;
         let metrics = Arc::new(Metrics::new());
         let stop = CancellationToken::new();
-        let server = tokio::spawn(serve_metrics(
-            self.metrics_listen,
-            metrics.clone(),
-            stop.clone(),
-        ));
+        let server = tokio::spawn(serve_metrics(listener, metrics.clone(), stop.clone()));
         let signals = {
             let stop = stop.clone();
             tokio::spawn(async move {

@@ -9,6 +9,7 @@ pub mod daemon;
 pub mod discover;
 pub mod nccl;
 pub mod preflight;
+pub mod progress;
 pub mod publish;
 pub mod rdma;
 pub mod sim;

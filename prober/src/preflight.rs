@@ -220,28 +220,81 @@ pub struct PreflightArgs {
     /// Root of the container's filesystem view (tests use a fake tree).
     #[arg(long, env = "RAILGUARD_PREFLIGHT_ROOT", default_value = "/")]
     pub root: PathBuf,
+    /// Print the checks as JSON on stdout, passed or not (keys: README, "JSON output").
+    #[arg(long, env = "RAILGUARD_JSON")]
+    pub json: bool,
+}
+
+/// The JSON printed by `preflight --json`.
+#[derive(Debug, serde::Serialize)]
+pub struct PreflightReport<'a> {
+    /// Every check passed.
+    pub passed: bool,
+    /// The first failed check's message (what the text output ends with).
+    pub failure: Option<&'a str>,
+    pub checks: Vec<PreflightCheckJson<'a>>,
+}
+
+/// One check in [`PreflightReport`].
+#[derive(Debug, serde::Serialize)]
+pub struct PreflightCheckJson<'a> {
+    pub name: &'a str,
+    pub ok: bool,
+    pub message: &'a str,
+}
+
+/// The report of `checks`: the table (ending with the verdict line) or JSON, and whether one
+/// failed. Pure.
+pub fn render(checks: &[PreflightCheck], json: bool) -> Result<(String, bool), serde_json::Error> {
+    let failure = checks.iter().find(|c| !c.ok).map(|c| c.message.as_str());
+    if json {
+        let report = PreflightReport {
+            passed: failure.is_none(),
+            failure,
+            checks: checks
+                .iter()
+                .map(|c| PreflightCheckJson {
+                    name: c.name,
+                    ok: c.ok,
+                    message: &c.message,
+                })
+                .collect(),
+        };
+        return Ok((
+            serde_json::to_string_pretty(&report)? + "\n",
+            failure.is_some(),
+        ));
+    }
+    let mut text = String::new();
+    for c in checks {
+        text.push_str(&format!(
+            "{:<4} {:<9} {}\n",
+            if c.ok { "ok" } else { "FAIL" },
+            c.name,
+            c.message
+        ));
+    }
+    match failure {
+        Some(m) => text.push_str(&format!("railguard preflight failed: {m}\n")),
+        None => text.push_str("railguard preflight passed\n"),
+    }
+    Ok((text, failure.is_some()))
 }
 
 impl PreflightArgs {
-    /// Prints every check; returns the one message to fail with, if any.
-    pub fn run(&self) -> Result<String, String> {
+    /// Runs every check. A failed one is exit status 1; its text report goes to stderr (the
+    /// init container's log ends with the reason), JSON always to stdout.
+    pub fn run(&self) -> Result<crate::cli::Outcome, serde_json::Error> {
         let env: BTreeMap<String, String> = std::env::vars()
             .filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("RAILGUARD_"))
             .collect();
         let checks = check(&gather(&self.root, env));
-        let mut text = String::new();
-        for c in &checks {
-            text.push_str(&format!(
-                "{:<4} {:<9} {}\n",
-                if c.ok { "ok" } else { "FAIL" },
-                c.name,
-                c.message
-            ));
-        }
-        match checks.iter().find(|c| !c.ok) {
-            Some(c) => Err(format!("{text}railguard preflight failed: {}", c.message)),
-            None => Ok(format!("{text}railguard preflight passed")),
-        }
+        let (text, failed) = render(&checks, self.json)?;
+        Ok(crate::cli::Outcome {
+            text,
+            failed,
+            on_stderr: failed && !self.json,
+        })
     }
 }
 

@@ -84,14 +84,17 @@ fn discover_json_has_the_contract_shape() {
 #[test]
 fn discover_table_names_rails_and_findings() {
     let dir = sim("h100-port-down");
-    let out = ok(&run(
+    let out = run(
         &[
             "discover",
             "--sysfs-root",
             dir.path().to_str().expect("path"),
         ],
         &[],
-    ));
+    );
+    // A CRITICAL finding is exit status 1, with the table printed all the same.
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let out = String::from_utf8(out.stdout).expect("utf8");
     assert!(out.contains("GPU affinity"), "{out}");
     assert!(out.contains("mlx5_5:1"), "{out}");
     assert!(
@@ -137,10 +140,13 @@ fn affinity_on_a_cut_file_fails_clearly() {
     let cut = dir.path().join("cut.txt");
     std::fs::write(&cut, &text[..text.len() / 2]).expect("write");
     let out = run(&["affinity", "--topo", cut.to_str().expect("path")], &[]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("is not a usable nvidia-smi topo -m output"),
+        err.contains(&format!(
+            "invalid nvidia-smi topo -m output {} (--topo)",
+            cut.display()
+        )),
         "{err}"
     );
     assert!(
@@ -148,8 +154,9 @@ fn affinity_on_a_cut_file_fails_clearly() {
         "{err}"
     );
     let missing = run(&["affinity", "--topo", "/nonexistent/topo.txt"], &[]);
-    assert_eq!(missing.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read /nonexistent/topo.txt"));
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr)
+        .contains("cannot read nvidia-smi topo -m output /nonexistent/topo.txt (--topo)"));
 }
 
 #[test]
@@ -183,9 +190,9 @@ fn emit_profile_is_a_valid_fabricprofile_matching_the_example() {
 #[test]
 fn bad_roots_and_models_exit_nonzero_with_a_message() {
     let out = run(&["discover", "--sysfs-root", "/nonexistent/railguard"], &[]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr)
-        .contains("sysfs root /nonexistent/railguard does not exist"));
+        .contains("cannot read the sysfs root /nonexistent/railguard (--sysfs-root)"));
     let dir = tempfile::tempdir().expect("tempdir");
     let out = run(
         &[
@@ -197,7 +204,8 @@ fn bad_roots_and_models_exit_nonzero_with_a_message() {
         ],
         &[],
     );
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no sys/bus/pci/devices"));
     let out = run(
         &[
             "sim-sysfs",
@@ -208,7 +216,7 @@ fn bad_roots_and_models_exit_nonzero_with_a_message() {
         ],
         &[],
     );
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("cannot read model /nonexistent/model.yaml")
     );

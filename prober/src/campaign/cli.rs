@@ -12,15 +12,17 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::discovery::ApiResource;
 use kube::Client;
 use railguard_api::{keys, FabricProfile};
+use railguard_runtime::StartupError;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::coordinator::{run_campaign, CampaignNode, CampaignReport, CampaignSettings};
+use super::coordinator::{run_campaign_with, CampaignNode, CampaignReport, CampaignSettings};
 use super::endpoint::{serve, EndpointConfig};
 use super::kube::{endpoint_of, profile_nodes, write_findings, GpuPodSource, LeaderLease};
 use super::mpijob::{self, PairJob};
 use super::simnode;
+use crate::cli::Outcome;
 use crate::rdma::{PeerConfig, PeerRdmaEngine, VerbsEngine};
 use crate::sim::{model_path, NodeModel, SIM_MODEL_PATH};
 
@@ -61,22 +63,12 @@ impl TokenArgs {
 }
 
 async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Client> {
-    match kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-            let cfg = kube::Config::from_custom_kubeconfig(
-                kc,
-                &kube::config::KubeConfigOptions::default(),
-            )
-            .await
-            .with_context(|| format!("invalid kubeconfig {}", path.display()))?;
-            Ok(Client::try_from(cfg)?)
-        }
-        None => Ok(Client::try_default()
-            .await
-            .context("no kubeconfig and not in a cluster")?),
-    }
+    Ok(railguard_runtime::kube_client(
+        kubeconfig.map(PathBuf::as_path),
+        "--kubeconfig",
+        "pass --kubeconfig, or run in a cluster",
+    )
+    .await?)
 }
 
 /// `railguard-prober peer-endpoint`: serve campaign tests for this node.
@@ -179,9 +171,9 @@ impl PeerEndpointArgs {
         peer.io_timeout = Duration::from_secs(self.io_timeout_secs.max(1));
         let mut cfg = EndpointConfig::new(peer, &token, engine, gpu_pods);
         cfg.io_timeout = Duration::from_secs(self.io_timeout_secs.max(1));
-        let listener = TcpListener::bind(&self.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", self.listen))?;
+        let listener =
+            railguard_runtime::bind(self.listen.as_str(), "the peer endpoint", "--listen")?;
+        let listener = TcpListener::from_std(listener).context("cannot serve the peer endpoint")?;
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
         tokio::spawn(async move {
@@ -224,6 +216,7 @@ pub struct CampaignArgs {
     /// Read the profile from this YAML file instead of the API.
     #[arg(long, env = "RAILGUARD_PROFILE_FILE")]
     pub profile_file: Option<PathBuf>,
+    /// Kubeconfig file; in-cluster config or $KUBECONFIG when unset.
     #[arg(long, env = "RAILGUARD_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     #[command(flatten)]
@@ -231,6 +224,7 @@ pub struct CampaignArgs {
     /// Lease for leader election (`coordination.k8s.io/v1`); without it no election.
     #[arg(long, env = "RAILGUARD_LEASE_NAME")]
     pub lease_name: Option<String>,
+    /// Namespace of the Lease.
     #[arg(long, env = "RAILGUARD_LEASE_NAMESPACE", default_value = "railguard")]
     pub lease_namespace: String,
     /// This coordinator's identity in the Lease (the pod name in a Deployment).
@@ -243,11 +237,13 @@ pub struct CampaignArgs {
     /// `railguard.io/peer-endpoint` annotation or its InternalIP and --peer-port.
     #[arg(long = "endpoint", env = "RAILGUARD_ENDPOINTS", value_delimiter = ',')]
     pub endpoints: Vec<String>,
+    /// Port of the nodes' peer endpoints, when only their InternalIP is known.
     #[arg(long, env = "RAILGUARD_PEER_PORT", default_value_t = crate::campaign::cli::DEFAULT_PEER_PORT)]
     pub peer_port: u16,
     /// Run tests even on nodes with GPU pods.
     #[arg(long, env = "RAILGUARD_ALLOW_GPU_PODS")]
     pub allow_gpu_pods: bool,
+    /// Extended resources that make a pod a GPU pod.
     #[arg(
         long = "gpu-resources",
         alias = "gpu-resource",
@@ -268,49 +264,62 @@ pub struct CampaignArgs {
     /// Plan and test, but write nothing to the nodes.
     #[arg(long, env = "RAILGUARD_DRY_RUN")]
     pub dry_run: bool,
-    /// Print the campaign report as JSON.
-    #[arg(long)]
+    /// Print the campaign report (or the judged 2-node NCCL log) as JSON instead of text
+    /// (keys: README, "JSON output"). No progress is drawn then.
+    #[arg(long, env = "RAILGUARD_JSON")]
     pub json: bool,
     /// Instead of a campaign: render (and with --launch, create) the 2-node nccl-tests MPIJob
     /// for this pair, `NODE_A,NODE_B`.
     #[arg(long, env = "RAILGUARD_NCCL_PAIR")]
     pub nccl_pair: Option<String>,
+    /// MPIJob template for --nccl-pair (`{{name}}` placeholders; default: the built-in one).
     #[arg(long, env = "RAILGUARD_MPIJOB_TEMPLATE")]
     pub mpijob_template: Option<PathBuf>,
+    /// Namespace of the --nccl-pair MPIJob.
     #[arg(long, env = "RAILGUARD_NCCL_NAMESPACE", default_value = "railguard")]
     pub nccl_namespace: String,
+    /// nccl-tests image of the --nccl-pair MPIJob.
     #[arg(
         long,
         env = "RAILGUARD_NCCL_IMAGE",
         default_value = "ghcr.io/railguard/nccl-tests:latest"
     )]
     pub nccl_image: String,
+    /// GPUs per node of the --nccl-pair MPIJob (default: the profile's rails' GPUs).
     #[arg(long, env = "RAILGUARD_GPUS_PER_NODE")]
     pub gpus_per_node: Option<u32>,
     /// Create the rendered MPIJob in the cluster.
-    #[arg(long)]
+    #[arg(long, env = "RAILGUARD_LAUNCH")]
     pub launch: bool,
     /// Judge collected nccl-tests logs of a 2-node run (repeatable) instead of a campaign.
-    #[arg(long = "nccl-log")]
+    #[arg(long = "nccl-log", env = "RAILGUARD_NCCL_LOG", value_delimiter = ',', value_hint = ValueHint::FilePath)]
     pub nccl_logs: Vec<PathBuf>,
 }
 
 impl CampaignArgs {
-    pub fn run(self) -> anyhow::Result<String> {
+    /// Runs the command. A blamed node, rail or link (or a failed 2-node NCCL log) is exit
+    /// status 1.
+    pub fn run(self) -> anyhow::Result<Outcome> {
         let rt = tokio::runtime::Runtime::new()?;
         rt.block_on(self.run_async())
     }
 
     async fn load_profile(&self, client: Option<&Client>) -> anyhow::Result<FabricProfile> {
         let profile = match &self.profile_file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
-                railguard_api::profiles_from_yaml(&text)?
-                    .into_iter()
-                    .find(|p| p.name() == self.profile)
-                    .ok_or_else(|| anyhow!("{} has no profile {}", path.display(), self.profile))?
-            }
+            Some(path) => railguard_runtime::read_profiles(path, "--profile-file")?
+                .into_iter()
+                .find(|p| p.name() == self.profile)
+                .ok_or_else(|| {
+                    StartupError::new(
+                        format!(
+                            "no FabricProfile named {} (--profile) in {} (--profile-file)",
+                            self.profile,
+                            path.display()
+                        ),
+                        "not in the file",
+                        "name a profile of the file",
+                    )
+                })?,
             None => {
                 let client = client
                     .ok_or_else(|| anyhow!("reading the profile from the API needs a cluster"))?;
@@ -326,7 +335,7 @@ impl CampaignArgs {
         Ok(profile)
     }
 
-    async fn run_async(self) -> anyhow::Result<String> {
+    async fn run_async(self) -> anyhow::Result<Outcome> {
         if !self.nccl_logs.is_empty() {
             let profile = self.load_profile(None).await?;
             let texts: Vec<String> = self
@@ -339,10 +348,16 @@ impl CampaignArgs {
                 .collect::<Result<_, _>>()?;
             let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
             let report = mpijob::judge_log(&refs, &profile)?;
-            return Ok(serde_json::to_string_pretty(&report)? + "\n");
+            let failed = report.verdict == crate::analyze::AnalyzeVerdict::Fail;
+            let text = if self.json {
+                serde_json::to_string_pretty(&report)? + "\n"
+            } else {
+                crate::analyze::render_report(&report)
+            };
+            return Ok(Outcome::verdict(text, failed));
         }
         if let Some(pair) = &self.nccl_pair {
-            return self.nccl_pair(pair).await;
+            return self.nccl_pair(pair).await.map(Outcome::pass);
         }
         let client = kube_client(self.kubeconfig.as_ref()).await?;
         let profile = self.load_profile(Some(&client)).await?;
@@ -362,9 +377,9 @@ impl CampaignArgs {
             );
             if !lease.try_acquire(Timestamp::now()).await? {
                 info!(lease = %lease_name, "another coordinator holds the lease; nothing to do");
-                return Ok(format!(
+                return Ok(Outcome::pass(format!(
                     "lease {lease_name} is held by another coordinator; no campaign run\n"
-                ));
+                )));
             }
             info!(lease = %lease_name, identity = %identity, "leader");
             // Keep the lease while the campaign runs.
@@ -425,7 +440,10 @@ impl CampaignArgs {
         settings.iterations = self.iterations.max(1);
         info!(profile = %profile.name(), nodes = nodes.len(), rails = settings.rails.len(), "campaign starts");
         let now = Timestamp::now();
-        let report = run_campaign(&nodes, &settings, now).await?;
+        let progress = crate::progress::for_stderr(self.json);
+        let report = run_campaign_with(&nodes, &settings, now, progress.as_ref()).await;
+        progress.finish();
+        let report = report?;
         if !self.dry_run {
             for (name, findings) in &report.findings {
                 if let Err(e) = write_findings(&client, name, findings, now).await {
@@ -433,11 +451,13 @@ impl CampaignArgs {
                 }
             }
         }
-        if self.json {
-            Ok(serde_json::to_string_pretty(&report)? + "\n")
+        let failed = found_faults(&report);
+        let text = if self.json {
+            serde_json::to_string_pretty(&report)? + "\n"
         } else {
-            Ok(render_summary(&report))
-        }
+            render_summary(&report)
+        };
+        Ok(Outcome::verdict(text, failed))
     }
 
     async fn nccl_pair(&self, pair: &str) -> anyhow::Result<String> {
@@ -503,6 +523,13 @@ impl CampaignArgs {
         }
         Ok(serde_yaml::to_string(&manifest)?)
     }
+}
+
+/// Whether the campaign blamed a node, a rail or a link (exit status 1).
+pub fn found_faults(r: &CampaignReport) -> bool {
+    r.findings
+        .values()
+        .any(|f| f.node_fault.is_some() || !f.blamed_rails.is_empty() || !f.links.is_empty())
 }
 
 /// A short text summary: counts and the culprits.

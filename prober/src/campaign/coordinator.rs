@@ -18,6 +18,7 @@ use super::plan::{
 use super::verdict::{NodeFindings, RailBlame};
 use super::wire::{ControlRequest, ControlResponse, RailRef, RailReport, RunTestRequest};
 use super::CampaignError;
+use crate::progress::{NoProgress, Progress};
 use crate::rdma::MemoryKind;
 
 /// A node taking part, with its endpoint address.
@@ -183,12 +184,33 @@ pub async fn run_campaign(
     settings: &CampaignSettings,
     now: Timestamp,
 ) -> Result<CampaignReport, CampaignError> {
+    run_campaign_with(nodes, settings, now, &NoProgress).await
+}
+
+/// [`run_campaign`], reporting to `progress`: each round's pair tests are planned as it
+/// starts (the plan adapts to results, so the total grows), each finished test is a step.
+pub async fn run_campaign_with(
+    nodes: &[CampaignNode],
+    settings: &CampaignSettings,
+    now: Timestamp,
+    progress: &dyn Progress,
+) -> Result<CampaignReport, CampaignError> {
     let mut plan = CampaignPlan::new(nodes.len(), settings.rails.len(), settings.plan.clone())?;
     let mut records = Vec::new();
     while let Some(round) = plan.next_round() {
         let n = plan.rounds();
         info!(round = n, tests = round.len(), "campaign round");
-        let runs = round.iter().map(|t| run_pair(nodes, settings, *t, n));
+        progress.plan(round.len() as u64);
+        progress.step(&format!(
+            "round {n}: {} pair tests of {} rails",
+            round.len(),
+            settings.rails.len()
+        ));
+        let runs = round.iter().map(|t| async move {
+            let record = run_pair(nodes, settings, *t, n).await;
+            progress.step_done();
+            record
+        });
         for (test, record) in round.iter().zip(futures::future::join_all(runs).await) {
             let outcomes = record.rails.iter().map(|r| r.outcome).collect();
             plan.record(PairResult {

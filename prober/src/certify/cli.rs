@@ -11,12 +11,16 @@ use clap::{Args, ValueHint};
 use jiff::Timestamp;
 use kube::Client;
 use railguard_api::{Certificate, FabricProfile, Verdict};
+use railguard_runtime::StartupError;
 
 use super::evidence::ResourceExposure;
 use super::matrix::{matrix_rows, render_matrix};
 use super::policy::assess;
 use super::record::{invasive_certificate, Subject};
-use super::run::{error_chain, gather_invasive, NodeSetup};
+use super::run::{error_chain, gather_invasive_with, NodeSetup};
+use crate::cli::Outcome;
+use crate::discover::cli::check_sysfs_root;
+use crate::progress::Progress;
 use crate::publish::NodePublisher;
 use crate::rdma::{RdmaEngine, SimulatedRdmaEngine, VerbsEngine};
 use crate::sim::{model_path, write_sysfs, NodeModel, SIM_MODEL_PATH};
@@ -71,7 +75,8 @@ pub struct CertifyArgs {
     /// Publish the certificate on the Node (labels, annotation, condition, Event).
     #[arg(long, env = "RAILGUARD_PUBLISH")]
     pub publish: bool,
-    /// Print the certificate as JSON instead of the matrix.
+    /// Print the certificate as JSON instead of the matrix (keys: README, "JSON output").
+    /// No progress is drawn then.
     #[arg(long, env = "RAILGUARD_JSON")]
     pub json: bool,
 }
@@ -100,26 +105,16 @@ impl NodeArgs {
     }
 
     pub async fn client(&self, required: bool) -> anyhow::Result<Option<Client>> {
-        if let Some(path) = &self.kubeconfig {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
-            let config = kube::Config::from_custom_kubeconfig(
-                kc,
-                &kube::config::KubeConfigOptions::default(),
-            )
-            .await
-            .context("invalid kubeconfig")?;
-            return Ok(Some(
-                Client::try_from(config).context("cannot build a client")?,
-            ));
+        if self.kubeconfig.is_none() && !required {
+            return Ok(None);
         }
-        if required {
-            let c = Client::try_default()
-                .await
-                .context("no --kubeconfig and no in-cluster configuration")?;
-            return Ok(Some(c));
-        }
-        Ok(None)
+        let client = railguard_runtime::kube_client(
+            self.kubeconfig.as_deref(),
+            "--kubeconfig",
+            "pass --kubeconfig, or run in a cluster",
+        )
+        .await?;
+        Ok(Some(client))
     }
 
     /// Resolves node, profile, simulation and engines. With `write_tree`, a `--sim` model's
@@ -151,12 +146,14 @@ impl NodeArgs {
                 })?;
                 (Some(model), root)
             }
-            (None, None) => (
-                None,
-                self.sysfs_root
+            (None, None) => {
+                let root = self
+                    .sysfs_root
                     .clone()
-                    .unwrap_or_else(|| PathBuf::from("/")),
-            ),
+                    .unwrap_or_else(|| PathBuf::from("/"));
+                check_sysfs_root(&root, "--sysfs-root")?;
+                (None, root)
+            }
         };
         let profile = self
             .resolve_profile(client.as_ref(), &node, &sysfs_root)
@@ -200,27 +197,42 @@ impl NodeArgs {
         node: &str,
         root: &Path,
     ) -> anyhow::Result<FabricProfile> {
-        let profiles = match (&self.profile_file, client) {
-            (Some(path), _) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read profile {}", path.display()))?;
-                railguard_api::profiles_from_yaml(&text)
-                    .with_context(|| format!("invalid profile file {}", path.display()))?
-            }
-            (None, Some(c)) => {
-                let api: kube::Api<FabricProfile> = kube::Api::all(c.clone());
-                api.list(&Default::default())
-                    .await
-                    .context("cannot list FabricProfiles")?
-                    .items
-            }
-            (None, None) => bail!("no --profile-file and no cluster to read FabricProfiles from"),
-        };
+        let profiles =
+            match (&self.profile_file, client) {
+                (Some(path), _) => railguard_runtime::read_profiles(path, "--profile-file")?,
+                (None, Some(c)) => {
+                    let api: kube::Api<FabricProfile> = kube::Api::all(c.clone());
+                    api.list(&Default::default())
+                        .await
+                        .context("cannot list FabricProfiles")?
+                        .items
+                }
+                (None, None) => return Err(StartupError::new(
+                    "no FabricProfiles to certify against",
+                    "no --profile-file and no cluster",
+                    "pass --profile-file FILE, or --kubeconfig (in a cluster: the service account)",
+                )
+                .into()),
+            };
         if let Some(name) = &self.profile {
+            let source = match &self.profile_file {
+                Some(p) => format!("{} (--profile-file)", p.display()),
+                None => "the cluster".to_string(),
+            };
+            let names: Vec<&str> = profiles.iter().map(|p| p.name()).collect();
+            let held = format!("it holds {}", names.join(", "));
             return profiles
-                .into_iter()
+                .iter()
                 .find(|p| p.name() == name)
-                .with_context(|| format!("no FabricProfile named {name}"));
+                .cloned()
+                .ok_or_else(|| {
+                    StartupError::new(
+                        format!("no FabricProfile named {name} (--profile) in {source}"),
+                        held,
+                        "name one of them, or omit --profile to pick the one matching this node's rail layout",
+                    )
+                    .into()
+                });
         }
         if profiles.len() == 1 {
             return profiles.into_iter().next().context("no profile");
@@ -313,8 +325,12 @@ pub struct CertifyOutcome {
 }
 
 /// One invasive certification with optional publishing: pending label, evidence, verdict,
-/// certificate, publish.
-pub async fn certify_once(ctx: &NodeContext, publish: bool) -> anyhow::Result<CertifyOutcome> {
+/// certificate, publish. Each rail and NCCL run is a step of `progress`.
+pub async fn certify_once(
+    ctx: &NodeContext,
+    publish: bool,
+    progress: Arc<dyn Progress>,
+) -> anyhow::Result<CertifyOutcome> {
     let previous = ctx.previous().await;
     let profile_name = ctx.profile.name().to_string();
     let spec = &ctx.profile.spec;
@@ -328,7 +344,9 @@ pub async fn certify_once(ctx: &NodeContext, publish: bool) -> anyhow::Result<Ce
             .map_err(|e| anyhow::anyhow!(error_chain(&e)))?;
     }
     let exposure = ctx.exposure().await;
-    let gathered = gather_invasive(&ctx.setup, spec, exposure).await?;
+    let gathered = gather_invasive_with(&ctx.setup, spec, exposure, progress.clone()).await;
+    progress.finish();
+    let gathered = gathered?;
     let history = previous
         .as_ref()
         .filter(|p| p.profile == profile_name)
@@ -371,10 +389,12 @@ pub async fn certify_once(ctx: &NodeContext, publish: bool) -> anyhow::Result<Ce
 }
 
 impl CertifyArgs {
-    /// Runs the command; returns the text to print and whether the node is certified.
-    pub async fn run(&self) -> anyhow::Result<(String, bool)> {
+    /// Runs the command: the matrix (or the certificate as JSON); not certified is exit
+    /// status 1. Progress is drawn on stderr only when it is a terminal and not `--json`.
+    pub async fn run(&self) -> anyhow::Result<Outcome> {
         let ctx = self.node.context(self.publish).await?;
-        let out = certify_once(&ctx, self.publish).await?;
+        let progress = crate::progress::for_stderr(self.json);
+        let out = certify_once(&ctx, self.publish, progress).await?;
         let ok = out.certificate.verdict == Verdict::Certified;
         let text = if self.json {
             let mut s = serde_json::to_string_pretty(&out.certificate)?;
@@ -383,6 +403,6 @@ impl CertifyArgs {
         } else {
             out.matrix
         };
-        Ok((text, ok))
+        Ok(Outcome::verdict(text, !ok))
     }
 }

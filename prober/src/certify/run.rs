@@ -16,6 +16,7 @@ use super::evidence::{
 };
 use crate::discover::{self, DiscoverError, Discovery};
 use crate::nccl::{run_nccl_test, NcclRunSpec};
+use crate::progress::{NoProgress, Progress};
 use crate::rdma::{MemoryKind, RailBenchRequest, RdmaEngine, RdmaError};
 use crate::sim::NodeModel;
 
@@ -135,20 +136,29 @@ pub fn discover_node(setup: &NodeSetup) -> Result<Discovery, GatherError> {
 }
 
 /// Native RDMA per profile rail: host memory, then GPU memory of the rail's first GPU (the
-/// GPU↔HCA path), then nothing else. Runs on a blocking thread: verbs calls block.
+/// GPU↔HCA path), then nothing else. Runs on a blocking thread: verbs calls block. Each rail
+/// is one step of `progress`.
 pub async fn bench_rails(
     engine: Arc<dyn RdmaEngine>,
     profile: &FabricProfileSpec,
+    progress: Arc<dyn Progress>,
 ) -> Vec<RailBench> {
     let rails: Vec<(String, u32, Option<u32>)> = profile
         .rails
         .iter()
         .map(|r| (r.hca.clone(), r.port, r.gpus.first().copied()))
         .collect();
+    let total = rails.len();
     let joined = tokio::task::spawn_blocking(move || {
         rails
             .into_iter()
-            .map(|(hca, port, gpu)| bench_rail(engine.as_ref(), &hca, port, gpu))
+            .enumerate()
+            .map(|(i, (hca, port, gpu))| {
+                let label = format!("RDMA {}/{total} {hca}:{port}", i + 1);
+                let bench = bench_rail(engine.as_ref(), &hca, port, gpu, &label, progress.as_ref());
+                progress.step_done();
+                bench
+            })
             .collect::<Vec<_>>()
     })
     .await;
@@ -167,12 +177,20 @@ pub async fn bench_rails(
     }
 }
 
-fn bench_rail(engine: &dyn RdmaEngine, hca: &str, port: u32, gpu: Option<u32>) -> RailBench {
+fn bench_rail(
+    engine: &dyn RdmaEngine,
+    hca: &str,
+    port: u32,
+    gpu: Option<u32>,
+    label: &str,
+    progress: &dyn Progress,
+) -> RailBench {
     let mut out = RailBench {
         hca: hca.to_string(),
         port,
         ..RailBench::default()
     };
+    progress.step(&format!("{label} host memory"));
     match engine.loopback(&RailBenchRequest::host(hca, port)) {
         Ok(r) => {
             out.write_bw_host_gbps = Some(r.peak_bw_gbps);
@@ -184,6 +202,7 @@ fn bench_rail(engine: &dyn RdmaEngine, hca: &str, port: u32, gpu: Option<u32>) -
         }
     }
     if let Some(gpu) = gpu {
+        progress.step(&format!("{label} GPU {gpu} memory"));
         let mut req = RailBenchRequest::host(hca, port);
         req.memory = MemoryKind::Gpu { gpu };
         match engine.loopback(&req) {
@@ -197,10 +216,12 @@ fn bench_rail(engine: &dyn RdmaEngine, hca: &str, port: u32, gpu: Option<u32>) -
 }
 
 /// The NCCL runs the profile asks for: main, then the optional GDR-off control and the
-/// socket comparison. Returns the runs and the binary's digest.
+/// socket comparison. Returns the runs and the binary's digest. Each run is one step of
+/// `progress`.
 pub async fn nccl_runs(
     setup: &NodeSetup,
     profile: &FabricProfileSpec,
+    progress: &dyn Progress,
 ) -> (Vec<NcclRunEvidence>, Option<String>) {
     let spec = &profile.certification.nccl_tests;
     let mut base_env = setup.nccl_env.clone();
@@ -223,7 +244,17 @@ pub async fn nccl_runs(
     }
     let mut runs = Vec::new();
     let mut digest = None;
-    for (label, extra) in plan {
+    let total = plan.len();
+    for (i, (label, extra)) in plan.into_iter().enumerate() {
+        progress.step(&format!(
+            "NCCL {}/{total} {label} ({})",
+            i + 1,
+            setup
+                .nccl_binary
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        ));
         let mut env = base_env.clone();
         env.extend(extra.iter().cloned());
         let run = NcclRunSpec {
@@ -251,6 +282,7 @@ pub async fn nccl_runs(
             env: shown_env,
             outcome,
         });
+        progress.step_done();
     }
     (runs, digest)
 }
@@ -267,6 +299,13 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// The steps of one invasive window: one per rail, one per NCCL run.
+pub fn invasive_steps(profile: &FabricProfileSpec) -> u64 {
+    let spec = &profile.certification.nccl_tests;
+    let runs = 1 + u64::from(spec.gdr_negative_control) + u64::from(spec.socket_comparison);
+    profile.rails.len() as u64 + runs
+}
+
 /// One invasive certification window: read ports, benchmark every rail, run NCCL, read
 /// ports again.
 pub async fn gather_invasive(
@@ -274,10 +313,24 @@ pub async fn gather_invasive(
     profile: &FabricProfileSpec,
     exposure: Option<ResourceExposure>,
 ) -> Result<Gathered, GatherError> {
+    gather_invasive_with(setup, profile, exposure, Arc::new(NoProgress)).await
+}
+
+/// [`gather_invasive`], reporting each rail and NCCL run to `progress` (planned up front with
+/// [`invasive_steps`]; `finish` is the caller's).
+pub async fn gather_invasive_with(
+    setup: &NodeSetup,
+    profile: &FabricProfileSpec,
+    exposure: Option<ResourceExposure>,
+    progress: Arc<dyn Progress>,
+) -> Result<Gathered, GatherError> {
+    progress.plan(invasive_steps(profile));
+    progress.step("reading ports");
     let first = discover_node(setup)?;
     let before = port_readings(&first);
-    let benches = bench_rails(setup.engine.clone(), profile).await;
-    let (nccl, digest) = nccl_runs(setup, profile).await;
+    let benches = bench_rails(setup.engine.clone(), profile, progress.clone()).await;
+    let (nccl, digest) = nccl_runs(setup, profile, progress.as_ref()).await;
+    progress.step("reading ports again");
     let last = discover_node(setup)?;
     let mut software = software_baseline(&last, &setup.sysfs_root, profile, setup.sim.as_ref());
     if let Some(v) = nccl

@@ -4,26 +4,19 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
+use railguard_runtime::StartupError;
 
-use super::{discover, profile_for, AffinityJson, IndexOrder, ProfileDefaults};
+use super::{discover, profile_for, AffinityJson, IndexOrder, ProfileDefaults, Severity};
+use crate::cli::Outcome;
 
 /// A subcommand failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     #[error(transparent)]
     Discover(#[from] super::DiscoverError),
-    #[error("cannot read {path}")]
-    Read {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path} is not a usable nvidia-smi topo -m output")]
-    Topo {
-        path: String,
-        #[source]
-        source: crate::topo::TopoError,
-    },
+    /// A flag names something unusable (the message names the flag and the fix).
+    #[error(transparent)]
+    Startup(#[from] StartupError),
     #[error("the emitted profile is invalid (no compute rails found?)")]
     Profile(#[from] railguard_api::ProfileError),
     #[error("cannot encode output")]
@@ -39,7 +32,7 @@ pub struct DiscoverArgs {
     /// NVML is only consulted when this is `/`.
     #[arg(long, env = "RAILGUARD_SYSFS_ROOT", default_value = "/")]
     pub sysfs_root: PathBuf,
-    /// Print JSON instead of tables.
+    /// Print JSON instead of tables (keys: README, "JSON output").
     #[arg(long, env = "RAILGUARD_JSON")]
     pub json: bool,
 }
@@ -50,7 +43,7 @@ pub struct AffinityArgs {
     /// A saved `nvidia-smi topo -m` output.
     #[arg(long, env = "RAILGUARD_TOPO")]
     pub topo: PathBuf,
-    /// Print JSON instead of a table.
+    /// Print JSON instead of a table (keys: README, "JSON output").
     #[arg(long, env = "RAILGUARD_JSON")]
     pub json: bool,
 }
@@ -58,6 +51,7 @@ pub struct AffinityArgs {
 /// `railguard-prober emit-profile [--sysfs-root DIR] --profile NAME`
 #[derive(Args, Debug, Clone)]
 pub struct EmitProfileArgs {
+    /// Root the sysfs/procfs paths are read under (`/` on a node; a synthetic tree in tests).
     #[arg(long, env = "RAILGUARD_SYSFS_ROOT", default_value = "/")]
     pub sysfs_root: PathBuf,
     /// metadata.name of the FabricProfile.
@@ -70,41 +64,72 @@ fn nvml_applies(root: &Path) -> bool {
     std::fs::canonicalize(root).is_ok_and(|p| p == Path::new("/"))
 }
 
+/// The sysfs root given with `flag` can be read: a directory holding `sys/bus/pci/devices`.
+pub fn check_sysfs_root(root: &Path, flag: &str) -> Result<(), StartupError> {
+    let problem = format!("cannot read the sysfs root {} ({flag})", root.display());
+    let fix = "point it at the directory holding the host's sys/ and proc/ (/ on a node, /host in the DaemonSet), or write a simulated tree with `railguard-prober sim-sysfs`";
+    if !root.is_dir() {
+        return Err(StartupError::new(problem, "no such directory", fix));
+    }
+    if !root.join("sys/bus/pci/devices").is_dir() {
+        return Err(StartupError::new(
+            problem,
+            "it has no sys/bus/pci/devices (not a sysfs root?)",
+            fix,
+        ));
+    }
+    Ok(())
+}
+
+/// Whether any finding is CRITICAL (exit status 1).
+fn has_critical(j: &AffinityJson) -> bool {
+    j.findings.iter().any(|f| f.severity == Severity::Critical)
+}
+
 impl DiscoverArgs {
-    /// Runs discovery; returns what to print.
-    pub fn run(&self) -> Result<String, CliError> {
+    /// Runs discovery; fails (exit 1) with a CRITICAL finding.
+    pub fn run(&self) -> Result<Outcome, CliError> {
+        check_sysfs_root(&self.sysfs_root, "--sysfs-root")?;
         let d = discover(&self.sysfs_root, nvml_applies(&self.sysfs_root))?;
         let j = AffinityJson::from_discovery(&d);
-        Ok(if self.json {
+        let text = if self.json {
             serde_json::to_string_pretty(&j)? + "\n"
         } else {
             super::render_table(&j)
-        })
+        };
+        Ok(Outcome::verdict(text, has_critical(&j)))
     }
 }
 
 impl AffinityArgs {
-    pub fn run(&self) -> Result<String, CliError> {
-        let text = std::fs::read_to_string(&self.topo).map_err(|source| CliError::Read {
-            path: self.topo.display().to_string(),
-            source,
-        })?;
-        let topo = crate::topo::parse(&text).map_err(|source| CliError::Topo {
-            path: self.topo.display().to_string(),
-            source,
+    /// Reads the saved topology; fails (exit 1) with a CRITICAL finding.
+    pub fn run(&self) -> Result<Outcome, CliError> {
+        let what = "nvidia-smi topo -m output";
+        let text = std::fs::read_to_string(&self.topo)
+            .map_err(|e| StartupError::unreadable(what, &self.topo, "--topo", &e))?;
+        let topo = crate::topo::parse(&text).map_err(|e| {
+            StartupError::invalid(
+                what,
+                &self.topo,
+                "--topo",
+                &e,
+                "save the whole output of `nvidia-smi topo -m` (matrix and legend)",
+            )
         })?;
         let (map, findings) = topo.affinity();
         let j = AffinityJson::from_map(&map, IndexOrder::Topo, findings);
-        Ok(if self.json {
+        let text = if self.json {
             serde_json::to_string_pretty(&j)? + "\n"
         } else {
             super::render_table(&j)
-        })
+        };
+        Ok(Outcome::verdict(text, has_critical(&j)))
     }
 }
 
 impl EmitProfileArgs {
     pub fn run(&self) -> Result<String, CliError> {
+        check_sysfs_root(&self.sysfs_root, "--sysfs-root")?;
         let d = discover(&self.sysfs_root, nvml_applies(&self.sysfs_root))?;
         let profile = profile_for(&d, &self.name, &ProfileDefaults::default());
         profile.validate()?;

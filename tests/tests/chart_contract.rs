@@ -58,9 +58,11 @@ const BINARIES: [Binary; 3] = [
 
 /// Variables a binary reads outside clap (so setting them is not "ignored"):
 /// binary, subcommand (`None`: all of them), variable.
-const READ_OUTSIDE_CLAP: [(&str, Option<&str>, &str); 2] = [
-    // prober/src/main.rs: the tracing filter.
+const READ_OUTSIDE_CLAP: [(&str, Option<&str>, &str); 4] = [
+    // railguard_runtime::init_logging: the tracing filter, in every binary.
     ("railguard-prober", None, "RAILGUARD_LOG"),
+    ("railguard-webhook", None, "RAILGUARD_LOG"),
+    ("railguard-extender", None, "RAILGUARD_LOG"),
     // prober/src/preflight.rs: the expected /dev/shm size, set by the webhook.
     ("railguard-prober", Some("preflight"), "RAILGUARD_SHM_SIZE"),
 ];
@@ -1133,7 +1135,7 @@ fn a_deliberately_wrong_container_is_reported() {
         &[
             ("POD_NAMESPACE", "ns-a"),
             ("RAILGUARD_TLS_KEY", "/etc/railguard/tls/tls.key"),
-            ("RAILGUARD_LOG_JSON", "true"),
+            ("RAILGUARD_LOG_FORMAT", "json"),
         ],
     );
     assert_eq!(
@@ -1173,6 +1175,7 @@ fn a_deliberately_wrong_container_is_reported() {
         ),
         "{problems:?}"
     );
+    // (The deprecated, hidden --log-json flag: a flag's variable is read by its own parser.)
     let bad = webhook_container(
         &["--tls-cert=/etc/railguard/tls/tls.crt"],
         &[

@@ -12,8 +12,7 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::discovery::{Discovery, Scope};
 use railguard_tests::chart_values::{
     ValuesSet, ALL_PROFILES, CERT_MANAGER_CONFIG_ONLY, CERT_MANAGER_ISSUER, DEFAULT, DRY_RUN_SETS,
-    PCI_CONFIG_SPACE, REAL_NODE,
-    ROCE,
+    PCI_CONFIG_SPACE, REAL_NODE, ROCE,
 };
 use railguard_tests::gotmpl::{Chart, TemplateError, KUBE_1_20_API_VERSIONS};
 use railguard_tests::{labels, workspace_root, ControlPlane};
@@ -349,7 +348,9 @@ fn secondary_scheduler_points_at_the_extender_and_fails_closed() {
     );
     // Its sidecar listens where the URL points, on loopback only; no Service or
     // Deployment of its own, and the scheduler's service account may read what it caches.
-    let containers = dep["spec"]["template"]["spec"]["containers"].as_array().unwrap();
+    let containers = dep["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap();
     let ext = containers
         .iter()
         .find(|c| c["name"] == "extender")
@@ -360,9 +361,8 @@ fn secondary_scheduler_points_at_the_extender_and_fails_closed() {
             && args.contains(&"--metrics-listen=0.0.0.0:9090".to_string()),
         "{args:?}"
     );
-    assert!(docs
-        .iter()
-        .all(|d| !(d.name() == "railguard-extender" && (d.kind() == "Service" || d.kind() == "Deployment"))));
+    assert!(docs.iter().all(|d| !(d.name() == "railguard-extender"
+        && (d.kind() == "Service" || d.kind() == "Deployment"))));
     let binding = find(&docs, "ClusterRoleBinding", "railguard-extender");
     assert!(binding["subjects"]
         .as_array()
@@ -706,6 +706,95 @@ fn peer_token_is_generated_when_not_given() {
     assert_eq!(strip(&a), strip(&b));
 }
 
+/// The pod spec of a workload, if it has one.
+fn workload_pod(obj: &Json) -> Option<&Json> {
+    let spec = match obj["kind"].as_str()? {
+        "Deployment" | "DaemonSet" => &obj["spec"]["template"]["spec"],
+        "CronJob" => &obj["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+        _ => return None,
+    };
+    spec.is_object().then_some(spec)
+}
+
+/// `logFormat` reaches every railguard container: webhook and extender (Deployment or the
+/// scheduler's sidecar) as `--log-format`, prober DaemonSets and campaign CronJobs as
+/// `RAILGUARD_LOG_FORMAT`; the old per-component keys are gone.
+#[test]
+fn one_log_format_for_every_railguard_container() {
+    let text = ValuesSet {
+        label: "logFormat text, extender Deployment",
+        values: "logFormat: text\nextender:\n  placement: deployment\n",
+        ..DEFAULT
+    };
+    for (set, want) in [
+        (&DEFAULT, "json"),
+        (&CERT_MANAGER_CONFIG_ONLY, "json"),
+        (&text, "text"),
+    ] {
+        let docs = render(set);
+        let mut seen = BTreeMap::new();
+        for d in &docs {
+            let Some(pod) = workload_pod(&d.obj) else {
+                continue;
+            };
+            for c in pod["containers"].as_array().into_iter().flatten() {
+                let image = c["image"].as_str().unwrap_or_default();
+                let name = format!(
+                    "{}/{} {}",
+                    d.kind(),
+                    d.name(),
+                    c["name"].as_str().unwrap_or_default()
+                );
+                let format = if image.contains("railguard-webhook")
+                    || image.contains("railguard-extender")
+                {
+                    let args = container_args(c);
+                    let flags: Vec<&String> =
+                        args.iter().filter(|a| a.starts_with("--log-")).collect();
+                    assert_eq!(flags.len(), 1, "{}: {name}: {args:?}", set.label);
+                    flags[0].strip_prefix("--log-format=").map(str::to_string)
+                } else if image.contains("railguard-prober") {
+                    c["env"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|e| e["name"] == "RAILGUARD_LOG_FORMAT")
+                        .and_then(|e| e["value"].as_str())
+                        .map(str::to_string)
+                } else {
+                    continue;
+                };
+                assert_eq!(format.as_deref(), Some(want), "{}: {name}", set.label);
+                *seen
+                    .entry(
+                        image
+                            .rsplit('/')
+                            .next()
+                            .unwrap_or_default()
+                            .split(':')
+                            .next()
+                            .unwrap_or_default()
+                            .to_string(),
+                    )
+                    .or_insert(0) += 1;
+            }
+        }
+        for component in [
+            "railguard-webhook",
+            "railguard-extender",
+            "railguard-prober",
+        ] {
+            assert!(
+                seen.contains_key(component),
+                "{}: no {component} container: {seen:?}",
+                set.label
+            );
+        }
+        // Two DaemonSet containers per enabled profile and one CronJob per profile.
+        assert!(seen["railguard-prober"] >= 3, "{}: {seen:?}", set.label);
+    }
+}
+
 #[test]
 fn bad_values_are_rejected_by_the_schema_with_the_path() {
     let cases = [
@@ -727,6 +816,16 @@ fn bad_values_are_rejected_by_the_schema_with_the_path() {
         (
             "fabricProfiles:\n  empty: {enabled: true, spec: {rails: []}}\n",
             "fabricProfiles.empty.spec.rails: must have at least 1 items",
+        ),
+        ("logFormat: yaml\n", "logFormat: must be one of"),
+        // Replaced by the top-level logFormat.
+        (
+            "webhook:\n  logJson: true\n",
+            "additional property \"logJson\"",
+        ),
+        (
+            "extender:\n  logFormat: json\n",
+            "additional property \"logFormat\"",
         ),
     ];
     for (values, want) in cases {
@@ -1184,7 +1283,12 @@ fn prober_reads_host_sys_and_proc_and_capabilities_follow_the_values() {
             .as_array()
             .unwrap()
             .iter()
-            .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
+            .filter_map(|e| {
+                Some((
+                    e["name"].as_str()?.to_string(),
+                    e["value"].as_str()?.to_string(),
+                ))
+            })
             .collect()
     };
     let mounts_of = |c: &Json| -> BTreeMap<String, Json> {
@@ -1192,7 +1296,12 @@ fn prober_reads_host_sys_and_proc_and_capabilities_follow_the_values() {
             .as_array()
             .unwrap()
             .iter()
-            .map(|m| (m["mountPath"].as_str().unwrap().to_string(), m["readOnly"].clone()))
+            .map(|m| {
+                (
+                    m["mountPath"].as_str().unwrap().to_string(),
+                    m["readOnly"].clone(),
+                )
+            })
             .collect()
     };
     let docs = render(&DEFAULT);
@@ -1203,11 +1312,22 @@ fn prober_reads_host_sys_and_proc_and_capabilities_follow_the_values() {
     let m = mounts_of(daemon);
     assert_eq!(m["/host/sys"], true);
     assert_eq!(m["/host/proc"], true);
-    let proc = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == "host-proc").unwrap();
+    let proc = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "host-proc")
+        .unwrap();
     assert_eq!(proc["hostPath"]["path"], "/proc");
-    assert_eq!(daemon["securityContext"]["capabilities"]["add"], json!(["IPC_LOCK"]));
+    assert_eq!(
+        daemon["securityContext"]["capabilities"]["add"],
+        json!(["IPC_LOCK"])
+    );
     // A shared RDMA device: one is enough for every rail.
-    assert_eq!(daemon["resources"]["limits"]["rdma/rdma_shared_device_a"], "1");
+    assert_eq!(
+        daemon["resources"]["limits"]["rdma/rdma_shared_device_a"],
+        "1"
+    );
 
     let docs = render(&PCI_CONFIG_SPACE);
     let pod = &find(&docs, "DaemonSet", "railguard-prober-h100-ndr")["spec"]["template"]["spec"];
@@ -1215,7 +1335,10 @@ fn prober_reads_host_sys_and_proc_and_capabilities_follow_the_values() {
         pod["containers"][0]["securityContext"]["capabilities"]["add"],
         json!(["IPC_LOCK", "SYS_ADMIN"])
     );
-    assert_eq!(pod["containers"][1]["securityContext"]["capabilities"]["add"], json!(["IPC_LOCK"]));
+    assert_eq!(
+        pod["containers"][1]["securityContext"]["capabilities"]["add"],
+        json!(["IPC_LOCK"])
+    );
 
     let docs = render(&REAL_NODE);
     let pod = &find(&docs, "DaemonSet", "railguard-prober-h100-ndr")["spec"]["template"]["spec"];
@@ -1223,10 +1346,23 @@ fn prober_reads_host_sys_and_proc_and_capabilities_follow_the_values() {
         let env = env_of(c);
         assert_eq!(env["RAILGUARD_SIM_ROOT"], "/host", "{}", c["name"]);
         assert!(!env.contains_key("RAILGUARD_SYSFS_ROOT"), "{}", c["name"]);
-        assert_eq!(mounts_of(c)["/host"], Json::Null, "read-write: the stand-in grows counters");
+        assert_eq!(
+            mounts_of(c)["/host"],
+            Json::Null,
+            "read-write: the stand-in grows counters"
+        );
     }
-    let names: Vec<&str> = pod["volumes"].as_array().unwrap().iter().filter_map(|v| v["name"].as_str()).collect();
-    assert!(names.contains(&"sim-node") && !names.contains(&"host-sys") && !names.contains(&"host-proc"), "{names:?}");
+    let names: Vec<&str> = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"sim-node")
+            && !names.contains(&"host-sys")
+            && !names.contains(&"host-proc"),
+        "{names:?}"
+    );
     assert!(pod.get("runtimeClassName").is_none());
 }
-

@@ -128,7 +128,7 @@ reached on localhost) or "deployment" (its own Deployment behind a Service). */}
     {{- end }}
     - --metrics-listen=0.0.0.0:{{ int .Values.extender.metricsPort }}
     - --gpu-resources={{ join "," .Values.extender.gpuResources }}
-    - --log-format={{ .Values.extender.logFormat }}
+    - --log-format={{ .Values.logFormat }}
     {{- with .Values.extender.jobLabelKeys }}
     - --job-label-keys={{ join "," . }}
     {{- end }}

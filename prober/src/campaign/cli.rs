@@ -306,20 +306,24 @@ impl CampaignArgs {
 
     async fn load_profile(&self, client: Option<&Client>) -> anyhow::Result<FabricProfile> {
         let profile = match &self.profile_file {
-            Some(path) => railguard_runtime::read_profiles(path, "--profile-file")?
-                .into_iter()
-                .find(|p| p.name() == self.profile)
-                .ok_or_else(|| {
-                    StartupError::new(
-                        format!(
-                            "no FabricProfile named {} (--profile) in {} (--profile-file)",
-                            self.profile,
-                            path.display()
-                        ),
-                        "not in the file",
-                        "name a profile of the file",
-                    )
-                })?,
+            Some(path) => {
+                let profiles = railguard_runtime::read_profiles(path, "--profile-file")?;
+                let names: Vec<String> = profiles.iter().map(|p| p.name().to_string()).collect();
+                profiles
+                    .into_iter()
+                    .find(|p| p.name() == self.profile)
+                    .ok_or_else(|| {
+                        StartupError::new(
+                            format!(
+                                "no FabricProfile named {} (--profile) in {} (--profile-file)",
+                                self.profile,
+                                path.display()
+                            ),
+                            format!("it holds {}", names.join(", ")),
+                            "name one of them",
+                        )
+                    })?
+            }
             None => {
                 let client = client
                     .ok_or_else(|| anyhow!("reading the profile from the API needs a cluster"))?;

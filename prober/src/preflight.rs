@@ -377,6 +377,30 @@ mod tests {
     }
 
     #[test]
+    fn the_report_is_a_table_or_json_and_says_whether_it_failed() {
+        let mut i = good();
+        i.memlock_bytes = Some(64 * 1024);
+        i.shm_bytes = Some(64 << 20);
+        let (text, failed) = render(&check(&i), false).unwrap();
+        assert!(failed);
+        assert!(text.contains("FAIL memlock"), "{text}");
+        // The last line is the first failure: what an init container's log ends with.
+        assert!(text.ends_with(
+            "railguard preflight failed: locked memory is limited to 64 KiB and IPC_LOCK is not effective: ibv_reg_mr will fail\n"
+        ), "{text}");
+        let (json, failed) = render(&check(&i), true).unwrap();
+        assert!(failed);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys, ["checks", "failure", "passed"]);
+        assert_eq!(v["passed"], false);
+        assert_eq!(v["checks"].as_array().unwrap().len(), check(&i).len());
+        let (text, failed) = render(&check(&good()), false).unwrap();
+        assert!(!failed);
+        assert!(text.ends_with("railguard preflight passed\n"));
+    }
+
+    #[test]
     fn gather_reads_a_fake_container_view() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();

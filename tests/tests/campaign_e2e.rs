@@ -249,7 +249,12 @@ async fn campaign_names_the_culprits_in_certificates_and_keeps_healthy_nodes_cer
     let out = coordinator("coordinator-a");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "campaign failed:\n{stdout}\n{stderr}");
+    // Faults were found: exit status 1 (a failed verdict), not 2 (an error).
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "campaign did not report its findings:\n{stdout}\n{stderr}"
+    );
     assert!(
         stdout.contains("node node-2: rail mlx5_4:1 degraded"),
         "{stdout}"

@@ -1,11 +1,16 @@
 //! A real local Kubernetes control plane for railguard's end-to-end tests.
 //!
-//! [`ControlPlane::start`] runs etcd and kube-apiserver 1.20 (built from Debian's source
-//! package by `tests/scripts/control-plane.sh`, cached outside the repo) on free loopback
-//! ports in a temp dir: token auth, RBAC, secure port only, generated certificates. It hands
-//! out a `kube::Client` and a kubeconfig, can start kube-scheduler with an extenders stanza,
-//! creates fake Nodes and test namespaces, and stops everything it started on drop — also
-//! when a test panics, in which case the logs are kept and their path printed.
+//! [`ControlPlane::start`] runs etcd and kube-apiserver on free loopback ports in a temp dir:
+//! token auth, RBAC, secure port only, generated certificates. It hands out a `kube::Client`
+//! and a kubeconfig, can start kube-scheduler with an extenders stanza, creates fake Nodes
+//! and test namespaces, and stops everything it started on drop — also when a test panics,
+//! in which case the logs are kept and their path printed.
+//!
+//! Two Kubernetes versions ([`KubeVersion`], chosen by `RAILGUARD_KUBE_VERSION`): the 1.20
+//! floor (the default; built from Debian's source package by `tests/scripts/control-plane.sh`,
+//! with Debian's etcd 3.4) and a modern release, 1.37 (built from the Go module proxy by
+//! `tests/scripts/control-plane-modern.sh` with the etcd it supports). Both are cached
+//! outside the repo. `docs/kubernetes-versions.md` lists what differs between them.
 
 pub mod chart_values;
 pub mod gotmpl;
@@ -33,21 +38,116 @@ pub const HARNESS_FIELD_MANAGER: &str = "railguard-tests";
 
 static BUILD_LOCK: Mutex<()> = Mutex::new(());
 
-/// Directory holding `kube-apiserver` and `kube-scheduler`, building them on first use.
-/// `RAILGUARD_KUBE_BIN_DIR` overrides the location.
-pub fn control_plane_binaries() -> Result<PathBuf> {
-    if let Ok(dir) = std::env::var("RAILGUARD_KUBE_BIN_DIR") {
-        let dir = PathBuf::from(dir);
-        if dir.join("kube-apiserver").is_file() {
-            return Ok(dir);
+/// The minor of the modern Kubernetes release (`tests/k8s-modern/go.mod` pins its patch).
+pub const MODERN_KUBE_MINOR: &str = "1.37";
+
+/// The Kubernetes version a [`ControlPlane`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum KubeVersion {
+    /// 1.20, the floor: kube-apiserver, kube-scheduler and the real node's binaries from
+    /// Debian's source package, Debian's etcd 3.4.
+    V1_20,
+    /// 1.37 ([`MODERN_KUBE_MINOR`]): kube-apiserver, kube-scheduler,
+    /// kube-controller-manager and etcd 3.7 from the Go module proxy.
+    V1_37,
+}
+
+impl KubeVersion {
+    /// The modern release.
+    pub const MODERN: KubeVersion = KubeVersion::V1_37;
+
+    /// From `RAILGUARD_KUBE_VERSION`: unset, empty, `1.20` or `floor` is 1.20; `1.37` or
+    /// `modern` is 1.37; anything else is an error (a typo must not silently test 1.20).
+    pub fn from_env() -> Result<KubeVersion> {
+        match std::env::var("RAILGUARD_KUBE_VERSION") {
+            Ok(v) => Self::parse(&v),
+            Err(std::env::VarError::NotPresent) => Ok(KubeVersion::V1_20),
+            Err(e) => bail!("RAILGUARD_KUBE_VERSION: {e}"),
         }
-        bail!(
-            "RAILGUARD_KUBE_BIN_DIR={} holds no kube-apiserver",
-            dir.display()
-        );
+    }
+
+    /// `1.20`/`floor` (or empty) or `1.37`/`modern`; a leading `v` and a patch (`v1.37.2`)
+    /// are accepted.
+    pub fn parse(s: &str) -> Result<KubeVersion> {
+        let s = s.trim();
+        let s = s.strip_prefix('v').unwrap_or(s);
+        let minor = match s.match_indices('.').nth(1) {
+            Some((i, _)) => &s[..i],
+            None => s,
+        };
+        match minor {
+            "" | "1.20" | "floor" => Ok(KubeVersion::V1_20),
+            "1.37" | "modern" => Ok(KubeVersion::V1_37),
+            _ => bail!(
+                "RAILGUARD_KUBE_VERSION={s:?}: expected 1.20 (or floor) or {MODERN_KUBE_MINOR} (or modern)"
+            ),
+        }
+    }
+
+    /// `"1.20"` or `"1.37"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KubeVersion::V1_20 => "1.20",
+            KubeVersion::V1_37 => MODERN_KUBE_MINOR,
+        }
+    }
+
+    /// The minor number: 20 or 37.
+    pub fn minor(self) -> u32 {
+        match self {
+            KubeVersion::V1_20 => 20,
+            KubeVersion::V1_37 => 37,
+        }
+    }
+
+    /// Directory holding this version's control plane binaries (built on first use).
+    pub fn binaries(self) -> Result<PathBuf> {
+        match self {
+            KubeVersion::V1_20 => control_plane_binaries(),
+            KubeVersion::V1_37 => modern_control_plane_binaries(),
+        }
+    }
+}
+
+impl std::fmt::Display for KubeVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Directory holding the 1.20 `kube-apiserver` and `kube-scheduler` (and the real node's
+/// kubelet, kube-proxy, kube-controller-manager), building them on first use.
+/// `RAILGUARD_KUBE_BIN_DIR` overrides the location. Always 1.20, whatever
+/// `RAILGUARD_KUBE_VERSION` says: see [`KubeVersion::binaries`].
+pub fn control_plane_binaries() -> Result<PathBuf> {
+    binaries_from(
+        "RAILGUARD_KUBE_BIN_DIR",
+        "tests/scripts/control-plane.sh",
+        &["kube-apiserver", "kube-scheduler"],
+    )
+}
+
+/// Directory holding the modern (1.37) `kube-apiserver`, `kube-scheduler`,
+/// `kube-controller-manager` and `etcd`, building them on first use (about half an hour on
+/// 2 cores; then cached). `RAILGUARD_KUBE_MODERN_BIN_DIR` overrides the location.
+pub fn modern_control_plane_binaries() -> Result<PathBuf> {
+    binaries_from(
+        "RAILGUARD_KUBE_MODERN_BIN_DIR",
+        "tests/scripts/control-plane-modern.sh",
+        &["kube-apiserver", "kube-scheduler", "etcd"],
+    )
+}
+
+fn binaries_from(env: &str, script: &str, needed: &[&str]) -> Result<PathBuf> {
+    if let Ok(dir) = std::env::var(env) {
+        let dir = PathBuf::from(dir);
+        match needed.iter().find(|b| !dir.join(b).is_file()) {
+            None => return Ok(dir),
+            Some(b) => bail!("{env}={} holds no {b}", dir.display()),
+        }
     }
     let _guard = BUILD_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    let script = workspace_root().join("tests/scripts/control-plane.sh");
+    let script = workspace_root().join(script);
     let out = Command::new("bash")
         .arg(&script)
         .stderr(Stdio::inherit())
@@ -67,9 +167,10 @@ pub fn control_plane_binaries() -> Result<PathBuf> {
         .unwrap_or_default()
         .to_string();
     let dir = PathBuf::from(dir);
-    if !dir.join("kube-apiserver").is_file() || !dir.join("kube-scheduler").is_file() {
+    if needed.iter().any(|b| !dir.join(b).is_file()) {
         bail!(
-            "control-plane.sh printed {} but the binaries are not there",
+            "{} printed {} but the binaries are not there",
+            script.display(),
             dir.display()
         );
     }
@@ -127,10 +228,12 @@ pub struct ApiServerOptions {
 /// Seconds a start-up step may take: generous, since a loaded 2-core machine is slow.
 const ETCD_START_TIMEOUT: Duration = Duration::from_secs(120);
 const APISERVER_START_TIMEOUT: Duration = Duration::from_secs(240);
+const SCHEDULER_START_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A running etcd + kube-apiserver (+ optional kube-scheduler).
 pub struct ControlPlane {
     dir: Workdir,
+    version: KubeVersion,
     bin: PathBuf,
     procs: Vec<Proc>,
     client: Client,
@@ -145,6 +248,7 @@ pub struct ControlPlane {
 impl std::fmt::Debug for ControlPlane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ControlPlane")
+            .field("version", &self.version)
             .field("server", &self.server)
             .field("dir", &self.dir.path())
             .finish()
@@ -152,31 +256,66 @@ impl std::fmt::Debug for ControlPlane {
 }
 
 impl ControlPlane {
-    /// Starts etcd and kube-apiserver and waits until the API answers.
+    /// Starts etcd and kube-apiserver of the version `RAILGUARD_KUBE_VERSION` names (1.20
+    /// by default) and waits until the API answers.
     pub async fn start() -> Result<ControlPlane> {
         Self::start_with_options(&ApiServerOptions::default()).await
     }
 
     /// [`ControlPlane::start`] with API server options (a real node uses these).
+    ///
+    /// A control plane that hands out node credentials (a token in the `system:nodes`
+    /// group: a real kubelet will join) is always 1.20, since the real node's binaries
+    /// exist for 1.20 only; [`ControlPlane::start_version`] chooses explicitly.
     pub async fn start_with_options(opts: &ApiServerOptions) -> Result<ControlPlane> {
+        let mut version = KubeVersion::from_env()?;
+        if version != KubeVersion::V1_20
+            && opts
+                .extra_tokens
+                .iter()
+                .any(|(_, _, g)| g == "system:nodes")
+        {
+            eprintln!(
+                "railguard-tests: a real node runs 1.20 binaries: its control plane is 1.20, not {version}"
+            );
+            version = KubeVersion::V1_20;
+        }
+        Self::start_version(version, opts).await
+    }
+
+    /// Starts a control plane of the given version, whatever `RAILGUARD_KUBE_VERSION` says.
+    pub async fn start_version(
+        version: KubeVersion,
+        opts: &ApiServerOptions,
+    ) -> Result<ControlPlane> {
         let dir = tempfile::Builder::new().prefix("railguard-cp-").tempdir()?;
-        Self::start_with(Workdir::Temp(dir), opts).await
+        Self::start_with(Workdir::Temp(dir), version, opts).await
     }
 
     /// Starts a control plane whose files live in `dir` and are kept (the demo uses this).
     pub async fn start_in(dir: &Path) -> Result<ControlPlane> {
         std::fs::create_dir_all(dir)?;
-        Self::start_with(Workdir::Fixed(dir.to_path_buf()), &ApiServerOptions::default()).await
+        Self::start_with(
+            Workdir::Fixed(dir.to_path_buf()),
+            KubeVersion::from_env()?,
+            &ApiServerOptions::default(),
+        )
+        .await
     }
 
-    async fn start_with(dir: Workdir, opts: &ApiServerOptions) -> Result<ControlPlane> {
+    async fn start_with(
+        dir: Workdir,
+        version: KubeVersion,
+        opts: &ApiServerOptions,
+    ) -> Result<ControlPlane> {
         // kube pulls ring and other crates may pull aws-lc-rs: pick one provider explicitly.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let bin = control_plane_binaries()?;
+        let bin = version.binaries()?;
         let d = dir.path().to_path_buf();
         let mut cp = ControlPlane {
             client: placeholder_client()?,
             dir,
+            version,
             bin,
             procs: Vec::new(),
             server: String::new(),
@@ -191,7 +330,7 @@ impl ControlPlane {
                 // The caller only sees the error: keep what explains it.
                 cp.keep_logs = true;
                 Err(e.context(format!(
-                    "the control plane did not start; its logs are kept in {}",
+                    "the {version} control plane did not start; its logs are kept in {}",
                     d.display()
                 )))
             }
@@ -264,9 +403,14 @@ impl ControlPlane {
         let etcd_peer = free_port()?;
         let api_port = free_port()?;
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        // 1.20: Debian's etcd 3.4 from PATH; the modern release: the etcd built beside it.
+        let etcd = match self.version {
+            KubeVersion::V1_20 => PathBuf::from("etcd"),
+            KubeVersion::V1_37 => self.bin.join("etcd"),
+        };
         self.procs.push(spawn(
             "etcd",
-            Command::new("etcd")
+            Command::new(etcd)
                 .arg("--data-dir")
                 .arg(d.join("etcd"))
                 .arg(format!("--listen-client-urls={etcd_url}"))
@@ -290,9 +434,21 @@ impl ControlPlane {
         api.arg(format!("--etcd-servers={etcd_url}"))
             .arg(format!("--bind-address={address}"))
             .arg(format!("--advertise-address={address}"))
-            .arg(format!("--secure-port={api_port}"))
-            .arg("--insecure-port=0")
-            .arg(format!("--cert-dir={}", d.join("certs").display()))
+            .arg(format!("--secure-port={api_port}"));
+        match self.version {
+            // The insecure port is gone from 1.24 on (and with it the flag).
+            KubeVersion::V1_20 => {
+                api.arg("--insecure-port=0");
+            }
+            // The modern endpoint reconciler refuses a loopback advertise address ("may not
+            // be in the loopback range"); without one the `kubernetes` Service has no
+            // endpoints, which only in-cluster clients (a real node's pods) would miss.
+            KubeVersion::V1_37 if address.is_loopback() => {
+                api.arg("--endpoint-reconciler-type=none");
+            }
+            KubeVersion::V1_37 => {}
+        }
+        api.arg(format!("--cert-dir={}", d.join("certs").display()))
             .arg(format!(
                 "--tls-cert-file={}",
                 d.join("apiserver.crt").display()
@@ -358,13 +514,29 @@ impl ControlPlane {
         loop {
             self.check_alive()?;
             // The default namespace exists once the bootstrap controllers have run.
-            if namespaces.get("default").await.is_ok() {
+            if namespaces.get("default").await.is_ok() && self.apis_registered().await {
                 return Ok(());
             }
             if start.elapsed() > timeout {
                 bail!("kube-apiserver not ready after {timeout:?}");
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Whether discovery lists every built-in API group. 1.37 registers them (as local
+    /// APIServices) a moment after the default namespace exists, so `/apis` can briefly
+    /// miss some, e.g. resource.k8s.io; `/readyz` waits for that (autoregister-completion).
+    /// 1.20's readiness stays the default namespace alone.
+    async fn apis_registered(&self) -> bool {
+        match self.version {
+            KubeVersion::V1_20 => true,
+            KubeVersion::V1_37 => {
+                let Ok(req) = http::Request::get("/readyz").body(Vec::new()) else {
+                    return false;
+                };
+                matches!(self.client.request_text(req).await.as_deref(), Ok("ok"))
+            }
         }
     }
 
@@ -386,6 +558,16 @@ impl ControlPlane {
             }
         }
         Ok(())
+    }
+
+    /// The Kubernetes version this control plane runs (tests branch on it).
+    pub fn kube_version(&self) -> KubeVersion {
+        self.version
+    }
+
+    /// Directory of this control plane's binaries (kube-apiserver, kube-scheduler, ...).
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin
     }
 
     /// An admin client (system:masters).
@@ -419,33 +601,80 @@ impl ControlPlane {
         self.dir.path()
     }
 
-    /// Starts kube-scheduler 1.20 with a `kubescheduler.config.k8s.io/v1beta1` configuration
-    /// whose `extenders:` list is `extenders_yaml` (a YAML sequence, may be empty `[]`).
+    /// Starts kube-scheduler with a configuration whose `extenders:` list is `extenders_yaml`
+    /// (a YAML sequence, may be empty `[]`): `kubescheduler.config.k8s.io/v1beta1` for 1.20,
+    /// `kubescheduler.config.k8s.io/v1` for the modern release (which dropped v1beta*).
     pub async fn start_scheduler(&mut self, extenders_yaml: &str) -> Result<()> {
         let d = self.dir.path().to_path_buf();
         let extenders: serde_yaml::Value =
             serde_yaml::from_str(extenders_yaml).context("extenders YAML")?;
-        let config = json!({
-            "apiVersion": "kubescheduler.config.k8s.io/v1beta1",
+        let mut config = json!({
             "kind": "KubeSchedulerConfiguration",
             "clientConnection": { "kubeconfig": self.kubeconfig.display().to_string(), "qps": 500, "burst": 1000 },
             "leaderElection": { "leaderElect": false },
-            // With --config, 1.20 ignores --port=0 and would bind 0.0.0.0:10251; keep each
-            // scheduler on its own free loopback port so several can run side by side.
-            "healthzBindAddress": format!("127.0.0.1:{}", free_port()?),
-            "metricsBindAddress": format!("127.0.0.1:{}", free_port()?),
             "extenders": extenders,
         });
-        let path = d.join("scheduler-config.yaml");
-        std::fs::write(&path, serde_yaml::to_string(&config)?)?;
         let mut cmd = Command::new(self.bin.join("kube-scheduler"));
-        cmd.arg(format!("--config={}", path.display()))
-            .arg("--port=0")
-            .arg("--secure-port=0")
-            .arg("--v=2");
+        let path = d.join("scheduler-config.yaml");
+        cmd.arg(format!("--config={}", path.display()));
+        let mut healthz_port = None;
+        match self.version {
+            KubeVersion::V1_20 => {
+                merge_json(
+                    &mut config,
+                    json!({
+                        "apiVersion": "kubescheduler.config.k8s.io/v1beta1",
+                        // With --config, 1.20 ignores --port=0 and would bind 0.0.0.0:10251;
+                        // keep each scheduler on its own free loopback port so several can
+                        // run side by side.
+                        "healthzBindAddress": format!("127.0.0.1:{}", free_port()?),
+                        "metricsBindAddress": format!("127.0.0.1:{}", free_port()?),
+                    }),
+                );
+                cmd.arg("--port=0").arg("--secure-port=0");
+            }
+            KubeVersion::V1_37 => {
+                // v1 has no healthz/metricsBindAddress (nor the insecure port, nor --port):
+                // healthz and metrics are served on the secure port, here a free loopback
+                // one, authenticated and authorized through the API server.
+                merge_json(
+                    &mut config,
+                    json!({ "apiVersion": "kubescheduler.config.k8s.io/v1" }),
+                );
+                let port = free_port()?;
+                healthz_port = Some(port);
+                cmd.arg("--bind-address=127.0.0.1")
+                    .arg(format!("--secure-port={port}"))
+                    .arg(format!(
+                        "--cert-dir={}",
+                        d.join("scheduler-certs").display()
+                    ))
+                    .arg(format!(
+                        "--authentication-kubeconfig={}",
+                        self.kubeconfig.display()
+                    ))
+                    .arg(format!(
+                        "--authorization-kubeconfig={}",
+                        self.kubeconfig.display()
+                    ));
+            }
+        }
+        std::fs::write(&path, serde_yaml::to_string(&config)?)?;
+        cmd.arg("--v=2");
         let p = spawn("kube-scheduler", &mut cmd, &d)?;
         self.procs.push(p);
         tokio::time::sleep(Duration::from_millis(300)).await;
+        if let Some(port) = healthz_port {
+            // Serving means the configuration was accepted and the informers are starting.
+            let start = Instant::now();
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                self.check_alive()?;
+                if start.elapsed() > SCHEDULER_START_TIMEOUT {
+                    bail!("kube-scheduler serves nothing on 127.0.0.1:{port} after {SCHEDULER_START_TIMEOUT:?}");
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
         self.check_alive()
     }
 

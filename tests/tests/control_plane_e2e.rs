@@ -1,5 +1,6 @@
 //! End-to-end: the FabricProfile CRD and a certificate on a Node, against a real
-//! kube-apiserver 1.20 (and kube-scheduler) from the harness.
+//! kube-apiserver (and kube-scheduler) from the harness: 1.20 by default, the modern release
+//! with `RAILGUARD_KUBE_VERSION=1.37`.
 
 use std::collections::BTreeMap;
 
@@ -8,14 +9,13 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use railguard_api::certificate::CERTIFICATE_VERSION;
 use railguard_api::*;
-use railguard_tests::{labels, ControlPlane};
+use railguard_tests::{labels, ControlPlane, KubeVersion};
 use serde_json::json;
 
-fn h100_yaml() -> String {
+fn h100_yaml() -> std::io::Result<String> {
     std::fs::read_to_string(
         railguard_tests::workspace_root().join("api/fixtures/profiles/dgx-h100-ndr.yaml"),
     )
-    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -26,7 +26,7 @@ async fn crd_profiles_and_certificates_round_trip_through_the_api_server() {
     let profiles: Api<FabricProfile> = Api::all(client.clone());
 
     // A valid profile is accepted by the structural schema and reads back equal.
-    let valid = profiles_from_yaml(&h100_yaml()).unwrap().remove(0);
+    let valid = profiles_from_yaml(&h100_yaml().unwrap()).unwrap().remove(0);
     profiles
         .create(&PostParams::default(), &valid)
         .await
@@ -241,4 +241,102 @@ async fn scheduler_binds_pods_to_fake_nodes() {
         .await
         .expect("pod bound by the real kube-scheduler");
     assert_eq!(node, "node-a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_runs_the_chosen_version_and_its_api_groups() {
+    let version = KubeVersion::from_env().unwrap();
+    let cp = ControlPlane::start().await.expect("control plane");
+    assert_eq!(cp.kube_version(), version);
+    let info = cp.client().apiserver_version().await.unwrap();
+    assert_eq!(
+        (info.major.as_str(), info.minor.trim_end_matches('+')),
+        ("1", version.minor().to_string().as_str()),
+        "{info:?}"
+    );
+    assert!(
+        info.git_version
+            .starts_with(&format!("v{}.", version.as_str())),
+        "{info:?}"
+    );
+
+    // What each version serves that railguard may come to rely on.
+    let client = cp.client();
+    let groups = client.list_api_groups().await.unwrap();
+    let versions = |group: &str| -> Vec<String> {
+        groups
+            .groups
+            .iter()
+            .find(|g| g.name == group)
+            .map(|g| g.versions.iter().map(|v| v.version.clone()).collect())
+            .unwrap_or_default()
+    };
+    let kinds = |group_version: &'static str| {
+        let client = client.clone();
+        async move {
+            client
+                .list_api_group_resources(group_version)
+                .await
+                .map(|l| l.resources.into_iter().map(|r| r.kind).collect::<Vec<_>>())
+                .unwrap_or_default()
+        }
+    };
+    match version {
+        KubeVersion::V1_20 => {
+            assert!(versions("resource.k8s.io").is_empty(), "no DRA in 1.20");
+            assert!(
+                !kinds("admissionregistration.k8s.io/v1")
+                    .await
+                    .contains(&"ValidatingAdmissionPolicy".to_string()),
+                "no ValidatingAdmissionPolicy in 1.20"
+            );
+        }
+        KubeVersion::V1_37 => {
+            // Dynamic Resource Allocation, device taints included, is served as
+            // resource.k8s.io/v1 with no feature gate or runtime-config.
+            assert_eq!(versions("resource.k8s.io"), vec!["v1".to_string()]);
+            let dra = kinds("resource.k8s.io/v1").await;
+            for kind in [
+                "DeviceClass",
+                "DeviceTaintRule",
+                "ResourceClaim",
+                "ResourceClaimTemplate",
+                "ResourceSlice",
+            ] {
+                assert!(dra.contains(&kind.to_string()), "{kind} not in {dra:?}");
+            }
+            assert!(
+                kinds("admissionregistration.k8s.io/v1")
+                    .await
+                    .contains(&"ValidatingAdmissionPolicy".to_string()),
+                "ValidatingAdmissionPolicy is GA"
+            );
+        }
+    }
+}
+
+#[test]
+fn kube_versions_parse_as_the_environment_names_them() {
+    for (s, v) in [
+        ("", KubeVersion::V1_20),
+        ("1.20", KubeVersion::V1_20),
+        ("v1.20.2", KubeVersion::V1_20),
+        ("floor", KubeVersion::V1_20),
+        ("1.37", KubeVersion::V1_37),
+        ("v1.37.2", KubeVersion::V1_37),
+        ("modern", KubeVersion::MODERN),
+    ] {
+        assert_eq!(KubeVersion::parse(s).unwrap(), v, "{s:?}");
+    }
+    for s in ["1.2", "1.36", "latest", "1.370"] {
+        let err = KubeVersion::parse(s).unwrap_err().to_string();
+        assert!(err.contains(&format!("{s:?}")), "{err}");
+    }
+    assert_eq!(
+        KubeVersion::MODERN.as_str(),
+        railguard_tests::MODERN_KUBE_MINOR
+    );
+    assert_eq!(KubeVersion::V1_37.to_string(), "1.37");
+    assert!(KubeVersion::V1_20 < KubeVersion::V1_37);
+    assert_eq!(KubeVersion::V1_20.minor(), 20);
 }

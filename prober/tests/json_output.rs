@@ -131,7 +131,7 @@ fn check(command: &str, docs: &BTreeMap<String, Key>, outputs: &[Value]) -> Vec<
             problems.push(format!("{command} output {i}: key `{p}` is not in README"));
         }
         let lists = non_empty_lists(v);
-        for (k, key) in docs.iter().filter(|(_, k)| !k.optional) {
+        for k in docs.iter().filter(|(_, k)| !k.optional).map(|(k, _)| k) {
             let applies = match k.split_once("[].") {
                 Some((list, _)) => lists.contains(list),
                 None => true,

@@ -144,7 +144,7 @@ mod tests {
 
     #[test]
     fn chains_are_one_line_without_repeats() {
-        let e = Outer(Inner(io::Error::new(io::ErrorKind::Other, "boom\nmore")));
+        let e = Outer(Inner(io::Error::other("boom\nmore")));
         // Inner formats its source itself: it is not printed twice.
         assert_eq!(error_chain(&e), "outer: inner: boom more");
     }

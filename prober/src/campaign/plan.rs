@@ -153,6 +153,8 @@ mod rail_faults_json {
 
     use super::{NodeIx, RailIx};
 
+    type RailFaults = BTreeMap<(NodeIx, RailIx), BTreeSet<NodeIx>>;
+
     #[derive(Serialize, Deserialize)]
     struct RailFault {
         node: NodeIx,
@@ -160,10 +162,7 @@ mod rail_faults_json {
         peers: BTreeSet<NodeIx>,
     }
 
-    pub fn serialize<S: Serializer>(
-        faults: &BTreeMap<(NodeIx, RailIx), BTreeSet<NodeIx>>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
+    pub fn serialize<S: Serializer>(faults: &RailFaults, s: S) -> Result<S::Ok, S::Error> {
         let list: Vec<RailFault> = faults
             .iter()
             .map(|(&(node, rail), peers)| RailFault {
@@ -175,9 +174,7 @@ mod rail_faults_json {
         list.serialize(s)
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<BTreeMap<(NodeIx, RailIx), BTreeSet<NodeIx>>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<RailFaults, D::Error> {
         let list = Vec::<RailFault>::deserialize(d)?;
         Ok(list
             .into_iter()

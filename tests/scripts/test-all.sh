@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
-# Runs every railguard test: installs prerequisites, prepares the real local control plane
-# (built once and cached in ${XDG_CACHE_HOME:-$HOME/.cache}/railguard), then the whole
-# workspace's tests, end-to-end tests included.
+# Runs every railguard test: installs prerequisites, prepares the real local control planes
+# (Kubernetes 1.20 and 1.37, built once and cached in ${XDG_CACHE_HOME:-$HOME/.cache}/railguard),
+# then the whole workspace's tests, end-to-end tests included, and the control-plane
+# end-to-end tests a second time against 1.37.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash tests/scripts/install-deps.sh
 export RAILGUARD_KUBE_BIN_DIR="$(bash tests/scripts/control-plane.sh)"
+# A modern control plane beside the 1.20 floor (Kubernetes 1.37 and its etcd, built from
+# the Go module proxy and cached the same way).
+export RAILGUARD_KUBE_MODERN_BIN_DIR="$(bash tests/scripts/control-plane-modern.sh)"
 # Build every binary once; end-to-end tests run them as real child processes.
 cargo build --workspace --bins
 target="${CARGO_TARGET_DIR:-$PWD/target}"
 export RAILGUARD_BIN_DIR="$target/debug" RAILGUARD_PROBER_BIN="$target/debug/railguard-prober"
 cargo test --workspace "$@"
+
+# The control-plane end-to-end tests again against the modern version. The real node
+# stays on 1.20 (its kubelet and kube-proxy are built for 1.20 only).
+RAILGUARD_KUBE_VERSION=1.37 cargo test -p railguard-tests \
+  --test control_plane_e2e --test webhook_e2e --test webhook_certs_e2e --test extender_e2e \
+  --test admission_to_placement_e2e --test prober_e2e --test campaign_e2e --test chart_e2e "$@"

@@ -262,25 +262,9 @@ impl ControlPlane {
         Self::start_with_options(&ApiServerOptions::default()).await
     }
 
-    /// [`ControlPlane::start`] with API server options (a real node uses these).
-    ///
-    /// A control plane that hands out node credentials (a token in the `system:nodes`
-    /// group: a real kubelet will join) is always 1.20, since the real node's binaries
-    /// exist for 1.20 only; [`ControlPlane::start_version`] chooses explicitly.
+    /// [`ControlPlane::start`] with API server options.
     pub async fn start_with_options(opts: &ApiServerOptions) -> Result<ControlPlane> {
-        let mut version = KubeVersion::from_env()?;
-        if version != KubeVersion::V1_20
-            && opts
-                .extra_tokens
-                .iter()
-                .any(|(_, _, g)| g == "system:nodes")
-        {
-            eprintln!(
-                "railguard-tests: a real node runs 1.20 binaries: its control plane is 1.20, not {version}"
-            );
-            version = KubeVersion::V1_20;
-        }
-        Self::start_version(version, opts).await
+        Self::start_version(KubeVersion::from_env()?, opts).await
     }
 
     /// Starts a control plane of the given version, whatever `RAILGUARD_KUBE_VERSION` says.

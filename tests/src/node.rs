@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use crate::{eventually, free_port, workspace_root, ApiServerOptions, ControlPlane};
+use crate::{eventually, free_port, workspace_root, ApiServerOptions, ControlPlane, KubeVersion};
 
 /// Name the node registers under (the Node authorizer ties the kubelet's identity to it).
 pub const REAL_NODE_NAME: &str = "railguard-node";
@@ -224,7 +224,9 @@ impl RealNode {
                 "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
             ],
         };
-        let cp = ControlPlane::start_with_options(&opts).await?;
+        // kubelet and kube-proxy exist for 1.20 only; the modern kubelet would also refuse
+        // this cgroup v1 host unless configured to accept it.
+        let cp = ControlPlane::start_version(KubeVersion::V1_20, &opts).await?;
         let dir = cp.log_dir().to_path_buf();
         let mut node = RealNode {
             cp,

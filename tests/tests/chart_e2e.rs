@@ -15,7 +15,7 @@ use railguard_tests::chart_values::{
     PCI_CONFIG_SPACE, REAL_NODE, ROCE,
 };
 use railguard_tests::gotmpl::{Chart, TemplateError, KUBE_1_20_API_VERSIONS};
-use railguard_tests::{labels, workspace_root, ControlPlane};
+use railguard_tests::{labels, workspace_root, ControlPlane, KubeVersion};
 use serde_json::{json, Value as Json};
 
 fn chart() -> Chart {
@@ -1079,11 +1079,22 @@ async fn every_rendered_object_passes_a_server_side_dry_run() {
     }
     // The renderer's Capabilities are the server's own (group/versions and kinds).
     let api_versions = server_api_versions(&client).await;
-    assert!(api_versions.contains(&"policy/v1beta1/PodDisruptionBudget".to_string()));
-    assert!(
-        !api_versions.contains(&"policy/v1".to_string()),
-        "a 1.20 server"
-    );
+    let version = cp.kube_version();
+    let kube_version = match version {
+        KubeVersion::V1_20 => "v1.20.2",
+        KubeVersion::V1_37 => "v1.37.2",
+    };
+    if version == KubeVersion::V1_20 {
+        assert!(api_versions.contains(&"policy/v1beta1/PodDisruptionBudget".to_string()));
+        assert!(
+            !api_versions.contains(&"policy/v1".to_string()),
+            "a 1.20 server"
+        );
+    } else {
+        // The modern branches of the chart: policy/v1, batch/v1, scheduler config v1.
+        assert!(api_versions.contains(&"policy/v1/PodDisruptionBudget".to_string()));
+        assert!(!api_versions.contains(&"policy/v1beta1".to_string()));
+    }
     let discovery = railguard_tests::eventually(
         std::time::Duration::from_secs(30),
         "CRDs in discovery",
@@ -1112,7 +1123,7 @@ async fn every_rendered_object_passes_a_server_side_dry_run() {
         }
     );
     for set in DRY_RUN_SETS {
-        let docs = render_with(set, &api_versions, "v1.20.2")
+        let docs = render_with(set, &api_versions, kube_version)
             .unwrap_or_else(|e| panic!("{}: {e}", set.label));
         assert!(docs.len() > 20, "{}: {} objects", set.label, docs.len());
         if use_kubectl {
@@ -1155,33 +1166,19 @@ async fn every_rendered_object_passes_a_server_side_dry_run() {
         .items
         .is_empty());
 
-    // The dry run does reject what this server cannot serve: the same chart rendered for a
-    // newer cluster (policy/v1 PDBs, batch/v1 CronJobs) fails here.
-    let mut newer = api_versions.clone();
-    newer.extend([
-        "policy/v1".to_string(),
-        "policy/v1/PodDisruptionBudget".into(),
-        "batch/v1/CronJob".into(),
-    ]);
-    let docs = render_with(&DEFAULT, &newer, "v1.20.2").unwrap();
-    let failures = client_dry_run(&client, &discovery, &docs).await;
-    assert!(
-        failures
-            .iter()
-            .any(|f| f.contains("policy/v1 PodDisruptionBudget")),
-        "{failures:#?}"
-    );
-    assert!(
-        failures.iter().any(|f| f.contains("batch/v1 CronJob")),
-        "{failures:#?}"
-    );
-    if use_kubectl {
-        let out = kubectl_dry_run(&cp, &manifest_file(dir.path(), "newer", &docs));
-        assert!(!out.status.success());
-        let stderr = String::from_utf8_lossy(&out.stderr);
+    // The dry run does reject what this server cannot serve: the chart rendered for the
+    // other end of the supported range fails here.
+    if version == KubeVersion::V1_20 {
+        dry_run_rejects_a_newer_clusters_chart(&cp, &client, &discovery, &api_versions, dir.path(), use_kubectl).await;
+    } else {
+        let older: Vec<String> = KUBE_1_20_API_VERSIONS.iter().map(|s| s.to_string()).collect();
+        let docs = render_with(&DEFAULT, &older, "v1.20.2").unwrap();
+        let failures = client_dry_run(&client, &discovery, &docs).await;
         assert!(
-            stderr.contains("PodDisruptionBudget") && stderr.contains("policy/v1"),
-            "{stderr}"
+            failures
+                .iter()
+                .any(|f| f.contains("policy/v1beta1 PodDisruptionBudget")),
+            "{failures:#?}"
         );
     }
     // kubectl validates against the server's schema: an unknown field fails.
@@ -1365,4 +1362,43 @@ fn prober_reads_host_sys_and_proc_and_capabilities_follow_the_values() {
         "{names:?}"
     );
     assert!(pod.get("runtimeClassName").is_none());
+}
+
+/// On 1.20: the same chart rendered for a newer cluster (policy/v1 PDBs, batch/v1
+/// CronJobs) fails the server-side dry run.
+async fn dry_run_rejects_a_newer_clusters_chart(
+    cp: &ControlPlane,
+    client: &kube::Client,
+    discovery: &Discovery,
+    api_versions: &[String],
+    dir: &std::path::Path,
+    use_kubectl: bool,
+) {
+    let mut newer = api_versions.to_vec();
+    newer.extend([
+        "policy/v1".to_string(),
+        "policy/v1/PodDisruptionBudget".into(),
+        "batch/v1/CronJob".into(),
+    ]);
+    let docs = render_with(&DEFAULT, &newer, "v1.20.2").unwrap();
+    let failures = client_dry_run(client, discovery, &docs).await;
+    assert!(
+        failures
+            .iter()
+            .any(|f| f.contains("policy/v1 PodDisruptionBudget")),
+        "{failures:#?}"
+    );
+    assert!(
+        failures.iter().any(|f| f.contains("batch/v1 CronJob")),
+        "{failures:#?}"
+    );
+    if use_kubectl {
+        let out = kubectl_dry_run(cp, &manifest_file(dir, "newer", &docs));
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("PodDisruptionBudget") && stderr.contains("policy/v1"),
+            "{stderr}"
+        );
+    }
 }

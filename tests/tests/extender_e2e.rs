@@ -303,10 +303,31 @@ async fn scenario(node_cache_capable: bool) {
     set_fabric_label(&client, "n-expired", "pending").await;
     let renewed = synth::certificate(&h100, Verdict::Certified, hours_ago(0.0), 394.0, 372.0);
     cp.publish_certificate("n-expired", &renewed).await.unwrap();
+    // The scheduler retries the pod on the Node update, possibly before the extender's own
+    // watch has delivered it; 1.20 then retries unschedulable pods within a minute, 1.37
+    // only after five. A pod update requeues it at once, as a user's edit would.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "train");
+    let mut nudges = 0u32;
     let node = eventually(
         Duration::from_secs(90),
         "h100-b bound after renewal",
-        || async { Ok(pod_node(&client, "train", "h100-b").await) },
+        || {
+            nudges += 1;
+            let pods = pods.clone();
+            let client = client.clone();
+            let n = nudges;
+            async move {
+                if let Some(node) = pod_node(&client, "train", "h100-b").await {
+                    return Ok(Some(node));
+                }
+                if n % 25 == 0 {
+                    let patch = serde_json::json!({"metadata": {"annotations": {"railguard-tests/requeue": n.to_string()}}});
+                    pods.patch("h100-b", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+                        .await?;
+                }
+                Ok(None)
+            }
+        },
     )
     .await
     .unwrap();

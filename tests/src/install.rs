@@ -79,8 +79,8 @@ pub async fn apply_objects(client: &Client, namespace: &str, objects: &[Value]) 
         .context("API discovery")?;
     for obj in sorted {
         let what = object_ref(obj);
-        let typed: DynamicObject =
-            serde_json::from_value(obj.clone()).with_context(|| format!("{what} is not an object"))?;
+        let typed: DynamicObject = serde_json::from_value(obj.clone())
+            .with_context(|| format!("{what} is not an object"))?;
         let Some(tm) = typed.types.clone() else {
             failures.push(format!("{what}: no apiVersion/kind"));
             continue;
@@ -92,7 +92,10 @@ pub async fn apply_objects(client: &Client, namespace: &str, objects: &[Value]) 
             resolved = discovery.resolve_typemeta(&tm);
         }
         let Some((ar, caps)) = resolved else {
-            failures.push(format!("{what}: {}/{} is not served", tm.api_version, tm.kind));
+            failures.push(format!(
+                "{what}: {}/{} is not served",
+                tm.api_version, tm.kind
+            ));
             continue;
         };
         let name = typed.metadata.name.clone().unwrap_or_default();
@@ -138,7 +141,11 @@ pub async fn wait_workloads_ready(
                 return None;
             }
             let ns = o["metadata"]["namespace"].as_str().unwrap_or(namespace);
-            Some((kind.to_string(), ns.to_string(), o["metadata"]["name"].as_str()?.to_string()))
+            Some((
+                kind.to_string(),
+                ns.to_string(),
+                o["metadata"]["name"].as_str()?.to_string(),
+            ))
         })
         .collect();
     let last = std::sync::Mutex::new(Vec::new());
@@ -150,13 +157,17 @@ pub async fn wait_workloads_ready(
             let mut pending = Vec::new();
             for (kind, ns, name) in &workloads {
                 let ready = if kind == "Deployment" {
-                    let d = Api::<Deployment>::namespaced(client.clone(), ns).get(name).await?;
+                    let d = Api::<Deployment>::namespaced(client.clone(), ns)
+                        .get(name)
+                        .await?;
                     let want = d.spec.and_then(|s| s.replicas).unwrap_or(1);
                     let st = d.status.unwrap_or_default();
                     st.ready_replicas.unwrap_or(0) >= want
                         && st.updated_replicas.unwrap_or(0) >= want
                 } else {
-                    let d = Api::<DaemonSet>::namespaced(client.clone(), ns).get(name).await?;
+                    let d = Api::<DaemonSet>::namespaced(client.clone(), ns)
+                        .get(name)
+                        .await?;
                     let generation = d.metadata.generation.unwrap_or(0);
                     let st = d.status.unwrap_or_default();
                     st.observed_generation.unwrap_or(0) >= generation

@@ -100,7 +100,9 @@ pub fn host_ip() -> Result<IpAddr> {
     while let Some(w) = words.next() {
         if w == "src" {
             if let Some(ip) = words.next() {
-                return ip.parse().with_context(|| format!("bad source address {ip:?}"));
+                return ip
+                    .parse()
+                    .with_context(|| format!("bad source address {ip:?}"));
             }
         }
     }
@@ -131,7 +133,10 @@ fn run_teardown(dir: &Path, all: bool) {
     }
     match c.status() {
         Ok(s) if s.success() => {}
-        Ok(s) => eprintln!("railguard-tests: real-node teardown of {} ended {s}", dir.display()),
+        Ok(s) => eprintln!(
+            "railguard-tests: real-node teardown of {} ended {s}",
+            dir.display()
+        ),
         Err(e) => eprintln!("railguard-tests: cannot run the real-node teardown: {e}"),
     }
 }
@@ -275,7 +280,10 @@ impl RealNode {
         // kube-controller-manager: service-account tokens, the not-ready taint, Endpoints.
         let mut kcm = Command::new(node_binary(&bin, "kube-controller-manager")?);
         kcm.arg(format!("--kubeconfig={}", admin_kc.display()))
-            .arg(format!("--authentication-kubeconfig={}", admin_kc.display()))
+            .arg(format!(
+                "--authentication-kubeconfig={}",
+                admin_kc.display()
+            ))
             .arg(format!("--authorization-kubeconfig={}", admin_kc.display()))
             .arg(format!(
                 "--service-account-private-key-file={}",
@@ -338,7 +346,10 @@ impl RealNode {
             .arg(format!("--node-ip={}", self.ip))
             .arg("--register-node=true")
             .arg("--container-runtime=remote")
-            .arg(format!("--container-runtime-endpoint=unix://{}", sock.display()))
+            .arg(format!(
+                "--container-runtime-endpoint=unix://{}",
+                sock.display()
+            ))
             .arg("--runtime-request-timeout=5m")
             .arg("--cgroup-driver=cgroupfs")
             .arg("--fail-swap-on=false")
@@ -387,10 +398,7 @@ impl RealNode {
                     .unwrap_or_default()
                     .iter()
                     .any(|c| c.type_ == "Ready" && c.status == "True");
-                let tainted = n
-                    .spec
-                    .and_then(|s| s.taints)
-                    .is_some_and(|t| !t.is_empty());
+                let tainted = n.spec.and_then(|s| s.taints).is_some_and(|t| !t.is_empty());
                 ready && !tainted
             });
             if ready {
@@ -421,8 +429,14 @@ impl RealNode {
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
-            .with_context(|| format!("starting {name} (tests/scripts/install-deps.sh installs it)"))?;
-        let pid_dir = if node_side { dir.join("node") } else { dir.to_path_buf() };
+            .with_context(|| {
+                format!("starting {name} (tests/scripts/install-deps.sh installs it)")
+            })?;
+        let pid_dir = if node_side {
+            dir.join("node")
+        } else {
+            dir.to_path_buf()
+        };
         std::fs::write(pid_dir.join(format!("{name}.pid")), child.id().to_string())?;
         self.procs.push((name, child));
         Ok(())
@@ -487,7 +501,15 @@ impl RealNode {
         for a in archives {
             sh(
                 "ctr",
-                &["-a", &sock, "-n", "k8s.io", "images", "import", &a.display().to_string()],
+                &[
+                    "-a",
+                    &sock,
+                    "-n",
+                    "k8s.io",
+                    "images",
+                    "import",
+                    &a.display().to_string(),
+                ],
             )
             .with_context(|| format!("importing {}", a.display()))?;
         }

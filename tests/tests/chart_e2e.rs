@@ -1169,9 +1169,20 @@ async fn every_rendered_object_passes_a_server_side_dry_run() {
     // The dry run does reject what this server cannot serve: the chart rendered for the
     // other end of the supported range fails here.
     if version == KubeVersion::V1_20 {
-        dry_run_rejects_a_newer_clusters_chart(&cp, &client, &discovery, &api_versions, dir.path(), use_kubectl).await;
+        dry_run_rejects_a_newer_clusters_chart(
+            &cp,
+            &client,
+            &discovery,
+            &api_versions,
+            dir.path(),
+            use_kubectl,
+        )
+        .await;
     } else {
-        let older: Vec<String> = KUBE_1_20_API_VERSIONS.iter().map(|s| s.to_string()).collect();
+        let older: Vec<String> = KUBE_1_20_API_VERSIONS
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         let docs = render_with(&DEFAULT, &older, "v1.20.2").unwrap();
         let failures = client_dry_run(&client, &discovery, &docs).await;
         assert!(

@@ -33,7 +33,9 @@ use railguard_api::{keys, FabricProfile};
 use railguard_tests::gotmpl::{Chart, RenderOptions};
 use railguard_tests::install::{apply_objects, wait_workloads_ready};
 use railguard_tests::node::{wait_service_account, REAL_NODE_NAME};
-use railguard_tests::{eventually, failed_scheduling_messages, workspace_binary, workspace_root, RealNode};
+use railguard_tests::{
+    eventually, failed_scheduling_messages, workspace_binary, workspace_root, RealNode,
+};
 use serde_json::{json, Value};
 
 const RELEASE: &str = "railguard";
@@ -108,7 +110,11 @@ async fn create_namespace(client: &Client, name: &str, labels: &[(&str, &str)]) 
         "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": l},
     }))?;
     Api::<Namespace>::all(client.clone())
-        .patch(name, &PatchParams::apply("railguard-tests").force(), &Patch::Apply(&ns))
+        .patch(
+            name,
+            &PatchParams::apply("railguard-tests").force(),
+            &Patch::Apply(&ns),
+        )
         .await
         .with_context(|| format!("namespace {name}"))?;
     wait_service_account(client, name).await
@@ -141,7 +147,11 @@ fn training_pod(name: &str, annotations: &[(&str, &str)], gpus: Option<u32>) -> 
 async fn wait_running(pods: &Api<Pod>, name: &str, timeout: Duration) -> Result<Pod> {
     eventually(timeout, &format!("pod {name} Running"), || async {
         let p = pods.get(name).await?;
-        let phase = p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+        let phase = p
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default();
         if phase == "Failed" || phase == "Succeeded" {
             bail!("pod {name} ended: {:?}", p.status);
         }
@@ -151,10 +161,17 @@ async fn wait_running(pods: &Api<Pod>, name: &str, timeout: Duration) -> Result<
 }
 
 async fn logs_until(pods: &Api<Pod>, name: &str, marker: &str) -> Result<String> {
-    eventually(Duration::from_secs(60), &format!("{marker} in {name}'s log"), || async {
-        let text = pods.logs(name, &LogParams::default()).await.unwrap_or_default();
-        Ok(text.contains(marker).then_some(text))
-    })
+    eventually(
+        Duration::from_secs(60),
+        &format!("{marker} in {name}'s log"),
+        || async {
+            let text = pods
+                .logs(name, &LogParams::default())
+                .await
+                .unwrap_or_default();
+            Ok(text.contains(marker).then_some(text))
+        },
+    )
     .await
 }
 
@@ -177,9 +194,15 @@ fn env_line<'a>(log: &'a str, var: &str) -> Option<&'a str> {
 }
 
 /// The node's labels, condition and certificate as the prober published them.
-async fn fabric_state(nodes: &Api<Node>) -> Result<(Option<String>, Option<String>, Option<Value>)> {
+async fn fabric_state(
+    nodes: &Api<Node>,
+) -> Result<(Option<String>, Option<String>, Option<Value>)> {
     let n = nodes.get(REAL_NODE_NAME).await?;
-    let label = n.metadata.labels.as_ref().and_then(|l| l.get(keys::LABEL_FABRIC).cloned());
+    let label = n
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(keys::LABEL_FABRIC).cloned());
     let cond = n
         .status
         .and_then(|s| s.conditions)
@@ -253,7 +276,11 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         .arg("--out")
         .arg(&sim_node)
         .output()?;
-    ensure!(out.status.success(), "sim-sysfs: {}", String::from_utf8_lossy(&out.stderr));
+    ensure!(
+        out.status.success(),
+        "sim-sysfs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let kube_bin = railguard_tests::control_plane_binaries()?;
     let archives = build_images(&dir.join("images"), bins, &kube_bin)?;
@@ -274,8 +301,11 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
             })),
         )
         .await?;
-    node.advertise(&[("nvidia.com/gpu", "8"), ("rdma/rdma_shared_device_a", "100")])
-        .await?;
+    node.advertise(&[
+        ("nvidia.com/gpu", "8"),
+        ("rdma/rdma_shared_device_a", "100"),
+    ])
+    .await?;
 
     // Install: namespaces, CRD, every rendered object; wait for the workloads.
     create_namespace(&client, "kube-system", &[]).await?;
@@ -294,18 +324,34 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     let hook = hooks.list(&ListParams::default()).await?.items;
     let hook = hook
         .iter()
-        .find(|h| h.metadata.name.as_deref().is_some_and(|n| n.starts_with(RELEASE)))
+        .find(|h| {
+            h.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(RELEASE))
+        })
         .context("the chart's MutatingWebhookConfiguration")?;
     for w in hook.webhooks.iter().flatten() {
-        let ca = w.client_config.ca_bundle.as_ref().map(|b| b.0.len()).unwrap_or(0);
+        let ca = w
+            .client_config
+            .ca_bundle
+            .as_ref()
+            .map(|b| b.0.len())
+            .unwrap_or(0);
         ensure!(ca > 0, "webhook {} has no caBundle", w.name);
     }
 
     // The prober certifies the node.
-    let cert = eventually(Duration::from_secs(240), "the prober's certificate", || async {
-        let (label, _, cert) = fabric_state(&nodes).await?;
-        Ok((label.as_deref() == Some(keys::fabric::CERTIFIED)).then_some(cert).flatten())
-    })
+    let cert = eventually(
+        Duration::from_secs(240),
+        "the prober's certificate",
+        || async {
+            let (label, _, cert) = fabric_state(&nodes).await?;
+            Ok((label.as_deref() == Some(keys::fabric::CERTIFIED))
+                .then_some(cert)
+                .flatten())
+        },
+    )
     .await?;
     let (_, cond, _) = fabric_state(&nodes).await?;
     ensure!(
@@ -313,19 +359,36 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         "condition {:?}",
         cond
     );
-    ensure!(cert["profile"] == PROFILE, "certificate profile {}", cert["profile"]);
-    ensure!(cert["verdict"] == "certified", "certificate verdict {}", cert["verdict"]);
+    ensure!(
+        cert["profile"] == PROFILE,
+        "certificate profile {}",
+        cert["profile"]
+    );
+    ensure!(
+        cert["verdict"] == "certified",
+        "certificate verdict {}",
+        cert["verdict"]
+    );
     let rails = cert["rails"].as_array().map(Vec::len).unwrap_or(0);
     ensure!(rails == 8, "certificate has {rails} rails");
 
     // A training pod: mutated through the Service, placed through the extender, running.
     let pods: Api<Pod> = Api::namespaced(client.clone(), TRAINING);
-    pods.create(&PostParams::default(), &training_pod("trainer-0", &[], Some(1))?)
-        .await
-        .context("creating trainer-0")?;
+    pods.create(
+        &PostParams::default(),
+        &training_pod("trainer-0", &[], Some(1))?,
+    )
+    .await
+    .context("creating trainer-0")?;
     let p = wait_running(&pods, "trainer-0", Duration::from_secs(120)).await?;
-    ensure!(mutated(&p), "trainer-0 was not mutated: {:?}", p.metadata.annotations);
-    let profile: FabricProfile = Api::<FabricProfile>::all(client.clone()).get(PROFILE).await?;
+    ensure!(
+        mutated(&p),
+        "trainer-0 was not mutated: {:?}",
+        p.metadata.annotations
+    );
+    let profile: FabricProfile = Api::<FabricProfile>::all(client.clone())
+        .get(PROFILE)
+        .await?;
     let log = logs_until(&pods, "trainer-0", "railguard-ready").await?;
     let hca = env_line(&log, "NCCL_IB_HCA").context("NCCL_IB_HCA in the container")?;
     ensure!(
@@ -342,7 +405,10 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         .context("CapEff in the log")?;
-    ensure!(cap_eff & (1 << 14) != 0, "no CAP_IPC_LOCK in CapEff {cap_eff:x}");
+    ensure!(
+        cap_eff & (1 << 14) != 0,
+        "no CAP_IPC_LOCK in CapEff {cap_eff:x}"
+    );
     let shm_kib = log
         .lines()
         .find(|l| l.trim_end().ends_with("/dev/shm"))
@@ -370,7 +436,10 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         .spec
         .as_ref()
         .and_then(|s| s.volumes.as_ref())
-        .and_then(|v| v.iter().find_map(|v| v.empty_dir.as_ref()?.size_limit.clone()));
+        .and_then(|v| {
+            v.iter()
+                .find_map(|v| v.empty_dir.as_ref()?.size_limit.clone())
+        });
     ensure!(
         shm_limit.as_ref().map(|q| q.0.as_str()) == Some("64Gi"),
         "the injected /dev/shm sizeLimit is {shm_limit:?}"
@@ -385,7 +454,9 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         .patch(
             REAL_NODE_NAME,
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {keys::ANNOTATION_RECERTIFY: "true"}}})),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {keys::ANNOTATION_RECERTIFY: "true"}}}),
+            ),
         )
         .await?;
     let failed = eventually(Duration::from_secs(240), "the node failed", || async {
@@ -398,13 +469,22 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         "condition {:?}",
         failed.0
     );
-    let reasons = failed.1.map(|c| c["reasons"].to_string()).unwrap_or_default();
-    ensure!(reasons.contains(FAULT_RAIL), "certificate reasons {reasons}");
+    let reasons = failed
+        .1
+        .map(|c| c["reasons"].to_string())
+        .unwrap_or_default();
+    ensure!(
+        reasons.contains(FAULT_RAIL),
+        "certificate reasons {reasons}"
+    );
 
     // New training pods stay Pending; the extender says why for one that skipped the
     // injected affinity (its namespace allows exemptions); a CPU pod still runs.
-    pods.create(&PostParams::default(), &training_pod("trainer-1", &[], Some(1))?)
-        .await?;
+    pods.create(
+        &PostParams::default(),
+        &training_pod("trainer-1", &[], Some(1))?,
+    )
+    .await?;
     pods.create(
         &PostParams::default(),
         &training_pod("trainer-2", &[(keys::ANNOTATION_SKIP, "affinity")], Some(1))?,
@@ -413,16 +493,26 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     pods.create(&PostParams::default(), &training_pod("cpu-0", &[], None)?)
         .await?;
     wait_running(&pods, "cpu-0", Duration::from_secs(120)).await?;
-    let msgs = eventually(Duration::from_secs(90), "the extender's reason for trainer-2", || async {
-        let m = failed_scheduling_messages(&client, TRAINING, "trainer-2").await?;
-        Ok(m.iter().any(|m| m.contains("railguard") && m.contains(FAULT_RAIL)).then_some(m))
-    })
+    let msgs = eventually(
+        Duration::from_secs(90),
+        "the extender's reason for trainer-2",
+        || async {
+            let m = failed_scheduling_messages(&client, TRAINING, "trainer-2").await?;
+            Ok(m.iter()
+                .any(|m| m.contains("railguard") && m.contains(FAULT_RAIL))
+                .then_some(m))
+        },
+    )
     .await?;
     eprintln!("trainer-2 FailedScheduling: {msgs:?}");
-    let m1 = eventually(Duration::from_secs(90), "trainer-1 FailedScheduling", || async {
-        let m = failed_scheduling_messages(&client, TRAINING, "trainer-1").await?;
-        Ok((!m.is_empty()).then_some(m))
-    })
+    let m1 = eventually(
+        Duration::from_secs(90),
+        "trainer-1 FailedScheduling",
+        || async {
+            let m = failed_scheduling_messages(&client, TRAINING, "trainer-1").await?;
+            Ok((!m.is_empty()).then_some(m))
+        },
+    )
     .await?;
     eprintln!("trainer-1 FailedScheduling: {m1:?}");
     for name in ["trainer-1", "trainer-2"] {
@@ -456,13 +546,20 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         },
     );
     let pdb_name = format!("{RELEASE}-webhook");
-    eventually(Duration::from_secs(60), "the webhook PDB to allow one disruption", || async {
-        let pdb = pdb_api.get(&pdb_name).await?;
-        let st = &pdb.data["status"];
-        Ok((st["currentHealthy"] == 2 && st["disruptionsAllowed"] == 1).then_some(()))
-    })
+    eventually(
+        Duration::from_secs(60),
+        "the webhook PDB to allow one disruption",
+        || async {
+            let pdb = pdb_api.get(&pdb_name).await?;
+            let st = &pdb.data["status"];
+            Ok((st["currentHealthy"] == 2 && st["disruptionsAllowed"] == 1).then_some(()))
+        },
+    )
     .await?;
-    ensure!(evict(node, NAMESPACE, &hook_pods[0]).await? == 201, "first eviction refused");
+    ensure!(
+        evict(node, NAMESPACE, &hook_pods[0]).await? == 201,
+        "first eviction refused"
+    );
     let second = evict(node, NAMESPACE, &hook_pods[1]).await?;
     let status = pdb_api.get(&pdb_name).await?.data["status"].clone();
     ensure!(

@@ -845,17 +845,28 @@ impl Drop for ControlPlane {
 }
 
 fn spawn(name: &'static str, cmd: &mut Command, dir: &Path) -> Result<Proc> {
-    let log = std::fs::File::create(dir.join(format!("{name}.log")))?;
+    spawn_logged(name, cmd, dir, dir)
+}
+
+/// Starts `cmd` with stdout and stderr in `log_dir/NAME.log` and its pid in
+/// `pid_dir/NAME.pid`.
+fn spawn_logged(
+    name: &'static str,
+    cmd: &mut Command,
+    log_dir: &Path,
+    pid_dir: &Path,
+) -> Result<Proc> {
+    let log = std::fs::File::create(log_dir.join(format!("{name}.log")))?;
     let child = cmd
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
         .spawn()
         .with_context(|| {
-            format!("starting {name} (is it installed? run tests/scripts/control-plane.sh)")
+            format!("starting {name} (is it installed? tests/scripts/install-deps.sh and control-plane.sh install them)")
         })?;
     // For a teardown after a run that could not clean up (tests/scripts/real-node-teardown.sh).
-    let _ = std::fs::write(dir.join(format!("{name}.pid")), child.id().to_string());
+    std::fs::write(pid_dir.join(format!("{name}.pid")), child.id().to_string())?;
     Ok(Proc { name, child })
 }
 

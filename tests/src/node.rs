@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -62,7 +62,7 @@ const HOST_DIRS: &[&str] = &[
 pub struct RealNode {
     // Dropped after `Drop::drop` took the node down: stops the control plane last.
     cp: ControlPlane,
-    procs: Vec<(&'static str, Child)>,
+    procs: Vec<crate::Proc>,
     ip: IpAddr,
     _lock: File,
     started: Duration,
@@ -423,28 +423,19 @@ impl RealNode {
         dir: &Path,
         node_side: bool,
     ) -> Result<()> {
-        let log = File::create(dir.join(format!("{name}.log")))?;
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| {
-                format!("starting {name} (tests/scripts/install-deps.sh installs it)")
-            })?;
         let pid_dir = if node_side {
             dir.join("node")
         } else {
             dir.to_path_buf()
         };
-        std::fs::write(pid_dir.join(format!("{name}.pid")), child.id().to_string())?;
-        self.procs.push((name, child));
+        self.procs
+            .push(crate::spawn_logged(name, cmd, dir, &pid_dir)?);
         Ok(())
     }
 
     /// Fails if a process of the node or the control plane has exited.
     pub fn check_alive(&mut self) -> Result<()> {
-        for (name, child) in &mut self.procs {
+        for crate::Proc { name, child } in &mut self.procs {
             if let Some(status) = child.try_wait()? {
                 bail!(
                     "{name} exited with {status}; see {}/{name}.log",
@@ -573,7 +564,7 @@ impl Drop for RealNode {
             self.cp.keep_logs = true;
         }
         run_teardown(self.dir(), false);
-        for (_, child) in &mut self.procs {
+        for crate::Proc { child, .. } in &mut self.procs {
             // The script stopped them; collect the exit statuses.
             let _ = child.kill();
             let _ = child.wait();

@@ -10,7 +10,7 @@ pub enum ProfileError {
     #[error("cannot parse FabricProfile YAML")]
     Yaml {
         #[source]
-        source: serde_yaml::Error,
+        source: serde_yaml_ng::Error,
     },
 }
 

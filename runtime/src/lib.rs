@@ -1,8 +1,9 @@
 //! The plumbing every railguard binary repeats, in one place: logging set-up
 //! ([`init_logging`], one `--log-format` for all), start-up failures that print as one line
 //! naming the thing and the fix ([`StartupError`], [`error_line`]), listeners bound with
-//! that error ([`bind`]), the Kubernetes client from `--kubeconfig` ([`kube_client`]) and
-//! FabricProfiles from a file ([`read_profiles`]).
+//! that error ([`bind`]), the Kubernetes client from `--kubeconfig` ([`kube_client`]),
+//! FabricProfiles from a file ([`read_profiles`]) and the shutdown signal
+//! ([`shutdown_signal`]).
 //!
 //! Exit codes shared by the binaries: [`EXIT_FAIL`] for a failed verdict (prober only),
 //! [`EXIT_ERROR`] for usage, configuration and runtime errors (clap's own usage errors
@@ -13,6 +14,7 @@ mod error;
 mod listen;
 mod logging;
 mod profiles;
+mod signal;
 
 pub use client::kube_client;
 pub use error::{describe_io, error_chain, error_line, StartupError};
@@ -21,6 +23,7 @@ pub use logging::{
     filter_directives, init_logging, init_logging_with, use_ansi, LogFormat, LOG_FILTER_VARS,
 };
 pub use profiles::read_profiles;
+pub use signal::shutdown_signal;
 
 /// Exit code of a failed verdict or a critical finding.
 pub const EXIT_FAIL: u8 = 1;

@@ -590,8 +590,8 @@ impl ControlPlane {
     /// `kubescheduler.config.k8s.io/v1` for the modern release (which dropped v1beta*).
     pub async fn start_scheduler(&mut self, extenders_yaml: &str) -> Result<()> {
         let d = self.dir.path().to_path_buf();
-        let extenders: serde_yaml::Value =
-            serde_yaml::from_str(extenders_yaml).context("extenders YAML")?;
+        let extenders: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(extenders_yaml).context("extenders YAML")?;
         let mut config = json!({
             "kind": "KubeSchedulerConfiguration",
             "clientConnection": { "kubeconfig": self.kubeconfig.display().to_string(), "qps": 500, "burst": 1000 },
@@ -643,7 +643,7 @@ impl ControlPlane {
                     ));
             }
         }
-        std::fs::write(&path, serde_yaml::to_string(&config)?)?;
+        std::fs::write(&path, serde_yaml_ng::to_string(&config)?)?;
         cmd.arg("--v=2");
         let p = spawn("kube-scheduler", &mut cmd, &d)?;
         self.procs.push(p);
@@ -676,7 +676,7 @@ impl ControlPlane {
         let path = workspace_root().join("charts/railguard/crds/fabricprofile.yaml");
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("reading {}", path.display()))?;
-        let crd: CustomResourceDefinition = serde_yaml::from_str(&text)?;
+        let crd: CustomResourceDefinition = serde_yaml_ng::from_str(&text)?;
         let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
         let name = crd.metadata.name.clone().unwrap_or_default();
         api.patch(

@@ -311,7 +311,7 @@ fn rbac_is_least_privilege_per_component() {
 fn secondary_scheduler_points_at_the_extender_and_fails_closed() {
     let docs = render(&DEFAULT);
     let cm = find(&docs, "ConfigMap", "railguard-scheduler");
-    let config: Json = serde_yaml::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
+    let config: Json = serde_yaml_ng::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
     assert_eq!(
         config["apiVersion"], "kubescheduler.config.k8s.io/v1beta1",
         "1.20 scheduler"
@@ -384,7 +384,7 @@ fn secondary_scheduler_points_at_the_extender_and_fails_closed() {
     ]);
     let docs = render_with(&DEFAULT, &newer, "v1.29.3").unwrap();
     let cm = find(&docs, "ConfigMap", "railguard-scheduler");
-    let config: Json = serde_yaml::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
+    let config: Json = serde_yaml_ng::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
     assert_eq!(config["apiVersion"], "kubescheduler.config.k8s.io/v1");
     assert_eq!(
         find(&docs, "PodDisruptionBudget", "railguard-webhook")["apiVersion"],
@@ -463,7 +463,7 @@ fn cert_manager_mode_and_config_only_scheduler() {
 
     // Config only: the extenders stanza for the main scheduler, no second scheduler.
     let cm = find(&docs, "ConfigMap", "rg-railguard-scheduler");
-    let ext: Json = serde_yaml::from_str(cm["data"]["extenders.yaml"].as_str().unwrap()).unwrap();
+    let ext: Json = serde_yaml_ng::from_str(cm["data"]["extenders.yaml"].as_str().unwrap()).unwrap();
     assert_eq!(ext[0]["urlPrefix"], "http://10.96.0.50:8888");
     assert_eq!(ext[0]["ignorable"], false);
     assert!(cm["data"].get("config.yaml").is_none());
@@ -608,7 +608,7 @@ fn roce_set_with_custom_namespaces_uses_the_profile_for_rdma_and_shm() {
 
     // The custom scheduler name flows into the configuration and its lease RBAC.
     let cm = find(&docs, "ConfigMap", "fabric-railguard-scheduler");
-    let config: Json = serde_yaml::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
+    let config: Json = serde_yaml_ng::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
     assert_eq!(config["profiles"][0]["schedulerName"], "fabric-aware");
     assert_eq!(config["extenders"][0]["weight"], 10);
 }
@@ -917,7 +917,7 @@ fn manifest_file(dir: &std::path::Path, label: &str, docs: &[Doc]) -> PathBuf {
             format!(
                 "---\n# Source: {}\n{}",
                 d.source,
-                serde_yaml::to_string(&d.obj).unwrap()
+                serde_yaml_ng::to_string(&d.obj).unwrap()
             )
         })
         .collect();
@@ -1022,8 +1022,8 @@ fn compare_with_helm(
     );
     use serde::Deserialize;
     let theirs: Vec<Json> =
-        serde_yaml::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
-            .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+        serde_yaml_ng::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
+            .map(|d| serde_yaml_ng::Value::deserialize(d).unwrap())
             .filter(|v| !v.is_null())
             .map(|v| serde_json::to_value(v).unwrap())
             .filter(|v| {
@@ -1223,7 +1223,7 @@ async fn every_rendered_object_passes_a_server_side_dry_run() {
 #[test]
 fn dockerfiles_build_the_binaries_the_chart_runs() {
     let root = workspace_root();
-    let values: serde_yaml::Value = serde_yaml::from_str(
+    let values: serde_yaml_ng::Value = serde_yaml_ng::from_str(
         &std::fs::read_to_string(root.join("charts/railguard/values.yaml")).unwrap(),
     )
     .unwrap();

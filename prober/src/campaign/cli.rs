@@ -525,7 +525,7 @@ impl CampaignArgs {
                 job.namespace
             ));
         }
-        Ok(serde_yaml::to_string(&manifest)?)
+        Ok(serde_yaml_ng::to_string(&manifest)?)
     }
 }
 

@@ -141,7 +141,7 @@ pub fn render(
         ),
     ]);
     let text = substitute(template, &values)?;
-    let mut manifest: Value = serde_yaml::from_str(&text)
+    let mut manifest: Value = serde_yaml_ng::from_str(&text)
         .map_err(|e| bad(format!("rendered template is not YAML: {e}")))?;
     add_rdma_resource(&mut manifest, profile, job.gpus_per_node);
     check(&manifest, job)?;

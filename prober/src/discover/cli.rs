@@ -22,7 +22,7 @@ pub enum CliError {
     #[error("cannot encode output")]
     Json(#[from] serde_json::Error),
     #[error("cannot encode output")]
-    Yaml(#[from] serde_yaml::Error),
+    Yaml(#[from] serde_yaml_ng::Error),
 }
 
 /// `railguard-prober discover [--sysfs-root DIR] [--json]`
@@ -136,7 +136,7 @@ impl EmitProfileArgs {
         Ok(format!(
             "# Emitted by railguard-prober emit-profile; rail-layout signature {}\n{}",
             d.signature(),
-            serde_yaml::to_string(&profile)?
+            serde_yaml_ng::to_string(&profile)?
         ))
     }
 }

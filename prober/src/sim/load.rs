@@ -17,7 +17,7 @@ impl NodeModel {
 
     /// Parses a self-contained model (no `base:`) and applies its faults.
     pub fn from_yaml(text: &str) -> Result<NodeModel, ModelError> {
-        let mut m: NodeModel = serde_yaml::from_str(text).map_err(|source| ModelError::Yaml {
+        let mut m: NodeModel = serde_yaml_ng::from_str(text).map_err(|source| ModelError::Yaml {
             path: "<inline>".into(),
             source,
         })?;
@@ -334,9 +334,9 @@ fn take_hca(n: &mut PciNodeModel, hca: &str) -> Option<PciNodeModel> {
     s.children.iter_mut().find_map(|c| take_hca(c, hca))
 }
 
-fn deep_merge(base: &mut serde_yaml::Value, over: serde_yaml::Value) {
+fn deep_merge(base: &mut serde_yaml_ng::Value, over: serde_yaml_ng::Value) {
     match (base, over) {
-        (serde_yaml::Value::Mapping(b), serde_yaml::Value::Mapping(o)) => {
+        (serde_yaml_ng::Value::Mapping(b), serde_yaml_ng::Value::Mapping(o)) => {
             for (k, v) in o {
                 match b.get_mut(&k) {
                     Some(slot) => deep_merge(slot, v),
@@ -366,7 +366,7 @@ fn load_depth(path: &Path, depth: u32) -> Result<NodeModel, ModelError> {
         path: shown.clone(),
         source,
     };
-    let mut over: serde_yaml::Value = serde_yaml::from_str(&text).map_err(yaml_err)?;
+    let mut over: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).map_err(yaml_err)?;
     let base_name = over
         .get("base")
         .and_then(|b| b.as_str())
@@ -375,8 +375,8 @@ fn load_depth(path: &Path, depth: u32) -> Result<NodeModel, ModelError> {
         Some(b) => {
             let base_path = path.parent().unwrap_or(Path::new(".")).join(&b);
             let base = load_depth(&base_path, depth + 1)?;
-            let mut value = serde_yaml::to_value(&base).map_err(yaml_err)?;
-            if let serde_yaml::Value::Mapping(m) = &mut over {
+            let mut value = serde_yaml_ng::to_value(&base).map_err(yaml_err)?;
+            if let serde_yaml_ng::Value::Mapping(m) = &mut over {
                 m.remove("base");
             }
             deep_merge(&mut value, over);
@@ -384,7 +384,7 @@ fn load_depth(path: &Path, depth: u32) -> Result<NodeModel, ModelError> {
         }
         None => over,
     };
-    let mut m: NodeModel = serde_yaml::from_value(merged).map_err(|source| ModelError::Yaml {
+    let mut m: NodeModel = serde_yaml_ng::from_value(merged).map_err(|source| ModelError::Yaml {
         path: shown.clone(),
         source,
     })?;

@@ -26,7 +26,7 @@ pub enum ModelError {
     Yaml {
         path: String,
         #[source]
-        source: serde_yaml::Error,
+        source: serde_yaml_ng::Error,
     },
     #[error("model {model}: {message}")]
     Invalid { model: String, message: String },

@@ -485,7 +485,7 @@ pub fn write_sysfs(model: &NodeModel, root: &Path) -> Result<SimulatedTree, Mode
     let mut resolved = model.clone();
     resolved.base = None;
     resolved.faults.clear();
-    let yaml = serde_yaml::to_string(&resolved).map_err(|source| ModelError::Yaml {
+    let yaml = serde_yaml_ng::to_string(&resolved).map_err(|source| ModelError::Yaml {
         path: SIM_MODEL_PATH.into(),
         source,
     })?;

@@ -574,7 +574,7 @@ fn write_short_ttl_profile(src: &Path, dst: &Path) -> Result<()> {
     let mut p = railguard_api::profiles_from_yaml(&std::fs::read_to_string(src)?)?.remove(0);
     p.spec.certification.ttl_seconds = 2;
     p.spec.certification.interval_seconds = 1;
-    std::fs::write(dst, serde_yaml::to_string(&p)?)?;
+    std::fs::write(dst, serde_yaml_ng::to_string(&p)?)?;
     Ok(())
 }
 
@@ -777,7 +777,7 @@ fn print_diff(before: &Value, after: &Value, s: &Style) {
         if let Some(o) = v.as_object_mut() {
             o.remove("status");
         }
-        serde_yaml::to_string(&v).unwrap_or_default()
+        serde_yaml_ng::to_string(&v).unwrap_or_default()
     };
     let a = clean(before);
     let b = clean(after);

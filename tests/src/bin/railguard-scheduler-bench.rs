@@ -695,7 +695,7 @@ impl Scheduler {
             "extenders": extenders,
         });
         let path = cp.log_dir().join(format!("scheduler-{tag}.yaml"));
-        std::fs::write(&path, serde_yaml::to_string(&config)?)?;
+        std::fs::write(&path, serde_yaml_ng::to_string(&config)?)?;
         let log = cp.log_dir().join(format!("kube-scheduler-{tag}.log"));
         let file = std::fs::File::create(&log)?;
         let child = Command::new(bin)

@@ -79,7 +79,7 @@ pub struct RenderOptions {
     pub release_name: String,
     pub namespace: String,
     /// Values overrides applied in order over `values.yaml` (like repeated `-f`).
-    pub values: Vec<serde_yaml::Value>,
+    pub values: Vec<serde_yaml_ng::Value>,
     /// `.Capabilities.APIVersions`.
     pub api_versions: Vec<String>,
     /// `.Capabilities.KubeVersion.Version`, e.g. `v1.20.2`.
@@ -105,7 +105,7 @@ impl RenderOptions {
 
     /// Adds a values override given as YAML text.
     pub fn with_values_yaml(mut self, yaml: &str) -> Result<Self, TemplateError> {
-        let v = serde_yaml::from_str(yaml).map_err(|source| TemplateError::Yaml {
+        let v = serde_yaml_ng::from_str(yaml).map_err(|source| TemplateError::Yaml {
             path: "values override".into(),
             source,
         })?;
@@ -124,16 +124,16 @@ pub struct Rendered {
 
 impl Rendered {
     /// Every non-empty YAML document, with the template it came from.
-    pub fn documents(&self) -> Result<Vec<(String, serde_yaml::Value)>, TemplateError> {
+    pub fn documents(&self) -> Result<Vec<(String, serde_yaml_ng::Value)>, TemplateError> {
         use serde::Deserialize;
         let mut docs = Vec::new();
         for (name, text) in &self.files {
             if name.ends_with("NOTES.txt") {
                 continue;
             }
-            for de in serde_yaml::Deserializer::from_str(text) {
+            for de in serde_yaml_ng::Deserializer::from_str(text) {
                 let v =
-                    serde_yaml::Value::deserialize(de).map_err(|source| TemplateError::Yaml {
+                    serde_yaml_ng::Value::deserialize(de).map_err(|source| TemplateError::Yaml {
                         path: name.clone(),
                         source,
                     })?;
@@ -237,8 +237,8 @@ impl Chart {
     pub fn load(dir: impl AsRef<Path>) -> Result<Chart, TemplateError> {
         let dir = dir.as_ref().to_path_buf();
         let meta_path = dir.join("Chart.yaml");
-        let meta: serde_yaml::Value =
-            serde_yaml::from_str(&read(&meta_path)?).map_err(|source| TemplateError::Yaml {
+        let meta: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(&read(&meta_path)?).map_err(|source| TemplateError::Yaml {
                 path: meta_path.display().to_string(),
                 source,
             })?;
@@ -257,8 +257,8 @@ impl Chart {
         }
         let values_path = dir.join("values.yaml");
         let values = if values_path.exists() {
-            let y: serde_yaml::Value =
-                serde_yaml::from_str(&read(&values_path)?).map_err(|source| {
+            let y: serde_yaml_ng::Value =
+                serde_yaml_ng::from_str(&read(&values_path)?).map_err(|source| {
                     TemplateError::Yaml {
                         path: values_path.display().to_string(),
                         source,

@@ -733,7 +733,7 @@ pub(crate) fn go_quote(s: &str) -> String {
 
 /// Helm's `toYaml`: YAML without the trailing newline.
 pub(crate) fn to_yaml(v: &Value) -> String {
-    match serde_yaml::to_string(&v.to_yaml()) {
+    match serde_yaml_ng::to_string(&v.to_yaml()) {
         Ok(s) => s.strip_suffix('\n').unwrap_or(&s).to_string(),
         Err(_) => String::new(),
     }

@@ -57,7 +57,7 @@ pub enum TemplateError {
     Yaml {
         path: String,
         #[source]
-        source: serde_yaml::Error,
+        source: serde_yaml_ng::Error,
     },
     /// Values do not satisfy `values.schema.json`.
     #[error("values don't meet the specifications of the schema:\n{}", .0.join("\n"))]

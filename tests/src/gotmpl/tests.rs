@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use super::*;
 
 fn data(yaml: &str) -> Value {
-    Value::from_yaml(&serde_yaml::from_str(yaml).unwrap())
+    Value::from_yaml(&serde_yaml_ng::from_str(yaml).unwrap())
 }
 
 fn render_with(src: &str, dot: &Value, missing: MissingKey) -> Result<String, TemplateError> {

@@ -106,49 +106,49 @@ impl Value {
     }
 
     /// Converts parsed YAML into a value the way Helm loads values (numbers become float64).
-    pub fn from_yaml(y: &serde_yaml::Value) -> Value {
+    pub fn from_yaml(y: &serde_yaml_ng::Value) -> Value {
         match y {
-            serde_yaml::Value::Null => Value::Nil,
-            serde_yaml::Value::Bool(b) => Value::Bool(*b),
-            serde_yaml::Value::Number(n) => Value::Float(n.as_f64().unwrap_or(0.0)),
-            serde_yaml::Value::String(s) => Value::Str(s.clone()),
-            serde_yaml::Value::Sequence(s) => Value::List(s.iter().map(Value::from_yaml).collect()),
-            serde_yaml::Value::Mapping(m) => Value::Map(
+            serde_yaml_ng::Value::Null => Value::Nil,
+            serde_yaml_ng::Value::Bool(b) => Value::Bool(*b),
+            serde_yaml_ng::Value::Number(n) => Value::Float(n.as_f64().unwrap_or(0.0)),
+            serde_yaml_ng::Value::String(s) => Value::Str(s.clone()),
+            serde_yaml_ng::Value::Sequence(s) => Value::List(s.iter().map(Value::from_yaml).collect()),
+            serde_yaml_ng::Value::Mapping(m) => Value::Map(
                 m.iter()
                     .map(|(k, v)| (yaml_key(k), Value::from_yaml(v)))
                     .collect(),
             ),
-            serde_yaml::Value::Tagged(t) => Value::from_yaml(&t.value),
+            serde_yaml_ng::Value::Tagged(t) => Value::from_yaml(&t.value),
         }
     }
 
     /// Converts to YAML for `toYaml`: integral floats become integers, as Go's JSON
     /// round trip in `sigs.k8s.io/yaml` does.
-    pub fn to_yaml(&self) -> serde_yaml::Value {
+    pub fn to_yaml(&self) -> serde_yaml_ng::Value {
         match self {
-            Value::Invalid | Value::Nil => serde_yaml::Value::Null,
-            Value::Bool(b) => serde_yaml::Value::Bool(*b),
-            Value::Int(i) => serde_yaml::Value::Number((*i).into()),
+            Value::Invalid | Value::Nil => serde_yaml_ng::Value::Null,
+            Value::Bool(b) => serde_yaml_ng::Value::Bool(*b),
+            Value::Int(i) => serde_yaml_ng::Value::Number((*i).into()),
             Value::Float(f) => {
                 if f.fract() == 0.0 && f.abs() < 9.007_199_254_740_992e15 {
-                    serde_yaml::Value::Number((*f as i64).into())
+                    serde_yaml_ng::Value::Number((*f as i64).into())
                 } else {
-                    serde_yaml::Value::Number((*f).into())
+                    serde_yaml_ng::Value::Number((*f).into())
                 }
             }
-            Value::Str(s) => serde_yaml::Value::String(s.clone()),
-            Value::List(l) => serde_yaml::Value::Sequence(l.iter().map(Value::to_yaml).collect()),
-            Value::Map(m) => serde_yaml::Value::Mapping(
+            Value::Str(s) => serde_yaml_ng::Value::String(s.clone()),
+            Value::List(l) => serde_yaml_ng::Value::Sequence(l.iter().map(Value::to_yaml).collect()),
+            Value::Map(m) => serde_yaml_ng::Value::Mapping(
                 m.iter()
-                    .map(|(k, v)| (serde_yaml::Value::String(k.clone()), v.to_yaml()))
+                    .map(|(k, v)| (serde_yaml_ng::Value::String(k.clone()), v.to_yaml()))
                     .collect(),
             ),
-            Value::ApiVersions(v) => serde_yaml::Value::Sequence(
+            Value::ApiVersions(v) => serde_yaml_ng::Value::Sequence(
                 v.iter()
-                    .map(|s| serde_yaml::Value::String(s.clone()))
+                    .map(|s| serde_yaml_ng::Value::String(s.clone()))
                     .collect(),
             ),
-            Value::Files(_) => serde_yaml::Value::Mapping(Default::default()),
+            Value::Files(_) => serde_yaml_ng::Value::Mapping(Default::default()),
         }
     }
 
@@ -182,10 +182,10 @@ impl Value {
     }
 }
 
-fn yaml_key(k: &serde_yaml::Value) -> String {
+fn yaml_key(k: &serde_yaml_ng::Value) -> String {
     match k {
-        serde_yaml::Value::String(s) => s.clone(),
-        other => serde_yaml::to_string(other)
+        serde_yaml_ng::Value::String(s) => s.clone(),
+        other => serde_yaml_ng::to_string(other)
             .map(|s| s.trim_end().to_string())
             .unwrap_or_default(),
     }

@@ -1,0 +1,148 @@
+//! What makes a pod a GPU pod, defined once for the webhook, the extender and the prober.
+//!
+//! One zero rule for every caller: a resource counts when its quantity parses to a non-zero
+//! value (`0`, `0.0`, `+0` and `0Gi` are all zero). Extended resources must have requests
+//! equal to limits, and a limit alone implies the request, so limits are read first.
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use crate::quantity::parse_bytes;
+
+/// Whether a quantity string is zero (or empty). The apiserver has validated the quantities of
+/// a stored pod; one that does not parse is not zero, so it is never silently ignored.
+pub fn is_zero_quantity(q: &str) -> bool {
+    let t = q.trim();
+    t.is_empty() || parse_bytes(t).is_ok_and(|n| n == 0)
+}
+
+/// How many of `resource` a container asks for (limits first). An unparsable quantity counts
+/// as one: it is present, and never read as "none".
+pub fn container_resource_count(c: &Container, resource: &str) -> u64 {
+    let Some(r) = &c.resources else { return 0 };
+    let q = r
+        .limits
+        .as_ref()
+        .and_then(|m| m.get(resource))
+        .or_else(|| r.requests.as_ref().and_then(|m| m.get(resource)));
+    match q {
+        None => 0,
+        Some(q) if is_zero_quantity(&q.0) => 0,
+        Some(q) => parse_bytes(q.0.trim()).map_or(1, |n| u64::try_from(n).unwrap_or(u64::MAX)),
+    }
+}
+
+/// GPUs a container asks for, summed over the GPU resource names.
+pub fn container_gpu_count(c: &Container, gpu_resources: &[String]) -> u64 {
+    gpu_resources
+        .iter()
+        .map(|name| container_resource_count(c, name))
+        .fold(0u64, u64::saturating_add)
+}
+
+/// Whether any container (init containers included) of the pod asks for a GPU.
+pub fn requests_gpu(pod: &Pod, gpu_resources: &[String]) -> bool {
+    pod.spec.as_ref().is_some_and(|spec| {
+        spec.containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .any(|c| container_gpu_count(c, gpu_resources) > 0)
+    })
+}
+
+/// Whether the pod has finished (`Succeeded` or `Failed`) and so holds no resources.
+pub fn is_finished(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// Whether the pod holds (or will hold) a GPU: not finished, and asking for one.
+pub fn holds_gpu(pod: &Pod, gpu_resources: &[String]) -> bool {
+    !is_finished(pod) && requests_gpu(pod, gpu_resources)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn pod(json: serde_json::Value) -> Pod {
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn gpu() -> Vec<String> {
+        vec!["nvidia.com/gpu".to_string()]
+    }
+
+    fn with_resources(kind: &str, value: &str, phase: Option<&str>) -> Pod {
+        let mut p = serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [
+                {"name": "c", "resources": {kind: {"nvidia.com/gpu": value}}}
+            ]}
+        });
+        if let Some(phase) = phase {
+            p["status"] = serde_json::json!({"phase": phase});
+        }
+        pod(p)
+    }
+
+    #[test]
+    fn every_spelling_of_zero_is_zero() {
+        for z in ["0", "0.0", "+0", "0Gi", " 0 ", ""] {
+            assert!(is_zero_quantity(z), "{z:?}");
+        }
+        for nz in ["1", "0.5", "8", "1k", "junk"] {
+            assert!(!is_zero_quantity(nz), "{nz:?}");
+        }
+    }
+
+    #[test]
+    fn limits_or_requests_make_a_gpu_pod() {
+        assert!(requests_gpu(&with_resources("limits", "8", None), &gpu()));
+        assert!(requests_gpu(&with_resources("requests", "1", None), &gpu()));
+        assert!(!requests_gpu(&with_resources("limits", "0", None), &gpu()));
+        assert!(!requests_gpu(&with_resources("limits", "0.0", None), &gpu()));
+        assert!(!requests_gpu(
+            &with_resources("limits", "8", None),
+            &["amd.com/gpu".to_string()]
+        ));
+    }
+
+    #[test]
+    fn init_containers_count() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "containers": [{"name": "c"}],
+                "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+            }
+        }));
+        assert!(requests_gpu(&p, &gpu()));
+    }
+
+    #[test]
+    fn finished_pods_hold_no_gpu() {
+        assert!(holds_gpu(&with_resources("limits", "8", Some("Running")), &gpu()));
+        assert!(holds_gpu(&with_resources("limits", "8", None), &gpu()));
+        assert!(!holds_gpu(&with_resources("limits", "8", Some("Succeeded")), &gpu()));
+        assert!(!holds_gpu(&with_resources("limits", "8", Some("Failed")), &gpu()));
+    }
+
+    #[test]
+    fn counts_sum_over_resource_names_and_prefer_limits() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c", "resources": {
+                "limits": {"nvidia.com/gpu": "4", "amd.com/gpu": "2"},
+                "requests": {"nvidia.com/gpu": "3"}
+            }}]}
+        }));
+        let c = &p.spec.as_ref().unwrap().containers[0];
+        let both = vec!["nvidia.com/gpu".to_string(), "amd.com/gpu".to_string()];
+        assert_eq!(container_gpu_count(c, &both), 6);
+        assert_eq!(container_resource_count(c, "nvidia.com/gpu"), 4);
+        assert_eq!(container_resource_count(c, "rdma/x"), 0);
+    }
+}

@@ -69,3 +69,21 @@ pub const DEFAULT_TOPOLOGY_KEYS: &[&str] = &[
     "network.topology.nvidia.com/spine",
     "fabric.topograph.run/tier-1",
 ];
+
+/// The environment the webhook gives a mutated container and its preflight init container,
+/// and that `railguard-prober preflight` checks: one definition for both sides.
+pub mod env {
+    /// The profile's HCA list (`=mlx5_0:1,...`, exact match).
+    pub const NCCL_IB_HCA: &str = "NCCL_IB_HCA";
+    /// The profile's bootstrap/socket interface.
+    pub const NCCL_SOCKET_IFNAME: &str = "NCCL_SOCKET_IFNAME";
+    /// The profile's cross-NIC setting.
+    pub const NCCL_CROSS_NIC: &str = "NCCL_CROSS_NIC";
+    /// The FabricProfile the pod is held to.
+    pub const PROFILE: &str = "RAILGUARD_PROFILE";
+    /// The rail-layout signature of that profile.
+    pub const SIGNATURE: &str = "RAILGUARD_SIGNATURE";
+    /// The size of the memory-backed `/dev/shm` the webhook mounted (a Kubernetes quantity);
+    /// preflight checks the mounted size against it.
+    pub const SHM_SIZE: &str = "RAILGUARD_SHM_SIZE";
+}

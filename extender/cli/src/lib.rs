@@ -1,0 +1,1 @@
+//! railguard-extender's shell (being split out of the library).

@@ -1,0 +1,1 @@
+//! railguard-prober's shell (being split out of the library).

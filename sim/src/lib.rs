@@ -1,0 +1,1 @@
+//! railguard simulation (being moved out of the production crates).

@@ -1,0 +1,1 @@
+//! railguard-webhook's shell (being split out of the library).

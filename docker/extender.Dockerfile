@@ -8,7 +8,7 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p railguard-extender --bin railguard-extender \
+    cargo build --release --locked -p railguard-extender-cli --bin railguard-extender \
  && install -D -m 0755 target/release/railguard-extender /out/railguard-extender
 
 FROM gcr.io/distroless/cc-debian12:nonroot

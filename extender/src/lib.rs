@@ -8,7 +8,6 @@
 #![forbid(unsafe_code)]
 
 pub mod cache;
-pub mod cli;
 pub mod decision;
 pub mod error;
 pub mod metrics;

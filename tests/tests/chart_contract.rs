@@ -47,7 +47,7 @@ const BINARIES: [Binary; 3] = [
     Binary {
         values_key: "extender",
         name: "railguard-extender",
-        command: railguard_extender::cli::Args::command,
+        command: railguard_extender_cli::Cli::command,
     },
     Binary {
         values_key: "prober",

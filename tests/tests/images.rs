@@ -582,7 +582,7 @@ fn images_match_their_dockerfiles_and_their_binaries_run() -> Result<()> {
     );
     let bins = [
         ("railguard-webhook", "railguard-webhook"),
-        ("railguard-extender", "railguard-extender"),
+        ("railguard-extender-cli", "railguard-extender"),
         ("railguard-prober", "railguard-prober"),
         ("railguard-prober", "all_reduce_perf_sim"),
     ];

@@ -21,7 +21,7 @@ const END: &str = "<!-- reference:end -->";
 fn binaries() -> Vec<Command> {
     let mut cmds = vec![
         railguard_webhook::cli::Args::command(),
-        railguard_extender::cli::Args::command(),
+        railguard_extender_cli::Cli::command(),
         railguard_prober::cli::Cli::command(),
     ];
     for c in &mut cmds {

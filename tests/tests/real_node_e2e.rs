@@ -51,7 +51,7 @@ fn bin_dir() -> Result<PathBuf> {
     for (pkg, name) in [
         ("railguard-prober", "all_reduce_perf_sim"),
         ("railguard-webhook", "railguard-webhook"),
-        ("railguard-extender", "railguard-extender"),
+        ("railguard-extender-cli", "railguard-extender"),
     ] {
         workspace_binary(pkg, name)?;
     }

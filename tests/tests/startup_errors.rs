@@ -345,7 +345,7 @@ fn webhook_invalid_profiles() {
 // ------------------------------------------------------------------------------ extender
 
 fn extender() -> PathBuf {
-    bin("railguard-extender", "railguard-extender")
+    bin("railguard-extender-cli", "railguard-extender")
 }
 
 #[test]

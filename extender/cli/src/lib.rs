@@ -1,1 +1,9 @@
-//! railguard-extender's shell (being split out of the library).
+//! railguard-extender's shell: the command line ([`Cli`]) and how it becomes the library's
+//! configuration. `main.rs` starts the runtime, the caches and the servers.
+//!
+//! A library as well as the binary, so the chart's contract test parses the Deployment's
+//! arguments with the binary's own definition.
+
+mod args;
+
+pub use args::{Cli, EXAMPLES};

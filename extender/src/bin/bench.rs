@@ -12,7 +12,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use railguard_api::{NodeFabric, Verdict};
@@ -44,14 +43,17 @@ fn us(d: Duration) -> String {
     format!("{:.0} µs", d.as_secs_f64() * 1e6)
 }
 
+/// Any failure ends the bench with its message (a measuring tool, not a service).
+type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
+
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> BenchResult<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let rounds: usize = std::env::args()
         .nth(1)
         .map(|s| s.parse())
         .transpose()
-        .context("ROUNDS must be a number")?
+        .map_err(|e| format!("ROUNDS must be a number: {e}"))?
         .unwrap_or(1000);
     let profiles = railguard_api::profiles_from_yaml(H100)?;
     let h100 = profiles[0].clone();
@@ -172,7 +174,7 @@ async fn main() -> anyhow::Result<()> {
         server::extender_router(state.clone(), 512 << 20),
         handle.clone(),
     ));
-    handle.listening().await.context("server did not start")?;
+    handle.listening().await.ok_or("server did not start")?;
     let client = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{port}/filter");
     let mut round_trip = Vec::with_capacity(rounds);

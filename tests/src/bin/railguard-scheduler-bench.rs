@@ -7,7 +7,7 @@
 //! (`nodeCacheCapable: false`, full Node objects on the wire). The extender is the real
 //! `railguard-extender` binary in cluster mode, one process for the whole run.
 //!
-//!     cargo build --release -p railguard-extender --bin railguard-extender
+//!     cargo build --release -p railguard-extender-cli --bin railguard-extender
 //!     cargo run --release -p railguard-tests --bin railguard-scheduler-bench
 
 use std::collections::{BTreeMap, HashSet};
@@ -229,7 +229,7 @@ fn extender_binary(dir: Option<&Path>) -> Result<PathBuf> {
     let bin = dir.join("railguard-extender");
     if !bin.is_file() {
         bail!(
-            "{} is not built; run `cargo build --release -p railguard-extender --bin railguard-extender` (or set RAILGUARD_BIN_DIR)",
+            "{} is not built; run `cargo build --release -p railguard-extender-cli --bin railguard-extender` (or set RAILGUARD_BIN_DIR)",
             bin.display()
         );
     }

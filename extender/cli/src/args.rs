@@ -1,7 +1,4 @@
 //! `railguard-extender`'s command line: flags and their `RAILGUARD_*` environment variables.
-//!
-//! In the library so the chart's contract test parses the Deployment's arguments with the
-//! binary's own definition.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -9,7 +6,8 @@ use std::path::PathBuf;
 use clap::{Parser, ValueHint};
 use railguard_runtime::LogFormat;
 
-use crate::server::DEFAULT_MAX_NODES;
+use railguard_extender::server::DEFAULT_MAX_NODES;
+use railguard_extender::ExtenderConfig;
 
 /// Example invocations shown by `--help`.
 pub const EXAMPLES: &str = "\
@@ -25,7 +23,7 @@ Exit status: 0 after a clean shutdown, 2 on a usage, configuration or runtime er
 /// Keeps training pods off nodes with uncertified, expired or regressed RDMA fabric.
 #[derive(Debug, Parser)]
 #[command(name = "railguard-extender", version, after_help = EXAMPLES)]
-pub struct Args {
+pub struct Cli {
     /// Address of the extender endpoint (`/filter`, `/prioritize`).
     #[arg(long, env = "RAILGUARD_LISTEN", default_value = "0.0.0.0:8888")]
     pub listen: SocketAddr,
@@ -74,4 +72,45 @@ pub struct Args {
     /// from RAILGUARD_LOG (or RUST_LOG), default `info`.
     #[arg(long, env = "RAILGUARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+impl Cli {
+    /// The settings that shape the extender's decisions.
+    pub fn extender_config(&self) -> ExtenderConfig {
+        ExtenderConfig {
+            gpu_resources: self.gpu_resources.clone(),
+            job_label_keys: self.job_label_keys.clone(),
+            topology_keys: self.topology_keys.clone(),
+            report_unresolvable_as_failed: self.report_unresolvable_as_failed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn flags_become_the_decision_config() {
+        let cli = Cli::parse_from([
+            "railguard-extender",
+            "--gpu-resources",
+            "nvidia.com/gpu,amd.com/gpu",
+            "--report-unresolvable-as-failed",
+        ]);
+        let config = cli.extender_config();
+        assert_eq!(config.gpu_resources, ["nvidia.com/gpu", "amd.com/gpu"]);
+        assert!(config.report_unresolvable_as_failed);
+        assert_eq!(
+            config.job_label_keys,
+            ExtenderConfig::default().job_label_keys
+        );
+    }
 }

@@ -7,17 +7,16 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use railguard_extender::cache::ClusterState;
-use railguard_extender::cli::Args;
 use railguard_extender::metrics::Metrics;
 use railguard_extender::server::{self, AppState, Source};
-use railguard_extender::ExtenderConfig;
+use railguard_extender_cli::Cli;
 use railguard_runtime::{describe_io, error_line, StartupError, EXIT_ERROR};
 
 const NAME: &str = "railguard-extender";
 
 fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let args = Args::parse();
+    let args = Cli::parse();
     railguard_runtime::init_logging(args.log_format, "info");
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -33,7 +32,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn run(args: Cli) -> anyhow::Result<()> {
     // Both ports first: one in use fails before the caches start.
     let listener = railguard_runtime::bind(args.listen, "scheduler requests", "--listen")?;
     let metrics_listener = railguard_runtime::bind(
@@ -42,12 +41,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         "--metrics-listen",
     )?;
 
-    let config = ExtenderConfig {
-        gpu_resources: args.gpu_resources.clone(),
-        job_label_keys: args.job_label_keys.clone(),
-        topology_keys: args.topology_keys.clone(),
-        report_unresolvable_as_failed: args.report_unresolvable_as_failed,
-    };
+    let config = args.extender_config();
     let metrics = Arc::new(Metrics::new());
     let mut watches = None;
     let source = if args.standalone {
@@ -92,7 +86,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let handle = axum_server::Handle::new();
     let shutdown = handle.clone();
     tokio::spawn(async move {
-        shutdown_signal().await;
+        railguard_runtime::shutdown_signal().await;
         tracing::info!("shutting down");
         shutdown.graceful_shutdown(Some(std::time::Duration::from_secs(5)));
     });
@@ -135,27 +129,4 @@ async fn load_tls(
                 "give a PEM certificate chain and the PEM private key that belongs to it",
             )
         })
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
 }

@@ -1,1 +1,239 @@
-//! railguard-prober's shell (being split out of the library).
+//! `railguard-prober`'s command line: the subcommands and, next to the code that runs each,
+//! their arguments.
+//!
+//! In the library so the chart's contract test parses the containers' arguments with the
+//! binary's own definition.
+//!
+//! Exit status, the same for every subcommand: 0 pass, 1 a failed verdict or a CRITICAL
+//! finding ([`Outcome::failed`]), 2 a usage, configuration or runtime error.
+
+use clap::{Parser, Subcommand};
+use railguard_runtime::LogFormat;
+
+use crate::analyze::AnalyzeArgs;
+use crate::campaign::cli::{CampaignArgs, PeerEndpointArgs};
+use crate::certify::cli::CertifyArgs;
+use crate::daemon::DaemonArgs;
+use crate::discover::cli::{AffinityArgs, DiscoverArgs, EmitProfileArgs};
+use crate::preflight::PreflightArgs;
+use crate::sim::cli::SimSysfsArgs;
+
+/// The exit status convention, shown under every `--help`.
+pub const EXIT_STATUS: &str =
+    "Exit status: 0 pass, 1 failed verdict or CRITICAL finding, 2 usage, configuration or runtime error.";
+
+/// Example invocations shown by `railguard-prober --help`.
+pub const EXAMPLES: &str = "\
+Examples:
+  railguard-prober discover --sysfs-root /host --json
+  railguard-prober certify --profile-file profiles.yaml --profile h100-ndr
+  railguard-prober daemon --node $NODE_NAME --sysfs-root /host --log-format json
+
+Exit status: 0 pass, 1 failed verdict or CRITICAL finding, 2 usage, configuration or runtime error.";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "railguard-prober",
+    version,
+    about = "railguard node prober",
+    after_help = EXAMPLES
+)]
+pub struct Cli {
+    /// Log format: `text` (coloured only on a terminal) or `json` lines, on stderr. The
+    /// filter comes from RAILGUARD_LOG (or RUST_LOG), default `info`.
+    #[arg(
+        long,
+        env = "RAILGUARD_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text,
+        global = true
+    )]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands. Each variant's arguments live next to the code that runs it.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Affinity map, rails and readiness findings of this node (from sysfs).
+    #[command(after_help = "\
+Example:
+  railguard-prober discover --sysfs-root /host --json
+
+Exit status: 0 no CRITICAL finding, 1 a CRITICAL finding, 2 the sysfs root cannot be read.")]
+    Discover(DiscoverArgs),
+    /// Affinity map from a saved `nvidia-smi topo -m`.
+    #[command(after_help = "\
+Example:
+  nvidia-smi topo -m > topo.txt && railguard-prober affinity --topo topo.txt
+
+Exit status: 0 no CRITICAL finding, 1 a CRITICAL finding, 2 the file cannot be read or parsed.")]
+    Affinity(AffinityArgs),
+    /// A FabricProfile YAML for this node's rail layout.
+    #[command(after_help = "\
+Example:
+  railguard-prober emit-profile --sysfs-root /host --profile h100-ndr > h100-ndr.yaml
+
+Exit status: 0 printed, 2 error.")]
+    EmitProfile(EmitProfileArgs),
+    /// Write a synthetic sysfs tree for a node model (simulation, demos).
+    #[command(after_help = "\
+Example:
+  railguard-prober sim-sysfs --model prober/models/h100-port-down.yaml --out /tmp/node-a
+  railguard-prober discover --sysfs-root /tmp/node-a
+
+Exit status: 0 written, 2 error.")]
+    SimSysfs(SimSysfsArgs),
+    /// Test the nodes of a profile pairwise, rail by rail, and localize bad nodes, rails, links.
+    #[command(after_help = "\
+Examples:
+  railguard-prober campaign --profile h100-ndr --token-file /etc/railguard/peer/token
+  railguard-prober campaign --profile h100-ndr --profile-file p.yaml --nccl-pair node-a,node-b
+
+Exit status: 0 no fault found, 1 a node, rail or link blamed (or a failed 2-node NCCL log),
+2 error.")]
+    Campaign(CampaignArgs),
+    /// Serve campaign tests for this node (control channel and RDMA side channel).
+    #[command(after_help = "\
+Example:
+  railguard-prober peer-endpoint --node $NODE_NAME --profile h100-ndr \\
+    --token-file /etc/railguard/peer/token --listen 0.0.0.0:7470
+
+Exit status: 0 after SIGTERM, 2 error.")]
+    PeerEndpoint(PeerEndpointArgs),
+    /// One certification run: rails, native RDMA, NCCL; prints the comparison matrix.
+    #[command(after_help = "\
+Examples:
+  railguard-prober certify --sysfs-root /host --profile-file profiles.yaml --profile h100-ndr
+  railguard-prober certify --sim dgx-h100 --profile-file api/fixtures/profiles/dgx-h100-ndr.yaml --json
+
+Progress (rail, step, elapsed, remaining) is drawn on stderr when it is a terminal and
+--json is not given.
+
+Exit status: 0 certified, 1 degraded or failed, 2 error.")]
+    Certify(CertifyArgs),
+    /// Offline analysis of nccl-tests output and NCCL debug logs.
+    #[command(after_help = "\
+Example:
+  railguard-prober analyze --nccl-tests allreduce.txt --nccl-log nccl-debug.txt \\
+    --profile-file profiles.yaml --profile h100-ndr
+
+Exit status: 0 pass or unknown, 1 fail, 2 error.")]
+    Analyze(AnalyzeArgs),
+    /// Passive checks every interval, invasive certification when due; metrics and health.
+    #[command(after_help = "\
+Example:
+  railguard-prober daemon --node $NODE_NAME --sysfs-root /host --metrics-listen 0.0.0.0:9464
+
+Exit status: 0 after SIGTERM, 2 error.")]
+    Daemon(DaemonArgs),
+    /// In-pod check (init container): RDMA devices, locked memory, /dev/shm, NCCL env.
+    #[command(after_help = "\
+Example:
+  NCCL_IB_HCA==mlx5_0:1,mlx5_3:1 railguard-prober preflight --json
+
+Exit status: 0 every check passed, 1 a check failed, 2 error.")]
+    Preflight(PreflightArgs),
+}
+
+/// What a subcommand prints on stdout (or stderr) and whether it ends with exit status 1.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Outcome {
+    pub text: String,
+    /// A failed verdict or a CRITICAL finding: exit status 1.
+    pub failed: bool,
+    /// Print `text` on stderr (a failed preflight's report, for the init container's log).
+    pub on_stderr: bool,
+}
+
+impl Outcome {
+    /// Printed, exit status 0.
+    pub fn pass(text: impl Into<String>) -> Self {
+        Outcome {
+            text: text.into(),
+            ..Outcome::default()
+        }
+    }
+
+    /// Printed, exit status 1 when `failed`.
+    pub fn verdict(text: impl Into<String>, failed: bool) -> Self {
+        Outcome {
+            text: text.into(),
+            failed,
+            on_stderr: false,
+        }
+    }
+
+    /// The exit status: 0 or 1 ([`railguard_runtime::EXIT_FAIL`]).
+    pub fn exit_code(&self) -> u8 {
+        if self.failed {
+            railguard_runtime::EXIT_FAIL
+        } else {
+            0
+        }
+    }
+}
+
+impl Command {
+    /// Runs the subcommand. An error is exit status 2 ([`railguard_runtime::EXIT_ERROR`]).
+    pub fn run(self) -> anyhow::Result<Outcome> {
+        match self {
+            Command::Discover(a) => Ok(a.run()?),
+            Command::Affinity(a) => Ok(a.run()?),
+            Command::EmitProfile(a) => Ok(Outcome::pass(a.run()?)),
+            Command::SimSysfs(a) => Ok(Outcome::pass(a.run()?)),
+            Command::Campaign(a) => a.run(),
+            Command::PeerEndpoint(a) => a.run().map(Outcome::pass),
+            Command::Certify(a) => block_on(async move { a.run().await }),
+            Command::Daemon(a) => {
+                block_on(async move { a.run().await.map(|()| Outcome::default()) })
+            }
+            Command::Preflight(a) => Ok(a.run()?),
+            Command::Analyze(a) => Ok(a.run()?),
+        }
+    }
+}
+
+/// Runs an async command on a fresh multi-threaded runtime.
+fn block_on<F>(fut: F) -> anyhow::Result<Outcome>
+where
+    F: std::future::Future<Output = anyhow::Result<Outcome>>,
+{
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))?;
+    rt.block_on(fut)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn every_subcommand_shows_an_example_and_the_exit_status() {
+        let mut cmd = Cli::command();
+        let top = cmd.render_long_help().to_string();
+        assert!(top.contains("railguard-prober discover"), "{top}");
+        assert!(top.contains(EXIT_STATUS), "{top}");
+        for sub in cmd.get_subcommands_mut().filter(|s| s.get_name() != "help") {
+            let name = sub.get_name().to_string();
+            let help = sub.render_long_help().to_string();
+            assert!(
+                help.contains(&format!("railguard-prober {name} ")),
+                "{name}: no example in --help:\n{help}"
+            );
+            assert!(help.contains("Exit status: 0"), "{name}:\n{help}");
+        }
+    }
+
+    #[test]
+    fn exit_codes_follow_the_convention() {
+        assert_eq!(Outcome::pass("x").exit_code(), 0);
+        assert_eq!(Outcome::verdict("x", false).exit_code(), 0);
+        assert_eq!(Outcome::verdict("x", true).exit_code(), 1);
+        assert_eq!(railguard_runtime::EXIT_ERROR, 2);
+    }
+}

@@ -5,8 +5,12 @@
 //! HCAs NCCL opened and used, intra-node transports (P2P, SHM), ranks and nodes, the NCCL
 //! version, and every warning or known error (`ibv_reg_mr` / `ibv_reg_dmabuf_mr` failures,
 //! `No device found`). Lines of several ranks may be interleaved and mixed with any other
-//! output; only lines carrying `NCCL INFO` / `NCCL WARN` are read. One pass, no regexes, no
-//! allocation for lines that carry nothing of interest.
+//! output; lines carrying `NCCL INFO` / `NCCL WARN` are read in full, and in every other line
+//! only NCCL's own error texts are looked for ([`QUOTED_ERRORS`]: health-check reports and
+//! training logs quote them without the `NCCL WARN` prefix). A cloud network plugin's
+//! transport (`NET/AWS Libfabric`, `NET/GPUDirectTCPX`, ...) is reported by its name
+//! ([`DebugLogReport::net_plugin`]). One pass, no regexes, no allocation for lines that carry
+//! nothing of interest.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -16,6 +20,18 @@ use serde::Serialize;
 /// At most this many distinct error messages are kept (a broken fabric repeats itself).
 pub const MAX_ERRORS: usize = 32;
 
+/// NCCL's own error texts, found anywhere in a line that is not an NCCL debug line: the
+/// message is taken from the text to the end of the line. `NET/IB : ` counts only with an
+/// error or a missing device after it (see [`quoted_error`]).
+pub const QUOTED_ERRORS: &[&str] = &[
+    "Call to ibv_",
+    "NET/IB : ",
+    "unhandled system error",
+    "unhandled cuda error",
+    "remote process exited or there was a network error",
+    "internal error - please report this issue to the NCCL developers",
+];
+
 /// What one or more NCCL debug logs say.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct DebugLogReport {
@@ -23,6 +39,9 @@ pub struct DebugLogReport {
     pub nccl_version: Option<String>,
     /// The inter-node network NCCL chose: `Ib` or `Socket`.
     pub net: Option<Transport>,
+    /// The network of a plugin that is neither IB nor sockets (`AWS Libfabric`,
+    /// `GPUDirectTCPX`, `FasTrak`), as NCCL names it on its channels or in `Using network`.
+    pub net_plugin: Option<String>,
     /// GPUDirect RDMA in use on the network path (`None` when the log does not show it).
     pub gdr: Option<bool>,
     /// HCA ports (`mlx5_0:1`) NCCL used: those its network channels ran on, or every device
@@ -51,6 +70,8 @@ struct Scan {
     ib_channel_devices: BTreeSet<u32>,
     ch_ib: usize,
     ch_socket: usize,
+    ch_plugin: usize,
+    plugin_network: Option<String>,
     ch_gdr: usize,
     ch_net_no_gdr: usize,
     using_network: Option<Transport>,
@@ -85,15 +106,22 @@ pub fn parse_debug_logs<'a>(texts: impl IntoIterator<Item = &'a str>) -> DebugLo
 impl Scan {
     fn feed(&mut self, text: &str) {
         for line in text.lines() {
-            let Some(at) = line.find("NCCL ") else {
-                continue;
-            };
-            let after = &line[at + 5..];
-            let (warn, msg) = if let Some(m) = after.strip_prefix("INFO ") {
-                (false, m)
-            } else if let Some(m) = after.strip_prefix("WARN ") {
-                (true, m)
-            } else {
+            let nccl_line = line.find("NCCL ").and_then(|at| {
+                let after = &line[at + 5..];
+                if let Some(m) = after.strip_prefix("INFO ") {
+                    Some((at, false, m))
+                } else {
+                    after.strip_prefix("WARN ").map(|m| (at, true, m))
+                }
+            });
+            let Some((at, warn, msg)) = nccl_line else {
+                // `#` lines are nccl-tests' own; its `# error:` line is the perf parser's.
+                if line.trim_start().starts_with('#') {
+                    continue;
+                }
+                if let Some(quoted) = quoted_error(line) {
+                    self.error(quoted);
+                }
                 continue;
             };
             self.report.nccl_lines += 1;
@@ -140,7 +168,8 @@ impl Scan {
             match v.trim() {
                 "IB" => self.using_network = Some(Transport::Ib),
                 "Socket" => self.using_network = Some(Transport::Socket),
-                _ => {}
+                "" => {}
+                other => self.plugin_network = Some(other.to_string()),
             }
         } else if let Some(v) = msg.strip_prefix("Connected all rings") {
             if let Some(g) = v.rsplit_once("GDR ") {
@@ -219,7 +248,13 @@ impl Scan {
                     }
                 }
                 "Socket" => self.ch_socket += 1,
-                _ => {}
+                "" => {}
+                other => {
+                    self.ch_plugin += 1;
+                    if self.plugin_network.is_none() {
+                        self.plugin_network = Some(other.to_string());
+                    }
+                }
             }
             if gdr {
                 self.ch_gdr += 1;
@@ -271,6 +306,9 @@ impl Scan {
             Some(Transport::Ib)
         } else if self.using_network.is_some() {
             self.using_network
+        } else if self.ch_plugin > 0 || self.plugin_network.is_some() {
+            // A plugin's network is neither IB nor sockets, whatever devices IB listed.
+            None
         } else if !self.ib_devices.is_empty() {
             Some(Transport::Ib)
         } else if self.net_socket_using {
@@ -281,7 +319,7 @@ impl Scan {
         r.gdr = if self.ch_socket > 0 {
             // Sockets cannot do GPUDirect RDMA.
             Some(false)
-        } else if self.ch_ib > 0 {
+        } else if self.ch_ib > 0 || self.ch_plugin > 0 {
             Some(self.ch_gdr > 0 && self.ch_net_no_gdr == 0)
         } else if self.ring_gdr.is_some() {
             self.ring_gdr
@@ -304,8 +342,25 @@ impl Scan {
         };
         r.ranks = self.n_ranks;
         r.nodes = self.n_nodes;
+        if r.net.is_none() {
+            r.net_plugin = self.plugin_network;
+        }
         self.report
     }
+}
+
+/// NCCL's error text quoted in a line that is not an NCCL debug line, from the known text to
+/// the end of the line (surrounding quotes dropped).
+pub fn quoted_error(line: &str) -> Option<&str> {
+    let (at, sig) = QUOTED_ERRORS
+        .iter()
+        .filter_map(|sig| line.find(sig).map(|at| (at, *sig)))
+        .min_by_key(|(at, _)| *at)?;
+    let msg = line[at..].trim().trim_end_matches(['"', '\'', ',']).trim_end();
+    if sig == "NET/IB : " && !(msg.contains("error") || msg.contains("No device found")) {
+        return None;
+    }
+    Some(msg)
 }
 
 /// The host of a `host:pid:tid [dev] ` prefix.

@@ -1,11 +1,19 @@
 //! Parser for nccl-tests output (`all_reduce_perf` and friends).
 //!
-//! Both table formats are understood: the old one with `error` columns (max error per size,
-//! wrong values only in the `Out of bounds values` total) and the newer one with `root` and
-//! `#wrong` columns. Lines that are not part of the table (MPI noise, `NCCL INFO` lines,
-//! job-script echoes) are skipped, so the parser can read a combined stdout/stderr capture.
-//! A table without the closing `Avg bus bandwidth` line means the run was cut short: that
-//! is an error, never a partial result.
+//! Every table format is understood: the old one with `error` columns (max error per size,
+//! wrong values only in the `Out of bounds values` total), the newer one with `root` and
+//! `#wrong` columns, and the layout of nccl-tests 2.17 and later (read from `src/util.cu`:
+//! a `# nccl-tests version` line, `# Collective test starting: NAME` before the table,
+//! optional per-iteration columns `i_min i_max i_p99 i_cv%` after each half with `-I 1`, an
+//! optional `timestamp` column with `-S`, `# error: ...` lines and `# Collective test
+//! concluded: NAME` at the end). Lines that are not part of the table (MPI noise, `NCCL
+//! INFO` lines, job-script echoes) are skipped, so the parser can read a combined
+//! stdout/stderr capture.
+//!
+//! A run is complete when it printed `# Avg bus bandwidth` or `# Collective test concluded`;
+//! without the average the parser computes it as nccl-tests does (the mean busbw over every
+//! row and both halves). A table that does neither was cut short: that is an error, never a
+//! partial result.
 
 use std::collections::BTreeSet;
 
@@ -21,6 +29,26 @@ pub enum PerfFormat {
     New,
 }
 
+/// Where [`PerfReport::avg_busbw_gbps`] came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AverageSource {
+    /// The `# Avg bus bandwidth` line.
+    Reported,
+    /// Computed from the rows: the run concluded without printing the average.
+    Computed,
+}
+
+/// Per-iteration statistics of one half of a row (nccl-tests 2.17+ with `-I 1`).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct IterationStats {
+    pub min_us: f64,
+    pub max_us: f64,
+    pub p99_us: f64,
+    /// Coefficient of variation of the iteration times, in percent.
+    pub cv_pct: f64,
+}
+
 /// One half (out-of-place or in-place) of a size row.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct PerfPoint {
@@ -31,6 +59,9 @@ pub struct PerfPoint {
     pub wrong: Option<u64>,
     /// Max error (old format); `None` for `N/A` or the new format.
     pub max_error: Option<f64>,
+    /// Per-iteration statistics, when the run printed them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iterations: Option<IterationStats>,
 }
 
 /// One message size of the table.
@@ -60,8 +91,10 @@ impl PerfRow {
 pub struct PerfReport {
     pub format: PerfFormat,
     pub rows: Vec<PerfRow>,
-    /// `# Avg bus bandwidth : X`.
+    /// `# Avg bus bandwidth : X`, or the same mean computed from the rows (see
+    /// [`PerfReport::avg_source`]).
     pub avg_busbw_gbps: f64,
+    pub avg_source: AverageSource,
     /// `# Out of bounds values : N OK|FAILED`.
     pub out_of_bounds: Option<u64>,
     /// Ranks listed under `# Using devices`.
@@ -75,6 +108,14 @@ pub struct PerfReport {
     pub nccl_version: Option<String>,
     /// Lines inside the table that looked like rows but did not parse (interleaved noise).
     pub skipped_lines: usize,
+    /// `# nccl-tests version 2.19.6 ...` (2.17 and later).
+    pub nccl_tests_version: Option<String>,
+    /// The test program named by `# Collective test starting: NAME`.
+    pub collective: Option<String>,
+    /// `# Collective test concluded` was printed.
+    pub concluded: bool,
+    /// `# error: ...` lines (NCCL's last error, printed by nccl-tests 2.17+).
+    pub errors: Vec<String>,
 }
 
 /// Why an nccl-tests output cannot be used.
@@ -85,7 +126,7 @@ pub enum PerfParseError {
     #[error("nccl-tests output has a table header but no result rows (run cut short?)")]
     NoRows,
     #[error(
-        "nccl-tests output ends after the {last_size}-byte row without `# Avg bus bandwidth`: the run was cut short"
+        "nccl-tests output ends after the {last_size}-byte row without `# Avg bus bandwidth` or `# Collective test concluded`: the run was cut short"
     )]
     CutShort { last_size: u64 },
     #[error("line {line}: bad `Avg bus bandwidth` value {value:?}")]
@@ -97,12 +138,37 @@ pub enum PerfParseError {
 struct Layout {
     format: PerfFormat,
     has_root: bool,
+    /// `i_min i_max i_p99 i_cv%` after each half.
+    per_iteration: bool,
+    /// A `timestamp` column (`YYYY-MM-DD HH:MM:SS`, two tokens) at the end of the row.
+    timestamp: bool,
 }
 
 impl Layout {
+    fn from_header(header: &str) -> Layout {
+        let tokens: Vec<&str> = header.split_whitespace().collect();
+        Layout {
+            format: if tokens.contains(&"#wrong") {
+                PerfFormat::New
+            } else {
+                PerfFormat::Old
+            },
+            has_root: tokens.contains(&"root"),
+            per_iteration: tokens.contains(&"i_min"),
+            timestamp: tokens.contains(&"timestamp"),
+        }
+    }
+
+    fn half_width(self) -> usize {
+        // time algbw busbw err [i_min i_max i_p99 i_cv%]
+        4 + if self.per_iteration { 4 } else { 0 }
+    }
+
     fn columns(self) -> usize {
-        // size count type redop [root] (time algbw busbw err) x2
-        4 + usize::from(self.has_root) + 8
+        // size count type redop [root] half x2 [date time]
+        4 + usize::from(self.has_root)
+            + 2 * self.half_width()
+            + if self.timestamp { 2 } else { 0 }
     }
 }
 
@@ -184,20 +250,28 @@ pub fn parse_perf_output(text: &str) -> Result<Option<PerfReport>, PerfParseErro
     let mut gpus_per_process = None;
     let mut nccl_version = None;
     let mut skipped = 0usize;
+    let mut nccl_tests_version = None;
+    let mut collective = None;
+    let mut concluded = false;
+    let mut errors: Vec<String> = Vec::new();
 
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim();
         if let Some(rest) = line.strip_prefix('#') {
             let rest = rest.trim_start();
             if rest.starts_with("size") && rest.contains("busbw") {
-                layout = Some(Layout {
-                    format: if rest.contains("#wrong") {
-                        PerfFormat::New
-                    } else {
-                        PerfFormat::Old
-                    },
-                    has_root: rest.split_whitespace().any(|t| t == "root"),
-                });
+                layout = Some(Layout::from_header(rest));
+            } else if let Some(v) = rest.strip_prefix("nccl-tests version") {
+                nccl_tests_version = v.split_whitespace().next().map(str::to_string);
+            } else if let Some(v) = rest.strip_prefix("Collective test starting:") {
+                collective = Some(v.trim().to_string()).filter(|c| !c.is_empty());
+            } else if rest.starts_with("Collective test concluded") {
+                concluded = true;
+            } else if let Some(v) = rest.strip_prefix("error:") {
+                let v = v.trim();
+                if !v.is_empty() && !errors.iter().any(|e| e == v) {
+                    errors.push(v.to_string());
+                }
             } else if let Some(v) = rest.strip_prefix("Avg bus bandwidth") {
                 let v = v.trim_start().trim_start_matches(':').trim();
                 let parsed = v.parse::<f64>().ok().filter(|x| x.is_finite());
@@ -250,9 +324,13 @@ pub fn parse_perf_output(text: &str) -> Result<Option<PerfReport>, PerfParseErro
     if rows.is_empty() {
         return Err(PerfParseError::NoRows);
     }
-    let Some(avg_busbw_gbps) = avg else {
-        let last_size = rows.last().map(|r| r.size_bytes).unwrap_or(0);
-        return Err(PerfParseError::CutShort { last_size });
+    let (avg_busbw_gbps, avg_source) = match avg {
+        Some(a) => (a, AverageSource::Reported),
+        None if concluded => (mean_busbw(&rows), AverageSource::Computed),
+        None => {
+            let last_size = rows.last().map(|r| r.size_bytes).unwrap_or(0);
+            return Err(PerfParseError::CutShort { last_size });
+        }
     };
     let ranks = if rank_ids.is_empty() {
         None
@@ -268,6 +346,7 @@ pub fn parse_perf_output(text: &str) -> Result<Option<PerfReport>, PerfParseErro
         format: layout.format,
         rows,
         avg_busbw_gbps,
+        avg_source,
         out_of_bounds,
         ranks,
         nodes,
@@ -275,7 +354,21 @@ pub fn parse_perf_output(text: &str) -> Result<Option<PerfReport>, PerfParseErro
         gpus_per_process,
         nccl_version,
         skipped_lines: skipped,
+        nccl_tests_version,
+        collective,
+        concluded,
+        errors,
     }))
+}
+
+/// nccl-tests' own average: the mean busbw over every row, out-of-place and in-place.
+fn mean_busbw(rows: &[PerfRow]) -> f64 {
+    let sum: f64 = rows
+        .iter()
+        .map(|r| r.out_of_place.busbw_gbps + r.in_place.busbw_gbps)
+        .sum();
+    // rows is non-empty here (checked before).
+    sum / (rows.len() as f64 * 2.0)
 }
 
 fn header_value(line: &str, key: &str) -> Option<u32> {
@@ -323,8 +416,19 @@ fn parse_row(line: &str, layout: Layout) -> Option<PerfRow> {
         let last = tokens[at + 3];
         let (wrong, max_error) = match (last, layout.format) {
             ("N/A", _) => (None, None),
-            (v, PerfFormat::New) => (Some(v.parse().ok()?), None),
+            // `%6g`: a large count prints as `1e+06`.
+            (v, PerfFormat::New) => (Some(wrong_count(v)?), None),
             (v, PerfFormat::Old) => (None, Some(finite(v)?)),
+        };
+        let iterations = if layout.per_iteration {
+            Some(IterationStats {
+                min_us: finite(tokens[at + 4])?,
+                max_us: finite(tokens[at + 5])?,
+                p99_us: finite(tokens[at + 6])?,
+                cv_pct: finite(tokens[at + 7])?,
+            })
+        } else {
+            None
         };
         Some(PerfPoint {
             time_us,
@@ -332,6 +436,7 @@ fn parse_row(line: &str, layout: Layout) -> Option<PerfRow> {
             busbw_gbps,
             wrong,
             max_error,
+            iterations,
         })
     };
     Some(PerfRow {
@@ -340,8 +445,16 @@ fn parse_row(line: &str, layout: Layout) -> Option<PerfRow> {
         dtype,
         redop,
         out_of_place: point(base)?,
-        in_place: point(base + 4)?,
+        in_place: point(base + layout.half_width())?,
     })
+}
+
+fn wrong_count(s: &str) -> Option<u64> {
+    if let Ok(n) = s.parse::<u64>() {
+        return Some(n);
+    }
+    let v = finite(s)?;
+    (v.fract() == 0.0 && v <= u64::MAX as f64).then_some(v as u64)
 }
 
 fn finite(s: &str) -> Option<f64> {
@@ -409,6 +522,75 @@ mod tests {
             parse_perf_output(&bad),
             Err(PerfParseError::BadAverage { .. })
         ));
+    }
+
+    /// The 2.17+ layout with `-I 1` (per-iteration columns) and `-S` would put a timestamp
+    /// after the in-place half; this one has per-iteration columns, an `# error:` line and
+    /// concludes without the average (the column layout is that of nccl-tests 2.19's
+    /// `writeResultHeader` / `writeBenchmarkLineBody`).
+    const PER_ITERATION: &str = "\
+# nccl-tests version 2.19.6 nccl-headers=22803 nccl-library=22803
+# Collective test starting: all_reduce_perf
+# nThread 1 nGpus 8 minBytes 1024 maxBytes 2048 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0 unalign: 0
+# Per-Iteration Report: CUDA event timing; i_* uses max over process rows
+#
+#                                                   out-of-place (+ per-iteration)                                in-place (+ per-iteration)
+#       size         count      type   redop    root     time   algbw   busbw  #wrong    i_min    i_max    i_p99    i_cv%     time   algbw   busbw  #wrong    i_min    i_max    i_p99    i_cv%
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)     (us)     (us)      (%)     (us)  (GB/s)  (GB/s)             (us)     (us)     (us)      (%)
+        1024           256     float     sum      -1    20.00    0.05    0.09       0    19.00    25.00    24.00     3.10    20.00    0.05    0.09       0    19.10    24.00    23.90     2.90
+        2048           512     float     sum      -1    20.00    0.10    0.18   1e+06    19.50    26.00    25.00     4.00    20.00    0.10    0.18       0    19.40    25.50    25.10     3.80
+# error: remote process exited or there was a network error
+#
+# Collective test concluded: all_reduce_perf
+";
+
+    #[test]
+    fn per_iteration_columns_and_a_concluded_run_without_average() {
+        let r = parse_perf_output(PER_ITERATION).unwrap().unwrap();
+        assert_eq!(r.rows.len(), 2, "skipped {}", r.skipped_lines);
+        assert_eq!(r.nccl_tests_version.as_deref(), Some("2.19.6"));
+        assert_eq!(r.collective.as_deref(), Some("all_reduce_perf"));
+        assert!(r.concluded);
+        assert_eq!(r.avg_source, AverageSource::Computed);
+        // (0.09 + 0.09 + 0.18 + 0.18) / 4
+        assert!((r.avg_busbw_gbps - 0.135).abs() < 1e-9, "{}", r.avg_busbw_gbps);
+        assert_eq!(r.wrong(), Some(1_000_000));
+        let it = r.rows[0].in_place.iterations.unwrap();
+        assert_eq!((it.min_us, it.max_us, it.cv_pct), (19.1, 24.0, 2.9));
+        assert_eq!(
+            r.errors,
+            vec!["remote process exited or there was a network error".to_string()]
+        );
+    }
+
+    #[test]
+    fn timestamp_column_is_read_past() {
+        let text = "\
+# Collective test starting: all_reduce_perf
+#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong            timestamp
+        1024           256     float     sum      -1    20.00    0.05    0.09       0    20.00    0.05    0.09       0  2026-07-09 16:03:21
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 0.09
+#
+# Collective test concluded: all_reduce_perf
+";
+        let r = parse_perf_output(text).unwrap().unwrap();
+        assert_eq!(r.rows.len(), 1);
+        assert_eq!(r.avg_source, AverageSource::Reported);
+        assert_eq!(r.avg_busbw_gbps, 0.09);
+    }
+
+    #[test]
+    fn a_started_run_that_neither_averages_nor_concludes_is_cut_short() {
+        let cut: String = PER_ITERATION
+            .lines()
+            .filter(|l| !l.contains("concluded"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert_eq!(
+            parse_perf_output(&cut),
+            Err(PerfParseError::CutShort { last_size: 2048 })
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p railguard-webhook --bin railguard-webhook \
+    cargo build --release --locked -p railguard-webhook-cli --bin railguard-webhook \
  && install -D -m 0755 target/release/railguard-webhook /out/railguard-webhook
 
 # glibc + libgcc only, no shell, runs as uid 65532.

@@ -209,7 +209,7 @@ async fn extender_scores(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_locality() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let webhook_bin = workspace_binary("railguard-webhook", "railguard-webhook").unwrap();
+    let webhook_bin = workspace_binary("railguard-webhook-cli", "railguard-webhook").unwrap();
     let extender_bin = workspace_binary("railguard-extender-cli", "railguard-extender").unwrap();
     let mut cp = ControlPlane::start().await.expect("control plane");
     cp.apply_fabricprofile_crd().await.expect("CRD");

@@ -42,7 +42,7 @@ const BINARIES: [Binary; 3] = [
     Binary {
         values_key: "webhook",
         name: "railguard-webhook",
-        command: railguard_webhook::cli::Args::command,
+        command: railguard_webhook_cli::Cli::command,
     },
     Binary {
         values_key: "extender",
@@ -1126,7 +1126,7 @@ fn webhook_container(args: &[&str], env_pairs: &[(&str, &str)]) -> Container {
 
 #[test]
 fn a_deliberately_wrong_container_is_reported() {
-    let webhook: fn() -> Command = railguard_webhook::cli::Args::command;
+    let webhook: fn() -> Command = railguard_webhook_cli::Cli::command;
     let good = webhook_container(
         &[
             "--tls-cert=/etc/railguard/tls/tls.crt",

@@ -581,7 +581,7 @@ fn images_match_their_dockerfiles_and_their_binaries_run() -> Result<()> {
         "this test builds images with buildah and runs their binaries with chroot: run it as root"
     );
     let bins = [
-        ("railguard-webhook", "railguard-webhook"),
+        ("railguard-webhook-cli", "railguard-webhook"),
         ("railguard-extender-cli", "railguard-extender"),
         ("railguard-prober", "railguard-prober"),
         ("railguard-prober", "all_reduce_perf_sim"),

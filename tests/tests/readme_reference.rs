@@ -20,7 +20,7 @@ const END: &str = "<!-- reference:end -->";
 
 fn binaries() -> Vec<Command> {
     let mut cmds = vec![
-        railguard_webhook::cli::Args::command(),
+        railguard_webhook_cli::Cli::command(),
         railguard_extender_cli::Cli::command(),
         railguard_prober::cli::Cli::command(),
     ];

@@ -50,7 +50,7 @@ fn bin_dir() -> Result<PathBuf> {
     let prober = workspace_binary("railguard-prober", "railguard-prober")?;
     for (pkg, name) in [
         ("railguard-prober", "all_reduce_perf_sim"),
-        ("railguard-webhook", "railguard-webhook"),
+        ("railguard-webhook-cli", "railguard-webhook"),
         ("railguard-extender-cli", "railguard-extender"),
     ] {
         workspace_binary(pkg, name)?;

@@ -146,7 +146,7 @@ impl Files {
 // ------------------------------------------------------------------------------- webhook
 
 fn webhook() -> PathBuf {
-    bin("railguard-webhook", "railguard-webhook")
+    bin("railguard-webhook-cli", "railguard-webhook")
 }
 
 #[test]

@@ -1,6 +1,8 @@
-//! HTTP load over TLS with keep-alive against the real `railguard-webhook` binary (a child
-//! process on 127.0.0.1, standalone mode), `/mutate` and the no-op `/noop` in the same run.
-//! Prints a table: throughput, p50/p99 latency, and the server's RSS.
+//! HTTP load over TLS with keep-alive against the webhook's own server in a child process on
+//! 127.0.0.1 (this bench binary started again in server mode, standalone profiles), `/mutate`
+//! and a no-op `/noop` in the same run. The production server has no `/noop`: the child adds
+//! it to the library's admission routes, so both endpoints share the listener, the TLS stack,
+//! the limits and the process. Prints a table: throughput, p50/p99 latency, the server's RSS.
 //!
 //! Run: `cargo bench -p railguard-webhook --bench http_load`
 //! Knobs (env): LOAD_CONNECTIONS (10), LOAD_REQUESTS (20000 per endpoint and round),
@@ -8,14 +10,25 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // bench harness: a failed setup should abort loudly
 
+use std::io::BufRead as _;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Pod;
+use railguard_webhook::catalog::Catalog;
+use railguard_webhook::metrics::Metrics;
+use railguard_webhook::review::{self, ReviewResponse};
+use railguard_webhook::server::{self, AppState, ServeOptions};
+use railguard_webhook::tls::CertReloader;
+use railguard_webhook::{FailureMode, Warning, WarningKind, WebhookConfig};
 use serde_json::json;
 
 const H100: &str = include_str!("../../api/fixtures/profiles/dgx-h100-ndr.yaml");
@@ -45,10 +58,62 @@ fn review_body() -> Vec<u8> {
     serde_json::to_vec(&v).expect("review")
 }
 
+/// Set in the child: the directory with `tls.crt`, `tls.key` and `profiles.yaml` to serve.
+const SERVE_DIR_ENV: &str = "RAILGUARD_BENCH_SERVE_DIR";
+
+/// The baseline endpoint: decode the review and its Pod, allow, no patch (`/mutate` minus the
+/// decision and the patch).
+async fn noop(body: Bytes) -> Response {
+    let request = match review::decode(&body) {
+        Ok(r) => r,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("bad request: {e}\n")).into_response(),
+    };
+    let mut response = ReviewResponse::allow(request.uid.clone());
+    if let Some(raw) = request.object {
+        if let Err(e) = serde_json::from_str::<Pod>(raw.get()) {
+            let warning = Warning::new(WarningKind::Internal, format!("object is not a Pod: {e}"));
+            response.warnings.push(warning.message);
+        }
+    }
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        response.encode(),
+    )
+        .into_response()
+}
+
+/// Server mode (in the child): the library's admission routes plus `/noop`, served until
+/// SIGTERM. Prints `<admission addr> <metrics addr>` once both listen.
+fn serve(dir: &Path) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let yaml = std::fs::read_to_string(dir.join("profiles.yaml")).expect("profiles");
+        let profiles = railguard_api::profiles_from_yaml(&yaml).expect("profiles parse");
+        let state = Arc::new(AppState {
+            catalog: Catalog::standalone(profiles),
+            config: WebhookConfig::default(),
+            failure_mode: FailureMode::Open,
+            metrics: Arc::new(Metrics::new()),
+        });
+        let reloader =
+            CertReloader::new(&dir.join("tls.crt"), &dir.join("tls.key")).expect("serving pair");
+        let routes = server::admission_routes().route("/noop", axum::routing::post(noop));
+        let running = server::start_routes(routes, state, reloader, ServeOptions::default())
+            .await
+            .expect("server starts");
+        println!("{} {}", running.addr, running.metrics_addr);
+        railguard_runtime::shutdown_signal().await;
+        running.shutdown().await.expect("clean shutdown");
+    });
+}
+
 struct Server {
     child: Child,
     addr: SocketAddr,
-    metrics: SocketAddr,
     _dir: tempfile::TempDir,
     ca_pem: String,
 }
@@ -63,14 +128,7 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-async fn start_server() -> Server {
+fn start_server() -> Server {
     let dir = tempfile::tempdir().expect("tempdir");
     let ca_key = rcgen::KeyPair::generate().expect("key");
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
@@ -84,39 +142,28 @@ async fn start_server() -> Server {
     std::fs::write(dir.path().join("tls.crt"), cert.pem()).expect("write");
     std::fs::write(dir.path().join("tls.key"), key.serialize_pem()).expect("write");
     std::fs::write(dir.path().join("profiles.yaml"), H100).expect("write");
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-    let child = Command::new(env!("CARGO_BIN_EXE_railguard-webhook"))
-        .arg("--listen")
-        .arg(addr.to_string())
-        .arg("--metrics-listen")
-        .arg(metrics.to_string())
-        .arg("--tls-cert")
-        .arg(dir.path().join("tls.crt"))
-        .arg("--tls-key")
-        .arg(dir.path().join("tls.key"))
-        .arg("--profiles")
-        .arg(dir.path().join("profiles.yaml"))
-        .env("RUST_LOG", "warn")
+    let mut child = Command::new(std::env::current_exe().expect("own path"))
+        .env(SERVE_DIR_ENV, dir.path())
         .stdin(Stdio::null())
+        .stdout(Stdio::piped())
         .spawn()
-        .expect("spawn railguard-webhook");
-    let server = Server {
+        .expect("spawn the server");
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("stdout");
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("server address");
+    let addr = line
+        .split_whitespace()
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("the server did not start: {line:?}"));
+    Server {
         child,
         addr,
-        metrics,
         _dir: dir,
         ca_pem: ca.pem(),
-    };
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(server.metrics).is_ok()
-            && std::net::TcpStream::connect(server.addr).is_ok()
-        {
-            return server;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    panic!("railguard-webhook did not listen");
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
@@ -269,6 +316,9 @@ fn rss_kib(pid: u32) -> (u64, u64) {
 }
 
 fn main() {
+    if let Some(dir) = std::env::var_os(SERVE_DIR_ENV) {
+        return serve(Path::new(&dir));
+    }
     // The client gets one thread; the server process keeps the rest of the machine.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -284,7 +334,7 @@ async fn run() {
     let requests = env_or("LOAD_REQUESTS", 20_000) as usize;
     let rounds = env_or("LOAD_ROUNDS", 2);
     let paced_secs = env_or("LOAD_PACED_SECONDS", 5);
-    let server = start_server().await;
+    let server = start_server();
     let mut roots = rustls::RootCertStore::empty();
     for c in rustls_pemfile::certs(&mut server.ca_pem.as_bytes()) {
         roots.add(c.expect("ca")).expect("root");

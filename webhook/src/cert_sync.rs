@@ -126,7 +126,7 @@ pub async fn run_after(
             Err(e) => {
                 tracing::warn!(
                     secret = %opts.secret_name,
-                    error = %crate::tls::error_chain(&e),
+                    error = %railguard_runtime::error_chain(&e),
                     "self-managed certificate pass failed; retrying soon"
                 );
                 interval.min(RETRY_INTERVAL)

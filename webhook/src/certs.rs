@@ -257,7 +257,7 @@ fn check_material(
     })?;
     crate::tls::check_pair(material.tls_crt.as_bytes(), material.tls_key.as_bytes()).map_err(
         |e| RenewReason::KeyMismatch {
-            detail: crate::tls::error_chain(&e),
+            detail: railguard_runtime::error_chain(&e),
         },
     )?;
 

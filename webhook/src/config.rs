@@ -51,7 +51,7 @@ impl NamespaceInfo {
 }
 
 /// What to do when a patch cannot be built.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FailureMode {
     /// Allow the pod unchanged, with a warning.
     #[default]

@@ -9,7 +9,6 @@
 pub mod catalog;
 pub mod cert_sync;
 pub mod certs;
-pub mod cli;
 pub mod config;
 pub mod error;
 pub mod metrics;

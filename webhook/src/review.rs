@@ -286,7 +286,7 @@ pub fn admit(
     };
     let mut plan = match mutate(&pod, namespace, profiles, config) {
         Ok(p) => p,
-        Err(e) => return failed(error_chain(&e), response),
+        Err(e) => return failed(railguard_runtime::error_chain(&e), response),
     };
     let warning_kinds = plan.warnings.iter().map(|w| w.kind).collect();
     response.warnings = plan.warnings.drain(..).map(|w| w.message).collect();
@@ -306,28 +306,4 @@ pub fn admit(
         warning_kinds,
         error: None,
     }
-}
-
-/// The no-op review (benchmark baseline): decode the Pod, allow, no patch.
-pub fn admit_noop(request: &AdmissionRequest<'_>) -> ReviewResponse {
-    let mut response = ReviewResponse::allow(request.uid.clone());
-    if let Some(raw) = request.object {
-        if let Err(e) = serde_json::from_str::<Pod>(raw.get()) {
-            response.warnings.push(
-                Warning::new(WarningKind::Internal, format!("object is not a Pod: {e}")).message,
-            );
-        }
-    }
-    response
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(inner) = cur {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        cur = inner.source();
-    }
-    s
 }

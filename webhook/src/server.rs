@@ -1,5 +1,5 @@
-//! The thin HTTP shell: `/mutate` and `/noop` over TLS, `/healthz`, `/readyz` and `/metrics`
-//! on a separate plain port.
+//! The thin HTTP shell: `/mutate` over TLS, `/healthz`, `/readyz` and `/metrics` on a
+//! separate plain port.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -59,11 +59,20 @@ impl Default for ServeOptions {
     }
 }
 
-/// The admission routes (served over TLS).
-pub fn webhook_router(state: Arc<AppState>, opts: &ServeOptions) -> Router {
-    Router::new()
-        .route("/mutate", post(mutate_handler))
-        .route("/noop", post(noop_handler))
+/// The admission routes: `POST /mutate`. A caller that serves more (a benchmark's baseline
+/// endpoint) adds its routes here and starts with [`start_routes`], so they share the TLS
+/// listener, the limits and the state.
+pub fn admission_routes() -> Router<Arc<AppState>> {
+    Router::new().route("/mutate", post(mutate_handler))
+}
+
+/// `routes` behind the body limit and the request timeout, with the state bound.
+fn webhook_router(
+    routes: Router<Arc<AppState>>,
+    state: Arc<AppState>,
+    opts: &ServeOptions,
+) -> Router {
+    routes
         .layer(DefaultBodyLimit::max(opts.max_body_bytes))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
@@ -72,14 +81,9 @@ pub fn webhook_router(state: Arc<AppState>, opts: &ServeOptions) -> Router {
         .with_state(state)
 }
 
-/// Health, readiness and metrics (plain HTTP).
-pub fn metrics_router(state: Arc<AppState>) -> Router {
-    metrics_router_draining(state, Arc::new(AtomicBool::new(false)))
-}
-
-/// [`metrics_router`] whose `/readyz` answers 503 once `draining` is set, so the pod leaves
-/// its Service's endpoints while the admission listener still serves.
-fn metrics_router_draining(state: Arc<AppState>, draining: Arc<AtomicBool>) -> Router {
+/// Health, readiness and metrics (plain HTTP). `/readyz` answers 503 once `draining` is set,
+/// so the pod leaves its Service's endpoints while the admission listener still serves.
+fn metrics_router(state: Arc<AppState>, draining: Arc<AtomicBool>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route(
@@ -105,7 +109,7 @@ fn json(body: Vec<u8>) -> Response {
 
 fn bad_request(state: &AppState, e: &crate::error::DecodeError) -> Response {
     state.metrics.bad_requests.inc();
-    let message = crate::tls::error_chain(e);
+    let message = railguard_runtime::error_chain(e);
     tracing::warn!(error = %message, "rejected a body that is not an AdmissionReview");
     (StatusCode::BAD_REQUEST, format!("bad request: {message}\n")).into_response()
 }
@@ -162,13 +166,6 @@ async fn mutate_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Resp
     json(body)
 }
 
-async fn noop_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    match review::decode(&body) {
-        Ok(request) => json(review::admit_noop(&request).encode()),
-        Err(e) => bad_request(&state, &e),
-    }
-}
-
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     if state.catalog.is_ready() {
         "ready".into_response()
@@ -202,20 +199,50 @@ pub struct RunningServer {
     draining: Arc<AtomicBool>,
 }
 
-/// Binds both ports and starts serving; returns once both listen.
+/// Binds both ports and starts serving [`admission_routes`]; returns once both listen.
 pub async fn start(
+    state: Arc<AppState>,
+    reloader: CertReloader,
+    opts: ServeOptions,
+) -> std::io::Result<RunningServer> {
+    start_routes(admission_routes(), state, reloader, opts).await
+}
+
+/// Like [`start`], serving `routes` (built on [`admission_routes`]) over TLS instead.
+pub async fn start_routes(
+    routes: Router<Arc<AppState>>,
     state: Arc<AppState>,
     reloader: CertReloader,
     opts: ServeOptions,
 ) -> std::io::Result<RunningServer> {
     let listener = std::net::TcpListener::bind(opts.listen)?;
     let metrics = std::net::TcpListener::bind(opts.metrics_listen)?;
-    start_on(state, reloader, opts, listener, metrics).await
+    serve_on(routes, state, reloader, opts, listener, metrics).await
 }
 
-/// Starts serving on listeners bound already (the binary binds them first, so a port in use
-/// fails before anything else starts); `opts.listen` and `opts.metrics_listen` are not used.
+/// Starts serving [`admission_routes`] on listeners bound already (the binary binds them
+/// first, so a port in use fails before anything else starts); `opts.listen` and
+/// `opts.metrics_listen` are not used.
 pub async fn start_on(
+    state: Arc<AppState>,
+    reloader: CertReloader,
+    opts: ServeOptions,
+    listener: std::net::TcpListener,
+    metrics_listener: std::net::TcpListener,
+) -> std::io::Result<RunningServer> {
+    serve_on(
+        admission_routes(),
+        state,
+        reloader,
+        opts,
+        listener,
+        metrics_listener,
+    )
+    .await
+}
+
+async fn serve_on(
+    routes: Router<Arc<AppState>>,
     state: Arc<AppState>,
     reloader: CertReloader,
     opts: ServeOptions,
@@ -231,7 +258,7 @@ pub async fn start_on(
         stop_rx.clone(),
     ));
 
-    let app = webhook_router(state.clone(), &opts);
+    let app = webhook_router(routes, state.clone(), &opts);
     listener.set_nonblocking(true)?;
     let server = axum_server::from_tcp_rustls(listener, tls).handle(handle.clone());
     let webhook = tokio::spawn(async move { server.serve(app.into_make_service()).await });
@@ -245,7 +272,7 @@ pub async fn start_on(
     let metrics_addr = plain_listener.local_addr()?;
     let mut plain_stop = stop_rx;
     let draining = Arc::new(AtomicBool::new(false));
-    let plain_app = metrics_router_draining(state, draining.clone());
+    let plain_app = metrics_router(state, draining.clone());
     let plain = tokio::spawn(async move {
         axum::serve(plain_listener, plain_app)
             .with_graceful_shutdown(async move {

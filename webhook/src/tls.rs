@@ -171,7 +171,7 @@ impl CertReloader {
                 self.config.reload_from_config(server);
                 ReloadEvent::Reloaded
             }
-            Err(e) => ReloadEvent::Rejected(error_chain(&e)),
+            Err(e) => ReloadEvent::Rejected(railguard_runtime::error_chain(&e)),
         }
     }
 
@@ -210,15 +210,4 @@ impl CertReloader {
             }
         }
     }
-}
-
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(inner) = cur {
-        s.push_str(": ");
-        s.push_str(&inner.to_string());
-        cur = inner.source();
-    }
-    s
 }

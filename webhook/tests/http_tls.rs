@@ -96,6 +96,14 @@ impl SecretVolume {
 }
 
 async fn start(volume: &SecretVolume, failure_mode: FailureMode) -> RunningServer {
+    start_routes(volume, failure_mode, server::admission_routes()).await
+}
+
+async fn start_routes(
+    volume: &SecretVolume,
+    failure_mode: FailureMode,
+    routes: axum::Router<Arc<AppState>>,
+) -> RunningServer {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let profiles = railguard_api::profiles_from_yaml(&PROFILES.join("\n---\n")).unwrap();
     let state = Arc::new(AppState {
@@ -111,7 +119,9 @@ async fn start(volume: &SecretVolume, failure_mode: FailureMode) -> RunningServe
         shutdown_grace: Duration::from_secs(5),
         ..ServeOptions::default()
     };
-    server::start(state, reloader, opts).await.unwrap()
+    server::start_routes(routes, state, reloader, opts)
+        .await
+        .unwrap()
 }
 
 fn client(ca_pem: &str) -> reqwest::Client {
@@ -199,12 +209,9 @@ async fn recorded_review_and_gpu_review_round_trip_over_tls() {
             .as_deref()
             .is_some_and(|v| v.starts_with("=mlx5_0:1,"))));
 
-    // The no-op endpoint decodes and allows without a patch.
-    let (status, body) = post(&c, srv.addr, "/noop", serde_json::to_vec(&review).unwrap()).await;
-    assert_eq!(status, 200);
-    let v: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["response"]["allowed"], true);
-    assert!(v["response"].get("patch").is_none());
+    // Production serves no benchmark endpoint.
+    let (status, _) = post(&c, srv.addr, "/noop", serde_json::to_vec(&review).unwrap()).await;
+    assert_eq!(status, 404);
 
     // Health, readiness and metrics on the plain port.
     let plain = reqwest::Client::new();
@@ -389,7 +396,7 @@ async fn failure_mode_closed_denies_on_internal_errors() {
 
 async fn handshake_ok(ca_pem: &str, addr: std::net::SocketAddr) -> bool {
     let c = client(ca_pem);
-    c.post(format!("https://127.0.0.1:{}/noop", addr.port()))
+    c.post(format!("https://127.0.0.1:{}/mutate", addr.port()))
         .body(SAMPLE)
         .send()
         .await
@@ -578,5 +585,28 @@ async fn draining_reports_not_ready_and_still_admits() {
     assert_eq!(status, 200, "{body}");
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["response"]["allowed"], true);
+    srv.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn extra_routes_share_the_tls_listener_and_the_limits() {
+    let ca = Ca::new("railguard-test-ca");
+    let (cert, key) = ca.serving_pair();
+    let volume = SecretVolume::new(&cert, &key);
+    // What the HTTP load bench does with its `/noop` baseline.
+    let routes = server::admission_routes().route(
+        "/extra",
+        axum::routing::post(|_body: axum::body::Bytes| async { "extra" }),
+    );
+    let srv = start_routes(&volume, FailureMode::Open, routes).await;
+    let c = client(&ca.pem());
+    assert_eq!(
+        post(&c, srv.addr, "/extra", Vec::new()).await,
+        (200, "extra".to_string())
+    );
+    let (status, _) = post(&c, srv.addr, "/extra", vec![b' '; 2 << 20]).await;
+    assert_eq!(status, 413);
+    let (status, body) = post(&c, srv.addr, "/mutate", SAMPLE.as_bytes().to_vec()).await;
+    assert_eq!(status, 200, "{body}");
     srv.shutdown().await.unwrap();
 }

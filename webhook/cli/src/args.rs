@@ -1,15 +1,13 @@
 //! `railguard-webhook`'s command line: flags and their `RAILGUARD_*` environment variables.
 //!
-//! In the library so the chart's contract test parses the Deployment's arguments with the
-//! binary's own definition.
+//! In the shell's library so the chart's contract test parses the Deployment's arguments with
+//! the binary's own definition.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Parser, ValueHint};
+use clap::{Parser, ValueEnum, ValueHint};
 use railguard_runtime::LogFormat;
-
-use crate::FailureMode;
 
 /// Example invocations shown by `--help`.
 pub const EXAMPLES: &str = "\
@@ -27,7 +25,7 @@ Exit status: 0 after a clean shutdown, 2 on a usage, configuration or runtime er
 /// Configures GPU training pods for their RDMA fabric at admission.
 #[derive(Debug, Parser)]
 #[command(name = "railguard-webhook", version, after_help = EXAMPLES)]
-pub struct Args {
+pub struct Cli {
     /// Address of the TLS admission endpoint (`POST /mutate`).
     #[arg(long, env = "RAILGUARD_LISTEN", default_value = "0.0.0.0:8443")]
     pub listen: SocketAddr,
@@ -128,13 +126,32 @@ pub struct Args {
     pub log_json: bool,
 }
 
-impl Args {
+impl Cli {
     /// The log format, `--log-json` (deprecated) meaning `json`.
     pub fn log_format(&self) -> LogFormat {
         if self.log_json {
             LogFormat::Json
         } else {
             self.log_format
+        }
+    }
+}
+
+/// `--failure-mode`: the command-line face of [`railguard_webhook::FailureMode`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum FailureMode {
+    /// Allow the pod unchanged, with a warning.
+    #[default]
+    Open,
+    /// Deny the pod.
+    Closed,
+}
+
+impl From<FailureMode> for railguard_webhook::FailureMode {
+    fn from(mode: FailureMode) -> Self {
+        match mode {
+            FailureMode::Open => Self::Open,
+            FailureMode::Closed => Self::Closed,
         }
     }
 }

@@ -1,0 +1,190 @@
+//! From the command line to the library's configuration: plain functions, no IO, so the
+//! rules (the webhook's own namespace is always excluded, an empty `--gpu-resources` is an
+//! error, which flag a TLS failure names) are tested without starting anything.
+
+use std::path::Path;
+use std::time::Duration;
+
+use railguard_runtime::StartupError;
+use railguard_webhook::server::ServeOptions;
+use railguard_webhook::{TlsError, WebhookConfig};
+
+use crate::Cli;
+
+/// Trimmed, non-empty items of a comma-list flag.
+pub fn clean_list(items: &[String]) -> Vec<String> {
+    items
+        .iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// The webhook's own namespace: `--namespace`, else what `service_account_namespace` reads
+/// (the service account's namespace file, when there is one).
+pub fn own_namespace(
+    flag: Option<&str>,
+    service_account_namespace: impl FnOnce() -> Option<String>,
+) -> Option<String> {
+    flag.map(str::to_string)
+        .or_else(service_account_namespace)
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// What the pure core reads, from the flags and the webhook's own namespace (excluded too).
+pub fn webhook_config(
+    cli: &Cli,
+    own_namespace: Option<&str>,
+) -> Result<WebhookConfig, StartupError> {
+    let gpu_resources = clean_list(&cli.gpu_resources);
+    if gpu_resources.is_empty() {
+        return Err(StartupError::new(
+            "invalid --gpu-resources",
+            "it names no resource",
+            "give the resource names of GPU containers, e.g. nvidia.com/gpu",
+        ));
+    }
+    let mut excluded_namespaces = clean_list(&cli.excluded_namespaces);
+    if let Some(own) = own_namespace {
+        if !excluded_namespaces.iter().any(|n| n == own) {
+            excluded_namespaces.push(own.to_string());
+        }
+    }
+    Ok(WebhookConfig {
+        gpu_resources,
+        excluded_namespaces,
+        prober_image: cli.prober_image.clone().filter(|s| !s.trim().is_empty()),
+    })
+}
+
+/// Limits of the running server (zero intervals and timeouts become one second).
+pub fn serve_options(cli: &Cli) -> ServeOptions {
+    ServeOptions {
+        listen: cli.listen,
+        metrics_listen: cli.metrics_listen,
+        max_body_bytes: cli.max_body_bytes,
+        request_timeout: Duration::from_secs(cli.request_timeout_seconds.max(1)),
+        shutdown_grace: Duration::from_secs(cli.shutdown_grace_seconds),
+        cert_poll_interval: Duration::from_secs(cli.cert_poll_seconds.max(1)),
+    }
+}
+
+/// The serving pair could not be loaded: which file, which flag.
+pub fn tls_error(e: &TlsError, cert: &Path, key: &Path) -> StartupError {
+    let flag = |path: &Path| {
+        if path == key && path != cert {
+            ("TLS key", "--tls-key")
+        } else {
+            ("TLS certificate", "--tls-cert")
+        }
+    };
+    let pem_fix = "give PEM files (tls.crt: the certificate chain, tls.key: its private key)";
+    match e {
+        TlsError::Read { path, source } => {
+            let (what, flag) = flag(path);
+            StartupError::unreadable(&format!("the {what}"), path, flag, source)
+        }
+        TlsError::NoCertificate { path } | TlsError::NoKey { path } => {
+            let (what, flag) = flag(path);
+            StartupError::new(
+                format!("invalid {what} {} ({flag})", path.display()),
+                e.to_string(),
+                pem_fix,
+            )
+        }
+        TlsError::Pem { path, .. } => {
+            let (what, flag) = flag(path);
+            StartupError::invalid(what, path, flag, e, pem_fix)
+        }
+        TlsError::Pair { .. } => StartupError::new(
+            format!(
+                "the TLS certificate {} (--tls-cert) and key {} (--tls-key) are not a usable pair",
+                cert.display(),
+                key.display()
+            ),
+            railguard_runtime::error_chain(e),
+            "give the private key that belongs to the certificate",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::path::PathBuf;
+
+    use clap::Parser;
+
+    use super::*;
+
+    fn cli(extra: &[&str]) -> Cli {
+        let mut args = vec![
+            "railguard-webhook",
+            "--tls-cert",
+            "/t/tls.crt",
+            "--tls-key",
+            "/t/tls.key",
+        ];
+        args.extend_from_slice(extra);
+        Cli::try_parse_from(args).unwrap()
+    }
+
+    #[test]
+    fn the_own_namespace_is_excluded_once() {
+        let c = cli(&["--excluded-namespaces", " kube-system, ,railguard"]);
+        let config = webhook_config(&c, Some("railguard")).unwrap();
+        assert_eq!(config.excluded_namespaces, ["kube-system", "railguard"]);
+        let config = webhook_config(&c, Some("ops")).unwrap();
+        assert_eq!(
+            config.excluded_namespaces,
+            ["kube-system", "railguard", "ops"]
+        );
+    }
+
+    #[test]
+    fn the_flag_wins_over_the_service_account_file() {
+        let sa = |text: &str| {
+            let text = text.to_string();
+            move || Some(text)
+        };
+        assert_eq!(own_namespace(Some(" ns "), sa("sa")).as_deref(), Some("ns"));
+        assert_eq!(own_namespace(None, sa("sa\n")).as_deref(), Some("sa"));
+        assert_eq!(own_namespace(None, sa("  ")), None);
+        assert_eq!(own_namespace(None, || None), None);
+    }
+
+    #[test]
+    fn no_gpu_resource_is_an_error_and_a_blank_prober_image_is_none() {
+        let e = webhook_config(&cli(&["--gpu-resources", " , "]), None).unwrap_err();
+        assert!(e.to_string().contains("--gpu-resources"), "{e}");
+        let config = webhook_config(&cli(&["--prober-image", " "]), None).unwrap();
+        assert_eq!(config.prober_image, None);
+        assert_eq!(config.gpu_resources, ["nvidia.com/gpu"]);
+    }
+
+    #[test]
+    fn zero_intervals_become_one_second() {
+        let opts = serve_options(&cli(&[
+            "--request-timeout-seconds",
+            "0",
+            "--cert-poll-seconds",
+            "0",
+        ]));
+        assert_eq!(opts.request_timeout, Duration::from_secs(1));
+        assert_eq!(opts.cert_poll_interval, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_tls_failure_names_the_flag_of_its_file() {
+        let (cert, key) = (PathBuf::from("/t/tls.crt"), PathBuf::from("/t/tls.key"));
+        let no_key = TlsError::NoKey { path: key.clone() };
+        assert!(tls_error(&no_key, &cert, &key)
+            .to_string()
+            .contains("--tls-key"));
+        let no_cert = TlsError::NoCertificate { path: cert.clone() };
+        assert!(tls_error(&no_cert, &cert, &key)
+            .to_string()
+            .contains("--tls-cert"));
+    }
+}

@@ -1,0 +1,22 @@
+//! The extender's view of the cluster: Nodes (as [`NodeFabric`](railguard_api::NodeFabric)),
+//! bound GPU pods (for gang locality), Namespaces (for exemptions) and FabricProfiles, each
+//! kept current by a watch ([`ClusterState::run`]).
+//!
+//! The node cache keeps only what decisions read (name, labels, allocatable and the parsed
+//! certificate), never managedFields, images or conditions, and parses each certificate
+//! once per Node change instead of once per scheduling call.
+
+mod cluster;
+mod node_index;
+mod nodes;
+mod placements;
+mod profiles;
+mod store;
+mod watch;
+
+pub use cluster::ClusterState;
+pub use node_index::NodeIndex;
+pub use nodes::CachedNode;
+pub use placements::{bound_pod, BoundPod, JobPlacements};
+pub use profiles::ProfileSet;
+pub use store::{Applied, Applier, Change, Store};

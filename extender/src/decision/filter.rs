@@ -1,0 +1,129 @@
+//! `/filter`: which candidate nodes pass, and why the others do not.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use railguard_api::NodeFabric;
+
+use crate::decision::{check_node, PodTarget, Precheck, RejectReason, Rejection};
+
+/// A candidate node: its name and, when known, its fabric state.
+#[derive(Clone, Copy, Debug)]
+pub struct NodeSlot<'a> {
+    pub name: &'a str,
+    /// `None` when the node is not in the extender's cache (cache mode only).
+    pub fabric: Option<&'a NodeFabric>,
+    /// The node's [`Precheck`] for the target's profile and signature, when the cache has
+    /// one; decisions then skip re-checking the certificate.
+    pub precheck: Option<&'a Precheck>,
+}
+
+impl<'a> NodeSlot<'a> {
+    /// A slot decided from the fabric state alone.
+    pub fn new(name: &'a str, fabric: Option<&'a NodeFabric>) -> Self {
+        NodeSlot {
+            name,
+            fabric,
+            precheck: None,
+        }
+    }
+}
+
+/// The outcome of a filter call: by default keyed by owned names with owned messages;
+/// [`filter_by`] chooses other key and message types (the server borrows names from the
+/// request and shares messages with the cache, so rejecting a node allocates nothing).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FilterVerdicts<K = String, M = String> {
+    /// Indices into the input of the nodes that passed, in input order.
+    pub passed: Vec<usize>,
+    /// Nodes that may become eligible (`FailedNodes`).
+    pub failed: BTreeMap<K, M>,
+    /// Nodes this pod can never use (`FailedAndUnresolvableNodes`).
+    pub unresolvable: BTreeMap<K, M>,
+    /// Rejections counted by reason.
+    pub reasons: BTreeMap<RejectReason, u64>,
+}
+
+impl<K, M> Default for FilterVerdicts<K, M> {
+    fn default() -> Self {
+        FilterVerdicts {
+            passed: Vec::new(),
+            failed: BTreeMap::new(),
+            unresolvable: BTreeMap::new(),
+            reasons: BTreeMap::new(),
+        }
+    }
+}
+
+impl<K: Ord, M> FilterVerdicts<K, M> {
+    fn reject(&mut self, key: K, reason: RejectReason, message: M) {
+        *self.reasons.entry(reason).or_default() += 1;
+        let map = if reason.resolvable() {
+            &mut self.failed
+        } else {
+            &mut self.unresolvable
+        };
+        map.insert(key, message);
+    }
+}
+
+/// Filters candidate nodes for a pod held to `target` at time `now`.
+pub fn filter(target: &PodTarget<'_>, nodes: &[NodeSlot<'_>], now: Timestamp) -> FilterVerdicts {
+    filter_by(
+        target,
+        nodes,
+        now,
+        |i| {
+            nodes
+                .get(i)
+                .map_or_else(String::new, |s| s.name.to_string())
+        },
+        |message| message.to_string(),
+    )
+}
+
+/// [`filter`], naming rejected node `i` (its index in `nodes`) `key(i)` and keeping its
+/// message as `message(..)`.
+pub fn filter_by<K: Ord, M>(
+    target: &PodTarget<'_>,
+    nodes: &[NodeSlot<'_>],
+    now: Timestamp,
+    key: impl Fn(usize) -> K,
+    message: impl Fn(Arc<str>) -> M,
+) -> FilterVerdicts<K, M> {
+    let mut out = FilterVerdicts::default();
+    match target {
+        PodTarget::PassThrough | PodTarget::Profile { exempt: true, .. } => {
+            out.passed = (0..nodes.len()).collect()
+        }
+        PodTarget::Unplaceable(text) => {
+            let r = Rejection::new(RejectReason::Unplaceable, text);
+            for i in 0..nodes.len() {
+                out.reject(key(i), r.reason, message(r.message.clone()));
+            }
+        }
+        PodTarget::Profile {
+            profile,
+            signature,
+            exempt: false,
+        } => {
+            out.passed.reserve(nodes.len());
+            for (i, slot) in nodes.iter().enumerate() {
+                let verdict = match (slot.precheck, slot.fabric) {
+                    (Some(pre), _) => pre.check(now),
+                    (None, Some(node)) => check_node(node, profile, signature, now),
+                    (None, None) => Err(Rejection::new(
+                        RejectReason::NotCached,
+                        "railguard: node is not in the extender's cache yet",
+                    )),
+                };
+                match verdict {
+                    Ok(()) => out.passed.push(i),
+                    Err(r) => out.reject(key(i), r.reason, message(r.message)),
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,16 @@
+//! The extender's decisions, pure over plain data: which profile a pod is held to, which
+//! nodes pass, and how the passing nodes rank.
+
+mod check;
+mod config;
+mod filter;
+mod prioritize;
+mod rejection;
+mod target;
+
+pub use check::{check_node, precheck, Precheck};
+pub use config::ExtenderConfig;
+pub use filter::{filter, filter_by, FilterVerdicts, NodeSlot};
+pub use prioritize::{headroom, prioritize};
+pub use rejection::{RejectReason, Rejection};
+pub use target::{target_for, PodTarget};

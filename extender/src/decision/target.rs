@@ -1,0 +1,90 @@
+//! Which profile and signature a pod is held to ([`PodTarget`]).
+
+use std::collections::BTreeMap;
+
+use railguard_api::FabricProfile;
+
+use crate::decision::ExtenderConfig;
+use crate::pod::PodFacts;
+
+/// What a pod is held to.
+#[derive(Clone, Debug)]
+pub enum PodTarget<'a> {
+    /// Not a training pod: every node passes, scores are 0.
+    PassThrough,
+    /// Checked against a profile and rail-layout signature.
+    Profile {
+        profile: &'a FabricProfile,
+        signature: String,
+        /// `allow-uncertified` honored for this pod's namespace: every node passes.
+        exempt: bool,
+    },
+    /// A training pod that cannot be checked (its profile does not exist, or no default
+    /// profile); every node fails with this message until that changes.
+    Unplaceable(String),
+}
+
+/// Chooses what `pod` is held to. `namespace_labels` are the labels of the pod's
+/// namespace when known (exemptions are honored only when the profile allows them).
+pub fn target_for<'a>(
+    pod: &PodFacts,
+    profiles: &'a [FabricProfile],
+    namespace_labels: Option<&BTreeMap<String, String>>,
+    config: &ExtenderConfig,
+) -> PodTarget<'a> {
+    let profile = match &pod.profile {
+        Some(name) => match profiles.iter().find(|p| p.name() == name) {
+            Some(p) => p,
+            None => {
+                return PodTarget::Unplaceable(format!(
+                    "railguard: pod asks for FabricProfile {name}, which does not exist"
+                ))
+            }
+        },
+        None => {
+            if !(pod.requests_any(&config.gpu_resources) && requests_rdma(pod, profiles)) {
+                return PodTarget::PassThrough;
+            }
+            let defaults: Vec<&FabricProfile> =
+                profiles.iter().filter(|p| p.spec.default).collect();
+            match defaults.as_slice() {
+                [p] => *p,
+                [] => {
+                    return PodTarget::Unplaceable(
+                        "railguard: pod requests GPUs and RDMA without a railguard.io/profile annotation and no FabricProfile is marked default".into(),
+                    )
+                }
+                many => {
+                    let names: Vec<&str> = many.iter().map(|p| p.name()).collect();
+                    return PodTarget::Unplaceable(format!(
+                        "railguard: pod has no railguard.io/profile annotation and several FabricProfiles are marked default ({}); set one",
+                        names.join(", ")
+                    ));
+                }
+            }
+        }
+    };
+    let signature = pod
+        .signature
+        .clone()
+        .unwrap_or_else(|| profile.spec.signature());
+    let exempt = pod.allow_uncertified
+        && namespace_labels
+            .is_some_and(|labels| profile.spec.exemptions.allows(&pod.namespace, labels));
+    PodTarget::Profile {
+        profile,
+        signature,
+        exempt,
+    }
+}
+
+/// RDMA resources: any profile's RDMA resource name, or the `rdma/` resource domain.
+fn requests_rdma(pod: &PodFacts, profiles: &[FabricProfile]) -> bool {
+    pod.extended_resources.iter().any(|r| {
+        r.starts_with("rdma/")
+            || profiles
+                .iter()
+                .filter_map(|p| p.spec.rdma.as_ref())
+                .any(|rdma| &rdma.resource_name == r)
+    })
+}

@@ -55,13 +55,17 @@ impl std::fmt::Display for LinkLayer {
 #[serde(rename_all = "camelCase")]
 pub struct RailSpec {
     /// RDMA device name, e.g. `mlx5_0`.
+    #[schemars(pattern(r"^[A-Za-z0-9_.-]{1,64}$"))]
     pub hca: String,
     /// Port number on the HCA (1-based).
+    #[schemars(range(min = 1, max = 255))]
     pub port: u32,
     pub link_layer: LinkLayer,
     /// Expected link rate in Gb/s (e.g. 400 for NDR, 200 for HDR).
+    #[schemars(range(min = 1, max = 3200))]
     pub rate_gbps: u32,
     /// GPU indices (NVML order) this rail serves.
+    #[schemars(inner(range(max = 255)))]
     pub gpus: Vec<u32>,
     /// Network interface behind the port, when known (RoCE netdev or IPoIB).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -87,6 +91,7 @@ pub struct NcclSettings {
     pub socket_ifname: Option<String>,
     /// `NCCL_CROSS_NIC` (0, 1 or 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 2))]
     pub cross_nic: Option<u8>,
     /// Other NCCL variables to inject, e.g. `NCCL_IB_QPS_PER_CONNECTION`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -118,20 +123,25 @@ pub struct RdmaResource {
 #[serde(rename_all = "camelCase")]
 pub struct Thresholds {
     /// Minimum RDMA WRITE bandwidth per rail from host memory, Gb/s.
+    #[schemars(range(min = 0))]
     pub write_bw_host_gbps: f64,
     /// Minimum RDMA WRITE bandwidth per rail from GPU memory (GPUDirect), Gb/s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub write_bw_gpu_gbps: Option<f64>,
     /// Maximum small-message RDMA WRITE latency, microseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
     pub max_latency_us: Option<f64>,
     /// Minimum NCCL all_reduce bus bandwidth plateau, GB/s (nccl-tests units).
+    #[schemars(range(min = 0))]
     pub busbw_plateau_gbps: f64,
     /// Allowed growth of each error counter over a check window; unlisted counters allow 0.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub counter_growth: BTreeMap<String, u64>,
     /// A drop beyond this percentage below the node's own history median is a regression.
     #[serde(default = "default_regression_tolerance")]
+    #[schemars(range(min = 0, max = 100))]
     pub regression_tolerance_percent: f64,
 }
 
@@ -145,15 +155,19 @@ fn default_regression_tolerance() -> f64 {
 pub struct CertificationSpec {
     /// Lifetime of a certificate from its last invasive pass, seconds.
     #[serde(default = "default_ttl")]
+    #[schemars(range(min = 1, max = MAX_SECONDS))]
     pub ttl_seconds: u64,
     /// Interval between invasive runs, seconds (must be shorter than the TTL).
     #[serde(default = "default_interval")]
+    #[schemars(range(min = 1, max = MAX_SECONDS))]
     pub interval_seconds: u64,
     /// Interval between passive rail checks, seconds.
     #[serde(default = "default_passive_interval")]
+    #[schemars(range(min = 1, max = MAX_SECONDS))]
     pub passive_interval_seconds: u64,
     /// How many past results a certificate keeps as history.
     #[serde(default = "default_history")]
+    #[schemars(range(min = 1, max = MAX_HISTORY_DEPTH))]
     pub history_depth: u32,
     /// nccl-tests settings.
     #[serde(default)]
@@ -189,11 +203,15 @@ fn default_history() -> u32 {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NcclTestsSpec {
-    /// Path of the `all_reduce_perf` binary.
+    /// Path of the `all_reduce_perf` binary: absolute, and one of the paths the prober was
+    /// installed to allow (chart value `prober.ncclTests.allowedBinaries`), since the prober
+    /// runs it as root on every node of the profile.
     #[serde(default = "default_nccl_binary")]
+    #[schemars(pattern(r"^(/[A-Za-z0-9_.+-]+)+$"), length(max = 256))]
     pub binary: String,
-    /// Arguments to `all_reduce_perf`.
+    /// Arguments to `all_reduce_perf` (flags and plain values; never run through a shell).
     #[serde(default = "default_nccl_args")]
+    #[schemars(inner(pattern(r"^[A-Za-z0-9_.=:,+-]{1,64}$")), length(max = 64))]
     pub args: Vec<String>,
     /// Force `NCCL_ALGO=Ring` so the run measures the fabric rather than NVLS/tree tricks.
     #[serde(default)]
@@ -220,6 +238,43 @@ impl Default for NcclTestsSpec {
             socket_comparison: false,
         }
     }
+}
+
+/// Longest period a profile may set (ten years): keeps `ttlSeconds` and friends far from
+/// overflowing a timestamp.
+pub const MAX_SECONDS: u64 = 10 * 366 * 24 * 3600;
+/// Most certificates a node's history may keep (they live in one annotation).
+pub const MAX_HISTORY_DEPTH: u32 = 100;
+/// Most arguments `ncclTests.args` may hold.
+pub const MAX_NCCL_ARGS: usize = 64;
+
+impl NcclTestsSpec {
+    /// Whether `binary` is one of the install-time allowed paths (compared exactly: the
+    /// path is validated to be absolute and free of `..`).
+    pub fn binary_is_allowed(&self, allowed: &[String]) -> bool {
+        allowed.iter().any(|a| a == &self.binary)
+    }
+}
+
+/// An absolute path of plain components: no `..`, no `.`, no empty component, and only the
+/// characters of the CRD pattern.
+fn is_plain_absolute_path(p: &str) -> bool {
+    p.len() <= 256
+        && p.starts_with('/')
+        && p[1..].split('/').all(|c| {
+            !c.is_empty()
+                && c != "."
+                && c != ".."
+                && c.chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || "_.+-".contains(ch))
+        })
+}
+
+fn is_plain_argument(a: &str) -> bool {
+    !a.is_empty()
+        && a.len() <= 64
+        && a.chars()
+            .all(|ch| ch.is_ascii_alphanumeric() || "_.=:,+-".contains(ch))
 }
 
 fn default_nccl_binary() -> String {
@@ -410,11 +465,21 @@ impl FabricProfileSpec {
             }
             if rail.port == 0 {
                 push(format!("{at}.port"), "port numbers start at 1".into());
+            } else if rail.port > 255 {
+                push(
+                    format!("{at}.port"),
+                    format!("port {} is above 255", rail.port),
+                );
             }
             if rail.rate_gbps == 0 {
                 push(
                     format!("{at}.rateGbps"),
                     format!("rail {} has rate 0", rail.id()),
+                );
+            } else if rail.rate_gbps > 3200 {
+                push(
+                    format!("{at}.rateGbps"),
+                    format!("rail {} has rate {} Gb/s, above 3200", rail.id(), rail.rate_gbps),
                 );
             }
             if !seen.insert((rail.hca.as_str(), rail.port)) {
@@ -422,6 +487,12 @@ impl FabricProfileSpec {
             }
             let mut gpus = BTreeSet::new();
             for g in &rail.gpus {
+                if *g > 255 {
+                    push(
+                        format!("{at}.gpus"),
+                        format!("GPU index {g} is above 255"),
+                    );
+                }
                 if !gpus.insert(*g) {
                     push(
                         format!("{at}.gpus"),
@@ -538,6 +609,27 @@ impl FabricProfileSpec {
                 message: "must be positive".into(),
             });
         }
+        for (field, v) in [
+            ("spec.certification.ttlSeconds", c.ttl_seconds),
+            ("spec.certification.intervalSeconds", c.interval_seconds),
+            (
+                "spec.certification.passiveIntervalSeconds",
+                c.passive_interval_seconds,
+            ),
+        ] {
+            if v > MAX_SECONDS {
+                problems.push(FieldProblem {
+                    field: field.into(),
+                    message: format!("must be at most {MAX_SECONDS} (ten years)"),
+                });
+            }
+        }
+        if c.history_depth == 0 || c.history_depth > MAX_HISTORY_DEPTH {
+            problems.push(FieldProblem {
+                field: "spec.certification.historyDepth".into(),
+                message: format!("must be between 1 and {MAX_HISTORY_DEPTH}"),
+            });
+        }
         if c.interval_seconds == 0 || c.interval_seconds >= c.ttl_seconds {
             problems.push(FieldProblem {
                 field: "spec.certification.intervalSeconds".into(),
@@ -553,11 +645,30 @@ impl FabricProfileSpec {
                 message: "must be positive".into(),
             });
         }
-        if c.nccl_tests.binary.trim().is_empty() {
+        if !is_plain_absolute_path(&c.nccl_tests.binary) {
             problems.push(FieldProblem {
                 field: "spec.certification.ncclTests.binary".into(),
-                message: "must not be empty".into(),
+                message: format!(
+                    "{:?} is not a plain absolute path (/dir/file, no `..`, letters, digits and _.+- only)",
+                    c.nccl_tests.binary
+                ),
             });
+        }
+        if c.nccl_tests.args.len() > MAX_NCCL_ARGS {
+            problems.push(FieldProblem {
+                field: "spec.certification.ncclTests.args".into(),
+                message: format!("at most {MAX_NCCL_ARGS} arguments"),
+            });
+        }
+        for (i, a) in c.nccl_tests.args.iter().enumerate() {
+            if !is_plain_argument(a) {
+                problems.push(FieldProblem {
+                    field: format!("spec.certification.ncclTests.args[{i}]"),
+                    message: format!(
+                        "{a:?} is not a plain argument (letters, digits and _.=:,+- only, at most 64)"
+                    ),
+                });
+            }
         }
         if let Some(sel) = &self.exemptions.namespace_selector {
             if let Err(e) = sel.validate() {

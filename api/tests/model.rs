@@ -129,6 +129,87 @@ fn validation_names_each_broken_field() {
     );
 }
 
+/// The bounds the CRD schema declares are the bounds `validate()` enforces, so a profile the
+/// apiserver accepts is never one the webhook, extender or prober cannot read.
+#[test]
+fn validation_enforces_the_crd_schema_bounds() {
+    let mut p = h100();
+    p.spec.rails[0].port = 256;
+    assert_eq!(invalid_fields(&p), vec!["spec.rails[0].port"]);
+
+    let mut p = h100();
+    p.spec.rails[1].rate_gbps = 3201;
+    assert_eq!(invalid_fields(&p), vec!["spec.rails[1].rateGbps"]);
+
+    let mut p = h100();
+    p.spec.rails[0].gpus.push(256);
+    let fields = invalid_fields(&p);
+    assert!(fields.contains(&"spec.rails[0].gpus".to_string()), "{fields:?}");
+
+    let mut p = h100();
+    p.spec.certification.history_depth = 0;
+    assert_eq!(invalid_fields(&p), vec!["spec.certification.historyDepth"]);
+
+    let mut p = h100();
+    p.spec.certification.ttl_seconds = u64::MAX;
+    assert_eq!(invalid_fields(&p), vec!["spec.certification.ttlSeconds"]);
+
+    use kube::CustomResourceExt;
+    let schema = serde_json::to_value(railguard_api::FabricProfile::crd()).unwrap();
+    let spec = &schema["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        ["properties"];
+    let rail = &spec["rails"]["items"]["properties"];
+    assert_eq!(rail["port"]["minimum"], 1.0);
+    assert_eq!(rail["port"]["maximum"], 255.0);
+    assert_eq!(rail["rateGbps"]["maximum"], 3200.0);
+    assert_eq!(
+        spec["certification"]["properties"]["historyDepth"]["maximum"],
+        f64::from(railguard_api::profile::MAX_HISTORY_DEPTH)
+    );
+}
+
+/// The prober runs `ncclTests.binary` as root on every node of the profile: only plain
+/// absolute paths and plain arguments get through, whatever the schema let by.
+#[test]
+fn nccl_tests_binary_and_args_are_constrained() {
+    for bad in [
+        "all_reduce_perf",
+        "/usr/local/bin/../../bin/sh",
+        "/usr/local/bin/./x",
+        "/usr//bin/x",
+        "/tmp/x y",
+        "/bin/sh;id",
+        "",
+    ] {
+        let mut p = h100();
+        p.spec.certification.nccl_tests.binary = bad.into();
+        assert_eq!(
+            invalid_fields(&p),
+            vec!["spec.certification.ncclTests.binary"],
+            "{bad:?}"
+        );
+    }
+    for bad in ["-b 8", "$(id)", "a;b", "x|y", "", "`id`"] {
+        let mut p = h100();
+        p.spec.certification.nccl_tests.args.push(bad.into());
+        let n = p.spec.certification.nccl_tests.args.len() - 1;
+        assert_eq!(
+            invalid_fields(&p),
+            vec![format!("spec.certification.ncclTests.args[{n}]")],
+            "{bad:?}"
+        );
+    }
+    let mut p = h100();
+    p.spec.certification.nccl_tests.args = vec!["-n".into(); 65];
+    assert_eq!(invalid_fields(&p), vec!["spec.certification.ncclTests.args"]);
+
+    let p = h100();
+    let spec = &p.spec.certification.nccl_tests;
+    assert!(spec.binary_is_allowed(&["/usr/local/bin/all_reduce_perf".to_string()]));
+    assert!(!spec.binary_is_allowed(&["/opt/nccl-tests/build/all_reduce_perf".to_string()]));
+    assert!(!spec.binary_is_allowed(&[]));
+}
+
 #[test]
 fn profiles_yaml_errors_are_clear() {
     let err = profiles_from_yaml("apiVersion: railguard.io/v1alpha1\nkind: FabricProfile\nmetadata: {name: x}\nspec: {rails: 3}\n")

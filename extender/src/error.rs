@@ -1,16 +1,20 @@
 //! Errors of the extender library.
 
-/// Everything that can go wrong answering the scheduler or serving.
+use std::fmt;
+
+/// Why a scheduler request got no decision. The handlers answer each with the error's chain
+/// (`railguard_runtime::error_chain`) and map every variant to a status and a metric reason
+/// (`server::http`).
 #[derive(Debug, thiserror::Error)]
 pub enum ExtenderError {
-    #[error("ExtenderArgs is not valid JSON: {source}")]
+    #[error("ExtenderArgs is not valid JSON")]
     Json {
         #[source]
         source: serde_json::Error,
     },
     #[error("ExtenderArgs has no Pod")]
     MissingPod,
-    #[error("ExtenderArgs.Pod is not a valid Pod: {source}")]
+    #[error("ExtenderArgs.Pod is not a valid Pod")]
     PodJson {
         #[source]
         source: serde_json::Error,
@@ -21,7 +25,7 @@ pub enum ExtenderError {
     BothNodeForms,
     #[error("ExtenderArgs lists {count} nodes, more than the limit of {max} (--max-nodes)")]
     TooManyNodes { count: usize, max: usize },
-    #[error("ExtenderArgs.Nodes.items[{index}] is not a valid Node: {source}")]
+    #[error("ExtenderArgs.Nodes.items[{index}] is not a valid Node")]
     NodeJson {
         index: usize,
         #[source]
@@ -31,37 +35,25 @@ pub enum ExtenderError {
     NodeWithoutName { index: usize },
     #[error("ExtenderArgs carries NodeNames but this extender runs --standalone without a node cache; configure the extender with nodeCacheCapable: false")]
     NamesWithoutCache,
-    #[error("extender caches are not synced yet ({pending}); failing closed")]
-    NotSynced { pending: String },
-    #[error("cannot encode the extender response: {source}")]
-    Encode {
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("cannot read {what} {path}: {source}")]
-    ReadFile {
-        what: &'static str,
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("invalid FabricProfiles in {path}: {source}")]
-    Profiles {
-        path: String,
-        #[source]
-        source: railguard_api::ProfileError,
-    },
-    #[error("cannot load TLS certificate {cert} and key {key}: {source}")]
-    Tls {
-        cert: String,
-        key: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot serve on {addr}: {source}")]
-    Serve {
-        addr: std::net::SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("extender caches are not synced yet ({0}); failing closed")]
+    NotSynced(Unsynced),
+}
+
+/// The caches that have not finished their first list, by name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unsynced(pub Vec<&'static str>);
+
+impl fmt::Display for Unsynced {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.join(", "))
+    }
+}
+
+/// The extender endpoint could not be served.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot serve on {addr}")]
+pub struct ServeError {
+    pub addr: std::net::SocketAddr,
+    #[source]
+    pub source: std::io::Error,
 }

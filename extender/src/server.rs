@@ -17,7 +17,7 @@ use railguard_api::{FabricProfile, NodeFabric};
 
 use crate::cache::{CachedNode, ClusterState, ProfileSet};
 use crate::decision::{filter_by, prioritize, target_for, ExtenderConfig, NodeSlot, PodTarget};
-use crate::error::ExtenderError;
+use crate::error::{ExtenderError, ServeError, Unsynced};
 use crate::metrics::{Metrics, ModeLabels, ReasonLabels};
 use crate::pod::PodFacts;
 use crate::wire::{
@@ -71,7 +71,7 @@ impl AppState {
     }
 
     /// `Err` names the caches still listing.
-    pub fn ready(&self) -> Result<(), String> {
+    pub fn ready(&self) -> Result<(), Unsynced> {
         match &self.source {
             Source::Standalone { .. } => Ok(()),
             Source::Cluster(c) => {
@@ -79,28 +79,70 @@ impl AppState {
                 if pending.is_empty() {
                     Ok(())
                 } else {
-                    Err(pending.join(", "))
+                    Err(Unsynced(pending))
                 }
             }
         }
     }
 
     fn count_error(&self, e: &ExtenderError) {
-        let reason = match e {
-            ExtenderError::Json { .. } => "json",
-            ExtenderError::MissingPod | ExtenderError::PodJson { .. } => "pod",
-            ExtenderError::NoNodes | ExtenderError::BothNodeForms => "node_form",
-            ExtenderError::TooManyNodes { .. } => "too_many_nodes",
-            ExtenderError::NodeJson { .. } | ExtenderError::NodeWithoutName { .. } => "node",
-            ExtenderError::NamesWithoutCache => "names_without_cache",
-            ExtenderError::NotSynced { .. } => "not_synced",
-            _ => "other",
-        };
         self.metrics
             .request_errors
-            .get_or_create(&ReasonLabels { reason })
+            .get_or_create(&ReasonLabels {
+                reason: metric_reason(e),
+            })
             .inc();
     }
+}
+
+/// The `reason` label of the request error metric.
+fn metric_reason(e: &ExtenderError) -> &'static str {
+    match e {
+        ExtenderError::Json { .. } => "json",
+        ExtenderError::MissingPod | ExtenderError::PodJson { .. } => "pod",
+        ExtenderError::NoNodes | ExtenderError::BothNodeForms => "node_form",
+        ExtenderError::TooManyNodes { .. } => "too_many_nodes",
+        ExtenderError::NodeJson { .. } | ExtenderError::NodeWithoutName { .. } => "node",
+        ExtenderError::NamesWithoutCache => "names_without_cache",
+        ExtenderError::NotSynced(_) => "not_synced",
+    }
+}
+
+/// The two scheduler calls, which answer failures differently.
+#[derive(Clone, Copy, Debug)]
+enum Verb {
+    Filter,
+    Prioritize,
+}
+
+/// The HTTP status a failed request is answered with. Unparseable requests are the client's
+/// fault (400). Otherwise `/filter` answers 200 with Error set, which fails the scheduling
+/// cycle with our message; the scheduler ignores `/prioritize` failures, so there the
+/// status says why for whoever looks.
+fn error_status(e: &ExtenderError, verb: Verb) -> StatusCode {
+    match e {
+        ExtenderError::Json { .. }
+        | ExtenderError::MissingPod
+        | ExtenderError::PodJson { .. }
+        | ExtenderError::NoNodes
+        | ExtenderError::BothNodeForms
+        | ExtenderError::TooManyNodes { .. }
+        | ExtenderError::NodeJson { .. }
+        | ExtenderError::NodeWithoutName { .. } => StatusCode::BAD_REQUEST,
+        ExtenderError::NamesWithoutCache => match verb {
+            Verb::Filter => StatusCode::OK,
+            Verb::Prioritize => StatusCode::BAD_REQUEST,
+        },
+        ExtenderError::NotSynced(_) => match verb {
+            Verb::Filter => StatusCode::OK,
+            Verb::Prioritize => StatusCode::SERVICE_UNAVAILABLE,
+        },
+    }
+}
+
+/// The message a failed request is answered with: the error and its causes on one line.
+fn request_error_message(e: &ExtenderError) -> String {
+    format!("railguard: {}", railguard_runtime::error_chain(e))
 }
 
 /// The pod's target, with what the decision needs from the caches.
@@ -137,9 +179,7 @@ pub fn answer_filter<'a>(
     req: Request<'a>,
     now: Timestamp,
 ) -> Result<ExtenderFilterResult<'a>, ExtenderError> {
-    if let Err(pending) = state.ready() {
-        return Err(ExtenderError::NotSynced { pending });
-    }
+    state.ready().map_err(ExtenderError::NotSynced)?;
     let profiles = state.profiles();
     let prepared = prepare(state, &req, profiles.list());
     let Request { candidates, .. } = req;
@@ -331,9 +371,7 @@ pub fn answer_prioritize(
     req: &Request<'_>,
     now: Timestamp,
 ) -> Result<Vec<HostPriority>, ExtenderError> {
-    if let Err(pending) = state.ready() {
-        return Err(ExtenderError::NotSynced { pending });
-    }
+    state.ready().map_err(ExtenderError::NotSynced)?;
     let profiles = state.profiles();
     let prepared = prepare(state, req, profiles.list());
     let peers: Vec<Arc<NodeFabric>> = match (&state.source, &prepared.facts.job) {
@@ -394,21 +432,9 @@ async fn filter_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Resp
         Ok(r) => json_body(StatusCode::OK, r.to_json()),
         Err(e) => {
             state.count_error(&e);
-            let message = format!("railguard: {e}");
+            let message = request_error_message(&e);
             tracing::warn!(error = %message, "filter request failed");
-            // Unparseable requests are the client's fault (400); everything else is an answer
-            // with Error set, which fails the scheduling cycle with our message.
-            let status = match e {
-                ExtenderError::Json { .. }
-                | ExtenderError::MissingPod
-                | ExtenderError::PodJson { .. }
-                | ExtenderError::NoNodes
-                | ExtenderError::BothNodeForms
-                | ExtenderError::TooManyNodes { .. }
-                | ExtenderError::NodeJson { .. }
-                | ExtenderError::NodeWithoutName { .. } => StatusCode::BAD_REQUEST,
-                _ => StatusCode::OK,
-            };
+            let status = error_status(&e, Verb::Filter);
             json_response(status, &ExtenderFilterResult::error(message))
         }
     }
@@ -432,12 +458,8 @@ async fn prioritize_handler(State(state): State<Arc<AppState>>, body: Bytes) -> 
         Ok(r) => json_response(StatusCode::OK, &r),
         Err(e) => {
             state.count_error(&e);
-            // The scheduler ignores prioritize failures; say why for whoever looks.
-            let status = match e {
-                ExtenderError::NotSynced { .. } => StatusCode::SERVICE_UNAVAILABLE,
-                _ => StatusCode::BAD_REQUEST,
-            };
-            (status, format!("railguard: {e}\n")).into_response()
+            let status = error_status(&e, Verb::Prioritize);
+            (status, format!("{}\n", request_error_message(&e))).into_response()
         }
     }
 }
@@ -504,16 +526,14 @@ pub async fn serve_extender(
     tls: Option<axum_server::tls_rustls::RustlsConfig>,
     router: Router,
     handle: axum_server::Handle,
-) -> Result<(), ExtenderError> {
-    let addr = listener
-        .local_addr()
-        .map_err(|source| ExtenderError::Serve {
-            addr: ([0, 0, 0, 0], 0).into(),
-            source,
-        })?;
+) -> Result<(), ServeError> {
+    let addr = listener.local_addr().map_err(|source| ServeError {
+        addr: ([0, 0, 0, 0], 0).into(),
+        source,
+    })?;
     listener
         .set_nonblocking(true)
-        .map_err(|source| ExtenderError::Serve { addr, source })?;
+        .map_err(|source| ServeError { addr, source })?;
     let service = router.into_make_service();
     let result = match tls {
         Some(tls) => {
@@ -529,19 +549,5 @@ pub async fn serve_extender(
                 .await
         }
     };
-    result.map_err(|source| ExtenderError::Serve { addr, source })
-}
-
-/// Loads a PEM certificate chain and key for the extender port.
-pub async fn load_tls(
-    cert: &std::path::Path,
-    key: &std::path::Path,
-) -> Result<axum_server::tls_rustls::RustlsConfig, ExtenderError> {
-    axum_server::tls_rustls::RustlsConfig::from_pem_file(cert, key)
-        .await
-        .map_err(|source| ExtenderError::Tls {
-            cert: cert.display().to_string(),
-            key: key.display().to_string(),
-            source,
-        })
+    result.map_err(|source| ServeError { addr, source })
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::*;
 use jiff::SignedDuration;
 use railguard_api::{NodeFabric, RailVerdict, Verdict};
-use railguard_extender::cache::{CachedNode, ClusterState};
+use railguard_extender::cache::{Applier, CachedNode, Change, ClusterState};
 use railguard_extender::decision::{check_node, filter_by};
 use railguard_extender::{
     filter, prioritize, synth, target_for, ExtenderConfig, NodeSlot, PodFacts, PodTarget,
@@ -702,11 +702,15 @@ fn node_index_follows_node_changes_and_is_never_used_stale() {
     assert!(cluster.node_index().lookup("n-added").is_none());
 
     // A node event makes the index stale until the refresh the watch runs after it.
+    let mut watch = Applier::default();
     let mut added = nodes[0].clone();
     added.name = "n-added".into();
-    cluster.nodes.set(
-        "n-added".into(),
-        Some(CachedNode::new(Arc::new(added), &set)),
+    watch.apply(
+        &cluster.nodes,
+        Change::Changed(
+            "n-added".into(),
+            Some(CachedNode::new(Arc::new(added), &set)),
+        ),
     );
     assert!(!current(&cluster));
     cluster.refresh_prechecks();
@@ -719,7 +723,7 @@ fn node_index_follows_node_changes_and_is_never_used_stale() {
     assert_eq!(slot.fabric.unwrap().name, "n-added");
     assert_eq!(slot.precheck.unwrap().check(jiff::Timestamp::now()), Ok(()));
 
-    cluster.nodes.set("n-added".into(), None);
+    watch.apply(&cluster.nodes, Change::Changed("n-added".into(), None));
     assert!(!current(&cluster));
     cluster.refresh_prechecks();
     assert!(current(&cluster));

@@ -57,9 +57,12 @@ async fn start_with(source: Source, config: ExtenderConfig) -> Running {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("tls.crt"), cert).unwrap();
     std::fs::write(dir.path().join("tls.key"), key).unwrap();
-    let tls = server::load_tls(&dir.path().join("tls.crt"), &dir.path().join("tls.key"))
-        .await
-        .unwrap();
+    let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(
+        dir.path().join("tls.crt"),
+        dir.path().join("tls.key"),
+    )
+    .await
+    .unwrap();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let handle = axum_server::Handle::new();
@@ -426,6 +429,13 @@ async fn malformed_requests_get_clear_errors_and_the_server_keeps_serving() {
         assert_eq!(status, 400, "{what}: {text}");
         assert!(text.starts_with(want), "{what}: {text}");
     }
+    // The cause is in the message, once.
+    let (_, text) = post(&r, "/filter", "<html>".to_string()).await;
+    let result: ExtenderFilterResult = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        result.error,
+        "railguard: ExtenderArgs is not valid JSON: expected value at line 1 column 1"
+    );
     // Still serving.
     let (status, _) = post(&r, "/filter", ARGS_NAMES).await;
     assert_eq!(status, 200);

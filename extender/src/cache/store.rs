@@ -83,14 +83,6 @@ impl<V> Store<V> {
         *self.write() = items;
         self.synced.store(true, Ordering::Release);
     }
-
-    /// Sets or removes one key; returns the value it replaced.
-    pub fn set(&self, key: String, value: Option<V>) -> Option<Arc<V>> {
-        match value {
-            Some(v) => self.write().insert(key, Arc::new(v)),
-            None => self.write().remove(&key),
-        }
-    }
 }
 
 /// A watch event reduced to what a [`Store`] needs: the object's key and its converted
@@ -178,8 +170,8 @@ mod tests {
     #[test]
     fn list_is_applied_atomically_and_marks_synced() {
         let store: Store<u32> = Store::new("t");
-        store.set("old".into(), Some(1));
         let mut a = Applier::default();
+        a.apply(&store, Change::Changed("old".into(), Some(1)));
         a.apply(&store, Change::Restart);
         a.apply(&store, Change::Listed("x".into(), Some(7)));
         // Readers still see the previous content until the list is complete.

@@ -92,8 +92,8 @@ pub fn check_node(
 
 /// A node's verdict for one (profile, signature), computed when the node or the profile
 /// changes: everything [`check_node`] decides except the comparison with the clock, plus the
-/// headroom points [`prioritize`](crate::decision::prioritize()) gives it. [`Precheck::check`] at any `now` equals
-/// [`check_node`] at that `now`.
+/// headroom points [`prioritize`](crate::decision::prioritize()) gives it.
+/// [`Precheck::check`] at any `now` equals [`check_node`] at that `now`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Precheck {
     /// Rejected whatever the time.

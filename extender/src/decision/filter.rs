@@ -97,8 +97,8 @@ pub fn filter_by<K: Ord, M>(
         PodTarget::PassThrough | PodTarget::Profile { exempt: true, .. } => {
             out.passed = (0..nodes.len()).collect()
         }
-        PodTarget::Unplaceable(text) => {
-            let r = Rejection::new(RejectReason::Unplaceable, text);
+        PodTarget::Unplaceable(why) => {
+            let r = Rejection::new(RejectReason::Unplaceable, why.to_string());
             for i in 0..nodes.len() {
                 out.reject(key(i), r.reason, message(r.message.clone()));
             }

@@ -1,6 +1,7 @@
 //! Which profile and signature a pod is held to ([`PodTarget`]).
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use railguard_api::FabricProfile;
 
@@ -19,9 +20,39 @@ pub enum PodTarget<'a> {
         /// `allow-uncertified` honored for this pod's namespace: every node passes.
         exempt: bool,
     },
-    /// A training pod that cannot be checked (its profile does not exist, or no default
-    /// profile); every node fails with this message until that changes.
-    Unplaceable(String),
+    /// A training pod that cannot be checked; every node fails with this reason until that
+    /// changes.
+    Unplaceable(Unplaceable),
+}
+
+/// Why a training pod cannot be checked against any profile.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unplaceable {
+    /// Its `railguard.io/profile` names no FabricProfile.
+    UnknownProfile(String),
+    /// It has no profile annotation and no FabricProfile is marked default.
+    NoDefault,
+    /// It has no profile annotation and these FabricProfiles are all marked default.
+    SeveralDefaults(Vec<String>),
+}
+
+impl fmt::Display for Unplaceable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unplaceable::UnknownProfile(name) => write!(
+                f,
+                "railguard: pod asks for FabricProfile {name}, which does not exist"
+            ),
+            Unplaceable::NoDefault => f.write_str(
+                "railguard: pod requests GPUs and RDMA without a railguard.io/profile annotation and no FabricProfile is marked default",
+            ),
+            Unplaceable::SeveralDefaults(names) => write!(
+                f,
+                "railguard: pod has no railguard.io/profile annotation and several FabricProfiles are marked default ({}); set one",
+                names.join(", ")
+            ),
+        }
+    }
 }
 
 /// Chooses what `pod` is held to. `namespace_labels` are the labels of the pod's
@@ -35,11 +66,7 @@ pub fn target_for<'a>(
     let profile = match &pod.profile {
         Some(name) => match profiles.iter().find(|p| p.name() == name) {
             Some(p) => p,
-            None => {
-                return PodTarget::Unplaceable(format!(
-                    "railguard: pod asks for FabricProfile {name}, which does not exist"
-                ))
-            }
+            None => return PodTarget::Unplaceable(Unplaceable::UnknownProfile(name.clone())),
         },
         None => {
             if !(pod.requests_any(&config.gpu_resources) && requests_rdma(pod, profiles)) {
@@ -49,17 +76,10 @@ pub fn target_for<'a>(
                 profiles.iter().filter(|p| p.spec.default).collect();
             match defaults.as_slice() {
                 [p] => *p,
-                [] => {
-                    return PodTarget::Unplaceable(
-                        "railguard: pod requests GPUs and RDMA without a railguard.io/profile annotation and no FabricProfile is marked default".into(),
-                    )
-                }
+                [] => return PodTarget::Unplaceable(Unplaceable::NoDefault),
                 many => {
-                    let names: Vec<&str> = many.iter().map(|p| p.name()).collect();
-                    return PodTarget::Unplaceable(format!(
-                        "railguard: pod has no railguard.io/profile annotation and several FabricProfiles are marked default ({}); set one",
-                        names.join(", ")
-                    ));
+                    let names = many.iter().map(|p| p.name().to_string()).collect();
+                    return PodTarget::Unplaceable(Unplaceable::SeveralDefaults(names));
                 }
             }
         }

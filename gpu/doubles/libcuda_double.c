@@ -1,0 +1,281 @@
+/*
+ * A test double of the CUDA driver API (the subset railguard-gpu loads), for machines
+ * without a GPU. It is built by the tests as libcuda.so.1 and loaded by the same
+ * dlopen code as the real driver, so everything above the driver runs for real.
+ *
+ * "GPU memory" is host memory: memfd-backed and mmap'ed, so ibv_reg_mr can register it
+ * (what nvidia-peermem does for real device memory) and /dev/udmabuf can turn it into a
+ * real DMA-BUF (what cuMemGetHandleForAddressRange does on a real GPU).
+ *
+ * Behaviour is set by environment variables, read at cuInit:
+ *   RAILGUARD_CUDA_DOUBLE_PCI     comma list of PCI bus ids, one per GPU
+ *                                 (default "0000:04:00.0,0000:84:00.0")
+ *   RAILGUARD_CUDA_DOUBLE_DMABUF  "1": the devices report DMA-BUF support and export
+ *                                 through /dev/udmabuf; otherwise export fails with
+ *                                 CUDA_ERROR_NOT_SUPPORTED (default "0")
+ *   RAILGUARD_CUDA_DOUBLE_INIT    a CUresult for cuInit to return (e.g. 100, no device)
+ *
+ * Nothing here is on a production path: the prober ships without it and loads
+ * libcuda.so.1 from the driver.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/udmabuf.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef unsigned long long CUdeviceptr;
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+#define CUDA_ERROR_NOT_INITIALIZED 3
+#define CUDA_ERROR_NO_DEVICE 100
+#define CUDA_ERROR_INVALID_DEVICE 101
+#define CUDA_ERROR_INVALID_CONTEXT 201
+#define CUDA_ERROR_NOT_SUPPORTED 801
+#define CUDA_ERROR_UNKNOWN 999
+
+#define MAX_GPUS 16
+#define MAX_ALLOCS 256
+
+static int initialised;
+static int n_gpus;
+static char pci[MAX_GPUS][32];
+static int dmabuf;
+static int ctx_refs[MAX_GPUS];
+static __thread int current = -1;
+
+struct alloc {
+    CUdeviceptr ptr;
+    size_t len;
+    int memfd;
+    int gpu;
+};
+static struct alloc allocs[MAX_ALLOCS];
+
+static const char *names[][2] = {
+    {"0", "CUDA_SUCCESS"},
+    {"1", "CUDA_ERROR_INVALID_VALUE"},
+    {"2", "CUDA_ERROR_OUT_OF_MEMORY"},
+    {"3", "CUDA_ERROR_NOT_INITIALIZED"},
+    {"100", "CUDA_ERROR_NO_DEVICE"},
+    {"101", "CUDA_ERROR_INVALID_DEVICE"},
+    {"201", "CUDA_ERROR_INVALID_CONTEXT"},
+    {"801", "CUDA_ERROR_NOT_SUPPORTED"},
+    {"999", "CUDA_ERROR_UNKNOWN"},
+};
+
+CUresult cuGetErrorName(CUresult error, const char **pStr) {
+    char code[16];
+    snprintf(code, sizeof code, "%d", error);
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (strcmp(names[i][0], code) == 0) {
+            *pStr = names[i][1];
+            return CUDA_SUCCESS;
+        }
+    }
+    *pStr = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuInit(unsigned int flags) {
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    const char *fail = getenv("RAILGUARD_CUDA_DOUBLE_INIT");
+    if (fail && *fail) return atoi(fail);
+    const char *list = getenv("RAILGUARD_CUDA_DOUBLE_PCI");
+    if (!list) list = "0000:04:00.0,0000:84:00.0";
+    char buf[MAX_GPUS * 32];
+    snprintf(buf, sizeof buf, "%s", list);
+    n_gpus = 0;
+    for (char *save, *t = strtok_r(buf, ",", &save); t && n_gpus < MAX_GPUS;
+         t = strtok_r(NULL, ",", &save)) {
+        snprintf(pci[n_gpus++], sizeof pci[0], "%s", t);
+    }
+    const char *d = getenv("RAILGUARD_CUDA_DOUBLE_DMABUF");
+    dmabuf = d && strcmp(d, "1") == 0;
+    initialised = 1;
+    return n_gpus ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+}
+
+CUresult cuDriverGetVersion(int *v) {
+    *v = 12040;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int *count) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    *count = n_gpus;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (ordinal < 0 || ordinal >= n_gpus) return CUDA_ERROR_INVALID_DEVICE;
+    *dev = ordinal;
+    return CUDA_SUCCESS;
+}
+
+/* Compares bus ids ignoring case and the width of the domain. */
+static int same_bus(const char *a, const char *b) {
+    const char *ra = strchr(a, ':'), *rb = strchr(b, ':');
+    if (ra && strchr(ra + 1, ':')) a = ra + 1;
+    if (rb && strchr(rb + 1, ':')) b = rb + 1;
+    return strcasecmp(a, b) == 0;
+}
+
+CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *id) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    for (int i = 0; i < n_gpus; i++) {
+        if (same_bus(pci[i], id)) {
+            *dev = i;
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_INVALID_DEVICE;
+}
+
+CUresult cuDeviceGetPCIBusId(char *out, int len, CUdevice dev) {
+    if (dev < 0 || dev >= n_gpus) return CUDA_ERROR_INVALID_DEVICE;
+    /* CUDA prints an 8-digit domain, upper case. */
+    unsigned dom = 0, bus = 0, d = 0, fn = 0;
+    if (sscanf(pci[dev], "%x:%x:%x.%x", &dom, &bus, &d, &fn) != 4) return CUDA_ERROR_UNKNOWN;
+    snprintf(out, (size_t)len, "%08X:%02X:%02X.%X", dom, bus, d, fn);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetName(char *out, int len, CUdevice dev) {
+    if (dev < 0 || dev >= n_gpus) return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(out, (size_t)len, "railguard CUDA test double (host memory)");
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetAttribute(int *v, int attrib, CUdevice dev) {
+    if (dev < 0 || dev >= n_gpus) return CUDA_ERROR_INVALID_DEVICE;
+    switch (attrib) {
+    case 116: /* GPU_DIRECT_RDMA_SUPPORTED */
+        *v = 1;
+        return CUDA_SUCCESS;
+    case 124: /* DMA_BUF_SUPPORTED */
+        *v = dmabuf;
+        return CUDA_SUCCESS;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
+    if (dev < 0 || dev >= n_gpus) return CUDA_ERROR_INVALID_DEVICE;
+    ctx_refs[dev]++;
+    *ctx = (CUcontext)(intptr_t)(dev + 1);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    if (dev < 0 || dev >= n_gpus || ctx_refs[dev] == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    ctx_refs[dev]--;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxSetCurrent(CUcontext ctx) {
+    int dev = (int)(intptr_t)ctx - 1;
+    if (dev < 0 || dev >= n_gpus || ctx_refs[dev] == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    current = dev;
+    return CUDA_SUCCESS;
+}
+
+static struct alloc *find(CUdeviceptr p, size_t len) {
+    for (int i = 0; i < MAX_ALLOCS; i++) {
+        if (allocs[i].ptr && p >= allocs[i].ptr && p + len <= allocs[i].ptr + allocs[i].len)
+            return &allocs[i];
+    }
+    return NULL;
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr *out, size_t len) {
+    if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (len == 0) return CUDA_ERROR_INVALID_VALUE;
+    long page = sysconf(_SC_PAGESIZE);
+    size_t rounded = (len + (size_t)page - 1) / (size_t)page * (size_t)page;
+    for (int i = 0; i < MAX_ALLOCS; i++) {
+        if (allocs[i].ptr) continue;
+        int fd = memfd_create("railguard-cuda-double", MFD_ALLOW_SEALING);
+        if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+        if (ftruncate(fd, (off_t)rounded) != 0) {
+            close(fd);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        void *p = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) {
+            close(fd);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        allocs[i] = (struct alloc){(CUdeviceptr)(uintptr_t)p, rounded, fd, current};
+        *out = allocs[i].ptr;
+        return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult cuMemFree_v2(CUdeviceptr p) {
+    struct alloc *a = find(p, 0);
+    if (!a || a->ptr != p) return CUDA_ERROR_INVALID_VALUE;
+    munmap((void *)(uintptr_t)a->ptr, a->len);
+    close(a->memfd);
+    memset(a, 0, sizeof *a);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n) {
+    if (!find(p, n)) return CUDA_ERROR_INVALID_VALUE;
+    memset((void *)(uintptr_t)p, v, n);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+    if (!find(dst, n)) return CUDA_ERROR_INVALID_VALUE;
+    memcpy((void *)(uintptr_t)dst, src, n);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+    if (!find(src, n)) return CUDA_ERROR_INVALID_VALUE;
+    memcpy(dst, (void *)(uintptr_t)src, n);
+    return CUDA_SUCCESS;
+}
+
+/* handleType 1 = CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD */
+CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr p, size_t n, int type,
+                                       unsigned long long flags) {
+    if (type != 1 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    struct alloc *a = find(p, n);
+    if (!a) return CUDA_ERROR_INVALID_VALUE;
+    if (!dmabuf) return CUDA_ERROR_NOT_SUPPORTED;
+    /* udmabuf needs the memfd sealed against shrinking. */
+    if (fcntl(a->memfd, F_ADD_SEALS, F_SEAL_SHRINK) != 0 && errno != EPERM)
+        return CUDA_ERROR_UNKNOWN;
+    int dev = open("/dev/udmabuf", O_RDWR | O_CLOEXEC);
+    if (dev < 0) return CUDA_ERROR_NOT_SUPPORTED;
+    struct udmabuf_create create = {
+        .memfd = (unsigned)a->memfd,
+        .flags = UDMABUF_FLAGS_CLOEXEC,
+        .offset = p - a->ptr,
+        .size = (n + (size_t)sysconf(_SC_PAGESIZE) - 1) / (size_t)sysconf(_SC_PAGESIZE) *
+                (size_t)sysconf(_SC_PAGESIZE),
+    };
+    int fd = ioctl(dev, UDMABUF_CREATE, &create);
+    close(dev);
+    if (fd < 0) return CUDA_ERROR_NOT_SUPPORTED;
+    *(int *)handle = fd;
+    return CUDA_SUCCESS;
+}

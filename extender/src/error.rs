@@ -4,7 +4,7 @@ use std::fmt;
 
 /// Why a scheduler request got no decision. The handlers answer each with the error's chain
 /// (`railguard_runtime::error_chain`) and map every variant to a status and a metric reason
-/// (`server::http`).
+/// (in the server's HTTP part).
 #[derive(Debug, thiserror::Error)]
 pub enum ExtenderError {
     #[error("ExtenderArgs is not valid JSON")]

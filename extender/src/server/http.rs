@@ -1,0 +1,227 @@
+//! The HTTP side: routers, handlers, how each request error is answered, and serving.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use jiff::Timestamp;
+
+use crate::error::{ExtenderError, ServeError};
+use crate::metrics::{ModeLabels, ReasonLabels};
+use crate::server::{answer_filter, answer_prioritize, AppState, Source};
+use crate::wire::{Candidates, ExtenderArgs, ExtenderFilterResult, Request};
+
+/// Counts a failed request by its metric reason.
+fn count_error(state: &AppState, e: &ExtenderError) {
+    state
+        .metrics
+        .request_errors
+        .get_or_create(&ReasonLabels {
+            reason: metric_reason(e),
+        })
+        .inc();
+}
+
+/// The `reason` label of the request error metric.
+fn metric_reason(e: &ExtenderError) -> &'static str {
+    match e {
+        ExtenderError::Json { .. } => "json",
+        ExtenderError::MissingPod | ExtenderError::PodJson { .. } => "pod",
+        ExtenderError::NoNodes | ExtenderError::BothNodeForms => "node_form",
+        ExtenderError::TooManyNodes { .. } => "too_many_nodes",
+        ExtenderError::NodeJson { .. } | ExtenderError::NodeWithoutName { .. } => "node",
+        ExtenderError::NamesWithoutCache => "names_without_cache",
+        ExtenderError::NotSynced(_) => "not_synced",
+    }
+}
+
+/// The two scheduler calls, which answer failures differently.
+#[derive(Clone, Copy, Debug)]
+enum Verb {
+    Filter,
+    Prioritize,
+}
+
+/// The HTTP status a failed request is answered with. Unparseable requests are the client's
+/// fault (400). Otherwise `/filter` answers 200 with Error set, which fails the scheduling
+/// cycle with our message; the scheduler ignores `/prioritize` failures, so there the
+/// status says why for whoever looks.
+fn error_status(e: &ExtenderError, verb: Verb) -> StatusCode {
+    match e {
+        ExtenderError::Json { .. }
+        | ExtenderError::MissingPod
+        | ExtenderError::PodJson { .. }
+        | ExtenderError::NoNodes
+        | ExtenderError::BothNodeForms
+        | ExtenderError::TooManyNodes { .. }
+        | ExtenderError::NodeJson { .. }
+        | ExtenderError::NodeWithoutName { .. } => StatusCode::BAD_REQUEST,
+        ExtenderError::NamesWithoutCache => match verb {
+            Verb::Filter => StatusCode::OK,
+            Verb::Prioritize => StatusCode::BAD_REQUEST,
+        },
+        ExtenderError::NotSynced(_) => match verb {
+            Verb::Filter => StatusCode::OK,
+            Verb::Prioritize => StatusCode::SERVICE_UNAVAILABLE,
+        },
+    }
+}
+
+/// The message a failed request is answered with: the error and its causes on one line.
+fn request_error_message(e: &ExtenderError) -> String {
+    format!("railguard: {}", railguard_runtime::error_chain(e))
+}
+
+fn json_response<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {
+    json_body(status, serde_json::to_vec(value))
+}
+
+fn json_body(status: StatusCode, body: Result<Vec<u8>, serde_json::Error>) -> Response {
+    match body {
+        Ok(body) => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode response");
+            (StatusCode::INTERNAL_SERVER_ERROR, "cannot encode response").into_response()
+        }
+    }
+}
+
+async fn filter_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let start = Instant::now();
+    let (mode, result) = match ExtenderArgs::decode(&body, state.max_nodes) {
+        Ok(req) => (mode_of(&req), answer_filter(&state, req, Timestamp::now())),
+        Err(e) => ("invalid", Err(e)),
+    };
+    state
+        .metrics
+        .filter_seconds
+        .get_or_create(&ModeLabels { mode })
+        .observe(start.elapsed().as_secs_f64());
+    match result {
+        Ok(r) => json_body(StatusCode::OK, r.to_json()),
+        Err(e) => {
+            count_error(&state, &e);
+            let message = request_error_message(&e);
+            tracing::warn!(error = %message, "filter request failed");
+            let status = error_status(&e, Verb::Filter);
+            json_response(status, &ExtenderFilterResult::error(message))
+        }
+    }
+}
+
+async fn prioritize_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let start = Instant::now();
+    let (mode, result) = match ExtenderArgs::decode(&body, state.max_nodes) {
+        Ok(req) => (
+            mode_of(&req),
+            answer_prioritize(&state, &req, Timestamp::now()),
+        ),
+        Err(e) => ("invalid", Err(e)),
+    };
+    state
+        .metrics
+        .prioritize_seconds
+        .get_or_create(&ModeLabels { mode })
+        .observe(start.elapsed().as_secs_f64());
+    match result {
+        Ok(r) => json_response(StatusCode::OK, &r),
+        Err(e) => {
+            count_error(&state, &e);
+            let status = error_status(&e, Verb::Prioritize);
+            (status, format!("{}\n", request_error_message(&e))).into_response()
+        }
+    }
+}
+
+/// The metric label for the request form.
+fn mode_of(req: &Request<'_>) -> &'static str {
+    match req.candidates {
+        Candidates::Nodes(_) => "nodes",
+        Candidates::Names(_) => "names",
+    }
+}
+
+/// Router of the extender port.
+pub fn extender_router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/filter", post(filter_handler))
+        .route("/prioritize", post(prioritize_handler))
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(state)
+}
+
+/// Router of the plain health and metrics port.
+pub fn health_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_handler))
+        .with_state(state)
+}
+
+async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+    match state.ready() {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(pending) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("caches not synced: {pending}\n"),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
+    if let Source::Cluster(c) = &state.source {
+        c.record(&state.metrics);
+    }
+    match state.metrics.encode() {
+        Ok(text) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics").into_response(),
+    }
+}
+
+/// Serves the extender router on `listener`, with TLS when `tls` is given, until `handle`
+/// is told to shut down.
+pub async fn serve_extender(
+    listener: std::net::TcpListener,
+    tls: Option<axum_server::tls_rustls::RustlsConfig>,
+    router: Router,
+    handle: axum_server::Handle,
+) -> Result<(), ServeError> {
+    let addr = listener.local_addr().map_err(|source| ServeError {
+        addr: ([0, 0, 0, 0], 0).into(),
+        source,
+    })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|source| ServeError { addr, source })?;
+    let service = router.into_make_service();
+    let result = match tls {
+        Some(tls) => {
+            axum_server::from_tcp_rustls(listener, tls)
+                .handle(handle)
+                .serve(service)
+                .await
+        }
+        None => {
+            axum_server::from_tcp(listener)
+                .handle(handle)
+                .serve(service)
+                .await
+        }
+    };
+    result.map_err(|source| ServeError { addr, source })
+}

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use railguard_api::keys;
+use railguard_api::pod::is_zero_quantity;
 
 /// The facts of a pod that drive filtering and scoring.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -16,7 +17,8 @@ pub struct PodFacts {
     pub signature: Option<String>,
     /// `railguard.io/allow-uncertified: "true"`.
     pub allow_uncertified: bool,
-    /// Extended resources (names with a `/`) requested by any container with a non-zero quantity.
+    /// Extended resources (names with a `/`) requested by any container with a non-zero
+    /// quantity (the zero rule of [`railguard_api::pod`], shared with the webhook and prober).
     pub extended_resources: BTreeSet<String>,
     /// The pod's job, `(label key, value)`: the first configured job label key it carries.
     pub job: Option<(String, String)>,
@@ -76,19 +78,15 @@ fn collect_from(
     out: &mut BTreeSet<String>,
 ) {
     for (name, q) in map {
-        if name.contains('/') && !is_zero(&q.0) {
+        if name.contains('/') && !is_zero_quantity(&q.0) {
             out.insert(name.clone());
         }
     }
 }
 
-fn is_zero(q: &str) -> bool {
-    let t = q.trim();
-    t.is_empty() || t.trim_start_matches(['0', '.', '+']).is_empty()
-}
-
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn pod(json: serde_json::Value) -> Pod {
@@ -134,5 +132,31 @@ mod tests {
             "spec": {"containers": [{"name": "c"}]}
         }));
         assert!(!PodFacts::from_pod(&p, &[]).allow_uncertified);
+    }
+
+    /// A GPU pod for the extender is a GPU pod for the webhook and the prober, whatever the
+    /// spelling of the quantity.
+    #[test]
+    fn gpu_pods_are_the_ones_the_shared_predicate_names() {
+        let gpu = railguard_api::keys::DEFAULT_GPU_RESOURCES
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>();
+        for q in [
+            "8", "1", "0", "0.0", "+0", "0Gi", "0m", "500m", "1k", "junk",
+        ] {
+            for kind in ["limits", "requests"] {
+                let p = pod(serde_json::json!({
+                    "metadata": {"name": "p"},
+                    "spec": {"containers": [{"name": "c",
+                        "resources": {kind: {"nvidia.com/gpu": q}}}]}
+                }));
+                assert_eq!(
+                    PodFacts::from_pod(&p, &[]).requests_any(&gpu),
+                    railguard_api::pod::requests_gpu(&p, &gpu),
+                    "{kind} {q:?}"
+                );
+            }
+        }
     }
 }

@@ -24,8 +24,7 @@ pub fn bound_pod(pod: &Pod, config: &ExtenderConfig) -> Option<BoundPod> {
         .node_name
         .clone()
         .filter(|n| !n.is_empty())?;
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    if matches!(phase, Some("Succeeded" | "Failed")) {
+    if railguard_api::pod::is_finished(pod) {
         return None;
     }
     let facts = PodFacts::from_pod(pod, &config.job_label_keys);

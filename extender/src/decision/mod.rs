@@ -11,6 +11,6 @@ mod target;
 pub use check::{check_node, precheck, Precheck};
 pub use config::ExtenderConfig;
 pub use filter::{filter, filter_by, FilterVerdicts, NodeSlot};
-pub use prioritize::{headroom, prioritize};
+pub use prioritize::prioritize;
 pub use rejection::{RejectReason, Rejection};
 pub use target::{target_for, PodTarget, Unplaceable};

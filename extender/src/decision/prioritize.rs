@@ -16,7 +16,7 @@ const FULL_HEADROOM: f64 = 0.10;
 
 /// Bandwidth headroom of a certified node over the profile's thresholds: the smallest
 /// ratio measured/threshold minus one, over every rail and the NCCL plateau.
-pub fn headroom(cert: &Certificate, profile: &FabricProfile) -> Option<f64> {
+fn headroom(cert: &Certificate, profile: &FabricProfile) -> Option<f64> {
     let t = &profile.spec.thresholds;
     let mut worst: Option<f64> = None;
     let mut take = |got: Option<f64>, want: f64| {

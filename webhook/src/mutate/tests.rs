@@ -1,18 +1,17 @@
 //! Rules of `mutate()`, on pods shaped like those the training operators create.
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, ResourceRequirements, SecurityContext};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use railguard_api::profile::{Enforcement, RdmaCountMode};
+use railguard_api::FabricProfile;
+use serde_json::{json, Value};
+
+use super::fixtures::{pod, profile, A100, H100, ROCE};
+use super::gates::profile_signature;
 use super::*;
-use railguard_api::profile::Enforcement;
-use serde_json::json;
-
-const H100: &str = include_str!("../../api/fixtures/profiles/dgx-h100-ndr.yaml");
-const A100: &str = include_str!("../../api/fixtures/profiles/dgx-a100-hdr.yaml");
-const ROCE: &str = include_str!("../../api/fixtures/profiles/roce-cloud.yaml");
-
-fn profile(yaml: &str) -> FabricProfile {
-    let mut v = railguard_api::profiles_from_yaml(yaml).unwrap();
-    assert_eq!(v.len(), 1);
-    v.remove(0)
-}
+use crate::patch::PatchOp;
 
 fn profiles() -> Vec<FabricProfile> {
     // Sorted by name, as the catalog hands them over.
@@ -34,10 +33,6 @@ fn allowed_ns() -> NamespaceInfo {
     NamespaceInfo::new("ml-research").with_label("railguard.io/exemptions", "allowed")
 }
 
-fn pod(v: serde_json::Value) -> Pod {
-    serde_json::from_value(v).unwrap()
-}
-
 /// Applies the plan with a real JSON-patch implementation; the result must still be a Pod.
 fn apply(pod: &Pod, plan: &Plan) -> Pod {
     let mut doc = serde_json::to_value(pod).unwrap();
@@ -47,9 +42,13 @@ fn apply(pod: &Pod, plan: &Plan) -> Pod {
 }
 
 /// railguard never replaces what the user wrote: an `add` must target a missing member, an
-/// array end (`-`) or an array index (insert); `replace` only a string annotation.
+/// array end (`-`) or an array index (insert); `replace` only a string annotation. Each
+/// operation is checked against the pod as the operations before it left it (a later step
+/// appends to a list an earlier one created).
 fn assert_no_overwrite(doc: &Value, plan: &Plan) {
+    let mut patched = doc.clone();
     for op in &plan.ops {
+        let doc = &patched;
         match op {
             PatchOp::Add { path, .. } => {
                 let last = path.as_str().rsplit('/').next().unwrap_or_default();
@@ -71,6 +70,7 @@ fn assert_no_overwrite(doc: &Value, plan: &Plan) {
                 assert!(doc.pointer(path.as_str()).is_some_and(Value::is_string));
             }
         }
+        json_patch::patch(&mut patched, &crate::patch::to_patch(vec![op.clone()])).unwrap();
     }
 }
 
@@ -310,6 +310,10 @@ fn pytorchjob_worker_gets_the_full_configuration() {
         "=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_9:1,mlx5_10:1,mlx5_11:1"
     );
     assert_eq!(env["NCCL_SOCKET_IFNAME"], "=eth0");
+    assert_eq!(
+        env["RAILGUARD_SHM_SIZE"], "64Gi",
+        "the size of the /dev/shm mounted"
+    );
     assert_eq!(
         env["MASTER_ADDR"], "llama-pretrain-master-0",
         "user env kept"
@@ -940,6 +944,10 @@ fn preflight_init_container_copies_the_mutated_gpu_container() {
     let env = env_of(pre);
     assert_eq!(env["NCCL_IB_HCA"], env_of(gpu)["NCCL_IB_HCA"]);
     assert_eq!(env["RAILGUARD_PROFILE"], "h100-ndr");
+    assert_eq!(
+        env["RAILGUARD_SHM_SIZE"], "64Gi",
+        "preflight checks the mounted size"
+    );
 
     // Without a prober image: a warning, no init container.
     let config = WebhookConfig::default();

@@ -1,0 +1,118 @@
+//! The pure admission decision: which pods are training pods, which profile they get, and
+//! the typed patch that configures them for it.
+//!
+//! [`mutate()`] first runs the gates ([`gates`]: opt-in, profile, exemptions, runbook, Pod
+//! Security), then one step per part of the configuration ([`steps`]), each reading the
+//! same [`Ctx`] and adding to the same [`Draft`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
+use railguard_api::FabricProfile;
+use serde_json::Value;
+
+use crate::config::{NamespaceInfo, WebhookConfig};
+use crate::error::MutateError;
+
+mod container;
+mod gates;
+mod plan;
+mod steps;
+
+pub use plan::{Mutation, Outcome, Plan, Warning, WarningKind, MAX_WARNING_CHARS};
+
+/// Name of the memory-backed volume railguard mounts at `/dev/shm`.
+pub const SHM_VOLUME: &str = "railguard-shm";
+/// Name of the preflight init container.
+pub const PREFLIGHT_CONTAINER: &str = "railguard-preflight";
+
+/// What every step reads: the pod, its namespace, the chosen profile, the configuration, and
+/// what the gates decided.
+#[derive(Clone, Debug)]
+pub(crate) struct Ctx<'a> {
+    pub(crate) pod: &'a Pod,
+    pub(crate) spec: &'a PodSpec,
+    /// The pod's annotations (empty when it has none).
+    pub(crate) annotations: &'a BTreeMap<String, String>,
+    pub(crate) namespace: &'a NamespaceInfo,
+    pub(crate) profile: &'a FabricProfile,
+    /// The profile's rail-layout signature.
+    pub(crate) signature: String,
+    pub(crate) config: &'a WebhookConfig,
+    /// Indexes of the containers configured: the GPU containers (every container of a pod
+    /// opted in without GPUs).
+    pub(crate) targets: Vec<usize>,
+    /// Parts the pod opted out of, where its namespace may.
+    pub(crate) skip: BTreeSet<Mutation>,
+    /// Whether IPC_LOCK is added (the profile wants it, no skip, Pod Security allows it).
+    pub(crate) ipc_lock: bool,
+}
+
+/// What the steps build: the plan, the target containers as the steps so far left them, the
+/// annotations to set and the mutations applied.
+#[derive(Clone, Debug)]
+pub(crate) struct Draft {
+    pub(crate) plan: Plan,
+    /// One per target, in `Ctx::targets` order.
+    pub(crate) containers: Vec<container::Shadow>,
+    /// Annotation values to set, written by the last step.
+    pub(crate) annotations: BTreeMap<String, String>,
+    pub(crate) done: BTreeSet<Mutation>,
+}
+
+impl Draft {
+    pub(crate) fn new(ctx: &Ctx<'_>, plan: Plan) -> Self {
+        Self {
+            plan,
+            containers: ctx
+                .targets
+                .iter()
+                .map(|&i| container::Shadow::new(i, &ctx.spec.containers[i]))
+                .collect(),
+            annotations: BTreeMap::new(),
+            done: BTreeSet::new(),
+        }
+    }
+
+    fn finish(mut self) -> Plan {
+        self.plan.mutations = self.done.into_iter().collect();
+        self.plan.outcome = if self.plan.ops.is_empty() {
+            Outcome::Unchanged
+        } else {
+            Outcome::Mutated
+        };
+        self.plan
+    }
+}
+
+/// Decides what to do with `pod`, created in `namespace`, given the profiles (in priority
+/// order for selector matches) and the webhook's configuration. No IO.
+pub fn mutate(
+    pod: &Pod,
+    namespace: &NamespaceInfo,
+    profiles: &[FabricProfile],
+    config: &WebhookConfig,
+) -> Result<Plan, MutateError> {
+    if config.excluded_namespaces.contains(&namespace.name) {
+        return Ok(Plan::new(Outcome::Excluded));
+    }
+    let spec = pod.spec.as_ref().ok_or(MutateError::NoSpec)?;
+    let (ctx, plan) = match gates::open(pod, spec, namespace, profiles, config) {
+        gates::Gate::Open(ctx, plan) => (ctx, plan),
+        gates::Gate::Closed(plan) => return Ok(plan),
+    };
+    let mut draft = Draft::new(&ctx, plan);
+    for step in steps::ALL {
+        step(&ctx, &mut draft)?;
+    }
+    Ok(draft.finish())
+}
+
+fn to_value<T: serde::Serialize>(v: &T, what: &'static str) -> Result<Value, MutateError> {
+    serde_json::to_value(v).map_err(|source| MutateError::Serialize { what, source })
+}
+
+#[cfg(test)]
+mod fixtures;
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,191 @@
+//! `affinity`: a required node affinity on `railguard.io/fabric=certified` and the profile,
+//! ANDed into every required nodeSelectorTerm the pod has (terms are ORed, so each needs
+//! it), so the pod lands only on nodes certified for its profile.
+
+use jsonptr::PointerBuf;
+use k8s_openapi::api::core::v1::{NodeSelectorRequirement, PodSpec};
+use railguard_api::keys;
+use serde_json::{json, Value};
+
+use crate::error::MutateError;
+use crate::mutate::{Ctx, Draft, Mutation};
+use crate::patch::{child, pointer, PatchOp};
+
+pub(crate) fn affinity(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateError> {
+    if ctx.skip.contains(&Mutation::Affinity) {
+        return Ok(());
+    }
+    if affinity_ops(ctx.spec, ctx.profile.name(), &mut draft.plan.ops) {
+        draft.done.insert(Mutation::Affinity);
+    }
+    Ok(())
+}
+
+fn required_expressions(profile: &str) -> [NodeSelectorRequirement; 2] {
+    [
+        NodeSelectorRequirement {
+            key: keys::LABEL_FABRIC.to_string(),
+            operator: "In".to_string(),
+            values: Some(vec![keys::fabric::CERTIFIED.to_string()]),
+        },
+        NodeSelectorRequirement {
+            key: keys::LABEL_PROFILE.to_string(),
+            operator: "In".to_string(),
+            values: Some(vec![profile.to_string()]),
+        },
+    ]
+}
+
+fn requirement_json(r: &NodeSelectorRequirement) -> Value {
+    json!({"key": r.key, "operator": r.operator, "values": r.values.as_deref().unwrap_or_default()})
+}
+
+/// ANDs the certified-node requirement into every required nodeSelectorTerm (terms are
+/// ORed, so each needs it). Returns whether anything was added.
+fn affinity_ops(spec: &PodSpec, profile: &str, out: &mut Vec<PatchOp>) -> bool {
+    let wanted = required_expressions(profile);
+    let term = json!({"matchExpressions": wanted.iter().map(requirement_json).collect::<Value>()});
+    let selector = json!({"nodeSelectorTerms": [term.clone()]});
+    let affinity = spec.affinity.as_ref();
+    let node = affinity.and_then(|a| a.node_affinity.as_ref());
+    let required = node.and_then(|n| {
+        n.required_during_scheduling_ignored_during_execution
+            .as_ref()
+    });
+    let base: PointerBuf = pointer([
+        "spec",
+        "affinity",
+        "nodeAffinity",
+        "requiredDuringSchedulingIgnoredDuringExecution",
+    ]);
+    match (affinity, node, required) {
+        (None, _, _) => {
+            out.push(PatchOp::add(
+                pointer(["spec", "affinity"]),
+                json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": selector}}),
+            ));
+            true
+        }
+        (Some(_), None, _) => {
+            out.push(PatchOp::add(
+                pointer(["spec", "affinity", "nodeAffinity"]),
+                json!({"requiredDuringSchedulingIgnoredDuringExecution": selector}),
+            ));
+            true
+        }
+        (Some(_), Some(_), None) => {
+            out.push(PatchOp::add(base, selector));
+            true
+        }
+        (Some(_), Some(_), Some(req)) if req.node_selector_terms.is_empty() => {
+            out.push(PatchOp::add(child(&base, ["nodeSelectorTerms", "-"]), term));
+            true
+        }
+        (Some(_), Some(_), Some(req)) => {
+            let mut added = false;
+            for (t, existing) in req.node_selector_terms.iter().enumerate() {
+                let idx = t.to_string();
+                let term_base = child(&base, ["nodeSelectorTerms", idx.as_str()]);
+                let have = existing.match_expressions.as_deref().unwrap_or_default();
+                let missing: Vec<&NodeSelectorRequirement> =
+                    wanted.iter().filter(|w| !have.contains(w)).collect();
+                if missing.is_empty() {
+                    continue;
+                }
+                added = true;
+                match &existing.match_expressions {
+                    None => out.push(PatchOp::add(
+                        child(&term_base, ["matchExpressions"]),
+                        missing.iter().map(|m| requirement_json(m)).collect(),
+                    )),
+                    Some(_) => {
+                        for m in missing {
+                            out.push(PatchOp::add(
+                                child(&term_base, ["matchExpressions", "-"]),
+                                requirement_json(m),
+                            ));
+                        }
+                    }
+                }
+            }
+            added
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use k8s_openapi::api::core::v1::Pod;
+
+    use super::*;
+    use crate::mutate::fixtures::{apply_ops, pod};
+
+    fn terms(p: &Pod) -> Vec<Vec<String>> {
+        let spec = p.spec.as_ref().unwrap();
+        let req = spec
+            .affinity
+            .as_ref()
+            .unwrap()
+            .node_affinity
+            .as_ref()
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .as_ref()
+            .unwrap();
+        req.node_selector_terms
+            .iter()
+            .map(|t| {
+                t.match_expressions
+                    .iter()
+                    .flatten()
+                    .map(|e| e.key.clone())
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn run(spec: Value) -> (Pod, bool) {
+        let p = pod(json!({"metadata": {"name": "p"}, "spec": spec}));
+        let mut ops = Vec::new();
+        let added = affinity_ops(p.spec.as_ref().unwrap(), "h100-ndr", &mut ops);
+        (apply_ops(&p, &ops), added)
+    }
+
+    #[test]
+    fn every_shape_of_affinity_gets_the_requirement() {
+        let required = |terms: Value| {
+            json!({"containers": [], "affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}})
+        };
+        for spec in [
+            json!({"containers": []}),
+            json!({"containers": [], "affinity": {}}),
+            json!({"containers": [], "affinity": {"nodeAffinity": {}}}),
+            required(json!([])),
+        ] {
+            let (out, added) = run(spec.clone());
+            assert!(added, "{spec}");
+            assert_eq!(
+                terms(&out),
+                [[keys::LABEL_FABRIC, keys::LABEL_PROFILE]],
+                "{spec}"
+            );
+        }
+        let (out, added) = run(required(json!([
+            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n"]}]}
+        ])));
+        assert!(added);
+        assert_eq!(
+            terms(&out),
+            [
+                vec!["zone", keys::LABEL_FABRIC, keys::LABEL_PROFILE],
+                vec![keys::LABEL_FABRIC, keys::LABEL_PROFILE]
+            ]
+        );
+        let (again, added) = run(serde_json::to_value(out.spec.as_ref().unwrap()).unwrap());
+        assert!(!added, "already there");
+        assert_eq!(again, out);
+    }
+}

@@ -1,0 +1,131 @@
+//! The output annotations, last: `railguard.io/profile`, `railguard.io/signature` and
+//! `railguard.io/mutations` (what earlier admissions applied plus this one's steps), with
+//! what the steps before asked to set (the merged networks). A value already right is left.
+
+use std::collections::BTreeSet;
+
+use railguard_api::keys;
+use serde_json::Value;
+
+use crate::error::MutateError;
+use crate::mutate::{to_value, Ctx, Draft, Mutation};
+use crate::patch::{pointer, PatchOp};
+
+pub(crate) fn annotations(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateError> {
+    let current = ctx.annotations;
+    for (key, value) in [
+        (keys::ANNOTATION_PROFILE, ctx.profile.name().to_string()),
+        (keys::ANNOTATION_SIGNATURE, ctx.signature.clone()),
+    ] {
+        if current.get(key) != Some(&value) {
+            draft.annotations.insert(key.to_string(), value);
+        }
+    }
+    let mut all: BTreeSet<Mutation> = current
+        .get(keys::ANNOTATION_MUTATIONS)
+        .map(|v| {
+            v.split(',')
+                .filter_map(|p| Mutation::ALL.into_iter().find(|m| m.as_str() == p.trim()))
+                .collect()
+        })
+        .unwrap_or_default();
+    all.extend(draft.done.iter().copied());
+    if !all.is_empty() {
+        let value = all.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(",");
+        if current.get(keys::ANNOTATION_MUTATIONS) != Some(&value) {
+            draft
+                .annotations
+                .insert(keys::ANNOTATION_MUTATIONS.to_string(), value);
+        }
+    }
+    if draft.annotations.is_empty() {
+        return Ok(());
+    }
+    let changes = std::mem::take(&mut draft.annotations);
+    match &ctx.pod.metadata.annotations {
+        None => draft.plan.ops.push(PatchOp::add(
+            pointer(["metadata", "annotations"]),
+            to_value(&changes, "annotations")?,
+        )),
+        Some(existing) => {
+            for (k, v) in changes {
+                let path = pointer(["metadata", "annotations", k.as_str()]);
+                draft.plan.ops.push(if existing.contains_key(&k) {
+                    PatchOp::Replace {
+                        path,
+                        value: Value::String(v),
+                    }
+                } else {
+                    PatchOp::add(path, Value::String(v))
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use k8s_openapi::api::core::v1::Pod;
+    use serde_json::json;
+
+    use super::*;
+    use crate::mutate::fixtures::{apply_ops, open, pod_of, profile, H100};
+    use crate::{NamespaceInfo, WebhookConfig};
+
+    fn run(p: &Pod, done: &[Mutation]) -> (Pod, Vec<PatchOp>) {
+        let (profiles, ns, config) = (
+            vec![profile(H100)],
+            NamespaceInfo::new("ml"),
+            WebhookConfig::default(),
+        );
+        let (ctx, mut draft) = open(p, &ns, &profiles, &config);
+        draft.done.extend(done.iter().copied());
+        annotations(&ctx, &mut draft).unwrap();
+        (apply_ops(p, &draft.plan.ops), draft.plan.ops)
+    }
+
+    fn get<'a>(p: &'a Pod, key: &str) -> Option<&'a str> {
+        p.metadata
+            .annotations
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
+    }
+
+    #[test]
+    fn mutations_accumulate_over_admissions_in_a_fixed_order() {
+        let mut p =
+            pod_of(json!([{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]));
+        p.metadata.annotations = Some(
+            [(
+                keys::ANNOTATION_MUTATIONS.to_string(),
+                "shm,bogus".to_string(),
+            )]
+            .into(),
+        );
+        let (out, ops) = run(&p, &[Mutation::NcclEnv]);
+        assert_eq!(get(&out, keys::ANNOTATION_MUTATIONS), Some("nccl-env,shm"));
+        assert_eq!(get(&out, keys::ANNOTATION_PROFILE), Some("h100-ndr"));
+        assert!(
+            ops.iter().any(|o| matches!(o, PatchOp::Replace { .. })),
+            "{ops:?}"
+        );
+        let (_, again) = run(&out, &[]);
+        assert!(again.is_empty(), "{again:?}");
+    }
+
+    #[test]
+    fn one_map_when_the_pod_has_none() {
+        let p = pod_of(json!([{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]));
+        let (out, ops) = run(&p, &[]);
+        assert_eq!(ops.len(), 1);
+        assert_eq!(
+            get(&out, keys::ANNOTATION_MUTATIONS),
+            None,
+            "nothing applied"
+        );
+        assert!(get(&out, keys::ANNOTATION_SIGNATURE).is_some());
+    }
+}

@@ -88,19 +88,9 @@ pub async fn sync_once(
     })
 }
 
-/// Repeats [`sync_once`] every `interval` until `stop` changes; failures are logged and
-/// retried on the next tick (the pair in service keeps serving).
-pub async fn run(
-    client: Client,
-    opts: SelfSignedOptions,
-    interval: Duration,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) {
-    run_after(client, opts, interval, interval, &mut stop).await
-}
-
-/// Like [`run`], but the first pass comes after `first` (soon, when the first pass at
-/// start-up found no MutatingWebhookConfiguration to trust the CA).
+/// Repeats [`sync_once`] until `stop` changes: the first pass after `first` (soon, when the
+/// pass at start-up found no MutatingWebhookConfiguration to trust the CA), then every
+/// `interval`. Failures are logged and retried soon (the pair in service keeps serving).
 pub async fn run_after(
     client: Client,
     opts: SelfSignedOptions,
@@ -331,7 +321,7 @@ fn write_files_if_stale(
 }
 
 /// Writes a sibling temp file and renames it over `path`, so readers never see half a PEM.
-pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), CertSyncError> {
+fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), CertSyncError> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let io = |source| CertSyncError::Write {
         path: path.to_path_buf(),

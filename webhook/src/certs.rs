@@ -12,7 +12,7 @@ use rcgen::{
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use time::OffsetDateTime;
 
-use crate::error::CertError;
+use crate::error::{CertError, CertSpecError};
 
 /// The time crate the API here speaks, for callers that do not depend on it.
 pub use time;
@@ -40,20 +40,19 @@ impl CertSpec {
         rotate_before_days: u32,
     ) -> Result<Self, CertError> {
         if service.trim().is_empty() {
-            return Err(CertError::Spec("service name is empty".into()));
+            return Err(CertError::Spec(CertSpecError::EmptyService));
         }
         if namespace.trim().is_empty() {
-            return Err(CertError::Spec("namespace is empty".into()));
+            return Err(CertError::Spec(CertSpecError::EmptyNamespace));
         }
         if validity_days == 0 {
-            return Err(CertError::Spec(
-                "certificate validity must be at least 1 day".into(),
-            ));
+            return Err(CertError::Spec(CertSpecError::NoValidity));
         }
         if rotate_before_days >= validity_days {
-            return Err(CertError::Spec(format!(
-                "rotate-before ({rotate_before_days} days) must be shorter than the validity ({validity_days} days), or every certificate would be renewed at once"
-            )));
+            return Err(CertError::Spec(CertSpecError::RotateBeforeTooLong {
+                rotate_before_days,
+                validity_days,
+            }));
         }
         Ok(Self {
             service: service.trim().to_string(),

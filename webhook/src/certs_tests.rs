@@ -28,9 +28,20 @@ fn renew_reason(d: SecretDecision) -> RenewReason {
 
 #[test]
 fn spec_rejects_bad_settings() {
-    assert!(CertSpec::new("", "ns", 365, 30).is_err());
-    assert!(CertSpec::new("svc", "ns", 0, 0).is_err());
-    assert!(CertSpec::new("svc", "ns", 30, 30).is_err());
+    let spec_error = |e: CertError| match e {
+        CertError::Spec(e) => e,
+        other => panic!("{other}"),
+    };
+    let e = |s, n, v, r| spec_error(CertSpec::new(s, n, v, r).unwrap_err());
+    assert_eq!(e("", "ns", 365, 30), CertSpecError::EmptyService);
+    assert_eq!(e("svc", " ", 365, 30), CertSpecError::EmptyNamespace);
+    assert_eq!(e("svc", "ns", 0, 0), CertSpecError::NoValidity);
+    let too_long = CertError::Spec(e("svc", "ns", 30, 30));
+    assert_eq!(
+        too_long.to_string(),
+        "invalid self-signed certificate settings: rotate-before (30 days) must be shorter \
+         than the validity (30 days), or every certificate would be renewed at once"
+    );
     assert_eq!(
         spec().dns_names(),
         vec![

@@ -44,6 +44,7 @@ impl NamespaceInfo {
         }
     }
 
+    #[cfg(test)]
     pub fn with_label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.labels.insert(key.into(), value.into());
         self

@@ -65,11 +65,53 @@ pub enum TlsError {
 #[derive(Debug, thiserror::Error)]
 pub enum CertError {
     #[error("invalid self-signed certificate settings: {0}")]
-    Spec(String),
+    Spec(CertSpecError),
     #[error("cannot generate a certificate")]
     Generate {
         #[source]
         source: rcgen::Error,
+    },
+}
+
+/// What is wrong with the self-signed certificate settings.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CertSpecError {
+    #[error("service name is empty")]
+    EmptyService,
+    #[error("namespace is empty")]
+    EmptyNamespace,
+    #[error("certificate validity must be at least 1 day")]
+    NoValidity,
+    #[error(
+        "rotate-before ({rotate_before_days} days) must be shorter than the validity \
+         ({validity_days} days), or every certificate would be renewed at once"
+    )]
+    RotateBeforeTooLong {
+        rotate_before_days: u32,
+        validity_days: u32,
+    },
+}
+
+/// The Multus networks annotation, or a network the profile names, is not usable.
+#[derive(Debug, thiserror::Error)]
+pub enum NetworksError {
+    #[error("network {text:?} has an empty interface")]
+    EmptyInterface { text: String },
+    #[error("network {text:?} has an empty namespace")]
+    EmptyNamespace { text: String },
+    #[error("network {text:?} has no valid name")]
+    NoName { text: String },
+    #[error("JSON network list does not parse")]
+    Json {
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("JSON network list has an entry without a name")]
+    UnnamedEntry,
+    #[error("cannot render network list")]
+    Render {
+        #[source]
+        source: serde_json::Error,
     },
 }
 
@@ -87,8 +129,6 @@ pub enum CertSyncError {
         #[source]
         source: Box<kube::Error>,
     },
-    #[error("the secret's material is not usable after another writer won the race: {reason}")]
-    WinnerInvalid { reason: String },
     #[error("secret {namespace}/{name} kept changing under concurrent writers")]
     Contended { namespace: String, name: String },
     #[error("cannot {action} MutatingWebhookConfiguration {name}")]

@@ -22,6 +22,8 @@ pub mod server;
 pub mod tls;
 
 pub use config::{FailureMode, NamespaceInfo, WebhookConfig};
-pub use error::{CertError, CertSyncError, DecodeError, MutateError, TlsError};
+pub use error::{
+    CertError, CertSpecError, CertSyncError, DecodeError, MutateError, NetworksError, TlsError,
+};
 pub use mutate::{mutate, Mutation, Outcome, Plan, Warning, WarningKind};
 pub use patch::PatchOp;

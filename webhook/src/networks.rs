@@ -5,6 +5,8 @@
 
 use serde_json::{Map, Value};
 
+use crate::error::NetworksError;
+
 /// A network reference `[namespace/]name[@interface]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetworkRef {
@@ -15,20 +17,20 @@ pub struct NetworkRef {
 
 impl NetworkRef {
     /// Parses the comma-list element form.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, NetworksError> {
         let text = text.trim();
         let (rest, interface) = match text.split_once('@') {
             Some((r, i)) if !i.is_empty() => (r, Some(i.to_string())),
-            Some(_) => return Err(format!("network {text:?} has an empty interface")),
+            Some(_) => return Err(NetworksError::EmptyInterface { text: text.into() }),
             None => (text, None),
         };
         let (namespace, name) = match rest.split_once('/') {
             Some((ns, n)) if !ns.is_empty() => (Some(ns.to_string()), n),
-            Some(_) => return Err(format!("network {text:?} has an empty namespace")),
+            Some(_) => return Err(NetworksError::EmptyNamespace { text: text.into() }),
             None => (None, rest),
         };
         if name.is_empty() || name.contains('/') {
-            return Err(format!("network {text:?} has no valid name"));
+            return Err(NetworksError::NoName { text: text.into() });
         }
         Ok(Self {
             namespace,
@@ -81,15 +83,15 @@ pub enum NetworksAnnotation {
 }
 
 impl NetworksAnnotation {
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, NetworksError> {
         let t = text.trim();
         if t.starts_with('[') {
-            let items: Vec<Value> = serde_json::from_str(t)
-                .map_err(|e| format!("JSON network list does not parse: {e}"))?;
+            let items: Vec<Value> =
+                serde_json::from_str(t).map_err(|source| NetworksError::Json { source })?;
             for item in &items {
                 match item.get("name") {
                     Some(Value::String(n)) if !n.is_empty() => {}
-                    _ => return Err("JSON network list has an entry without a name".into()),
+                    _ => return Err(NetworksError::UnnamedEntry),
                 }
             }
             Ok(NetworksAnnotation::Json(items))
@@ -125,7 +127,7 @@ pub fn merge(
     existing: Option<&str>,
     wanted: &[String],
     pod_namespace: &str,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, NetworksError> {
     let parsed = match existing {
         Some(text) if !text.trim().is_empty() => NetworksAnnotation::parse(text)?,
         _ => NetworksAnnotation::List(Vec::new()),
@@ -159,7 +161,7 @@ pub fn merge(
             items.extend(missing.iter().map(NetworkRef::to_json));
             serde_json::to_string(&items)
                 .map(Some)
-                .map_err(|e| format!("cannot render network list: {e}"))
+                .map_err(|source| NetworksError::Render { source })
         }
     }
 }
@@ -219,12 +221,13 @@ mod tests {
 
     #[test]
     fn malformed_annotations_are_errors() {
-        assert!(merge(Some("[{\"name\": "), &wanted(), "ml")
-            .unwrap_err()
-            .contains("does not parse"));
-        assert!(merge(Some("[{\"interface\": \"x\"}]"), &wanted(), "ml")
-            .unwrap_err()
-            .contains("without a name"));
+        let e = merge(Some("[{\"name\": "), &wanted(), "ml").unwrap_err();
+        assert!(matches!(e, NetworksError::Json { .. }), "{e}");
+        assert!(
+            railguard_runtime::error_chain(&e).starts_with("JSON network list does not parse: ")
+        );
+        let e = merge(Some("[{\"interface\": \"x\"}]"), &wanted(), "ml").unwrap_err();
+        assert!(e.to_string().contains("without a name"));
         assert!(merge(Some("/bad"), &wanted(), "ml").is_err());
     }
 }

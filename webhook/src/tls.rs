@@ -76,7 +76,7 @@ pub(crate) fn check_pair(cert_pem: &[u8], key_pem: &[u8]) -> Result<(), TlsError
 
 /// What identifies one version of a file: where its symlinks lead, its size and mtime.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FileStamp {
+pub(crate) struct FileStamp {
     pub resolved: PathBuf,
     pub len: u64,
     pub modified: Option<SystemTime>,
@@ -98,7 +98,7 @@ impl FileStamp {
 
 /// The stamps of a certificate/key pair.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PairStamp {
+pub(crate) struct PairStamp {
     pub cert: FileStamp,
     pub key: FileStamp,
 }

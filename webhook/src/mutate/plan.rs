@@ -180,7 +180,8 @@ impl Plan {
     }
 
     /// The operations as a `json_patch::Patch`.
-    pub fn patch(&self) -> json_patch::Patch {
+    #[cfg(test)]
+    pub(crate) fn patch(&self) -> json_patch::Patch {
         crate::patch::to_patch(self.ops.clone())
     }
 

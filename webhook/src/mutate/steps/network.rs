@@ -37,8 +37,9 @@ pub(crate) fn network(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateErro
         Err(e) => draft.plan.warn(
             WarningKind::Network,
             format!(
-                "{}: {e}; networks not added",
-                keys::ANNOTATION_MULTUS_NETWORKS
+                "{}: {}; networks not added",
+                keys::ANNOTATION_MULTUS_NETWORKS,
+                railguard_runtime::error_chain(&e)
             ),
         ),
     }

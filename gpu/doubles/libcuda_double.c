@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/udmabuf.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +64,8 @@ struct alloc {
     int gpu;
 };
 static struct alloc allocs[MAX_ALLOCS];
+/* Several threads (one per rank in the tests) allocate at once. */
+static pthread_mutex_t allocs_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const char *names[][2] = {
     {"0", "CUDA_SUCCESS"},
@@ -176,14 +179,14 @@ CUresult cuDeviceGetAttribute(int *v, int attrib, CUdevice dev) {
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
     if (dev < 0 || dev >= n_gpus) return CUDA_ERROR_INVALID_DEVICE;
-    ctx_refs[dev]++;
+    __atomic_fetch_add(&ctx_refs[dev], 1, __ATOMIC_SEQ_CST);
     *ctx = (CUcontext)(intptr_t)(dev + 1);
     return CUDA_SUCCESS;
 }
 
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     if (dev < 0 || dev >= n_gpus || ctx_refs[dev] == 0) return CUDA_ERROR_INVALID_CONTEXT;
-    ctx_refs[dev]--;
+    __atomic_fetch_sub(&ctx_refs[dev], 1, __ATOMIC_SEQ_CST);
     return CUDA_SUCCESS;
 }
 
@@ -195,11 +198,16 @@ CUresult cuCtxSetCurrent(CUcontext ctx) {
 }
 
 static struct alloc *find(CUdeviceptr p, size_t len) {
+    struct alloc *found = NULL;
+    pthread_mutex_lock(&allocs_lock);
     for (int i = 0; i < MAX_ALLOCS; i++) {
-        if (allocs[i].ptr && p >= allocs[i].ptr && p + len <= allocs[i].ptr + allocs[i].len)
-            return &allocs[i];
+        if (allocs[i].ptr && p >= allocs[i].ptr && p + len <= allocs[i].ptr + allocs[i].len) {
+            found = &allocs[i];
+            break;
+        }
     }
-    return NULL;
+    pthread_mutex_unlock(&allocs_lock);
+    return found;
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *out, size_t len) {
@@ -207,33 +215,56 @@ CUresult cuMemAlloc_v2(CUdeviceptr *out, size_t len) {
     if (len == 0) return CUDA_ERROR_INVALID_VALUE;
     long page = sysconf(_SC_PAGESIZE);
     size_t rounded = (len + (size_t)page - 1) / (size_t)page * (size_t)page;
+    int fd = memfd_create("railguard-cuda-double", MFD_ALLOW_SEALING);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (ftruncate(fd, (off_t)rounded) != 0) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    void *p = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_lock(&allocs_lock);
     for (int i = 0; i < MAX_ALLOCS; i++) {
         if (allocs[i].ptr) continue;
-        int fd = memfd_create("railguard-cuda-double", MFD_ALLOW_SEALING);
-        if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-        if (ftruncate(fd, (off_t)rounded) != 0) {
-            close(fd);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        void *p = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) {
-            close(fd);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
         allocs[i] = (struct alloc){(CUdeviceptr)(uintptr_t)p, rounded, fd, current};
         *out = allocs[i].ptr;
+        pthread_mutex_unlock(&allocs_lock);
         return CUDA_SUCCESS;
     }
+    pthread_mutex_unlock(&allocs_lock);
+    munmap(p, rounded);
+    close(fd);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
 CUresult cuMemFree_v2(CUdeviceptr p) {
     struct alloc *a = find(p, 0);
     if (!a || a->ptr != p) return CUDA_ERROR_INVALID_VALUE;
-    munmap((void *)(uintptr_t)a->ptr, a->len);
-    close(a->memfd);
+    pthread_mutex_lock(&allocs_lock);
+    struct alloc gone = *a;
     memset(a, 0, sizeof *a);
+    pthread_mutex_unlock(&allocs_lock);
+    munmap((void *)(uintptr_t)gone.ptr, gone.len);
+    close(gone.memfd);
     return CUDA_SUCCESS;
+}
+
+/* Streams: the double's copies are synchronous, so a stream is only a handle. */
+typedef void *CUstream;
+CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
+    (void)flags;
+    if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    *s = (CUstream)(intptr_t)(current + 1);
+    return CUDA_SUCCESS;
+}
+CUresult cuStreamSynchronize(CUstream s) {
+    return s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+CUresult cuStreamDestroy_v2(CUstream s) {
+    return s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult cuMemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n) {

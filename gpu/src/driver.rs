@@ -23,6 +23,7 @@ type CuResult = c_int;
 type CuDevice = c_int;
 type CuContext = *mut c_void;
 type CuDevicePtr = u64;
+type CuStream = *mut c_void;
 
 const CUDA_SUCCESS: CuResult = 0;
 /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED`.
@@ -52,6 +53,9 @@ struct Fns {
     mem_get_handle_for_address_range:
         unsafe extern "C" fn(*mut c_void, CuDevicePtr, usize, c_int, u64) -> CuResult,
     get_error_name: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
+    stream_create: unsafe extern "C" fn(*mut CuStream, c_uint) -> CuResult,
+    stream_synchronize: unsafe extern "C" fn(CuStream) -> CuResult,
+    stream_destroy: unsafe extern "C" fn(CuStream) -> CuResult,
 }
 
 /// The CUDA driver, loaded and initialised (`cuInit`).
@@ -296,6 +300,71 @@ impl CudaDriver {
     }
 }
 
+/// A CUDA stream in a device's primary context (a `cudaStream_t` to NCCL); destroyed on drop.
+pub struct Stream {
+    // The buffer keeps the primary context retained; the stream lives in it.
+    owner: DeviceBuffer,
+    raw: CuStream,
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stream")
+            .field("device", &self.owner.device)
+            .finish()
+    }
+}
+
+// SAFETY: streams may be used from any thread once their context is current, which every
+// operation makes it.
+unsafe impl Send for Stream {}
+// SAFETY: as above.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// The raw `CUstream`, for NCCL calls.
+    pub(crate) fn raw(&self) -> *mut c_void {
+        self.raw
+    }
+
+    /// Makes the stream's context current on this thread (NCCL calls need it).
+    pub(crate) fn make_current(&self) -> Result<(), CudaError> {
+        self.owner.make_current()
+    }
+
+    /// Waits until all work queued on the stream has finished.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.owner.make_current()?;
+        // SAFETY: raw was created by cuStreamCreate and is destroyed only on drop.
+        self.owner.driver.check("cuStreamSynchronize", unsafe {
+            (self.owner.driver.fns.stream_synchronize)(self.raw)
+        })
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if self.owner.make_current().is_ok() {
+            // SAFETY: created by cuStreamCreate, destroyed once.
+            unsafe { (self.owner.driver.fns.stream_destroy)(self.raw) };
+        }
+    }
+}
+
+impl CudaDriver {
+    /// A new stream on `device`.
+    pub fn stream(self: &Arc<Self>, device: &Device) -> Result<Stream, CudaError> {
+        // A one-byte buffer holds the retained context for the stream's lifetime.
+        let owner = self.alloc(device, 1)?;
+        let mut raw: CuStream = std::ptr::null_mut();
+        // SAFETY: raw is a live CUstream slot; the context is current after alloc.
+        self.check("cuStreamCreate", unsafe {
+            (self.fns.stream_create)(&mut raw, 0)
+        })?;
+        Ok(Stream { owner, raw })
+    }
+}
+
 impl DeviceBuffer {
     /// The device address (what `ibv_reg_mr` registers with nvidia-peermem, and the iova of a
     /// DMA-BUF registration).
@@ -311,7 +380,7 @@ impl DeviceBuffer {
         self.len == 0
     }
 
-    fn make_current(&self) -> Result<(), CudaError> {
+    pub(crate) fn make_current(&self) -> Result<(), CudaError> {
         // SAFETY: self.ctx is retained for the buffer's lifetime.
         self.driver.check("cuCtxSetCurrent", unsafe {
             (self.driver.fns.ctx_set_current)(self.ctx)
@@ -429,6 +498,9 @@ fn resolve(lib: &Library, path: &str) -> Result<Fns, CudaError> {
         memcpy_dtoh: sym!("cuMemcpyDtoH_v2"),
         mem_get_handle_for_address_range: sym!("cuMemGetHandleForAddressRange"),
         get_error_name: sym!("cuGetErrorName"),
+        stream_create: sym!("cuStreamCreate"),
+        stream_synchronize: sym!("cuStreamSynchronize"),
+        stream_destroy: sym!("cuStreamDestroy_v2"),
     })
 }
 

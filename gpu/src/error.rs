@@ -42,3 +42,34 @@ impl CudaError {
         }
     }
 }
+
+/// Why an NCCL operation did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum NcclError {
+    /// NCCL is not installed where it was looked for.
+    #[error("cannot load NCCL from {path}")]
+    Load {
+        path: String,
+        #[source]
+        source: libloading::Error,
+    },
+    #[error("the NCCL library {path} has no {symbol}")]
+    Symbol {
+        path: String,
+        symbol: &'static str,
+        #[source]
+        source: libloading::Error,
+    },
+    /// An NCCL call failed; `message` is NCCL's own text (`unhandled system error`, ...).
+    #[error("{call} failed: {message} ({code})")]
+    Call {
+        call: &'static str,
+        code: i32,
+        message: String,
+    },
+    /// The GPU side of a collective failed (allocation, copy, stream).
+    #[error("GPU memory for the collective")]
+    Cuda(#[from] CudaError),
+    #[error("invalid argument: {reason}")]
+    InvalidArgument { reason: String },
+}

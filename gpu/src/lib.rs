@@ -1,4 +1,5 @@
-//! GPU memory through the CUDA driver API, loaded at run time.
+//! GPU memory through the CUDA driver API and collectives through NCCL, both loaded at run
+//! time.
 //!
 //! railguard's RDMA engine allocates its benchmark buffers here when a rail is tested from GPU
 //! memory (GPUDirect RDMA): [`CudaDriver::load`] opens `libcuda.so.1` (or the library at a
@@ -12,9 +13,16 @@
 //! or broken driver as a value (CPU-only nodes run the same binary), and must stay small
 //! enough to audit, since this is one of the crate's two `unsafe` modules (see [`driver`]).
 //! There is no link-time CUDA dependency.
+//!
+//! [`Nccl`] does the same for `libnccl.so.2`: a unique id made by rank 0, a communicator per
+//! rank ([`Nccl::init_rank`]) and a timed, checked all-reduce sweep
+//! ([`Communicator::all_reduce_sweep`]) whose bandwidths follow nccl-tests ([`collective`]).
 
+pub mod collective;
 mod driver;
 mod error;
+mod nccl;
 
-pub use driver::{CudaDriver, Device, DeviceBuffer, DEFAULT_LIBRARY};
-pub use error::CudaError;
+pub use driver::{CudaDriver, Device, DeviceBuffer, Stream, DEFAULT_LIBRARY};
+pub use error::{CudaError, NcclError};
+pub use nccl::{Communicator, Nccl, UniqueId, DEFAULT_NCCL_LIBRARY, UNIQUE_ID_BYTES};

@@ -1,0 +1,183 @@
+//! NCCL's C API through the binding, against the NCCL and CUDA test doubles (gpu/doubles):
+//! a real two-rank all-reduce over TCP, timed and checked, with the doubles loaded by the
+//! same dlopen code as libnccl.so.2 and libcuda.so.1.
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use railguard_gpu::{CudaDriver, Nccl, NcclError};
+
+fn build(dir: &Path, source: &str, name: &str) -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("doubles")
+        .join(source);
+    let out = dir.join(name);
+    let status = Command::new("cc")
+        .args([
+            "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-pthread", "-o",
+        ])
+        .arg(&out)
+        .arg(&src)
+        .status()
+        .unwrap_or_else(|e| panic!("a C compiler (cc) builds {source}: {e}"));
+    assert!(status.success(), "building {}", src.display());
+    out
+}
+
+fn doubles() -> (tempfile::TempDir, Arc<CudaDriver>, Arc<Nccl>) {
+    let dir = tempfile::tempdir().unwrap();
+    let cuda = build(dir.path(), "libcuda_double.c", "libcuda.so.1");
+    let nccl = build(dir.path(), "libnccl_double.c", "libnccl.so.2");
+    let cuda = CudaDriver::load(Some(&cuda)).unwrap();
+    let nccl = Nccl::load(Some(&nccl)).unwrap();
+    (dir, cuda, nccl)
+}
+
+/// Two ranks (threads), one GPU each, a sweep of three sizes.
+fn pair_sweep(
+    cuda: &Arc<CudaDriver>,
+    nccl: &Arc<Nccl>,
+) -> Result<Vec<Vec<railguard_gpu::collective::SweepPoint>>, NcclError> {
+    let id = nccl.unique_id()?;
+    let devices = cuda.devices()?;
+    let sizes = [4096usize, 1 << 16, 1 << 20];
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2u32)
+            .map(|rank| {
+                let device = devices[rank as usize].clone();
+                s.spawn(move || {
+                    let stream = cuda.stream(&device)?;
+                    let mut comm = nccl.init_rank(&id, 2, rank, &stream)?;
+                    comm.all_reduce_sweep(cuda, &device, &stream, &sizes, 2, 5)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// The entry point of the child processes the tests below start (the doubles read their
+/// environment, so each scenario gets a process of its own): runs the pair and prints one
+/// line per rank on stdout, or the error.
+#[test]
+fn child_pair() {
+    if std::env::var_os("RAILGUARD_GPU_TEST_CHILD").is_none() {
+        return;
+    }
+    let (_dir, cuda, nccl) = doubles();
+    assert_eq!(nccl.version_string(), "2.21.5");
+    match pair_sweep(&cuda, &nccl) {
+        Ok(ranks) => {
+            for points in ranks {
+                let summary: Vec<String> = points
+                    .iter()
+                    .map(|p| {
+                        assert!(p.time_us > 0.0 && p.algbw_gbps > 0.0, "{p:?}");
+                        // two ranks: busbw = algbw * 2(n-1)/n = algbw
+                        assert!((p.busbw_gbps - p.algbw_gbps).abs() < 1e-12, "{p:?}");
+                        format!("{}:{}", p.bytes, p.wrong)
+                    })
+                    .collect();
+                println!("RANK {}", summary.join(" "));
+            }
+        }
+        Err(e) => println!("ERROR {e}"),
+    }
+}
+
+/// Runs [`child_pair`] in a child process with `env`; (stdout, stderr).
+fn run_child(env: &[(&str, &str)]) -> (String, String) {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "child_pair", "--nocapture", "--test-threads=1"])
+        .env("RAILGUARD_GPU_TEST_CHILD", "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
+fn rank_lines(stdout: &str) -> Vec<&str> {
+    // The harness may print `test child_pair ... ` in front of the first line.
+    stdout
+        .lines()
+        .filter_map(|l| {
+            l.find("RANK ")
+                .or_else(|| l.find("ERROR "))
+                .map(|at| &l[at..])
+        })
+        .collect()
+}
+
+#[test]
+fn a_two_rank_all_reduce_runs_for_real_over_the_doubles() {
+    let (out, _) = run_child(&[]);
+    assert_eq!(
+        rank_lines(&out),
+        [
+            "RANK 4096:0 65536:0 1048576:0",
+            "RANK 4096:0 65536:0 1048576:0"
+        ],
+        "{out}"
+    );
+}
+
+#[test]
+fn a_corrupted_result_is_counted() {
+    let (out, _) = run_child(&[("RAILGUARD_NCCL_DOUBLE_CORRUPT", "1")]);
+    assert_eq!(
+        rank_lines(&out),
+        [
+            "RANK 4096:1 65536:1 1048576:1",
+            "RANK 4096:1 65536:1 1048576:1"
+        ],
+        "{out}"
+    );
+}
+
+#[test]
+fn an_init_failure_carries_nccls_message() {
+    let (out, err) = run_child(&[
+        ("RAILGUARD_NCCL_DOUBLE_FAIL", "init"),
+        ("NCCL_DEBUG", "WARN"),
+    ]);
+    let lines = rank_lines(&out);
+    assert_eq!(lines.len(), 1, "{out}");
+    assert!(
+        lines[0].contains("ncclCommInitRank failed: unhandled system error"),
+        "{out}"
+    );
+    assert!(
+        err.contains("NCCL WARN Call to ibv_reg_dmabuf_mr failed"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_missing_library_is_a_value() {
+    let missing = Nccl::load(Some(Path::new("/nonexistent/libnccl.so.2"))).unwrap_err();
+    assert!(matches!(missing, NcclError::Load { .. }), "{missing}");
+}
+
+#[test]
+fn the_double_logs_the_network_the_way_nccl_does() {
+    let (_, log) = run_child(&[
+        ("NCCL_DEBUG", "INFO"),
+        ("NCCL_IB_HCA", "=mlx5_0:1,mlx5_3:1"),
+    ]);
+    for want in [
+        "NCCL INFO NCCL version 2.21.5+cuda12.4",
+        "NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_3:1/RoCE [RO]",
+        "NCCL INFO Using network IB",
+        "[send] via NET/IB/1/GDRDMA",
+        "nRanks 2 nNodes 2",
+    ] {
+        assert!(log.contains(want), "missing {want:?} in:\n{log}");
+    }
+}

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use railguard_prober::discover::{analyze, discover, read};
-use railguard_prober::sim::{write_sysfs, NodeModel};
+use railguard_sim::{write_sysfs, NodeModel};
 
 fn bench(c: &mut Criterion) {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));

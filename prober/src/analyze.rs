@@ -3,6 +3,7 @@
 //! NCCL INFO lines are often mixed into nccl-tests output. Pure: texts in, report out.
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 
 use railguard_api::{FabricProfileSpec, RailSpec, Transport};
 use serde::Serialize;
@@ -189,26 +190,6 @@ pub fn render_report(r: &AnalyzeReport) -> String {
     out
 }
 
-/// `railguard-prober analyze [--nccl-tests FILE] [--nccl-log FILE]... [--profile-file FILE [--profile NAME]] [--json]`
-#[derive(clap::Args, Debug, Clone)]
-pub struct AnalyzeArgs {
-    /// nccl-tests output (may also hold NCCL INFO lines).
-    #[arg(long = "nccl-tests", env = "RAILGUARD_NCCL_TESTS", value_hint = clap::ValueHint::FilePath)]
-    pub nccl_tests: Option<std::path::PathBuf>,
-    /// NCCL debug log (repeatable; may also hold nccl-tests output).
-    #[arg(long = "nccl-log", env = "RAILGUARD_NCCL_LOG", value_delimiter = ',', value_hint = clap::ValueHint::FilePath)]
-    pub nccl_log: Vec<std::path::PathBuf>,
-    /// FabricProfile YAML whose thresholds to judge against.
-    #[arg(long, env = "RAILGUARD_PROFILE_FILE", value_hint = clap::ValueHint::FilePath)]
-    pub profile_file: Option<std::path::PathBuf>,
-    /// Which profile of --profile-file (default: its first).
-    #[arg(long, env = "RAILGUARD_PROFILE", requires = "profile_file")]
-    pub profile: Option<String>,
-    /// Print JSON instead of text (keys: README, "JSON output").
-    #[arg(long, env = "RAILGUARD_JSON")]
-    pub json: bool,
-}
-
 /// Why `analyze` could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum AnalyzeError {
@@ -233,68 +214,57 @@ pub enum AnalyzeError {
         "profile file {path} (--profile-file) holds no FabricProfile named {name} (--profile)"
     )]
     NoSuchProfile { path: String, name: String },
-    #[error("cannot encode JSON")]
-    Json {
-        #[source]
-        source: serde_json::Error,
-    },
 }
 
-impl AnalyzeArgs {
-    /// Analyzes the inputs; a `fail` verdict is exit status 1.
-    pub fn run(&self) -> Result<crate::cli::Outcome, AnalyzeError> {
-        let paths: Vec<&std::path::PathBuf> =
-            self.nccl_tests.iter().chain(self.nccl_log.iter()).collect();
-        if paths.is_empty() {
-            return Err(AnalyzeError::NoInput);
-        }
-        let mut texts = Vec::new();
-        for p in &paths {
-            let text = std::fs::read_to_string(p).map_err(|source| AnalyzeError::Read {
-                path: p.display().to_string(),
-                source,
-            })?;
-            // Each input is checked on its own, so an error names the file.
-            crate::nccl::parse_perf_output(&text).map_err(|source| AnalyzeError::Perf {
-                path: p.display().to_string(),
-                source,
-            })?;
-            texts.push(text);
-        }
-        let obs =
-            NcclObservation::from_texts(texts.iter().map(String::as_str)).map_err(|source| {
-                AnalyzeError::Perf {
-                    path: "inputs".into(),
-                    source,
-                }
-            })?;
-        let profile = match &self.profile_file {
-            None => None,
-            Some(p) => {
-                let mut list = railguard_runtime::read_profiles(p, "--profile-file")?;
-                match &self.profile {
-                    Some(name) => {
-                        Some(list.into_iter().find(|p| p.name() == name).ok_or_else(|| {
-                            AnalyzeError::NoSuchProfile {
-                                path: p.display().to_string(),
-                                name: name.clone(),
-                            }
-                        })?)
-                    }
-                    None => Some(list.remove(0)),
-                }
-            }
-        };
-        let report = analyze(&obs, profile.as_ref().map(|p| &p.spec));
-        let failed = report.verdict == AnalyzeVerdict::Fail;
-        let text = if self.json {
-            let mut s = serde_json::to_string_pretty(&report)
-                .map_err(|source| AnalyzeError::Json { source })?;
-            s.push('\n');
-            s
-        } else {
-            render_report(&report)
-        };
-        Ok(crate::cli::Outcome::verdict(text, failed))
+/// What `analyze` reads: nccl-tests outputs and NCCL debug logs (each may hold both), and
+/// optionally a profile file and which of its profiles to judge against (default: its first).
+#[derive(Clone, Debug, Default)]
+pub struct AnalyzeInputs {
+    pub files: Vec<PathBuf>,
+    pub profile_file: Option<PathBuf>,
+    pub profile: Option<String>,
+}
+
+/// Reads the inputs and analyzes them. Each input is parsed on its own first, so an error
+/// names the file.
+pub fn analyze_files(inputs: &AnalyzeInputs) -> Result<AnalyzeReport, AnalyzeError> {
+    if inputs.files.is_empty() {
+        return Err(AnalyzeError::NoInput);
     }
+    let mut texts = Vec::new();
+    for p in &inputs.files {
+        let text = std::fs::read_to_string(p).map_err(|source| AnalyzeError::Read {
+            path: p.display().to_string(),
+            source,
+        })?;
+        crate::nccl::parse_perf_output(&text).map_err(|source| AnalyzeError::Perf {
+            path: p.display().to_string(),
+            source,
+        })?;
+        texts.push(text);
+    }
+    let obs = NcclObservation::from_texts(texts.iter().map(String::as_str)).map_err(|source| {
+        AnalyzeError::Perf {
+            path: "inputs".into(),
+            source,
+        }
+    })?;
+    let profile = match &inputs.profile_file {
+        None => None,
+        Some(p) => {
+            let mut list = railguard_runtime::read_profiles(p, "--profile-file")?;
+            match &inputs.profile {
+                Some(name) => {
+                    Some(list.into_iter().find(|p| p.name() == name).ok_or_else(|| {
+                        AnalyzeError::NoSuchProfile {
+                            path: p.display().to_string(),
+                            name: name.clone(),
+                        }
+                    })?)
+                }
+                None => Some(list.remove(0)),
+            }
+        }
+    };
+    Ok(analyze(&obs, profile.as_ref().map(|p| &p.spec)))
 }

@@ -6,8 +6,9 @@
 //! hang at init. The decision is a pure function over [`PreflightInputs`].
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use railguard_api::keys::env::{NCCL_IB_HCA, SHM_SIZE};
 use railguard_api::profile::parse_ib_hca;
 use railguard_api::quantity::parse_bytes;
 
@@ -46,7 +47,7 @@ pub fn check(inputs: &PreflightInputs) -> Vec<PreflightCheck> {
     let mut push = |name, ok, message: String| out.push(PreflightCheck { name, ok, message });
 
     // RDMA devices named by NCCL_IB_HCA.
-    match inputs.env.get("NCCL_IB_HCA") {
+    match inputs.env.get(NCCL_IB_HCA) {
         None => push(
             "nccl-env",
             false,
@@ -139,11 +140,11 @@ pub fn check(inputs: &PreflightInputs) -> Vec<PreflightCheck> {
     }
 
     // /dev/shm.
-    let want = match inputs.env.get("RAILGUARD_SHM_SIZE") {
+    let want = match inputs.env.get(SHM_SIZE) {
         Some(s) => match parse_bytes(s) {
             Ok(b) => u64::try_from(b).unwrap_or(u64::MAX),
             Err(e) => {
-                push("shm", false, format!("RAILGUARD_SHM_SIZE: {e}"));
+                push("shm", false, format!("{SHM_SIZE}: {e}"));
                 return out;
             }
         },
@@ -163,6 +164,16 @@ pub fn check(inputs: &PreflightInputs) -> Vec<PreflightCheck> {
         Some(have) => push("shm", true, format!("/dev/shm is {} MiB", have >> 20)),
     }
     out
+}
+
+/// The environment variables preflight reads (the webhook injects them).
+pub const ENV_READ: &[&str] = &[NCCL_IB_HCA, SHM_SIZE];
+
+/// The part of a process environment preflight reads ([`ENV_READ`]).
+pub fn env_of(vars: impl IntoIterator<Item = (String, String)>) -> BTreeMap<String, String> {
+    vars.into_iter()
+        .filter(|(k, _)| ENV_READ.contains(&k.as_str()))
+        .collect()
 }
 
 /// Reads the inputs from the container (`root` is `/` except in tests).
@@ -214,17 +225,6 @@ pub fn gather(root: &Path, env: BTreeMap<String, String>) -> PreflightInputs {
     }
 }
 
-/// `railguard-prober preflight`.
-#[derive(clap::Args, Debug)]
-pub struct PreflightArgs {
-    /// Root of the container's filesystem view (tests use a fake tree).
-    #[arg(long, env = "RAILGUARD_PREFLIGHT_ROOT", default_value = "/")]
-    pub root: PathBuf,
-    /// Print the checks as JSON on stdout, passed or not (keys: README, "JSON output").
-    #[arg(long, env = "RAILGUARD_JSON")]
-    pub json: bool,
-}
-
 /// The JSON printed by `preflight --json`.
 #[derive(Debug, serde::Serialize)]
 pub struct PreflightReport<'a> {
@@ -243,9 +243,13 @@ pub struct PreflightCheckJson<'a> {
     pub message: &'a str,
 }
 
-/// The report of `checks`: the table (ending with the verdict line) or JSON, and whether one
-/// failed. Pure.
-pub fn render(checks: &[PreflightCheck], json: bool) -> Result<(String, bool), serde_json::Error> {
+/// Whether every check passed.
+pub fn passed(checks: &[PreflightCheck]) -> bool {
+    checks.iter().all(|c| c.ok)
+}
+
+/// The report of `checks`: the table (ending with the verdict line) or JSON. Pure.
+pub fn render(checks: &[PreflightCheck], json: bool) -> Result<String, serde_json::Error> {
     let failure = checks.iter().find(|c| !c.ok).map(|c| c.message.as_str());
     if json {
         let report = PreflightReport {
@@ -260,10 +264,7 @@ pub fn render(checks: &[PreflightCheck], json: bool) -> Result<(String, bool), s
                 })
                 .collect(),
         };
-        return Ok((
-            serde_json::to_string_pretty(&report)? + "\n",
-            failure.is_some(),
-        ));
+        return Ok(serde_json::to_string_pretty(&report)? + "\n");
     }
     let mut text = String::new();
     for c in checks {
@@ -278,24 +279,7 @@ pub fn render(checks: &[PreflightCheck], json: bool) -> Result<(String, bool), s
         Some(m) => text.push_str(&format!("railguard preflight failed: {m}\n")),
         None => text.push_str("railguard preflight passed\n"),
     }
-    Ok((text, failure.is_some()))
-}
-
-impl PreflightArgs {
-    /// Runs every check. A failed one is exit status 1; its text report goes to stderr (the
-    /// init container's log ends with the reason), JSON always to stdout.
-    pub fn run(&self) -> Result<crate::cli::Outcome, serde_json::Error> {
-        let env: BTreeMap<String, String> = std::env::vars()
-            .filter(|(k, _)| k.starts_with("NCCL_") || k.starts_with("RAILGUARD_"))
-            .collect();
-        let checks = check(&gather(&self.root, env));
-        let (text, failed) = render(&checks, self.json)?;
-        Ok(crate::cli::Outcome {
-            text,
-            failed,
-            on_stderr: failed && !self.json,
-        })
-    }
+    Ok(text)
 }
 
 #[cfg(test)]
@@ -381,22 +365,21 @@ mod tests {
         let mut i = good();
         i.memlock_bytes = Some(64 * 1024);
         i.shm_bytes = Some(64 << 20);
-        let (text, failed) = render(&check(&i), false).unwrap();
-        assert!(failed);
+        let text = render(&check(&i), false).unwrap();
+        assert!(!passed(&check(&i)));
         assert!(text.contains("FAIL memlock"), "{text}");
         // The last line is the first failure: what an init container's log ends with.
         assert!(text.ends_with(
             "railguard preflight failed: locked memory is limited to 64 KiB and IPC_LOCK is not effective: ibv_reg_mr will fail\n"
         ), "{text}");
-        let (json, failed) = render(&check(&i), true).unwrap();
-        assert!(failed);
+        let json = render(&check(&i), true).unwrap();
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
         assert_eq!(keys, ["checks", "failure", "passed"]);
         assert_eq!(v["passed"], false);
         assert_eq!(v["checks"].as_array().unwrap().len(), check(&i).len());
-        let (text, failed) = render(&check(&good()), false).unwrap();
-        assert!(!failed);
+        let text = render(&check(&good()), false).unwrap();
+        assert!(passed(&check(&good())));
         assert!(text.ends_with("railguard preflight passed\n"));
     }
 

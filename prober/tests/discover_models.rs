@@ -8,7 +8,7 @@ use railguard_api::{FabricProfile, LinkLayer, PathType};
 use railguard_prober::discover::{
     discover, profile_for, Discovery, FindingKind, NicRole, PortState, ProfileDefaults, Severity,
 };
-use railguard_prober::sim::{bump_counters, write_sysfs, Fault, NodeModel};
+use railguard_sim::{bump_counters, write_sysfs, Fault, NodeModel};
 
 fn model_path(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -6,9 +6,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use railguard_prober::discover::{discover, DiscoverError, FindingKind, PortState};
-use railguard_prober::sim::{write_sysfs, NodeModel};
+use railguard_sim::{write_sysfs, NodeModel};
 
-fn h100_tree() -> (tempfile::TempDir, railguard_prober::sim::SimulatedTree) {
+fn h100_tree() -> (tempfile::TempDir, railguard_sim::SimulatedTree) {
     let model =
         NodeModel::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models/dgx-h100.yaml"))
             .expect("model");

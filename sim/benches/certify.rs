@@ -1,4 +1,4 @@
-//! Certification benchmarks, printed as a table (`cargo bench -p railguard-prober --bench certify`):
+//! Certification benchmarks, printed as a table (`cargo bench -p railguard-sim --bench certify`):
 //! NCCL debug log parsing throughput (target > 200 MB/s), nccl-tests output parsing, and one
 //! full simulated certification (synthetic sysfs, simulated RDMA engine, the
 //! `all_reduce_perf_sim` child process, parsers, policy, certificate).
@@ -12,10 +12,11 @@ use railguard_prober::certify::record::{invasive_certificate, Subject};
 use railguard_prober::certify::run::{gather_invasive, NodeSetup};
 use railguard_prober::certify::{assess, policy};
 use railguard_prober::nccl::{parse_debug_log, parse_perf_output};
-use railguard_prober::sim::{write_sysfs, NodeModel};
+use railguard_sim::software::ModelSoftware;
+use railguard_sim::{write_sysfs, NodeModel};
 
 fn manifest() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../prober"))
 }
 
 fn best_of<F: FnMut()>(runs: usize, mut f: F) -> Duration {
@@ -86,8 +87,8 @@ fn main() {
                 .build();
             match (write_sysfs(&model, &root), rt) {
                 (Ok(_), Ok(rt)) => {
-                    let engine = railguard_prober::rdma::SimulatedRdmaEngine::new(
-                        railguard_prober::campaign::simnode::rdma_model(&model, "bench"),
+                    let engine = railguard_sim::rdma::SimulatedRdmaEngine::new(
+                        railguard_sim::node::rdma_model(&model, "bench"),
                     );
                     if let Ok(engine) = engine {
                         let setup = NodeSetup {
@@ -101,7 +102,7 @@ fn main() {
                             ],
                             log_dir: tmp.join("logs"),
                             nccl_timeout: Duration::from_secs(60),
-                            sim: Some(model.clone()),
+                            software: Arc::new(ModelSoftware::new(&root, model.software.clone())),
                         };
                         let mut verdict = String::new();
                         let t = best_of(5, || {

@@ -1,10 +1,23 @@
-//! Simulated nodes: the node model ([`NodeModel`]) and the synthetic sysfs tree generator
-//! ([`write_sysfs`]) that the real discovery code reads.
+//! railguard's simulation, kept out of the production crates: node models ([`NodeModel`]),
+//! the synthetic sysfs tree the real discovery code reads ([`write_sysfs`]), the simulated
+//! RDMA engine ([`rdma::SimulatedRdmaEngine`], with a node model's rails and wire faults in
+//! [`node`]), the software facts of a model ([`software::ModelSoftware`]), the
+//! `all_reduce_perf` stand-in ([`standin`] and the `all_reduce_perf_sim` binary) and
+//! synthetic certificates.
+//!
+//! Production code reaches a simulated node only through the traits and paths real hardware
+//! uses: a sysfs root, an [`railguard_prober::rdma::RdmaEngine`], a
+//! [`railguard_prober::certify::run::SoftwareSource`] and an nccl-tests binary.
 
-pub mod cli;
 mod load;
 mod model;
+pub mod node;
+pub mod rdma;
+pub mod software;
+pub mod standin;
 mod sysfs;
+
+use std::path::{Path, PathBuf};
 
 pub use model::{
     Fault, GpuModel, HcaModel, HostBridgeModel, IommuMode, LinkModel, ModelPortState,
@@ -38,15 +51,19 @@ pub enum ModelError {
     },
 }
 
+/// The node models shipped in the source tree (`prober/models`). Only the simulation knows
+/// this build-machine path; production code never resolves a model.
+pub const SOURCE_MODELS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../prober/models");
+
 /// The node model file `--sim` names: a YAML path, or a model name in `models_dir`
-/// (default: the models shipped in the source tree).
-pub fn model_path(sim: &str, models_dir: Option<&std::path::Path>) -> std::path::PathBuf {
-    let p = std::path::PathBuf::from(sim);
+/// (default: the models shipped in the source tree, [`SOURCE_MODELS_DIR`]).
+pub fn model_path(sim: &str, models_dir: Option<&Path>) -> PathBuf {
+    let p = PathBuf::from(sim);
     if p.is_file() {
         return p;
     }
     let dir = models_dir
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models"));
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(SOURCE_MODELS_DIR));
     dir.join(format!("{sim}.yaml"))
 }

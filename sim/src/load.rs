@@ -17,10 +17,11 @@ impl NodeModel {
 
     /// Parses a self-contained model (no `base:`) and applies its faults.
     pub fn from_yaml(text: &str) -> Result<NodeModel, ModelError> {
-        let mut m: NodeModel = serde_yaml_ng::from_str(text).map_err(|source| ModelError::Yaml {
-            path: "<inline>".into(),
-            source,
-        })?;
+        let mut m: NodeModel =
+            serde_yaml_ng::from_str(text).map_err(|source| ModelError::Yaml {
+                path: "<inline>".into(),
+                source,
+            })?;
         if m.base.is_some() {
             return Err(ModelError::Invalid {
                 model: m.name,
@@ -384,10 +385,11 @@ fn load_depth(path: &Path, depth: u32) -> Result<NodeModel, ModelError> {
         }
         None => over,
     };
-    let mut m: NodeModel = serde_yaml_ng::from_value(merged).map_err(|source| ModelError::Yaml {
-        path: shown.clone(),
-        source,
-    })?;
+    let mut m: NodeModel =
+        serde_yaml_ng::from_value(merged).map_err(|source| ModelError::Yaml {
+            path: shown.clone(),
+            source,
+        })?;
     m.base = None;
     let faults = std::mem::take(&mut m.faults);
     for f in &faults {

@@ -1,6 +1,6 @@
 //! The node model: a simulated GPU node described in YAML (`prober/models/*.yaml`).
 //!
-//! One model drives every simulated layer: [`crate::sim::write_sysfs`] turns its PCIe tree,
+//! One model drives every simulated layer: [`crate::write_sysfs`] turns its PCIe tree,
 //! HCA ports and platform into a sysfs tree that the real discovery code reads; the
 //! certification simulation reads the per-port benchmark figures (`write_bw_gbps`,
 //! `latency_us`, `counter_growth`) and the node's `nccl` behaviour from it.

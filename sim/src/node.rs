@@ -1,14 +1,24 @@
-//! A simulated node's RDMA engine for campaigns: the rails of a node model (rates, latencies,
-//! port states and faults of `prober/models/*.yaml`) plus wire faults that only show between
-//! nodes (a bad cable behind a rail, a bad path to one peer, given on the command line).
+//! A simulated node's RDMA engine: the rails of a node model (rates, latencies, port states
+//! and faults of `prober/models/*.yaml`) plus wire faults that only show between nodes (a bad
+//! cable behind a rail, a bad path to one peer, given on the command line).
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
-use crate::rdma::sim::{SimRailModel, SimRdmaModel};
-use crate::rdma::{SimLinkFault, SimulatedRdmaEngine};
-use crate::sim::{ModelPortState, NodeModel};
+use railguard_prober::rdma::RdmaError;
 
-use super::CampaignError;
+use crate::rdma::{SimLinkFault, SimRailModel, SimRdmaModel, SimulatedRdmaEngine};
+use crate::{ModelPortState, NodeModel};
+
+/// A simulated node's faults or engine could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum SimNodeError {
+    /// A `--sim-link` or `--sim-wire` value is malformed (the message names the flag).
+    #[error("invalid argument: {reason}")]
+    Invalid { reason: String },
+    #[error("invalid simulated RDMA model")]
+    Rdma(#[source] RdmaError),
+}
 
 /// The RDMA model of `node_name` from its node model: one rail per HCA port.
 pub fn rdma_model(model: &NodeModel, node_name: &str) -> SimRdmaModel {
@@ -45,7 +55,7 @@ pub fn rdma_model(model: &NodeModel, node_name: &str) -> SimRdmaModel {
 }
 
 /// Parses a wire fault value: `dead`, or a bandwidth factor in (0, 1].
-fn parse_fault(value: &str, what: &str) -> Result<SimLinkFault, CampaignError> {
+fn parse_fault(value: &str, what: &str) -> Result<SimLinkFault, SimNodeError> {
     let value = value.trim();
     if value == "dead" {
         return Ok(SimLinkFault {
@@ -60,15 +70,15 @@ fn parse_fault(value: &str, what: &str) -> Result<SimLinkFault, CampaignError> {
             dead: false,
             hcas: vec![],
         }),
-        _ => Err(CampaignError::Invalid {
+        _ => Err(SimNodeError::Invalid {
             reason: format!("{what}: {value:?} is neither `dead` nor a factor in (0, 1]"),
         }),
     }
 }
 
 /// `--sim-link PEER=dead|FACTOR[@HCA,HCA...]`: the path from this node to PEER.
-pub fn parse_link(spec: &str) -> Result<(String, SimLinkFault), CampaignError> {
-    let (peer, rest) = spec.split_once('=').ok_or_else(|| CampaignError::Invalid {
+pub fn parse_link(spec: &str) -> Result<(String, SimLinkFault), SimNodeError> {
+    let (peer, rest) = spec.split_once('=').ok_or_else(|| SimNodeError::Invalid {
         reason: format!("--sim-link {spec:?} is not PEER=dead|FACTOR[@HCA,...]"),
     })?;
     let (value, hcas) = match rest.split_once('@') {
@@ -82,7 +92,7 @@ pub fn parse_link(spec: &str) -> Result<(String, SimLinkFault), CampaignError> {
         None => (rest, Vec::new()),
     };
     if peer.trim().is_empty() {
-        return Err(CampaignError::Invalid {
+        return Err(SimNodeError::Invalid {
             reason: format!("--sim-link {spec:?} names no peer"),
         });
     }
@@ -92,8 +102,8 @@ pub fn parse_link(spec: &str) -> Result<(String, SimLinkFault), CampaignError> {
 }
 
 /// `--sim-wire HCA:PORT=dead|FACTOR`: the cable or switch port behind one rail.
-pub fn parse_wire(spec: &str) -> Result<(String, SimLinkFault), CampaignError> {
-    let (rail, value) = spec.split_once('=').ok_or_else(|| CampaignError::Invalid {
+pub fn parse_wire(spec: &str) -> Result<(String, SimLinkFault), SimNodeError> {
+    let (rail, value) = spec.split_once('=').ok_or_else(|| SimNodeError::Invalid {
         reason: format!("--sim-wire {spec:?} is not HCA:PORT=dead|FACTOR"),
     })?;
     Ok((rail.trim().to_string(), parse_fault(value, "--sim-wire")?))
@@ -105,7 +115,7 @@ pub fn engine(
     node_name: &str,
     links: &[String],
     wires: &[String],
-) -> Result<SimulatedRdmaEngine, CampaignError> {
+) -> Result<SimulatedRdmaEngine, SimNodeError> {
     let mut m = rdma_model(model, node_name);
     for spec in links {
         let (peer, fault) = parse_link(spec)?;
@@ -117,22 +127,32 @@ pub fn engine(
         let r = m
             .rails
             .get_mut(&rail)
-            .ok_or_else(|| CampaignError::Invalid {
+            .ok_or_else(|| SimNodeError::Invalid {
                 reason: format!("--sim-wire names rail {rail}, the model has {known}"),
             })?;
         r.wire = Some(fault);
     }
-    Ok(SimulatedRdmaEngine::new(m)?)
+    SimulatedRdmaEngine::new(m).map_err(SimNodeError::Rdma)
+}
+
+/// The file name of the `all_reduce_perf` stand-in (installed next to the prober).
+pub const STANDIN_BINARY: &str = "all_reduce_perf_sim";
+
+/// The environment that points the stand-in at the simulated tree of `node` at `root`.
+pub fn standin_env(root: &Path, node: &str) -> Vec<(String, String)> {
+    vec![
+        ("RAILGUARD_SIM_ROOT".into(), root.display().to_string()),
+        ("RAILGUARD_SIM_HOSTNAME".into(), node.to_string()),
+    ]
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use std::path::Path;
 
     fn model(name: &str) -> NodeModel {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("models");
+        let dir = Path::new(crate::SOURCE_MODELS_DIR);
         NodeModel::load(&dir.join(name)).unwrap()
     }
 

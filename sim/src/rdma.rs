@@ -1,6 +1,6 @@
 //! The simulated RDMA engine: rail models as plain data, injected faults, deterministic sweeps.
 //!
-//! It stands in for [`super::verbs::VerbsEngine`] where no HCA exists (simulated nodes,
+//! It stands in for [`railguard_prober::rdma::VerbsEngine`] where no HCA exists (simulated nodes,
 //! campaign tests). The sweep follows the usual latency/bandwidth model of one message:
 //! `lat(s) = lat0 + s / peak` and `bw(s) = s / lat(s)`, so small messages are latency-bound
 //! and large ones approach the rail's peak, as on real hardware. Peer tests pair the two
@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{
+use railguard_prober::rdma::{
     loopback_via_endpoints, MemoryKind, PeerRdmaEngine, QpInfo, RailBenchRequest, RailBenchResult,
     RdmaEndpoint, RdmaEngine, RdmaError, SizePoint,
 };
@@ -270,6 +270,11 @@ impl SimEndpoint {
     }
 }
 
+/// The simulated side of an endpoint's info, when it has one.
+fn sim_info(info: &QpInfo) -> Option<SimEndpointInfo> {
+    serde_json::from_value(info.sim.clone()?).ok()
+}
+
 impl RdmaEndpoint for SimEndpoint {
     fn info(&self) -> QpInfo {
         // Stable fake addressing: enough for the side channel to carry and check.
@@ -285,12 +290,13 @@ impl RdmaEndpoint for SimEndpoint {
             addr: 0x1000_0000,
             len: self.buffer_bytes as u64,
             mtu: 5,
-            sim: Some(self.info.clone()),
+            // Plain data with finite numbers: encoding cannot fail.
+            sim: serde_json::to_value(&self.info).ok(),
         }
     }
 
     fn connect(&mut self, remote: &QpInfo) -> Result<(), RdmaError> {
-        let Some(peer) = &remote.sim else {
+        let Some(peer) = sim_info(remote) else {
             return Err(RdmaError::InvalidRequest {
                 reason: "a simulated endpoint can only connect to a simulated peer".into(),
             });
@@ -313,10 +319,8 @@ impl RdmaEndpoint for SimEndpoint {
                 reason: "write_sweep before connect".into(),
             });
         };
-        let peer = remote
-            .sim
-            .clone()
-            .or_else(|| connected.sim.clone())
+        let peer = sim_info(remote)
+            .or_else(|| sim_info(connected))
             .ok_or_else(|| RdmaError::InvalidRequest {
                 reason: "remote endpoint is not simulated".into(),
             })?;
@@ -400,7 +404,7 @@ pub fn model_sweep(peak_gbps: f64, lat0_us: f64, sizes: &[usize]) -> Vec<SizePoi
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use crate::rdma::default_sizes;
+    use railguard_prober::rdma::default_sizes;
 
     fn rail(bw: f64) -> SimRailModel {
         SimRailModel {

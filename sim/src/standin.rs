@@ -253,7 +253,7 @@ fn fmt_time(us: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nccl::NcclObservation;
+    use railguard_prober::nccl::NcclObservation;
 
     fn run() -> StandinRun {
         StandinRun {

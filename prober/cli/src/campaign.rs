@@ -17,17 +17,19 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::coordinator::{run_campaign_with, CampaignNode, CampaignReport, CampaignSettings};
-use super::endpoint::{serve, EndpointConfig};
-use super::kube::{endpoint_of, profile_nodes, write_findings, GpuPodSource, LeaderLease};
-use super::mpijob::{self, PairJob};
-use super::simnode;
-use crate::cli::Outcome;
-use crate::rdma::{PeerConfig, PeerRdmaEngine, VerbsEngine};
-use crate::sim::{model_path, NodeModel, SIM_MODEL_PATH};
+use railguard_prober::campaign::coordinator::{run_campaign_with, CampaignNode, CampaignSettings};
+use railguard_prober::campaign::endpoint::{serve, EndpointConfig};
+use railguard_prober::campaign::kube::{
+    endpoint_of, profile_nodes, write_findings, GpuPodSource, LeaderLease,
+};
+use railguard_prober::campaign::mpijob::{self, PairJob};
+use railguard_prober::campaign::summary::{found_faults, render_summary};
+use railguard_prober::campaign::token::{load_token, TokenSource};
+use railguard_prober::campaign::DEFAULT_PEER_PORT;
+use railguard_prober::rdma::{PeerConfig, PeerRdmaEngine, VerbsEngine};
+use railguard_sim::{model_path, NodeModel, SIM_MODEL_PATH};
 
-/// Default TCP port of the peer endpoint.
-pub const DEFAULT_PEER_PORT: u16 = 7470;
+use crate::{Outcome, Status};
 
 /// Where the shared token comes from.
 #[derive(Args, Debug, Clone)]
@@ -42,23 +44,14 @@ pub struct TokenArgs {
 
 impl TokenArgs {
     pub fn load(&self) -> anyhow::Result<Vec<u8>> {
-        let raw = match (&self.token_file, &self.token) {
-            (Some(path), _) => std::fs::read(path)
-                .with_context(|| format!("cannot read the shared token from {}", path.display()))?,
-            (None, Some(t)) => t.as_bytes().to_vec(),
+        let source = match (&self.token_file, &self.token) {
+            (Some(path), _) => TokenSource::File(path),
+            (None, Some(t)) => TokenSource::Value(t),
             (None, None) => bail!(
                 "no shared token: set --token-file (RAILGUARD_TOKEN_FILE) or RAILGUARD_PEER_TOKEN"
             ),
         };
-        let token = raw.strip_suffix(b"\n").unwrap_or(&raw).to_vec();
-        if token.len() < crate::rdma::peer::MIN_TOKEN_BYTES {
-            bail!(
-                "the shared token is {} bytes, at least {} are required",
-                token.len(),
-                crate::rdma::peer::MIN_TOKEN_BYTES
-            );
-        }
-        Ok(token)
+        Ok(load_token(source)?)
     }
 }
 
@@ -121,13 +114,8 @@ pub struct PeerEndpointArgs {
 }
 
 impl PeerEndpointArgs {
-    pub fn run(self) -> anyhow::Result<String> {
-        let rt = tokio::runtime::Runtime::new()?;
-        rt.block_on(self.serve())?;
-        Ok(String::new())
-    }
-
-    async fn serve(self) -> anyhow::Result<()> {
+    /// Serves until SIGTERM/SIGINT.
+    pub async fn run(self) -> anyhow::Result<()> {
         let token = self.token.load()?;
         let model_path = match (&self.sim, &self.sim_root) {
             (Some(sim), _) => Some(model_path(sim, self.models_dir.as_deref())),
@@ -138,7 +126,7 @@ impl PeerEndpointArgs {
             Some(path) => {
                 let model = NodeModel::load(path)
                     .with_context(|| format!("cannot load node model {}", path.display()))?;
-                Arc::new(simnode::engine(
+                Arc::new(railguard_sim::node::engine(
                     &model,
                     &self.node,
                     &self.sim_links,
@@ -177,33 +165,11 @@ impl PeerEndpointArgs {
         let shutdown = CancellationToken::new();
         let stop = shutdown.clone();
         tokio::spawn(async move {
-            shutdown_signal().await;
+            railguard_runtime::shutdown_signal().await;
             stop.cancel();
         });
         serve(listener, Arc::new(cfg), shutdown).await?;
         Ok(())
-    }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = ctrl_c.await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
     }
 }
 
@@ -238,7 +204,7 @@ pub struct CampaignArgs {
     #[arg(long = "endpoint", env = "RAILGUARD_ENDPOINTS", value_delimiter = ',')]
     pub endpoints: Vec<String>,
     /// Port of the nodes' peer endpoints, when only their InternalIP is known.
-    #[arg(long, env = "RAILGUARD_PEER_PORT", default_value_t = crate::campaign::cli::DEFAULT_PEER_PORT)]
+    #[arg(long, env = "RAILGUARD_PEER_PORT", default_value_t = DEFAULT_PEER_PORT)]
     pub peer_port: u16,
     /// Run tests even on nodes with GPU pods.
     #[arg(long, env = "RAILGUARD_ALLOW_GPU_PODS")]
@@ -299,9 +265,14 @@ pub struct CampaignArgs {
 impl CampaignArgs {
     /// Runs the command. A blamed node, rail or link (or a failed 2-node NCCL log) is exit
     /// status 1.
-    pub fn run(self) -> anyhow::Result<Outcome> {
-        let rt = tokio::runtime::Runtime::new()?;
-        rt.block_on(self.run_async())
+    pub async fn run(self) -> anyhow::Result<Outcome> {
+        if !self.nccl_logs.is_empty() {
+            return self.judge_logs().await;
+        }
+        if let Some(pair) = &self.nccl_pair {
+            return self.nccl_pair(pair).await.map(Outcome::pass);
+        }
+        self.campaign().await
     }
 
     async fn load_profile(&self, client: Option<&Client>) -> anyhow::Result<FabricProfile> {
@@ -339,30 +310,30 @@ impl CampaignArgs {
         Ok(profile)
     }
 
-    async fn run_async(self) -> anyhow::Result<Outcome> {
-        if !self.nccl_logs.is_empty() {
-            let profile = self.load_profile(None).await?;
-            let texts: Vec<String> = self
-                .nccl_logs
-                .iter()
-                .map(|p| {
-                    std::fs::read_to_string(p)
-                        .with_context(|| format!("cannot read {}", p.display()))
-                })
-                .collect::<Result<_, _>>()?;
-            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-            let report = mpijob::judge_log(&refs, &profile)?;
-            let failed = report.verdict == crate::analyze::AnalyzeVerdict::Fail;
-            let text = if self.json {
-                serde_json::to_string_pretty(&report)? + "\n"
-            } else {
-                crate::analyze::render_report(&report)
-            };
-            return Ok(Outcome::verdict(text, failed));
-        }
-        if let Some(pair) = &self.nccl_pair {
-            return self.nccl_pair(pair).await.map(Outcome::pass);
-        }
+    /// Judges collected logs of a 2-node NCCL run.
+    async fn judge_logs(&self) -> anyhow::Result<Outcome> {
+        let profile = self.load_profile(None).await?;
+        let texts: Vec<String> = self
+            .nccl_logs
+            .iter()
+            .map(|p| {
+                std::fs::read_to_string(p).with_context(|| format!("cannot read {}", p.display()))
+            })
+            .collect::<Result<_, _>>()?;
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let report = mpijob::judge_log(&refs, &profile)?;
+        let status =
+            Status::fail_if(report.verdict == railguard_prober::analyze::AnalyzeVerdict::Fail);
+        let text = if self.json {
+            serde_json::to_string_pretty(&report)? + "\n"
+        } else {
+            railguard_prober::analyze::render_report(&report)
+        };
+        Ok(Outcome::new(text, status))
+    }
+
+    /// A campaign over the profile's nodes.
+    async fn campaign(self) -> anyhow::Result<Outcome> {
         let client = kube_client(self.kubeconfig.as_ref()).await?;
         let profile = self.load_profile(Some(&client)).await?;
         let token = self.token.load()?;
@@ -455,13 +426,13 @@ impl CampaignArgs {
                 }
             }
         }
-        let failed = found_faults(&report);
+        let status = Status::fail_if(found_faults(&report));
         let text = if self.json {
             serde_json::to_string_pretty(&report)? + "\n"
         } else {
             render_summary(&report)
         };
-        Ok(Outcome::verdict(text, failed))
+        Ok(Outcome::new(text, status))
     }
 
     async fn nccl_pair(&self, pair: &str) -> anyhow::Result<String> {
@@ -527,54 +498,4 @@ impl CampaignArgs {
         }
         Ok(serde_yaml_ng::to_string(&manifest)?)
     }
-}
-
-/// Whether the campaign blamed a node, a rail or a link (exit status 1).
-pub fn found_faults(r: &CampaignReport) -> bool {
-    r.findings
-        .values()
-        .any(|f| f.node_fault.is_some() || !f.blamed_rails.is_empty() || !f.links.is_empty())
-}
-
-/// A short text summary: counts and the culprits.
-pub fn render_summary(r: &CampaignReport) -> String {
-    let mut out = format!(
-        "campaign {}: {} nodes, {} rails, {} tests in {} rounds\n",
-        r.profile,
-        r.nodes.len(),
-        r.rails.len(),
-        r.tests.len(),
-        r.rounds
-    );
-    let mut any = false;
-    for f in r.findings.values() {
-        if let Some(reason) = &f.node_fault {
-            out.push_str(&format!("  node {}: {reason}\n", f.node));
-            any = true;
-        } else {
-            for b in f.blamed_rails.values() {
-                out.push_str(&format!("  node {}: {}\n", f.node, b.reason));
-                any = true;
-            }
-        }
-    }
-    let mut links: Vec<&String> = r.findings.values().flat_map(|f| f.links.iter()).collect();
-    links.sort();
-    links.dedup();
-    for l in links {
-        out.push_str(&format!("  {l}\n"));
-        any = true;
-    }
-    for t in r.tests.iter().filter(|t| t.error.is_some()) {
-        out.push_str(&format!(
-            "  test {}->{}: {}\n",
-            t.initiator,
-            t.responder,
-            t.error.as_deref().unwrap_or_default()
-        ));
-    }
-    if !any {
-        out.push_str("  no fault found\n");
-    }
-    out
 }

@@ -6,24 +6,22 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::{Args, ValueHint};
-use jiff::Timestamp;
 use kube::Client;
-use railguard_api::{Certificate, FabricProfile, Verdict};
+use railguard_api::{FabricProfile, Verdict};
+use railguard_prober::certify::once::matching_profile;
+use railguard_prober::certify::run::{HostSoftware, NodeSetup, SoftwareSource};
+use railguard_prober::certify::{certify_once, NodeContext};
+use railguard_prober::publish::NodePublisher;
+use railguard_prober::rdma::{RdmaEngine, VerbsEngine};
 use railguard_runtime::StartupError;
+use railguard_sim::model_path;
+use railguard_sim::node::standin_env;
 
-use super::evidence::ResourceExposure;
-use super::matrix::{matrix_rows, render_matrix};
-use super::policy::assess;
-use super::record::{invasive_certificate, Subject};
-use super::run::{error_chain, gather_invasive_with, NodeSetup};
-use crate::cli::Outcome;
-use crate::discover::cli::check_sysfs_root;
-use crate::progress::Progress;
-use crate::publish::NodePublisher;
-use crate::rdma::{RdmaEngine, SimulatedRdmaEngine, VerbsEngine};
-use crate::sim::{model_path, write_sysfs, NodeModel, SIM_MODEL_PATH};
+use crate::discover::check_sysfs_root;
+use crate::sim::{standin_path, SimulatedNode};
+use crate::{Outcome, Status};
 
 /// Node, profile, simulation and cluster options shared by `certify` and `daemon`.
 #[derive(Args, Debug, Clone)]
@@ -81,14 +79,6 @@ pub struct CertifyArgs {
     pub json: bool,
 }
 
-/// Everything a run needs, resolved once.
-pub struct NodeContext {
-    pub node: String,
-    pub profile: FabricProfile,
-    pub setup: NodeSetup,
-    pub client: Option<Client>,
-}
-
 impl NodeArgs {
     pub fn node_name(&self) -> anyhow::Result<String> {
         if let Some(n) = &self.node {
@@ -100,7 +90,7 @@ impl NodeArgs {
     }
 
     /// The node model file for `--sim`.
-    pub fn model_path(&self, sim: &str) -> PathBuf {
+    fn model_path(&self, sim: &str) -> PathBuf {
         model_path(sim, self.models_dir.as_deref())
     }
 
@@ -117,61 +107,53 @@ impl NodeArgs {
         Ok(Some(client))
     }
 
-    /// Resolves node, profile, simulation and engines. With `write_tree`, a `--sim` model's
-    /// sysfs tree is (re)written first.
-    pub async fn context(&self, need_client: bool) -> anyhow::Result<NodeContext> {
+    /// Resolves node, profile, simulation and engines (publishing with `client`). A `--sim`
+    /// model's sysfs tree is (re)written first.
+    pub async fn context(&self, client: Option<Client>) -> anyhow::Result<NodeContext> {
         let node = self.node_name()?;
-        let client = self.client(need_client).await?;
-        let (sim, sysfs_root) = match (&self.sim, &self.sim_root) {
-            (_, Some(root)) => {
-                let path = root.join(SIM_MODEL_PATH);
-                let model = NodeModel::load(&path).with_context(|| {
-                    format!(
-                        "cannot load the simulated node {} (write the tree with `railguard-prober sim-sysfs`)",
-                        path.display()
-                    )
-                })?;
-                (Some(model), root.clone())
-            }
+        let sim = match (&self.sim, &self.sim_root) {
+            (_, Some(root)) => Some(SimulatedNode::from_tree(root)?),
             (Some(name), None) => {
-                let path = self.model_path(name);
-                let model = NodeModel::load(&path)
-                    .with_context(|| format!("cannot load node model {}", path.display()))?;
                 let root = self
                     .sysfs_root
                     .clone()
                     .unwrap_or_else(|| std::env::temp_dir().join(format!("railguard-sim-{node}")));
-                write_sysfs(&model, &root).with_context(|| {
-                    format!("cannot write the simulated sysfs at {}", root.display())
-                })?;
-                (Some(model), root)
+                Some(SimulatedNode::write(&self.model_path(name), &root)?)
             }
-            (None, None) => {
+            (None, None) => None,
+        };
+        let sysfs_root = match &sim {
+            Some(s) => s.root.clone(),
+            None => {
                 let root = self
                     .sysfs_root
                     .clone()
                     .unwrap_or_else(|| PathBuf::from("/"));
                 check_sysfs_root(&root, "--sysfs-root")?;
-                (None, root)
+                root
             }
         };
         let profile = self
             .resolve_profile(client.as_ref(), &node, &sysfs_root)
             .await?;
-        let engine: Arc<dyn RdmaEngine> = match &sim {
-            Some(m) => Arc::new(
-                SimulatedRdmaEngine::new(crate::campaign::simnode::rdma_model(m, &node))
-                    .context("invalid simulated RDMA model")?,
+        let (engine, software): (Arc<dyn RdmaEngine>, Arc<dyn SoftwareSource>) = match &sim {
+            Some(s) => (Arc::new(s.engine(&node)?), Arc::new(s.software())),
+            None => (
+                Arc::new(VerbsEngine::new()),
+                Arc::new(HostSoftware {
+                    sysfs_root: sysfs_root.clone(),
+                    use_nvml: true,
+                }),
             ),
-            None => Arc::new(VerbsEngine::new()),
         };
-        let (nccl_binary, nccl_env) = match (&sim, &self.nccl_binary) {
-            (_, Some(b)) => (b.clone(), sim_env(sim.is_some(), &sysfs_root, &node)),
-            (Some(_), None) => (standin_path()?, sim_env(true, &sysfs_root, &node)),
-            (None, None) => (
-                PathBuf::from(&profile.spec.certification.nccl_tests.binary),
-                Vec::new(),
-            ),
+        let nccl_env = match &sim {
+            Some(_) => standin_env(&sysfs_root, &node),
+            None => Vec::new(),
+        };
+        let nccl_binary = match (&sim, &self.nccl_binary) {
+            (_, Some(b)) => b.clone(),
+            (Some(_), None) => standin_path()?,
+            (None, None) => PathBuf::from(&profile.spec.certification.nccl_tests.binary),
         };
         let setup = NodeSetup {
             sysfs_root,
@@ -181,13 +163,14 @@ impl NodeArgs {
             nccl_env,
             log_dir: self.log_dir.join(&node),
             nccl_timeout: Duration::from_secs(self.nccl_timeout_secs),
-            sim,
+            software,
         };
+        let publisher = client.map(|c| NodePublisher::new(c, node.clone()));
         Ok(NodeContext {
             node,
             profile,
             setup,
-            client,
+            publisher,
         })
     }
 
@@ -238,21 +221,8 @@ impl NodeArgs {
             return profiles.into_iter().next().context("no profile");
         }
         // Several: the one whose rail layout this node has, else the default.
-        // An exact layout first, then one that differs only in a link's current rate (a
-        // downshifted link is then judged as that profile's rail).
-        if let Ok(found) = crate::discover::discover(root, false) {
-            let layout = found.rail_layout();
-            let exact = railguard_api::layout_signature(&layout);
-            let matching = profiles
-                .iter()
-                .find(|p| p.spec.signature() == exact)
-                .or_else(|| {
-                    profiles.iter().find(|p| {
-                        railguard_api::certified_signature(&layout, &p.spec.layout())
-                            == p.spec.signature()
-                    })
-                });
-            if let Some(p) = matching {
+        if let Ok(found) = railguard_prober::discover::discover(root, false) {
+            if let Some(p) = matching_profile(&profiles, &found.rail_layout()) {
                 return Ok(p.clone());
             }
         }
@@ -265,137 +235,15 @@ impl NodeArgs {
     }
 }
 
-fn sim_env(sim: bool, root: &Path, node: &str) -> Vec<(String, String)> {
-    if !sim {
-        return Vec::new();
-    }
-    vec![
-        ("RAILGUARD_SIM_ROOT".into(), root.display().to_string()),
-        ("RAILGUARD_SIM_HOSTNAME".into(), node.to_string()),
-    ]
-}
-
-/// The simulated `all_reduce_perf`, installed next to this binary.
-fn standin_path() -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe().context("cannot locate the prober binary")?;
-    let dir = exe.parent().context("prober binary has no directory")?;
-    let p = dir.join("all_reduce_perf_sim");
-    if !p.is_file() {
-        bail!(
-            "simulated all_reduce_perf not found at {} (build it with the prober, or pass --nccl-binary)",
-            p.display()
-        );
-    }
-    Ok(p)
-}
-
-impl NodeContext {
-    pub fn publisher(&self) -> Option<NodePublisher> {
-        self.client
-            .as_ref()
-            .map(|c| NodePublisher::new(c.clone(), self.node.clone()))
-    }
-
-    /// The profile's RDMA resource as the Node advertises it (needs the cluster).
-    pub async fn exposure(&self) -> Option<ResourceExposure> {
-        let rdma = self.profile.spec.rdma.as_ref()?;
-        let publisher = self.publisher()?;
-        let node = publisher.get_node().await.ok()?;
-        let allocatable = node
-            .status
-            .and_then(|s| s.allocatable)
-            .and_then(|a| a.get(&rdma.resource_name).map(|q| q.0.clone()));
-        Some(ResourceExposure {
-            resource: rdma.resource_name.clone(),
-            allocatable,
-        })
-    }
-
-    pub async fn previous(&self) -> Option<Certificate> {
-        let node = self.publisher()?.get_node().await.ok()?;
-        NodePublisher::certificate_of(&node)
-    }
-}
-
-/// Outcome of one invasive certification.
-pub struct CertifyOutcome {
-    pub certificate: Certificate,
-    pub matrix: String,
-    pub regressed: bool,
-}
-
-/// One invasive certification with optional publishing: pending label, evidence, verdict,
-/// certificate, publish. Each rail and NCCL run is a step of `progress`.
-pub async fn certify_once(
-    ctx: &NodeContext,
-    publish: bool,
-    progress: Arc<dyn Progress>,
-) -> anyhow::Result<CertifyOutcome> {
-    let previous = ctx.previous().await;
-    let profile_name = ctx.profile.name().to_string();
-    let spec = &ctx.profile.spec;
-    let publisher = if publish { ctx.publisher() } else { None };
-    if publish && publisher.is_none() {
-        bail!("--publish needs a cluster (--kubeconfig or in-cluster config)");
-    }
-    if let Some(p) = &publisher {
-        p.mark_pending(&profile_name, &spec.signature(), previous.as_ref())
-            .await
-            .map_err(|e| anyhow::anyhow!(error_chain(&e)))?;
-    }
-    let exposure = ctx.exposure().await;
-    let gathered = gather_invasive_with(&ctx.setup, spec, exposure, progress.clone()).await;
-    progress.finish();
-    let gathered = gathered?;
-    let history = previous
-        .as_ref()
-        .filter(|p| p.profile == profile_name)
-        .map(|p| p.history.as_slice())
-        .unwrap_or(&[]);
-    let assessment = assess(spec, &gathered.evidence, history);
-    let subject = Subject {
-        node: &ctx.node,
-        profile_name: &profile_name,
-        profile: spec,
-        signature: gathered.evidence.layout_signature.clone(),
-        gpus: gathered.gpus.clone(),
-    };
-    let cert = invasive_certificate(
-        &subject,
-        &assessment,
-        &gathered.evidence.software,
-        previous.as_ref(),
-        Timestamp::now(),
-    );
-    let rows = matrix_rows(spec, &gathered.evidence, &assessment);
-    let matrix = format!(
-        "node {} profile {} signature {}\n\n{}",
-        ctx.node,
-        profile_name,
-        cert.signature,
-        render_matrix(&rows, &assessment)
-    );
-    if let Some(p) = &publisher {
-        p.publish(&cert, previous.as_ref(), true)
-            .await
-            .map_err(|e| anyhow::anyhow!(error_chain(&e)))?;
-    }
-    tracing::info!(node = %ctx.node, verdict = %cert.verdict, generation = cert.generation, reasons = ?cert.reasons, "certification finished");
-    Ok(CertifyOutcome {
-        certificate: cert,
-        matrix,
-        regressed: assessment.regressed,
-    })
-}
-
 impl CertifyArgs {
     /// Runs the command: the matrix (or the certificate as JSON); not certified is exit
     /// status 1. Progress is drawn on stderr only when it is a terminal and not `--json`.
     pub async fn run(&self) -> anyhow::Result<Outcome> {
-        let ctx = self.node.context(self.publish).await?;
+        let client = self.node.client(self.publish).await?;
+        let ctx = self.node.context(client).await?;
         let progress = crate::progress::for_stderr(self.json);
         let out = certify_once(&ctx, self.publish, progress).await?;
-        let ok = out.certificate.verdict == Verdict::Certified;
+        let status = Status::fail_if(out.certificate.verdict != Verdict::Certified);
         let text = if self.json {
             let mut s = serde_json::to_string_pretty(&out.certificate)?;
             s.push('\n');
@@ -403,6 +251,6 @@ impl CertifyArgs {
         } else {
             out.matrix
         };
-        Ok(Outcome::verdict(text, !ok))
+        Ok(Outcome::new(text, status))
     }
 }

@@ -1,29 +1,15 @@
-//! The `discover`, `affinity` and `emit-profile` subcommands (argument structs and their
-//! runs), kept in the library so `main.rs` stays a thin dispatcher.
+//! The `discover`, `affinity` and `emit-profile` subcommands.
 
 use std::path::{Path, PathBuf};
 
+use anyhow::Context;
 use clap::Args;
+use railguard_prober::discover::{
+    discover, profile_for, render_table, AffinityJson, IndexOrder, ProfileDefaults, Severity,
+};
 use railguard_runtime::StartupError;
 
-use super::{discover, profile_for, AffinityJson, IndexOrder, ProfileDefaults, Severity};
-use crate::cli::Outcome;
-
-/// A subcommand failed.
-#[derive(Debug, thiserror::Error)]
-pub enum CliError {
-    #[error(transparent)]
-    Discover(#[from] super::DiscoverError),
-    /// A flag names something unusable (the message names the flag and the fix).
-    #[error(transparent)]
-    Startup(#[from] StartupError),
-    #[error("the emitted profile is invalid (no compute rails found?)")]
-    Profile(#[from] railguard_api::ProfileError),
-    #[error("cannot encode output")]
-    Json(#[from] serde_json::Error),
-    #[error("cannot encode output")]
-    Yaml(#[from] serde_yaml_ng::Error),
-}
+use crate::{Outcome, Status};
 
 /// `railguard-prober discover [--sysfs-root DIR] [--json]`
 #[derive(Args, Debug, Clone)]
@@ -60,7 +46,7 @@ pub struct EmitProfileArgs {
 }
 
 /// NVML describes the machine we run on, so it only applies when reading the real root.
-fn nvml_applies(root: &Path) -> bool {
+pub fn nvml_applies(root: &Path) -> bool {
     std::fs::canonicalize(root).is_ok_and(|p| p == Path::new("/"))
 }
 
@@ -81,33 +67,37 @@ pub fn check_sysfs_root(root: &Path, flag: &str) -> Result<(), StartupError> {
     Ok(())
 }
 
-/// Whether any finding is CRITICAL (exit status 1).
-fn has_critical(j: &AffinityJson) -> bool {
-    j.findings.iter().any(|f| f.severity == Severity::Critical)
+/// A CRITICAL finding fails the command (exit status 1).
+fn status_of(j: &AffinityJson) -> Status {
+    Status::fail_if(j.findings.iter().any(|f| f.severity == Severity::Critical))
+}
+
+/// The report as JSON or a table.
+fn render(j: &AffinityJson, json: bool) -> anyhow::Result<String> {
+    Ok(if json {
+        serde_json::to_string_pretty(j).context("cannot encode output")? + "\n"
+    } else {
+        render_table(j)
+    })
 }
 
 impl DiscoverArgs {
     /// Runs discovery; fails (exit 1) with a CRITICAL finding.
-    pub fn run(&self) -> Result<Outcome, CliError> {
+    pub fn run(&self) -> anyhow::Result<Outcome> {
         check_sysfs_root(&self.sysfs_root, "--sysfs-root")?;
         let d = discover(&self.sysfs_root, nvml_applies(&self.sysfs_root))?;
         let j = AffinityJson::from_discovery(&d);
-        let text = if self.json {
-            serde_json::to_string_pretty(&j)? + "\n"
-        } else {
-            super::render_table(&j)
-        };
-        Ok(Outcome::verdict(text, has_critical(&j)))
+        Ok(Outcome::new(render(&j, self.json)?, status_of(&j)))
     }
 }
 
 impl AffinityArgs {
     /// Reads the saved topology; fails (exit 1) with a CRITICAL finding.
-    pub fn run(&self) -> Result<Outcome, CliError> {
+    pub fn run(&self) -> anyhow::Result<Outcome> {
         let what = "nvidia-smi topo -m output";
         let text = std::fs::read_to_string(&self.topo)
             .map_err(|e| StartupError::unreadable(what, &self.topo, "--topo", &e))?;
-        let topo = crate::topo::parse(&text).map_err(|e| {
+        let topo = railguard_prober::topo::parse(&text).map_err(|e| {
             StartupError::invalid(
                 what,
                 &self.topo,
@@ -118,25 +108,22 @@ impl AffinityArgs {
         })?;
         let (map, findings) = topo.affinity();
         let j = AffinityJson::from_map(&map, IndexOrder::Topo, findings);
-        let text = if self.json {
-            serde_json::to_string_pretty(&j)? + "\n"
-        } else {
-            super::render_table(&j)
-        };
-        Ok(Outcome::verdict(text, has_critical(&j)))
+        Ok(Outcome::new(render(&j, self.json)?, status_of(&j)))
     }
 }
 
 impl EmitProfileArgs {
-    pub fn run(&self) -> Result<String, CliError> {
+    pub fn run(&self) -> anyhow::Result<String> {
         check_sysfs_root(&self.sysfs_root, "--sysfs-root")?;
         let d = discover(&self.sysfs_root, nvml_applies(&self.sysfs_root))?;
         let profile = profile_for(&d, &self.name, &ProfileDefaults::default());
-        profile.validate()?;
+        profile
+            .validate()
+            .context("the emitted profile is invalid (no compute rails found?)")?;
         Ok(format!(
             "# Emitted by railguard-prober emit-profile; rail-layout signature {}\n{}",
             d.signature(),
-            serde_yaml_ng::to_string(&profile)?
+            serde_yaml_ng::to_string(&profile).context("cannot encode output")?
         ))
     }
 }

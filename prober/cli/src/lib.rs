@@ -1,22 +1,33 @@
-//! `railguard-prober`'s command line: the subcommands and, next to the code that runs each,
-//! their arguments.
+//! `railguard-prober`'s shell: the command line (subcommands and, next to the code that runs
+//! each, their arguments), the async runtime, the daemon loop with its metrics and health
+//! port, the Kubernetes client wiring and progress drawing, around the typed operations of
+//! the `railguard-prober` library.
 //!
-//! In the library so the chart's contract test parses the containers' arguments with the
-//! binary's own definition.
+//! A library so the chart's contract test parses the containers' arguments with the binary's
+//! own definition ([`Cli`]).
 //!
 //! Exit status, the same for every subcommand: 0 pass, 1 a failed verdict or a CRITICAL
-//! finding ([`Outcome::failed`]), 2 a usage, configuration or runtime error.
+//! finding ([`Status::Fail`]), 2 a usage, configuration or runtime error.
+
+pub mod analyze;
+pub mod campaign;
+pub mod certify;
+pub mod daemon;
+pub mod discover;
+pub mod preflight;
+pub mod progress;
+pub mod sim;
 
 use clap::{Parser, Subcommand};
 use railguard_runtime::LogFormat;
 
 use crate::analyze::AnalyzeArgs;
-use crate::campaign::cli::{CampaignArgs, PeerEndpointArgs};
-use crate::certify::cli::CertifyArgs;
+use crate::campaign::{CampaignArgs, PeerEndpointArgs};
+use crate::certify::CertifyArgs;
 use crate::daemon::DaemonArgs;
-use crate::discover::cli::{AffinityArgs, DiscoverArgs, EmitProfileArgs};
+use crate::discover::{AffinityArgs, DiscoverArgs, EmitProfileArgs};
 use crate::preflight::PreflightArgs;
-use crate::sim::cli::SimSysfsArgs;
+use crate::sim::SimSysfsArgs;
 
 /// The exit status convention, shown under every `--help`.
 pub const EXIT_STATUS: &str =
@@ -137,12 +148,31 @@ Exit status: 0 every check passed, 1 a check failed, 2 error.")]
     Preflight(PreflightArgs),
 }
 
-/// What a subcommand prints on stdout (or stderr) and whether it ends with exit status 1.
+/// Whether a subcommand's result passes (exit status 0) or fails (exit status 1: a failed
+/// verdict, a CRITICAL finding).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Status {
+    #[default]
+    Pass,
+    Fail,
+}
+
+impl Status {
+    /// [`Status::Fail`] when `failed`.
+    pub fn fail_if(failed: bool) -> Self {
+        if failed {
+            Status::Fail
+        } else {
+            Status::Pass
+        }
+    }
+}
+
+/// What a subcommand prints on stdout (or stderr) and whether it passed.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Outcome {
     pub text: String,
-    /// A failed verdict or a CRITICAL finding: exit status 1.
-    pub failed: bool,
+    pub status: Status,
     /// Print `text` on stderr (a failed preflight's report, for the init container's log).
     pub on_stderr: bool,
 }
@@ -150,56 +180,48 @@ pub struct Outcome {
 impl Outcome {
     /// Printed, exit status 0.
     pub fn pass(text: impl Into<String>) -> Self {
-        Outcome {
-            text: text.into(),
-            ..Outcome::default()
-        }
+        Outcome::new(text, Status::Pass)
     }
 
-    /// Printed, exit status 1 when `failed`.
-    pub fn verdict(text: impl Into<String>, failed: bool) -> Self {
+    /// Printed, with the exit status of `status`.
+    pub fn new(text: impl Into<String>, status: Status) -> Self {
         Outcome {
             text: text.into(),
-            failed,
+            status,
             on_stderr: false,
         }
     }
 
     /// The exit status: 0 or 1 ([`railguard_runtime::EXIT_FAIL`]).
     pub fn exit_code(&self) -> u8 {
-        if self.failed {
-            railguard_runtime::EXIT_FAIL
-        } else {
-            0
+        match self.status {
+            Status::Pass => 0,
+            Status::Fail => railguard_runtime::EXIT_FAIL,
         }
     }
 }
 
 impl Command {
-    /// Runs the subcommand. An error is exit status 2 ([`railguard_runtime::EXIT_ERROR`]).
+    /// Runs the subcommand; async ones on a fresh multi-threaded runtime. An error is exit
+    /// status 2 ([`railguard_runtime::EXIT_ERROR`]).
     pub fn run(self) -> anyhow::Result<Outcome> {
         match self {
-            Command::Discover(a) => Ok(a.run()?),
-            Command::Affinity(a) => Ok(a.run()?),
-            Command::EmitProfile(a) => Ok(Outcome::pass(a.run()?)),
-            Command::SimSysfs(a) => Ok(Outcome::pass(a.run()?)),
-            Command::Campaign(a) => a.run(),
-            Command::PeerEndpoint(a) => a.run().map(Outcome::pass),
-            Command::Certify(a) => block_on(async move { a.run().await }),
-            Command::Daemon(a) => {
-                block_on(async move { a.run().await.map(|()| Outcome::default()) })
-            }
-            Command::Preflight(a) => Ok(a.run()?),
-            Command::Analyze(a) => Ok(a.run()?),
+            Command::Discover(a) => a.run(),
+            Command::Affinity(a) => a.run(),
+            Command::EmitProfile(a) => a.run().map(Outcome::pass),
+            Command::SimSysfs(a) => a.run().map(Outcome::pass),
+            Command::Preflight(a) => a.run(),
+            Command::Analyze(a) => a.run(),
+            Command::Campaign(a) => block_on(a.run()),
+            Command::PeerEndpoint(a) => block_on(a.run()).map(|()| Outcome::default()),
+            Command::Certify(a) => block_on(a.run()),
+            Command::Daemon(a) => block_on(a.run()).map(|()| Outcome::default()),
         }
     }
 }
 
 /// Runs an async command on a fresh multi-threaded runtime.
-fn block_on<F>(fut: F) -> anyhow::Result<Outcome>
-where
-    F: std::future::Future<Output = anyhow::Result<Outcome>>,
-{
+fn block_on<T>(fut: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -232,8 +254,8 @@ mod tests {
     #[test]
     fn exit_codes_follow_the_convention() {
         assert_eq!(Outcome::pass("x").exit_code(), 0);
-        assert_eq!(Outcome::verdict("x", false).exit_code(), 0);
-        assert_eq!(Outcome::verdict("x", true).exit_code(), 1);
+        assert_eq!(Outcome::new("x", Status::fail_if(false)).exit_code(), 0);
+        assert_eq!(Outcome::new("x", Status::fail_if(true)).exit_code(), 1);
         assert_eq!(railguard_runtime::EXIT_ERROR, 2);
     }
 }

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
-use railguard_prober::cli::Cli;
+use railguard_prober_cli::Cli;
 use railguard_runtime::{error_line, EXIT_ERROR};
 
 fn main() -> ExitCode {
@@ -17,7 +17,7 @@ fn main() -> ExitCode {
     railguard_runtime::init_logging_with(
         cli.log_format,
         "info",
-        railguard_prober::progress::LogWriter,
+        railguard_prober_cli::progress::LogWriter,
     );
     match cli.command.run() {
         Ok(outcome) => {

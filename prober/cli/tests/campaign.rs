@@ -21,7 +21,7 @@ use railguard_prober::rdma::{MemoryKind, PeerRdmaEngine};
 const TOKEN: &str = "campaign-test-token-0123456789";
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).to_path_buf()
 }
 
 fn profile() -> FabricProfile {
@@ -212,13 +212,10 @@ fn rogue(listen: &str, node: &'static str, behaviour: &'static str) {
                 let _ = read_message(&mut s, "i", "auth");
                 let _ = read_message(&mut s, "i", "test request");
                 if behaviour == "wrong-hca" {
-                    let model = railguard_prober::sim::NodeModel::load(
-                        &root().join("models/dgx-h100.yaml"),
-                    )
-                    .unwrap();
-                    let engine =
-                        railguard_prober::campaign::simnode::engine(&model, node, &[], &[])
+                    let model =
+                        railguard_sim::NodeModel::load(&root().join("models/dgx-h100.yaml"))
                             .unwrap();
+                    let engine = railguard_sim::node::engine(&model, node, &[], &[]).unwrap();
                     // Claims mlx5_99, a rail it does not have, whatever was asked.
                     let mut ep = engine
                         .open_endpoint("mlx5_0", 1, MemoryKind::Host, 8 << 20)

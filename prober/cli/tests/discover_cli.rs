@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 const BIN: &str = env!("CARGO_BIN_EXE_railguard-prober");
 
 fn manifest(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join(p)
 }
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {

@@ -6,10 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const BIN: &str = env!("CARGO_BIN_EXE_railguard-prober");
+mod common;
 
 fn manifest(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join(p)
 }
 
 fn s(p: &Path) -> &str {
@@ -17,7 +17,7 @@ fn s(p: &Path) -> &str {
 }
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(BIN);
+    let mut c = Command::new(common::prober_with_standin());
     c.args(args);
     for k in [
         "RAILGUARD_JSON",

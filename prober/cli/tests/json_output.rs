@@ -11,10 +11,10 @@ use std::time::Duration;
 use railguard_prober::campaign::coordinator::{run_campaign, CampaignNode, CampaignSettings};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_railguard-prober");
+mod common;
 
 fn manifest(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(p)
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join(p)
 }
 
 /// A documented key and whether it may be absent.
@@ -91,7 +91,7 @@ fn non_empty_lists(v: &Value) -> BTreeSet<String> {
 }
 
 fn json_of(args: &[&str], env: &[(&str, &str)]) -> Value {
-    let mut c = Command::new(BIN);
+    let mut c = Command::new(common::prober_with_standin());
     c.args(args).env("RAILGUARD_LOG", "off");
     for (k, v) in env {
         c.env(k, v);
@@ -112,7 +112,7 @@ fn json_of(args: &[&str], env: &[(&str, &str)]) -> Value {
 
 fn sim(dir: &Path, model: &str) -> String {
     let out = dir.join(model);
-    let status = Command::new(BIN)
+    let status = Command::new(common::prober_with_standin())
         .args(["sim-sysfs", "--model"])
         .arg(manifest(&format!("models/{model}.yaml")))
         .arg("--out")

@@ -43,7 +43,7 @@ fn script(common: &str, body: &str) -> String {
 }
 
 fn build_image(dir: &Path, vms: &[(&str, &Path)]) -> (PathBuf, BTreeMap<String, PathBuf>) {
-    let mut cmd = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/vm/build-image.sh"));
+    let mut cmd = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../vm/build-image.sh"));
     cmd.arg("--binary")
         .arg(env!("CARGO_BIN_EXE_railguard-rdma-vmtest"))
         .arg("--out")

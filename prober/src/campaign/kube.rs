@@ -56,24 +56,11 @@ impl GpuPodSource {
     }
 }
 
-/// The pods among `pods` that hold a GPU: not finished, and requesting (or limited to) one
-/// of `resources`.
+/// `namespace/name` of the pods among `pods` that hold a GPU of `resources`
+/// ([`railguard_api::pod::holds_gpu`]).
 pub fn gpu_pods_of(pods: &[Pod], resources: &[String]) -> Vec<String> {
     pods.iter()
-        .filter(|p| {
-            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-            !matches!(phase, Some("Succeeded" | "Failed"))
-        })
-        .filter(|p| {
-            p.spec.as_ref().is_some_and(|spec| {
-                spec.containers
-                    .iter()
-                    .chain(spec.init_containers.iter().flatten())
-                    .filter_map(|c| c.resources.as_ref())
-                    .flat_map(|r| r.requests.iter().flatten().chain(r.limits.iter().flatten()))
-                    .any(|(name, q)| resources.contains(name) && q.0.trim() != "0")
-            })
-        })
+        .filter(|p| railguard_api::pod::holds_gpu(p, resources))
         .map(|p| {
             format!(
                 "{}/{}",
@@ -393,17 +380,14 @@ mod tests {
     }
 
     #[test]
-    fn gpu_pods_are_unfinished_pods_holding_a_gpu() {
+    fn gpu_pods_are_named_namespace_slash_name() {
+        // Which pods hold a GPU is railguard_api::pod::holds_gpu's (tested there).
         let pods = vec![
             pod("train", "Running", Some("8")),
-            pod("done", "Succeeded", Some("8")),
             pod("cpu", "Running", None),
-            pod("zero", "Pending", Some("0")),
-            pod("pending", "Pending", Some("1")),
         ];
         let r = vec!["nvidia.com/gpu".to_string()];
-        assert_eq!(gpu_pods_of(&pods, &r), vec!["ml/train", "ml/pending"]);
-        assert!(gpu_pods_of(&pods, &["amd.com/gpu".to_string()]).is_empty());
+        assert_eq!(gpu_pods_of(&pods, &r), vec!["ml/train"]);
     }
 
     #[test]

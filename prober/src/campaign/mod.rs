@@ -4,20 +4,20 @@
 //! - [`plan`]: the pure planner and localization rules (no IO);
 //! - [`wire`]: the coordinator's authenticated control channel to a peer endpoint;
 //! - [`endpoint`]: the peer endpoint a prober runs (control channel + RDMA side channel);
-//! - [`simnode`]: the simulated RDMA engine of a node model, with injected wire faults;
 //! - [`coordinator`]: runs a plan against endpoints and judges each rail;
 //! - [`verdict`]: the pure merge of a campaign's findings into a node's certificate;
 //! - [`kube`]: the thin Kubernetes shell (nodes, endpoints, server-side apply, Lease);
 //! - [`mpijob`]: the 2-node nccl-tests MPIJob manifest from a template;
-//! - [`cli`]: `railguard-prober campaign` and `railguard-prober peer-endpoint`.
+//! - [`summary`]: whether a report found a fault, and its text summary;
+//! - [`token`]: the shared token of coordinator and endpoints.
 
-pub mod cli;
 pub mod coordinator;
 pub mod endpoint;
 pub mod kube;
 pub mod mpijob;
 pub mod plan;
-pub mod simnode;
+pub mod summary;
+pub mod token;
 pub mod verdict;
 pub mod wire;
 
@@ -78,8 +78,7 @@ pub enum CampaignError {
     },
     #[error("workload template: {reason}")]
     Template { reason: String },
-    #[error("simulated node: {reason}")]
-    Simulation { reason: String },
-    #[error("invalid argument: {reason}")]
-    Invalid { reason: String },
 }
+
+/// Default TCP port of the peer endpoint.
+pub const DEFAULT_PEER_PORT: u16 = 7470;

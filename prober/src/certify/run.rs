@@ -4,7 +4,7 @@
 //! decision is left to [`super::policy`].
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +18,6 @@ use crate::discover::{self, DiscoverError, Discovery};
 use crate::nccl::{run_nccl_test, NcclRunSpec};
 use crate::progress::{NoProgress, Progress};
 use crate::rdma::{MemoryKind, RailBenchRequest, RdmaEngine, RdmaError};
-use crate::sim::NodeModel;
 
 /// Why evidence could not be gathered at all (individual measurements that fail become
 /// evidence, not errors).
@@ -43,8 +42,40 @@ pub struct NodeSetup {
     pub nccl_env: Vec<(String, String)>,
     pub log_dir: PathBuf,
     pub nccl_timeout: Duration,
-    /// The node model when simulating (fills software facts sysfs does not hold).
-    pub sim: Option<NodeModel>,
+    /// Software versions discovery does not read (CUDA, OFED).
+    pub software: Arc<dyn SoftwareSource>,
+}
+
+/// Software versions the sysfs readers do not cover: the CUDA version the driver supports and
+/// the OFED release. A real node reads them from NVML and the loaded modules
+/// ([`HostSoftware`]); a simulated node from its model.
+pub trait SoftwareSource: Send + Sync {
+    /// Certificate keys (`cuda`, `ofed`) to their versions; missing ones are left out.
+    fn versions(&self) -> BTreeMap<String, String>;
+}
+
+/// A real node's software source: `ofed` from `sys/module/mlx5_core/version` under the sysfs
+/// root, `cuda` from NVML (only when NVML describes this machine, see [`NodeSetup::use_nvml`]).
+#[derive(Clone, Debug)]
+pub struct HostSoftware {
+    pub sysfs_root: PathBuf,
+    pub use_nvml: bool,
+}
+
+impl SoftwareSource for HostSoftware {
+    fn versions(&self) -> BTreeMap<String, String> {
+        let mut s = BTreeMap::new();
+        if let Ok(v) = std::fs::read_to_string(self.sysfs_root.join("sys/module/mlx5_core/version"))
+        {
+            s.insert("ofed".into(), v.trim().to_string());
+        }
+        if self.use_nvml {
+            if let Some(v) = discover::nvml_cuda_version() {
+                s.insert("cuda".into(), v);
+            }
+        }
+        s
+    }
 }
 
 /// Evidence plus what the certificate records besides the verdict.
@@ -94,12 +125,12 @@ pub fn gpu_affinity(d: &Discovery) -> Vec<GpuAffinity> {
         .collect()
 }
 
-/// Driver, CUDA, kernel, HCA firmware and OFED versions.
+/// Driver, CUDA, kernel, HCA firmware and OFED versions: discovery's facts, then what
+/// `source` adds.
 pub fn software_baseline(
     d: &Discovery,
-    root: &Path,
     profile: &FabricProfileSpec,
-    sim: Option<&NodeModel>,
+    source: &dyn SoftwareSource,
 ) -> BTreeMap<String, String> {
     let mut s = BTreeMap::new();
     if let Some(v) = &d.platform.nvidia_driver {
@@ -119,12 +150,8 @@ pub fn software_baseline(
     if !fw.is_empty() {
         s.insert("fw_ver".into(), fw.join(","));
     }
-    if let Ok(v) = std::fs::read_to_string(root.join("sys/module/mlx5_core/version")) {
-        s.insert("ofed".into(), v.trim().to_string());
-    }
-    if let Some(m) = sim {
-        s.entry("cuda".into()).or_insert(m.software.cuda.clone());
-        s.entry("ofed".into()).or_insert(m.software.ofed.clone());
+    for (k, v) in source.versions() {
+        s.entry(k).or_insert(v);
     }
     s
 }
@@ -332,7 +359,7 @@ pub async fn gather_invasive_with(
     let (nccl, digest) = nccl_runs(setup, profile, progress.as_ref()).await;
     progress.step("reading ports again");
     let last = discover_node(setup)?;
-    let mut software = software_baseline(&last, &setup.sysfs_root, profile, setup.sim.as_ref());
+    let mut software = software_baseline(&last, profile, setup.software.as_ref());
     if let Some(v) = nccl
         .iter()
         .find(|r| r.label == RUN_MAIN)
@@ -371,7 +398,7 @@ pub async fn gather_passive(
     let first = discover_node(setup)?;
     tokio::time::sleep(window).await;
     let last = discover_node(setup)?;
-    let software = software_baseline(&last, &setup.sysfs_root, profile, setup.sim.as_ref());
+    let software = software_baseline(&last, profile, setup.software.as_ref());
     Ok(Gathered {
         evidence: Evidence {
             before: port_readings(&first),

@@ -306,7 +306,6 @@ pub(crate) fn analyze(inv: &Inventory) -> Discovery {
         .collect();
     let mut nics = Vec::new();
     let mut nic_pci = Vec::new();
-    let mut nic_numa = Vec::new();
     for h in &inv.hcas {
         for p in &h.ports {
             nics.push(NicCandidate {
@@ -321,7 +320,6 @@ pub(crate) fn analyze(inv: &Inventory) -> Discovery {
                 link_layer: p.link_layer,
             });
             nic_pci.push(h.pci_bus_id.clone());
-            nic_numa.push(h.numa);
         }
     }
     // A NIC without a PCI parent (software RDMA) or a GPU whose device vanished is SYS: far.
@@ -404,7 +402,6 @@ pub(crate) fn analyze(inv: &Inventory) -> Discovery {
     findings.extend(affinity_findings(&affinity, &nics, &roles));
     findings.extend(readiness::readiness_findings(inv, &affinity, &rails));
     findings.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.kind.cmp(&b.kind)));
-    let _ = nic_numa;
     Discovery {
         gpus: inv.gpus.clone(),
         hcas: inv.hcas.clone(),

@@ -6,7 +6,6 @@
 //! ([`classify_path`], [`affinity_map`], [`readiness_findings`], [`analyze`]) is pure.
 
 mod affinity;
-pub mod cli;
 mod error;
 mod ib;
 mod nvml;
@@ -26,7 +25,7 @@ pub use affinity::{
 };
 pub use error::DiscoverError;
 pub use ib::{read_hcas, read_port, read_port_counters};
-pub use nvml::{nvml_gpus, NvmlGpu, NvmlReport};
+pub use nvml::{nvml_cuda_version, nvml_gpus, NvmlGpu, NvmlReport};
 pub use pci::{acs_from_config, classify_path, read_pci_devices, AcsState, PciDevice, PcieLink};
 pub use profile::{profile_for, ProfileDefaults};
 pub use readiness::{readiness_findings, IommuState, Platform};

@@ -93,6 +93,15 @@ pub fn nvml_gpus() -> Result<NvmlReport, String> {
     })
 }
 
+/// The CUDA version the loaded driver supports (`12.4`), from NVML; `None` without a driver.
+pub fn nvml_cuda_version() -> Option<String> {
+    let v = nvml_wrapper::Nvml::init()
+        .ok()?
+        .sys_cuda_driver_version()
+        .ok()?;
+    Some(format!("{}.{}", v / 1000, (v % 1000) / 10))
+}
+
 /// Renumbers sysfs GPUs by NVML index (matched on PCI address). Returns false, leaving PCI
 /// order, unless NVML accounts for every GPU found in sysfs.
 pub(crate) fn apply_nvml_order(gpus: &mut [Gpu], report: &NvmlReport) -> bool {

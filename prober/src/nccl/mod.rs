@@ -4,7 +4,6 @@
 pub mod debug_log;
 pub mod perf;
 pub mod runner;
-pub mod standin;
 
 use railguard_api::{NcclResult, Transport};
 use serde::Serialize;

@@ -2,6 +2,13 @@
 //! `railguard-prober`) for the labels and the certificate annotation, the
 //! `RailguardFabricReady` condition through the status subresource, and an Event on the Node
 //! (Certified, CertificationFailed, Regressed).
+//!
+//! A run reads the Node once ([`NodePublisher::read_state`], a [`NodeState`]) and every later
+//! write works from that snapshot, updating it as it goes.
+
+mod state;
+
+pub use state::{ConditionSeen, NodeState};
 
 use std::collections::BTreeMap;
 
@@ -148,31 +155,17 @@ impl NodePublisher {
         Api::all(self.client.clone())
     }
 
-    pub async fn get_node(&self) -> Result<Node, PublishError> {
-        self.nodes()
+    /// Reads the Node once: what a run needs to know of it ([`NodeState`]).
+    pub async fn read_state(&self) -> Result<NodeState, PublishError> {
+        let node = self
+            .nodes()
             .get(&self.node)
             .await
             .map_err(|source| PublishError::GetNode {
                 node: self.node.clone(),
                 source,
-            })
-    }
-
-    /// The certificate currently on the Node; unreadable ones are treated as absent (the next
-    /// publish replaces them) with a warning.
-    pub fn certificate_of(node: &Node) -> Option<Certificate> {
-        let raw = node
-            .metadata
-            .annotations
-            .as_ref()?
-            .get(keys::ANNOTATION_CERTIFICATE)?;
-        match Certificate::from_annotation(raw) {
-            Ok(c) => Some(c),
-            Err(e) => {
-                tracing::warn!(error = %e, "existing certificate annotation is unreadable; replacing it");
-                None
-            }
-        }
+            })?;
+        Ok(NodeState::of(&node))
     }
 
     async fn apply_metadata(
@@ -208,10 +201,11 @@ impl NodePublisher {
     /// certificate (so no job lands mid-test, and nothing is lost if the run dies).
     pub async fn mark_pending(
         &self,
+        state: &mut NodeState,
         profile: &str,
         signature: &str,
-        previous: Option<&Certificate>,
     ) -> Result<(), PublishError> {
+        let previous = state.certificate.as_ref();
         let annotation = match previous {
             Some(c) => Some(
                 c.to_annotation()
@@ -231,14 +225,15 @@ impl NodePublisher {
                 .cloned()
                 .unwrap_or_else(|| placeholder(profile, signature))
         };
-        self.set_condition(&pending).await
+        self.set_condition(state, &pending).await
     }
 
-    /// Publishes a certificate: labels + annotation (one apply), condition, Event.
+    /// Publishes a certificate: labels + annotation (one apply), condition, Event. The
+    /// certificate `state` held is the previous one; afterwards `state` holds `cert`.
     pub async fn publish(
         &self,
+        state: &mut NodeState,
         cert: &Certificate,
-        previous: Option<&Certificate>,
         invasive: bool,
     ) -> Result<(), PublishError> {
         let annotation = cert
@@ -250,27 +245,24 @@ impl NodePublisher {
             (keys::LABEL_SIGNATURE, cert.signature.as_str()),
         ]);
         self.apply_metadata(labels, Some(annotation)).await?;
-        self.set_condition(cert).await?;
-        if let Some(ev) = event_for(cert, previous, invasive) {
-            self.record_event(&ev).await?;
+        self.set_condition(state, cert).await?;
+        if let Some(ev) = event_for(cert, state.certificate.as_ref(), invasive) {
+            self.record_event(state, &ev).await?;
         }
+        state.certificate = Some(cert.clone());
         Ok(())
     }
 
-    async fn set_condition(&self, cert: &Certificate) -> Result<(), PublishError> {
+    async fn set_condition(
+        &self,
+        state: &mut NodeState,
+        cert: &Certificate,
+    ) -> Result<(), PublishError> {
         let (status, reason, message) = condition_for(cert);
-        // Keep lastTransitionTime when the status did not change.
-        let existing = self.get_node().await.ok().and_then(|n| {
-            n.status?
-                .conditions?
-                .into_iter()
-                .find(|c| c.type_ == keys::CONDITION_FABRIC_READY)
-        });
         let now = Timestamp::now();
-        let transition = match &existing {
-            Some(c) if c.status == status => {
-                c.last_transition_time.as_ref().map(|t| t.0).unwrap_or(now)
-            }
+        // Keep lastTransitionTime when the status did not change.
+        let transition = match &state.condition {
+            Some(c) if c.status == status => c.last_transition.unwrap_or(now),
             _ => now,
         };
         // A strategic merge patch (conditions merge by type): before Kubernetes 1.22 managed
@@ -299,11 +291,14 @@ impl NodePublisher {
                 node: self.node.clone(),
                 source,
             })?;
+        state.condition = Some(ConditionSeen {
+            status: status.to_string(),
+            last_transition: Some(transition),
+        });
         Ok(())
     }
 
-    async fn record_event(&self, ev: &NodeEvent) -> Result<(), PublishError> {
-        let node = self.get_node().await?;
+    async fn record_event(&self, state: &NodeState, ev: &NodeEvent) -> Result<(), PublishError> {
         let now = Timestamp::now();
         let event = Event {
             metadata: ObjectMeta {
@@ -315,7 +310,7 @@ impl NodePublisher {
                 api_version: Some("v1".into()),
                 kind: Some("Node".into()),
                 name: Some(self.node.clone()),
-                uid: node.metadata.uid.clone(),
+                uid: state.uid.clone(),
                 ..ObjectReference::default()
             },
             reason: Some(ev.reason.into()),

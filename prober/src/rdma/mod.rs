@@ -3,12 +3,11 @@
 //! Everything above this module talks to [`RdmaEngine`] (one node: loopback on one HCA) and
 //! [`PeerRdmaEngine`] (two nodes: an RC QP pair between HCA *i* of node A and HCA *i* of node B,
 //! connected through the authenticated TCP side channel in [`peer`]). Two engines implement
-//! them: [`verbs::VerbsEngine`] (real ibverbs; the only `unsafe` code of the crate) and
-//! [`sim::SimulatedRdmaEngine`] (plain-data rail models with injected faults), so the rest of the
-//! pipeline runs unchanged on machines without HCAs.
+//! them: [`verbs::VerbsEngine`] (real ibverbs; the only `unsafe` code of the crate) and the
+//! simulated engine of `railguard-sim` (plain-data rail models with injected faults), so the
+//! rest of the pipeline runs unchanged on machines without HCAs.
 
 pub mod peer;
-pub mod sim;
 pub mod verbs;
 
 use serde::{Deserialize, Serialize};
@@ -17,7 +16,6 @@ pub use peer::{
     run_write_test_initiator, run_write_test_responder, PeerConfig, PeerTestOutcome,
     PeerTestRequest, RailLocks,
 };
-pub use sim::{SimFault, SimLinkFault, SimRailModel, SimulatedRdmaEngine};
 pub use verbs::VerbsEngine;
 
 /// Where the benchmark buffers live. GPU memory exercises the GPU↔HCA path (GPUDirect RDMA).
@@ -259,9 +257,10 @@ pub struct QpInfo {
     pub len: u64,
     /// Active path MTU as the verbs enum value (1=256 .. 5=4096).
     pub mtu: u32,
-    /// Set by the simulated engine only: the rail model behind this endpoint.
+    /// Set by the simulated engine only (`railguard-sim`): the rail model behind this
+    /// endpoint, opaque to everything else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sim: Option<sim::SimEndpointInfo>,
+    pub sim: Option<serde_json::Value>,
 }
 
 /// One side of an RC QP with a registered buffer, before and after connection.

@@ -14,8 +14,8 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use railguard_api::profile::parse_ib_hca;
 use railguard_api::Transport;
-use railguard_prober::nccl::standin::{parse_size, StandinRun};
-use railguard_prober::sim::{bump_counters, ModelPortState, NodeModel, SIM_MODEL_PATH};
+use railguard_sim::standin::{parse_size, StandinRun};
+use railguard_sim::{bump_counters, ModelPortState, NodeModel, SIM_MODEL_PATH};
 
 /// Socket transport tops out far below any RDMA rail.
 const SOCKET_BUSBW_GBPS: f64 = 11.5;

@@ -3,35 +3,28 @@
 //! due and no GPU pod runs on the node, or at once when the Node carries
 //! `railguard.io/recertify`. The node is labelled `pending` while an invasive run is under
 //! way. Intervals are jittered, errors back off exponentially, SIGTERM/SIGINT stop the loop
-//! between steps. Prometheus metrics and health are served on a plain port.
+//! between steps. Prometheus metrics and health are served on a plain port ([`metrics`]).
+
+pub mod metrics;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
-use axum::routing::get;
 use clap::Args;
-use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
-use railguard_api::{keys, Certificate, Verdict};
+use railguard_prober::certify::once::certify_with_state;
+use railguard_prober::certify::run::invasive_steps;
+use railguard_prober::certify::{passive_once, NodeContext, PassiveOutcome};
+use railguard_prober::progress::NoProgress;
+use railguard_prober::publish::{NodePublisher, NodeState};
 use tokio_util::sync::CancellationToken;
 
-use crate::certify::cli::{certify_once, NodeArgs, NodeContext};
-use crate::certify::policy::assess_passive;
-use crate::certify::record::{passive_certificate, Subject};
-use crate::certify::run::{error_chain, gather_passive};
-use crate::progress::NoProgress;
-use crate::publish::NodePublisher;
+pub use metrics::Metrics;
+
+use crate::certify::NodeArgs;
 
 /// `railguard-prober daemon`
 #[derive(Args, Debug, Clone)]
@@ -66,143 +59,6 @@ pub struct DaemonArgs {
     pub metrics_listen: SocketAddr,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RailLabels {
-    rail: String,
-    memory: String,
-}
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CounterLabels {
-    rail: String,
-    counter: String,
-}
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct VerdictLabels {
-    verdict: String,
-}
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RunLabels {
-    kind: String,
-    outcome: String,
-}
-
-/// The daemon's metrics.
-pub struct Metrics {
-    registry: Registry,
-    rail_bw: Family<RailLabels, Gauge<f64, AtomicU64>>,
-    counter_delta: Family<CounterLabels, Gauge>,
-    verdict: Family<VerdictLabels, Gauge>,
-    busbw: Gauge<f64, AtomicU64>,
-    runs: Family<RunLabels, Counter>,
-    ready: AtomicBool,
-    alive_at: Mutex<Instant>,
-}
-
-impl Metrics {
-    pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("railguard_prober");
-        let rail_bw = Family::<RailLabels, Gauge<f64, AtomicU64>>::default();
-        let counter_delta = Family::<CounterLabels, Gauge>::default();
-        let verdict = Family::<VerdictLabels, Gauge>::default();
-        let busbw = Gauge::<f64, AtomicU64>::default();
-        let runs = Family::<RunLabels, Counter>::default();
-        registry.register(
-            "rail_write_bandwidth_gbps",
-            "RDMA WRITE bandwidth per rail of the last invasive run",
-            rail_bw.clone(),
-        );
-        registry.register(
-            "rail_counter_delta",
-            "Error counter growth per rail over the last check window",
-            counter_delta.clone(),
-        );
-        registry.register(
-            "verdict",
-            "1 for the node's current verdict",
-            verdict.clone(),
-        );
-        registry.register(
-            "nccl_busbw_plateau_gbps",
-            "NCCL all_reduce busbw plateau of the last invasive run",
-            busbw.clone(),
-        );
-        registry.register("runs", "Checks run, by kind and outcome", runs.clone());
-        Metrics {
-            registry,
-            rail_bw,
-            counter_delta,
-            verdict,
-            busbw,
-            runs,
-            ready: AtomicBool::new(false),
-            alive_at: Mutex::new(Instant::now()),
-        }
-    }
-
-    fn record(&self, cert: &Certificate, kind: &str) {
-        for v in ["certified", "degraded", "failed", "pending"] {
-            self.verdict
-                .get_or_create(&VerdictLabels { verdict: v.into() })
-                .set(i64::from(cert.verdict.as_label() == v));
-        }
-        for r in &cert.rails {
-            for (mem, bw) in [("host", r.write_bw_host_gbps), ("gpu", r.write_bw_gpu_gbps)] {
-                if let Some(bw) = bw {
-                    self.rail_bw
-                        .get_or_create(&RailLabels {
-                            rail: r.id(),
-                            memory: mem.into(),
-                        })
-                        .set(bw);
-                }
-            }
-            for (c, d) in &r.counter_deltas {
-                self.counter_delta
-                    .get_or_create(&CounterLabels {
-                        rail: r.id(),
-                        counter: c.clone(),
-                    })
-                    .set(i64::try_from(*d).unwrap_or(i64::MAX));
-            }
-        }
-        if let Some(b) = cert.nccl.as_ref().and_then(|n| n.busbw_plateau_gbps) {
-            self.busbw.set(b);
-        }
-        self.run(kind, cert.verdict.as_label());
-        self.ready.store(true, Ordering::Relaxed);
-    }
-
-    fn run(&self, kind: &str, outcome: &str) {
-        self.runs
-            .get_or_create(&RunLabels {
-                kind: kind.into(),
-                outcome: outcome.into(),
-            })
-            .inc();
-    }
-
-    fn heartbeat(&self) {
-        if let Ok(mut t) = self.alive_at.lock() {
-            *t = Instant::now();
-        }
-    }
-
-    /// Text exposition format.
-    pub fn encode(&self) -> String {
-        let mut s = String::new();
-        if prometheus_client::encoding::text::encode(&mut s, &self.registry).is_err() {
-            s.clear();
-        }
-        s
-    }
-}
-
-impl Default for Metrics {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 /// Adds up to `percent` of random spread to a duration.
 pub fn jittered(d: Duration, percent: u32) -> Duration {
     use rand::Rng;
@@ -215,89 +71,24 @@ pub fn jittered(d: Duration, percent: u32) -> Duration {
     d + Duration::from_secs_f64(extra)
 }
 
-/// Exponential backoff after failed steps: 5 s, 10 s, ... up to 5 min.
+/// Exponential backoff after failed steps: 5 s, 10 s, ... up to [`MAX_BACKOFF`].
 pub fn backoff(failures: u32) -> Duration {
     let secs = 5u64.saturating_mul(1u64 << failures.min(6));
-    Duration::from_secs(secs.min(300))
+    Duration::from_secs(secs).min(MAX_BACKOFF)
 }
 
-/// Whether a pod counts as a GPU pod on this node: not finished, asking for a GPU resource.
-pub fn is_active_gpu_pod(pod: &Pod, gpu_resources: &[String]) -> bool {
-    let phase = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.phase.as_deref())
-        .unwrap_or("Pending");
-    if phase == "Succeeded" || phase == "Failed" {
-        return false;
-    }
-    let Some(spec) = &pod.spec else { return false };
-    spec.containers
-        .iter()
-        .chain(spec.init_containers.iter().flatten())
-        .any(|c| {
-            let r = c.resources.as_ref();
-            let has = |m: Option<
-                &std::collections::BTreeMap<
-                    String,
-                    k8s_openapi::apimachinery::pkg::api::resource::Quantity,
-                >,
-            >| {
-                m.is_some_and(|m| {
-                    gpu_resources
-                        .iter()
-                        .any(|g| m.get(g).is_some_and(|q| q.0.trim() != "0"))
-                })
-            };
-            has(r.and_then(|r| r.limits.as_ref())) || has(r.and_then(|r| r.requests.as_ref()))
-        })
-}
+/// The longest wait between two steps (the backoff cap).
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
-async fn serve_metrics(
-    listener: std::net::TcpListener,
-    metrics: Arc<Metrics>,
-    stop: CancellationToken,
-) -> anyhow::Result<()> {
-    let m1 = metrics.clone();
-    let m2 = metrics.clone();
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let m = m1.clone();
-                async move {
-                    (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        m.encode(),
-                    )
-                }
-            }),
-        )
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let m = m2.clone();
-                async move {
-                    if m.ready.load(Ordering::Relaxed) {
-                        (StatusCode::OK, "ready").into_response()
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "no check finished yet").into_response()
-                    }
-                }
-            }),
-        );
-    let addr = listener.local_addr().context("metrics listener")?;
-    let listener =
-        tokio::net::TcpListener::from_std(listener).context("cannot serve the metrics port")?;
-    tracing::info!(%addr, "metrics and health listening");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
-        .context("metrics server failed")
+/// How long one loop iteration may take before `/healthz` calls the loop stuck: the longest
+/// wait, a passive window, and an invasive run (every NCCL run to its timeout, plus time for
+/// the rails).
+fn stall_after(args: &DaemonArgs, ctx: &NodeContext) -> Duration {
+    let steps = u32::try_from(invasive_steps(&ctx.profile.spec)).unwrap_or(u32::MAX);
+    MAX_BACKOFF
+        + Duration::from_millis(args.poll_ms.max(args.window_ms))
+        + ctx.setup.nccl_timeout.saturating_mul(steps)
+        + Duration::from_secs(300)
 }
 
 struct Loop {
@@ -308,9 +99,8 @@ struct Loop {
 }
 
 impl Loop {
-    async fn gpu_pod_running(&self) -> anyhow::Result<bool> {
-        let client = self.ctx.client.clone().context("no cluster client")?;
-        let pods: kube::Api<Pod> = kube::Api::all(client);
+    async fn gpu_pod_running(&self, client: &kube::Client) -> anyhow::Result<bool> {
+        let pods: kube::Api<Pod> = kube::Api::all(client.clone());
         let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.ctx.node));
         let list = pods
             .list(&lp)
@@ -319,78 +109,29 @@ impl Loop {
         Ok(list
             .items
             .iter()
-            .any(|p| is_active_gpu_pod(p, &self.args.gpu_resources)))
+            .any(|p| railguard_api::pod::holds_gpu(p, &self.args.gpu_resources)))
     }
 
-    async fn invasive(&self, recertify: bool) -> anyhow::Result<()> {
-        let out = certify_once(&self.ctx, true, Arc::new(NoProgress)).await?;
+    async fn invasive(&self, state: &mut NodeState, recertify: bool) -> anyhow::Result<()> {
+        let out = certify_with_state(&self.ctx, Some(state), true, Arc::new(NoProgress)).await?;
         self.metrics.record(&out.certificate, "invasive");
         if recertify {
-            self.publisher
-                .clear_recertify()
-                .await
-                .map_err(|e| anyhow::anyhow!(error_chain(&e)))?;
+            self.publisher.clear_recertify().await?;
         }
         Ok(())
     }
 
-    async fn passive(&self) -> anyhow::Result<()> {
-        let spec = &self.ctx.profile.spec;
-        let previous = self.ctx.previous().await;
-        let exposure = self.ctx.exposure().await;
-        let gathered = gather_passive(
-            &self.ctx.setup,
-            spec,
-            Duration::from_millis(self.args.window_ms),
-            exposure,
-        )
-        .await?;
-        let assessment = assess_passive(
-            spec,
-            &gathered.evidence,
-            previous.as_ref().map(|c| c.verdict),
-            previous.as_ref().map(|c| c.rails.as_slice()).unwrap_or(&[]),
-        );
-        if previous.is_none() && assessment.verdict != Verdict::Failed {
+    async fn passive(&self, state: &mut NodeState) -> anyhow::Result<()> {
+        let window = Duration::from_millis(self.args.window_ms);
+        match passive_once(&self.ctx, state, window).await? {
             // Nothing to update: only an invasive run can certify.
-            self.metrics.run("passive", "nothing-to-publish");
-            return Ok(());
+            PassiveOutcome::NothingToPublish => self.metrics.run("passive", "nothing-to-publish"),
+            PassiveOutcome::Published(cert) => self.metrics.record(&cert, "passive"),
         }
-        let profile_name = self.ctx.profile.name().to_string();
-        let subject = Subject {
-            node: &self.ctx.node,
-            profile_name: &profile_name,
-            profile: spec,
-            signature: gathered.evidence.layout_signature.clone(),
-            gpus: gathered.gpus,
-        };
-        let cert = passive_certificate(&subject, &assessment, previous.as_ref(), Timestamp::now());
-        self.publisher
-            .publish(&cert, previous.as_ref(), false)
-            .await
-            .map_err(|e| anyhow::anyhow!(error_chain(&e)))?;
-        if cert.verdict == Verdict::Failed {
-            tracing::warn!(node = %self.ctx.node, reasons = ?cert.reasons, "passive check failed the node");
-        }
-        self.metrics.record(&cert, "passive");
         Ok(())
     }
 
-    async fn recertify_requested(&self) -> anyhow::Result<bool> {
-        let node = self
-            .publisher
-            .get_node()
-            .await
-            .map_err(|e| anyhow::anyhow!(error_chain(&e)))?;
-        Ok(node
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(keys::ANNOTATION_RECERTIFY))
-            .is_some_and(|v| !v.trim().is_empty()))
-    }
-
-    async fn run(self, stop: CancellationToken) {
+    async fn run(self, client: kube::Client, stop: CancellationToken) {
         let cert = &self.ctx.profile.spec.certification;
         let interval =
             Duration::from_secs(self.args.interval_secs.unwrap_or(cert.interval_seconds));
@@ -400,32 +141,31 @@ impl Loop {
                 .unwrap_or(cert.passive_interval_seconds),
         );
         let poll = Duration::from_millis(self.args.poll_ms.max(100));
+        let jitter = self.args.jitter_percent;
         let mut next_invasive = Instant::now();
-        let mut next_passive = Instant::now() + jittered(passive_every, self.args.jitter_percent);
+        let mut next_passive = Instant::now() + jittered(passive_every, jitter);
         let mut failures = 0u32;
         loop {
             self.metrics.heartbeat();
             let step = async {
-                let recertify = self.recertify_requested().await?;
+                // The Node is read once per step; the step's writes keep the snapshot current.
+                let mut state = self.publisher.read_state().await?;
+                let recertify = state.recertify_requested;
                 let now = Instant::now();
                 if recertify || now >= next_invasive {
-                    if recertify || !self.gpu_pod_running().await? {
+                    if recertify || !self.gpu_pod_running(&client).await? {
                         tracing::info!(node = %self.ctx.node, recertify, "invasive certification");
-                        self.invasive(recertify).await?;
-                        next_invasive =
-                            Instant::now() + jittered(interval, self.args.jitter_percent);
-                        next_passive =
-                            Instant::now() + jittered(passive_every, self.args.jitter_percent);
+                        self.invasive(&mut state, recertify).await?;
+                        next_invasive = Instant::now() + jittered(interval, jitter);
+                        next_passive = Instant::now() + jittered(passive_every, jitter);
                         return Ok::<_, anyhow::Error>(());
                     }
                     tracing::info!(node = %self.ctx.node, "invasive run due but a GPU pod is on the node; deferring");
-                    next_invasive =
-                        Instant::now() + jittered(passive_every, self.args.jitter_percent);
+                    next_invasive = Instant::now() + jittered(passive_every, jitter);
                 }
                 if Instant::now() >= next_passive {
-                    self.passive().await?;
-                    next_passive =
-                        Instant::now() + jittered(passive_every, self.args.jitter_percent);
+                    self.passive(&mut state).await?;
+                    next_passive = Instant::now() + jittered(passive_every, jitter);
                 }
                 Ok(())
             };
@@ -459,29 +199,27 @@ impl DaemonArgs {
             "metrics and health",
             "--metrics-listen",
         )?;
-        let ctx = self.node.context(true).await?;
-        let publisher = ctx
-            .publisher()
+        let client = self
+            .node
+            .client(true)
+            .await?
             .context("the daemon needs a cluster client")?;
-        let metrics = Arc::new(Metrics::new());
+        let ctx = self.node.context(Some(client.clone())).await?;
+        let publisher = ctx
+            .publisher
+            .clone()
+            .context("the daemon needs a cluster client")?;
+        let metrics = Arc::new(Metrics::new(stall_after(self, &ctx)));
         let stop = CancellationToken::new();
-        let server = tokio::spawn(serve_metrics(listener, metrics.clone(), stop.clone()));
+        let server = tokio::spawn(metrics::serve_metrics(
+            listener,
+            metrics.clone(),
+            stop.clone(),
+        ));
         let signals = {
             let stop = stop.clone();
             tokio::spawn(async move {
-                let mut term =
-                    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                    {
-                        Ok(s) => s,
-                        Err(e) => {
-                            tracing::error!(error = %e, "cannot watch SIGTERM");
-                            return;
-                        }
-                    };
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
+                railguard_runtime::shutdown_signal().await;
                 tracing::info!("shutdown requested");
                 stop.cancel();
             })
@@ -493,7 +231,7 @@ impl DaemonArgs {
             args: self.clone(),
             metrics,
         };
-        l.run(stop.clone()).await;
+        l.run(client, stop.clone()).await;
         stop.cancel();
         signals.abort();
         match server.await {
@@ -511,7 +249,7 @@ mod tests {
     fn backoff_grows_and_caps() {
         assert_eq!(backoff(0), Duration::from_secs(5));
         assert_eq!(backoff(1), Duration::from_secs(10));
-        assert_eq!(backoff(10), Duration::from_secs(300));
+        assert_eq!(backoff(10), MAX_BACKOFF);
     }
 
     #[test]
@@ -521,26 +259,5 @@ mod tests {
             assert!(j >= Duration::from_secs(100) && j < Duration::from_secs(110));
         }
         assert_eq!(jittered(Duration::from_secs(7), 0), Duration::from_secs(7));
-    }
-
-    #[test]
-    fn gpu_pods_are_recognized() {
-        let pod: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "p"},
-            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
-            "status": {"phase": "Running"}
-        }))
-        .unwrap();
-        let gpus = vec!["nvidia.com/gpu".to_string()];
-        assert!(is_active_gpu_pod(&pod, &gpus));
-        let mut done = pod.clone();
-        done.status.as_mut().unwrap().phase = Some("Succeeded".into());
-        assert!(!is_active_gpu_pod(&done, &gpus));
-        let cpu: Pod = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "p"},
-            "spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "8"}}}]}
-        }))
-        .unwrap();
-        assert!(!is_active_gpu_pod(&cpu, &gpus));
     }
 }

@@ -1,0 +1,238 @@
+//! The daemon's Prometheus metrics and its health endpoints.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use railguard_api::Certificate;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RailLabels {
+    rail: String,
+    memory: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CounterLabels {
+    rail: String,
+    counter: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerdictLabels {
+    verdict: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RunLabels {
+    kind: String,
+    outcome: String,
+}
+
+/// The daemon's metrics, readiness and liveness.
+pub struct Metrics {
+    registry: Registry,
+    rail_bw: Family<RailLabels, Gauge<f64, AtomicU64>>,
+    counter_delta: Family<CounterLabels, Gauge>,
+    verdict: Family<VerdictLabels, Gauge>,
+    busbw: Gauge<f64, AtomicU64>,
+    runs: Family<RunLabels, Counter>,
+    ready: AtomicBool,
+    alive_at: Mutex<Instant>,
+    /// The loop is stuck when its last heartbeat is older than this.
+    stall_after: Duration,
+}
+
+impl Metrics {
+    /// Metrics of a loop that beats at least every `stall_after` while it makes progress.
+    pub fn new(stall_after: Duration) -> Self {
+        let mut registry = Registry::with_prefix("railguard_prober");
+        let rail_bw = Family::<RailLabels, Gauge<f64, AtomicU64>>::default();
+        let counter_delta = Family::<CounterLabels, Gauge>::default();
+        let verdict = Family::<VerdictLabels, Gauge>::default();
+        let busbw = Gauge::<f64, AtomicU64>::default();
+        let runs = Family::<RunLabels, Counter>::default();
+        registry.register(
+            "rail_write_bandwidth_gbps",
+            "RDMA WRITE bandwidth per rail of the last invasive run",
+            rail_bw.clone(),
+        );
+        registry.register(
+            "rail_counter_delta",
+            "Error counter growth per rail over the last check window",
+            counter_delta.clone(),
+        );
+        registry.register(
+            "verdict",
+            "1 for the node's current verdict",
+            verdict.clone(),
+        );
+        registry.register(
+            "nccl_busbw_plateau_gbps",
+            "NCCL all_reduce busbw plateau of the last invasive run",
+            busbw.clone(),
+        );
+        registry.register("runs", "Checks run, by kind and outcome", runs.clone());
+        Metrics {
+            registry,
+            rail_bw,
+            counter_delta,
+            verdict,
+            busbw,
+            runs,
+            ready: AtomicBool::new(false),
+            alive_at: Mutex::new(Instant::now()),
+            stall_after,
+        }
+    }
+
+    pub(crate) fn record(&self, cert: &Certificate, kind: &str) {
+        for v in ["certified", "degraded", "failed", "pending"] {
+            self.verdict
+                .get_or_create(&VerdictLabels { verdict: v.into() })
+                .set(i64::from(cert.verdict.as_label() == v));
+        }
+        for r in &cert.rails {
+            for (mem, bw) in [("host", r.write_bw_host_gbps), ("gpu", r.write_bw_gpu_gbps)] {
+                if let Some(bw) = bw {
+                    self.rail_bw
+                        .get_or_create(&RailLabels {
+                            rail: r.id(),
+                            memory: mem.into(),
+                        })
+                        .set(bw);
+                }
+            }
+            for (c, d) in &r.counter_deltas {
+                self.counter_delta
+                    .get_or_create(&CounterLabels {
+                        rail: r.id(),
+                        counter: c.clone(),
+                    })
+                    .set(i64::try_from(*d).unwrap_or(i64::MAX));
+            }
+        }
+        if let Some(b) = cert.nccl.as_ref().and_then(|n| n.busbw_plateau_gbps) {
+            self.busbw.set(b);
+        }
+        self.run(kind, cert.verdict.as_label());
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn run(&self, kind: &str, outcome: &str) {
+        self.runs
+            .get_or_create(&RunLabels {
+                kind: kind.into(),
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    /// The loop made progress (one step started).
+    pub(crate) fn heartbeat(&self) {
+        if let Ok(mut t) = self.alive_at.lock() {
+            *t = Instant::now();
+        }
+    }
+
+    /// Whether the loop beat within `stall_after` (what `/healthz` answers).
+    pub fn alive(&self) -> bool {
+        self.alive_at
+            .lock()
+            .map(|t| t.elapsed() <= self.stall_after)
+            .unwrap_or(false)
+    }
+
+    /// Text exposition format.
+    pub fn encode(&self) -> String {
+        let mut s = String::new();
+        if prometheus_client::encoding::text::encode(&mut s, &self.registry).is_err() {
+            s.clear();
+        }
+        s
+    }
+}
+
+/// Serves `/metrics`, `/healthz` (the loop made progress within its bound) and `/readyz` (a
+/// check finished) until `stop`.
+pub(crate) async fn serve_metrics(
+    listener: std::net::TcpListener,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let m1 = metrics.clone();
+    let m2 = metrics.clone();
+    let m3 = metrics.clone();
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let m = m1.clone();
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        m.encode(),
+                    )
+                }
+            }),
+        )
+        .route(
+            "/healthz",
+            get(move || {
+                let m = m3.clone();
+                async move {
+                    if m.alive() {
+                        (StatusCode::OK, "ok").into_response()
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "the check loop is stuck").into_response()
+                    }
+                }
+            }),
+        )
+        .route(
+            "/readyz",
+            get(move || {
+                let m = m2.clone();
+                async move {
+                    if m.ready.load(Ordering::Relaxed) {
+                        (StatusCode::OK, "ready").into_response()
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "no check finished yet").into_response()
+                    }
+                }
+            }),
+        );
+    let addr = listener.local_addr().context("metrics listener")?;
+    let listener =
+        tokio::net::TcpListener::from_std(listener).context("cannot serve the metrics port")?;
+    tracing::info!(%addr, "metrics and health listening");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
+        .context("metrics server failed")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_follows_the_heartbeat() {
+        let m = Metrics::new(Duration::from_millis(50));
+        assert!(m.alive());
+        std::thread::sleep(Duration::from_millis(80));
+        assert!(!m.alive(), "no heartbeat within the bound");
+        m.heartbeat();
+        assert!(m.alive());
+    }
+}

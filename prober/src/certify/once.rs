@@ -1,0 +1,197 @@
+//! One certification of this node, end to end: read the Node once, mark it pending, gather
+//! the evidence, assess it, record the certificate, publish it. And the daemon's passive
+//! check, the same way. The caller builds the [`NodeContext`] (and the runtime it runs on).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use railguard_api::{Certificate, FabricProfile, Verdict};
+
+use super::evidence::ResourceExposure;
+use super::matrix::{matrix_rows, render_matrix};
+use super::policy::{assess, assess_passive};
+use super::record::{invasive_certificate, passive_certificate, Subject};
+use super::run::{gather_invasive_with, gather_passive, GatherError, NodeSetup};
+use crate::progress::Progress;
+use crate::publish::{NodePublisher, NodeState, PublishError};
+
+/// Everything a run on this node needs, resolved once by the caller.
+pub struct NodeContext {
+    pub node: String,
+    pub profile: FabricProfile,
+    pub setup: NodeSetup,
+    /// Writes to this node's Node object; `None` without a cluster.
+    pub publisher: Option<NodePublisher>,
+}
+
+/// Why a certification could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum CertifyError {
+    #[error("publishing needs a cluster (--kubeconfig or in-cluster config)")]
+    NoCluster,
+    #[error(transparent)]
+    Publish(#[from] PublishError),
+    #[error(transparent)]
+    Gather(#[from] GatherError),
+}
+
+/// What one invasive certification produced.
+#[derive(Clone, Debug)]
+pub struct CertifyOutcome {
+    pub certificate: Certificate,
+    /// The comparison matrix, with a header naming node, profile and signature.
+    pub matrix: String,
+}
+
+/// What a passive check did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PassiveOutcome {
+    /// No certificate yet and nothing failed: only an invasive run can certify.
+    NothingToPublish,
+    /// The updated certificate, published.
+    Published(Box<Certificate>),
+}
+
+/// The profile among `profiles` whose rail layout this node has: an exact layout first, then
+/// one that differs only in a link's current rate (a downshifted link is then judged as that
+/// profile's rail). Pure.
+pub fn matching_profile<'a>(
+    profiles: &'a [FabricProfile],
+    layout: &[railguard_api::RailLayout],
+) -> Option<&'a FabricProfile> {
+    let exact = railguard_api::layout_signature(layout);
+    profiles
+        .iter()
+        .find(|p| p.spec.signature() == exact)
+        .or_else(|| {
+            profiles.iter().find(|p| {
+                railguard_api::certified_signature(layout, &p.spec.layout()) == p.spec.signature()
+            })
+        })
+}
+
+impl NodeContext {
+    /// The Node as it is now (one GET); `None` without a cluster.
+    pub async fn read_state(&self) -> Result<Option<NodeState>, PublishError> {
+        match &self.publisher {
+            Some(p) => Ok(Some(p.read_state().await?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The profile's RDMA resource as the Node advertises it (needs the Node).
+    fn exposure(&self, state: Option<&NodeState>) -> Option<ResourceExposure> {
+        let rdma = self.profile.spec.rdma.as_ref()?;
+        Some(state?.exposure(&rdma.resource_name))
+    }
+}
+
+/// One invasive certification with optional publishing, reading the Node once. Each rail and
+/// NCCL run is a step of `progress`.
+pub async fn certify_once(
+    ctx: &NodeContext,
+    publish: bool,
+    progress: Arc<dyn Progress>,
+) -> Result<CertifyOutcome, CertifyError> {
+    let mut state = ctx.read_state().await?;
+    certify_with_state(ctx, state.as_mut(), publish, progress).await
+}
+
+/// [`certify_once`] from a Node already read (`None` without a cluster): pending label,
+/// evidence, verdict, certificate, publish.
+pub async fn certify_with_state(
+    ctx: &NodeContext,
+    mut state: Option<&mut NodeState>,
+    publish: bool,
+    progress: Arc<dyn Progress>,
+) -> Result<CertifyOutcome, CertifyError> {
+    let profile_name = ctx.profile.name().to_string();
+    let spec = &ctx.profile.spec;
+    if publish && (ctx.publisher.is_none() || state.is_none()) {
+        return Err(CertifyError::NoCluster);
+    }
+    let previous = state.as_deref().and_then(|s| s.certificate.clone());
+    let exposure = ctx.exposure(state.as_deref());
+    if let (true, Some(p), Some(s)) = (publish, &ctx.publisher, state.as_deref_mut()) {
+        p.mark_pending(s, &profile_name, &spec.signature()).await?;
+    }
+    let gathered = gather_invasive_with(&ctx.setup, spec, exposure, progress.clone()).await;
+    progress.finish();
+    let gathered = gathered?;
+    let history = previous
+        .as_ref()
+        .filter(|p| p.profile == profile_name)
+        .map(|p| p.history.as_slice())
+        .unwrap_or(&[]);
+    let assessment = assess(spec, &gathered.evidence, history);
+    let subject = Subject {
+        node: &ctx.node,
+        profile_name: &profile_name,
+        profile: spec,
+        signature: gathered.evidence.layout_signature.clone(),
+        gpus: gathered.gpus.clone(),
+    };
+    let cert = invasive_certificate(
+        &subject,
+        &assessment,
+        &gathered.evidence.software,
+        previous.as_ref(),
+        Timestamp::now(),
+    );
+    let rows = matrix_rows(spec, &gathered.evidence, &assessment);
+    let matrix = format!(
+        "node {} profile {} signature {}\n\n{}",
+        ctx.node,
+        profile_name,
+        cert.signature,
+        render_matrix(&rows, &assessment)
+    );
+    if publish {
+        if let (Some(p), Some(s)) = (&ctx.publisher, state) {
+            p.publish(s, &cert, true).await?;
+        }
+    }
+    tracing::info!(node = %ctx.node, verdict = %cert.verdict, generation = cert.generation, reasons = ?cert.reasons, "certification finished");
+    Ok(CertifyOutcome {
+        certificate: cert,
+        matrix,
+    })
+}
+
+/// One passive check (ports over `window`) against the Node read in `state`, publishing the
+/// updated certificate when there is one to update or the check failed the node.
+pub async fn passive_once(
+    ctx: &NodeContext,
+    state: &mut NodeState,
+    window: Duration,
+) -> Result<PassiveOutcome, CertifyError> {
+    let publisher = ctx.publisher.as_ref().ok_or(CertifyError::NoCluster)?;
+    let spec = &ctx.profile.spec;
+    let previous = state.certificate.clone();
+    let exposure = ctx.exposure(Some(state));
+    let gathered = gather_passive(&ctx.setup, spec, window, exposure).await?;
+    let assessment = assess_passive(
+        spec,
+        &gathered.evidence,
+        previous.as_ref().map(|c| c.verdict),
+        previous.as_ref().map(|c| c.rails.as_slice()).unwrap_or(&[]),
+    );
+    if previous.is_none() && assessment.verdict != Verdict::Failed {
+        return Ok(PassiveOutcome::NothingToPublish);
+    }
+    let profile_name = ctx.profile.name().to_string();
+    let subject = Subject {
+        node: &ctx.node,
+        profile_name: &profile_name,
+        profile: spec,
+        signature: gathered.evidence.layout_signature.clone(),
+        gpus: gathered.gpus,
+    };
+    let cert = passive_certificate(&subject, &assessment, previous.as_ref(), Timestamp::now());
+    publisher.publish(state, &cert, false).await?;
+    if cert.verdict == Verdict::Failed {
+        tracing::warn!(node = %ctx.node, reasons = ?cert.reasons, "passive check failed the node");
+    }
+    Ok(PassiveOutcome::Published(Box::new(cert)))
+}

@@ -1,0 +1,111 @@
+//! What a run knows of its Node, read once.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use railguard_api::{keys, Certificate};
+
+use crate::certify::ResourceExposure;
+
+/// The fabric condition as last seen (or last written).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConditionSeen {
+    /// `True` or `False`.
+    pub status: String,
+    pub last_transition: Option<Timestamp>,
+}
+
+/// A snapshot of the Node: what a certification run reads from it, taken with one GET
+/// ([`super::NodePublisher::read_state`]) and kept current by the publisher's writes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeState {
+    /// The certificate on the Node; an unreadable one counts as absent (the next publish
+    /// replaces it).
+    pub certificate: Option<Certificate>,
+    /// `status.allocatable`, resource name to quantity.
+    pub allocatable: BTreeMap<String, String>,
+    /// `RailguardFabricReady`.
+    pub condition: Option<ConditionSeen>,
+    /// The Node's uid (Events refer to it).
+    pub uid: Option<String>,
+    /// `railguard.io/recertify` is set (non-empty).
+    pub recertify_requested: bool,
+}
+
+impl NodeState {
+    /// Pure: the snapshot of a Node object.
+    pub fn of(node: &Node) -> Self {
+        let annotations = node.metadata.annotations.as_ref();
+        let certificate = annotations
+            .and_then(|a| a.get(keys::ANNOTATION_CERTIFICATE))
+            .and_then(|raw| match Certificate::from_annotation(raw) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::warn!(error = %e, "existing certificate annotation is unreadable; replacing it");
+                    None
+                }
+            });
+        let status = node.status.as_ref();
+        let allocatable = status
+            .and_then(|s| s.allocatable.as_ref())
+            .map(|a| a.iter().map(|(k, q)| (k.clone(), q.0.clone())).collect())
+            .unwrap_or_default();
+        let condition = status
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| cs.iter().find(|c| c.type_ == keys::CONDITION_FABRIC_READY))
+            .map(|c| ConditionSeen {
+                status: c.status.clone(),
+                last_transition: c.last_transition_time.as_ref().map(|t| t.0),
+            });
+        NodeState {
+            certificate,
+            allocatable,
+            condition,
+            uid: node.metadata.uid.clone(),
+            recertify_requested: annotations
+                .and_then(|a| a.get(keys::ANNOTATION_RECERTIFY))
+                .is_some_and(|v| !v.trim().is_empty()),
+        }
+    }
+
+    /// How the Node advertises `resource` (the profile's RDMA resource).
+    pub fn exposure(&self, resource: &str) -> ResourceExposure {
+        ResourceExposure {
+            resource: resource.to_string(),
+            allocatable: self.allocatable.get(resource).cloned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_snapshot_reads_certificate_resource_condition_and_recertify() {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "n", "uid": "u-1", "annotations": {
+                keys::ANNOTATION_CERTIFICATE: "not json",
+                keys::ANNOTATION_RECERTIFY: "now",
+            }},
+            "status": {
+                "allocatable": {"rdma/ib": "8"},
+                "conditions": [{"type": keys::CONDITION_FABRIC_READY, "status": "True",
+                    "lastTransitionTime": "2024-01-01T00:00:00Z"}],
+            }
+        }))
+        .unwrap();
+        let s = NodeState::of(&node);
+        assert_eq!(s.certificate, None);
+        assert!(s.recertify_requested);
+        assert_eq!(s.uid.as_deref(), Some("u-1"));
+        assert_eq!(s.exposure("rdma/ib").allocatable.as_deref(), Some("8"));
+        assert_eq!(s.exposure("rdma/x").allocatable, None);
+        let c = s.condition.unwrap();
+        assert_eq!(c.status, "True");
+        assert!(c.last_transition.is_some());
+        assert!(!NodeState::of(&Node::default()).recertify_requested);
+    }
+}

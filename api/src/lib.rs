@@ -5,6 +5,7 @@
 
 pub mod certificate;
 pub mod error;
+pub mod finding;
 pub mod keys;
 pub mod node;
 pub mod pod;
@@ -17,6 +18,7 @@ pub use certificate::{
     Certificate, GpuAffinity, NcclResult, PathType, RailResult, RailVerdict, Transport, Verdict,
 };
 pub use error::{CertificateError, ProfileError, QuantityError};
+pub use finding::{Finding, FindingKind, Severity};
 pub use node::{FabricState, NodeFabric};
 pub use profile::{FabricProfile, FabricProfileSpec, LinkLayer, RailSpec};
 pub use signature::{certified_signature, layout_signature, RailLayout};

@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kube::CustomResource;
 use schemars::JsonSchema;
+
+use crate::finding::{FindingKind, DEFAULT_FATAL_FINDINGS};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ProfileError;
@@ -172,6 +174,30 @@ pub struct CertificationSpec {
     /// nccl-tests settings.
     #[serde(default)]
     pub nccl_tests: NcclTestsSpec,
+    /// How GPU memory is registered with the HCA for the GPUDirect RDMA tests.
+    #[serde(default)]
+    pub gpu_registration: GpuRegistration,
+    /// Finding kinds that fail certification (default: [`DEFAULT_FATAL_FINDINGS`]); an empty
+    /// list makes every finding informational.
+    #[serde(default = "default_fatal_findings")]
+    pub fatal_findings: Vec<FindingKind>,
+}
+
+/// The registration path of GPU memory for RDMA.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum GpuRegistration {
+    /// DMA-BUF first (`ibv_reg_dmabuf_mr`), then nvidia-peermem; the certificate records
+    /// which worked and why the other did not.
+    #[default]
+    Auto,
+    /// Only DMA-BUF (`cuMemGetHandleForAddressRange` + `ibv_reg_dmabuf_mr`).
+    DmaBuf,
+    /// Only nvidia-peermem (`ibv_reg_mr` on the device pointer).
+    PeerMem,
+}
+
+fn default_fatal_findings() -> Vec<FindingKind> {
+    DEFAULT_FATAL_FINDINGS.to_vec()
 }
 
 impl Default for CertificationSpec {
@@ -182,6 +208,8 @@ impl Default for CertificationSpec {
             passive_interval_seconds: default_passive_interval(),
             history_depth: default_history(),
             nccl_tests: NcclTestsSpec::default(),
+            gpu_registration: GpuRegistration::default(),
+            fatal_findings: default_fatal_findings(),
         }
     }
 }

@@ -43,7 +43,7 @@ WORKDIR /src
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p railguard-prober --bin railguard-prober \
+    cargo build --release --locked -p railguard-prober-cli --bin railguard-prober \
  && install -D -m 0755 target/release/railguard-prober /out/railguard-prober
 
 # Default image. The DaemonSet runs it as root only for IPC_LOCK (an added capability is not

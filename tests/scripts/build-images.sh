@@ -238,7 +238,7 @@ railguard_image() {
   need_file "$src" "cargo build --workspace --bins, or set RAILGUARD_BIN_DIR"
   if [ "$short" = prober-sim ]; then
     extra=("$bin_dir/all_reduce_perf_sim")
-    need_file "${extra[0]}" "cargo build -p railguard-prober --bin all_reduce_perf_sim"
+    need_file "${extra[0]}" "cargo build -p railguard-sim --bin all_reduce_perf_sim"
   fi
   listed+=("$ref $ar")
   if fresh "$ar" "$src" "$dockerfile" "${extra[@]}"; then

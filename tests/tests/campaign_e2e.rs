@@ -39,7 +39,7 @@ fn prober_bin() -> PathBuf {
         .args([
             "build",
             "-p",
-            "railguard-prober",
+            "railguard-prober-cli",
             "--bin",
             "railguard-prober",
         ])

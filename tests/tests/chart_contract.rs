@@ -52,7 +52,7 @@ const BINARIES: [Binary; 3] = [
     Binary {
         values_key: "prober",
         name: "railguard-prober",
-        command: railguard_prober::cli::Cli::command,
+        command: railguard_prober_cli::Cli::command,
     },
 ];
 

@@ -583,8 +583,8 @@ fn images_match_their_dockerfiles_and_their_binaries_run() -> Result<()> {
     let bins = [
         ("railguard-webhook-cli", "railguard-webhook"),
         ("railguard-extender-cli", "railguard-extender"),
-        ("railguard-prober", "railguard-prober"),
-        ("railguard-prober", "all_reduce_perf_sim"),
+        ("railguard-prober-cli", "railguard-prober"),
+        ("railguard-sim", "all_reduce_perf_sim"),
     ];
     let mut bin_dir: Option<PathBuf> = None;
     for (package, name) in bins {

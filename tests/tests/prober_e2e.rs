@@ -23,12 +23,12 @@ fn prober_bin_dir() -> Result<PathBuf> {
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = std::process::Command::new(cargo)
-        .args(["build", "-p", "railguard-prober", "--bins"])
+        .args(["build", "-p", "railguard-prober-cli", "-p", "railguard-sim", "--bins"])
         .current_dir(workspace_root())
         .status()
-        .context("building railguard-prober")?;
+        .context("building railguard-prober and all_reduce_perf_sim")?;
     if !status.success() {
-        bail!("cargo build -p railguard-prober failed");
+        bail!("cargo build -p railguard-prober-cli -p railguard-sim failed");
     }
     let target = std::env::var("CARGO_TARGET_DIR")
         .map(PathBuf::from)

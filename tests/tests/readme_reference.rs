@@ -22,7 +22,7 @@ fn binaries() -> Vec<Command> {
     let mut cmds = vec![
         railguard_webhook_cli::Cli::command(),
         railguard_extender_cli::Cli::command(),
-        railguard_prober::cli::Cli::command(),
+        railguard_prober_cli::Cli::command(),
     ];
     for c in &mut cmds {
         c.build();

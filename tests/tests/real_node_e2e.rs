@@ -47,9 +47,9 @@ const TESTBOX: &str = "localhost/railguard-testbox:dev";
 const FAULT_RAIL: &str = "mlx5_3";
 
 fn bin_dir() -> Result<PathBuf> {
-    let prober = workspace_binary("railguard-prober", "railguard-prober")?;
+    let prober = workspace_binary("railguard-prober-cli", "railguard-prober")?;
     for (pkg, name) in [
-        ("railguard-prober", "all_reduce_perf_sim"),
+        ("railguard-sim", "all_reduce_perf_sim"),
         ("railguard-webhook-cli", "railguard-webhook"),
         ("railguard-extender-cli", "railguard-extender"),
     ] {

@@ -473,7 +473,7 @@ fn extender_invalid_profiles() {
 // -------------------------------------------------------------------------------- prober
 
 fn prober() -> PathBuf {
-    bin("railguard-prober", "railguard-prober")
+    bin("railguard-prober-cli", "railguard-prober")
 }
 
 const TOKEN: &str = "0123456789abcdef0123456789abcdef0123456789abcdef";

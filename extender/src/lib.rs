@@ -13,7 +13,6 @@ pub mod error;
 pub mod metrics;
 pub mod pod;
 pub mod server;
-pub mod synth;
 pub mod wire;
 
 pub use decision::{

@@ -14,9 +14,9 @@ use railguard_api::{NodeFabric, RailVerdict, Verdict};
 use railguard_extender::cache::{Applier, CachedNode, Change, ClusterState};
 use railguard_extender::decision::{check_node, filter_by};
 use railguard_extender::{
-    filter, prioritize, synth, target_for, ExtenderConfig, NodeSlot, PodFacts, PodTarget,
-    RejectReason,
+    filter, prioritize, target_for, ExtenderConfig, NodeSlot, PodFacts, PodTarget, RejectReason,
 };
+use railguard_sim::certificates as synth;
 
 fn slots(nodes: &[NodeFabric]) -> Vec<NodeSlot<'_>> {
     nodes

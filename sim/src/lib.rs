@@ -3,12 +3,13 @@
 //! RDMA engine ([`rdma::SimulatedRdmaEngine`], with a node model's rails and wire faults in
 //! [`node`]), the software facts of a model ([`software::ModelSoftware`]), the
 //! `all_reduce_perf` stand-in ([`standin`] and the `all_reduce_perf_sim` binary) and
-//! synthetic certificates.
+//! synthetic certificates and Nodes ([`certificates`]).
 //!
 //! Production code reaches a simulated node only through the traits and paths real hardware
 //! uses: a sysfs root, an [`railguard_prober::rdma::RdmaEngine`], a
 //! [`railguard_prober::certify::run::SoftwareSource`] and an nccl-tests binary.
 
+pub mod certificates;
 mod load;
 mod model;
 pub mod node;

@@ -18,7 +18,7 @@ use k8s_openapi::ByteString;
 use kube::api::{Api, PostParams};
 use kube::Client;
 use railguard_api::{keys, Certificate, FabricProfile, Verdict};
-use railguard_extender::synth;
+use railguard_sim::certificates as synth;
 use railguard_tests::{
     eventually, failed_scheduling_messages, fixture_profile, free_port, gotmpl, labels, merge_json,
     pod_node, wait_bound, workspace_binary, ControlPlane, ServingCertificate,

@@ -14,7 +14,8 @@ use railguard_api::{FabricProfile, Verdict};
 use railguard_extender::cache::ClusterState;
 use railguard_extender::metrics::Metrics;
 use railguard_extender::server::{self, AppState, Source};
-use railguard_extender::{synth, ExtenderConfig};
+use railguard_extender::ExtenderConfig;
+use railguard_sim::certificates as synth;
 use railguard_tests::{
     eventually, failed_scheduling_messages, fixture_profile, labels, merge_json, pod_node,
     wait_bound, ControlPlane,

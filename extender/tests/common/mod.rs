@@ -4,7 +4,7 @@
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use railguard_api::{FabricProfile, NodeFabric, Verdict};
-use railguard_extender::synth;
+use railguard_sim::certificates as synth;
 
 pub const ARGS_FULL: &str = include_str!("../../fixtures/extender-args-sample.json");
 pub const ARGS_NAMES: &str = include_str!("../../fixtures/extender-args-nodecache-sample.json");

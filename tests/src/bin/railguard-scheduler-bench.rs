@@ -24,7 +24,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::Client;
 use railguard_api::{profiles_from_yaml, FabricProfile, Verdict};
-use railguard_extender::synth;
+use railguard_sim::certificates as synth;
 use railguard_tests::{control_plane_binaries, free_port, workspace_root, ControlPlane};
 use serde_json::json;
 

@@ -7,7 +7,7 @@
 //!    sent (managedFields included), decoded, filtered and encoded, as a ratio to a plain
 //!    `serde_json::from_slice::<Value>` of the same bytes.
 //!
-//! Usage: `cargo run --release -p railguard-extender --bin railguard-extender-bench [-- ROUNDS]`
+//! Usage: `cargo bench -p railguard-extender --bench railguard-extender-bench [-- ROUNDS]`
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,12 +19,13 @@ use railguard_extender::cache::{ClusterState, NodeIndex};
 use railguard_extender::metrics::Metrics;
 use railguard_extender::server::{self, AppState, Source};
 use railguard_extender::wire::ExtenderArgs;
-use railguard_extender::{synth, ExtenderConfig};
+use railguard_extender::ExtenderConfig;
+use railguard_sim::certificates as synth;
 use serde_json::json;
 
 const NODES: usize = 5_000;
-const ARGS_FULL: &str = include_str!("../../fixtures/extender-args-sample.json");
-const H100: &str = include_str!("../../../api/fixtures/profiles/dgx-h100-ndr.yaml");
+const ARGS_FULL: &str = include_str!("../fixtures/extender-args-sample.json");
+const H100: &str = include_str!("../../api/fixtures/profiles/dgx-h100-ndr.yaml");
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
@@ -49,8 +50,10 @@ type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
 #[tokio::main]
 async fn main() -> BenchResult<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    // `cargo bench` adds `--bench`: the rounds are the first other argument.
     let rounds: usize = std::env::args()
-        .nth(1)
+        .skip(1)
+        .find(|a| !a.starts_with("--"))
         .map(|s| s.parse())
         .transpose()
         .map_err(|e| format!("ROUNDS must be a number: {e}"))?

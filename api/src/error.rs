@@ -62,3 +62,21 @@ pub enum QuantityError {
     #[error("quantity {0:?} is not a Kubernetes quantity (e.g. 64Gi, 512M)")]
     Malformed(String),
 }
+
+/// `outer: inner: innermost` on one line, the way every railguard component prints an error
+/// with its causes. A source whose text the message before it already contains (errors that
+/// format their source into their own message) is skipped.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let one_line = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut s = one_line(&e.to_string());
+    let mut cur = e.source();
+    while let Some(inner) = cur {
+        let text = one_line(&inner.to_string());
+        if !text.is_empty() && !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        cur = inner.source();
+    }
+    s
+}

@@ -3,7 +3,7 @@
 use std::fmt;
 
 /// Why a scheduler request got no decision. The handlers answer each with the error's chain
-/// (`railguard_runtime::error_chain`) and map every variant to a status and a metric reason
+/// (`railguard_api::error::error_chain`) and map every variant to a status and a metric reason
 /// (in the server's HTTP part).
 #[derive(Debug, thiserror::Error)]
 pub enum ExtenderError {

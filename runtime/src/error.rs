@@ -86,21 +86,7 @@ pub fn describe_io(e: &io::Error) -> String {
     lowercase_first(&text)
 }
 
-/// `outer: inner: innermost` on one line. A source whose text the message before it
-/// already contains (errors that format their source into their own message) is skipped.
-pub fn error_chain(e: &(dyn Error + 'static)) -> String {
-    let mut s = one_line(&e.to_string());
-    let mut cur = e.source();
-    while let Some(inner) = cur {
-        let text = one_line(&inner.to_string());
-        if !text.is_empty() && !s.contains(&text) {
-            s.push_str(": ");
-            s.push_str(&text);
-        }
-        cur = inner.source();
-    }
-    s
-}
+pub use railguard_api::error::error_chain;
 
 /// The line a binary prints for an error that ends it: a [`StartupError`] anywhere in the
 /// chain is the whole story (its context is already in it); anything else is the chain.

@@ -116,7 +116,7 @@ pub async fn run_after(
             Err(e) => {
                 tracing::warn!(
                     secret = %opts.secret_name,
-                    error = %railguard_runtime::error_chain(&e),
+                    error = %railguard_api::error::error_chain(&e),
                     "self-managed certificate pass failed; retrying soon"
                 );
                 interval.min(RETRY_INTERVAL)

@@ -256,7 +256,7 @@ fn check_material(
     })?;
     crate::tls::check_pair(material.tls_crt.as_bytes(), material.tls_key.as_bytes()).map_err(
         |e| RenewReason::KeyMismatch {
-            detail: railguard_runtime::error_chain(&e),
+            detail: railguard_api::error::error_chain(&e),
         },
     )?;
 

@@ -224,7 +224,7 @@ mod tests {
         let e = merge(Some("[{\"name\": "), &wanted(), "ml").unwrap_err();
         assert!(matches!(e, NetworksError::Json { .. }), "{e}");
         assert!(
-            railguard_runtime::error_chain(&e).starts_with("JSON network list does not parse: ")
+            railguard_api::error::error_chain(&e).starts_with("JSON network list does not parse: ")
         );
         let e = merge(Some("[{\"interface\": \"x\"}]"), &wanted(), "ml").unwrap_err();
         assert!(e.to_string().contains("without a name"));

@@ -286,7 +286,7 @@ pub fn admit(
     };
     let mut plan = match mutate(&pod, namespace, profiles, config) {
         Ok(p) => p,
-        Err(e) => return failed(railguard_runtime::error_chain(&e), response),
+        Err(e) => return failed(railguard_api::error::error_chain(&e), response),
     };
     let warning_kinds = plan.warnings.iter().map(|w| w.kind).collect();
     response.warnings = plan.warnings.drain(..).map(|w| w.message).collect();

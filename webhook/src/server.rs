@@ -109,7 +109,7 @@ fn json(body: Vec<u8>) -> Response {
 
 fn bad_request(state: &AppState, e: &crate::error::DecodeError) -> Response {
     state.metrics.bad_requests.inc();
-    let message = railguard_runtime::error_chain(e);
+    let message = railguard_api::error::error_chain(e);
     tracing::warn!(error = %message, "rejected a body that is not an AdmissionReview");
     (StatusCode::BAD_REQUEST, format!("bad request: {message}\n")).into_response()
 }

@@ -171,7 +171,7 @@ impl CertReloader {
                 self.config.reload_from_config(server);
                 ReloadEvent::Reloaded
             }
-            Err(e) => ReloadEvent::Rejected(railguard_runtime::error_chain(&e)),
+            Err(e) => ReloadEvent::Rejected(railguard_api::error::error_chain(&e)),
         }
     }
 

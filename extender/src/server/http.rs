@@ -74,7 +74,7 @@ fn error_status(e: &ExtenderError, verb: Verb) -> StatusCode {
 
 /// The message a failed request is answered with: the error and its causes on one line.
 fn request_error_message(e: &ExtenderError) -> String {
-    format!("railguard: {}", railguard_runtime::error_chain(e))
+    format!("railguard: {}", railguard_api::error::error_chain(e))
 }
 
 fn json_response<T: serde::Serialize>(status: StatusCode, value: &T) -> Response {

@@ -39,7 +39,7 @@ pub(crate) fn network(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateErro
             format!(
                 "{}: {}; networks not added",
                 keys::ANNOTATION_MULTUS_NETWORKS,
-                railguard_runtime::error_chain(&e)
+                railguard_api::error::error_chain(&e)
             ),
         ),
     }

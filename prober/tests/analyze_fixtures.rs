@@ -1,5 +1,6 @@
 //! Published nccl-tests outputs and NCCL debug logs (prober/fixtures, each names its source)
 //! parsed into the values a reader of the file can check by eye.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::path::PathBuf;
 

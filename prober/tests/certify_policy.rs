@@ -1,5 +1,6 @@
 //! The certification policy, one test per failure reason, plus history regression, the
 //! software diff, passive checks and the certificate record.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
 

@@ -25,7 +25,7 @@ pub use affinity::{
 };
 pub use error::DiscoverError;
 pub use ib::{read_hcas, read_port, read_port_counters};
-pub use nvml::{nvml_cuda_version, nvml_gpus, NvmlGpu, NvmlReport};
+pub use nvml::{nvml_cuda_version, nvml_gpus, NvmlError, NvmlGpu, NvmlReport};
 pub use pci::{acs_from_config, classify_path, read_pci_devices, AcsState, PciDevice, PcieLink};
 pub use profile::{profile_for, ProfileDefaults};
 pub use readiness::{readiness_findings, IommuState, Platform};

@@ -38,20 +38,37 @@ pub(crate) fn normalize_bus_id(id: &str) -> String {
     }
 }
 
+/// Why NVML could not describe the GPUs (the NVML error is part of the message).
+#[derive(Debug, thiserror::Error)]
+pub enum NvmlError {
+    #[error("NVML unavailable: {0}")]
+    Unavailable(nvml_wrapper::error::NvmlError),
+    #[error("NVML device count: {0}")]
+    DeviceCount(nvml_wrapper::error::NvmlError),
+    #[error("NVML device {index}: {error}")]
+    Device {
+        index: u32,
+        error: nvml_wrapper::error::NvmlError,
+    },
+    #[error("NVML PCI info of GPU {index}: {error}")]
+    PciInfo {
+        index: u32,
+        error: nvml_wrapper::error::NvmlError,
+    },
+}
+
 /// Queries NVML. Fails cleanly (with the reason) when the driver library is not there.
-pub fn nvml_gpus() -> Result<NvmlReport, String> {
+pub fn nvml_gpus() -> Result<NvmlReport, NvmlError> {
     use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus};
     use nvml_wrapper::Nvml;
 
-    let nvml = Nvml::init().map_err(|e| format!("NVML unavailable: {e}"))?;
-    let count = nvml
-        .device_count()
-        .map_err(|e| format!("NVML device count: {e}"))?;
+    let nvml = Nvml::init().map_err(NvmlError::Unavailable)?;
+    let count = nvml.device_count().map_err(NvmlError::DeviceCount)?;
     let mut devices = Vec::new();
     for i in 0..count {
         let d = nvml
             .device_by_index(i)
-            .map_err(|e| format!("NVML device {i}: {e}"))?;
+            .map_err(|error| NvmlError::Device { index: i, error })?;
         devices.push(d);
     }
     let mut gpus = Vec::new();
@@ -59,7 +76,7 @@ pub fn nvml_gpus() -> Result<NvmlReport, String> {
         let index = u32::try_from(i).unwrap_or(u32::MAX);
         let bus = d
             .pci_info()
-            .map_err(|e| format!("NVML PCI info of GPU {index}: {e}"))?;
+            .map_err(|error| NvmlError::PciInfo { index, error })?;
         // NVML knows up to 18 links on current parts; an error means "no such link".
         let nvlinks_active = (0..18)
             .filter(|l| d.link_wrapper_for(*l).is_active().unwrap_or(false))
@@ -172,7 +189,7 @@ mod tests {
         // machine it succeeds and reports at least one GPU.
         match nvml_gpus() {
             Ok(r) => assert!(!r.gpus.is_empty()),
-            Err(e) => assert!(e.starts_with("NVML")),
+            Err(e) => assert!(e.to_string().starts_with("NVML")),
         }
     }
 }

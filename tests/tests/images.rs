@@ -881,7 +881,15 @@ fn dockerfiles_rust_version_builds_the_locked_dependencies() -> Result<()> {
         let text = std::fs::read_to_string(&path)?;
         let rust = dockerfile_rust_version(&text)
             .ok_or_else(|| anyhow!("{}: no ARG RUST_VERSION=", path.display()))?;
-        let name = format!("railguard-{component}");
+        // The package the Dockerfile builds (`cargo build ... -p NAME`), so the check
+        // follows the binary's own dependencies, shell included.
+        let mut words = text.split_whitespace();
+        let name = words
+            .by_ref()
+            .skip_while(|w| *w != "-p")
+            .nth(1)
+            .map(str::to_string)
+            .ok_or_else(|| anyhow!("{}: no `cargo build -p PACKAGE`", path.display()))?;
         let root = packages
             .iter()
             .find(|(_, p)| p["name"] == name.as_str())

@@ -207,9 +207,6 @@ pub enum AnalyzeError {
         #[source]
         source: crate::nccl::PerfParseError,
     },
-    /// `--profile-file` is unreadable or invalid (the message names it and the fix).
-    #[error(transparent)]
-    Profile(#[from] railguard_runtime::StartupError),
     #[error(
         "profile file {path} (--profile-file) holds no FabricProfile named {name} (--profile)"
     )]
@@ -217,11 +214,13 @@ pub enum AnalyzeError {
 }
 
 /// What `analyze` reads: nccl-tests outputs and NCCL debug logs (each may hold both), and
-/// optionally a profile file and which of its profiles to judge against (default: its first).
+/// optionally the profiles of a profile file (read by the caller) and which of them to judge
+/// against (default: the first).
 #[derive(Clone, Debug, Default)]
 pub struct AnalyzeInputs {
     pub files: Vec<PathBuf>,
-    pub profile_file: Option<PathBuf>,
+    /// The profile file's path (for messages) and its profiles.
+    pub profiles: Option<(PathBuf, Vec<railguard_api::FabricProfile>)>,
     pub profile: Option<String>,
 }
 
@@ -249,22 +248,17 @@ pub fn analyze_files(inputs: &AnalyzeInputs) -> Result<AnalyzeReport, AnalyzeErr
             source,
         }
     })?;
-    let profile = match &inputs.profile_file {
+    let profile = match &inputs.profiles {
         None => None,
-        Some(p) => {
-            let mut list = railguard_runtime::read_profiles(p, "--profile-file")?;
-            match &inputs.profile {
-                Some(name) => {
-                    Some(list.into_iter().find(|p| p.name() == name).ok_or_else(|| {
-                        AnalyzeError::NoSuchProfile {
-                            path: p.display().to_string(),
-                            name: name.clone(),
-                        }
-                    })?)
+        Some((path, list)) => match &inputs.profile {
+            Some(name) => Some(list.iter().find(|p| p.name() == name).ok_or_else(|| {
+                AnalyzeError::NoSuchProfile {
+                    path: path.display().to_string(),
+                    name: name.clone(),
                 }
-                None => Some(list.remove(0)),
-            }
-        }
+            })?),
+            None => list.first(),
+        },
     };
-    Ok(analyze(&obs, profile.as_ref().map(|p| &p.spec)))
+    Ok(analyze(&obs, profile.map(|p| &p.spec)))
 }

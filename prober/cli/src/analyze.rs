@@ -35,7 +35,10 @@ impl AnalyzeArgs {
                 .chain(self.nccl_log.iter())
                 .cloned()
                 .collect(),
-            profile_file: self.profile_file.clone(),
+            profiles: match &self.profile_file {
+                Some(p) => Some((p.clone(), railguard_runtime::read_profiles(p, "--profile-file")?)),
+                None => None,
+            },
             profile: self.profile.clone(),
         };
         let report = analyze_files(&inputs)?;

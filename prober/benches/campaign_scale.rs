@@ -5,9 +5,8 @@
 
 use std::time::Instant;
 
-use railguard_prober::campaign::plan::{
-    check_localization, random_faults, simulate, sweep_order, PlanOptions,
-};
+use railguard_prober::campaign::plan::{sweep_order, PlanOptions};
+use railguard_sim::campaign_faults::{check_localization, random_faults, simulate};
 
 const RAILS: usize = 8;
 const SEEDS: u64 = 20;
@@ -43,7 +42,7 @@ fn main() {
                 match check_localization(&faults, &loc) {
                     Ok(()) => found += 1,
                     Err(e) => {
-                        if e.starts_with("healthy") {
+                        if e.blames_healthy() {
                             blamed += 1;
                         }
                         eprintln!("N={n} k={k} seed={seed}: {e}");

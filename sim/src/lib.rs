@@ -3,12 +3,14 @@
 //! RDMA engine ([`rdma::SimulatedRdmaEngine`], with a node model's rails and wire faults in
 //! [`node`]), the software facts of a model ([`software::ModelSoftware`]), the
 //! `all_reduce_perf` stand-in ([`standin`] and the `all_reduce_perf_sim` binary) and
-//! synthetic certificates and Nodes ([`certificates`]).
+//! synthetic certificates and Nodes ([`certificates`]), and fabrics with injected faults for
+//! the campaign planner ([`campaign_faults`]).
 //!
 //! Production code reaches a simulated node only through the traits and paths real hardware
 //! uses: a sysfs root, an [`railguard_prober::rdma::RdmaEngine`], a
 //! [`railguard_prober::certify::run::SoftwareSource`] and an nccl-tests binary.
 
+pub mod campaign_faults;
 pub mod certificates;
 mod load;
 mod model;

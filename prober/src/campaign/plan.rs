@@ -528,66 +528,6 @@ fn shuffle(v: &mut [NodeIx], seed: u64) {
     }
 }
 
-/// Injected faults of a simulated fabric, for tests and the scale benchmark: answers a pair
-/// test the way the hardware would.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct FaultSet {
-    /// `(node, rail)` ends that fail with everyone.
-    pub rails: BTreeSet<(NodeIx, RailIx)>,
-    /// Dead nodes: every rail fails with everyone.
-    pub nodes: BTreeSet<NodeIx>,
-    /// `(a, b, rail)` with `a < b`: the wire between a and b on that rail.
-    pub links: BTreeSet<(NodeIx, NodeIx, RailIx)>,
-}
-
-impl FaultSet {
-    /// The outcome a test of `t` would have.
-    pub fn run(&self, t: &PairTest, rails: usize) -> PairResult {
-        let (a, b) = key(t.initiator, t.responder);
-        let rails = (0..rails)
-            .map(|r| {
-                let bad = self.nodes.contains(&a)
-                    || self.nodes.contains(&b)
-                    || self.rails.contains(&(a, r))
-                    || self.rails.contains(&(b, r))
-                    || self.links.contains(&(a, b, r));
-                if bad {
-                    RailOutcome::Fail
-                } else {
-                    RailOutcome::Pass
-                }
-            })
-            .collect();
-        PairResult { test: *t, rails }
-    }
-
-    /// Nodes touched by any fault.
-    pub fn faulty_nodes(&self) -> BTreeSet<NodeIx> {
-        let mut s: BTreeSet<NodeIx> = self.nodes.clone();
-        s.extend(self.rails.iter().map(|(n, _)| *n));
-        s.extend(self.links.iter().flat_map(|(a, b, _)| [*a, *b]));
-        s
-    }
-}
-
-/// Runs a whole campaign against `faults` in memory. Returns the plan (for counts) and
-/// the localization.
-pub fn simulate(
-    nodes: usize,
-    rails: usize,
-    faults: &FaultSet,
-    opts: PlanOptions,
-) -> Result<(CampaignPlan, Localization), PlanError> {
-    let mut plan = CampaignPlan::new(nodes, rails, opts)?;
-    while let Some(round) = plan.next_round() {
-        for t in &round {
-            plan.record(faults.run(t, rails))?;
-        }
-    }
-    let loc = plan.localize();
-    Ok((plan, loc))
-}
-
 /// The ring order of the sweep for `nodes` nodes under `shuffle_seed`.
 pub fn sweep_order(nodes: usize, shuffle_seed: Option<u64>) -> Vec<NodeIx> {
     let mut order: Vec<NodeIx> = (0..nodes).collect();
@@ -597,135 +537,10 @@ pub fn sweep_order(nodes: usize, shuffle_seed: Option<u64>) -> Vec<NodeIx> {
     order
 }
 
-/// Places `k` faults on distinct nodes (cycling rail fault, link fault, dead node), for the
-/// scale simulation. Faults touch disjoint nodes: two faults sharing a node can be
-/// indistinguishable from a third fault (two bad links of one node look like its rail).
-/// A fault that only shows between two particular nodes is observable only if that pair is
-/// tested, so link faults sit on pairs of the sweep ring (`ring`, from [`sweep_order`]).
-pub fn random_faults(ring: &[NodeIx], rails: usize, k: usize, seed: u64) -> FaultSet {
-    let n = ring.len();
-    let mut positions: Vec<usize> = (0..n).collect();
-    shuffle(&mut positions, seed ^ 0xFA17);
-    let mut used = vec![false; n];
-    let mut f = FaultSet::default();
-    let mut cursor = positions.into_iter();
-    for i in 0..k {
-        let rail = ((seed as usize).wrapping_add(i * 7)) % rails;
-        let Some(pos) = cursor.by_ref().find(|&p| !used[p] && !used[(p + 1) % n]) else {
-            break;
-        };
-        let (a, b) = (ring[pos], ring[(pos + 1) % n]);
-        used[pos] = true;
-        match i % 3 {
-            0 => {
-                f.rails.insert((a, rail));
-            }
-            1 => {
-                used[(pos + 1) % n] = true;
-                f.links.insert((a.min(b), a.max(b), rail));
-            }
-            _ => {
-                f.nodes.insert(a);
-            }
-        }
-    }
-    f
-}
-
-/// Checks a localization against the injected faults: every fault found, nothing healthy
-/// blamed. Returns a description of the first mismatch.
-pub fn check_localization(f: &FaultSet, loc: &Localization) -> Result<(), String> {
-    for &(n, r) in &f.rails {
-        if !loc.rail_faults.contains_key(&(n, r)) {
-            return Err(format!("rail fault ({n},{r}) not found"));
-        }
-    }
-    for &n in &f.nodes {
-        if !loc.node_faults.contains(&n) {
-            return Err(format!("dead node {n} not found"));
-        }
-    }
-    for l in &f.links {
-        if !loc.link_faults.contains(l) {
-            return Err(format!("link fault {l:?} not found"));
-        }
-    }
-    for &(n, r) in loc.rail_faults.keys() {
-        if !f.rails.contains(&(n, r)) && !f.nodes.contains(&n) {
-            return Err(format!("healthy rail ({n},{r}) blamed"));
-        }
-    }
-    for &n in &loc.node_faults {
-        // With every rail of a node faulty, "the node" is the right answer too.
-        let all_rails = loc
-            .rail_faults
-            .keys()
-            .filter(|(m, _)| *m == n)
-            .all(|k| f.rails.contains(k));
-        if !f.nodes.contains(&n) && !all_rails {
-            return Err(format!("healthy node {n} blamed as dead"));
-        }
-    }
-    for l in &loc.link_faults {
-        if !f.links.contains(l) {
-            return Err(format!("healthy link {l:?} blamed"));
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-
-    fn faults(
-        rails: &[(usize, usize)],
-        nodes: &[usize],
-        links: &[(usize, usize, usize)],
-    ) -> FaultSet {
-        FaultSet {
-            rails: rails.iter().copied().collect(),
-            nodes: nodes.iter().copied().collect(),
-            links: links
-                .iter()
-                .map(|&(a, b, r)| (a.min(b), a.max(b), r))
-                .collect(),
-        }
-    }
-
-    fn run_checked(
-        n: usize,
-        r: usize,
-        f: &FaultSet,
-        opts: PlanOptions,
-    ) -> (CampaignPlan, Localization) {
-        let mut plan = CampaignPlan::new(n, r, opts).unwrap();
-        while let Some(round) = plan.next_round() {
-            let mut seen = BTreeSet::new();
-            for t in &round {
-                assert_ne!(
-                    t.initiator, t.responder,
-                    "a node is never paired with itself"
-                );
-                assert!(
-                    seen.insert(t.initiator),
-                    "node {} twice in a round",
-                    t.initiator
-                );
-                assert!(
-                    seen.insert(t.responder),
-                    "node {} twice in a round",
-                    t.responder
-                );
-            }
-            for t in &round {
-                plan.record(f.run(t, r)).unwrap();
-            }
-        }
-        let loc = plan.localize();
-        (plan, loc)
-    }
 
     #[test]
     fn a_localization_with_faults_is_json() {
@@ -763,38 +578,6 @@ mod tests {
     }
 
     #[test]
-    fn healthy_fabric_blames_nobody_and_every_node_meets_two_peers() {
-        let (plan, loc) = run_checked(16, 4, &FaultSet::default(), PlanOptions::default());
-        assert_eq!(loc, Localization::default());
-        assert_eq!(plan.tests(), 16);
-        assert_eq!(plan.rounds(), 2);
-        assert!((0..16).all(|n| plan.peers_met(n) >= 2));
-    }
-
-    #[test]
-    fn rail_failing_with_two_healthy_peers_is_the_nodes_rail() {
-        let f = faults(&[(5, 2)], &[], &[]);
-        let (_, loc) = run_checked(10, 4, &f, PlanOptions::default());
-        assert_eq!(
-            loc.rail_faults.keys().copied().collect::<Vec<_>>(),
-            vec![(5, 2)]
-        );
-        assert_eq!(loc.rail_faults[&(5, 2)], BTreeSet::from([4, 6]));
-        assert!(loc.link_faults.is_empty() && loc.node_faults.is_empty());
-        assert!(loc.unresolved.is_empty() && loc.suspect_links.is_empty());
-    }
-
-    #[test]
-    fn failure_with_one_peer_only_is_the_link_once_third_nodes_clear_both_ends() {
-        let f = faults(&[], &[], &[(3, 4, 1)]);
-        let (plan, loc) = run_checked(10, 2, &f, PlanOptions::default());
-        assert_eq!(loc.link_faults, BTreeSet::from([(3, 4, 1)]));
-        assert!(loc.rail_faults.is_empty(), "{loc:?}");
-        // Both ends passed rail 1 with a third node.
-        assert!(plan.is_good(3, 1) && plan.is_good(4, 1));
-    }
-
-    #[test]
     fn single_failure_without_third_node_evidence_stays_suspect_and_schedules_confirmation() {
         let mut plan = CampaignPlan::new(6, 1, PlanOptions::default()).unwrap();
         let round = plan.next_round().unwrap();
@@ -813,47 +596,6 @@ mod tests {
         let p0 = next.iter().find_map(|t| t.peer_of(0)).unwrap();
         let p1 = next.iter().find_map(|t| t.peer_of(1)).unwrap();
         assert!(p0 != 1 && p1 != 0);
-    }
-
-    #[test]
-    fn confirmation_uses_a_known_good_third_node() {
-        // 0 and 1 are both bad on rail 0 and adjacent in the ring: each needs a second
-        // healthy peer, found by a confirmation test against a node that passed.
-        let f = faults(&[(0, 0), (1, 0)], &[], &[]);
-        let (plan, loc) = run_checked(8, 2, &f, PlanOptions::default());
-        assert!(loc.rail_faults.contains_key(&(0, 0)) && loc.rail_faults.contains_key(&(1, 0)));
-        assert_eq!(loc.rail_faults.len(), 2);
-        for t in plan
-            .results()
-            .iter()
-            .filter(|r| matches!(r.test.purpose, Purpose::Confirm { .. }))
-        {
-            let Purpose::Confirm { suspect } = t.test.purpose else {
-                unreachable!()
-            };
-            let reference = t.test.peer_of(suspect).unwrap();
-            assert!(
-                !f.faulty_nodes().contains(&reference),
-                "reference {reference} must be healthy"
-            );
-        }
-    }
-
-    #[test]
-    fn node_failing_on_every_rail_is_the_node() {
-        let f = faults(&[], &[7], &[]);
-        let (_, loc) = run_checked(12, 4, &f, PlanOptions::default());
-        assert_eq!(loc.node_faults, BTreeSet::from([7]));
-        assert_eq!(loc.rail_faults.len(), 4);
-        assert!(loc.link_faults.is_empty() && loc.suspect_links.is_empty());
-    }
-
-    #[test]
-    fn link_on_all_rails_is_not_the_node() {
-        let f = faults(&[], &[], &[(2, 3, 0), (2, 3, 1)]);
-        let (_, loc) = run_checked(8, 2, &f, PlanOptions::default());
-        assert!(loc.node_faults.is_empty() && loc.rail_faults.is_empty());
-        assert_eq!(loc.link_faults.len(), 2);
     }
 
     #[test]
@@ -974,33 +716,5 @@ mod tests {
         assert_ne!(a, (0..100).collect::<Vec<_>>());
         a.sort_unstable();
         assert_eq!(a, (0..100).collect::<Vec<_>>());
-    }
-
-    /// Many random fault placements, node-disjoint as in the scale simulation: everything is
-    /// found and no healthy node is ever blamed.
-    #[test]
-    fn random_faults_are_all_found_and_no_healthy_node_is_blamed() {
-        for seed in 0..200u64 {
-            let n = 16 + (seed as usize % 48);
-            let rails = 1 + (seed as usize % 8);
-            let k = 1 + (seed as usize % 6);
-            let opts = PlanOptions {
-                shuffle_seed: Some(seed),
-                ..Default::default()
-            };
-            let f = random_faults(&sweep_order(n, opts.shuffle_seed), rails, k, seed);
-            assert_eq!(f.rails.len() + f.links.len() + f.nodes.len(), k);
-            let (plan, loc) = run_checked(n, rails, &f, opts);
-            assert_eq!(
-                check_localization(&f, &loc),
-                Ok(()),
-                "seed {seed} n={n} rails={rails} k={k}"
-            );
-            assert!(
-                plan.tests() < 3 * n,
-                "seed {seed}: {} tests for n={n}",
-                plan.tests()
-            );
-        }
     }
 }

@@ -18,10 +18,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use railguard_api::certificate::CERTIFICATE_VERSION;
 use railguard_api::{
-    keys, profiles_from_yaml, Certificate, FabricProfile, FabricState, NodeFabric, RailResult,
-    RailVerdict, Verdict,
+    keys, profiles_from_yaml, Certificate, FabricProfile, FabricState, NodeFabric, RailVerdict,
+    Verdict,
 };
 use railguard_tests::{labels, workspace_root, ControlPlane};
 use serde_json::json;
@@ -72,42 +71,17 @@ impl Drop for Proc {
 
 fn certificate(profile: &FabricProfile, node: &str) -> Certificate {
     let now = jiff::Timestamp::now();
-    Certificate {
-        version: CERTIFICATE_VERSION,
-        generation: 1,
-        issued_at: now,
-        expires_at: now + jiff::SignedDuration::from_hours(6),
-        profile: profile.name().to_string(),
-        signature: profile.spec.signature(),
-        node: Some(node.to_string()),
-        verdict: Verdict::Certified,
-        reasons: vec![],
-        rails: profile
-            .spec
-            .rails
-            .iter()
-            .map(|r| RailResult {
-                hca: r.hca.clone(),
-                port: r.port,
-                link_layer: Some(r.link_layer),
-                state: "ACTIVE".into(),
-                rate_gbps: Some(f64::from(r.rate_gbps)),
-                write_bw_host_gbps: Some(384.0),
-                write_bw_gpu_gbps: None,
-                latency_us: Some(2.5),
-                counter_deltas: BTreeMap::new(),
-                verdict: RailVerdict::Healthy,
-                reasons: vec![],
-                wire: vec![],
-            })
-            .collect(),
-        gpus: vec![],
-        nccl: None,
-        software: BTreeMap::from([("driver".to_string(), "550.54.15".to_string())]),
-        passive_checked_at: None,
-        history: vec![],
-        extra: BTreeMap::new(),
+    let mut c =
+        railguard_sim::certificates::certificate(profile, Verdict::Certified, now, 384.0, 0.0);
+    c.expires_at = now + jiff::SignedDuration::from_hours(6);
+    c.node = Some(node.to_string());
+    for r in &mut c.rails {
+        r.write_bw_gpu_gbps = None;
+        r.latency_us = Some(2.5);
     }
+    c.nccl = None;
+    c.software = BTreeMap::from([("driver".to_string(), "550.54.15".to_string())]);
+    c
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,12 +2,9 @@
 //! kube-apiserver (and kube-scheduler) from the harness: 1.20 by default, the modern release
 //! with `RAILGUARD_KUBE_VERSION=1.37`.
 
-use std::collections::BTreeMap;
-
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use railguard_api::certificate::CERTIFICATE_VERSION;
 use railguard_api::*;
 use railguard_tests::{labels, ControlPlane, KubeVersion};
 use serde_json::json;
@@ -100,45 +97,10 @@ async fn crd_profiles_and_certificates_round_trip_through_the_api_server() {
 
     let issued = Timestamp::now();
     let ttl = valid.spec.certification.ttl_seconds as i64;
-    let cert = Certificate {
-        version: CERTIFICATE_VERSION,
-        generation: 1,
-        issued_at: issued,
-        expires_at: issued + SignedDuration::from_secs(ttl),
-        profile: "h100-ndr".into(),
-        signature: valid.spec.signature(),
-        node: Some(node_name.into()),
-        verdict: Verdict::Certified,
-        reasons: vec![],
-        rails: valid
-            .spec
-            .rails
-            .iter()
-            .map(|r| RailResult {
-                hca: r.hca.clone(),
-                port: r.port,
-                link_layer: Some(r.link_layer),
-                state: "ACTIVE".into(),
-                rate_gbps: Some(400.0),
-                write_bw_host_gbps: Some(391.0),
-                write_bw_gpu_gbps: None,
-                latency_us: Some(2.0),
-                counter_deltas: BTreeMap::new(),
-                verdict: RailVerdict::Healthy,
-                reasons: vec![],
-                wire: vec![],
-            })
-            .collect(),
-        gpus: vec![],
-        nccl: Some(NcclResult {
-            busbw_plateau_gbps: Some(372.0),
-            ..Default::default()
-        }),
-        software: BTreeMap::new(),
-        passive_checked_at: None,
-        history: vec![],
-        extra: BTreeMap::new(),
-    };
+    let mut cert =
+        railguard_sim::certificates::certificate(&valid, Verdict::Certified, issued, 391.0, 372.0);
+    cert.node = Some(node_name.into());
+    cert.expires_at = issued + SignedDuration::from_secs(ttl);
     let apply = json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": {

@@ -20,6 +20,7 @@ use super::wire::{
     RunTestRequest, CONTROL_MAGIC, ROLE_COORDINATOR, ROLE_ENDPOINT,
 };
 use super::CampaignError;
+use crate::rdma::peer::channel::{decode_nonce, nonce, proof_hex, trim_token, verify_proof};
 use crate::rdma::peer::{run_write_test_initiator, run_write_test_responder, MAGIC as RDMA_MAGIC};
 use crate::rdma::{PeerConfig, PeerRdmaEngine, PeerTestRequest, RailLocks, RdmaError};
 
@@ -54,10 +55,9 @@ impl EndpointConfig {
         engine: Arc<dyn PeerRdmaEngine>,
         gpu_pods: GpuPodSource,
     ) -> Self {
-        let token = token.strip_suffix(b"\n").unwrap_or(token).to_vec();
         EndpointConfig {
             peer,
-            token,
+            token: trim_token(token).to_vec(),
             engine,
             locks: RailLocks::new(),
             gpu_pods,
@@ -181,49 +181,33 @@ async fn serve_rdma(
 }
 
 async fn serve_control(
-    mut stream: TcpStream,
+    stream: TcpStream,
     peer: &str,
     cfg: &EndpointConfig,
 ) -> Result<(), CampaignError> {
     let t = cfg.io_timeout;
-    let nonce_c = match step(t, peer, wire::read_frame(&mut stream, peer)).await? {
+    let mut ch = wire::control_channel(stream);
+    let nonce_c = match step(t, peer, wire::recv(&mut ch, peer)).await? {
         ControlMessage::Hello { nonce } => {
-            hex::decode(&nonce).map_err(|_| CampaignError::Protocol {
-                peer: peer.to_string(),
-                reason: "nonce is not hex".into(),
-            })?
+            decode_nonce(&nonce).map_err(|reason| protocol(peer, reason))?
         }
         other => return Err(unexpected(peer, "hello", &other)),
     };
-    if nonce_c.len() < 16 {
-        return Err(CampaignError::Protocol {
-            peer: peer.to_string(),
-            reason: "nonce shorter than 16 bytes".into(),
-        });
-    }
-    let nonce_e = wire::nonce();
+    let nonce_e = nonce();
     let challenge = ControlMessage::Challenge {
         node: cfg.peer.node.clone(),
         profile: cfg.peer.profile.clone(),
         nonce: hex::encode(nonce_e),
-        proof: hex::encode(wire::proof(&cfg.token, ROLE_ENDPOINT, &nonce_c, &nonce_e)),
+        proof: proof_hex(&cfg.token, ROLE_ENDPOINT, &nonce_c, &nonce_e),
     };
-    step(t, peer, wire::write_frame(&mut stream, &challenge, peer)).await?;
-    let request = match step(t, peer, wire::read_frame(&mut stream, peer)).await? {
+    step(t, peer, wire::send(&mut ch, &challenge, peer)).await?;
+    let request = match step(t, peer, wire::recv(&mut ch, peer)).await? {
         ControlMessage::Request { proof, request } => {
-            if !wire::verify_proof(&cfg.token, ROLE_COORDINATOR, &nonce_c, &nonce_e, &proof) {
-                let _ = step(
-                    t,
-                    peer,
-                    wire::write_frame(
-                        &mut stream,
-                        &ControlMessage::Error {
-                            reason: "authentication failed".into(),
-                        },
-                        peer,
-                    ),
-                )
-                .await;
+            if !verify_proof(&cfg.token, ROLE_COORDINATOR, &nonce_c, &nonce_e, &proof) {
+                let refusal = ControlMessage::Error {
+                    reason: "authentication failed".into(),
+                };
+                let _ = step(t, peer, wire::send(&mut ch, &refusal, peer)).await;
                 return Err(CampaignError::Auth {
                     peer: peer.to_string(),
                     reason: "coordinator's proof does not match the shared token".into(),
@@ -245,7 +229,7 @@ async fn serve_control(
     step(
         t,
         peer,
-        wire::write_frame(&mut stream, &ControlMessage::Response { response }, peer),
+        wire::send(&mut ch, &ControlMessage::Response { response }, peer),
     )
     .await
 }
@@ -380,9 +364,13 @@ fn unexpected(peer: &str, stage: &str, msg: &ControlMessage) -> CampaignError {
                 .unwrap_or_else(|| "message".into())
         ),
     };
+    protocol(peer, reason)
+}
+
+fn protocol(peer: &str, reason: impl Into<String>) -> CampaignError {
     CampaignError::Protocol {
         peer: peer.to_string(),
-        reason,
+        reason: reason.into(),
     }
 }
 
@@ -395,8 +383,8 @@ pub async fn request(
     io_timeout: Duration,
     answer_timeout: Duration,
 ) -> Result<ControlResponse, CampaignError> {
-    let token = token.strip_suffix(b"\n").unwrap_or(token);
-    let mut stream = tokio::time::timeout(io_timeout, TcpStream::connect(addr))
+    let token = trim_token(token);
+    let stream = tokio::time::timeout(io_timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| CampaignError::Timeout {
             peer: addr.to_string(),
@@ -407,33 +395,21 @@ pub async fn request(
             source,
         })?;
     let _ = stream.set_nodelay(true);
-    let nonce_c = wire::nonce();
-    step(
-        io_timeout,
-        addr,
-        wire::write_frame(
-            &mut stream,
-            &ControlMessage::Hello {
-                nonce: hex::encode(nonce_c),
-            },
-            addr,
-        ),
-    )
-    .await?;
-    let nonce_e = match step(io_timeout, addr, wire::read_frame(&mut stream, addr)).await? {
+    let mut ch = wire::control_channel(stream);
+    let nonce_c = nonce();
+    let hello = ControlMessage::Hello {
+        nonce: hex::encode(nonce_c),
+    };
+    step(io_timeout, addr, wire::send(&mut ch, &hello, addr)).await?;
+    let nonce_e = match step(io_timeout, addr, wire::recv(&mut ch, addr)).await? {
         ControlMessage::Challenge {
             node,
             profile: _,
             nonce,
             proof,
         } => {
-            let nonce_e = hex::decode(&nonce).map_err(|_| CampaignError::Protocol {
-                peer: addr.to_string(),
-                reason: "nonce is not hex".into(),
-            })?;
-            if nonce_e.len() < 16
-                || !wire::verify_proof(token, ROLE_ENDPOINT, &nonce_c, &nonce_e, &proof)
-            {
+            let nonce_e = decode_nonce(&nonce).map_err(|reason| protocol(addr, reason))?;
+            if !verify_proof(token, ROLE_ENDPOINT, &nonce_c, &nonce_e, &proof) {
                 return Err(CampaignError::Auth {
                     peer: addr.to_string(),
                     reason: "endpoint's proof does not match the shared token".into(),
@@ -441,10 +417,10 @@ pub async fn request(
             }
             if let Some(expect) = expect_node {
                 if expect != node {
-                    return Err(CampaignError::Protocol {
-                        peer: addr.to_string(),
-                        reason: format!("endpoint identifies as node {node}, expected {expect}"),
-                    });
+                    return Err(protocol(
+                        addr,
+                        format!("endpoint identifies as node {node}, expected {expect}"),
+                    ));
                 }
             }
             nonce_e
@@ -452,11 +428,11 @@ pub async fn request(
         other => return Err(unexpected(addr, "challenge", &other)),
     };
     let msg = ControlMessage::Request {
-        proof: hex::encode(wire::proof(token, ROLE_COORDINATOR, &nonce_c, &nonce_e)),
+        proof: proof_hex(token, ROLE_COORDINATOR, &nonce_c, &nonce_e),
         request: req.clone(),
     };
-    step(io_timeout, addr, wire::write_frame(&mut stream, &msg, addr)).await?;
-    match step(answer_timeout, addr, wire::read_frame(&mut stream, addr)).await? {
+    step(io_timeout, addr, wire::send(&mut ch, &msg, addr)).await?;
+    match step(answer_timeout, addr, wire::recv(&mut ch, addr)).await? {
         ControlMessage::Response { response } => Ok(response),
         ControlMessage::Error { reason } if reason.contains("authentication") => {
             Err(CampaignError::Auth {

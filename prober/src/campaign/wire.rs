@@ -1,12 +1,13 @@
 //! The coordinator's control channel to a peer endpoint.
 //!
-//! It shares the endpoint's TCP port with the RDMA side channel ([`crate::rdma::peer`]); the
-//! first four bytes tell them apart (`RGCT` here, `RGRP` there). Frame: `b"RGCT"`, a big-endian
-//! `u32` payload length (at most [`MAX_FRAME_BYTES`]) and a JSON [`ControlMessage`].
+//! It shares the endpoint's TCP port with the RDMA side channel ([`crate::rdma::peer`]) and
+//! speaks the same authenticated framing ([`crate::rdma::peer::channel`]); the frame tag tells them apart
+//! (`RGCT` here, `RGRP` there). Each frame carries a JSON [`ControlMessage`] of at most
+//! [`MAX_FRAME_BYTES`].
 //!
 //! Authentication never sends the token: the coordinator and the endpoint exchange nonces and
 //! prove knowledge of the shared token with HMAC-SHA256 over both nonces and their role
-//! (see [`crate::rdma::peer::proof_with`]); proofs are compared in constant time.
+//! ([`crate::rdma::peer::channel::proof`]); proofs are checked in constant time.
 //!
 //! ```text
 //! coordinator                         endpoint
@@ -16,15 +17,24 @@
 //!                                  <- Response{...}
 //! ```
 
+use futures::{SinkExt, StreamExt};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_util::codec::Framed;
 
 use super::CampaignError;
-use crate::rdma::peer::proof_with;
+use crate::rdma::peer::channel::{FrameCodec, FrameError, FrameFormat};
 use crate::rdma::MemoryKind;
 
 pub const CONTROL_MAGIC: &[u8; 4] = b"RGCT";
+pub const CONTROL_VERSION: u16 = 1;
 pub const MAX_FRAME_BYTES: u32 = 256 * 1024;
+/// The control channel's frames.
+pub const FORMAT: FrameFormat = FrameFormat {
+    tag: *CONTROL_MAGIC,
+    version: CONTROL_VERSION,
+    max_payload_bytes: MAX_FRAME_BYTES as usize,
+};
 /// Roles bound into the proofs, so a proof cannot be reflected back.
 pub const ROLE_COORDINATOR: &str = "campaign-coordinator";
 pub const ROLE_ENDPOINT: &str = "campaign-endpoint";
@@ -137,146 +147,58 @@ pub enum ControlMessage {
     },
 }
 
-/// Writes one frame.
-pub async fn write_frame(
-    w: &mut (impl AsyncWrite + Unpin),
+/// One control connection, framed.
+pub type ControlChannel<S> = Framed<S, FrameCodec<ControlMessage>>;
+
+pub fn control_channel<S: AsyncRead + AsyncWrite>(io: S) -> ControlChannel<S> {
+    Framed::new(io, FrameCodec::new(FORMAT))
+}
+
+/// Sends one message.
+pub async fn send<S: AsyncRead + AsyncWrite + Unpin>(
+    ch: &mut ControlChannel<S>,
     msg: &ControlMessage,
     peer: &str,
 ) -> Result<(), CampaignError> {
-    let payload = serde_json::to_vec(msg).map_err(|e| CampaignError::Protocol {
-        peer: peer.to_string(),
-        reason: format!("cannot encode message: {e}"),
-    })?;
-    if payload.len() > MAX_FRAME_BYTES as usize {
-        return Err(CampaignError::Protocol {
-            peer: peer.to_string(),
-            reason: format!("message of {} bytes is too large", payload.len()),
-        });
-    }
-    let mut frame = Vec::with_capacity(8 + payload.len());
-    frame.extend_from_slice(CONTROL_MAGIC);
-    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    frame.extend_from_slice(&payload);
-    w.write_all(&frame)
-        .await
-        .map_err(|source| CampaignError::Io {
-            peer: peer.to_string(),
-            source,
-        })?;
-    w.flush().await.map_err(|source| CampaignError::Io {
-        peer: peer.to_string(),
-        source,
-    })
+    ch.send(msg).await.map_err(|e| frame_error(peer, e))
 }
 
-/// Reads one frame.
-pub async fn read_frame(
-    r: &mut (impl AsyncRead + Unpin),
+/// Receives one message.
+pub async fn recv<S: AsyncRead + AsyncWrite + Unpin>(
+    ch: &mut ControlChannel<S>,
     peer: &str,
 ) -> Result<ControlMessage, CampaignError> {
-    let mut header = [0u8; 8];
-    read_exact(r, &mut header, peer).await?;
-    if &header[..4] != CONTROL_MAGIC {
-        return Err(CampaignError::Protocol {
+    match ch.next().await {
+        Some(msg) => msg.map_err(|e| frame_error(peer, e)),
+        None => Err(CampaignError::Closed {
             peer: peer.to_string(),
+        }),
+    }
+}
+
+fn frame_error(peer: &str, e: FrameError) -> CampaignError {
+    let peer = peer.to_string();
+    match e {
+        FrameError::Closed => CampaignError::Closed { peer },
+        FrameError::Io(source) => CampaignError::Io { peer, source },
+        FrameError::Tag => CampaignError::Protocol {
+            peer,
             reason: "not a railguard campaign endpoint (bad frame magic)".into(),
-        });
+        },
+        e => CampaignError::Protocol {
+            peer,
+            reason: e.to_string(),
+        },
     }
-    let len = u32::from_be_bytes([header[4], header[5], header[6], header[7]]);
-    if len > MAX_FRAME_BYTES {
-        return Err(CampaignError::Protocol {
-            peer: peer.to_string(),
-            reason: format!("frame of {len} bytes exceeds {MAX_FRAME_BYTES}"),
-        });
-    }
-    let mut payload = vec![0u8; len as usize];
-    read_exact(r, &mut payload, peer).await?;
-    serde_json::from_slice(&payload).map_err(|e| CampaignError::Protocol {
-        peer: peer.to_string(),
-        reason: format!("malformed message: {e}"),
-    })
-}
-
-async fn read_exact(
-    r: &mut (impl AsyncRead + Unpin),
-    buf: &mut [u8],
-    peer: &str,
-) -> Result<(), CampaignError> {
-    match r.read_exact(buf).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(CampaignError::Closed {
-            peer: peer.to_string(),
-        }),
-        Err(source) => Err(CampaignError::Io {
-            peer: peer.to_string(),
-            source,
-        }),
-    }
-}
-
-/// The HMAC proof of `role` over both nonces.
-pub fn proof(token: &[u8], role: &str, nonce_c: &[u8], nonce_e: &[u8]) -> Vec<u8> {
-    proof_with(token, role, nonce_c, nonce_e)
-}
-
-/// Compares two byte strings in time independent of where they differ.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    // black_box keeps the optimizer from turning the fold into an early exit.
-    std::hint::black_box(diff) == 0
-}
-
-/// Checks that `proof_hex` is `role`'s proof over the nonces with `token`.
-pub fn verify_proof(
-    token: &[u8],
-    role: &str,
-    nonce_c: &[u8],
-    nonce_e: &[u8],
-    proof_hex: &str,
-) -> bool {
-    let Ok(given) = hex::decode(proof_hex) else {
-        return false;
-    };
-    constant_time_eq(&proof(token, role, nonce_c, nonce_e), &given)
-}
-
-/// A random 32-byte nonce.
-pub fn nonce() -> [u8; 32] {
-    rand::random()
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-
-    #[test]
-    fn constant_time_eq_matches_eq() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"ab"));
-        assert!(constant_time_eq(b"", b""));
-    }
-
-    #[test]
-    fn proofs_bind_token_role_and_nonces() {
-        let t = b"0123456789abcdef";
-        let p = hex::encode(proof(t, ROLE_COORDINATOR, b"n1", b"n2"));
-        assert!(verify_proof(t, ROLE_COORDINATOR, b"n1", b"n2", &p));
-        assert!(!verify_proof(t, ROLE_ENDPOINT, b"n1", b"n2", &p));
-        assert!(!verify_proof(t, ROLE_COORDINATOR, b"n1", b"n3", &p));
-        assert!(!verify_proof(
-            b"another-token-xx",
-            ROLE_COORDINATOR,
-            b"n1",
-            b"n2",
-            &p
-        ));
-        assert!(!verify_proof(t, ROLE_COORDINATOR, b"n1", b"n2", "not hex"));
-    }
+    use crate::rdma::peer::channel::HEAD_BYTES;
+    use tokio_util::bytes::BytesMut;
+    use tokio_util::codec::Encoder;
 
     #[tokio::test]
     async fn frames_round_trip_and_reject_garbage() {
@@ -297,26 +219,34 @@ mod tests {
                 timeout_ms: 1000,
             }),
         };
-        let mut buf = Vec::new();
-        write_frame(&mut buf, &msg, "x").await.unwrap();
-        assert_eq!(read_frame(&mut &buf[..], "x").await.unwrap(), msg);
+        let mut buf = BytesMut::new();
+        FrameCodec::new(FORMAT).encode(&msg, &mut buf).unwrap();
+        let buf = buf.to_vec();
+        assert_eq!(read(&buf).await.unwrap(), msg);
 
         let mut bad = buf.clone();
         bad[..4].copy_from_slice(b"RGRP");
-        let e = read_frame(&mut &bad[..], "x").await.unwrap_err();
+        let e = read(&bad).await.unwrap_err();
         assert!(e.to_string().contains("bad frame magic"), "{e}");
         let mut huge = buf.clone();
-        huge[4..8].copy_from_slice(&(MAX_FRAME_BYTES + 1).to_be_bytes());
-        assert!(read_frame(&mut &huge[..], "x")
+        huge[HEAD_BYTES - 4..HEAD_BYTES].copy_from_slice(&(MAX_FRAME_BYTES + 1).to_be_bytes());
+        assert!(read(&huge)
             .await
             .unwrap_err()
             .to_string()
             .contains("exceeds"));
         let cut = &buf[..buf.len() - 2];
-        assert!(matches!(
-            read_frame(&mut &cut[..], "x").await,
-            Err(CampaignError::Closed { .. })
-        ));
+        assert!(matches!(read(cut).await, Err(CampaignError::Closed { .. })));
+    }
+
+    /// One message from `bytes`, as the endpoint reads it.
+    async fn read(bytes: &[u8]) -> Result<ControlMessage, CampaignError> {
+        let (mut near, mut far) = tokio::io::duplex(1 << 20);
+        tokio::io::AsyncWriteExt::write_all(&mut far, bytes)
+            .await
+            .unwrap();
+        drop(far);
+        recv(&mut control_channel(&mut near), "x").await
     }
 
     #[test]

@@ -1,0 +1,369 @@
+//! The authenticated framing both peer protocols speak: the RDMA side channel ([`super`]) and
+//! the campaign control channel ([`crate::campaign::wire`]).
+//!
+//! Frame: a 4-byte protocol tag, a big-endian `u16` protocol version, then a length-delimited
+//! JSON payload (big-endian `u32` length, [`LengthDelimitedCodec`]) of at most the protocol's
+//! maximum. The tag comes first so both protocols can share one TCP port: the endpoint peeks
+//! at it to pick the protocol.
+//!
+//! Authentication never sends the shared token: each side sends a random nonce and proves
+//! knowledge of the token with an HMAC-SHA256 over both nonces and its role, so a proof can be
+//! neither replayed (fresh nonces) nor reflected (the role). Proofs are checked with
+//! [`Mac::verify_slice`], in constant time. Nonces and proofs travel as lowercase hex.
+
+use std::io::{ErrorKind, Read, Write};
+use std::marker::PhantomData;
+
+use hmac::{Hmac, Mac};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use sha2::Sha256;
+use tokio_util::bytes::{Buf, BufMut, BytesMut};
+use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec, LengthDelimitedCodecError};
+
+/// Bytes of the protocol tag.
+pub const TAG_BYTES: usize = 4;
+/// Bytes before the length field: the tag and the version.
+const PREFIX_BYTES: usize = TAG_BYTES + 2;
+/// Width of the length field.
+const LENGTH_BYTES: usize = 4;
+/// Bytes before the payload.
+pub const HEAD_BYTES: usize = PREFIX_BYTES + LENGTH_BYTES;
+/// Shortest nonce accepted from a peer.
+pub const MIN_NONCE_BYTES: usize = 16;
+/// Domain separation of the proofs (both protocols; their roles differ).
+const PROOF_CONTEXT: &str = "railguard-peer-v1";
+
+/// What one protocol's frames look like.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameFormat {
+    pub tag: [u8; TAG_BYTES],
+    pub version: u16,
+    /// Largest payload accepted or sent.
+    pub max_payload_bytes: usize,
+}
+
+/// Why a frame could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("bad frame magic")]
+    Tag,
+    #[error("protocol version {got}, this prober speaks {speaks}")]
+    Version { got: u16, speaks: u16 },
+    #[error("frame exceeds {max} bytes")]
+    TooLarge { max: usize },
+    #[error("malformed message: {source}")]
+    Malformed { source: serde_json::Error },
+    #[error("cannot encode message: {source}")]
+    Encode { source: serde_json::Error },
+    #[error("connection closed")]
+    Closed,
+    #[error("i/o failed")]
+    Io(#[source] std::io::Error),
+}
+
+impl From<std::io::Error> for FrameError {
+    fn from(e: std::io::Error) -> Self {
+        match e.kind() {
+            ErrorKind::UnexpectedEof => FrameError::Closed,
+            _ => FrameError::Io(e),
+        }
+    }
+}
+
+/// Frames of JSON messages `M` in a [`FrameFormat`]: a [`Decoder`] and [`Encoder`] for
+/// `tokio_util::codec::Framed`, and a blocking reader and writer for `std::net` code.
+#[derive(Debug)]
+pub struct FrameCodec<M> {
+    format: FrameFormat,
+    lengths: LengthDelimitedCodec,
+    /// The length codec has taken this frame's head and waits for its payload.
+    in_payload: bool,
+    message: PhantomData<fn() -> M>,
+}
+
+impl<M> FrameCodec<M> {
+    pub fn new(format: FrameFormat) -> Self {
+        let lengths = LengthDelimitedCodec::builder()
+            .length_field_offset(PREFIX_BYTES)
+            .length_field_length(LENGTH_BYTES)
+            .max_frame_length(format.max_payload_bytes)
+            .new_codec();
+        FrameCodec {
+            format,
+            lengths,
+            in_payload: false,
+            message: PhantomData,
+        }
+    }
+
+    /// Checks the tag and version as soon as they arrive, before waiting for the payload.
+    fn check_prefix(&self, src: &[u8]) -> Result<(), FrameError> {
+        if src.len() >= TAG_BYTES && src[..TAG_BYTES] != self.format.tag {
+            return Err(FrameError::Tag);
+        }
+        if src.len() >= PREFIX_BYTES {
+            let got = (&src[TAG_BYTES..PREFIX_BYTES]).get_u16();
+            if got != self.format.version {
+                return Err(FrameError::Version {
+                    got,
+                    speaks: self.format.version,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn length_error(&self, e: std::io::Error) -> FrameError {
+        match e.get_ref() {
+            Some(inner) if inner.is::<LengthDelimitedCodecError>() => FrameError::TooLarge {
+                max: self.format.max_payload_bytes,
+            },
+            _ => FrameError::from(e),
+        }
+    }
+}
+
+impl<M: DeserializeOwned> FrameCodec<M> {
+    /// Reads exactly one frame, never past its end: blocking callers hand the same socket
+    /// from step to step (and to test tools), so nothing may stay behind in a buffer here.
+    pub fn read_blocking(&mut self, r: &mut impl Read) -> Result<M, FrameError> {
+        let mut buf = BytesMut::zeroed(HEAD_BYTES);
+        r.read_exact(&mut buf)?;
+        // The length field tells how much to read next; the codec still checks the bound.
+        let payload = (&buf[PREFIX_BYTES..]).get_uint(LENGTH_BYTES) as usize;
+        if let Some(msg) = self.decode(&mut buf)? {
+            return Ok(msg);
+        }
+        let start = buf.len();
+        buf.resize(start + payload, 0);
+        r.read_exact(&mut buf[start..])?;
+        self.decode(&mut buf)?.ok_or(FrameError::Closed)
+    }
+}
+
+impl<M: Serialize> FrameCodec<M> {
+    /// Writes one frame and flushes it.
+    pub fn write_blocking(&mut self, w: &mut impl Write, msg: &M) -> Result<(), FrameError> {
+        let mut buf = BytesMut::new();
+        self.encode(msg, &mut buf)?;
+        w.write_all(&buf)?;
+        w.flush()?;
+        Ok(())
+    }
+}
+
+impl<M: DeserializeOwned> Decoder for FrameCodec<M> {
+    type Item = M;
+    type Error = FrameError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<M>, FrameError> {
+        if !self.in_payload {
+            self.check_prefix(src)?;
+            // With a whole head buffered, the length codec takes it now (or fails).
+            self.in_payload = src.len() >= HEAD_BYTES;
+        }
+        match self.lengths.decode(src) {
+            Ok(Some(payload)) => {
+                self.in_payload = false;
+                serde_json::from_slice(&payload)
+                    .map(Some)
+                    .map_err(|source| FrameError::Malformed { source })
+            }
+            Ok(None) => Ok(None),
+            Err(e) => Err(self.length_error(e)),
+        }
+    }
+
+    fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<M>, FrameError> {
+        match self.decode(src)? {
+            Some(msg) => Ok(Some(msg)),
+            None if src.is_empty() => Ok(None),
+            // A frame cut short: the peer hung up in the middle of it.
+            None => Err(FrameError::Closed),
+        }
+    }
+}
+
+impl<M: Serialize> Encoder<&M> for FrameCodec<M> {
+    type Error = FrameError;
+
+    fn encode(&mut self, msg: &M, dst: &mut BytesMut) -> Result<(), FrameError> {
+        let payload = serde_json::to_vec(msg).map_err(|source| FrameError::Encode { source })?;
+        dst.reserve(HEAD_BYTES + payload.len());
+        dst.put_slice(&self.format.tag);
+        dst.put_u16(self.format.version);
+        self.lengths
+            .encode(&payload[..], dst)
+            .map_err(|e| self.length_error(e))
+    }
+}
+
+/// A fresh random nonce.
+pub fn nonce() -> [u8; 32] {
+    rand::random()
+}
+
+/// A peer's hex nonce, if it is hex and long enough.
+pub fn decode_nonce(hex_nonce: &str) -> Result<Vec<u8>, &'static str> {
+    let nonce = hex::decode(hex_nonce).map_err(|_| "nonce is not hex")?;
+    if nonce.len() < MIN_NONCE_BYTES {
+        return Err("nonce shorter than 16 bytes");
+    }
+    Ok(nonce)
+}
+
+/// A token read from a Secret file often ends in a newline; it is not part of the secret.
+pub fn trim_token(token: &[u8]) -> &[u8] {
+    token.strip_suffix(b"\n").unwrap_or(token)
+}
+
+/// `None` never happens in practice: HMAC takes keys of any length.
+fn proof_mac(token: &[u8], role: &str, nonce_a: &[u8], nonce_b: &[u8]) -> Option<Hmac<Sha256>> {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(token).ok()?;
+    for part in [
+        PROOF_CONTEXT.as_bytes(),
+        b"\0",
+        role.as_bytes(),
+        b"\0",
+        nonce_a,
+        nonce_b,
+    ] {
+        mac.update(part);
+    }
+    Some(mac)
+}
+
+/// HMAC-SHA256 proof that the sender knows `token`, bound to both nonces (the initiating
+/// side's first) and the sender's role.
+pub fn proof(token: &[u8], role: &str, nonce_a: &[u8], nonce_b: &[u8]) -> Vec<u8> {
+    proof_mac(token, role, nonce_a, nonce_b)
+        .map(|mac| mac.finalize().into_bytes().to_vec())
+        .unwrap_or_default()
+}
+
+/// [`proof`] as it travels: lowercase hex.
+pub fn proof_hex(token: &[u8], role: &str, nonce_a: &[u8], nonce_b: &[u8]) -> String {
+    hex::encode(proof(token, role, nonce_a, nonce_b))
+}
+
+/// Whether `proof_hex` is `role`'s proof over the nonces with `token`, compared in constant
+/// time.
+pub fn verify_proof(
+    token: &[u8],
+    role: &str,
+    nonce_a: &[u8],
+    nonce_b: &[u8],
+    proof_hex: &str,
+) -> bool {
+    let (Ok(given), Some(mac)) = (
+        hex::decode(proof_hex),
+        proof_mac(token, role, nonce_a, nonce_b),
+    ) else {
+        return false;
+    };
+    mac.verify_slice(&given).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use serde::Deserialize;
+
+    const FORMAT: FrameFormat = FrameFormat {
+        tag: *b"TEST",
+        version: 3,
+        max_payload_bytes: 64,
+    };
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Note {
+        text: String,
+    }
+
+    fn frame(text: &str) -> Vec<u8> {
+        let mut buf = Vec::new();
+        FrameCodec::new(FORMAT)
+            .write_blocking(&mut buf, &Note { text: text.into() })
+            .unwrap();
+        buf
+    }
+
+    fn read(bytes: &[u8]) -> Result<Note, FrameError> {
+        FrameCodec::new(FORMAT).read_blocking(&mut &bytes[..])
+    }
+
+    #[test]
+    fn frames_round_trip_and_read_no_further_than_one_frame() {
+        let mut two = frame("one");
+        two.extend(frame("two"));
+        let mut r = &two[..];
+        let mut codec = FrameCodec::<Note>::new(FORMAT);
+        assert_eq!(codec.read_blocking(&mut r).unwrap().text, "one");
+        assert_eq!(codec.read_blocking(&mut r).unwrap().text, "two");
+        assert!(matches!(
+            codec.read_blocking(&mut r),
+            Err(FrameError::Closed)
+        ));
+
+        let mut buf = BytesMut::from(&two[..]);
+        let mut codec = FrameCodec::<Note>::new(FORMAT);
+        assert_eq!(codec.decode(&mut buf).unwrap().unwrap().text, "one");
+        assert_eq!(codec.decode_eof(&mut buf).unwrap().unwrap().text, "two");
+        assert!(codec.decode_eof(&mut buf).unwrap().is_none());
+    }
+
+    #[test]
+    fn bad_frames_are_rejected() {
+        let good = frame("x");
+        let mut tag = good.clone();
+        tag[0] = b'X';
+        assert!(matches!(read(&tag), Err(FrameError::Tag)));
+        let mut version = good.clone();
+        version[5] = 4;
+        let e = read(&version).unwrap_err();
+        assert_eq!(e.to_string(), "protocol version 4, this prober speaks 3");
+        let mut huge = good.clone();
+        huge[PREFIX_BYTES..HEAD_BYTES].copy_from_slice(&65u32.to_be_bytes());
+        assert!(matches!(read(&huge), Err(FrameError::TooLarge { max: 64 })));
+        assert!(matches!(
+            read(&good[..good.len() - 1]),
+            Err(FrameError::Closed)
+        ));
+        let mut cut = BytesMut::from(&good[..good.len() - 1]);
+        assert!(matches!(
+            FrameCodec::<Note>::new(FORMAT).decode_eof(&mut cut),
+            Err(FrameError::Closed)
+        ));
+        let mut junk = good[..PREFIX_BYTES].to_vec();
+        junk.extend(3u32.to_be_bytes());
+        junk.extend(b"{x}");
+        assert!(matches!(read(&junk), Err(FrameError::Malformed { .. })));
+        let too_long = "y".repeat(80);
+        assert!(matches!(
+            FrameCodec::new(FORMAT).write_blocking(&mut Vec::new(), &Note { text: too_long }),
+            Err(FrameError::TooLarge { max: 64 })
+        ));
+    }
+
+    #[test]
+    fn proofs_bind_token_role_and_nonces() {
+        let t = b"0123456789abcdef";
+        let p = proof_hex(t, "a", b"n1", b"n2");
+        assert!(verify_proof(t, "a", b"n1", b"n2", &p));
+        assert!(!verify_proof(t, "b", b"n1", b"n2", &p), "reflection");
+        assert!(!verify_proof(t, "a", b"n1", b"n3", &p));
+        assert!(!verify_proof(t, "a", b"n2", b"n1", &p), "nonce order");
+        assert!(!verify_proof(b"another-token-xx", "a", b"n1", b"n2", &p));
+        assert!(!verify_proof(t, "a", b"n1", b"n2", "not hex"));
+        assert!(!verify_proof(t, "a", b"n1", b"n2", &p[..62]), "truncated");
+    }
+
+    #[test]
+    fn nonces_must_be_hex_and_long_enough() {
+        assert_eq!(decode_nonce(&hex::encode(nonce())).unwrap().len(), 32);
+        assert!(decode_nonce("zz").is_err());
+        assert!(decode_nonce(&hex::encode([1u8; 15])).is_err());
+    }
+}

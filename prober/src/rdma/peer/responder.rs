@@ -1,0 +1,123 @@
+//! The responder: checks a request against this node, opens the target QP and buffer, and
+//! keeps them alive while the initiator writes.
+
+use std::net::TcpStream;
+
+use super::auth::{authenticate_initiator, AuthenticatedPeer};
+use super::wire::{check_gid, io_error, recv, send, set_timeout, unexpected, Message};
+use super::{PeerConfig, RailLocks, ServedStatus, ServedTest};
+use crate::rdma::{PeerRdmaEngine, RailBenchRequest, RdmaError};
+
+/// Serves one accepted side-channel connection: authenticates the initiator, checks the
+/// request against this node (profile, HCA, busy rail), opens and connects the target QP and
+/// buffer, and keeps them alive until the initiator reports `Done` (or `test_timeout`).
+pub fn run_write_test_responder(
+    mut stream: TcpStream,
+    cfg: &PeerConfig,
+    engine: &dyn PeerRdmaEngine,
+    locks: &RailLocks,
+) -> Result<ServedTest, RdmaError> {
+    let peer = stream
+        .peer_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    let peer = peer.as_str();
+    set_timeout(&stream, peer, cfg.io_timeout)?;
+    // A stream handed over from an async runtime may still be non-blocking.
+    stream
+        .set_nonblocking(false)
+        .map_err(|e| io_error(peer, "socket setup", e))?;
+    let _ = stream.set_nodelay(true);
+
+    let AuthenticatedPeer {
+        node: peer_node,
+        profile: peer_profile,
+    } = authenticate_initiator(&mut stream, cfg, peer)?;
+
+    let (hca, port, memory, sizes, iterations, initiator) =
+        match recv(&mut stream, peer, "test request")? {
+            Message::TestRequest {
+                hca,
+                port,
+                memory,
+                sizes,
+                iterations,
+                initiator,
+            } => (hca, port, memory, sizes, iterations, initiator),
+            other => return Err(unexpected(peer, "test request", &other)),
+        };
+    let served = |status| ServedTest {
+        peer_node: peer_node.clone(),
+        hca: hca.clone(),
+        port,
+        status,
+    };
+    let mut refuse = |reason: String| -> Result<ServedTest, RdmaError> {
+        send(
+            &mut stream,
+            &Message::Refuse {
+                reason: reason.clone(),
+            },
+            peer,
+            "refuse",
+        )?;
+        Ok(served(ServedStatus::Refused { reason }))
+    };
+
+    if peer_profile != cfg.profile {
+        return refuse(format!(
+            "peer is on profile {peer_profile}, this node on {}",
+            cfg.profile
+        ));
+    }
+    let bench = RailBenchRequest {
+        hca: hca.clone(),
+        port,
+        memory,
+        sizes: sizes.clone(),
+        iterations,
+    };
+    if let Err(e) = bench.validate() {
+        return refuse(e.to_string());
+    }
+    if initiator.hca != hca || initiator.port != port {
+        return refuse(format!(
+            "initiator QP is on {}:{}, the request names {hca}:{port}",
+            initiator.hca, initiator.port
+        ));
+    }
+    if let Err(e) = check_gid(peer, &initiator.gid) {
+        return refuse(e.to_string());
+    }
+    let _rail = match locks.try_acquire(&hca, port) {
+        Ok(guard) => guard,
+        Err(e) => return refuse(e.to_string()),
+    };
+    let mut endpoint = match engine.open_endpoint(&hca, port, memory, bench.buffer_bytes()) {
+        Ok(ep) => ep,
+        Err(e) => return refuse(format!("{} on node {}", e, cfg.node)),
+    };
+    if let Err(e) = endpoint.connect(&initiator) {
+        return refuse(e.to_string());
+    }
+    send(
+        &mut stream,
+        &Message::Accept {
+            responder: endpoint.info(),
+        },
+        peer,
+        "accept",
+    )?;
+
+    // The initiator writes into our buffer now; we only keep it registered until Done.
+    set_timeout(&stream, peer, cfg.test_timeout)?;
+    let status = match recv(&mut stream, peer, "done")? {
+        Message::Done { ok: true, .. } => ServedStatus::Completed,
+        Message::Done { ok: false, note } => ServedStatus::InitiatorFailed { note },
+        other => return Err(unexpected(peer, "done", &other)),
+    };
+    set_timeout(&stream, peer, cfg.io_timeout)?;
+    send(&mut stream, &Message::Bye, peer, "bye")?;
+    drop(endpoint);
+    Ok(served(status))
+}

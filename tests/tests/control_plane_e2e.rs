@@ -38,11 +38,10 @@ async fn crd_profiles_and_certificates_round_trip_through_the_api_server() {
         "FabricProfile is cluster-scoped"
     );
 
-    // An invalid profile passes the schema (types are right) but validate() names the fields.
+    // What the schema cannot see (a duplicate rail) passes it, and validate() names the field.
     let mut invalid = valid.clone();
     invalid.metadata.name = Some("broken".into());
     invalid.metadata.resource_version = None;
-    invalid.spec.rails[5].rate_gbps = 0;
     invalid.spec.rails[6].hca = "mlx5_0".into();
     profiles
         .create(&PostParams::default(), &invalid)
@@ -52,11 +51,42 @@ async fn crd_profiles_and_certificates_round_trip_through_the_api_server() {
     assert_eq!(listed.items.len(), 2);
     let broken = listed.items.iter().find(|p| p.name() == "broken").unwrap();
     let err = broken.validate().unwrap_err();
-    assert_eq!(
-        err.fields(),
-        vec!["spec.rails[5].rateGbps", "spec.rails[6]"]
-    );
+    assert_eq!(err.fields(), vec!["spec.rails[6]"]);
     assert!(err.to_string().contains("duplicate rail mlx5_0:1"), "{err}");
+
+    // Bounds the Rust model enforces are in the schema too, so the apiserver refuses a profile
+    // the webhook, extender and prober could not read (one such object would fail their
+    // whole list): a rate of 0, and a port beyond u32.
+    let raw_profiles: Api<kube::api::DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource::erase::<FabricProfile>(&()),
+    );
+    for (name, rail) in [
+        (
+            "zero-rate",
+            json!({ "hca": "mlx5_0", "port": 1, "linkLayer": "InfiniBand", "rateGbps": 0, "gpus": [0] }),
+        ),
+        (
+            "huge-port",
+            json!({ "hca": "mlx5_0", "port": 4294967296u64, "linkLayer": "InfiniBand", "rateGbps": 400, "gpus": [0] }),
+        ),
+    ] {
+        let obj = json!({
+            "apiVersion": "railguard.io/v1alpha1", "kind": "FabricProfile",
+            "metadata": { "name": name },
+            "spec": { "rails": [rail], "thresholds": { "writeBwHostGbps": 1, "busbwPlateauGbps": 1 } }
+        });
+        match raw_profiles
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(obj).unwrap(),
+            )
+            .await
+        {
+            Err(kube::Error::Api(status)) => assert_eq!(status.code, 422, "{name}: {status:?}"),
+            other => panic!("{name}: the schema should refuse it, got {other:?}"),
+        }
+    }
 
     // The schema itself rejects wrong types: a string rate and an unknown link layer.
     let bad_type = json!({

@@ -1,4 +1,5 @@
-//! railguard's simulation, kept out of the production crates: node models ([`NodeModel`]),
+//! railguard's simulation, kept out of the production crates: node models ([`NodeModel`],
+//! the shipped ones built in: [`ModelSource`]),
 //! the synthetic sysfs tree the real discovery code reads ([`write_sysfs`]), the simulated
 //! RDMA engine ([`rdma::SimulatedRdmaEngine`], with a node model's rails and wire faults in
 //! [`node`]), the software facts of a model ([`software::ModelSoftware`]), the
@@ -10,6 +11,7 @@
 //! uses: a sysfs root, an [`railguard_prober::rdma::RdmaEngine`], a
 //! [`railguard_prober::certify::run::SoftwareSource`] and an nccl-tests binary.
 
+mod builtin;
 pub mod campaign_faults;
 pub mod certificates;
 mod load;
@@ -20,8 +22,7 @@ pub mod software;
 pub mod standin;
 mod sysfs;
 
-use std::path::{Path, PathBuf};
-
+pub use builtin::{builtin_model, ModelSource, BUILTIN_MODELS};
 pub use model::{
     Fault, GpuModel, HcaModel, HostBridgeModel, IommuMode, LinkModel, ModelPortState,
     NcclBehaviour, NicModel, NodeModel, PciNodeModel, PlatformModel, PortModel, SocketModel,
@@ -44,6 +45,8 @@ pub enum ModelError {
         #[source]
         source: serde_yaml_ng::Error,
     },
+    #[error("no model file {name}, and no built-in model of that name (built in: {known})")]
+    Unknown { name: String, known: String },
     #[error("model {model}: {message}")]
     Invalid { model: String, message: String },
     #[error("cannot write sysfs tree at {path}")]
@@ -52,21 +55,4 @@ pub enum ModelError {
         #[source]
         source: std::io::Error,
     },
-}
-
-/// The node models shipped in the source tree (`prober/models`). Only the simulation knows
-/// this build-machine path; production code never resolves a model.
-pub const SOURCE_MODELS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../prober/models");
-
-/// The node model file `--sim` names: a YAML path, or a model name in `models_dir`
-/// (default: the models shipped in the source tree, [`SOURCE_MODELS_DIR`]).
-pub fn model_path(sim: &str, models_dir: Option<&Path>) -> PathBuf {
-    let p = PathBuf::from(sim);
-    if p.is_file() {
-        return p;
-    }
-    let dir = models_dir
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from(SOURCE_MODELS_DIR));
-    dir.join(format!("{sim}.yaml"))
 }

@@ -3,6 +3,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use super::builtin::{builtin_model, builtin_names};
 use super::model::{
     Fault, GpuModel, HcaModel, ModelPortState, NodeModel, PciNodeModel, PortModel, SwitchModel,
 };
@@ -12,12 +13,18 @@ impl NodeModel {
     /// Loads a model file, resolving `base:` (relative to the file) and applying `faults:`.
     /// The result has no `base` and no pending `faults`.
     pub fn load(path: &Path) -> Result<NodeModel, ModelError> {
-        load_depth(path, 0)
+        load_file(path, 0)
+    }
+
+    /// Loads a model built into this crate ([`crate::BUILTIN_MODELS`]) by name, resolving
+    /// `base:` among the built-in models and applying `faults:`.
+    pub fn builtin(name: &str) -> Result<NodeModel, ModelError> {
+        load_builtin(name, 0)
     }
 
     /// Parses a self-contained model (no `base:`) and applies its faults.
     pub fn from_yaml(text: &str) -> Result<NodeModel, ModelError> {
-        let mut m: NodeModel =
+        let m: NodeModel =
             serde_yaml_ng::from_str(text).map_err(|source| ModelError::Yaml {
                 path: "<inline>".into(),
                 source,
@@ -28,12 +35,7 @@ impl NodeModel {
                 message: "a model with base: must be loaded from a file".into(),
             });
         }
-        let faults = std::mem::take(&mut m.faults);
-        for f in &faults {
-            m.apply(f)?;
-        }
-        m.validate()?;
-        Ok(m)
+        m.settle()
     }
 
     /// Applies one fault.
@@ -351,31 +353,55 @@ fn deep_merge(base: &mut serde_yaml_ng::Value, over: serde_yaml_ng::Value) {
     }
 }
 
-fn load_depth(path: &Path, depth: u32) -> Result<NodeModel, ModelError> {
+fn load_file(path: &Path, depth: u32) -> Result<NodeModel, ModelError> {
     let shown = path.display().to_string();
-    if depth > 8 {
-        return Err(ModelError::Invalid {
-            model: shown,
-            message: "base: chain deeper than 8 (a cycle?)".into(),
-        });
-    }
+    check_depth(&shown, depth)?;
     let text = std::fs::read_to_string(path).map_err(|source| ModelError::Read {
         path: shown.clone(),
         source,
     })?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    overlay(&shown, &text, |base| load_file(&dir.join(base), depth + 1))
+}
+
+fn load_builtin(name: &str, depth: u32) -> Result<NodeModel, ModelError> {
+    check_depth(name, depth)?;
+    let text = builtin_model(name).ok_or_else(|| ModelError::Unknown {
+        name: name.to_string(),
+        known: builtin_names(),
+    })?;
+    overlay(name, text, |base| load_builtin(base, depth + 1))
+}
+
+fn check_depth(shown: &str, depth: u32) -> Result<(), ModelError> {
+    if depth > 8 {
+        return Err(ModelError::Invalid {
+            model: shown.to_string(),
+            message: "base: chain deeper than 8 (a cycle?)".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Parses `text` (shown as `shown` in errors), merges it over its `base:` (loaded by
+/// `load_base`) and applies its faults.
+fn overlay(
+    shown: &str,
+    text: &str,
+    load_base: impl FnOnce(&str) -> Result<NodeModel, ModelError>,
+) -> Result<NodeModel, ModelError> {
     let yaml_err = |source| ModelError::Yaml {
-        path: shown.clone(),
+        path: shown.to_string(),
         source,
     };
-    let mut over: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).map_err(yaml_err)?;
+    let mut over: serde_yaml_ng::Value = serde_yaml_ng::from_str(text).map_err(yaml_err)?;
     let base_name = over
         .get("base")
         .and_then(|b| b.as_str())
         .map(str::to_string);
     let merged = match base_name {
         Some(b) => {
-            let base_path = path.parent().unwrap_or(Path::new(".")).join(&b);
-            let base = load_depth(&base_path, depth + 1)?;
+            let base = load_base(&b)?;
             let mut value = serde_yaml_ng::to_value(&base).map_err(yaml_err)?;
             if let serde_yaml_ng::Value::Mapping(m) = &mut over {
                 m.remove("base");
@@ -385,16 +411,19 @@ fn load_depth(path: &Path, depth: u32) -> Result<NodeModel, ModelError> {
         }
         None => over,
     };
-    let mut m: NodeModel =
-        serde_yaml_ng::from_value(merged).map_err(|source| ModelError::Yaml {
-            path: shown.clone(),
-            source,
-        })?;
+    let mut m: NodeModel = serde_yaml_ng::from_value(merged).map_err(yaml_err)?;
     m.base = None;
-    let faults = std::mem::take(&mut m.faults);
-    for f in &faults {
-        m.apply(f)?;
+    m.settle()
+}
+
+impl NodeModel {
+    /// Applies the pending `faults:` and validates the result.
+    fn settle(mut self) -> Result<NodeModel, ModelError> {
+        let faults = std::mem::take(&mut self.faults);
+        for f in &faults {
+            self.apply(f)?;
+        }
+        self.validate()?;
+        Ok(self)
     }
-    m.validate()?;
-    Ok(m)
 }

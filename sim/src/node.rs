@@ -152,8 +152,7 @@ mod tests {
     use super::*;
 
     fn model(name: &str) -> NodeModel {
-        let dir = Path::new(crate::SOURCE_MODELS_DIR);
-        NodeModel::load(&dir.join(name)).unwrap()
+        NodeModel::builtin(name).unwrap()
     }
 
     #[test]

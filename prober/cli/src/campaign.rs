@@ -27,7 +27,7 @@ use railguard_prober::campaign::summary::{found_faults, render_summary};
 use railguard_prober::campaign::token::{load_token, TokenSource};
 use railguard_prober::campaign::DEFAULT_PEER_PORT;
 use railguard_prober::rdma::{PeerConfig, PeerRdmaEngine, VerbsEngine};
-use railguard_sim::{model_path, NodeModel, SIM_MODEL_PATH};
+use railguard_sim::{ModelSource, SIM_MODEL_PATH};
 
 use crate::{Outcome, Status};
 
@@ -117,15 +117,16 @@ impl PeerEndpointArgs {
     /// Serves until SIGTERM/SIGINT.
     pub async fn run(self) -> anyhow::Result<()> {
         let token = self.token.load()?;
-        let model_path = match (&self.sim, &self.sim_root) {
-            (Some(sim), _) => Some(model_path(sim, self.models_dir.as_deref())),
-            (None, Some(root)) => Some(root.join(SIM_MODEL_PATH)),
+        let model_source = match (&self.sim, &self.sim_root) {
+            (Some(sim), _) => Some(ModelSource::resolve(sim, self.models_dir.as_deref())),
+            (None, Some(root)) => Some(ModelSource::File(root.join(SIM_MODEL_PATH))),
             (None, None) => None,
         };
-        let engine: Arc<dyn PeerRdmaEngine> = match &model_path {
-            Some(path) => {
-                let model = NodeModel::load(path)
-                    .with_context(|| format!("cannot load node model {}", path.display()))?;
+        let engine: Arc<dyn PeerRdmaEngine> = match &model_source {
+            Some(source) => {
+                let model = source
+                    .load()
+                    .with_context(|| format!("cannot load node model {source}"))?;
                 Arc::new(railguard_sim::node::engine(
                     &model,
                     &self.node,
@@ -141,7 +142,7 @@ impl PeerEndpointArgs {
             }
         };
         let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-        let gpu_pods = if model_path.is_some() && self.kubeconfig.is_none() && !in_cluster {
+        let gpu_pods = if model_source.is_some() && self.kubeconfig.is_none() && !in_cluster {
             // A simulated node outside a cluster has no pods to protect.
             warn!("simulated node without --kubeconfig: GPU pods are not checked");
             GpuPodSource::Unchecked

@@ -16,8 +16,8 @@ use railguard_prober::certify::{certify_once, NodeContext};
 use railguard_prober::publish::NodePublisher;
 use railguard_prober::rdma::{RdmaEngine, VerbsEngine};
 use railguard_runtime::StartupError;
-use railguard_sim::model_path;
 use railguard_sim::node::standin_env;
+use railguard_sim::ModelSource;
 
 use crate::discover::check_sysfs_root;
 use crate::sim::{standin_path, SimulatedNode};
@@ -89,9 +89,9 @@ impl NodeArgs {
         Ok(h.trim().to_string())
     }
 
-    /// The node model file for `--sim`.
-    fn model_path(&self, sim: &str) -> PathBuf {
-        model_path(sim, self.models_dir.as_deref())
+    /// The node model `--sim` names.
+    fn model_source(&self, sim: &str) -> ModelSource {
+        ModelSource::resolve(sim, self.models_dir.as_deref())
     }
 
     pub async fn client(&self, required: bool) -> anyhow::Result<Option<Client>> {
@@ -118,7 +118,7 @@ impl NodeArgs {
                     .sysfs_root
                     .clone()
                     .unwrap_or_else(|| std::env::temp_dir().join(format!("railguard-sim-{node}")));
-                Some(SimulatedNode::write(&self.model_path(name), &root)?)
+                Some(SimulatedNode::write(&self.model_source(name), &root)?)
             }
             (None, None) => None,
         };

@@ -9,7 +9,7 @@ use clap::Args;
 use railguard_sim::node::{rdma_model, STANDIN_BINARY};
 use railguard_sim::rdma::SimulatedRdmaEngine;
 use railguard_sim::software::ModelSoftware;
-use railguard_sim::{write_sysfs, NodeModel, SIM_MODEL_PATH};
+use railguard_sim::{write_sysfs, ModelSource, NodeModel, SIM_MODEL_PATH};
 
 /// `railguard-prober sim-sysfs --model FILE --out DIR`
 #[derive(Args, Debug, Clone)]
@@ -24,7 +24,8 @@ pub struct SimSysfsArgs {
 
 impl SimSysfsArgs {
     pub fn run(&self) -> anyhow::Result<String> {
-        let model = NodeModel::load(&self.model)?;
+        // A YAML path, or the name of a built-in model.
+        let model = ModelSource::resolve(&self.model.to_string_lossy(), None).load()?;
         write_sysfs(&model, &self.out)?;
         Ok(format!(
             "wrote model {} ({} GPUs, {} HCAs) under {}\n",
@@ -58,10 +59,11 @@ impl SimulatedNode {
         })
     }
 
-    /// Loads the model at `model_path` and (re)writes its tree at `root`.
-    pub fn write(model_path: &Path, root: &Path) -> anyhow::Result<Self> {
-        let model = NodeModel::load(model_path)
-            .with_context(|| format!("cannot load node model {}", model_path.display()))?;
+    /// Loads the model `source` and (re)writes its tree at `root`.
+    pub fn write(source: &ModelSource, root: &Path) -> anyhow::Result<Self> {
+        let model = source
+            .load()
+            .with_context(|| format!("cannot load node model {source}"))?;
         write_sysfs(&model, root)
             .with_context(|| format!("cannot write the simulated sysfs at {}", root.display()))?;
         Ok(SimulatedNode {

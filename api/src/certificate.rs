@@ -254,6 +254,10 @@ pub struct Certificate {
     pub gpus: Vec<GpuAffinity>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nccl: Option<NcclResult>,
+    /// Readiness and fabric findings of the run (warning and above), with their evidence;
+    /// the profile's `certification.fatalFindings` decides which of them failed the node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<crate::finding::Finding>,
     /// Software baseline (driver, CUDA, kernel, firmware, OFED, NCCL, nccl-tests digest).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub software: BTreeMap<String, String>,

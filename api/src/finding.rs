@@ -94,7 +94,7 @@ pub struct Finding {
     pub subject: String,
     pub message: String,
     /// The files and values the finding rests on (`path = value`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub evidence: Vec<String>,
 }
 

@@ -281,6 +281,13 @@ fn certificate(now: Timestamp, verdict: Verdict, ttl_secs: i64) -> Certificate {
             gdr: Some(true),
             ..Default::default()
         }),
+        findings: vec![Finding {
+            kind: FindingKind::PcieDowngrade,
+            severity: Severity::Critical,
+            subject: "GPU3".into(),
+            message: "PCIe link at 16 GT/s x8, capable of 32 GT/s x16".into(),
+            evidence: vec!["sys/bus/pci/devices/0000:9a:00.0/current_link_width = 8".into()],
+        }],
         software: BTreeMap::from([("driver".to_string(), "550.54.15".to_string())]),
         passive_checked_at: None,
         history: vec![],

@@ -128,6 +128,7 @@ fn good() -> Evidence {
                 write_bw_gpu_gbps: Some(380.0),
                 latency_us: Some(2.1),
                 error: None,
+                gpu_unavailable: None,
             })
             .collect(),
         nccl: vec![main_run(observation(
@@ -144,7 +145,73 @@ fn good() -> Evidence {
             resource: "rdma/rdma_shared_device_a".into(),
             allocatable: Some("1k".into()),
         }),
+        findings: vec![],
     }
+}
+
+/// A profile that sets writeBwGpuGbps and a node that cannot measure GPU memory: not
+/// certified, with the reason, never silently passed.
+#[test]
+fn unmeasurable_gpu_memory_fails_a_profile_that_requires_it() {
+    let mut e = good();
+    e.benches[0].write_bw_gpu_gbps = None;
+    e.benches[0].gpu_unavailable = Some("no CUDA driver (libcuda.so.1 not found)".into());
+    let p = profile();
+    assert!(p.thresholds.write_bw_gpu_gbps.is_some());
+    let a = assess(&p, &e, &[]);
+    assert_eq!(a.verdict, Verdict::Failed);
+    assert!(
+        a.reasons.iter().any(|r| r
+            == "rail mlx5_0:1: RDMA write bandwidth (GPU memory) not measured (no CUDA driver (libcuda.so.1 not found)), the profile requires at least 350 Gb/s"),
+        "{:?}",
+        a.reasons
+    );
+    // Without the threshold the same node certifies (GPU memory is then informational).
+    let mut lax = profile();
+    lax.thresholds.write_bw_gpu_gbps = None;
+    assert_eq!(assess(&lax, &e, &[]).verdict, Verdict::Certified);
+}
+
+/// Discovery findings count: a fatal kind fails the node and is recorded with its evidence;
+/// a profile may make it informational.
+#[test]
+fn fatal_findings_fail_and_are_recorded() {
+    use railguard_api::{Finding, FindingKind, Severity};
+    let mut e = good();
+    e.findings = vec![
+        Finding {
+            kind: FindingKind::AcsRedirect,
+            severity: Severity::Critical,
+            subject: "0000:15:01.0".into(),
+            message: "ACS P2P redirect is on".into(),
+            evidence: vec!["ACS control = 0x001d".into()],
+        },
+        Finding {
+            kind: FindingKind::Iommu,
+            severity: Severity::Warning,
+            subject: "node".into(),
+            message: "IOMMU translates DMA".into(),
+            evidence: vec![],
+        },
+    ];
+    let p = profile();
+    let a = assess(&p, &e, &[]);
+    assert_eq!(a.verdict, Verdict::Failed);
+    assert_eq!(
+        a.reasons,
+        vec!["acs-redirect on 0000:15:01.0: ACS P2P redirect is on".to_string()]
+    );
+    assert_eq!(a.findings.len(), 2, "both recorded, only the fatal one fails");
+
+    let mut tolerant = profile();
+    tolerant.certification.fatal_findings = vec![FindingKind::PcieDowngrade];
+    let a = assess(&tolerant, &e, &[]);
+    assert_eq!(a.verdict, Verdict::Certified, "{:?}", a.reasons);
+    assert_eq!(a.findings.len(), 2);
+
+    // A passive check applies the same rule.
+    let a = assess_passive(&p, &e, Some(Verdict::Certified), &[]);
+    assert_eq!(a.verdict, Verdict::Failed);
 }
 
 fn failed_with(e: &Evidence, reason: &str) {

@@ -59,6 +59,7 @@ pub fn certificate(
             gdr: Some(true),
             ..NcclResult::default()
         }),
+        findings: Vec::new(),
         software: BTreeMap::new(),
         passive_checked_at: None,
         history: Vec::new(),

@@ -158,6 +158,7 @@ mod tests {
             rails: vec![rail("mlx5_0"), rail("mlx5_1")],
             gpus: vec![],
             nccl: None,
+            findings: vec![],
             software: BTreeMap::from([("driver".into(), "550".into())]),
             passive_checked_at: None,
             history: vec![],

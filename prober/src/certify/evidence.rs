@@ -81,6 +81,8 @@ pub struct RailBench {
     pub latency_us: Option<f64>,
     /// The engine's error, when the rail could not be measured.
     pub error: Option<String>,
+    /// Why GPU memory was not measured on this rail (no CUDA, no GPUDirect registration).
+    pub gpu_unavailable: Option<String>,
 }
 
 /// One NCCL run (`main`, and the optional `gdr-off` / `socket` controls).
@@ -124,4 +126,6 @@ pub struct Evidence {
     pub software: BTreeMap<String, String>,
     /// RDMA resource exposure; `None` when not known (no Node at hand).
     pub exposure: Option<ResourceExposure>,
+    /// Discovery's readiness findings at the end of the window (warning and above).
+    pub findings: Vec<railguard_api::Finding>,
 }

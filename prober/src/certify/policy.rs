@@ -35,6 +35,8 @@ pub struct Assessment {
     pub nccl: Option<NcclResult>,
     /// At least one figure regressed against the node's history.
     pub regressed: bool,
+    /// The findings the certificate records (the fatal ones are also in `reasons`).
+    pub findings: Vec<railguard_api::Finding>,
 }
 
 #[derive(Default)]
@@ -184,14 +186,19 @@ pub fn assess(
                         fmt_num(t.write_bw_host_gbps)
                     )),
                 }
-                if let (Some(min), Some(bw)) = (t.write_bw_gpu_gbps, b.write_bw_gpu_gbps) {
-                    if bw < min {
-                        failures.push(format!(
-                            "rail {id}: RDMA write bandwidth (GPU memory) {} Gb/s, expected at least {} Gb/s",
-                            fmt_num(bw),
-                            fmt_num(min)
-                        ));
-                    }
+                match (t.write_bw_gpu_gbps, b.write_bw_gpu_gbps) {
+                    (Some(min), Some(bw)) if bw < min => failures.push(format!(
+                        "rail {id}: RDMA write bandwidth (GPU memory) {} Gb/s, expected at least {} Gb/s",
+                        fmt_num(bw),
+                        fmt_num(min)
+                    )),
+                    // The profile asks for GPUDirect RDMA: not measurable is not certified.
+                    (Some(min), None) => failures.push(format!(
+                        "rail {id}: RDMA write bandwidth (GPU memory) not measured ({}), the profile requires at least {} Gb/s",
+                        b.gpu_unavailable.as_deref().unwrap_or("no GPU serves this rail"),
+                        fmt_num(min)
+                    )),
+                    _ => {}
                 }
                 if let (Some(max), Some(lat)) = (t.max_latency_us, b.latency_us) {
                     if lat > max {
@@ -232,7 +239,9 @@ pub fn assess(
     }
 
     let nccl = nccl_checks(profile, &evidence.nccl, &medians, &mut node);
-    finish(node, rails, nccl, history, &evidence.software)
+    let mut assessment = finish(node, rails, nccl, history, &evidence.software);
+    assessment.findings = evidence.findings.clone();
+    assessment
 }
 
 /// Judges a passive check (counters, link state, exposure) against the last certificate's
@@ -292,10 +301,17 @@ pub fn assess_passive(
         rails,
         nccl: None,
         regressed: false,
+        findings: evidence.findings.clone(),
     }
 }
 
 fn common_checks(profile: &FabricProfileSpec, evidence: &Evidence, node: &mut Findings) {
+    for f in railguard_api::finding::fatal_findings(
+        &evidence.findings,
+        &profile.certification.fatal_findings,
+    ) {
+        node.failures.push(railguard_api::finding::finding_reason(f));
+    }
     let expected = profile.signature();
     if let Some(sig) = &evidence.layout_signature {
         if *sig != expected {
@@ -515,6 +531,7 @@ fn finish(
         rails,
         nccl,
         regressed,
+        findings: Vec::new(),
     }
 }
 

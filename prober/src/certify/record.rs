@@ -73,6 +73,7 @@ pub fn invasive_certificate(
         rails: assessment.rails.clone(),
         gpus: subject.gpus.clone(),
         nccl: assessment.nccl.clone(),
+        findings: assessment.findings.clone(),
         software: software.clone(),
         passive_checked_at: Some(now),
         history,
@@ -97,6 +98,7 @@ pub fn passive_certificate(
                 c.reasons = assessment.reasons.clone();
             }
             c.rails = assessment.rails.clone();
+            c.findings = assessment.findings.clone();
             c.passive_checked_at = Some(now);
             c.node = Some(subject.node.to_string());
             c
@@ -115,6 +117,7 @@ pub fn passive_certificate(
             rails: assessment.rails.clone(),
             gpus: subject.gpus.clone(),
             nccl: None,
+            findings: assessment.findings.clone(),
             software: BTreeMap::new(),
             passive_checked_at: Some(now),
             history: Vec::new(),

@@ -234,8 +234,10 @@ fn bench_rail(
         req.memory = MemoryKind::Gpu { gpu };
         match engine.loopback(&req) {
             Ok(r) => out.write_bw_gpu_gbps = Some(r.peak_bw_gbps),
-            // No CUDA on this node: GPU memory is not measured, not failed.
-            Err(RdmaError::GpuMemoryUnavailable { .. }) => {}
+            // Not measurable here: recorded; the profile's writeBwGpuGbps decides.
+            Err(RdmaError::GpuMemoryUnavailable { reason, .. }) => {
+                out.gpu_unavailable = Some(reason)
+            }
             Err(e) => out.error = Some(format!("GPU memory (gpu {gpu}): {e}")),
         }
     }
@@ -383,9 +385,20 @@ pub async fn gather_invasive_with(
             )),
             software,
             exposure,
+            findings: reported_findings(&last),
         },
         gpus: gpu_affinity(&last),
     })
+}
+
+/// The findings a certificate carries: warning and above (informational ones stay in
+/// `discover`'s output).
+pub fn reported_findings(d: &Discovery) -> Vec<railguard_api::Finding> {
+    d.findings
+        .iter()
+        .filter(|f| f.severity >= railguard_api::Severity::Warning)
+        .cloned()
+        .collect()
 }
 
 /// One passive window: read ports, wait `window`, read again.
@@ -411,6 +424,7 @@ pub async fn gather_passive(
             )),
             software,
             exposure,
+            findings: reported_findings(&last),
         },
         gpus: gpu_affinity(&last),
     })

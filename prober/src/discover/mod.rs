@@ -226,48 +226,8 @@ pub struct NicSummary {
     pub numa: Option<u32>,
 }
 
-/// How bad a finding is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Severity {
-    Info,
-    Warning,
-    /// GPUDirect RDMA or a rail cannot work as intended.
-    Critical,
-}
-
-/// What a finding is about. Stable names, usable in reasons and tests.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum FindingKind {
-    PcieDowngrade,
-    AcsRedirect,
-    AcsUnknown,
-    Iommu,
-    GpuMemoryRegistration,
-    PortDown,
-    PortRateLow,
-    NumaUnknown,
-    FarNic,
-    NoGpus,
-    NoRdmaDevices,
-    NoComputeNic,
-    SharedRail,
-    GpuIndexOrder,
-    SysfsUnreadable,
-}
-
-/// One readiness finding with the evidence it rests on.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Finding {
-    pub kind: FindingKind,
-    pub severity: Severity,
-    /// What it concerns: a PCI address, `mlx5_4:1`, `GPU3`, or `node`.
-    pub subject: String,
-    pub message: String,
-    /// The files and values the finding rests on (`path = value`).
-    pub evidence: Vec<String>,
-}
+// Findings are part of the certificate, so their types live in the shared model.
+pub use railguard_api::finding::{Finding, FindingKind, Severity};
 
 /// The result of discovery: inventory plus every decision made from it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

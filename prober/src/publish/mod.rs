@@ -367,6 +367,7 @@ fn placeholder(profile: &str, signature: &str) -> Certificate {
         rails: Vec::new(),
         gpus: Vec::new(),
         nccl: None,
+        findings: Vec::new(),
         software: BTreeMap::new(),
         passive_checked_at: None,
         history: Vec::new(),

@@ -29,8 +29,8 @@ pub fn profiles_from_yaml(text: &str) -> Result<Vec<FabricProfile>, ProfileError
     use serde::Deserialize;
     let mut out = Vec::new();
     for doc in serde_yaml_ng::Deserializer::from_str(text) {
-        let value =
-            serde_yaml_ng::Value::deserialize(doc).map_err(|source| ProfileError::Yaml { source })?;
+        let value = serde_yaml_ng::Value::deserialize(doc)
+            .map_err(|source| ProfileError::Yaml { source })?;
         if value.is_null() {
             continue;
         }

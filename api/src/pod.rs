@@ -103,7 +103,10 @@ mod tests {
         assert!(requests_gpu(&with_resources("limits", "8", None), &gpu()));
         assert!(requests_gpu(&with_resources("requests", "1", None), &gpu()));
         assert!(!requests_gpu(&with_resources("limits", "0", None), &gpu()));
-        assert!(!requests_gpu(&with_resources("limits", "0.0", None), &gpu()));
+        assert!(!requests_gpu(
+            &with_resources("limits", "0.0", None),
+            &gpu()
+        ));
         assert!(!requests_gpu(
             &with_resources("limits", "8", None),
             &["amd.com/gpu".to_string()]
@@ -124,10 +127,19 @@ mod tests {
 
     #[test]
     fn finished_pods_hold_no_gpu() {
-        assert!(holds_gpu(&with_resources("limits", "8", Some("Running")), &gpu()));
+        assert!(holds_gpu(
+            &with_resources("limits", "8", Some("Running")),
+            &gpu()
+        ));
         assert!(holds_gpu(&with_resources("limits", "8", None), &gpu()));
-        assert!(!holds_gpu(&with_resources("limits", "8", Some("Succeeded")), &gpu()));
-        assert!(!holds_gpu(&with_resources("limits", "8", Some("Failed")), &gpu()));
+        assert!(!holds_gpu(
+            &with_resources("limits", "8", Some("Succeeded")),
+            &gpu()
+        ));
+        assert!(!holds_gpu(
+            &with_resources("limits", "8", Some("Failed")),
+            &gpu()
+        ));
     }
 
     #[test]

@@ -507,7 +507,11 @@ impl FabricProfileSpec {
             } else if rail.rate_gbps > 3200 {
                 push(
                     format!("{at}.rateGbps"),
-                    format!("rail {} has rate {} Gb/s, above 3200", rail.id(), rail.rate_gbps),
+                    format!(
+                        "rail {} has rate {} Gb/s, above 3200",
+                        rail.id(),
+                        rail.rate_gbps
+                    ),
                 );
             }
             if !seen.insert((rail.hca.as_str(), rail.port)) {
@@ -516,10 +520,7 @@ impl FabricProfileSpec {
             let mut gpus = BTreeSet::new();
             for g in &rail.gpus {
                 if *g > 255 {
-                    push(
-                        format!("{at}.gpus"),
-                        format!("GPU index {g} is above 255"),
-                    );
+                    push(format!("{at}.gpus"), format!("GPU index {g} is above 255"));
                 }
                 if !gpus.insert(*g) {
                     push(

@@ -144,7 +144,10 @@ fn validation_enforces_the_crd_schema_bounds() {
     let mut p = h100();
     p.spec.rails[0].gpus.push(256);
     let fields = invalid_fields(&p);
-    assert!(fields.contains(&"spec.rails[0].gpus".to_string()), "{fields:?}");
+    assert!(
+        fields.contains(&"spec.rails[0].gpus".to_string()),
+        "{fields:?}"
+    );
 
     let mut p = h100();
     p.spec.certification.history_depth = 0;
@@ -201,7 +204,10 @@ fn nccl_tests_binary_and_args_are_constrained() {
     }
     let mut p = h100();
     p.spec.certification.nccl_tests.args = vec!["-n".into(); 65];
-    assert_eq!(invalid_fields(&p), vec!["spec.certification.ncclTests.args"]);
+    assert_eq!(
+        invalid_fields(&p),
+        vec!["spec.certification.ncclTests.args"]
+    );
 
     let p = h100();
     let spec = &p.spec.certification.nccl_tests;

@@ -201,7 +201,11 @@ fn fatal_findings_fail_and_are_recorded() {
         a.reasons,
         vec!["acs-redirect on 0000:15:01.0: ACS P2P redirect is on".to_string()]
     );
-    assert_eq!(a.findings.len(), 2, "both recorded, only the fatal one fails");
+    assert_eq!(
+        a.findings.len(),
+        2,
+        "both recorded, only the fatal one fails"
+    );
 
     let mut tolerant = profile();
     tolerant.certification.fatal_findings = vec![FindingKind::PcieDowngrade];

@@ -31,7 +31,11 @@ fn a_2_17_run_that_concludes_without_its_average_is_complete() {
     // nccl-tests' own mean over both halves of every row:
     // (0.23+0.27+0.52+0.53+0.83+0.88+0.96+1.01) / 8 = 0.65375
     assert_eq!(r.avg_source, AverageSource::Computed);
-    assert!((r.avg_busbw_gbps - 0.65375).abs() < 1e-9, "{}", r.avg_busbw_gbps);
+    assert!(
+        (r.avg_busbw_gbps - 0.65375).abs() < 1e-9,
+        "{}",
+        r.avg_busbw_gbps
+    );
 }
 
 #[test]

@@ -24,11 +24,10 @@ impl NodeModel {
 
     /// Parses a self-contained model (no `base:`) and applies its faults.
     pub fn from_yaml(text: &str) -> Result<NodeModel, ModelError> {
-        let m: NodeModel =
-            serde_yaml_ng::from_str(text).map_err(|source| ModelError::Yaml {
-                path: "<inline>".into(),
-                source,
-            })?;
+        let m: NodeModel = serde_yaml_ng::from_str(text).map_err(|source| ModelError::Yaml {
+            path: "<inline>".into(),
+            source,
+        })?;
         if m.base.is_some() {
             return Err(ModelError::Invalid {
                 model: m.name,

@@ -311,7 +311,8 @@ fn rbac_is_least_privilege_per_component() {
 fn secondary_scheduler_points_at_the_extender_and_fails_closed() {
     let docs = render(&DEFAULT);
     let cm = find(&docs, "ConfigMap", "railguard-scheduler");
-    let config: Json = serde_yaml_ng::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
+    let config: Json =
+        serde_yaml_ng::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
     assert_eq!(
         config["apiVersion"], "kubescheduler.config.k8s.io/v1beta1",
         "1.20 scheduler"
@@ -384,7 +385,8 @@ fn secondary_scheduler_points_at_the_extender_and_fails_closed() {
     ]);
     let docs = render_with(&DEFAULT, &newer, "v1.29.3").unwrap();
     let cm = find(&docs, "ConfigMap", "railguard-scheduler");
-    let config: Json = serde_yaml_ng::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
+    let config: Json =
+        serde_yaml_ng::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
     assert_eq!(config["apiVersion"], "kubescheduler.config.k8s.io/v1");
     assert_eq!(
         find(&docs, "PodDisruptionBudget", "railguard-webhook")["apiVersion"],
@@ -463,7 +465,8 @@ fn cert_manager_mode_and_config_only_scheduler() {
 
     // Config only: the extenders stanza for the main scheduler, no second scheduler.
     let cm = find(&docs, "ConfigMap", "rg-railguard-scheduler");
-    let ext: Json = serde_yaml_ng::from_str(cm["data"]["extenders.yaml"].as_str().unwrap()).unwrap();
+    let ext: Json =
+        serde_yaml_ng::from_str(cm["data"]["extenders.yaml"].as_str().unwrap()).unwrap();
     assert_eq!(ext[0]["urlPrefix"], "http://10.96.0.50:8888");
     assert_eq!(ext[0]["ignorable"], false);
     assert!(cm["data"].get("config.yaml").is_none());
@@ -608,7 +611,8 @@ fn roce_set_with_custom_namespaces_uses_the_profile_for_rdma_and_shm() {
 
     // The custom scheduler name flows into the configuration and its lease RBAC.
     let cm = find(&docs, "ConfigMap", "fabric-railguard-scheduler");
-    let config: Json = serde_yaml_ng::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
+    let config: Json =
+        serde_yaml_ng::from_str(cm["data"]["config.yaml"].as_str().unwrap()).unwrap();
     assert_eq!(config["profiles"][0]["schedulerName"], "fabric-aware");
     assert_eq!(config["extenders"][0]["weight"], 10);
 }

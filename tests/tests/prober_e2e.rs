@@ -23,7 +23,14 @@ fn prober_bin_dir() -> Result<PathBuf> {
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = std::process::Command::new(cargo)
-        .args(["build", "-p", "railguard-prober-cli", "-p", "railguard-sim", "--bins"])
+        .args([
+            "build",
+            "-p",
+            "railguard-prober-cli",
+            "-p",
+            "railguard-sim",
+            "--bins",
+        ])
         .current_dir(workspace_root())
         .status()
         .context("building railguard-prober and all_reduce_perf_sim")?;

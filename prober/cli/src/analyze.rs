@@ -36,7 +36,10 @@ impl AnalyzeArgs {
                 .cloned()
                 .collect(),
             profiles: match &self.profile_file {
-                Some(p) => Some((p.clone(), railguard_runtime::read_profiles(p, "--profile-file")?)),
+                Some(p) => Some((
+                    p.clone(),
+                    railguard_runtime::read_profiles(p, "--profile-file")?,
+                )),
                 None => None,
             },
             profile: self.profile.clone(),

@@ -310,7 +310,8 @@ fn common_checks(profile: &FabricProfileSpec, evidence: &Evidence, node: &mut Fi
         &evidence.findings,
         &profile.certification.fatal_findings,
     ) {
-        node.failures.push(railguard_api::finding::finding_reason(f));
+        node.failures
+            .push(railguard_api::finding::finding_reason(f));
     }
     let expected = profile.signature();
     if let Some(sig) = &evidence.layout_signature {

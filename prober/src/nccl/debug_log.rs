@@ -356,7 +356,10 @@ pub fn quoted_error(line: &str) -> Option<&str> {
         .iter()
         .filter_map(|sig| line.find(sig).map(|at| (at, *sig)))
         .min_by_key(|(at, _)| *at)?;
-    let msg = line[at..].trim().trim_end_matches(['"', '\'', ',']).trim_end();
+    let msg = line[at..]
+        .trim()
+        .trim_end_matches(['"', '\'', ','])
+        .trim_end();
     if sig == "NET/IB : " && !(msg.contains("error") || msg.contains("No device found")) {
         return None;
     }

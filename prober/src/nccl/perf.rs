@@ -166,9 +166,7 @@ impl Layout {
 
     fn columns(self) -> usize {
         // size count type redop [root] half x2 [date time]
-        4 + usize::from(self.has_root)
-            + 2 * self.half_width()
-            + if self.timestamp { 2 } else { 0 }
+        4 + usize::from(self.has_root) + 2 * self.half_width() + if self.timestamp { 2 } else { 0 }
     }
 }
 
@@ -553,7 +551,11 @@ mod tests {
         assert!(r.concluded);
         assert_eq!(r.avg_source, AverageSource::Computed);
         // (0.09 + 0.09 + 0.18 + 0.18) / 4
-        assert!((r.avg_busbw_gbps - 0.135).abs() < 1e-9, "{}", r.avg_busbw_gbps);
+        assert!(
+            (r.avg_busbw_gbps - 0.135).abs() < 1e-9,
+            "{}",
+            r.avg_busbw_gbps
+        );
         assert_eq!(r.wrong(), Some(1_000_000));
         let it = r.rows[0].in_place.iterations.unwrap();
         assert_eq!((it.min_us, it.max_us, it.cv_pct), (19.1, 24.0, 2.9));

@@ -132,11 +132,12 @@ impl Rendered {
                 continue;
             }
             for de in serde_yaml_ng::Deserializer::from_str(text) {
-                let v =
-                    serde_yaml_ng::Value::deserialize(de).map_err(|source| TemplateError::Yaml {
+                let v = serde_yaml_ng::Value::deserialize(de).map_err(|source| {
+                    TemplateError::Yaml {
                         path: name.clone(),
                         source,
-                    })?;
+                    }
+                })?;
                 if !v.is_null() {
                     docs.push((name.clone(), v));
                 }
@@ -256,22 +257,21 @@ impl Chart {
             }
         }
         let values_path = dir.join("values.yaml");
-        let values = if values_path.exists() {
-            let y: serde_yaml_ng::Value =
-                serde_yaml_ng::from_str(&read(&values_path)?).map_err(|source| {
-                    TemplateError::Yaml {
+        let values =
+            if values_path.exists() {
+                let y: serde_yaml_ng::Value = serde_yaml_ng::from_str(&read(&values_path)?)
+                    .map_err(|source| TemplateError::Yaml {
                         path: values_path.display().to_string(),
                         source,
-                    }
-                })?;
-            match Value::from_yaml(&y) {
-                Value::Nil => Value::Map(BTreeMap::new()),
-                m @ Value::Map(_) => m,
-                _ => return Err(TemplateError::Chart("values.yaml is not a mapping".into())),
-            }
-        } else {
-            Value::Map(BTreeMap::new())
-        };
+                    })?;
+                match Value::from_yaml(&y) {
+                    Value::Nil => Value::Map(BTreeMap::new()),
+                    m @ Value::Map(_) => m,
+                    _ => return Err(TemplateError::Chart("values.yaml is not a mapping".into())),
+                }
+            } else {
+                Value::Map(BTreeMap::new())
+            };
         let schema_path = dir.join("values.schema.json");
         let schema = if schema_path.exists() {
             Some(

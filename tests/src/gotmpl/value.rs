@@ -112,7 +112,9 @@ impl Value {
             serde_yaml_ng::Value::Bool(b) => Value::Bool(*b),
             serde_yaml_ng::Value::Number(n) => Value::Float(n.as_f64().unwrap_or(0.0)),
             serde_yaml_ng::Value::String(s) => Value::Str(s.clone()),
-            serde_yaml_ng::Value::Sequence(s) => Value::List(s.iter().map(Value::from_yaml).collect()),
+            serde_yaml_ng::Value::Sequence(s) => {
+                Value::List(s.iter().map(Value::from_yaml).collect())
+            }
             serde_yaml_ng::Value::Mapping(m) => Value::Map(
                 m.iter()
                     .map(|(k, v)| (yaml_key(k), Value::from_yaml(v)))
@@ -137,7 +139,9 @@ impl Value {
                 }
             }
             Value::Str(s) => serde_yaml_ng::Value::String(s.clone()),
-            Value::List(l) => serde_yaml_ng::Value::Sequence(l.iter().map(Value::to_yaml).collect()),
+            Value::List(l) => {
+                serde_yaml_ng::Value::Sequence(l.iter().map(Value::to_yaml).collect())
+            }
             Value::Map(m) => serde_yaml_ng::Value::Mapping(
                 m.iter()
                     .map(|(k, v)| (serde_yaml_ng::Value::String(k.clone()), v.to_yaml()))

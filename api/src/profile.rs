@@ -120,6 +120,18 @@ pub struct RdmaResource {
     pub count_mode: RdmaCountMode,
 }
 
+impl RdmaResource {
+    /// How many of the resource a container with `gpus` GPUs asks for, on a profile of
+    /// `rails` rails (the webhook's injection and the campaign's MPIJob use this one rule).
+    pub fn count(&self, gpus: u64, rails: usize) -> u64 {
+        match self.count_mode {
+            RdmaCountMode::SharedDevice => 1,
+            RdmaCountMode::PerGpu => gpus,
+            RdmaCountMode::PerRail => u64::try_from(rails).unwrap_or(u64::MAX),
+        }
+    }
+}
+
 /// Per-profile thresholds for certification.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

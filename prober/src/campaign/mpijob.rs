@@ -9,7 +9,6 @@
 
 use std::collections::BTreeMap;
 
-use railguard_api::profile::RdmaCountMode;
 use railguard_api::FabricProfile;
 use serde_json::{json, Value};
 
@@ -184,11 +183,7 @@ fn add_rdma_resource(manifest: &mut Value, profile: &FabricProfile, gpus: u32) {
     let Some(rdma) = &profile.spec.rdma else {
         return;
     };
-    let count = match rdma.count_mode {
-        RdmaCountMode::SharedDevice => 1,
-        RdmaCountMode::PerGpu => gpus as usize,
-        RdmaCountMode::PerRail => profile.spec.rails.len(),
-    };
+    let count = rdma.count(u64::from(gpus), profile.spec.rails.len());
     let containers = manifest
         .pointer_mut("/spec/mpiReplicaSpecs/Worker/template/spec/containers")
         .and_then(Value::as_array_mut);

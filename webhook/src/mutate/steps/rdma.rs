@@ -3,7 +3,6 @@
 //! name it already.
 
 use railguard_api::pod::container_gpu_count;
-use railguard_api::profile::RdmaCountMode;
 
 use crate::error::MutateError;
 use crate::mutate::container::has_resource;
@@ -18,11 +17,10 @@ pub(crate) fn rdma(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateError> 
     }
     for shadow in &mut draft.containers {
         let c = &shadow.container;
-        let count = match r.count_mode {
-            RdmaCountMode::SharedDevice => 1,
-            RdmaCountMode::PerGpu => container_gpu_count(c, &ctx.config.gpu_resources),
-            RdmaCountMode::PerRail => ctx.profile.spec.rails.len() as u64,
-        };
+        let count = r.count(
+            container_gpu_count(c, &ctx.config.gpu_resources),
+            ctx.profile.spec.rails.len(),
+        );
         if count > 0 && !has_resource(c, &r.resource_name) {
             shadow.add_extended_resource(&r.resource_name, count, &mut draft.plan.ops);
             draft.done.insert(Mutation::Rdma);
@@ -39,6 +37,7 @@ mod tests {
     use super::*;
     use crate::mutate::fixtures::{apply_ops, open, pod_of, profile, H100};
     use crate::{NamespaceInfo, WebhookConfig};
+    use railguard_api::profile::RdmaCountMode;
 
     fn count_for(mode: RdmaCountMode, resources: serde_json::Value) -> Option<String> {
         let p = pod_of(json!([{"name": "t", "resources": resources}]));

@@ -1237,16 +1237,20 @@ fn dockerfiles_build_the_binaries_the_chart_runs() {
         ("prober", vec!["prober.peerPort", "prober.metricsPort"]),
     ] {
         let bin = format!("railguard-{component}");
+        // The binary is built by the component's shell crate, `railguard-COMPONENT-cli`.
+        let shell = format!("railguard-{component}-cli");
         let text =
             std::fs::read_to_string(root.join(format!("docker/{component}.Dockerfile"))).unwrap();
-        let cargo = std::fs::read_to_string(root.join(format!("{component}/Cargo.toml"))).unwrap();
+        let cargo =
+            std::fs::read_to_string(root.join(format!("{component}/cli/Cargo.toml"))).unwrap();
         assert!(
-            cargo.contains(&format!("name = \"{bin}\"")),
-            "{component}/Cargo.toml declares {bin}"
+            cargo.contains(&format!("name = \"{shell}\""))
+                && cargo.contains(&format!("name = \"{bin}\"")),
+            "{component}/cli/Cargo.toml declares {shell} with the binary {bin}"
         );
         assert!(
-            text.contains(&format!("-p {bin} --bin {bin}")),
-            "{component}: builds {bin}"
+            text.contains(&format!("-p {shell} --bin {bin}")),
+            "{component}: builds {bin} from {shell}"
         );
         assert!(
             text.matches("\nFROM ").count() >= 2,

@@ -57,6 +57,15 @@ pub struct NodeArgs {
     /// nccl-tests binary, overriding the profile's (with `--sim`: the stand-in).
     #[arg(long, env = "RAILGUARD_NCCL_BINARY", value_hint = ValueHint::FilePath)]
     pub nccl_binary: Option<PathBuf>,
+    /// The CUDA driver library for GPU-memory RDMA tests (default: `libcuda.so.1` from the
+    /// loader's path). Loaded at run time: a node without it still certifies host memory,
+    /// and its GPU-memory rails say why they could not be measured.
+    #[arg(long, env = "RAILGUARD_CUDA_LIBRARY", value_hint = ValueHint::FilePath)]
+    pub cuda_library: Option<PathBuf>,
+    /// The NCCL library for the prober's own multi-node collectives (default: `libnccl.so.2`
+    /// from the loader's path), loaded at run time like the CUDA driver.
+    #[arg(long, env = "RAILGUARD_NCCL_LIBRARY", value_hint = ValueHint::FilePath)]
+    pub nccl_library: Option<PathBuf>,
     /// Directory for NCCL debug logs of each run.
     #[arg(long, env = "RAILGUARD_LOG_DIR", default_value = "/tmp/railguard-nccl", value_hint = ValueHint::DirPath)]
     pub log_dir: PathBuf,

@@ -2,8 +2,8 @@
 //! ([`init_logging`], one `--log-format` for all), start-up failures that print as one line
 //! naming the thing and the fix ([`StartupError`], [`error_line`]), listeners bound with
 //! that error ([`bind`]), the Kubernetes client from `--kubeconfig` ([`kube_client`]),
-//! FabricProfiles from a file ([`read_profiles`]) and the shutdown signal
-//! ([`shutdown_signal`]).
+//! FabricProfiles from a file ([`read_profiles`]), the shutdown signal
+//! ([`shutdown_signal`]) and hardened serving ([`serve`], [`limit_requests`]).
 //!
 //! Exit codes shared by the binaries: [`EXIT_FAIL`] for a failed verdict (prober only),
 //! [`EXIT_ERROR`] for usage, configuration and runtime errors (clap's own usage errors
@@ -14,6 +14,7 @@ mod error;
 mod listen;
 mod logging;
 mod profiles;
+mod serve;
 mod signal;
 
 pub use client::kube_client;
@@ -23,6 +24,10 @@ pub use logging::{
     filter_directives, init_logging, init_logging_with, use_ansi, LogFormat, LOG_FILTER_VARS,
 };
 pub use profiles::read_profiles;
+pub use serve::{
+    limit_requests, serve, spawn_serve, RequestLimits, ServeArgs, ServeLimits, Served,
+    TlsConfigSource, ADMISSION_WAIT,
+};
 pub use signal::shutdown_signal;
 
 /// Exit code of a failed verdict or a critical finding.

@@ -11,8 +11,16 @@
  *   RAILGUARD_CUDA_DOUBLE_PCI     comma list of PCI bus ids, one per GPU
  *                                 (default "0000:04:00.0,0000:84:00.0")
  *   RAILGUARD_CUDA_DOUBLE_DMABUF  "1": the devices report DMA-BUF support and export
- *                                 through /dev/udmabuf; otherwise export fails with
- *                                 CUDA_ERROR_NOT_SUPPORTED (default "0")
+ *                                 through /dev/udmabuf; "memfd": they report support and
+ *                                 hand out the allocation's memfd, which is no DMA-BUF (for
+ *                                 kernels without udmabuf: an HCA driver without DMA-BUF
+ *                                 import, like Soft-RoCE's, refuses before looking at the fd);
+ *                                 otherwise export fails with CUDA_ERROR_NOT_SUPPORTED
+ *                                 (default "0")
+ *   RAILGUARD_CUDA_DOUBLE_PEERMEM "0": device pointers are mapped without access, as real
+ *                                 device memory is to the kernel without nvidia-peermem, so
+ *                                 ibv_reg_mr on them fails (EFAULT); the double's own copies
+ *                                 go through a second, private mapping (default "1")
  *   RAILGUARD_CUDA_DOUBLE_INIT    a CUresult for cuInit to return (e.g. 100, no device)
  *
  * Nothing here is on a production path: the prober ships without it and loads
@@ -53,7 +61,8 @@ typedef unsigned long long CUdeviceptr;
 static int initialised;
 static int n_gpus;
 static char pci[MAX_GPUS][32];
-static int dmabuf;
+static int dmabuf; /* 0: none, 1: udmabuf, 2: the memfd itself */
+static int peermem = 1;
 static int ctx_refs[MAX_GPUS];
 static __thread int current = -1;
 
@@ -62,6 +71,7 @@ struct alloc {
     size_t len;
     int memfd;
     int gpu;
+    char *host; /* where the double's copies read and write: ptr itself unless !peermem */
 };
 static struct alloc allocs[MAX_ALLOCS];
 /* Several threads (one per rank in the tests) allocate at once. */
@@ -106,7 +116,9 @@ CUresult cuInit(unsigned int flags) {
         snprintf(pci[n_gpus++], sizeof pci[0], "%s", t);
     }
     const char *d = getenv("RAILGUARD_CUDA_DOUBLE_DMABUF");
-    dmabuf = d && strcmp(d, "1") == 0;
+    dmabuf = !d ? 0 : strcmp(d, "1") == 0 ? 1 : strcmp(d, "memfd") == 0 ? 2 : 0;
+    const char *pm = getenv("RAILGUARD_CUDA_DOUBLE_PEERMEM");
+    peermem = !(pm && strcmp(pm, "0") == 0);
     initialised = 1;
     return n_gpus ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
 }
@@ -170,7 +182,7 @@ CUresult cuDeviceGetAttribute(int *v, int attrib, CUdevice dev) {
         *v = 1;
         return CUDA_SUCCESS;
     case 124: /* DMA_BUF_SUPPORTED */
-        *v = dmabuf;
+        *v = dmabuf != 0;
         return CUDA_SUCCESS;
     default:
         return CUDA_ERROR_INVALID_VALUE;
@@ -221,20 +233,30 @@ CUresult cuMemAlloc_v2(CUdeviceptr *out, size_t len) {
         close(fd);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    void *p = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *p = mmap(NULL, rounded, peermem ? PROT_READ | PROT_WRITE : PROT_NONE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
         close(fd);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    void *host = p;
+    if (!peermem) {
+        host = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (host == MAP_FAILED) {
+            munmap(p, rounded);
+            close(fd);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
     pthread_mutex_lock(&allocs_lock);
     for (int i = 0; i < MAX_ALLOCS; i++) {
         if (allocs[i].ptr) continue;
-        allocs[i] = (struct alloc){(CUdeviceptr)(uintptr_t)p, rounded, fd, current};
+        allocs[i] = (struct alloc){(CUdeviceptr)(uintptr_t)p, rounded, fd, current, host};
         *out = allocs[i].ptr;
         pthread_mutex_unlock(&allocs_lock);
         return CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&allocs_lock);
+    if (host != p) munmap(host, rounded);
     munmap(p, rounded);
     close(fd);
     return CUDA_ERROR_OUT_OF_MEMORY;
@@ -247,6 +269,7 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
     struct alloc gone = *a;
     memset(a, 0, sizeof *a);
     pthread_mutex_unlock(&allocs_lock);
+    if (gone.host != (char *)(uintptr_t)gone.ptr) munmap(gone.host, gone.len);
     munmap((void *)(uintptr_t)gone.ptr, gone.len);
     close(gone.memfd);
     return CUDA_SUCCESS;
@@ -267,21 +290,26 @@ CUresult cuStreamDestroy_v2(CUstream s) {
     return s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+static char *host_of(struct alloc *a, CUdeviceptr p) { return a->host + (p - a->ptr); }
+
 CUresult cuMemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n) {
-    if (!find(p, n)) return CUDA_ERROR_INVALID_VALUE;
-    memset((void *)(uintptr_t)p, v, n);
+    struct alloc *a = find(p, n);
+    if (!a) return CUDA_ERROR_INVALID_VALUE;
+    memset(host_of(a, p), v, n);
     return CUDA_SUCCESS;
 }
 
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
-    if (!find(dst, n)) return CUDA_ERROR_INVALID_VALUE;
-    memcpy((void *)(uintptr_t)dst, src, n);
+    struct alloc *a = find(dst, n);
+    if (!a) return CUDA_ERROR_INVALID_VALUE;
+    memcpy(host_of(a, dst), src, n);
     return CUDA_SUCCESS;
 }
 
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
-    if (!find(src, n)) return CUDA_ERROR_INVALID_VALUE;
-    memcpy(dst, (void *)(uintptr_t)src, n);
+    struct alloc *a = find(src, n);
+    if (!a) return CUDA_ERROR_INVALID_VALUE;
+    memcpy(dst, host_of(a, src), n);
     return CUDA_SUCCESS;
 }
 
@@ -292,6 +320,12 @@ CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr p, size_t n, in
     struct alloc *a = find(p, n);
     if (!a) return CUDA_ERROR_INVALID_VALUE;
     if (!dmabuf) return CUDA_ERROR_NOT_SUPPORTED;
+    if (dmabuf == 2) {
+        int fd = fcntl(a->memfd, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0) return CUDA_ERROR_UNKNOWN;
+        *(int *)handle = fd;
+        return CUDA_SUCCESS;
+    }
     /* udmabuf needs the memfd sealed against shrinking. */
     if (fcntl(a->memfd, F_ADD_SEALS, F_SEAL_SHRINK) != 0 && errno != EPERM)
         return CUDA_ERROR_UNKNOWN;

@@ -131,4 +131,37 @@ fn the_driver_binding_runs_for_real_above_the_double() {
             assert_eq!(e.code(), Some(801));
         }
     }
+    drop(buf);
+
+    // "memfd": support is reported and the export hands out a descriptor that is no DMA-BUF.
+    // Without nvidia-peermem ("0"), the device pointer is not accessible memory, yet the
+    // driver's own copies still round-trip.
+    std::env::set_var("RAILGUARD_CUDA_DOUBLE_DMABUF", "memfd");
+    std::env::set_var("RAILGUARD_CUDA_DOUBLE_PEERMEM", "0");
+    let dir3 = tempfile::tempdir().unwrap();
+    let cuda = CudaDriver::load(Some(&build_double(dir3.path()))).unwrap();
+    let near = cuda.device_by_pci_bus_id("0000:1b:00.0").unwrap();
+    let buf = cuda.alloc(&near, 1 << 16).unwrap();
+    buf.fill(0x33).unwrap();
+    let mut back = vec![0u8; 16];
+    buf.copy_to_host(&mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 0x33));
+    let fd = buf.export_dmabuf().unwrap();
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", {
+        use std::os::fd::AsRawFd;
+        fd.as_raw_fd()
+    }))
+    .unwrap();
+    assert!(
+        link.to_string_lossy().contains("memfd:railguard-cuda-double"),
+        "{}",
+        link.display()
+    );
+    // The device pointer itself is mapped without access: what ibv_reg_mr is refused on.
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let start = format!("{:x}-", buf.device_ptr());
+    let line = maps.lines().find(|l| l.starts_with(&start)).unwrap();
+    assert!(line.contains(" ---s "), "{line}");
+    std::env::remove_var("RAILGUARD_CUDA_DOUBLE_DMABUF");
+    std::env::remove_var("RAILGUARD_CUDA_DOUBLE_PEERMEM");
 }

@@ -25,8 +25,8 @@ mod sysfs;
 pub use builtin::{builtin_model, ModelSource, BUILTIN_MODELS};
 pub use model::{
     Fault, GpuModel, HcaModel, HostBridgeModel, IommuMode, LinkModel, ModelPortState,
-    NcclBehaviour, NicModel, NodeModel, PciNodeModel, PlatformModel, PortModel, SocketModel,
-    SoftwareVersions, SwitchModel, WriteBw,
+    NcclBehaviour, NicModel, NodeModel, PciNodeModel, PlatformModel, PortModel, RoceGids,
+    SocketModel, SoftwareVersions, SwitchModel, WriteBw,
 };
 pub use sysfs::{bump_counters, write_sysfs, SimulatedTree, SIM_MODEL_PATH};
 

@@ -7,6 +7,7 @@ use super::builtin::{builtin_model, builtin_names};
 use super::model::{
     Fault, GpuModel, HcaModel, ModelPortState, NodeModel, PciNodeModel, PortModel, SwitchModel,
 };
+use super::sysfs::HW_COUNTERS;
 use super::ModelError;
 
 impl NodeModel {
@@ -130,6 +131,45 @@ impl NodeModel {
                     .port_mut(hca, *port)
                     .ok_or_else(|| missing(&format!("{hca}:{port}")))?;
                 p.counter_growth.insert(counter.clone(), *per_run);
+            }
+            Fault::CounterValue {
+                hca,
+                port,
+                counter,
+                value,
+            } => {
+                let p = self
+                    .port_mut(hca, *port)
+                    .ok_or_else(|| missing(&format!("{hca}:{port}")))?;
+                if HW_COUNTERS.contains(&counter.as_str()) {
+                    p.hw_counters.insert(counter.clone(), *value);
+                } else {
+                    p.counters.insert(counter.clone(), *value);
+                }
+            }
+            Fault::NoSubnetManager { hca, port } => {
+                let p = self
+                    .port_mut(hca, *port)
+                    .ok_or_else(|| missing(&format!("{hca}:{port}")))?;
+                p.sm_lid = 0;
+            }
+            Fault::RoceGids { hca, port, gids } => {
+                let p = self
+                    .port_mut(hca, *port)
+                    .ok_or_else(|| missing(&format!("{hca}:{port}")))?;
+                p.roce_gids = *gids;
+            }
+            Fault::GidNetdev { hca, port, netdev } => {
+                let p = self
+                    .port_mut(hca, *port)
+                    .ok_or_else(|| missing(&format!("{hca}:{port}")))?;
+                p.gid_netdev = Some(netdev.clone());
+            }
+            Fault::NetdevMtu { hca, port, mtu } => {
+                let p = self
+                    .port_mut(hca, *port)
+                    .ok_or_else(|| missing(&format!("{hca}:{port}")))?;
+                p.mtu = Some(*mtu);
             }
         }
         Ok(())

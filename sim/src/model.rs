@@ -318,6 +318,19 @@ pub struct PortModel {
     /// Netdev behind the port (IPoIB or the RoCE interface).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub netdev: Option<String>,
+    /// MTU of the netdev (and of its VLAN); 4092 (IPoIB) or 9000 (RoCE) when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mtu: Option<u32>,
+    /// `sm_lid` of an InfiniBand port (0: no Subnet Manager); a port that is down shows 0.
+    pub sm_lid: u32,
+    /// Which RoCE GIDs the port's GID table holds (Ethernet ports).
+    pub roce_gids: RoceGids,
+    /// RoCE traffic runs on VLAN `<netdev>.<vlan>`: the GIDs belong to that VLAN device.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vlan: Option<u16>,
+    /// The GIDs belong to this netdev instead (a misconfiguration: not the port's netdev).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gid_netdev: Option<String>,
     /// Start values of `counters/*` (unlisted standard counters start at 0).
     pub counters: BTreeMap<String, u64>,
     /// Start values of `hw_counters/*`.
@@ -337,6 +350,11 @@ impl Default for PortModel {
             rate_gbps: 400,
             link_layer: LinkLayer::Ib,
             netdev: None,
+            mtu: None,
+            sm_lid: 1,
+            roce_gids: RoceGids::default(),
+            vlan: None,
+            gid_netdev: None,
             counters: BTreeMap::new(),
             hw_counters: BTreeMap::new(),
             counter_growth: BTreeMap::new(),
@@ -346,7 +364,42 @@ impl Default for PortModel {
     }
 }
 
+/// The RoCE GIDs of a port: the kernel adds a RoCE v1 and a RoCE v2 GID per address of the
+/// netdev (link-local and IPv4-mapped here).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RoceGids {
+    /// v1 and v2 GIDs, as the kernel sets them up (healthy).
+    #[default]
+    V1AndV2,
+    /// Only RoCE v1 GIDs (RoCE v2 disabled).
+    V1Only,
+    /// No GIDs at all (no address on the netdev).
+    None,
+}
+
 impl PortModel {
+    /// The netdev the port's GIDs belong to: `gid_netdev`, else the VLAN on the netdev,
+    /// else the netdev.
+    pub fn gid_netdev(&self) -> Option<String> {
+        if let Some(n) = &self.gid_netdev {
+            return Some(n.clone());
+        }
+        let netdev = self.netdev.as_ref()?;
+        Some(match self.vlan {
+            Some(id) => format!("{netdev}.{id}"),
+            None => netdev.clone(),
+        })
+    }
+
+    /// The netdev MTU the port's netdev reports.
+    pub fn netdev_mtu(&self) -> u32 {
+        self.mtu.unwrap_or(match self.link_layer {
+            LinkLayer::Ib => 4092,
+            LinkLayer::Roce => 9000,
+        })
+    }
+
     /// Simulated RDMA WRITE bandwidth (Gb/s) from host or GPU memory.
     pub fn simulated_write_bw_gbps(&self, gpu_memory: bool) -> f64 {
         if self.state != ModelPortState::Active {
@@ -391,4 +444,27 @@ pub enum Fault {
         counter: String,
         per_run: u64,
     },
+    /// Start a port's counter at a value (e.g. `symbol_error` from a marginal cable).
+    CounterValue {
+        hca: String,
+        port: u32,
+        counter: String,
+        value: u64,
+    },
+    /// An InfiniBand port that knows no Subnet Manager (`sm_lid` 0).
+    NoSubnetManager { hca: String, port: u32 },
+    /// Change which RoCE GIDs a port has (e.g. `v1-only`).
+    RoceGids {
+        hca: String,
+        port: u32,
+        gids: RoceGids,
+    },
+    /// Put a port's GIDs on another netdev than its own.
+    GidNetdev {
+        hca: String,
+        port: u32,
+        netdev: String,
+    },
+    /// Set the MTU of a port's netdev (e.g. 1500 on a RoCE rail).
+    NetdevMtu { hca: String, port: u32, mtu: u32 },
 }

@@ -5,8 +5,10 @@
 //! `class`, `vendor`, `device`, `numa_node`, `{current,max}_link_{speed,width}`, `config`
 //! (bridges carry an ACS extended capability); `sys/bus/pci/devices/<addr>` relative
 //! symlinks; per HCA `infiniband/<name>` with `fw_ver`, `node_guid`, `ports/N/{state,
-//! phys_state,rate,link_layer,lid,gids/0,counters/,hw_counters/}`, `device` link, and
-//! `net/<if>/{dev_port,operstate}`; `sys/class/infiniband/<name>` links; `sys/class/iommu`;
+//! phys_state,rate,link_layer,lid,sm_lid,sm_sl,gids/,gid_attrs/{types,ndevs}/,counters/,
+//! hw_counters/}`, `device` link, and `net/<if>/{dev_port,operstate,mtu}`;
+//! `sys/class/net/<if>` links (a port's VLAN in `sys/devices/virtual/net/<if>.<id>` with its
+//! `lower_<if>` link); `sys/class/infiniband/<name>` links; `sys/class/iommu`;
 //! `sys/module/{nvidia,nvidia_peermem}`; `proc/cmdline`, `proc/sys/kernel/osrelease`,
 //! `proc/driver/nvidia/version`; and the resolved model in `railguard-sim/model.yaml`.
 
@@ -18,7 +20,7 @@ use railguard_api::LinkLayer;
 
 use super::model::{
     GpuModel, HcaModel, IommuMode, LinkModel, ModelPortState, NodeModel, PciNodeModel, PortModel,
-    SwitchModel,
+    RoceGids, SwitchModel,
 };
 use super::ModelError;
 
@@ -42,7 +44,7 @@ const COUNTERS: &[&str] = &[
     "symbol_error",
     "VL15_dropped",
 ];
-const HW_COUNTERS: &[&str] = &[
+pub(crate) const HW_COUNTERS: &[&str] = &[
     "duplicate_request",
     "implied_nak_seq_err",
     "local_ack_timeout_err",
@@ -356,11 +358,13 @@ impl<'a> Writer<'a> {
                 &pd.join("lid"),
                 format!("0x{:x}\n", u32::from(bus) * 16 + p.port),
             )?;
-            let gid = match p.link_layer {
-                LinkLayer::Ib => format!("fe80:0000:0000:0000:{guid}"),
-                LinkLayer::Roce => format!("fe80:0000:0000:0000:ba3f:d2ff:fe{bus:02x}:{func:04x}"),
+            let sm_lid = match (p.link_layer, p.state) {
+                (LinkLayer::Roce, _) | (_, ModelPortState::Down) => 0,
+                (LinkLayer::Ib, _) => p.sm_lid,
             };
-            write(&pd.join("gids/0"), format!("{gid}\n"))?;
+            write(&pd.join("sm_lid"), format!("0x{sm_lid:x}\n"))?;
+            write(&pd.join("sm_sl"), "0\n")?;
+            self.gid_table(&pd, p, &guid, bus, func)?;
             for c in COUNTERS {
                 let v = p.counters.get(*c).copied().unwrap_or(0);
                 write(&pd.join("counters").join(c), format!("{v}\n"))?;
@@ -384,12 +388,100 @@ impl<'a> Writer<'a> {
                     "down"
                 };
                 write(&nd.join("operstate"), format!("{oper}\n"))?;
-                let mtu = if p.link_layer == LinkLayer::Ib {
-                    4092
-                } else {
-                    9000
-                };
-                write(&nd.join("mtu"), format!("{mtu}\n"))?;
+                write(&nd.join("mtu"), format!("{}\n", p.netdev_mtu()))?;
+                self.class_net_link(netdev, &nd)?;
+                if let Some(id) = p.vlan {
+                    let vlan = format!("{netdev}.{id}");
+                    let vd = self.virtual_netdev(&vlan, &format!("{oper}\n"), p.netdev_mtu())?;
+                    symlink(
+                        &relative(&vd, nd.strip_prefix(self.root).unwrap_or(nd.as_path())),
+                        &self.root.join(&vd).join(format!("lower_{netdev}")),
+                    )?;
+                }
+            }
+            if let Some(foreign) = &p.gid_netdev {
+                if !self.root.join("sys/class/net").join(foreign).exists() {
+                    self.virtual_netdev(foreign, "up\n", 9000)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `sys/class/net/<name>` -> the netdev's directory.
+    fn class_net_link(&self, name: &str, dir: &Path) -> Result<(), ModelError> {
+        let rel = dir.strip_prefix(self.root).unwrap_or(dir);
+        symlink(
+            &relative(Path::new("sys/class/net"), rel),
+            &self.root.join("sys/class/net").join(name),
+        )
+    }
+
+    /// A netdev without a PCI device (a VLAN, or some other interface), returned relative to
+    /// the root.
+    fn virtual_netdev(&self, name: &str, oper: &str, mtu: u32) -> Result<PathBuf, ModelError> {
+        let rel = Path::new("sys/devices/virtual/net").join(name);
+        let dir = self.root.join(&rel);
+        write(&dir.join("operstate"), oper)?;
+        write(&dir.join("mtu"), format!("{mtu}\n"))?;
+        self.class_net_link(name, &dir)?;
+        Ok(rel)
+    }
+
+    /// `gids/<i>` with `gid_attrs/{types,ndevs}/<i>`: an InfiniBand port has its port GID;
+    /// an Ethernet port a RoCE v1 and a v2 GID per address of its netdev (link-local and
+    /// IPv4-mapped), as the kernel's GID cache sets them up. Unused entries are zero and
+    /// have no attributes to read.
+    fn gid_table(
+        &self,
+        pd: &Path,
+        p: &PortModel,
+        guid: &str,
+        bus: u8,
+        func: usize,
+    ) -> Result<(), ModelError> {
+        const TABLE_SIZE: usize = 8;
+        let zero = "0000:0000:0000:0000:0000:0000:0000:0000".to_string();
+        let mut entries: Vec<Option<(String, &str)>> = vec![None; TABLE_SIZE];
+        match p.link_layer {
+            LinkLayer::Ib => {
+                entries[0] = Some((format!("fe80:0000:0000:0000:{guid}"), "IB/RoCE v1"))
+            }
+            LinkLayer::Roce => {
+                let link_local = format!("fe80:0000:0000:0000:ba3f:d2ff:fe{bus:02x}:{func:04x}");
+                let ipv4 = format!(
+                    "0000:0000:0000:0000:0000:ffff:0a{bus:02x}:{:02x}{:02x}",
+                    func & 0xff,
+                    p.port & 0xff
+                );
+                let v2 = p.roce_gids == RoceGids::V1AndV2;
+                if p.roce_gids != RoceGids::None {
+                    entries[0] = Some((link_local.clone(), "IB/RoCE v1"));
+                    entries[2] = Some((ipv4.clone(), "IB/RoCE v1"));
+                }
+                if v2 {
+                    entries[1] = Some((link_local, "RoCE v2"));
+                    entries[3] = Some((ipv4, "RoCE v2"));
+                }
+            }
+        }
+        let ndev = match p.link_layer {
+            LinkLayer::Ib => None,
+            LinkLayer::Roce => p.gid_netdev(),
+        };
+        for (i, e) in entries.iter().enumerate() {
+            let Some((gid, gid_type)) = e else {
+                write(&pd.join("gids").join(i.to_string()), format!("{zero}\n"))?;
+                continue;
+            };
+            write(&pd.join("gids").join(i.to_string()), format!("{gid}\n"))?;
+            let attrs = pd.join("gid_attrs");
+            write(
+                &attrs.join("types").join(i.to_string()),
+                format!("{gid_type}\n"),
+            )?;
+            if let Some(n) = &ndev {
+                write(&attrs.join("ndevs").join(i.to_string()), format!("{n}\n"))?;
             }
         }
         Ok(())

@@ -401,6 +401,7 @@ pub(crate) fn analyze(inv: &Inventory) -> Discovery {
     let mut findings = inv.read_problems.clone();
     findings.extend(affinity_findings(&affinity, &nics, &roles));
     findings.extend(readiness::readiness_findings(inv, &affinity, &rails));
+    findings.extend(super::fabric::fabric_findings(&inv.hcas, &rails));
     findings.sort_by(|a, b| b.severity.cmp(&a.severity).then(a.kind.cmp(&b.kind)));
     Discovery {
         gpus: inv.gpus.clone(),

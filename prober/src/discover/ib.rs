@@ -63,7 +63,7 @@ pub(crate) fn read_hcas_with_problems(
                     .collect();
                 nums.sort_unstable();
                 for n in nums {
-                    ports.push(read_port_dir(&hdir, &name, n, &mut problems));
+                    ports.push(read_port_dir(root, &hdir, &name, n, &mut problems));
                 }
             }
             Err(e) => problems.push(Finding {
@@ -106,7 +106,13 @@ fn read_counters(dir: &Path) -> BTreeMap<String, u64> {
     out
 }
 
-fn read_port_dir(hdir: &Path, hca: &str, port: u32, problems: &mut Vec<Finding>) -> HcaPort {
+fn read_port_dir(
+    root: &Path,
+    hdir: &Path,
+    hca: &str,
+    port: u32,
+    problems: &mut Vec<Finding>,
+) -> HcaPort {
     let pdir = hdir.join("ports").join(port.to_string());
     let state = read_trimmed(&pdir.join("state"))
         .map(|s| PortState::from_sysfs(&s))
@@ -123,6 +129,8 @@ fn read_port_dir(hdir: &Path, hca: &str, port: u32, problems: &mut Vec<Finding>)
         });
     }
     let link_layer = read_trimmed(&pdir.join("link_layer")).and_then(|s| LinkLayer::from_sysfs(&s));
+    let netdev = netdev_for_port(hdir, port);
+    let fabric = super::fabric::read_port_fabric(root, hdir, &pdir, link_layer, netdev.as_deref());
     HcaPort {
         port,
         state,
@@ -130,9 +138,10 @@ fn read_port_dir(hdir: &Path, hca: &str, port: u32, problems: &mut Vec<Finding>)
         rate_gbps,
         link_layer,
         gid0: read_trimmed(&pdir.join("gids/0")),
-        netdev: netdev_for_port(hdir, port),
+        netdev,
         counters: read_counters(&pdir.join("counters")),
         hw_counters: read_counters(&pdir.join("hw_counters")),
+        fabric,
     }
 }
 
@@ -174,7 +183,7 @@ pub fn read_port(root: &Path, hca: &str, port: u32) -> Result<HcaPort, DiscoverE
         });
     }
     let mut ignored = Vec::new();
-    Ok(read_port_dir(&hdir, hca, port, &mut ignored))
+    Ok(read_port_dir(root, &hdir, hca, port, &mut ignored))
 }
 
 /// `counters/*` and `hw_counters/*` of a port in one map (hw counters prefixed `hw_` only

@@ -1,12 +1,15 @@
 //! Discovery: the node's GPUs, RDMA devices, their PCIe distance, the GPU-to-HCA affinity
-//! map, the compute rails and the GPUDirect RDMA readiness findings, all read from a sysfs
+//! map, the compute rails, the GPUDirect RDMA readiness findings and the rails' fabric
+//! findings (Subnet Manager, RoCE GID, MTU, physical-layer counters), all read from a sysfs
 //! root (`/` on a real node, a synthetic tree in tests and simulation).
 //!
 //! Shape: [`read`] adapts the filesystem into plain [`Inventory`] data; everything else
-//! ([`classify_path`], [`affinity_map`], [`readiness_findings`], [`analyze`]) is pure.
+//! ([`classify_path`], [`affinity_map`], [`readiness_findings`], [`fabric_findings`],
+//! [`analyze`]) is pure.
 
 mod affinity;
 mod error;
+mod fabric;
 mod ib;
 mod nvml;
 mod pci;
@@ -24,6 +27,10 @@ pub use affinity::{
     affinity_findings, affinity_map, classify_nics, GpuRef, NicCandidate, PairPath,
 };
 pub use error::DiscoverError;
+pub use fabric::{
+    fabric_findings, gid_carrier, roce_path_mtu, Attr, GidCarrier, GidEntry, GidType, NetdevFacts,
+    PhysicalCounter, PortFabric, MIN_ROCE_NETDEV_MTU, PHYSICAL_COUNTERS,
+};
 pub use ib::{read_hcas, read_port, read_port_counters};
 pub use nvml::{nvml_cuda_version, nvml_gpus, NvmlError, NvmlGpu, NvmlReport};
 pub use pci::{acs_from_config, classify_path, read_pci_devices, AcsState, PciDevice, PcieLink};
@@ -107,6 +114,10 @@ pub struct HcaPort {
     pub counters: BTreeMap<String, u64>,
     /// `hw_counters/*` values.
     pub hw_counters: BTreeMap<String, u64>,
+    /// Subnet Manager, GID table, netdev MTU and physical-layer counters, as read (see
+    /// [`fabric_findings`]).
+    #[serde(default)]
+    pub fabric: PortFabric,
 }
 
 /// Whether a NIC carries GPU traffic or is a storage/management NIC.

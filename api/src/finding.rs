@@ -42,13 +42,16 @@ pub enum FindingKind {
     SharedRail,
     GpuIndexOrder,
     SysfsUnreadable,
-    /// An InfiniBand port without a Subnet Manager (`sm_lid` 0).
+    /// An active InfiniBand rail without a Subnet Manager (`sm_lid` 0).
     SubnetManager,
-    /// A RoCE port whose GID is not RoCE v2, or not on the rail's netdev/VLAN.
+    /// A RoCE rail without a RoCE v2 GID, or whose v2 GIDs are not on its netdev or a VLAN
+    /// on it.
     RoceGid,
-    /// The rail's netdev MTU is below what the fabric needs.
+    /// A RoCE rail's netdev MTU is below 4192, the least that gives the 4096-byte RoCE path
+    /// MTU.
     Mtu,
-    /// mlx5 physical-layer counters (symbol errors, FEC corrections beyond bound) grew.
+    /// A rail's physical-layer counters (`symbol_error`, `link_error_recovery`,
+    /// `link_downed`, ...) are beyond their bound.
     PhysicalLayer,
 }
 

@@ -12,6 +12,8 @@
  *   RAILGUARD_NCCL_DOUBLE_NET    "IB" (default) or "Socket": the network the log reports
  *   RAILGUARD_NCCL_DOUBLE_GDR    "0": IB channels without /GDRDMA (default "1")
  *   RAILGUARD_NCCL_DOUBLE_DELAY_US  extra microseconds per all-reduce (a slow rail)
+ *   RAILGUARD_NCCL_DOUBLE_SLOW_HCA  with DELAY_US: the delay applies only to communicators
+ *                                whose NCCL_IB_HCA names this HCA (one slow rail of a node)
  *   RAILGUARD_NCCL_DOUBLE_CORRUPT   "1": the result's first element is off by one
  *   RAILGUARD_NCCL_DOUBLE_FAIL   "init": ncclCommInitRank fails with ncclSystemError after
  *                                printing NCCL's warning for a failed DMA-BUF registration
@@ -212,6 +214,9 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     c->corrupt = corrupt && strcmp(corrupt, "1") == 0;
     const char *delay = getenv("RAILGUARD_NCCL_DOUBLE_DELAY_US");
     c->delay_us = delay ? atol(delay) : 0;
+    const char *slow = getenv("RAILGUARD_NCCL_DOUBLE_SLOW_HCA");
+    const char *hcas = getenv("NCCL_IB_HCA");
+    if (slow && *slow && !(hcas && strstr(hcas, slow))) c->delay_us = 0;
     if (rank == 0) {
         int lfd = -1;
         pthread_mutex_lock(&listeners_lock);

@@ -19,6 +19,7 @@
 //! ([`Communicator::all_reduce_sweep`]) whose bandwidths follow nccl-tests ([`collective`]).
 
 pub mod collective;
+pub mod doubles;
 mod driver;
 mod error;
 mod nccl;

@@ -181,3 +181,12 @@ fn the_double_logs_the_network_the_way_nccl_does() {
         assert!(log.contains(want), "missing {want:?} in:\n{log}");
     }
 }
+
+#[test]
+fn the_shared_builder_makes_both_doubles_for_other_crates_tests() {
+    let dir = tempfile::tempdir().unwrap();
+    let built = railguard_gpu::doubles::build(dir.path()).unwrap();
+    assert!(built.cuda.ends_with("libcuda.so.1") && built.nccl.ends_with("libnccl.so.2"));
+    let nccl = Nccl::load(Some(&built.nccl)).unwrap();
+    assert_eq!(nccl.version(), 22105);
+}

@@ -270,6 +270,7 @@ fn certificate(now: Timestamp, verdict: Verdict, ttl_secs: i64) -> Certificate {
                 verdict: RailVerdict::Healthy,
                 reasons: vec![],
                 wire: vec![],
+                gpu_memory: None,
             })
             .collect(),
         gpus: vec![GpuAffinity {

@@ -127,8 +127,7 @@ fn good() -> Evidence {
                 write_bw_host_gbps: Some(390.0),
                 write_bw_gpu_gbps: Some(380.0),
                 latency_us: Some(2.1),
-                error: None,
-                gpu_unavailable: None,
+                ..RailBench::default()
             })
             .collect(),
         nccl: vec![main_run(observation(
@@ -170,6 +169,43 @@ fn unmeasurable_gpu_memory_fails_a_profile_that_requires_it() {
     let mut lax = profile();
     lax.thresholds.write_bw_gpu_gbps = None;
     assert_eq!(assess(&lax, &e, &[]).verdict, Verdict::Certified);
+}
+
+/// The certificate says how GPU memory was registered (and why the path before it failed),
+/// and carries the runbook's near/far GPU comparison.
+#[test]
+fn gpu_memory_registration_and_far_gpu_are_recorded() {
+    use railguard_prober::certify::evidence::FarGpuBench;
+    use railguard_prober::rdma::{GpuRegistrationReport, RegistrationAttempt, RegistrationPath};
+    let mut e = good();
+    e.benches[0].latency_gpu_us = Some(2.456);
+    e.benches[0].gpu_registration = Some(GpuRegistrationReport {
+        gpu: 0,
+        pci_bus_id: "0000:1b:00.0".into(),
+        path: RegistrationPath::PeerMem,
+        failed: vec![RegistrationAttempt {
+            path: RegistrationPath::DmaBuf,
+            error: "ibv_reg_dmabuf_mr failed: Operation not supported".into(),
+        }],
+    });
+    e.benches[0].far_gpu = Some(FarGpuBench {
+        gpu: 4,
+        write_bw_gbps: Some(301.234),
+        error: None,
+    });
+    let a = assess(&profile(), &e, &[]);
+    assert_eq!(a.verdict, Verdict::Certified, "{:?}", a.reasons);
+    let g = a.rails[0].gpu_memory.as_ref().expect("recorded");
+    assert_eq!(g.gpu, 0);
+    assert_eq!(g.registration, "peermem");
+    assert_eq!(
+        g.unavailable,
+        ["dma-buf: ibv_reg_dmabuf_mr failed: Operation not supported"]
+    );
+    assert_eq!(g.latency_us, Some(2.46));
+    assert_eq!((g.far_gpu, g.far_write_bw_gbps), (Some(4), Some(301.23)));
+    // A rail whose GPU memory was not measured records nothing beyond its reasons.
+    assert_eq!(a.rails[1].gpu_memory, None);
 }
 
 /// Discovery findings count: a fatal kind fails the node and is recorded with its evidence;

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Builds the boot files for the Soft-RoCE test VMs from Debian packages.
 #
-#   build-image.sh --binary PATH --out DIR [--vm NAME=SCRIPT]...
+#   build-image.sh --binary PATH --out DIR [--file SRC=DEST]... [--vm NAME=SCRIPT]...
 #
 # Prints KERNEL=<path> and, for each --vm, INITRD_<NAME>=<path>.
 #
@@ -11,16 +11,19 @@
 # userspace with the rxe provider, and the kernel modules Soft-RoCE needs with a generated
 # modules.dep). Per call, the test binary (stripped, plus its shared libraries from ldd) and one
 # /rg/run.sh per VM are appended as extra cpio archives, which the kernel unpacks in order.
+# Each --file (a test double library, say) is copied to DEST inside the VM with its shared
+# libraries.
 set -euo pipefail
 
-usage() { echo "usage: $0 --binary PATH --out DIR [--vm NAME=SCRIPT]..." >&2; exit 2; }
+usage() { echo "usage: $0 --binary PATH --out DIR [--file SRC=DEST]... [--vm NAME=SCRIPT]..." >&2; exit 2; }
 
-BINARY="" OUT="" VMS=()
+BINARY="" OUT="" VMS=() FILES=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --binary) BINARY="${2:-}"; shift 2 ;;
     --out) OUT="${2:-}"; shift 2 ;;
     --vm) VMS+=("${2:-}"); shift 2 ;;
+    --file) FILES+=("${2:-}"); shift 2 ;;
     *) usage ;;
   esac
 done
@@ -131,6 +134,13 @@ copy_with_libs "$B" "$(readlink -f "$BINARY")"
 mkdir -p "$B/bin"
 mv "$B$(readlink -f "$BINARY")" "$B/bin/railguard-rdma-vmtest"
 strip --strip-debug "$B/bin/railguard-rdma-vmtest"
+for f in "${FILES[@]+"${FILES[@]}"}"; do
+  src="${f%%=*}" dest="${f#*=}"
+  [ -f "$src" ] && [ "${dest#/}" != "$dest" ] || { echo "build-image: --file $f needs an existing SRC and an absolute DEST" >&2; exit 1; }
+  copy_with_libs "$B" "$src"
+  mkdir -p "$B$(dirname "$dest")"
+  cp -L "$src" "$B$dest"
+done
 pack "$B" > "$OUT/binary.cpio.gz"
 
 echo "KERNEL=$KERNEL"

@@ -37,6 +37,7 @@ pub fn certificate(
             verdict: RailVerdict::Healthy,
             reasons: Vec::new(),
             wire: Vec::new(),
+            gpu_memory: None,
         })
         .collect();
     Certificate {

@@ -14,7 +14,7 @@ use railguard_prober::certify::once::matching_profile;
 use railguard_prober::certify::run::{HostSoftware, NodeSetup, SoftwareSource};
 use railguard_prober::certify::{certify_once, NodeContext};
 use railguard_prober::publish::NodePublisher;
-use railguard_prober::rdma::{RdmaEngine, VerbsEngine};
+use railguard_prober::rdma::{GpuMemory, RdmaEngine, VerbsEngine};
 use railguard_runtime::StartupError;
 use railguard_sim::node::standin_env;
 use railguard_sim::ModelSource;
@@ -148,7 +148,10 @@ impl NodeArgs {
         let (engine, software): (Arc<dyn RdmaEngine>, Arc<dyn SoftwareSource>) = match &sim {
             Some(s) => (Arc::new(s.engine(&node)?), Arc::new(s.software())),
             None => (
-                Arc::new(VerbsEngine::new()),
+                Arc::new(VerbsEngine {
+                    gpu_memory: self.gpu_memory(&sysfs_root, &profile),
+                    ..VerbsEngine::new()
+                }),
                 Arc::new(HostSoftware {
                     sysfs_root: sysfs_root.clone(),
                     use_nvml: true,
@@ -181,6 +184,25 @@ impl NodeArgs {
             setup,
             publisher,
         })
+    }
+
+    /// GPU memory for the GPUDirect RDMA tests: the node's GPUs by railguard's index (as
+    /// discovery numbers them, so a rail's GPU is the one its profile names) and the profile's
+    /// registration setting. A node whose sysfs cannot be read has no GPUs to offer; the rails
+    /// then report GPU memory as unavailable.
+    fn gpu_memory(&self, sysfs_root: &Path, profile: &FabricProfile) -> GpuMemory {
+        let gpus = match railguard_prober::discover::discover(sysfs_root, true) {
+            Ok(d) => d.gpus,
+            Err(e) => {
+                tracing::warn!(error = %railguard_runtime::error_chain(&e), "cannot list GPUs for GPU-memory tests");
+                Vec::new()
+            }
+        };
+        GpuMemory::new(
+            self.cuda_library.clone(),
+            profile.spec.certification.gpu_registration,
+            gpus.into_iter().map(|g| (g.index, g.pci_bus_id)).collect(),
+        )
     }
 
     async fn resolve_profile(

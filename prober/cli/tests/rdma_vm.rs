@@ -25,6 +25,8 @@ const BOOT_TO_RESULT_LIMIT: Duration = Duration::from_secs(900);
 /// ten times slower, so the peer sweep stops at 1 MiB to keep the test within minutes.
 const SIZES: &str = "8,4096,65536,1048576,8388608";
 const PEER_SIZES: &str = "8,4096,65536,1048576";
+/// Where the CUDA test double lives inside the VMs.
+const CUDA_IN_VM: &str = "/rg/lib/libcuda.so.1";
 
 fn work_dir() -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("rdma-vm");
@@ -42,12 +44,19 @@ fn script(common: &str, body: &str) -> String {
     format!("set -x\n{common}\n{body}\n")
 }
 
-fn build_image(dir: &Path, vms: &[(&str, &Path)]) -> (PathBuf, BTreeMap<String, PathBuf>) {
+fn build_image(
+    dir: &Path,
+    files: &[(&Path, &str)],
+    vms: &[(&str, &Path)],
+) -> (PathBuf, BTreeMap<String, PathBuf>) {
     let mut cmd = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../vm/build-image.sh"));
     cmd.arg("--binary")
         .arg(env!("CARGO_BIN_EXE_railguard-rdma-vmtest"))
         .arg("--out")
         .arg(dir.join("image"));
+    for (src, dest) in files {
+        cmd.arg("--file").arg(format!("{}={dest}", src.display()));
+    }
     for (name, path) in vms {
         cmd.arg("--vm").arg(format!("{name}={}", path.display()));
     }
@@ -193,8 +202,13 @@ fn assert_sweep(label: &str, r: &Value, want_sizes: &str) {
 fn verbs_engine_on_soft_roce_vms() {
     let dir = work_dir();
     let token: String = format!("vm-token-{:016x}", rand::random::<u64>());
+    // GPU memory comes from the CUDA test double (host memory behind device pointers): the
+    // registration calls, the DMA-BUF refusal of Soft-RoCE and the writes are real verbs.
+    let doubles = railguard_gpu::doubles::build(&dir).expect("build the CUDA test double");
     let common = format!(
         "export RAILGUARD_PEER_TOKEN={token} RAILGUARD_PROFILE=vm RAILGUARD_SIZES={SIZES} RAILGUARD_ITERATIONS=10\n\
+         export RAILGUARD_CUDA_LIBRARY={CUDA_IN_VM} RAILGUARD_GPU_BUS_IDS=0000:04:00.0,0000:84:00.0 RAILGUARD_CUDA_DOUBLE_PCI=0000:04:00.0,0000:84:00.0\n\
+         export RAILGUARD_CUDA_DOUBLE_DMABUF=memfd\n\
          $IP link set eth0 up"
     );
     let vmtest = "/bin/railguard-rdma-vmtest";
@@ -209,8 +223,13 @@ fn verbs_engine_on_soft_roce_vms() {
              {vmtest} wrong-rkey --hca rxe0\n\
              {vmtest} loopback --hca mlx5_9 --label missing-hca\n\
              {vmtest} loopback --hca rxe0 --port 2 --label missing-port\n\
-             {vmtest} loopback --hca rxe0 --gpu 0 --label gpu-memory\n\
-             {vmtest} serve --node vm-a --listen 169.254.10.1:18515 --sessions normal,normal,vanish"
+             {vmtest} loopback --hca rxe0 --gpu 0 --label gpu-auto --sizes {PEER_SIZES}\n\
+             {vmtest} loopback --hca rxe0 --gpu 1 --label gpu-far --sizes {PEER_SIZES}\n\
+             {vmtest} loopback --hca rxe0 --gpu 0 --gpu-registration dma-buf --label gpu-dma-buf-only\n\
+             RAILGUARD_CUDA_DOUBLE_PEERMEM=0 {vmtest} loopback --hca rxe0 --gpu 0 --label gpu-no-peermem\n\
+             RAILGUARD_CUDA_LIBRARY=/rg/lib/absent/libcuda.so.1 {vmtest} loopback --hca rxe0 --gpu 0 --label gpu-no-libcuda\n\
+             {vmtest} loopback --hca rxe0 --gpu 5 --label gpu-unknown\n\
+             {vmtest} serve --node vm-a --listen 169.254.10.1:18515 --sessions normal,normal,normal,vanish"
         ),
     );
     let b = script(
@@ -220,6 +239,7 @@ fn verbs_engine_on_soft_roce_vms() {
              $RDMA link add rxe0 type rxe netdev eth0\n\
              {vmtest} loopback --hca rxe0\n\
              {vmtest} connect --node vm-b --peer-addr 169.254.10.1:18515 --label peer --expect-node vm-a --sizes {PEER_SIZES}\n\
+             {vmtest} connect --node vm-b --peer-addr 169.254.10.1:18515 --label peer-gpu --gpu 0 --sizes {PEER_SIZES}\n\
              RAILGUARD_PEER_TOKEN=not-the-shared-token {vmtest} connect --node vm-b --peer-addr 169.254.10.1:18515 --label bad-token\n\
              {vmtest} connect --node vm-b --peer-addr 169.254.10.1:18515 --label peer-gone --sizes 4096 --iterations 200 --completion-timeout-ms 3000"
         ),
@@ -227,7 +247,11 @@ fn verbs_engine_on_soft_roce_vms() {
     let (a_sh, b_sh) = (dir.join("a.sh"), dir.join("b.sh"));
     std::fs::write(&a_sh, a).expect("write a.sh");
     std::fs::write(&b_sh, b).expect("write b.sh");
-    let (kernel, initrds) = build_image(&dir, &[("a", &a_sh), ("b", &b_sh)]);
+    let (kernel, initrds) = build_image(
+        &dir,
+        &[(doubles.cuda.as_path(), CUDA_IN_VM)],
+        &[("a", &a_sh), ("b", &b_sh)],
+    );
 
     let (pa, pb) = (free_udp_port(), free_udp_port());
     let (log_a, log_b) = (dir.join("vm-a.log"), dir.join("vm-b.log"));
@@ -256,7 +280,12 @@ fn verbs_engine_on_soft_roce_vms() {
     for (label, r) in [
         ("loopback VM a", ra.get("loopback")),
         ("loopback VM b", rb.get("loopback")),
+        ("loopback VM a, GPU memory", ra.get("gpu-auto")),
         ("VM b -> VM a", rb.get("peer").map(|p| &p["result"])),
+        (
+            "VM b -> VM a, GPU memory",
+            rb.get("peer-gpu").map(|p| &p["result"]),
+        ),
     ] {
         if let Some(points) = r.and_then(|r| r["points"].as_array()) {
             eprintln!(
@@ -320,10 +349,51 @@ fn verbs_engine_on_soft_roce_vms() {
             .contains("state absent"),
         "{port}"
     );
+    // GPU memory. Auto: Soft-RoCE cannot import a DMA-BUF, so the peermem path (ibv_reg_mr
+    // on the device pointer) carries the test, and the certificate-to-be says both.
+    let auto = &ra["gpu-auto"];
+    assert_sweep("GPU-memory loopback", auto, PEER_SIZES);
     assert_eq!(
-        ra["gpu-memory"]["kind"], "gpu-memory-unavailable",
+        auto["memory"],
+        serde_json::json!({"kind": "gpu", "gpu": 0}),
+        "{auto}"
+    );
+    let reg = &auto["registration"];
+    assert_eq!(reg["path"], "peermem", "{auto}");
+    assert_eq!(reg["pci_bus_id"], "0000:04:00.0", "{auto}");
+    assert_eq!(reg["failed"][0]["path"], "dma-buf", "{auto}");
+    let dmabuf_error = reg["failed"][0]["error"].as_str().unwrap_or("");
+    assert!(dmabuf_error.contains("ibv_reg_dmabuf_mr failed"), "{auto}");
+    // The GPU is chosen by PCI address: GPU 1 is the double's second device.
+    assert_eq!(
+        ra["gpu-far"]["registration"]["pci_bus_id"], "0000:84:00.0",
         "{context}"
     );
+    let unavailable = |label: &str| {
+        let r = &ra[label];
+        assert_eq!(r["kind"], "gpu-memory-unavailable", "{label}: {r}{context}");
+        r["error"].as_str().unwrap_or("").to_string()
+    };
+    let only = unavailable("gpu-dma-buf-only");
+    assert!(only.contains("dma-buf: ibv_reg_dmabuf_mr failed"), "{only}");
+    assert!(
+        !only.contains("peermem"),
+        "DmaBuf tries nothing else: {only}"
+    );
+    let no_peermem = unavailable("gpu-no-peermem");
+    assert!(
+        no_peermem.contains("dma-buf: ibv_reg_dmabuf_mr failed")
+            && no_peermem.contains("peermem: ibv_reg_mr on the device pointer failed: Bad address")
+            && no_peermem.contains("nvidia_peermem is not loaded"),
+        "{no_peermem}"
+    );
+    let no_libcuda = unavailable("gpu-no-libcuda");
+    assert!(
+        no_libcuda.contains("cannot load the CUDA driver library /rg/lib/absent/libcuda.so.1"),
+        "{no_libcuda}"
+    );
+    let unknown = unavailable("gpu-unknown");
+    assert!(unknown.contains("there is no GPU 5"), "{unknown}");
 
     // Device to device, over the authenticated side channel.
     let peer = rb
@@ -334,9 +404,19 @@ fn verbs_engine_on_soft_roce_vms() {
     assert_eq!(ra["served-0-normal"]["status"], "completed", "{context}");
     assert_eq!(ra["served-0-normal"]["peer_node"], "vm-b", "{context}");
 
+    // Device to device from GPU memory to GPU memory (GPUDirect RDMA on both nodes).
+    let peer_gpu = &rb["peer-gpu"];
+    assert_sweep("GPU-memory peer test", &peer_gpu["result"], PEER_SIZES);
+    assert_eq!(peer_gpu["remote_memory"]["kind"], "gpu", "{peer_gpu}");
+    assert_eq!(
+        peer_gpu["result"]["registration"]["path"], "peermem",
+        "{peer_gpu}"
+    );
+    assert_eq!(ra["served-1-normal"]["status"], "completed", "{context}");
+
     // Wrong token: the initiator rejects the responder's proof; nothing is measured.
     assert_eq!(rb["bad-token"]["kind"], "peer-auth", "{context}");
-    assert!(ra["served-1-normal"].get("error").is_some(), "{context}");
+    assert!(ra["served-2-normal"].get("error").is_some(), "{context}");
 
     // The peer vanishes after the QP exchange: a clean error, not a hang.
     let gone = &rb["peer-gone"];
@@ -349,5 +429,5 @@ fn verbs_engine_on_soft_roce_vms() {
             .contains("during rdma write sweep"),
         "{gone}"
     );
-    assert_eq!(ra["served-2-vanish"]["vanished"], true, "{context}");
+    assert_eq!(ra["served-3-vanish"]["vanished"], true, "{context}");
 }

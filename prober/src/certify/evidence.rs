@@ -8,6 +8,7 @@ use railguard_api::LinkLayer;
 use serde::Serialize;
 
 use crate::nccl::NcclObservation;
+use crate::rdma::GpuRegistrationReport;
 
 /// Error counters judged over a check window. Traffic counters (`port_xmit_data`, ...) grow
 /// on a healthy port and are never judged; a profile may add more names in `counterGrowth`.
@@ -83,6 +84,21 @@ pub struct RailBench {
     pub error: Option<String>,
     /// Why GPU memory was not measured on this rail (no CUDA, no GPUDirect registration).
     pub gpu_unavailable: Option<String>,
+    /// Latency of the smallest message from the rail's own GPU's memory, microseconds.
+    pub latency_gpu_us: Option<f64>,
+    /// Which GPU the GPU-memory test used and how its memory was registered.
+    pub gpu_registration: Option<GpuRegistrationReport>,
+    /// The runbook's affinity comparison: the same test from a GPU on the other socket.
+    pub far_gpu: Option<FarGpuBench>,
+}
+
+/// RDMA WRITE from the memory of a GPU on the other socket than the rail's own GPUs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FarGpuBench {
+    pub gpu: u32,
+    pub write_bw_gbps: Option<f64>,
+    /// Why it could not be measured.
+    pub error: Option<String>,
 }
 
 /// One NCCL run (`main`, and the optional `gdr-off` / `socket` controls).

@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use railguard_api::certificate::HistoryEntry;
+use railguard_api::certificate::{GpuMemoryResult, HistoryEntry};
 use railguard_api::{
     FabricProfileSpec, NcclResult, RailResult, RailSpec, RailVerdict, Transport, Verdict,
 };
@@ -235,6 +235,7 @@ pub fn assess(
             verdict,
             reasons,
             wire: Vec::new(),
+            gpu_memory: bench.and_then(gpu_memory_result),
         });
     }
 
@@ -242,6 +243,24 @@ pub fn assess(
     let mut assessment = finish(node, rails, nccl, history, &evidence.software);
     assessment.findings = evidence.findings.clone();
     assessment
+}
+
+/// What the certificate records of a rail's GPU-memory test: only a measured one (a rail
+/// that could not measure says why in its reasons when the profile requires it).
+fn gpu_memory_result(bench: &RailBench) -> Option<GpuMemoryResult> {
+    let reg = bench.gpu_registration.as_ref()?;
+    Some(GpuMemoryResult {
+        gpu: reg.gpu,
+        registration: reg.path.as_str().to_string(),
+        unavailable: reg.failed.iter().map(ToString::to_string).collect(),
+        latency_us: bench.latency_gpu_us.map(round2),
+        far_gpu: bench.far_gpu.as_ref().map(|f| f.gpu),
+        far_write_bw_gbps: bench
+            .far_gpu
+            .as_ref()
+            .and_then(|f| f.write_bw_gbps)
+            .map(round2),
+    })
 }
 
 /// Judges a passive check (counters, link state, exposure) against the last certificate's
@@ -288,6 +307,7 @@ pub fn assess_passive(
             verdict,
             reasons,
             wire: prev.map(|p| p.wire.clone()).unwrap_or_default(),
+            gpu_memory: prev.and_then(|p| p.gpu_memory.clone()),
         });
     }
     let verdict = if !node.failures.is_empty() {

@@ -11,8 +11,8 @@ use std::time::Duration;
 use railguard_api::{FabricProfileSpec, GpuAffinity};
 
 use super::evidence::{
-    Evidence, NcclRunEvidence, PortReading, RailBench, ResourceExposure, RUN_GDR_OFF, RUN_MAIN,
-    RUN_SOCKET,
+    Evidence, FarGpuBench, NcclRunEvidence, PortReading, RailBench, ResourceExposure, RUN_GDR_OFF,
+    RUN_MAIN, RUN_SOCKET,
 };
 use crate::discover::{self, DiscoverError, Discovery};
 use crate::nccl::{run_nccl_test, NcclRunSpec};
@@ -162,18 +162,41 @@ pub fn discover_node(setup: &NodeSetup) -> Result<Discovery, GatherError> {
         .map_err(|source| GatherError::Discover { source })
 }
 
-/// Native RDMA per profile rail: host memory, then GPU memory of the rail's first GPU (the
-/// GPU↔HCA path), then nothing else. Runs on a blocking thread: verbs calls block. Each rail
-/// is one step of `progress`.
+/// The GPUs a rail's GPU-memory tests use: its own first GPU, and for the runbook's affinity
+/// comparison a GPU on another NUMA node (only when both NUMA nodes are known: an unknown
+/// one is never taken for "far").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RailGpus {
+    pub near: u32,
+    pub far: Option<u32>,
+}
+
+/// Picks [`RailGpus`] for a rail served by `rail_gpus` (profile order) among the node's GPUs.
+pub fn rail_gpus(rail_gpus: &[u32], gpus: &[discover::Gpu]) -> Option<RailGpus> {
+    let near = *rail_gpus.first()?;
+    let numa_of = |i: u32| gpus.iter().find(|g| g.index == i).and_then(|g| g.numa);
+    let far = numa_of(near).and_then(|home| {
+        gpus.iter()
+            .filter(|g| g.numa.is_some_and(|n| n != home))
+            .map(|g| g.index)
+            .min()
+    });
+    Some(RailGpus { near, far })
+}
+
+/// Native RDMA per profile rail: host memory, then GPU memory of the rail's own GPU (the
+/// GPU↔HCA path) and of a GPU on the other socket, then nothing else. Runs on a blocking
+/// thread: verbs calls block. Each rail is one step of `progress`.
 pub async fn bench_rails(
     engine: Arc<dyn RdmaEngine>,
     profile: &FabricProfileSpec,
+    gpus: &[discover::Gpu],
     progress: Arc<dyn Progress>,
 ) -> Vec<RailBench> {
-    let rails: Vec<(String, u32, Option<u32>)> = profile
+    let rails: Vec<(String, u32, Option<RailGpus>)> = profile
         .rails
         .iter()
-        .map(|r| (r.hca.clone(), r.port, r.gpus.first().copied()))
+        .map(|r| (r.hca.clone(), r.port, rail_gpus(&r.gpus, gpus)))
         .collect();
     let total = rails.len();
     let joined = tokio::task::spawn_blocking(move || {
@@ -208,7 +231,7 @@ fn bench_rail(
     engine: &dyn RdmaEngine,
     hca: &str,
     port: u32,
-    gpu: Option<u32>,
+    gpu: Option<RailGpus>,
     label: &str,
     progress: &dyn Progress,
 ) -> RailBench {
@@ -228,18 +251,44 @@ fn bench_rail(
             return out;
         }
     }
-    if let Some(gpu) = gpu {
-        progress.step(&format!("{label} GPU {gpu} memory"));
-        let mut req = RailBenchRequest::host(hca, port);
-        req.memory = MemoryKind::Gpu { gpu };
-        match engine.loopback(&req) {
-            Ok(r) => out.write_bw_gpu_gbps = Some(r.peak_bw_gbps),
-            // Not measurable here: recorded; the profile's writeBwGpuGbps decides.
-            Err(RdmaError::GpuMemoryUnavailable { reason, .. }) => {
-                out.gpu_unavailable = Some(reason)
-            }
-            Err(e) => out.error = Some(format!("GPU memory (gpu {gpu}): {e}")),
+    let Some(RailGpus { near, far }) = gpu else {
+        return out;
+    };
+    progress.step(&format!("{label} GPU {near} memory"));
+    let gpu_request = |gpu: u32| RailBenchRequest {
+        memory: MemoryKind::Gpu { gpu },
+        ..RailBenchRequest::host(hca, port)
+    };
+    match engine.loopback(&gpu_request(near)) {
+        Ok(r) => {
+            out.write_bw_gpu_gbps = Some(r.peak_bw_gbps);
+            out.latency_gpu_us = Some(r.small_msg_latency_us);
+            out.gpu_registration = r.registration;
         }
+        // Not measurable here: recorded; the profile's writeBwGpuGbps decides.
+        Err(RdmaError::GpuMemoryUnavailable { reason, .. }) => {
+            out.gpu_unavailable = Some(reason);
+            return out;
+        }
+        Err(e) => {
+            out.error = Some(format!("GPU memory (gpu {near}): {e}"));
+            return out;
+        }
+    }
+    if let Some(far) = far {
+        progress.step(&format!("{label} GPU {far} memory (other socket)"));
+        out.far_gpu = Some(match engine.loopback(&gpu_request(far)) {
+            Ok(r) => FarGpuBench {
+                gpu: far,
+                write_bw_gbps: Some(r.peak_bw_gbps),
+                error: None,
+            },
+            Err(e) => FarGpuBench {
+                gpu: far,
+                write_bw_gbps: None,
+                error: Some(e.to_string()),
+            },
+        });
     }
     out
 }
@@ -357,7 +406,7 @@ pub async fn gather_invasive_with(
     progress.step("reading ports");
     let first = discover_node(setup)?;
     let before = port_readings(&first);
-    let benches = bench_rails(setup.engine.clone(), profile, progress.clone()).await;
+    let benches = bench_rails(setup.engine.clone(), profile, &first.gpus, progress.clone()).await;
     let (nccl, digest) = nccl_runs(setup, profile, progress.as_ref()).await;
     progress.step("reading ports again");
     let last = discover_node(setup)?;
@@ -428,4 +477,54 @@ pub async fn gather_passive(
         },
         gpus: gpu_affinity(&last),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(index: u32, numa: Option<u32>) -> discover::Gpu {
+        discover::Gpu {
+            index,
+            pci_bus_id: format!("0000:{:02x}:00.0", 0x10 + index),
+            numa,
+            name: None,
+        }
+    }
+
+    #[test]
+    fn the_far_gpu_is_the_lowest_index_on_another_known_numa_node() {
+        let gpus = [
+            gpu(0, Some(0)),
+            gpu(1, Some(0)),
+            gpu(2, None),
+            gpu(3, Some(1)),
+            gpu(4, Some(1)),
+        ];
+        assert_eq!(
+            rail_gpus(&[1, 0], &gpus),
+            Some(RailGpus {
+                near: 1,
+                far: Some(3)
+            })
+        );
+        assert_eq!(
+            rail_gpus(&[4], &gpus),
+            Some(RailGpus {
+                near: 4,
+                far: Some(0)
+            })
+        );
+        // An unknown NUMA node is never taken for "far", on either side.
+        assert_eq!(
+            rail_gpus(&[2], &gpus),
+            Some(RailGpus { near: 2, far: None })
+        );
+        let one_socket = [gpu(0, Some(0)), gpu(1, Some(0))];
+        assert_eq!(
+            rail_gpus(&[0], &one_socket),
+            Some(RailGpus { near: 0, far: None })
+        );
+        assert_eq!(rail_gpus(&[], &gpus), None);
+    }
 }

@@ -7,11 +7,13 @@
 //! simulated engine of `railguard-sim` (plain-data rail models with injected faults), so the
 //! rest of the pipeline runs unchanged on machines without HCAs.
 
+pub mod gpu_memory;
 pub mod peer;
 pub mod verbs;
 
 use serde::{Deserialize, Serialize};
 
+pub use gpu_memory::{GpuMemory, GpuRegistrationReport, RegistrationAttempt, RegistrationPath};
 pub use peer::{
     run_write_test_initiator, run_write_test_responder, PeerConfig, PeerTestOutcome,
     PeerTestRequest, RailLocks,
@@ -128,6 +130,10 @@ pub struct RailBenchResult {
     pub peak_bw_gbps: f64,
     /// Latency of the smallest message of the sweep, microseconds.
     pub small_msg_latency_us: f64,
+    /// GPU memory only: the GPU and the registration path that worked (and those that did
+    /// not, before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registration: Option<GpuRegistrationReport>,
 }
 
 impl RailBenchResult {
@@ -146,6 +152,7 @@ impl RailBenchResult {
             points,
             peak_bw_gbps,
             small_msg_latency_us,
+            registration: None,
         }
     }
 }
@@ -276,6 +283,10 @@ pub trait RdmaEndpoint: Send {
         sizes: &[usize],
         iterations: u32,
     ) -> Result<Vec<SizePoint>, RdmaError>;
+    /// How this endpoint's GPU buffer was registered; `None` for host memory.
+    fn registration(&self) -> Option<GpuRegistrationReport> {
+        None
+    }
 }
 
 /// An engine that can also open endpoints for a two-node test.
@@ -305,9 +316,9 @@ pub fn loopback_via_endpoints(
     let r_info = receiver.info();
     sender.connect(&r_info)?;
     let points = sender.write_sweep(&r_info, &req.sizes, req.iterations)?;
-    Ok(RailBenchResult::from_points(
-        &req.hca, req.port, req.memory, points,
-    ))
+    let mut result = RailBenchResult::from_points(&req.hca, req.port, req.memory, points);
+    result.registration = sender.registration();
+    Ok(result)
 }
 
 #[cfg(test)]

@@ -12,17 +12,26 @@
 //!   reallocated (its length is fixed at registration);
 //! - `ibv_post_send`/`ibv_poll_cq` are static inline functions in `verbs.h`, so they are called
 //!   through the context's ops table exactly as the header does;
+//! - a GPU buffer ([`GpuBuffer`], allocated through the CUDA driver API) is registered either
+//!   as a DMA-BUF (`ibv_reg_dmabuf_mr`, iova = the device pointer) or by its device pointer
+//!   (`ibv_reg_mr`, which only nvidia-peermem can resolve); in both cases work requests address
+//!   it by the device pointer, exactly like a host buffer by its virtual address;
 //! - libibverbs objects are thread-safe; an endpoint is used by one thread at a time (`&mut`),
 //!   which is why it may be `Send`.
 #![allow(unsafe_code)]
 
 use std::ffi::CStr;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 use std::time::{Duration, Instant};
 
 use ibverbs_sys as ffi;
 
+use super::gpu_memory::{
+    no_path_reason, registration_order, GpuBuffer, GpuMemory, GpuRegistrationReport,
+    RegistrationAttempt, RegistrationPath,
+};
 use super::{
     loopback_via_endpoints, MemoryKind, PeerRdmaEngine, QpInfo, RailBenchRequest, RailBenchResult,
     RdmaEndpoint, RdmaEngine, RdmaError, SizePoint,
@@ -46,6 +55,8 @@ pub struct VerbsEngine {
     pub gid_index: Option<u32>,
     /// How long one completion may take before the test is abandoned.
     pub completion_timeout: Duration,
+    /// Where GPU-memory buffers come from (GPUDirect RDMA tests).
+    pub gpu_memory: GpuMemory,
 }
 
 impl Default for VerbsEngine {
@@ -53,6 +64,7 @@ impl Default for VerbsEngine {
         VerbsEngine {
             gid_index: None,
             completion_timeout: Duration::from_secs(10),
+            gpu_memory: GpuMemory::default(),
         }
     }
 }
@@ -174,7 +186,8 @@ impl Drop for Cq {
 struct Mr(*mut ffi::ibv_mr);
 impl Drop for Mr {
     fn drop(&mut self) {
-        // SAFETY: registered by ibv_reg_mr, deregistered once before its buffer is freed.
+        // SAFETY: registered by ibv_reg_mr or ibv_reg_dmabuf_mr, deregistered once before its
+        // buffer is freed.
         unsafe { ffi::ibv_dereg_mr(self.0) };
     }
 }
@@ -187,7 +200,35 @@ impl Drop for Qp {
     }
 }
 
-/// One RC QP with a registered host buffer. Field order is drop order.
+/// The memory an endpoint registers: never moved or resized while registered.
+enum Buffer {
+    Host(Vec<u8>),
+    Gpu {
+        gpu: GpuBuffer,
+        report: GpuRegistrationReport,
+        /// The DMA-BUF the MR was made from (DMA-BUF path only); closed after the MR.
+        _dmabuf: Option<OwnedFd>,
+    },
+}
+
+impl Buffer {
+    /// The address work requests use: the virtual address, or the device pointer.
+    fn addr(&self) -> u64 {
+        match self {
+            Buffer::Host(v) => v.as_ptr() as u64,
+            Buffer::Gpu { gpu, .. } => gpu.buffer.device_ptr(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Buffer::Host(v) => v.len(),
+            Buffer::Gpu { gpu, .. } => gpu.buffer.len(),
+        }
+    }
+}
+
+/// One RC QP with a registered buffer (host or GPU memory). Field order is drop order.
 pub struct VerbsEndpoint {
     qp: Qp,
     mr: Mr,
@@ -195,7 +236,7 @@ pub struct VerbsEndpoint {
     _pd: Pd,
     _ctx: Context,
     /// Registered memory; must outlive `mr` (declared after it).
-    buf: Vec<u8>,
+    buf: Buffer,
     hca: String,
     port: u32,
     psn: u32,
@@ -258,6 +299,134 @@ fn verbs_err(op: &'static str, rc: c_int) -> RdmaError {
     RdmaError::Verbs { op, errno }
 }
 
+/// Registers a new host buffer of `len` bytes.
+fn register_host(pd: &Pd, len: usize, access: c_int) -> Result<(Mr, Buffer), RdmaError> {
+    let mut buf = vec![0xa5u8; len];
+    // SAFETY: buf is a live allocation of buf.len() bytes that is neither moved nor resized
+    // while registered (it is owned by the endpoint and dropped after the MR).
+    let mr = unsafe { ffi::ibv_reg_mr(pd.0, buf.as_mut_ptr() as *mut c_void, buf.len(), access) };
+    if mr.is_null() {
+        return Err(verbs_err("ibv_reg_mr", -1));
+    }
+    Ok((Mr(mr), Buffer::Host(buf)))
+}
+
+/// Allocates `len` bytes on GPU `gpu` and registers them by the first path of the profile's
+/// order that works; the report says which, and why the others before it did not.
+fn register_gpu(
+    pd: &Pd,
+    memory: &GpuMemory,
+    gpu: u32,
+    len: usize,
+    access: c_int,
+) -> Result<(Mr, Buffer), RdmaError> {
+    let buffer = memory.alloc(gpu, len)?;
+    let mut failed = Vec::new();
+    for &path in registration_order(memory.registration) {
+        let registered = match path {
+            RegistrationPath::DmaBuf => register_dmabuf(pd, &buffer, access),
+            RegistrationPath::PeerMem => register_peermem(pd, &buffer, access).map(|mr| (mr, None)),
+        };
+        match registered {
+            Ok((mr, dmabuf)) => {
+                let report = GpuRegistrationReport {
+                    gpu,
+                    pci_bus_id: buffer.device.pci_bus_id.clone(),
+                    path,
+                    failed,
+                };
+                return Ok((
+                    mr,
+                    Buffer::Gpu {
+                        gpu: buffer,
+                        report,
+                        _dmabuf: dmabuf,
+                    },
+                ));
+            }
+            Err(error) => failed.push(RegistrationAttempt { path, error }),
+        }
+    }
+    Err(RdmaError::GpuMemoryUnavailable {
+        gpu,
+        reason: no_path_reason(memory.registration, &failed),
+    })
+}
+
+/// DMA-BUF: the driver exports the allocation, the HCA's driver imports it.
+fn register_dmabuf(
+    pd: &Pd,
+    buffer: &GpuBuffer,
+    access: c_int,
+) -> Result<(Mr, Option<OwnedFd>), String> {
+    if !buffer.device.dma_buf_supported {
+        return Err(format!(
+            "GPU {} does not support DMA-BUF export (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0; \
+             it needs an open kernel module driver and kernel 5.12 or later)",
+            buffer.device.pci_bus_id
+        ));
+    }
+    let fd = buffer
+        .buffer
+        .export_dmabuf()
+        .map_err(|e| railguard_api::error::error_chain(&e))?;
+    let dev_ptr = buffer.buffer.device_ptr();
+    // SAFETY: pd is live; fd is a DMA-BUF of exactly buffer.len() bytes owned by the caller
+    // and kept open until after the MR is deregistered; the iova is only a number the HCA
+    // uses to address the region.
+    let mr = unsafe {
+        ffi::ibv_reg_dmabuf_mr(
+            pd.0,
+            0,
+            buffer.buffer.len(),
+            dev_ptr,
+            fd.as_raw_fd(),
+            access,
+        )
+    };
+    if mr.is_null() {
+        return Err(format!(
+            "ibv_reg_dmabuf_mr failed: {} (the HCA driver cannot import DMA-BUFs)",
+            errno_text(last_errno())
+        ));
+    }
+    Ok((Mr(mr), Some(fd)))
+}
+
+/// nvidia-peermem: the device pointer is registered as if it were host memory; only a peer
+/// memory client in the kernel can pin it.
+fn register_peermem(pd: &Pd, buffer: &GpuBuffer, access: c_int) -> Result<Mr, String> {
+    let dev_ptr = buffer.buffer.device_ptr();
+    // SAFETY: pd is live; the device allocation of buffer.len() bytes outlives the MR (both
+    // are owned by the endpoint, the MR dropped first). Without a peer memory client the
+    // kernel rejects the range; nothing is dereferenced in user space.
+    let mr = unsafe {
+        ffi::ibv_reg_mr(
+            pd.0,
+            dev_ptr as usize as *mut c_void,
+            buffer.buffer.len(),
+            access,
+        )
+    };
+    if mr.is_null() {
+        let errno = last_errno();
+        let module = if std::path::Path::new("/sys/module/nvidia_peermem").exists() {
+            "nvidia_peermem is loaded"
+        } else {
+            "nvidia_peermem is not loaded"
+        };
+        return Err(format!(
+            "ibv_reg_mr on the device pointer failed: {} ({module})",
+            errno_text(errno)
+        ));
+    }
+    Ok(Mr(mr))
+}
+
+fn errno_text(errno: i32) -> String {
+    std::io::Error::from_raw_os_error(errno).to_string()
+}
+
 impl VerbsEndpoint {
     fn open(
         engine: &VerbsEngine,
@@ -270,14 +439,6 @@ impl VerbsEndpoint {
             reason: format!("port {port} is out of range 1..=255"),
         })?;
         let ctx = open_device(hca)?;
-        if let MemoryKind::Gpu { gpu } = memory {
-            return Err(RdmaError::GpuMemoryUnavailable {
-                gpu,
-                reason: "this prober is built without CUDA; GPU buffers need CUDA with \
-                         nvidia-peermem or DMA-BUF"
-                    .into(),
-            });
-        }
 
         let mut attr = ffi::ibv_port_attr::default();
         // SAFETY: ctx is open; attr is a full ibv_port_attr (larger than the compat layout the
@@ -325,24 +486,19 @@ impl VerbsEndpoint {
         }
         let cq = Cq(cq);
 
-        let mut buf = vec![0xa5u8; buffer_bytes.max(64)];
         let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
             | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
             | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ;
-        // SAFETY: buf is a live allocation of buf.len() bytes that is neither moved nor resized
-        // while registered (it is owned by the endpoint and dropped after the MR).
-        let mr = unsafe {
-            ffi::ibv_reg_mr(
-                pd.0,
-                buf.as_mut_ptr() as *mut c_void,
-                buf.len(),
+        let (mr, buf) = match memory {
+            MemoryKind::Host => register_host(&pd, buffer_bytes.max(64), access.0 as c_int)?,
+            MemoryKind::Gpu { gpu } => register_gpu(
+                &pd,
+                &engine.gpu_memory,
+                gpu,
+                buffer_bytes.max(64),
                 access.0 as c_int,
-            )
+            )?,
         };
-        if mr.is_null() {
-            return Err(verbs_err("ibv_reg_mr", -1));
-        }
-        let mr = Mr(mr);
 
         let mut init = ffi::ibv_qp_init_attr {
             qp_context: ptr::null_mut(),
@@ -417,7 +573,7 @@ impl VerbsEndpoint {
     fn post_write(&mut self, remote: &QpInfo, len: usize, wr_id: u64) -> Result<(), RdmaError> {
         let (lkey, _) = self.keys();
         let mut sge = ffi::ibv_sge {
-            addr: self.buf.as_ptr() as u64,
+            addr: self.buf.addr(),
             length: len as u32,
             lkey,
         };
@@ -607,10 +763,17 @@ impl RdmaEndpoint for VerbsEndpoint {
             gid: hex::encode(self.gid),
             gid_index: self.gid_index,
             rkey,
-            addr: self.buf.as_ptr() as u64,
+            addr: self.buf.addr(),
             len: self.buf.len() as u64,
             mtu: self.active_mtu,
             sim: None,
+        }
+    }
+
+    fn registration(&self) -> Option<GpuRegistrationReport> {
+        match &self.buf {
+            Buffer::Host(_) => None,
+            Buffer::Gpu { report, .. } => Some(report.clone()),
         }
     }
 

@@ -8,10 +8,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
+use railguard_api::profile::GpuRegistration;
 use railguard_prober::rdma::peer::{authenticate_initiator, read_message, write_message, Message};
 use railguard_prober::rdma::{
-    run_write_test_initiator, run_write_test_responder, MemoryKind, PeerConfig, PeerRdmaEngine,
-    PeerTestRequest, RailBenchRequest, RailLocks, RdmaEngine, RdmaError, VerbsEngine,
+    run_write_test_initiator, run_write_test_responder, GpuMemory, MemoryKind, PeerConfig,
+    PeerRdmaEngine, PeerTestRequest, RailBenchRequest, RailLocks, RdmaEngine, RdmaError,
+    VerbsEngine,
 };
 use serde_json::json;
 
@@ -23,6 +25,36 @@ use serde_json::json;
 struct Cli {
     #[command(subcommand)]
     step: Step,
+    #[command(flatten)]
+    gpu: GpuArgs,
+}
+
+/// Where GPU memory comes from (the CUDA test double inside the VM).
+#[derive(clap::Args, Clone)]
+struct GpuArgs {
+    /// The CUDA driver library to load.
+    #[arg(long, global = true, env = "RAILGUARD_CUDA_LIBRARY")]
+    cuda_library: Option<std::path::PathBuf>,
+    /// `auto`, `dma-buf` or `peer-mem`.
+    #[arg(long, global = true, env = "RAILGUARD_GPU_REGISTRATION", default_value = "auto", value_parser = parse_registration)]
+    gpu_registration: GpuRegistration,
+    /// PCI bus ids of GPU 0, 1, ...
+    #[arg(
+        long,
+        global = true,
+        env = "RAILGUARD_GPU_BUS_IDS",
+        value_delimiter = ','
+    )]
+    gpu_bus_ids: Vec<String>,
+}
+
+fn parse_registration(s: &str) -> Result<GpuRegistration, String> {
+    match s {
+        "auto" => Ok(GpuRegistration::Auto),
+        "dma-buf" => Ok(GpuRegistration::DmaBuf),
+        "peer-mem" => Ok(GpuRegistration::PeerMem),
+        other => Err(format!("{other:?} is not auto, dma-buf or peer-mem")),
+    }
 }
 
 #[derive(clap::Args, Clone)]
@@ -105,6 +137,9 @@ enum Step {
         /// Keep retrying an unreachable peer this long (it may still be booting).
         #[arg(long, env = "RAILGUARD_WAIT_SECS", default_value_t = 120)]
         wait_secs: u64,
+        /// Both sides use GPU memory of this GPU instead of host memory.
+        #[arg(long, env = "RAILGUARD_GPU")]
+        gpu: Option<u32>,
         #[command(flatten)]
         sweep: Sweep,
         #[command(flatten)]
@@ -146,6 +181,11 @@ fn main() -> anyhow::Result<()> {
     };
     let engine = VerbsEngine {
         completion_timeout: Duration::from_millis(timeout),
+        gpu_memory: GpuMemory::new(
+            cli.gpu.cuda_library.clone(),
+            cli.gpu.gpu_registration,
+            (0u32..).zip(cli.gpu.gpu_bus_ids.iter().cloned()).collect(),
+        ),
         ..VerbsEngine::new()
     };
     match cli.step {
@@ -174,17 +214,19 @@ fn main() -> anyhow::Result<()> {
             label,
             expect_node,
             wait_secs,
+            gpu,
             sweep,
             peer,
         } => {
             let cfg = config(&peer)?;
+            let memory = gpu.map_or(MemoryKind::Host, |gpu| MemoryKind::Gpu { gpu });
             let req = PeerTestRequest {
                 expect_node,
                 ..PeerTestRequest {
                     hca: sweep.hca.clone(),
                     port: sweep.port,
-                    local_memory: MemoryKind::Host,
-                    remote_memory: MemoryKind::Host,
+                    local_memory: memory,
+                    remote_memory: memory,
                     sizes: sweep.sizes.clone(),
                     iterations: sweep.iterations,
                     expect_node: None,

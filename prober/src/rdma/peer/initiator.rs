@@ -86,10 +86,12 @@ pub fn run_write_test_initiator(
         Message::Bye => {}
         other => return Err(unexpected(peer, "bye", &other)),
     }
+    let mut result = RailBenchResult::from_points(&req.hca, req.port, req.local_memory, points);
+    result.registration = endpoint.registration();
     Ok(PeerTestOutcome {
         peer_node,
         remote_memory: req.remote_memory,
-        result: RailBenchResult::from_points(&req.hca, req.port, req.local_memory, points),
+        result,
     })
 }
 

@@ -151,6 +151,30 @@ pub struct RailResult {
     /// Wire health from pairwise tests with peers (campaigns).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub wire: Vec<WireResult>,
+    /// GPUDirect RDMA on this rail: the GPU tested, how its memory was registered, and the
+    /// runbook's comparison with a GPU on the other socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_memory: Option<GpuMemoryResult>,
+}
+
+/// The GPU-memory test of a rail (its bandwidth is [`RailResult::write_bw_gpu_gbps`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuMemoryResult {
+    /// The rail's own GPU (railguard's index).
+    pub gpu: u32,
+    /// The registration path that worked: `dma-buf` or `peermem`.
+    pub registration: String,
+    /// Paths tried before it and why they failed (`dma-buf: ...`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_us: Option<f64>,
+    /// A GPU on the other socket, tested the same way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub far_gpu: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub far_write_bw_gbps: Option<f64>,
 }
 
 impl RailResult {

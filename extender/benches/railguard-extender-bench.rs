@@ -170,14 +170,12 @@ async fn main() -> BenchResult<()> {
 
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let port = listener.local_addr()?.port();
-    let handle = axum_server::Handle::new();
-    tokio::spawn(server::serve_extender(
+    let served = railguard_runtime::spawn_serve(
         listener,
-        None,
         server::extender_router(state.clone(), 512 << 20),
-        handle.clone(),
-    ));
-    handle.listening().await.ok_or("server did not start")?;
+        None,
+        railguard_runtime::ServeLimits::default(),
+    )?;
     let client = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{port}/filter");
     let mut round_trip = Vec::with_capacity(rounds);
@@ -189,7 +187,7 @@ async fn main() -> BenchResult<()> {
         std::hint::black_box(bytes);
     }
     round_trip.sort();
-    handle.shutdown();
+    served.stop.cancel();
 
     // 2. Full-Node mode.
     let full = serde_json::to_vec(

@@ -7,6 +7,10 @@ use std::fmt;
 /// (in the server's HTTP part).
 #[derive(Debug, thiserror::Error)]
 pub enum ExtenderError {
+    #[error("ExtenderArgs is larger than the limit of {max} bytes (--max-body-bytes)")]
+    BodyTooLarge { max: usize },
+    #[error("cannot read the request body: {detail}")]
+    Body { detail: String },
     #[error("ExtenderArgs is not valid JSON")]
     Json {
         #[source]
@@ -47,13 +51,4 @@ impl fmt::Display for Unsynced {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0.join(", "))
     }
-}
-
-/// The extender endpoint could not be served.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot serve on {addr}")]
-pub struct ServeError {
-    pub addr: std::net::SocketAddr,
-    #[source]
-    pub source: std::io::Error,
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::{Container, Node, NodeStatus, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -117,8 +118,12 @@ pub struct Request<'a> {
 impl<'a> ExtenderArgs<'a> {
     /// Decodes and validates a request body. `max_nodes` bounds the candidate count.
     pub fn decode(body: &'a [u8], max_nodes: usize) -> Result<Request<'a>, ExtenderError> {
-        let args: ExtenderArgs =
-            serde_json::from_slice(body).map_err(|source| ExtenderError::Json { source })?;
+        let json = |source| ExtenderError::Json { source };
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let args = BoundedArgs { max_nodes }
+            .deserialize(&mut de)
+            .map_err(json)?;
+        de.end().map_err(json)?;
         let raw_pod = args.pod.ok_or(ExtenderError::MissingPod)?;
         if raw_pod.get() == "null" {
             return Err(ExtenderError::MissingPod);
@@ -126,17 +131,202 @@ impl<'a> ExtenderArgs<'a> {
         let candidates = match (args.nodes, args.node_names) {
             (Some(_), Some(_)) => return Err(ExtenderError::BothNodeForms),
             (None, None) => return Err(ExtenderError::NoNodes),
-            (Some(list), None) => Candidates::Nodes(list.items),
-            (None, Some(names)) => Candidates::Names(names),
+            (Some(list), None) => Candidates::Nodes(list.map_err(too_many(max_nodes))?),
+            (None, Some(names)) => Candidates::Names(names.map_err(too_many(max_nodes))?),
         };
-        if candidates.len() > max_nodes {
-            return Err(ExtenderError::TooManyNodes {
-                count: candidates.len(),
-                max: max_nodes,
-            });
-        }
         let pod = decode_pod(raw_pod)?;
         Ok(Request { pod, candidates })
+    }
+}
+
+fn too_many(max: usize) -> impl Fn(usize) -> ExtenderError {
+    move |count| ExtenderError::TooManyNodes { count, max }
+}
+
+/// Candidates as decoded: the list, or how many there were when more than `max_nodes`.
+type BoundedList<T> = Result<Vec<T>, usize>;
+
+/// `ExtenderArgs` as [`ExtenderArgs::decode`] reads it: the candidate lists stop growing
+/// past `max_nodes` while they are decoded (the rest is only counted), so a body of a
+/// million names costs its bytes, not a million entries.
+struct BoundedArgs {
+    max_nodes: usize,
+}
+
+struct DecodedArgs<'a> {
+    pod: Option<&'a RawValue>,
+    nodes: Option<BoundedList<Box<RawValue>>>,
+    node_names: Option<BoundedList<NodeName<'a>>>,
+}
+
+impl<'de> DeserializeSeed<'de> for BoundedArgs {
+    type Value = DecodedArgs<'de>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for BoundedArgs {
+    type Value = DecodedArgs<'de>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("struct ExtenderArgs")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut args = DecodedArgs {
+            pod: None,
+            nodes: None,
+            node_names: None,
+        };
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            match &*key {
+                // The keys and aliases of the derived `ExtenderArgs`.
+                "Pod" | "pod" => {
+                    if args.pod.is_some() {
+                        return Err(de::Error::duplicate_field("Pod"));
+                    }
+                    args.pod = map.next_value::<Option<&'de RawValue>>()?;
+                }
+                "Nodes" | "nodes" => {
+                    if args.nodes.is_some() {
+                        return Err(de::Error::duplicate_field("Nodes"));
+                    }
+                    args.nodes = map.next_value_seed(Nullable(BoundedNodeList {
+                        max: self.max_nodes,
+                    }))?;
+                }
+                "NodeNames" | "nodenames" | "nodeNames" => {
+                    if args.node_names.is_some() {
+                        return Err(de::Error::duplicate_field("NodeNames"));
+                    }
+                    args.node_names =
+                        map.next_value_seed(Nullable(BoundedSeq::new(self.max_nodes)))?;
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(args)
+    }
+}
+
+/// `null` as `None`, anything else through the inner seed.
+struct Nullable<S>(S);
+
+impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Nullable<S> {
+    type Value = Option<S::Value>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de, S: DeserializeSeed<'de>> Visitor<'de> for Nullable<S> {
+    type Value = Option<S::Value>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a value or null")
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        self.0.deserialize(d).map(Some)
+    }
+}
+
+/// A JSON array of at most `max` items kept; past that the items are counted, not kept.
+struct BoundedSeq<T> {
+    max: usize,
+    item: std::marker::PhantomData<T>,
+}
+
+impl<T> BoundedSeq<T> {
+    fn new(max: usize) -> Self {
+        Self {
+            max,
+            item: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<'de, T: Deserialize<'de>> DeserializeSeed<'de> for BoundedSeq<T> {
+    type Value = BoundedList<T>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for BoundedSeq<T> {
+    type Value = BoundedList<T>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a sequence")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        // The size hint is the client's word: never reserve past the bound on it.
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(self.max).min(4096));
+        while items.len() < self.max {
+            match seq.next_element::<T>()? {
+                Some(item) => items.push(item),
+                None => return Ok(Ok(items)),
+            }
+        }
+        if seq.next_element::<IgnoredAny>()?.is_none() {
+            return Ok(Ok(items));
+        }
+        let mut count = items.len() + 1;
+        drop(items);
+        while seq.next_element::<IgnoredAny>()?.is_some() {
+            count += 1;
+        }
+        Ok(Err(count))
+    }
+}
+
+/// `v1.NodeList` keeping at most `max` items.
+struct BoundedNodeList {
+    max: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for BoundedNodeList {
+    type Value = BoundedList<Box<RawValue>>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for BoundedNodeList {
+    type Value = BoundedList<Box<RawValue>>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("struct NodeList")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut items = None;
+        while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            if key == "items" {
+                if items.is_some() {
+                    return Err(de::Error::duplicate_field("items"));
+                }
+                items = Some(
+                    map.next_value_seed(Nullable(BoundedSeq::new(self.max)))?
+                        .unwrap_or(Ok(Vec::new())),
+                );
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(items.unwrap_or(Ok(Vec::new())))
     }
 }
 
@@ -471,5 +661,75 @@ mod tests {
         };
         assert_eq!(names, ["n1", "n2"]);
         assert!(matches!(names[0].0, Cow::Owned(_)) && matches!(names[1].0, Cow::Borrowed(_)));
+    }
+
+    /// The candidate lists stop growing at the bound while decoding, and the count is still
+    /// exact; exactly the bound passes; keys, aliases and nulls read as before.
+    #[test]
+    fn candidates_are_bounded_while_decoding() {
+        let names = |n: usize| {
+            let list: Vec<String> = (0..n).map(|i| format!("\"n{i}\"")).collect();
+            format!(r#"{{"Pod": {{}}, "NodeNames": [{}]}}"#, list.join(","))
+        };
+        let err = ExtenderArgs::decode(names(1_000).as_bytes(), 10).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ExtenderError::TooManyNodes {
+                    count: 1_000,
+                    max: 10
+                }
+            ),
+            "{err}"
+        );
+        let ten = names(10);
+        let req = ExtenderArgs::decode(ten.as_bytes(), 10).unwrap();
+        assert_eq!(req.candidates.len(), 10);
+        assert!(ExtenderArgs::decode(names(0).as_bytes(), 0).is_ok());
+        let nodes = |n: usize| {
+            let list: Vec<String> = (0..n)
+                .map(|i| format!(r#"{{"metadata": {{"name": "n{i}"}}}}"#))
+                .collect();
+            format!(
+                r#"{{"pod": {{}}, "Nodes": {{"kind": "NodeList", "items": [{}]}}}}"#,
+                list.join(",")
+            )
+        };
+        let err = ExtenderArgs::decode(nodes(12).as_bytes(), 11).unwrap_err();
+        assert!(
+            matches!(err, ExtenderError::TooManyNodes { count: 12, max: 11 }),
+            "{err}"
+        );
+        let eleven = nodes(11);
+        let req = ExtenderArgs::decode(eleven.as_bytes(), 11).unwrap();
+        assert_eq!(req.candidates.len(), 11);
+        // Null lists are absent; a null Pod is missing; trailing garbage is invalid JSON.
+        let null_names = br#"{"Pod": {}, "NodeNames": null, "nodes": {"items": null}}"#;
+        assert!(ExtenderArgs::decode(null_names, 5)
+            .unwrap()
+            .candidates
+            .is_empty());
+        assert!(matches!(
+            ExtenderArgs::decode(br#"{"Pod": null, "NodeNames": []}"#, 5),
+            Err(ExtenderError::MissingPod)
+        ));
+        assert!(matches!(
+            ExtenderArgs::decode(br#"{"Pod": {}, "NodeNames": []} x"#, 5),
+            Err(ExtenderError::Json { .. })
+        ));
+        assert!(matches!(
+            ExtenderArgs::decode(br#"{"Pod": {}, "NodeNames": [], "nodeNames": []}"#, 5),
+            Err(ExtenderError::Json { .. })
+        ));
+        // An unbounded run of tiny names is refused with its count, not stored.
+        let flood = format!(
+            r#"{{"Pod": {{}}, "NodeNames": [{}"a"]}}"#,
+            "\"a\",".repeat(200_000)
+        );
+        let err = ExtenderArgs::decode(flood.as_bytes(), 15_000).unwrap_err();
+        assert!(
+            matches!(err, ExtenderError::TooManyNodes { count: 200_001, .. }),
+            "{err}"
+        );
     }
 }

@@ -19,13 +19,13 @@ struct Running {
     base: String,
     health: String,
     client: reqwest::Client,
-    handle: axum_server::Handle,
+    stop: Vec<tokio_util::sync::CancellationToken>,
     state: Arc<AppState>,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.handle.shutdown();
+        self.stop.iter().for_each(|s| s.cancel());
     }
 }
 
@@ -57,28 +57,28 @@ async fn start_with(source: Source, config: ExtenderConfig) -> Running {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("tls.crt"), cert).unwrap();
     std::fs::write(dir.path().join("tls.key"), key).unwrap();
-    let tls = axum_server::tls_rustls::RustlsConfig::from_pem_file(
-        dir.path().join("tls.crt"),
-        dir.path().join("tls.key"),
-    )
-    .await
+    let tls = railguard_runtime::server_tls(railguard_runtime::TlsFiles {
+        cert: &dir.path().join("tls.crt"),
+        key: &dir.path().join("tls.key"),
+        client_ca: None,
+    })
     .unwrap();
+    let tls: railguard_runtime::TlsConfigSource = Arc::new(move || tls.clone());
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let handle = axum_server::Handle::new();
-    tokio::spawn(server::serve_extender(
+    let limits = railguard_runtime::ServeLimits::default();
+    let extender = railguard_runtime::spawn_serve(
         listener,
-        Some(tls),
         server::extender_router(state.clone(), 512 << 20),
-        handle.clone(),
-    ));
-    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Some(tls),
+        limits.clone(),
+    )
+    .unwrap();
+    let health = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let health_port = health.local_addr().unwrap().port();
-    tokio::spawn(std::future::IntoFuture::into_future(axum::serve(
-        health,
-        server::health_router(state.clone()),
-    )));
-    handle.listening().await.unwrap();
+    let health =
+        railguard_runtime::spawn_serve(health, server::health_router(state.clone()), None, limits)
+            .unwrap();
     let client = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).unwrap())
         .build()
@@ -87,7 +87,7 @@ async fn start_with(source: Source, config: ExtenderConfig) -> Running {
         base: format!("https://127.0.0.1:{port}"),
         health: format!("http://127.0.0.1:{health_port}"),
         client,
-        handle,
+        stop: vec![extender.stop, health.stop],
         state,
     }
 }

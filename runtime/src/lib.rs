@@ -16,6 +16,7 @@ mod logging;
 mod profiles;
 mod serve;
 mod signal;
+mod tls;
 
 pub use client::kube_client;
 pub use error::{describe_io, error_chain, error_line, StartupError};
@@ -29,6 +30,7 @@ pub use serve::{
     TlsConfigSource, ADMISSION_WAIT,
 };
 pub use signal::shutdown_signal;
+pub use tls::{server_tls, TlsFiles};
 
 /// Exit code of a failed verdict or a critical finding.
 pub const EXIT_FAIL: u8 = 1;

@@ -85,13 +85,13 @@ struct Extender {
     url: String,
     health: String,
     state: Arc<AppState>,
-    handle: axum_server::Handle,
+    served: Vec<railguard_runtime::Served>,
     watches: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for Extender {
     fn drop(&mut self) {
-        self.handle.shutdown();
+        self.served.iter().for_each(|s| s.stop.cancel());
         self.watches.abort();
     }
 }
@@ -109,24 +109,24 @@ async fn start_extender(client: Client) -> Extender {
     });
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let handle = axum_server::Handle::new();
-    tokio::spawn(server::serve_extender(
+    let limits = railguard_runtime::ServeLimits::default();
+    let extender = railguard_runtime::spawn_serve(
         listener,
-        None,
         server::extender_router(state.clone(), 512 << 20),
-        handle.clone(),
-    ));
-    let health = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        None,
+        limits.clone(),
+    )
+    .unwrap();
+    let health = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let health_port = health.local_addr().unwrap().port();
-    tokio::spawn(std::future::IntoFuture::into_future(axum::serve(
-        health,
-        server::health_router(state.clone()),
-    )));
+    let health =
+        railguard_runtime::spawn_serve(health, server::health_router(state.clone()), None, limits)
+            .unwrap();
     Extender {
         url: format!("http://127.0.0.1:{port}"),
         health: format!("http://127.0.0.1:{health_port}"),
         state,
-        handle,
+        served: vec![extender, health],
         watches,
     }
 }

@@ -2,18 +2,22 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, ValueHint};
-use railguard_runtime::LogFormat;
+use railguard_runtime::{LogFormat, RequestLimits, ServeArgs, ServeLimits};
 
-use railguard_extender::server::DEFAULT_MAX_NODES;
+use railguard_extender::server::{default_max_body_bytes, DEFAULT_MAX_NODES};
 use railguard_extender::ExtenderConfig;
 
 /// Example invocations shown by `--help`.
 pub const EXAMPLES: &str = "\
 Examples:
-  # In a cluster, next to kube-scheduler (what the chart runs):
-  railguard-extender --listen 127.0.0.1:8888 --metrics-listen 0.0.0.0:9090 --log-format json
+  # In a cluster, next to kube-scheduler (what the chart runs: TLS, the scheduler's
+  # client certificate required):
+  railguard-extender --listen 127.0.0.1:8888 --metrics-listen 0.0.0.0:9090 --log-format json \\
+    --tls-cert /etc/railguard/tls/tls.crt --tls-key /etc/railguard/tls/tls.key \\
+    --tls-client-ca /etc/railguard/tls/ca.crt
 
   # Without a cluster, full-Node requests only, with profiles from a file:
   railguard-extender --standalone --profiles profiles.yaml
@@ -45,6 +49,10 @@ pub struct Cli {
     /// PEM private key for TLS on --listen.
     #[arg(long, env = "RAILGUARD_TLS_KEY", value_hint = ValueHint::FilePath, requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+    /// PEM CA bundle: with it, --listen requires a client certificate issued by this CA
+    /// (the scheduler's, from its extender tlsConfig). Needs --tls-cert.
+    #[arg(long, env = "RAILGUARD_TLS_CLIENT_CA", value_hint = ValueHint::FilePath, requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
     /// Pod label keys that group the pods of one job, tried in order.
     #[arg(long, env = "RAILGUARD_JOB_LABEL_KEYS", value_delimiter = ',',
           default_values_t = railguard_api::keys::DEFAULT_JOB_LABEL_KEYS.iter().map(|s| s.to_string()).collect::<Vec<_>>())]
@@ -65,9 +73,19 @@ pub struct Cli {
     /// Most candidate nodes accepted in one request.
     #[arg(long, env = "RAILGUARD_MAX_NODES", default_value_t = DEFAULT_MAX_NODES)]
     pub max_nodes: usize,
-    /// Largest request body accepted, bytes (full-Node requests of big clusters are large).
-    #[arg(long, env = "RAILGUARD_MAX_BODY_BYTES", default_value_t = 512 * 1024 * 1024)]
-    pub max_body_bytes: usize,
+    /// Largest request body accepted, bytes (413 beyond). Default: room for the Pod and
+    /// --max-nodes candidates of 2 KiB each (about 35 MiB); full-Node requests
+    /// (nodeCacheCapable: false) of big clusters may need more.
+    #[arg(long, env = "RAILGUARD_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+    /// Per-request timeout (body read included), seconds; 408 beyond.
+    #[arg(long, env = "RAILGUARD_REQUEST_TIMEOUT_SECONDS", default_value_t = 10)]
+    pub request_timeout_seconds: u64,
+    /// How long shutdown waits for requests in flight, seconds.
+    #[arg(long, env = "RAILGUARD_SHUTDOWN_GRACE_SECONDS", default_value_t = 5)]
+    pub shutdown_grace_seconds: u64,
+    #[command(flatten)]
+    pub serve: ServeArgs,
     /// Log format: `text` (coloured only on a terminal) or `json` lines. The filter comes
     /// from RAILGUARD_LOG (or RUST_LOG), default `info`.
     #[arg(long, env = "RAILGUARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -75,6 +93,24 @@ pub struct Cli {
 }
 
 impl Cli {
+    /// `--max-body-bytes`, or the limit derived from `--max-nodes`.
+    pub fn max_body_bytes(&self) -> usize {
+        self.max_body_bytes
+            .unwrap_or_else(|| default_max_body_bytes(self.max_nodes))
+    }
+
+    /// Connection limits of both listeners.
+    pub fn serve_limits(&self) -> ServeLimits {
+        self.serve
+            .limits(Duration::from_secs(self.shutdown_grace_seconds))
+    }
+
+    /// Request limits of both listeners.
+    pub fn request_limits(&self) -> RequestLimits {
+        self.serve
+            .request_limits(Duration::from_secs(self.request_timeout_seconds))
+    }
+
     /// The settings that shape the extender's decisions.
     pub fn extender_config(&self) -> ExtenderConfig {
         ExtenderConfig {
@@ -112,5 +148,16 @@ mod tests {
             config.job_label_keys,
             ExtenderConfig::default().job_label_keys
         );
+    }
+
+    #[test]
+    fn the_body_limit_follows_max_nodes_unless_given() {
+        let cli = Cli::parse_from(["railguard-extender", "--max-nodes", "1000"]);
+        assert_eq!(cli.max_body_bytes(), (6 << 20) + 1000 * 2048);
+        let cli = Cli::parse_from(["railguard-extender"]);
+        assert!(cli.max_body_bytes() < 40 << 20, "{}", cli.max_body_bytes());
+        let cli = Cli::parse_from(["railguard-extender", "--max-body-bytes", "123"]);
+        assert_eq!(cli.max_body_bytes(), 123);
+        assert!(Cli::try_parse_from(["railguard-extender", "--tls-client-ca", "ca.crt"]).is_err());
     }
 }

@@ -1,6 +1,5 @@
 //! `railguard-extender`: the kube-scheduler extender binary.
 
-use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -10,7 +9,9 @@ use railguard_extender::cache::ClusterState;
 use railguard_extender::metrics::Metrics;
 use railguard_extender::server::{self, AppState, Source};
 use railguard_extender_cli::Cli;
-use railguard_runtime::{describe_io, error_line, StartupError, EXIT_ERROR};
+use railguard_runtime::{
+    error_line, limit_requests, StartupError, TlsConfigSource, TlsFiles, EXIT_ERROR,
+};
 
 const NAME: &str = "railguard-extender";
 
@@ -76,57 +77,58 @@ async fn run(args: Cli) -> anyhow::Result<()> {
     });
 
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(load_tls(cert, key).await?),
+        (Some(cert), Some(key)) => {
+            let config = railguard_runtime::server_tls(TlsFiles {
+                cert,
+                key,
+                client_ca: args.tls_client_ca.as_deref(),
+            })?;
+            let source: TlsConfigSource = Arc::new(move || config.clone());
+            Some(source)
+        }
         _ => None,
     };
-    let metrics_listener = tokio::net::TcpListener::from_std(metrics_listener)
-        .context("cannot serve the metrics listener")?;
-    tracing::info!(listen = %args.listen, metrics = %args.metrics_listen, tls = tls.is_some(), "serving");
+    tracing::info!(
+        listen = %args.listen, metrics = %args.metrics_listen, tls = tls.is_some(),
+        client_auth = args.tls_client_ca.is_some(), max_body_bytes = args.max_body_bytes(),
+        "serving"
+    );
 
-    let handle = axum_server::Handle::new();
-    let shutdown = handle.clone();
+    let requests = args.request_limits();
+    let limits = args.serve_limits();
+    let extender = railguard_runtime::spawn_serve(
+        listener,
+        limit_requests(
+            server::extender_router(state.clone(), args.max_body_bytes()),
+            &requests,
+        ),
+        tls,
+        limits.clone(),
+    )
+    .context("cannot serve the extender listener")?;
+    let health = railguard_runtime::spawn_serve(
+        metrics_listener,
+        limit_requests(server::health_router(state), &requests),
+        None,
+        limits,
+    )
+    .context("cannot serve the metrics listener")?;
+    let (stop_extender, stop_health) = (extender.stop.clone(), health.stop.clone());
     tokio::spawn(async move {
         railguard_runtime::shutdown_signal().await;
         tracing::info!("shutting down");
-        shutdown.graceful_shutdown(Some(std::time::Duration::from_secs(5)));
+        stop_extender.cancel();
+        stop_health.cancel();
     });
-    let health = axum::serve(metrics_listener, server::health_router(state.clone()));
-    let extender = server::serve_extender(
-        listener,
-        tls,
-        server::extender_router(state, args.max_body_bytes),
-        handle,
-    );
-    tokio::select! {
-        r = extender => r.context("extender endpoint failed")?,
-        r = health => r.context("metrics endpoint failed")?,
-    }
+    let (extender, health) = tokio::join!(extender.task, health.task);
+    extender
+        .context("extender endpoint failed")?
+        .context("extender endpoint failed")?;
+    health
+        .context("metrics endpoint failed")?
+        .context("metrics endpoint failed")?;
     if let Some(w) = watches {
         w.abort();
     }
     Ok(())
-}
-
-/// The TLS pair of `--tls-cert`/`--tls-key`, each file named when it cannot be read.
-async fn load_tls(
-    cert: &Path,
-    key: &Path,
-) -> Result<axum_server::tls_rustls::RustlsConfig, StartupError> {
-    let cert_pem = std::fs::read(cert)
-        .map_err(|e| StartupError::unreadable("the TLS certificate", cert, "--tls-cert", &e))?;
-    let key_pem = std::fs::read(key)
-        .map_err(|e| StartupError::unreadable("the TLS key", key, "--tls-key", &e))?;
-    axum_server::tls_rustls::RustlsConfig::from_pem(cert_pem, key_pem)
-        .await
-        .map_err(|e| {
-            StartupError::new(
-                format!(
-                    "cannot use the TLS certificate {} (--tls-cert) with the key {} (--tls-key)",
-                    cert.display(),
-                    key.display()
-                ),
-                describe_io(&e),
-                "give a PEM certificate chain and the PEM private key that belongs to it",
-            )
-        })
 }

@@ -4,14 +4,16 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::Extension;
 use axum::Router;
 use jiff::Timestamp;
 
-use crate::error::{ExtenderError, ServeError};
+use crate::error::ExtenderError;
 use crate::metrics::{ModeLabels, ReasonLabels};
 use crate::server::{answer_filter, answer_prioritize, AppState, Source};
 use crate::wire::{Candidates, ExtenderArgs, ExtenderFilterResult, Request};
@@ -30,6 +32,8 @@ fn count_error(state: &AppState, e: &ExtenderError) {
 /// The `reason` label of the request error metric.
 fn metric_reason(e: &ExtenderError) -> &'static str {
     match e {
+        ExtenderError::BodyTooLarge { .. } => "body_too_large",
+        ExtenderError::Body { .. } => "body",
         ExtenderError::Json { .. } => "json",
         ExtenderError::MissingPod | ExtenderError::PodJson { .. } => "pod",
         ExtenderError::NoNodes | ExtenderError::BothNodeForms => "node_form",
@@ -53,7 +57,9 @@ enum Verb {
 /// status says why for whoever looks.
 fn error_status(e: &ExtenderError, verb: Verb) -> StatusCode {
     match e {
-        ExtenderError::Json { .. }
+        ExtenderError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        ExtenderError::Body { .. }
+        | ExtenderError::Json { .. }
         | ExtenderError::MissingPod
         | ExtenderError::PodJson { .. }
         | ExtenderError::NoNodes
@@ -91,9 +97,41 @@ fn json_body(status: StatusCode, body: Result<Vec<u8>, serde_json::Error>) -> Re
     }
 }
 
-async fn filter_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+/// The largest body [`extender_router`] accepts, for the error that names it.
+#[derive(Clone, Copy, Debug)]
+struct BodyLimit(usize);
+
+/// The body, or why it could not be read: larger than the limit, cut off, malformed framing.
+fn read_body(
+    body: Result<Bytes, BytesRejection>,
+    limit: BodyLimit,
+) -> Result<Bytes, ExtenderError> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ExtenderError::BodyTooLarge { max: limit.0 }
+        } else {
+            ExtenderError::Body {
+                detail: rejection.body_text().to_lowercase(),
+            }
+        }
+    })
+}
+
+async fn filter_handler(
+    State(state): State<Arc<AppState>>,
+    Extension(limit): Extension<BodyLimit>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let start = Instant::now();
-    let (mode, result) = match ExtenderArgs::decode(&body, state.max_nodes) {
+    let (body, unread) = match read_body(body, limit) {
+        Ok(body) => (body, None),
+        Err(e) => (Bytes::new(), Some(e)),
+    };
+    let decoded = match unread {
+        Some(e) => Err(e),
+        None => ExtenderArgs::decode(&body, state.max_nodes),
+    };
+    let (mode, result) = match decoded {
         Ok(req) => (mode_of(&req), answer_filter(&state, req, Timestamp::now())),
         Err(e) => ("invalid", Err(e)),
     };
@@ -114,9 +152,21 @@ async fn filter_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Resp
     }
 }
 
-async fn prioritize_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+async fn prioritize_handler(
+    State(state): State<Arc<AppState>>,
+    Extension(limit): Extension<BodyLimit>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let start = Instant::now();
-    let (mode, result) = match ExtenderArgs::decode(&body, state.max_nodes) {
+    let (body, unread) = match read_body(body, limit) {
+        Ok(body) => (body, None),
+        Err(e) => (Bytes::new(), Some(e)),
+    };
+    let decoded = match unread {
+        Some(e) => Err(e),
+        None => ExtenderArgs::decode(&body, state.max_nodes),
+    };
+    let (mode, result) = match decoded {
         Ok(req) => (
             mode_of(&req),
             answer_prioritize(&state, &req, Timestamp::now()),
@@ -151,6 +201,7 @@ pub fn extender_router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/filter", post(filter_handler))
         .route("/prioritize", post(prioritize_handler))
+        .layer(Extension(BodyLimit(max_body_bytes)))
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
 }
@@ -191,37 +242,4 @@ async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {
             .into_response(),
         Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics").into_response(),
     }
-}
-
-/// Serves the extender router on `listener`, with TLS when `tls` is given, until `handle`
-/// is told to shut down.
-pub async fn serve_extender(
-    listener: std::net::TcpListener,
-    tls: Option<axum_server::tls_rustls::RustlsConfig>,
-    router: Router,
-    handle: axum_server::Handle,
-) -> Result<(), ServeError> {
-    let addr = listener.local_addr().map_err(|source| ServeError {
-        addr: ([0, 0, 0, 0], 0).into(),
-        source,
-    })?;
-    listener
-        .set_nonblocking(true)
-        .map_err(|source| ServeError { addr, source })?;
-    let service = router.into_make_service();
-    let result = match tls {
-        Some(tls) => {
-            axum_server::from_tcp_rustls(listener, tls)
-                .handle(handle)
-                .serve(service)
-                .await
-        }
-        None => {
-            axum_server::from_tcp(listener)
-                .handle(handle)
-                .serve(service)
-                .await
-        }
-    };
-    result.map_err(|source| ServeError { addr, source })
 }

@@ -334,6 +334,72 @@ impl Certificate {
     }
 }
 
+/// Key of the NCCL pair results in the certificate JSON ([`Certificate::nccl_pairs`]).
+pub const NCCL_PAIRS_KEY: &str = "ncclPairs";
+
+/// One NCCL all-reduce pair test of a campaign against a peer node: the full node (every GPU,
+/// every rail) or one rail (`NCCL_IB_HCA` limited to it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NcclPairResult {
+    pub peer: String,
+    /// `hca:port` of a per-rail test; absent for the full-node test.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rail: Option<String>,
+    /// Bus bandwidth at the sweep's largest size, GB/s (nccl-tests units).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busbw_gbps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algbw_gbps: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<Transport>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gdr: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wrong: Option<u64>,
+    /// HCA ports NCCL used.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hcas: Vec<String>,
+    /// Within the profile's limits (correct result, NET/IB, GDR as expected, busbw).
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tested_at: Option<Timestamp>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl NcclPairResult {
+    /// `node` for the full-node test, else the rail.
+    pub fn scope(&self) -> &str {
+        self.rail.as_deref().unwrap_or("node")
+    }
+}
+
+// The pair results live in the record's extension map under NCCL_PAIRS_KEY: every writer of
+// this version keeps `extra` on round trips, and no constructor of a Certificate changes.
+impl Certificate {
+    /// The NCCL pair results of the last campaign that ran them (empty when none did, or
+    /// when the entry is unreadable).
+    pub fn nccl_pairs(&self) -> Vec<NcclPairResult> {
+        self.extra
+            .get(NCCL_PAIRS_KEY)
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .unwrap_or_default()
+    }
+
+    /// Replaces the NCCL pair results (an empty list removes the entry).
+    pub fn set_nccl_pairs(&mut self, pairs: &[NcclPairResult]) {
+        match serde_json::to_value(pairs) {
+            Ok(v) if !pairs.is_empty() => {
+                self.extra.insert(NCCL_PAIRS_KEY.to_string(), v);
+            }
+            _ => {
+                self.extra.remove(NCCL_PAIRS_KEY);
+            }
+        }
+    }
+}
+
 /// Formats a duration in seconds the way operators read it: `2h10m`, `45s`, `3d4h`.
 pub fn human_duration(secs: i64) -> String {
     let s = secs.unsigned_abs();

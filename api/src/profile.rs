@@ -193,6 +193,160 @@ pub struct CertificationSpec {
     /// list makes every finding informational.
     #[serde(default = "default_fatal_findings")]
     pub fatal_findings: Vec<FindingKind>,
+    /// NCCL all-reduce pair tests in campaigns (full node and one rail at a time), run by the
+    /// prober through NCCL's C API; absent: campaigns run none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl_pair: Option<NcclPairSpec>,
+}
+
+/// Largest message of an NCCL pair sweep (16 GiB, past every real plateau).
+pub const MAX_NCCL_PAIR_BYTES: u64 = 16 << 30;
+/// Longest NCCL pair test (one hour).
+pub const MAX_NCCL_PAIR_TIMEOUT_SECONDS: u64 = 3600;
+
+/// The campaign's NCCL pair tests: for each tested pair of nodes, the full node (every GPU,
+/// every rail) and, with `perRail`, each rail alone (`NCCL_IB_HCA` limited to it, the GPUs
+/// the rail serves) — the runbook's per-rail and scaling matrix.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NcclPairSpec {
+    /// Run the full-node test.
+    #[serde(default = "default_true")]
+    pub full_node: bool,
+    /// Run one test per rail.
+    #[serde(default = "default_true")]
+    pub per_rail: bool,
+    /// Minimum busbw of the full-node test, GB/s (at the sweep's largest size).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub min_busbw_gbps: Option<f64>,
+    /// Minimum busbw of a one-rail test, GB/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub min_rail_busbw_gbps: Option<f64>,
+    /// Smallest message of the sweep, bytes (sizes double up to `maxBytes`).
+    #[serde(default = "default_pair_min_bytes")]
+    #[schemars(range(min = 4, max = MAX_NCCL_PAIR_BYTES))]
+    pub min_bytes: u64,
+    /// Largest message of the sweep, bytes.
+    #[serde(default = "default_pair_max_bytes")]
+    #[schemars(range(min = 4, max = MAX_NCCL_PAIR_BYTES))]
+    pub max_bytes: u64,
+    /// Untimed all-reduces per size.
+    #[serde(default = "default_pair_warmup")]
+    #[schemars(range(max = 100))]
+    pub warmup: u32,
+    /// Timed all-reduces per size.
+    #[serde(default = "default_pair_iterations")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub iterations: u32,
+    /// Limit of one pair test, seconds.
+    #[serde(default = "default_pair_timeout")]
+    #[schemars(range(min = 1, max = MAX_NCCL_PAIR_TIMEOUT_SECONDS))]
+    pub timeout_seconds: u64,
+    /// A node that cannot run the test (no NCCL library, no GPU) fails it; otherwise such a
+    /// test proves nothing either way.
+    #[serde(default)]
+    pub require_measured: bool,
+}
+
+fn default_pair_min_bytes() -> u64 {
+    1 << 20
+}
+fn default_pair_max_bytes() -> u64 {
+    256 << 20
+}
+fn default_pair_warmup() -> u32 {
+    5
+}
+fn default_pair_iterations() -> u32 {
+    20
+}
+fn default_pair_timeout() -> u64 {
+    300
+}
+
+impl Default for NcclPairSpec {
+    fn default() -> Self {
+        NcclPairSpec {
+            full_node: true,
+            per_rail: true,
+            min_busbw_gbps: None,
+            min_rail_busbw_gbps: None,
+            min_bytes: default_pair_min_bytes(),
+            max_bytes: default_pair_max_bytes(),
+            warmup: default_pair_warmup(),
+            iterations: default_pair_iterations(),
+            timeout_seconds: default_pair_timeout(),
+            require_measured: false,
+        }
+    }
+}
+
+impl NcclPairSpec {
+    /// The sweep's sizes: `minBytes` doubling up to `maxBytes` (both included).
+    pub fn sizes(&self) -> Vec<usize> {
+        let mut out = Vec::new();
+        let mut b = self.min_bytes.max(4);
+        while b <= self.max_bytes {
+            out.push(usize::try_from(b).unwrap_or(usize::MAX));
+            match b.checked_mul(2) {
+                Some(n) => b = n,
+                None => break,
+            }
+        }
+        out
+    }
+
+    fn problems(&self, out: &mut Vec<FieldProblem>) {
+        let at = |f: &str| format!("spec.certification.ncclPair.{f}");
+        if let Some(v) = self.min_busbw_gbps {
+            check_number(out, &at("minBusbwGbps"), v, true);
+        }
+        if let Some(v) = self.min_rail_busbw_gbps {
+            check_number(out, &at("minRailBusbwGbps"), v, true);
+        }
+        for (f, v) in [("minBytes", self.min_bytes), ("maxBytes", self.max_bytes)] {
+            if !(4..=MAX_NCCL_PAIR_BYTES).contains(&v) {
+                out.push(FieldProblem {
+                    field: at(f),
+                    message: format!("must be between 4 and {MAX_NCCL_PAIR_BYTES} bytes"),
+                });
+            }
+        }
+        if self.min_bytes > self.max_bytes {
+            out.push(FieldProblem {
+                field: at("minBytes"),
+                message: format!("{} is above maxBytes ({})", self.min_bytes, self.max_bytes),
+            });
+        }
+        if self.warmup > 100 {
+            out.push(FieldProblem {
+                field: at("warmup"),
+                message: "must be at most 100".into(),
+            });
+        }
+        if self.iterations == 0 || self.iterations > 1000 {
+            out.push(FieldProblem {
+                field: at("iterations"),
+                message: "must be between 1 and 1000".into(),
+            });
+        }
+        if self.timeout_seconds == 0 || self.timeout_seconds > MAX_NCCL_PAIR_TIMEOUT_SECONDS {
+            out.push(FieldProblem {
+                field: at("timeoutSeconds"),
+                message: format!("must be between 1 and {MAX_NCCL_PAIR_TIMEOUT_SECONDS}"),
+            });
+        }
+        if !self.full_node && !self.per_rail {
+            out.push(FieldProblem {
+                field: at("fullNode"),
+                message:
+                    "fullNode and perRail are both off: no test would run (remove ncclPair instead)"
+                        .into(),
+            });
+        }
+    }
 }
 
 /// The registration path of GPU memory for RDMA.
@@ -222,6 +376,7 @@ impl Default for CertificationSpec {
             nccl_tests: NcclTestsSpec::default(),
             gpu_registration: GpuRegistration::default(),
             fatal_findings: default_fatal_findings(),
+            nccl_pair: None,
         }
     }
 }
@@ -710,6 +865,9 @@ impl FabricProfileSpec {
                     ),
                 });
             }
+        }
+        if let Some(pair) = &c.nccl_pair {
+            pair.problems(&mut problems);
         }
         if let Some(sel) = &self.exemptions.namespace_selector {
             if let Err(e) = sel.validate() {

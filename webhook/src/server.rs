@@ -12,9 +12,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use railguard_runtime::{limit_requests, RequestLimits, ServeLimits, Served, TlsConfigSource};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
-use tower_http::timeout::TimeoutLayer;
 
 use crate::catalog::Catalog;
 use crate::config::{FailureMode, WebhookConfig};
@@ -37,8 +36,13 @@ pub struct ServeOptions {
     pub metrics_listen: SocketAddr,
     /// Largest request body accepted (413 beyond).
     pub max_body_bytes: usize,
-    /// Requests taking longer are answered 408.
+    /// Requests taking longer (body read and queueing included) are answered 408.
     pub request_timeout: Duration,
+    /// Connection limits of both listeners: header-read and TLS handshake timeout, the
+    /// connection cap (its `shutdown_grace` is replaced by the one here).
+    pub connections: ServeLimits,
+    /// Most requests handled at once per listener.
+    pub max_in_flight: usize,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace: Duration,
     /// How often the certificate files are checked.
@@ -53,6 +57,8 @@ impl Default for ServeOptions {
             // The API server caps objects near 3 MiB; a review carries one object.
             max_body_bytes: 6 << 20,
             request_timeout: Duration::from_secs(10),
+            connections: ServeLimits::default(),
+            max_in_flight: 64,
             shutdown_grace: Duration::from_secs(20),
             cert_poll_interval: Duration::from_secs(2),
         }
@@ -66,19 +72,26 @@ pub fn admission_routes() -> Router<Arc<AppState>> {
     Router::new().route("/mutate", post(mutate_handler))
 }
 
-/// `routes` behind the body limit and the request timeout, with the state bound.
+/// `routes` behind the body limit, the request timeout and the concurrency limit, with the
+/// state bound.
 fn webhook_router(
     routes: Router<Arc<AppState>>,
     state: Arc<AppState>,
     opts: &ServeOptions,
 ) -> Router {
-    routes
-        .layer(DefaultBodyLimit::max(opts.max_body_bytes))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::REQUEST_TIMEOUT,
-            opts.request_timeout,
-        ))
-        .with_state(state)
+    limit_requests(
+        routes
+            .layer(DefaultBodyLimit::max(opts.max_body_bytes))
+            .with_state(state),
+        &request_limits(opts),
+    )
+}
+
+fn request_limits(opts: &ServeOptions) -> RequestLimits {
+    RequestLimits {
+        timeout: opts.request_timeout,
+        max_in_flight: opts.max_in_flight,
+    }
 }
 
 /// Health, readiness and metrics (plain HTTP). `/readyz` answers 503 once `draining` is set,
@@ -191,11 +204,10 @@ pub struct RunningServer {
     pub addr: SocketAddr,
     /// Where health and metrics listen.
     pub metrics_addr: SocketAddr,
-    handle: axum_server::Handle,
+    webhook: Served,
+    plain: Served,
+    /// Stops the certificate reloader.
     stop: watch::Sender<bool>,
-    webhook: JoinHandle<std::io::Result<()>>,
-    plain: JoinHandle<std::io::Result<()>>,
-    grace: Duration,
     draining: Arc<AtomicBool>,
 }
 
@@ -250,45 +262,31 @@ async fn serve_on(
     metrics_listener: std::net::TcpListener,
 ) -> std::io::Result<RunningServer> {
     let (stop, stop_rx) = watch::channel(false);
-    let handle = axum_server::Handle::new();
     let tls = reloader.rustls_config();
-    tokio::spawn(reloader.run(
-        opts.cert_poll_interval,
-        state.metrics.clone(),
-        stop_rx.clone(),
-    ));
+    tokio::spawn(reloader.run(opts.cert_poll_interval, state.metrics.clone(), stop_rx));
+    // Each new connection takes the config in service then, so a reload applies at once.
+    let tls: TlsConfigSource = Arc::new(move || tls.get_inner());
+    let limits = ServeLimits {
+        shutdown_grace: opts.shutdown_grace,
+        ..opts.connections.clone()
+    };
 
     let app = webhook_router(routes, state.clone(), &opts);
-    listener.set_nonblocking(true)?;
-    let server = axum_server::from_tcp_rustls(listener, tls).handle(handle.clone());
-    let webhook = tokio::spawn(async move { server.serve(app.into_make_service()).await });
-    let addr = handle
-        .listening()
-        .await
-        .ok_or_else(|| std::io::Error::other("webhook listener stopped before it was ready"))?;
-
-    metrics_listener.set_nonblocking(true)?;
-    let plain_listener = tokio::net::TcpListener::from_std(metrics_listener)?;
-    let metrics_addr = plain_listener.local_addr()?;
-    let mut plain_stop = stop_rx;
+    let webhook = railguard_runtime::spawn_serve(listener, app, Some(tls), limits.clone())?;
     let draining = Arc::new(AtomicBool::new(false));
-    let plain_app = metrics_router(state, draining.clone());
-    let plain = tokio::spawn(async move {
-        axum::serve(plain_listener, plain_app)
-            .with_graceful_shutdown(async move {
-                let _ = plain_stop.changed().await;
-            })
-            .await
-    });
+    let plain_app = limit_requests(
+        metrics_router(state, draining.clone()),
+        &request_limits(&opts),
+    );
+    let plain = railguard_runtime::spawn_serve(metrics_listener, plain_app, None, limits)?;
+    let (addr, metrics_addr) = (webhook.addr, plain.addr);
     tracing::info!(%addr, %metrics_addr, "railguard-webhook listening");
     Ok(RunningServer {
         addr,
         metrics_addr,
-        handle,
-        stop,
         webhook,
         plain,
-        grace: opts.shutdown_grace,
+        stop,
         draining,
     })
 }
@@ -303,10 +301,11 @@ impl RunningServer {
 
     /// Stops accepting, lets in-flight requests finish (up to the grace period), then stops.
     pub async fn shutdown(self) -> std::io::Result<()> {
-        self.handle.graceful_shutdown(Some(self.grace));
+        self.webhook.stop.cancel();
         let _ = self.stop.send(true);
-        let webhook = self.webhook.await.map_err(std::io::Error::other)?;
-        let plain = self.plain.await.map_err(std::io::Error::other)?;
+        let webhook = self.webhook.task.await.map_err(std::io::Error::other)?;
+        self.plain.stop.cancel();
+        let plain = self.plain.task.await.map_err(std::io::Error::other)?;
         webhook.and(plain)
     }
 }

@@ -59,7 +59,8 @@ fn server_config_from_pem(
         // Also verifies that the key belongs to the certificate.
         .with_single_cert(certs, key)
         .map_err(|source| TlsError::Pair { source })?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // HTTP/1.1 only: what railguard_runtime::serve speaks (with its header-read timeout).
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
 

@@ -15,12 +15,15 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::kube::GpuPodSource;
+use super::nccl_pair::NcclRunner;
 use super::wire::{
-    self, ControlMessage, ControlRequest, ControlResponse, RailReport, RailTestReport,
-    RunTestRequest, CONTROL_MAGIC, ROLE_COORDINATOR, ROLE_ENDPOINT,
+    self, ControlMessage, ControlRequest, ControlResponse, NcclJoinRequest, NcclSide,
+    NcclSideReport, NcclTestRequest, RailRef, RailReport, RailTestReport, RunTestRequest,
+    CONTROL_MAGIC, ROLE_COORDINATOR, ROLE_ENDPOINT,
 };
 use super::CampaignError;
 use crate::rdma::peer::channel::{decode_nonce, nonce, proof_hex, trim_token, verify_proof};
+use crate::rdma::peer::RailGuard;
 use crate::rdma::peer::{run_write_test_initiator, run_write_test_responder, MAGIC as RDMA_MAGIC};
 use crate::rdma::{PeerConfig, PeerRdmaEngine, PeerTestRequest, RailLocks, RdmaError};
 
@@ -37,6 +40,8 @@ pub struct EndpointConfig {
     pub gpu_pods: GpuPodSource,
     /// Limit for one control-channel step.
     pub io_timeout: Duration,
+    /// How NCCL pair tests start this node's ranks; `None`: they are not measured here.
+    pub nccl: Option<NcclRunner>,
 }
 
 impl std::fmt::Debug for EndpointConfig {
@@ -62,6 +67,7 @@ impl EndpointConfig {
             locks: RailLocks::new(),
             gpu_pods,
             io_timeout: Duration::from_secs(10),
+            nccl: None,
         }
     }
 }
@@ -225,6 +231,17 @@ async fn serve_control(
             gpu_pods: cfg.gpu_pods.gpu_pods().await.unwrap_or_default(),
         },
         ControlRequest::RunTest(req) => run_test(cfg, req).await,
+        ControlRequest::RunNccl(req) => run_nccl(cfg, req).await,
+        ControlRequest::JoinNccl(req) => {
+            // The rank-0 endpoint hangs up when its side is over: stop ours with it.
+            tokio::select! {
+                r = join_nccl(cfg, req) => r,
+                _ = wire::recv(&mut ch, peer) => {
+                    info!(node = %cfg.peer.node, peer = %peer, "NCCL pair test cancelled by the rank-0 side");
+                    return Ok(());
+                }
+            }
+        }
     };
     step(
         t,
@@ -234,35 +251,59 @@ async fn serve_control(
     .await
 }
 
-/// Checks a test request against this node, then runs every rail at once.
-async fn run_test(cfg: &EndpointConfig, req: RunTestRequest) -> ControlResponse {
-    let refuse = |reason: String| {
-        info!(node = %cfg.peer.node, peer_node = %req.peer_node, reason = %reason, "refused test");
-        ControlResponse::Refused { reason }
-    };
-    if req.profile != cfg.peer.profile {
-        return refuse(format!(
-            "this node is on profile {}, the campaign runs {}",
-            cfg.peer.profile, req.profile
+/// Whether this node takes a test of `profile` with `peer_node` on `rails` now: the reason
+/// it refuses, if not.
+async fn admit(
+    cfg: &EndpointConfig,
+    profile: &str,
+    peer_node: &str,
+    rails: &[RailRef],
+    allow_gpu_pods: bool,
+) -> Result<(), String> {
+    if profile != cfg.peer.profile {
+        return Err(format!(
+            "this node is on profile {}, the campaign runs {profile}",
+            cfg.peer.profile
         ));
     }
-    if req.peer_node == cfg.peer.node {
-        return refuse("a node cannot test against itself".into());
+    if peer_node == cfg.peer.node {
+        return Err("a node cannot test against itself".into());
     }
-    if req.rails.is_empty() || req.rails.len() > MAX_RAILS_PER_REQUEST {
-        return refuse(format!(
+    if rails.is_empty() || rails.len() > MAX_RAILS_PER_REQUEST {
+        return Err(format!(
             "a test names 1..={MAX_RAILS_PER_REQUEST} rails, got {}",
-            req.rails.len()
+            rails.len()
         ));
     }
-    if !req.allow_gpu_pods {
+    if !allow_gpu_pods {
         match cfg.gpu_pods.gpu_pods().await {
             Ok(pods) if !pods.is_empty() => {
-                return refuse(format!("GPU pods run on this node: {}", pods.join(", ")))
+                return Err(format!("GPU pods run on this node: {}", pods.join(", ")))
             }
             Ok(_) => {}
-            Err(e) => return refuse(format!("cannot tell whether GPU pods run here: {e}")),
+            Err(e) => return Err(format!("cannot tell whether GPU pods run here: {e}")),
         }
+    }
+    Ok(())
+}
+
+fn refusal(cfg: &EndpointConfig, peer_node: &str, reason: String) -> ControlResponse {
+    info!(node = %cfg.peer.node, peer_node = %peer_node, reason = %reason, "refused test");
+    ControlResponse::Refused { reason }
+}
+
+/// Checks a test request against this node, then runs every rail at once.
+async fn run_test(cfg: &EndpointConfig, req: RunTestRequest) -> ControlResponse {
+    if let Err(reason) = admit(
+        cfg,
+        &req.profile,
+        &req.peer_node,
+        &req.rails,
+        req.allow_gpu_pods,
+    )
+    .await
+    {
+        return refusal(cfg, &req.peer_node, reason);
     }
     let timeout = Duration::from_millis(req.timeout_ms.max(1));
     let mut tasks = Vec::with_capacity(req.rails.len());
@@ -313,6 +354,197 @@ async fn run_test(cfg: &EndpointConfig, req: RunTestRequest) -> ControlResponse 
         peer_node: req.peer_node.clone(),
         rails,
     }
+}
+
+/// Takes every rail of an NCCL test (a pair test holds all rails it uses), or says which is
+/// busy.
+fn lock_rails(cfg: &EndpointConfig, rails: &[RailRef]) -> Result<Vec<RailGuard>, String> {
+    rails
+        .iter()
+        .map(|r| cfg.locks.try_acquire(&r.hca, r.port))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())
+}
+
+fn nccl_result(cfg: &EndpointConfig, peer_node: &str, sides: Vec<NcclSide>) -> ControlResponse {
+    let nodes = [cfg.peer.node.clone(), peer_node.to_string()];
+    ControlResponse::NcclResult {
+        node: cfg.peer.node.clone(),
+        peer_node: peer_node.to_string(),
+        sides: nodes
+            .into_iter()
+            .zip(sides)
+            .map(|(node, side)| NcclSideReport { node, side })
+            .collect(),
+    }
+}
+
+/// The rank-0 side of an NCCL pair test: starts this node's ranks, sends their unique id to
+/// the peer's endpoint and waits for both sides. When one side fails first, the other is
+/// stopped (its ranks would wait for the missing ones until the time limit).
+async fn run_nccl(cfg: &EndpointConfig, req: NcclTestRequest) -> ControlResponse {
+    if let Err(reason) = admit(
+        cfg,
+        &req.profile,
+        &req.peer_node,
+        &req.rails,
+        req.allow_gpu_pods,
+    )
+    .await
+    {
+        return refusal(cfg, &req.peer_node, reason);
+    }
+    let untested = |why: &str| NcclSide::Inconclusive {
+        reason: format!("not started: {why}"),
+    };
+    let Some(runner) = &cfg.nccl else {
+        let side = NcclSide::NotMeasured {
+            reason: "this endpoint runs no NCCL pair tests (no NCCL runner configured)".into(),
+        };
+        return nccl_result(
+            cfg,
+            &req.peer_node,
+            vec![side, untested("this side cannot")],
+        );
+    };
+    let _held = match lock_rails(cfg, &req.rails) {
+        Ok(g) => g,
+        Err(reason) => return refusal(cfg, &req.peer_node, reason),
+    };
+    let limit = Duration::from_millis(req.timeout_ms.max(1));
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut child = match runner.start(&req, None).await {
+        Ok(c) => c,
+        Err(side) => {
+            return nccl_result(
+                cfg,
+                &req.peer_node,
+                vec![side, untested("this side failed")],
+            )
+        }
+    };
+    let (unique_id, nranks, local_ranks) = match child.next_line(limit).await {
+        Ok(Some(crate::nccl::ranks::RanksLine::UniqueId {
+            id,
+            nranks,
+            local_ranks,
+        })) => (id, nranks, local_ranks),
+        Ok(Some(other)) => {
+            child.stop().await;
+            let side = super::nccl_pair::side_of(other);
+            return nccl_result(
+                cfg,
+                &req.peer_node,
+                vec![side, untested("this side failed")],
+            );
+        }
+        Ok(None) => {
+            let side = child.finish(limit).await;
+            return nccl_result(
+                cfg,
+                &req.peer_node,
+                vec![side, untested("this side failed")],
+            );
+        }
+        Err(side) => {
+            child.stop().await;
+            return nccl_result(
+                cfg,
+                &req.peer_node,
+                vec![side, untested("this side failed")],
+            );
+        }
+    };
+    let join = ControlRequest::JoinNccl(NcclJoinRequest {
+        test: NcclTestRequest {
+            peer_node: cfg.peer.node.clone(),
+            peer_addr: String::new(),
+            ..req.clone()
+        },
+        unique_id,
+        nranks,
+        first_rank: local_ranks,
+    });
+    let peer_node = req.peer_node.clone();
+    let peer = async {
+        let answer = request(
+            &req.peer_addr,
+            &cfg.token,
+            &join,
+            Some(&peer_node),
+            cfg.io_timeout,
+            limit + cfg.io_timeout,
+        )
+        .await;
+        peer_side(&peer_node, answer)
+    };
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let own = child.finish(left);
+    tokio::pin!(own, peer);
+    let sides = tokio::select! {
+        mine = &mut own => {
+            let theirs = if matches!(mine, NcclSide::Measured { .. }) {
+                peer.await
+            } else {
+                // Dropping the request hangs up on the peer, which stops its ranks.
+                NcclSide::Inconclusive { reason: format!("stopped: {} failed first", cfg.peer.node) }
+            };
+            vec![mine, theirs]
+        }
+        theirs = &mut peer => {
+            let mine = if matches!(theirs, NcclSide::Measured { .. }) {
+                own.await
+            } else {
+                // Dropping the child's future kills it (kill_on_drop).
+                NcclSide::Inconclusive { reason: format!("stopped: {peer_node} failed first") }
+            };
+            vec![mine, theirs]
+        }
+    };
+    info!(node = %cfg.peer.node, peer_node = %req.peer_node, rails = req.rails.len(), "ran NCCL pair test");
+    nccl_result(cfg, &req.peer_node, sides)
+}
+
+/// The peer's side from its endpoint's answer.
+fn peer_side(peer_node: &str, answer: Result<ControlResponse, CampaignError>) -> NcclSide {
+    match answer {
+        Ok(ControlResponse::NcclResult { mut sides, .. }) if !sides.is_empty() => {
+            sides.swap_remove(0).side
+        }
+        Ok(ControlResponse::Refused { reason }) => NcclSide::Inconclusive {
+            reason: format!("{peer_node} refused: {reason}"),
+        },
+        Ok(_) => NcclSide::Inconclusive {
+            reason: format!("{peer_node} answered the NCCL join with something else"),
+        },
+        Err(e) => NcclSide::Inconclusive {
+            reason: format!("{peer_node}: {e}"),
+        },
+    }
+}
+
+/// The second side of an NCCL pair test: joins the rank-0 node's communicator.
+async fn join_nccl(cfg: &EndpointConfig, req: NcclJoinRequest) -> ControlResponse {
+    let t = &req.test;
+    if let Err(reason) = admit(cfg, &t.profile, &t.peer_node, &t.rails, t.allow_gpu_pods).await {
+        return refusal(cfg, &t.peer_node, reason);
+    }
+    let Some(runner) = &cfg.nccl else {
+        let side = NcclSide::NotMeasured {
+            reason: "this endpoint runs no NCCL pair tests (no NCCL runner configured)".into(),
+        };
+        return nccl_result(cfg, &t.peer_node, vec![side]);
+    };
+    let _held = match lock_rails(cfg, &t.rails) {
+        Ok(g) => g,
+        Err(reason) => return refusal(cfg, &t.peer_node, reason),
+    };
+    let limit = Duration::from_millis(t.timeout_ms.max(1));
+    let side = match runner.start(t, Some(&req)).await {
+        Ok(child) => child.finish(limit).await,
+        Err(side) => side,
+    };
+    nccl_result(cfg, &t.peer_node, vec![side])
 }
 
 /// Whether an RDMA error is evidence against the rail/wire, or no evidence at all.

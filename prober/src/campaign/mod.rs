@@ -7,6 +7,8 @@
 //! - [`coordinator`]: runs a plan against endpoints and judges each rail;
 //! - [`verdict`]: the pure merge of a campaign's findings into a node's certificate;
 //! - [`kube`]: the thin Kubernetes shell (nodes, endpoints, server-side apply, Lease);
+//! - [`nccl_pair`]: the endpoint's half of an NCCL pair test (this node's ranks in a child
+//!   process, the unique id sent to the peer over the control channel);
 //! - [`mpijob`]: the 2-node nccl-tests MPIJob manifest from a template;
 //! - [`summary`]: whether a report found a fault, and its text summary;
 //! - [`token`]: the shared token of coordinator and endpoints.
@@ -15,6 +17,7 @@ pub mod coordinator;
 pub mod endpoint;
 pub mod kube;
 pub mod mpijob;
+pub mod nccl_pair;
 pub mod plan;
 pub mod summary;
 pub mod token;

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use railguard_api::certificate::WireResult;
+use railguard_api::certificate::{NcclPairResult, WireResult};
 use railguard_api::{Certificate, RailVerdict, Verdict};
 use serde::{Deserialize, Serialize};
 
@@ -36,11 +36,19 @@ pub struct NodeFindings {
     pub node_fault: Option<String>,
     /// Links from this node found (or suspected) bad; informational, the node keeps its verdict.
     pub links: Vec<String>,
+    /// The NCCL pair results with peers, when the campaign ran NCCL pair tests (they replace
+    /// the certificate's; `None` keeps them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl_pairs: Option<Vec<NcclPairResult>>,
+    /// NCCL pair scopes blamed on this node: `node` (the full-node test, or every scope) or a
+    /// rail's `hca:port`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub nccl_blamed: BTreeMap<String, RailBlame>,
 }
 
 impl NodeFindings {
     pub fn blames_node(&self) -> bool {
-        self.node_fault.is_some() || !self.blamed_rails.is_empty()
+        self.node_fault.is_some() || !self.blamed_rails.is_empty() || !self.nccl_blamed.is_empty()
     }
 }
 
@@ -88,7 +96,13 @@ pub fn apply_findings(cert: &mut Certificate, findings: &NodeFindings) {
             rail.verdict = RailVerdict::Healthy;
         }
         rail.wire = findings.wire.get(&id).cloned().unwrap_or_default();
-        if let Some(blame) = findings.blamed_rails.get(&id) {
+        for blame in [
+            findings.blamed_rails.get(&id),
+            findings.nccl_blamed.get(&id),
+        ]
+        .into_iter()
+        .flatten()
+        {
             if rank(blame.verdict) > rank(rail.verdict) {
                 rail.verdict = blame.verdict;
             }
@@ -97,6 +111,17 @@ pub fn apply_findings(cert: &mut Certificate, findings: &NodeFindings) {
                 worst = blame.verdict;
             }
         }
+    }
+    if let Some(pairs) = &findings.nccl_pairs {
+        cert.set_nccl_pairs(pairs);
+    }
+    // The full-node NCCL test, and NCCL blame of rails the certificate does not list.
+    for (scope, blame) in &findings.nccl_blamed {
+        let on_no_listed_rail = scope == "node" || !cert.rails.iter().any(|r| &r.id() == scope);
+        if on_no_listed_rail && rank(blame.verdict) > rank(worst) {
+            worst = blame.verdict;
+        }
+        cert.reasons.push(with_prefix(&blame.reason));
     }
     // Blamed rails the certificate does not list still name the culprit.
     for (id, blame) in &findings.blamed_rails {
@@ -144,6 +169,7 @@ mod tests {
             verdict: RailVerdict::Healthy,
             reasons: vec![],
             wire: vec![],
+            gpu_memory: None,
         };
         Certificate {
             version: CERTIFICATE_VERSION,
@@ -273,6 +299,72 @@ mod tests {
             },
         );
         assert_eq!(c.verdict, Verdict::Failed);
+    }
+
+    #[test]
+    fn nccl_pair_results_are_stored_and_blame_degrades_a_rail_or_the_node() {
+        let mut c = cert();
+        let pair = NcclPairResult {
+            peer: "b".into(),
+            rail: Some("mlx5_1:1".into()),
+            busbw_gbps: Some(20.0),
+            algbw_gbps: Some(20.0),
+            transport: Some(railguard_api::Transport::Ib),
+            gdr: Some(true),
+            wrong: Some(0),
+            hcas: vec!["mlx5_1:1".into()],
+            ok: false,
+            tested_at: None,
+            note: Some("busbw 20 GB/s".into()),
+        };
+        let f = NodeFindings {
+            node: "a".into(),
+            nccl_pairs: Some(vec![pair.clone()]),
+            nccl_blamed: BTreeMap::from([(
+                "mlx5_1:1".into(),
+                RailBlame {
+                    verdict: RailVerdict::Degraded,
+                    reason: "NCCL pair test (mlx5_1:1) below its busbw minimum".into(),
+                },
+            )]),
+            ..Default::default()
+        };
+        apply_findings(&mut c, &f);
+        assert_eq!(c.nccl_pairs(), vec![pair]);
+        assert_eq!(c.verdict, Verdict::Degraded);
+        assert_eq!(c.rails[1].verdict, RailVerdict::Degraded);
+        let once = c.clone();
+        apply_findings(&mut c, &f);
+        assert_eq!(c, once, "idempotent");
+        let back = Certificate::from_annotation(&c.to_annotation().unwrap()).unwrap();
+        assert_eq!(back.nccl_pairs(), c.nccl_pairs(), "survives the annotation");
+
+        // A campaign without NCCL tests keeps the results; the full-node blame fails.
+        let f = NodeFindings {
+            node: "a".into(),
+            nccl_blamed: BTreeMap::from([(
+                "node".into(),
+                RailBlame {
+                    verdict: RailVerdict::Failed,
+                    reason: "NCCL pair test (node) failed with 2 healthy peers".into(),
+                },
+            )]),
+            ..Default::default()
+        };
+        apply_findings(&mut c, &f);
+        assert_eq!(c.verdict, Verdict::Failed);
+        assert_eq!(c.rails[1].verdict, RailVerdict::Healthy);
+        assert_eq!(c.nccl_pairs().len(), 1);
+        apply_findings(
+            &mut c,
+            &NodeFindings {
+                node: "a".into(),
+                nccl_pairs: Some(vec![]),
+                ..Default::default()
+            },
+        );
+        assert_eq!(c.verdict, Verdict::Certified);
+        assert!(c.nccl_pairs().is_empty() && !c.extra.contains_key("ncclPairs"));
     }
 
     #[test]

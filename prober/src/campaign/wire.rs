@@ -72,12 +72,106 @@ pub struct RunTestRequest {
     pub timeout_ms: u64,
 }
 
+/// Ask the endpoint to run an NCCL all-reduce pair test with `peer_node`: its own ranks
+/// first (ranks 0..n), the peer's after them; the endpoint sends the unique id to the peer's
+/// endpoint over this same authenticated control channel ([`NcclJoinRequest`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NcclTestRequest {
+    pub profile: String,
+    pub peer_node: String,
+    /// The peer endpoint's address (`host:port`).
+    pub peer_addr: String,
+    /// The rails the collective may use (`NCCL_IB_HCA` in exact-match form): one rail, or
+    /// every rail of the profile for the full-node test. The test holds all of them.
+    pub rails: Vec<RailRef>,
+    /// GPU indices (the node's GPUs in index order) that run a rank each, the same on both
+    /// nodes; empty: every GPU.
+    #[serde(default)]
+    pub gpus: Vec<u32>,
+    pub sizes: Vec<usize>,
+    pub warmup: u32,
+    pub iterations: u32,
+    #[serde(default)]
+    pub allow_gpu_pods: bool,
+    pub timeout_ms: u64,
+}
+
+/// Sent by the rank-0 endpoint to its peer's: join the communicator of `unique_id` as ranks
+/// `first_rank..nranks`. `test.peer_node` names the rank-0 node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NcclJoinRequest {
+    pub test: NcclTestRequest,
+    /// `ncclUniqueId`, lowercase hex.
+    pub unique_id: String,
+    pub nranks: u32,
+    pub first_rank: u32,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum ControlRequest {
     /// Who the endpoint is and whether it could run a test now.
     Status,
     RunTest(RunTestRequest),
+    RunNccl(NcclTestRequest),
+    JoinNccl(NcclJoinRequest),
+}
+
+/// What NCCL's debug log of one side showed (the judgement of
+/// [`crate::nccl::parse_debug_log`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NcclLogSummary {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl_version: Option<String>,
+    /// The inter-node network NCCL chose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net: Option<railguard_api::Transport>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gdr: Option<bool>,
+    /// HCA ports NCCL used.
+    #[serde(default)]
+    pub hcas: Vec<String>,
+    /// NCCL's warnings and errors.
+    #[serde(default)]
+    pub errors: Vec<String>,
+    pub nccl_lines: usize,
+}
+
+/// One node's side of an NCCL pair test.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "camelCase")]
+pub enum NcclSide {
+    /// The ranks ran the sweep.
+    #[serde(rename_all = "camelCase")]
+    Measured {
+        points: Vec<crate::nccl::ranks::PairPoint>,
+        nranks: u32,
+        gpus: Vec<String>,
+        log: NcclLogSummary,
+    },
+    /// The node cannot take the test (no libnccl, no CUDA driver, no GPU): no evidence, the
+    /// profile decides what that means.
+    NotMeasured { reason: String },
+    /// NCCL or CUDA failed while the collective was set up or ran: evidence against.
+    Failed {
+        reason: String,
+        #[serde(default)]
+        log: NcclLogSummary,
+    },
+    /// No evidence either way (refused, busy, timed out, peer gone).
+    Inconclusive { reason: String },
+}
+
+/// One node's side, named.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NcclSideReport {
+    pub node: String,
+    #[serde(flatten)]
+    pub side: NcclSide,
 }
 
 /// What one rail of a test showed.
@@ -120,6 +214,14 @@ pub enum ControlResponse {
     },
     Refused {
         reason: String,
+    },
+    /// An NCCL pair test's sides: the asked endpoint's first, then its peer's (a joining
+    /// endpoint answers with its own side only).
+    #[serde(rename_all = "camelCase")]
+    NcclResult {
+        node: String,
+        peer_node: String,
+        sides: Vec<NcclSideReport>,
     },
 }
 

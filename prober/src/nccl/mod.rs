@@ -1,8 +1,10 @@
 //! NCCL evidence: the nccl-tests output parser ([`perf`]), the NCCL debug log parser
-//! ([`debug_log`]) and the runner that starts `all_reduce_perf` as a child process.
+//! ([`debug_log`]), the runner that starts `all_reduce_perf` as a child process, and this
+//! node's ranks of a two-node all-reduce through NCCL's C API ([`ranks`]).
 
 pub mod debug_log;
 pub mod perf;
+pub mod ranks;
 pub mod runner;
 
 use railguard_api::{NcclResult, Transport};

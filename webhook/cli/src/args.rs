@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum, ValueHint};
-use railguard_runtime::LogFormat;
+use railguard_runtime::{LogFormat, ServeArgs};
 
 /// Example invocations shown by `--help`.
 pub const EXAMPLES: &str = "\
@@ -83,6 +83,8 @@ pub struct Cli {
     /// Per-request timeout, seconds.
     #[arg(long, env = "RAILGUARD_REQUEST_TIMEOUT_SECONDS", default_value_t = 10)]
     pub request_timeout_seconds: u64,
+    #[command(flatten)]
+    pub serve: ServeArgs,
     /// How long shutdown waits for in-flight requests, seconds.
     #[arg(long, env = "RAILGUARD_SHUTDOWN_GRACE_SECONDS", default_value_t = 20)]
     pub shutdown_grace_seconds: u64,

@@ -65,6 +65,10 @@ pub fn serve_options(cli: &Cli) -> ServeOptions {
         metrics_listen: cli.metrics_listen,
         max_body_bytes: cli.max_body_bytes,
         request_timeout: Duration::from_secs(cli.request_timeout_seconds.max(1)),
+        connections: cli
+            .serve
+            .limits(Duration::from_secs(cli.shutdown_grace_seconds)),
+        max_in_flight: cli.serve.max_concurrent_requests.max(1),
         shutdown_grace: Duration::from_secs(cli.shutdown_grace_seconds),
         cert_poll_interval: Duration::from_secs(cli.cert_poll_seconds.max(1)),
     }
@@ -173,6 +177,17 @@ mod tests {
         ]));
         assert_eq!(opts.request_timeout, Duration::from_secs(1));
         assert_eq!(opts.cert_poll_interval, Duration::from_secs(1));
+        let opts = serve_options(&cli(&[
+            "--header-read-timeout-seconds",
+            "3",
+            "--max-connections",
+            "7",
+            "--max-concurrent-requests",
+            "0",
+        ]));
+        assert_eq!(opts.connections.header_read_timeout, Duration::from_secs(3));
+        assert_eq!(opts.connections.max_connections, 7);
+        assert_eq!(opts.max_in_flight, 1);
     }
 
     #[test]

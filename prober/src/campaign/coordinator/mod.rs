@@ -3,6 +3,7 @@
 //! findings. The IO is [`run_campaign`]; judging and findings are pure ([`judging`]).
 
 mod judging;
+mod nccl_judging;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -13,13 +14,19 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 pub use judging::{findings, judge};
+pub use nccl_judging::{
+    judge_pair, nccl_findings, NcclJudgement, NcclLimits, NcclPhaseReport, NcclScope,
+    NcclScopeRecord, NcclSettings, NcclTestRecord,
+};
 
 use super::endpoint::request;
 use super::plan::{
     CampaignPlan, Localization, PairResult, PairTest, PlanOptions, Purpose, RailOutcome,
 };
 use super::verdict::NodeFindings;
-use super::wire::{ControlRequest, ControlResponse, RailRef, RailReport, RunTestRequest};
+use super::wire::{
+    ControlRequest, ControlResponse, NcclTestRequest, RailRef, RailReport, RunTestRequest,
+};
 use super::CampaignError;
 use crate::progress::{NoProgress, Progress};
 use crate::rdma::MemoryKind;
@@ -54,6 +61,8 @@ pub struct CampaignSettings {
     pub io_timeout: Duration,
     token: Vec<u8>,
     pub plan: PlanOptions,
+    /// The NCCL pair tests after the RDMA tests (the profile's `certification.ncclPair`).
+    pub nccl: Option<NcclSettings>,
 }
 
 impl std::fmt::Debug for CampaignSettings {
@@ -109,6 +118,7 @@ impl CampaignSettings {
             io_timeout: Duration::from_secs(10),
             token: token.to_vec(),
             plan: PlanOptions::default(),
+            nccl: NcclSettings::from_profile(&profile.spec),
         })
     }
 }
@@ -146,6 +156,9 @@ pub struct CampaignReport {
     pub tests: Vec<TestRecord>,
     pub localization: Localization,
     pub findings: BTreeMap<String, NodeFindings>,
+    /// The NCCL pair tests, when the profile asks for them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nccl: Option<NcclPhaseReport>,
 }
 
 impl CampaignReport {
@@ -202,7 +215,7 @@ pub async fn run_campaign_with(
         }
     }
     let localization = plan.localize();
-    let findings = findings(
+    let mut findings = findings(
         nodes,
         &settings.rails,
         &settings.limits,
@@ -210,6 +223,14 @@ pub async fn run_campaign_with(
         &localization,
         now,
     );
+    let nccl = match &settings.nccl {
+        Some(nccl) => {
+            let report = run_nccl_phase(nodes, settings, nccl, progress).await?;
+            nccl_findings(nodes, nccl, &report, now, &mut findings);
+            Some(report)
+        }
+        None => None,
+    };
     Ok(CampaignReport {
         profile: settings.profile.clone(),
         nodes: nodes.iter().map(|n| n.name.clone()).collect(),
@@ -218,7 +239,154 @@ pub async fn run_campaign_with(
         tests: records,
         localization,
         findings,
+        nccl,
     })
+}
+
+/// The NCCL phase: the same planner and localization as the RDMA tests, with one "rail" per
+/// scope (the full node, then each rail); a pair test runs its scopes one after the other,
+/// the pairs of a round at once.
+pub async fn run_nccl_phase(
+    nodes: &[CampaignNode],
+    settings: &CampaignSettings,
+    nccl: &NcclSettings,
+    progress: &dyn Progress,
+) -> Result<NcclPhaseReport, CampaignError> {
+    let mut plan = CampaignPlan::new(nodes.len(), nccl.scopes.len(), settings.plan.clone())?;
+    let mut records = Vec::new();
+    while let Some(round) = plan.next_round() {
+        let n = plan.rounds();
+        info!(
+            round = n,
+            pairs = round.len(),
+            scopes = nccl.scopes.len(),
+            "NCCL round"
+        );
+        progress.plan(round.len() as u64);
+        progress.step(&format!(
+            "NCCL round {n}: {} pairs, {} tests each",
+            round.len(),
+            nccl.scopes.len()
+        ));
+        let runs = round.iter().map(|t| async move {
+            let record = run_nccl_pair(nodes, settings, nccl, *t, n).await;
+            progress.step_done();
+            record
+        });
+        for (test, record) in round.iter().zip(futures::future::join_all(runs).await) {
+            plan.record(PairResult {
+                test: *test,
+                rails: record.scopes.iter().map(|s| s.judgement.outcome).collect(),
+            })?;
+            records.push(record);
+        }
+    }
+    Ok(NcclPhaseReport {
+        scopes: nccl.scopes.iter().map(NcclScope::label).collect(),
+        rounds: plan.rounds(),
+        tests: records,
+        localization: plan.localize(),
+    })
+}
+
+/// Every scope of one pair, in order.
+async fn run_nccl_pair(
+    nodes: &[CampaignNode],
+    settings: &CampaignSettings,
+    nccl: &NcclSettings,
+    t: PairTest,
+    round: usize,
+) -> NcclTestRecord {
+    let (a, b) = (&nodes[t.initiator], &nodes[t.responder]);
+    let mut scopes = Vec::with_capacity(nccl.scopes.len());
+    for scope in &nccl.scopes {
+        scopes.push(run_nccl_scope(a, b, settings, nccl, scope).await);
+    }
+    NcclTestRecord {
+        round,
+        initiator: a.name.clone(),
+        responder: b.name.clone(),
+        purpose: t.purpose,
+        scopes,
+    }
+}
+
+/// One NCCL pair test, `a`'s ranks first.
+pub async fn run_nccl_scope(
+    a: &CampaignNode,
+    b: &CampaignNode,
+    settings: &CampaignSettings,
+    nccl: &NcclSettings,
+    scope: &NcclScope,
+) -> NcclScopeRecord {
+    let req = ControlRequest::RunNccl(NcclTestRequest {
+        profile: settings.profile.clone(),
+        peer_node: b.name.clone(),
+        peer_addr: b.endpoint.clone(),
+        rails: scope.rails(&settings.rails),
+        gpus: scope.gpus.clone(),
+        sizes: nccl.sizes.clone(),
+        warmup: nccl.warmup,
+        iterations: nccl.iterations,
+        allow_gpu_pods: settings.allow_gpu_pods,
+        timeout_ms: nccl.timeout.as_millis() as u64,
+    });
+    // The rank-0 endpoint waits for its ranks and for the peer's answer, one step each.
+    let answer_timeout = nccl.timeout + 2 * settings.io_timeout;
+    let answer = request(
+        &a.endpoint,
+        &settings.token,
+        &req,
+        Some(&a.name),
+        settings.io_timeout,
+        answer_timeout,
+    )
+    .await;
+    let no_sides = |outcome: RailOutcome, reason: String| NcclScopeRecord {
+        scope: scope.clone(),
+        sides: Vec::new(),
+        judgement: NcclJudgement {
+            outcome,
+            measured: false,
+            bytes: None,
+            busbw_gbps: None,
+            algbw_gbps: None,
+            transport: None,
+            gdr: None,
+            wrong: None,
+            hcas: Vec::new(),
+            reasons: vec![reason.clone()],
+        },
+        error: Some(reason),
+    };
+    let record = match answer {
+        Ok(ControlResponse::NcclResult { sides, .. }) => NcclScopeRecord {
+            judgement: judge_pair(scope, &settings.rails, &sides, &nccl.limits),
+            scope: scope.clone(),
+            sides,
+            error: None,
+        },
+        Ok(ControlResponse::Refused { reason }) => no_sides(
+            RailOutcome::Inconclusive,
+            format!("{} refused the NCCL test with {}: {reason}", a.name, b.name),
+        ),
+        Ok(_) => no_sides(
+            RailOutcome::Inconclusive,
+            format!(
+                "endpoint of {} answered an NCCL test with something else",
+                a.name
+            ),
+        ),
+        // A node that cannot be reached is evidence against it, as in the RDMA tests.
+        Err(e @ CampaignError::Unreachable { .. }) => {
+            no_sides(RailOutcome::Fail, format!("node {}: {e}", a.name))
+        }
+        Err(e) => no_sides(RailOutcome::Inconclusive, format!("node {}: {e}", a.name)),
+    };
+    if let Some(e) = &record.error {
+        warn!(initiator = %a.name, responder = %b.name, scope = %scope.label(), error = %e, "NCCL pair test without a result");
+    }
+    record
 }
 
 async fn run_pair(
@@ -274,8 +442,8 @@ async fn run_pair(
                 Some(reason),
             )
         }
-        Ok(ControlResponse::Status { .. }) => {
-            let reason = format!("endpoint of {} answered a test with its status", a.name);
+        Ok(ControlResponse::Status { .. } | ControlResponse::NcclResult { .. }) => {
+            let reason = format!("endpoint of {} answered a test with something else", a.name);
             (
                 all(RailReport::Inconclusive {
                     reason: reason.clone(),

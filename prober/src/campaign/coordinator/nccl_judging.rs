@@ -308,9 +308,7 @@ pub fn judge_pair(
     };
     if let (Some(min), Some(got)) = (min, busbw) {
         // NaN is below every minimum.
-        if got.partial_cmp(&min) != Some(std::cmp::Ordering::Greater)
-            && got.partial_cmp(&min) != Some(std::cmp::Ordering::Equal)
-        {
+        if got.is_nan() || got < min {
             reasons.push(format!(
                 "busbw {} GB/s at {largest} bytes, expected at least {min} GB/s",
                 round2(got)

@@ -213,11 +213,17 @@ pub(crate) async fn serve_metrics(
             }),
         );
     let addr = listener.local_addr().context("metrics listener")?;
-    let listener =
-        tokio::net::TcpListener::from_std(listener).context("cannot serve the metrics port")?;
     tracing::info!(%addr, "metrics and health listening");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { stop.cancelled().await })
+    // The listener every railguard binary uses: header-read timeout, connection cap.
+    let app = railguard_runtime::limit_requests(
+        app,
+        &railguard_runtime::RequestLimits {
+            timeout: Duration::from_secs(10),
+            max_in_flight: 16,
+        },
+    );
+    let limits = railguard_runtime::ServeLimits::default();
+    railguard_runtime::serve(listener, app, None, limits, stop.cancelled_owned())
         .await
         .context("metrics server failed")
 }

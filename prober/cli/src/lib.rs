@@ -14,6 +14,7 @@ pub mod campaign;
 pub mod certify;
 pub mod daemon;
 pub mod discover;
+pub mod gpu_check;
 pub mod preflight;
 pub mod progress;
 pub mod sim;
@@ -26,6 +27,7 @@ use crate::campaign::{CampaignArgs, PeerEndpointArgs};
 use crate::certify::CertifyArgs;
 use crate::daemon::DaemonArgs;
 use crate::discover::{AffinityArgs, DiscoverArgs, EmitProfileArgs};
+use crate::gpu_check::GpuCheckArgs;
 use crate::preflight::PreflightArgs;
 use crate::sim::SimSysfsArgs;
 
@@ -113,6 +115,14 @@ Example:
 
 Exit status: 0 after SIGTERM, 2 error.")]
     PeerEndpoint(PeerEndpointArgs),
+    /// The GPU layers on this node: discovery, GPU memory through the CUDA driver API, and a
+    /// one-GPU NCCL all-reduce, as JSON (skipped on a CPU-only node).
+    #[command(after_help = "\
+Example:
+  railguard-prober gpu-check --nccl-library /opt/nccl/lib/libnccl.so.2
+
+Exit status: 0 pass or skipped (no GPU, no driver), 1 a layer failed, 2 error.")]
+    GpuCheck(GpuCheckArgs),
     /// One certification run: rails, native RDMA, NCCL; prints the comparison matrix.
     #[command(after_help = "\
 Examples:
@@ -214,6 +224,7 @@ impl Command {
             Command::Analyze(a) => a.run(),
             Command::Campaign(a) => block_on(a.run()),
             Command::PeerEndpoint(a) => block_on(a.run()).map(|()| Outcome::default()),
+            Command::GpuCheck(a) => a.run(),
             Command::Certify(a) => block_on(a.run()),
             Command::Daemon(a) => block_on(a.run()).map(|()| Outcome::default()),
         }

@@ -23,6 +23,7 @@ use railguard_prober::campaign::kube::{
     endpoint_of, profile_nodes, write_findings, GpuPodSource, LeaderLease,
 };
 use railguard_prober::campaign::mpijob::{self, PairJob};
+use railguard_prober::campaign::nccl_pair::NcclRunner;
 use railguard_prober::campaign::summary::{found_faults, render_summary};
 use railguard_prober::campaign::token::{load_token, TokenSource};
 use railguard_prober::campaign::DEFAULT_PEER_PORT;
@@ -111,6 +112,20 @@ pub struct PeerEndpointArgs {
     /// Limit for one side-channel step, seconds.
     #[arg(long, env = "RAILGUARD_PEER_IO_TIMEOUT_SECS", default_value_t = 10)]
     pub io_timeout_secs: u64,
+    /// The CUDA driver library of NCCL pair tests (default: libcuda.so.1 where dlopen finds it).
+    #[arg(long, env = "RAILGUARD_CUDA_LIBRARY", value_hint = ValueHint::FilePath)]
+    pub cuda_library: Option<PathBuf>,
+    /// The NCCL library of NCCL pair tests (default: libnccl.so.2 where dlopen finds it; a
+    /// node without it reports its pair tests as not measured).
+    #[arg(long, env = "RAILGUARD_NCCL_LIBRARY", value_hint = ValueHint::FilePath)]
+    pub nccl_library: Option<PathBuf>,
+    /// The node's GPUs by PCI bus id, in index order, for NCCL pair tests (default: every GPU
+    /// CUDA sees, in PCI bus order).
+    #[arg(long, env = "RAILGUARD_NCCL_GPUS", value_delimiter = ',')]
+    pub nccl_gpus: Vec<String>,
+    /// Where the NCCL debug logs of pair tests are kept (the latest per peer and scope).
+    #[arg(long, env = "RAILGUARD_NCCL_LOG_DIR", value_hint = ValueHint::DirPath)]
+    pub nccl_log_dir: Option<PathBuf>,
 }
 
 impl PeerEndpointArgs {
@@ -160,6 +175,18 @@ impl PeerEndpointArgs {
         peer.io_timeout = Duration::from_secs(self.io_timeout_secs.max(1));
         let mut cfg = EndpointConfig::new(peer, &token, engine, gpu_pods);
         cfg.io_timeout = Duration::from_secs(self.io_timeout_secs.max(1));
+        cfg.nccl = Some(NcclRunner {
+            exe: std::env::current_exe()
+                .context("the NCCL pair tests run this executable's nccl-ranks")?,
+            cuda_library: self.cuda_library.clone(),
+            nccl_library: self.nccl_library.clone(),
+            node_gpus: self.nccl_gpus.clone(),
+            log_dir: self
+                .nccl_log_dir
+                .clone()
+                .unwrap_or_else(|| std::env::temp_dir().join("railguard-nccl-pair")),
+            env: Vec::new(),
+        });
         let listener =
             railguard_runtime::bind(self.listen.as_str(), "the peer endpoint", "--listen")?;
         let listener = TcpListener::from_std(listener).context("cannot serve the peer endpoint")?;

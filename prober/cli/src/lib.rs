@@ -15,6 +15,7 @@ pub mod certify;
 pub mod daemon;
 pub mod discover;
 pub mod gpu_check;
+pub mod nccl_ranks;
 pub mod preflight;
 pub mod progress;
 pub mod sim;
@@ -28,6 +29,7 @@ use crate::certify::CertifyArgs;
 use crate::daemon::DaemonArgs;
 use crate::discover::{AffinityArgs, DiscoverArgs, EmitProfileArgs};
 use crate::gpu_check::GpuCheckArgs;
+use crate::nccl_ranks::NcclRanksArgs;
 use crate::preflight::PreflightArgs;
 use crate::sim::SimSysfsArgs;
 
@@ -115,6 +117,13 @@ Example:
 
 Exit status: 0 after SIGTERM, 2 error.")]
     PeerEndpoint(PeerEndpointArgs),
+    /// This node's ranks of one NCCL pair test (started by the peer endpoint).
+    #[command(hide = true, after_help = "\
+Example:
+  railguard-prober nccl-ranks --sizes 1048576,4194304 --gpus 0,1 > id-and-result.jsonl
+
+Exit status: 0 measured, 1 the ranks did not run (the error is the last stdout line), 2 error.")]
+    NcclRanks(NcclRanksArgs),
     /// The GPU layers on this node: discovery, GPU memory through the CUDA driver API, and a
     /// one-GPU NCCL all-reduce, as JSON (skipped on a CPU-only node).
     #[command(after_help = "\
@@ -224,6 +233,7 @@ impl Command {
             Command::Analyze(a) => a.run(),
             Command::Campaign(a) => block_on(a.run()),
             Command::PeerEndpoint(a) => block_on(a.run()).map(|()| Outcome::default()),
+            Command::NcclRanks(a) => a.run(),
             Command::GpuCheck(a) => a.run(),
             Command::Certify(a) => block_on(a.run()),
             Command::Daemon(a) => block_on(a.run()).map(|()| Outcome::default()),

@@ -15,6 +15,7 @@ use kube::{Api, Client};
 use railguard_api::FabricProfile;
 
 use crate::config::NamespaceInfo;
+use crate::namespace_lookup::{LookupLimits, NamespaceLookups};
 
 /// A consistent snapshot of the profiles, sorted by name (selector matches take the first).
 pub type ProfileSet = Arc<Vec<FabricProfile>>;
@@ -23,6 +24,8 @@ pub struct Catalog {
     profiles: RwLock<ProfileSet>,
     namespaces: Option<Store<Namespace>>,
     client: Option<Client>,
+    /// Live GETs for namespaces the cache misses, bounded.
+    lookups: NamespaceLookups,
     ready: AtomicBool,
 }
 
@@ -34,6 +37,7 @@ impl Catalog {
             profiles: RwLock::new(Arc::new(profiles)),
             namespaces: None,
             client: None,
+            lookups: NamespaceLookups::new(LookupLimits::default()),
             ready: AtomicBool::new(true),
         })
     }
@@ -47,6 +51,7 @@ impl Catalog {
             profiles: RwLock::new(Arc::new(Vec::new())),
             namespaces: Some(ns_reader.clone()),
             client: Some(client.clone()),
+            lookups: NamespaceLookups::new(LookupLimits::default()),
             ready: AtomicBool::new(false),
         });
 
@@ -140,7 +145,7 @@ impl Catalog {
     }
 
     /// The namespace's labels: from the cache, or (a namespace created a moment ago) from
-    /// the API server; unknown labels are empty.
+    /// the API server through [`NamespaceLookups`]; unknown labels are empty.
     pub async fn namespace(&self, name: &str) -> NamespaceInfo {
         let mut info = NamespaceInfo::new(name);
         let Some(store) = &self.namespaces else {
@@ -152,13 +157,14 @@ impl Catalog {
         }
         if let Some(client) = &self.client {
             let api = Api::<Namespace>::all(client.clone());
-            match tokio::time::timeout(Duration::from_secs(2), api.get(name)).await {
-                Ok(Ok(ns)) => info.labels = ns.metadata.labels.unwrap_or_default(),
-                Ok(Err(e)) => {
-                    tracing::warn!(namespace = name, error = %e, "namespace lookup failed")
+            let fetch = || async move {
+                match tokio::time::timeout(Duration::from_secs(2), api.get_opt(name)).await {
+                    Ok(Ok(ns)) => Ok(ns.map(|ns| ns.metadata.labels.unwrap_or_default())),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("timed out after 2s".to_string()),
                 }
-                Err(_) => tracing::warn!(namespace = name, "namespace lookup timed out"),
-            }
+            };
+            info.labels = self.lookups.labels(name, fetch).await.unwrap_or_default();
         }
         info
     }

@@ -388,72 +388,11 @@ fn pem_block(der: &[u8]) -> String {
     out
 }
 
-/// The notAfter of a DER X.509 certificate: Certificate → tbsCertificate → validity.
+/// The notAfter of a DER X.509 certificate; None when it is not one (x509-parser reads it:
+/// the Secret's bytes are untrusted input, a malformed time is an error, never a panic).
 pub fn not_after(der: &[u8]) -> Option<OffsetDateTime> {
-    let (tag, cert, _) = der_tlv(der)?;
-    if tag != 0x30 {
-        return None;
-    }
-    let (tag, tbs, _) = der_tlv(cert)?;
-    if tag != 0x30 {
-        return None;
-    }
-    let mut rest = tbs;
-    // Optional [0] version, then serial, signature algorithm and issuer.
-    let (tag, _, after) = der_tlv(rest)?;
-    if tag == 0xA0 {
-        rest = after;
-    }
-    for _ in 0..3 {
-        rest = der_tlv(rest)?.2;
-    }
-    let (tag, validity, _) = der_tlv(rest)?;
-    if tag != 0x30 {
-        return None;
-    }
-    let (_, _, after_not_before) = der_tlv(validity)?;
-    let (tag, value, _) = der_tlv(after_not_before)?;
-    parse_asn1_time(tag, value)
-}
-
-fn der_tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, rest) = input.split_first()?;
-    let (&first, rest) = rest.split_first()?;
-    let (len, rest) = if first < 0x80 {
-        (usize::from(first), rest)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 || rest.len() < n {
-            return None;
-        }
-        let len = rest[..n]
-            .iter()
-            .fold(0usize, |acc, &b| (acc << 8) | usize::from(b));
-        (len, &rest[n..])
-    };
-    if rest.len() < len {
-        return None;
-    }
-    Some((tag, &rest[..len], &rest[len..]))
-}
-
-fn parse_asn1_time(tag: u8, value: &[u8]) -> Option<OffsetDateTime> {
-    let s = std::str::from_utf8(value).ok()?;
-    let s = s.strip_suffix('Z')?;
-    let (year, rest) = match (tag, s.len()) {
-        // UTCTime YYMMDDHHMMSS: 50..99 → 19xx (RFC 5280).
-        (0x17, 12) => {
-            let yy: i32 = s[..2].parse().ok()?;
-            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, &s[2..])
-        }
-        (0x18, 14) => (s[..4].parse().ok()?, &s[4..]),
-        _ => return None,
-    };
-    let num = |r: std::ops::Range<usize>| rest.get(r)?.parse::<u8>().ok();
-    let month = time::Month::try_from(num(0..2)?).ok()?;
-    let date = time::Date::from_calendar_date(year, month, num(2..4)?).ok()?;
-    let t = time::Time::from_hms(num(4..6)?, num(6..8)?, num(8..10)?).ok()?;
-    Some(time::PrimitiveDateTime::new(date, t).assume_utc())
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    OffsetDateTime::from_unix_timestamp(cert.validity().not_after.timestamp()).ok()
 }
 
 #[cfg(test)]

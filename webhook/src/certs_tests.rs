@@ -184,6 +184,48 @@ fn not_after_reads_the_validity() {
     assert_eq!(not_after(&[]), None);
 }
 
+/// A certificate whose validity times are not ASCII digits (a tampered or corrupt Secret) is
+/// an error, not a panic: the old hand parser sliced such a field by byte index.
+#[test]
+fn garbage_in_a_time_field_is_an_error_not_a_panic() {
+    let m = issue(&spec(), now()).expect("issue");
+    let der = first_cert_der(&m.tls_crt).expect("der").to_vec();
+    // UTCTime, 13 bytes: notBefore then notAfter.
+    let times: Vec<usize> = der
+        .windows(2)
+        .enumerate()
+        .filter(|(_, w)| w == &[0x17, 13])
+        .map(|(i, _)| i + 2)
+        .collect();
+    assert_eq!(times.len(), 2, "two UTCTime fields");
+    let garbage: [&[u8]; 4] = [
+        "aéééééaZ".as_bytes(),
+        "ÿÿÿÿÿÿZ".as_bytes(),
+        b"\xff\xfe\x00\x01\x80\x81\xc3\x28\xe2\x82\x28\xf0Z",
+        b"99999999999Z\x00",
+    ];
+    for (i, bytes) in garbage.iter().enumerate() {
+        for &at in &times {
+            let mut bad = der.clone();
+            let field = &mut bad[at..at + 13];
+            let n = bytes.len().min(13);
+            field[..n].copy_from_slice(&bytes[..n]);
+            assert_eq!(not_after(&bad), None, "case {i} at {at}");
+            let mut data = m.to_secret_data();
+            data.insert(TLS_CRT.to_string(), pem_block(&bad));
+            let data: BTreeMap<String, Vec<u8>> =
+                data.into_iter().map(|(k, v)| (k, v.into_bytes())).collect();
+            assert!(
+                matches!(
+                    renew_reason(assess_secret(Some(&data), &spec(), now())),
+                    RenewReason::Unparsable { .. } | RenewReason::Untrusted { .. }
+                ),
+                "case {i} at {at}"
+            );
+        }
+    }
+}
+
 #[test]
 fn bundle_keeps_the_previous_ca_and_is_stable() {
     let old = issue(&spec(), now()).expect("issue");

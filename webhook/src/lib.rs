@@ -13,6 +13,7 @@ pub mod config;
 pub mod error;
 pub mod metrics;
 pub mod mutate;
+pub mod namespace_lookup;
 pub mod networks;
 pub mod patch;
 pub mod review;

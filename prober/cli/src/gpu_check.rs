@@ -22,17 +22,18 @@ pub struct GpuCheckArgs {
     #[arg(long, env = "RAILGUARD_NCCL_LIBRARY", value_hint = ValueHint::FilePath)]
     pub nccl_library: Option<PathBuf>,
     /// Bytes allocated on each GPU for the memory check.
-    #[arg(long, default_value_t = 64 << 20)]
+    #[arg(long, env = "RAILGUARD_ALLOC_BYTES", default_value_t = 64 << 20)]
     pub alloc_bytes: usize,
     /// All-reduce sizes, bytes.
     #[arg(
         long,
+        env = "RAILGUARD_SIZES",
         value_delimiter = ',',
         default_value = "1048576,16777216,67108864"
     )]
     pub sizes: Vec<usize>,
     /// Timed all-reduces per size.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, env = "RAILGUARD_ITERATIONS", default_value_t = 20)]
     pub iterations: u32,
 }
 

@@ -269,6 +269,57 @@ fn signature_thresholds_and_missing_rails_are_checked_on_certified_nodes() {
 }
 
 #[test]
+fn a_profile_with_nccl_pair_tests_rejects_a_scope_that_failed_with_every_peer() {
+    use railguard_api::certificate::NcclPairResult;
+    let profiles = profiles();
+    let mut h100 = profile(&profiles, "h100-ndr").clone();
+    let sig = h100.spec.signature();
+    let base = sample_node();
+    let pair = |peer: &str, rail: Option<&str>, ok: bool| NcclPairResult {
+        peer: peer.into(),
+        rail: rail.map(String::from),
+        busbw_gbps: Some(if ok { 48.0 } else { 12.5 }),
+        algbw_gbps: None,
+        transport: None,
+        gdr: None,
+        wrong: Some(0),
+        hcas: vec![],
+        ok,
+        tested_at: None,
+        note: None,
+    };
+    let node = |pairs: &[NcclPairResult]| {
+        let mut c = synth::certificate(&h100, Verdict::Certified, hours_ago(1), 392.0, 370.0);
+        c.set_nccl_pairs(pairs);
+        NodeFabric::from_node(&synth::node(&base, "n", Some(&c), &[]), now())
+    };
+    let one_bad_peer = node(&[
+        pair("a", Some("mlx5_3:1"), false),
+        pair("b", Some("mlx5_3:1"), true),
+        pair("a", None, true),
+    ]);
+    let every_peer = node(&[
+        pair("a", Some("mlx5_3:1"), false),
+        pair("b", Some("mlx5_3:1"), false),
+        pair("a", None, true),
+    ]);
+    // Without ncclPair in the profile the results are informational.
+    assert!(check_node(&every_peer, &h100, &sig, now()).is_ok());
+    h100.spec.certification.nccl_pair = Some(Default::default());
+    assert!(check_node(&one_bad_peer, &h100, &sig, now()).is_ok());
+    let r = check_node(&every_peer, &h100, &sig, now()).unwrap_err();
+    assert_eq!(r.reason, RejectReason::BusbwBelowThreshold);
+    assert_eq!(
+        &*r.message,
+        "railguard: NCCL pair test (mlx5_3:1) failed with every peer: a (12.5 GB/s), b (12.5 GB/s)"
+    );
+    assert_eq!(
+        railguard_extender::decision::precheck(&every_peer, &h100, &sig).check(now()),
+        Err(r)
+    );
+}
+
+#[test]
 fn pending_and_unreadable_nodes() {
     let profiles = profiles();
     let h100 = profile(&profiles, "h100-ndr");

@@ -85,7 +85,8 @@ pub fn check_node(
                 return Err(expired(cert.expires_at, now));
             }
             check_rails(cert, profile)?;
-            check_busbw(cert, profile)
+            check_busbw(cert, profile)?;
+            check_nccl_pairs(cert, profile)
         }
     }
 }
@@ -117,6 +118,7 @@ pub fn precheck(node: &NodeFabric, profile: &FabricProfile, signature: &str) -> 
             expires_at: cert.expires_at,
             until_expiry: check_rails(cert, profile)
                 .and_then(|()| check_busbw(cert, profile))
+                .and_then(|()| check_nccl_pairs(cert, profile))
                 .map(|()| points_for_headroom(cert, profile)),
         },
     }
@@ -174,6 +176,48 @@ fn check_busbw(cert: &Certificate, profile: &FabricProfile) -> Result<(), Reject
             ),
         )),
     }
+}
+
+/// For a profile with NCCL pair tests: a scope (the full node, or a rail) whose every pair
+/// test in the certificate failed. A failure with one peer may be the peer's; with every
+/// peer it is this node's.
+fn check_nccl_pairs(cert: &Certificate, profile: &FabricProfile) -> Result<(), Rejection> {
+    if profile.spec.certification.nccl_pair.is_none()
+        || !cert
+            .extra
+            .contains_key(railguard_api::certificate::NCCL_PAIRS_KEY)
+    {
+        return Ok(());
+    }
+    let pairs = cert.nccl_pairs();
+    let mut scopes: Vec<&str> = pairs.iter().map(|p| p.scope()).collect();
+    scopes.sort_unstable();
+    scopes.dedup();
+    for scope in scopes {
+        let of_scope: Vec<_> = pairs.iter().filter(|p| p.scope() == scope).collect();
+        if of_scope.iter().any(|p| p.ok) {
+            continue;
+        }
+        let evidence: Vec<String> = of_scope
+            .iter()
+            .map(|p| {
+                let what = match (p.busbw_gbps, &p.note) {
+                    (_, Some(note)) => note.clone(),
+                    (Some(b), None) => format!("{} GB/s", num(b)),
+                    (None, None) => "failed".into(),
+                };
+                format!("{} ({what})", p.peer)
+            })
+            .collect();
+        return Err(Rejection::new(
+            RejectReason::BusbwBelowThreshold,
+            format!(
+                "railguard: NCCL pair test ({scope}) failed with every peer: {}",
+                evidence.join(", ")
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn expired(expires_at: Timestamp, now: Timestamp) -> Rejection {

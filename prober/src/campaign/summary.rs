@@ -6,7 +6,7 @@ use super::coordinator::CampaignReport;
 pub fn found_faults(r: &CampaignReport) -> bool {
     r.findings
         .values()
-        .any(|f| f.node_fault.is_some() || !f.blamed_rails.is_empty() || !f.links.is_empty())
+        .any(|f| f.blames_node() || !f.links.is_empty())
 }
 
 /// A short text summary: counts and the culprits.
@@ -30,6 +30,19 @@ pub fn render_summary(r: &CampaignReport) -> String {
                 any = true;
             }
         }
+        for b in f.nccl_blamed.values() {
+            out.push_str(&format!("  node {}: {}\n", f.node, b.reason));
+            any = true;
+        }
+    }
+    if let Some(n) = &r.nccl {
+        out.push_str(&format!(
+            "  NCCL pair tests: {} runs ({} scopes: {}) in {} rounds\n",
+            n.runs(),
+            n.scopes.len(),
+            n.scopes.join(", "),
+            n.rounds
+        ));
     }
     let mut links: Vec<&String> = r.findings.values().flat_map(|f| f.links.iter()).collect();
     links.sort();

@@ -20,7 +20,7 @@ use tracing::{info, warn};
 use railguard_prober::campaign::coordinator::{run_campaign_with, CampaignNode, CampaignSettings};
 use railguard_prober::campaign::endpoint::{serve, EndpointConfig};
 use railguard_prober::campaign::kube::{
-    endpoint_of, profile_nodes, write_findings, GpuPodSource, LeaderLease,
+    collect_launcher_log, endpoint_of, profile_nodes, write_findings, GpuPodSource, LeaderLease,
 };
 use railguard_prober::campaign::mpijob::{self, PairJob};
 use railguard_prober::campaign::nccl_pair::NcclRunner;
@@ -282,9 +282,13 @@ pub struct CampaignArgs {
     /// GPUs per node of the --nccl-pair MPIJob (default: the profile's rails' GPUs).
     #[arg(long, env = "RAILGUARD_GPUS_PER_NODE")]
     pub gpus_per_node: Option<u32>,
-    /// Create the rendered MPIJob in the cluster.
+    /// Create the rendered MPIJob in the cluster, wait for its launcher, read the launcher's
+    /// log through the API and judge it (as --nccl-log does).
     #[arg(long, env = "RAILGUARD_LAUNCH")]
     pub launch: bool,
+    /// With --launch: how long to wait for the launcher pod to finish, seconds.
+    #[arg(long, env = "RAILGUARD_LAUNCHER_TIMEOUT_SECS", default_value_t = 1800)]
+    pub launcher_timeout_secs: u64,
     /// Judge collected nccl-tests logs of a 2-node run (repeatable) instead of a campaign.
     #[arg(long = "nccl-log", env = "RAILGUARD_NCCL_LOG", value_delimiter = ',', value_hint = ValueHint::FilePath)]
     pub nccl_logs: Vec<PathBuf>,
@@ -298,7 +302,7 @@ impl CampaignArgs {
             return self.judge_logs().await;
         }
         if let Some(pair) = &self.nccl_pair {
-            return self.nccl_pair(pair).await.map(Outcome::pass);
+            return self.nccl_pair(pair).await;
         }
         self.campaign().await
     }
@@ -349,7 +353,12 @@ impl CampaignArgs {
             })
             .collect::<Result<_, _>>()?;
         let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
-        let report = mpijob::judge_log(&refs, &profile)?;
+        self.judged(&refs, &profile)
+    }
+
+    /// The judgement of a 2-node run's logs: a failed verdict is exit status 1.
+    fn judged(&self, texts: &[&str], profile: &FabricProfile) -> anyhow::Result<Outcome> {
+        let report = mpijob::judge_log(texts, profile)?;
         let status =
             Status::fail_if(report.verdict == railguard_prober::analyze::AnalyzeVerdict::Fail);
         let text = if self.json {
@@ -463,7 +472,7 @@ impl CampaignArgs {
         Ok(Outcome::new(text, status))
     }
 
-    async fn nccl_pair(&self, pair: &str) -> anyhow::Result<String> {
+    async fn nccl_pair(&self, pair: &str) -> anyhow::Result<Outcome> {
         let (a, b) = pair
             .split_once(',')
             .ok_or_else(|| anyhow!("--nccl-pair {pair:?} is not NODE_A,NODE_B"))?;
@@ -505,6 +514,7 @@ impl CampaignArgs {
                 kind: "MPIJob".into(),
                 plural: "mpijobs".into(),
             };
+            let api_client = client.clone();
             let api: Api<DynamicObject> = Api::namespaced_with(client, &job.namespace, &ar);
             let name = mpijob::job_name(&job.node_a, &job.node_b);
             api.patch(
@@ -519,11 +529,19 @@ impl CampaignArgs {
                     job.namespace
                 )
             })?;
-            return Ok(format!(
-                "mpijob.kubeflow.org/{name} created in {}\n",
-                job.namespace
-            ));
+            info!(job = %name, namespace = %job.namespace, "MPIJob created; waiting for its launcher");
+            let collected = collect_launcher_log(
+                &api_client,
+                &job.namespace,
+                &name,
+                Duration::from_secs(self.launcher_timeout_secs.max(1)),
+                Duration::from_secs(5),
+            )
+            .await
+            .with_context(|| format!("MPIJob {}/{name} was created", job.namespace))?;
+            info!(pod = %collected.pod, state = ?collected.state, "launcher finished");
+            return self.judged(&[collected.log.as_str()], &profile);
         }
-        Ok(serde_yaml_ng::to_string(&manifest)?)
+        Ok(Outcome::pass(serde_yaml_ng::to_string(&manifest)?))
     }
 }

@@ -17,6 +17,59 @@ use tracing::{info, warn};
 use super::verdict::{apply_findings, NodeFindings};
 use super::CampaignError;
 
+/// The log of an MPIJob's launcher once it finished, and how it finished.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LauncherLog {
+    pub pod: String,
+    pub state: super::mpijob::LauncherState,
+    pub log: String,
+}
+
+/// Waits (polling every `poll`, at most `timeout`) for the launcher pod of MPIJob
+/// `namespace/job_name` to finish, then reads its log through the API.
+pub async fn collect_launcher_log(
+    client: &Client,
+    namespace: &str,
+    job_name: &str,
+    timeout: std::time::Duration,
+    poll: std::time::Duration,
+) -> Result<LauncherLog, CampaignError> {
+    use super::mpijob::{launcher_selector, launcher_state, LauncherState};
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let lp = ListParams::default().labels(&launcher_selector(job_name));
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let list = pods.list(&lp).await.map_err(|source| CampaignError::Kube {
+            what: format!("list the launcher pod of MPIJob {namespace}/{job_name}"),
+            source,
+        })?;
+        if let Some((pod, state)) = launcher_state(&list.items) {
+            if state != LauncherState::Waiting {
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                let log = pods
+                    .logs(&name, &kube::api::LogParams::default())
+                    .await
+                    .map_err(|source| CampaignError::Kube {
+                        what: format!("read the log of launcher pod {namespace}/{name}"),
+                        source,
+                    })?;
+                return Ok(LauncherLog {
+                    pod: name,
+                    state,
+                    log,
+                });
+            }
+        }
+        if tokio::time::Instant::now() + poll > deadline {
+            return Err(CampaignError::Timeout {
+                peer: format!("launcher of MPIJob {namespace}/{job_name}"),
+                after_ms: timeout.as_millis() as u64,
+            });
+        }
+        tokio::time::sleep(poll).await;
+    }
+}
+
 /// Node annotation: `host:port` of the node's peer endpoint, when it is not the node's
 /// InternalIP and the default port.
 pub const ANNOTATION_PEER_ENDPOINT: &str = "railguard.io/peer-endpoint";

@@ -237,6 +237,53 @@ pub fn judge_log(
     Ok(crate::analyze::analyze(&obs, Some(&profile.spec)))
 }
 
+/// Labels the MPI Operator (v2) puts on an MPIJob's pods.
+pub const JOB_NAME_LABEL: &str = "training.kubeflow.org/job-name";
+pub const JOB_ROLE_LABEL: &str = "training.kubeflow.org/job-role";
+
+/// The label selector of a job's launcher pod.
+pub fn launcher_selector(job_name: &str) -> String {
+    format!("{JOB_NAME_LABEL}={job_name},{JOB_ROLE_LABEL}=launcher")
+}
+
+/// Where a launcher pod stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LauncherState {
+    /// Not created yet, or not finished.
+    Waiting,
+    /// The launcher's container exited 0: its log holds the whole run.
+    Succeeded,
+    /// It failed; its log still holds what NCCL said before.
+    Failed { reason: String },
+}
+
+/// The launcher among `pods` (the newest, if the operator retried) and its state.
+pub fn launcher_state(
+    pods: &[k8s_openapi::api::core::v1::Pod],
+) -> Option<(&k8s_openapi::api::core::v1::Pod, LauncherState)> {
+    let pod = pods
+        .iter()
+        .filter(|p| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(JOB_ROLE_LABEL))
+                .is_some_and(|r| r == "launcher")
+        })
+        .max_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0))?;
+    let status = pod.status.as_ref();
+    let state = match status.and_then(|s| s.phase.as_deref()) {
+        Some("Succeeded") => LauncherState::Succeeded,
+        Some("Failed") => LauncherState::Failed {
+            reason: status
+                .and_then(|s| s.reason.clone().or_else(|| s.message.clone()))
+                .unwrap_or_else(|| "the launcher pod failed".into()),
+        },
+        _ => LauncherState::Waiting,
+    };
+    Some((pod, state))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -375,6 +422,40 @@ mod tests {
         // A cut-short or garbage log is an error or unknown, never a pass.
         let r = judge_log(&["nothing useful here"], &p).unwrap();
         assert_ne!(r.verdict, crate::analyze::AnalyzeVerdict::Pass);
+    }
+
+    #[test]
+    fn the_newest_launcher_pod_and_its_state_are_found() {
+        let pod =
+            |name: &str, role: &str, phase: &str, at: &str| -> k8s_openapi::api::core::v1::Pod {
+                serde_json::from_value(json!({
+                    "metadata": {"name": name, "creationTimestamp": at, "labels": {
+                        JOB_NAME_LABEL: "j", JOB_ROLE_LABEL: role}},
+                    "status": {"phase": phase, "reason": "DeadlineExceeded"}
+                }))
+                .unwrap()
+            };
+        assert_eq!(
+            launcher_selector("j"),
+            "training.kubeflow.org/job-name=j,training.kubeflow.org/job-role=launcher"
+        );
+        assert!(launcher_state(&[pod("w", "worker", "Running", "2026-01-01T00:00:00Z")]).is_none());
+        let pods = [
+            pod("old", "launcher", "Failed", "2026-01-01T00:00:00Z"),
+            pod("new", "launcher", "Running", "2026-01-01T00:01:00Z"),
+        ];
+        let (p, state) = launcher_state(&pods).unwrap();
+        assert_eq!(p.metadata.name.as_deref(), Some("new"));
+        assert_eq!(state, LauncherState::Waiting);
+        let (_, state) = launcher_state(&pods[..1]).unwrap();
+        assert_eq!(
+            state,
+            LauncherState::Failed {
+                reason: "DeadlineExceeded".into()
+            }
+        );
+        let done = [pod("l", "launcher", "Succeeded", "2026-01-01T00:00:00Z")];
+        assert_eq!(launcher_state(&done).unwrap().1, LauncherState::Succeeded);
     }
 
     #[test]

@@ -8,8 +8,10 @@
  * real DMA-BUF (what cuMemGetHandleForAddressRange does on a real GPU).
  *
  * Behaviour is set by environment variables, read at cuInit:
- *   RAILGUARD_CUDA_DOUBLE_PCI     comma list of PCI bus ids, one per GPU
- *                                 (default "0000:04:00.0,0000:84:00.0")
+ *   RAILGUARD_CUDA_DOUBLE_PCI     comma list of PCI bus ids, one per GPU (default: the
+ *                                 list in railguard-cuda-double.pci next to this library,
+ *                                 one id per line, for a container whose environment the
+ *                                 test does not set; else "0000:04:00.0,0000:84:00.0")
  *   RAILGUARD_CUDA_DOUBLE_DMABUF  "1": the devices report DMA-BUF support and export
  *                                 through /dev/udmabuf; "memfd": they report support and
  *                                 hand out the allocation's memfd, which is no DMA-BUF (for
@@ -27,6 +29,7 @@
  * libcuda.so.1 from the driver.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/udmabuf.h>
@@ -102,11 +105,32 @@ CUresult cuGetErrorName(CUresult error, const char **pStr) {
     return CUDA_ERROR_INVALID_VALUE;
 }
 
+/* The device list of railguard-cuda-double.pci beside this library, as a comma list. */
+static int pci_file(char *out, size_t n) {
+    Dl_info info;
+    if (!dladdr((void *)pci_file, &info) || !info.dli_fname) return 0;
+    char path[4096];
+    snprintf(path, sizeof path, "%s", info.dli_fname);
+    char *slash = strrchr(path, '/');
+    if (!slash) return 0;
+    snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "railguard-cuda-double.pci");
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    size_t got = fread(out, 1, n - 1, f);
+    fclose(f);
+    out[got] = 0;
+    for (char *p = out; *p; p++)
+        if (*p == '\n' || *p == '\r' || *p == ' ') *p = ',';
+    return got > 0;
+}
+
 CUresult cuInit(unsigned int flags) {
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     const char *fail = getenv("RAILGUARD_CUDA_DOUBLE_INIT");
     if (fail && *fail) return atoi(fail);
+    static char from_file[MAX_GPUS * 32];
     const char *list = getenv("RAILGUARD_CUDA_DOUBLE_PCI");
+    if (!list && pci_file(from_file, sizeof from_file)) list = from_file;
     if (!list) list = "0000:04:00.0,0000:84:00.0";
     char buf[MAX_GPUS * 32];
     snprintf(buf, sizeof buf, "%s", list);

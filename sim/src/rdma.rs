@@ -10,9 +10,11 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use railguard_prober::rdma::gpu_memory::{registration_order, GpuBuffer};
 use railguard_prober::rdma::{
-    loopback_via_endpoints, MemoryKind, PeerRdmaEngine, QpInfo, RailBenchRequest, RailBenchResult,
-    RdmaEndpoint, RdmaEngine, RdmaError, SizePoint,
+    loopback_via_endpoints, GpuMemory, GpuRegistrationReport, MemoryKind, PeerRdmaEngine, QpInfo,
+    RailBenchRequest, RailBenchResult, RdmaEndpoint, RdmaEngine, RdmaError, RegistrationAttempt,
+    RegistrationPath, SizePoint,
 };
 
 /// Status code and text of `IBV_WC_RETRY_EXC_ERR`, what a real HCA reports for a dead wire.
@@ -106,13 +108,24 @@ pub struct SimEndpointInfo {
     pub link: Option<SimLinkFault>,
 }
 
-/// The simulated engine. Cheap to clone; holds only the model.
+/// The simulated engine. Cheap to clone; holds only the model (and, with
+/// [`SimulatedRdmaEngine::with_gpu_memory`], where real GPU buffers come from).
 #[derive(Debug, Clone)]
 pub struct SimulatedRdmaEngine {
     model: SimRdmaModel,
+    gpu_memory: Option<GpuMemory>,
 }
 
 impl SimulatedRdmaEngine {
+    /// GPU-memory endpoints allocate their buffer through `gpu_memory` (the CUDA driver, or its
+    /// test double, loaded by the prober's own code), so a simulated node exercises the
+    /// driver path; only the HCA's registration is simulated: it accepts the first path of
+    /// the profile's order that the GPU supports (DMA-BUF needs the GPU's DMA-BUF support).
+    pub fn with_gpu_memory(mut self, gpu_memory: GpuMemory) -> Self {
+        self.gpu_memory = Some(gpu_memory);
+        self
+    }
+
     /// Validates the model: rail keys are `hca:port`, rates and latencies positive and finite.
     pub fn new(model: SimRdmaModel) -> Result<Self, RdmaError> {
         let invalid = |reason: String| Err(RdmaError::InvalidRequest { reason });
@@ -148,7 +161,10 @@ impl SimulatedRdmaEngine {
                 return invalid("simulated link bwFactor must be in (0, 1]".into());
             }
         }
-        Ok(SimulatedRdmaEngine { model })
+        Ok(SimulatedRdmaEngine {
+            model,
+            gpu_memory: None,
+        })
     }
 
     pub fn model(&self) -> &SimRdmaModel {
@@ -232,7 +248,14 @@ impl PeerRdmaEngine for SimulatedRdmaEngine {
             Some(SimFault::Degraded { factor }) => peak * factor,
             _ => peak,
         };
+        let gpu = match (memory, &self.gpu_memory) {
+            (MemoryKind::Gpu { gpu }, Some(source)) => {
+                Some(simulated_registration(source, gpu, buffer_bytes.max(64))?)
+            }
+            _ => None,
+        };
         Ok(Box::new(SimEndpoint {
+            gpu,
             node: self.model.node.clone(),
             links: self.model.links.clone(),
             hca: hca.to_string(),
@@ -252,6 +275,8 @@ impl PeerRdmaEngine for SimulatedRdmaEngine {
 }
 
 struct SimEndpoint {
+    /// A real GPU buffer and its (simulated) registration, for GPU memory.
+    gpu: Option<(GpuBuffer, GpuRegistrationReport)>,
     node: String,
     links: BTreeMap<String, SimLinkFault>,
     hca: String,
@@ -275,7 +300,44 @@ fn sim_info(info: &QpInfo) -> Option<SimEndpointInfo> {
     serde_json::from_value(info.sim.clone()?).ok()
 }
 
+/// A real allocation on GPU `gpu`, registered by the simulated HCA.
+fn simulated_registration(
+    source: &GpuMemory,
+    gpu: u32,
+    len: usize,
+) -> Result<(GpuBuffer, GpuRegistrationReport), RdmaError> {
+    let buffer = source.alloc(gpu, len)?;
+    let mut failed = Vec::new();
+    for &path in registration_order(source.registration) {
+        if path == RegistrationPath::DmaBuf && !buffer.device.dma_buf_supported {
+            failed.push(RegistrationAttempt {
+                path,
+                error: format!(
+                    "GPU {} does not support DMA-BUF export",
+                    buffer.device.pci_bus_id
+                ),
+            });
+            continue;
+        }
+        let report = GpuRegistrationReport {
+            gpu,
+            pci_bus_id: buffer.device.pci_bus_id.clone(),
+            path,
+            failed,
+        };
+        return Ok((buffer, report));
+    }
+    Err(RdmaError::GpuMemoryUnavailable {
+        gpu,
+        reason: railguard_prober::rdma::gpu_memory::no_path_reason(source.registration, &failed),
+    })
+}
+
 impl RdmaEndpoint for SimEndpoint {
+    fn registration(&self) -> Option<GpuRegistrationReport> {
+        self.gpu.as_ref().map(|(_, report)| report.clone())
+    }
+
     fn info(&self) -> QpInfo {
         // Stable fake addressing: enough for the side channel to carry and check.
         QpInfo {

@@ -78,15 +78,38 @@ fn build_images(out: &Path, bins: &Path, kube_bin: &Path) -> Result<Vec<PathBuf>
         .collect())
 }
 
+/// The CUDA and NCCL test doubles in `dir` (mounted into the prober pods through the chart's
+/// `prober.gpuLibraries`), with the simulated node's GPUs as the CUDA double's devices: the
+/// prober then allocates every rail's GPU memory through the real driver-loading code.
+fn gpu_libraries(bins: &Path, sim_node: &Path, dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    railguard_gpu::doubles::build(dir)?;
+    let out = Command::new(bins.join("railguard-prober"))
+        .args(["discover", "--json", "--sysfs-root"])
+        .arg(sim_node)
+        .output()?;
+    let found: Value = serde_json::from_slice(&out.stdout).context("discover --json")?;
+    let ids: Vec<&str> = found["gpus"]
+        .as_array()
+        .context("discovered GPUs")?
+        .iter()
+        .filter_map(|g| g["pciBusId"].as_str())
+        .collect();
+    ensure!(ids.len() == 8, "the simulated node has {} GPUs", ids.len());
+    std::fs::write(dir.join("railguard-cuda-double.pci"), ids.join("\n"))?;
+    Ok(())
+}
+
 /// The chart's objects for this node, as JSON.
-fn render_chart(sim_node: &Path) -> Result<Vec<Value>> {
+fn render_chart(sim_node: &Path, gpu_libs: &Path) -> Result<Vec<Value>> {
     let chart = Chart::load(workspace_root().join("charts/railguard"))?;
     let values = std::fs::read_to_string(workspace_root().join("tests/values/real-node.yaml"))?;
     let opts = RenderOptions::new(RELEASE, NAMESPACE)
         .with_values_yaml(&values)?
         .with_values_yaml(&format!(
-            "prober: {{simulation: {{hostPath: {:?}}}}}",
-            sim_node.display().to_string()
+            "prober: {{simulation: {{hostPath: {:?}}}, gpuLibraries: {{hostPath: {:?}}}}}",
+            sim_node.display().to_string(),
+            gpu_libs.display().to_string()
         ))?;
     let rendered = chart.render(&opts)?;
     let mut objects = Vec::new();
@@ -282,6 +305,9 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
 
+    let gpu_libs = dir.join("gpu-libs");
+    gpu_libraries(bins, &sim_node, &gpu_libs)?;
+
     let kube_bin = railguard_tests::control_plane_binaries()?;
     let archives = build_images(&dir.join("images"), bins, &kube_bin)?;
     node.import_images(&archives)?;
@@ -312,7 +338,7 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     create_namespace(&client, NAMESPACE, &[]).await?;
     create_namespace(&client, TRAINING, &[("railguard.io/exemptions", "allowed")]).await?;
     node.control_plane().apply_fabricprofile_crd().await?;
-    let objects = render_chart(&sim_node)?;
+    let objects = render_chart(&sim_node, &gpu_libs)?;
     let t_install = Instant::now();
     apply_objects(&client, NAMESPACE, &objects).await?;
     wait_workloads_ready(&client, NAMESPACE, &objects, Duration::from_secs(300)).await?;
@@ -371,6 +397,20 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     );
     let rails = cert["rails"].as_array().map(Vec::len).unwrap_or(0);
     ensure!(rails == 8, "certificate has {rails} rails");
+    // GPU memory on every rail came through the driver library the chart mounted: the CUDA
+    // double reports no DMA-BUF support, so Auto registered by peermem and says why.
+    for r in cert["rails"].as_array().into_iter().flatten() {
+        let g = &r["gpuMemory"];
+        ensure!(
+            g["registration"] == "peermem"
+                && g["unavailable"][0]
+                    .as_str()
+                    .is_some_and(|u| u.contains("does not support DMA-BUF export"))
+                && r["writeBwGpuGbps"].as_f64().is_some_and(|bw| bw > 0.0),
+            "rail {} GPU memory: {r}",
+            r["hca"]
+        );
+    }
 
     // A training pod: mutated through the Service, placed through the extender, running.
     let pods: Api<Pod> = Api::namespaced(client.clone(), TRAINING);

@@ -146,7 +146,15 @@ impl NodeArgs {
             .resolve_profile(client.as_ref(), &node, &sysfs_root)
             .await?;
         let (engine, software): (Arc<dyn RdmaEngine>, Arc<dyn SoftwareSource>) = match &sim {
-            Some(s) => (Arc::new(s.engine(&node)?), Arc::new(s.software())),
+            Some(s) => {
+                let mut engine = s.engine(&node)?;
+                // A simulated node with a CUDA library given (the test double in tests)
+                // allocates its GPU buffers through the real driver path.
+                if self.cuda_library.is_some() {
+                    engine = engine.with_gpu_memory(self.gpu_memory(&sysfs_root, &profile));
+                }
+                (Arc::new(engine), Arc::new(s.software()))
+            }
             None => (
                 Arc::new(VerbsEngine {
                     gpu_memory: self.gpu_memory(&sysfs_root, &profile),

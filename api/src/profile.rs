@@ -698,12 +698,13 @@ impl FabricProfileSpec {
             }
         }
         // GPUs are numbered 0..n; every GPU up to the highest one named must be served.
+        // Indices above 255 are reported above; walking up to one (4294967295) would not end.
         let served: BTreeSet<u32> = self
             .rails
             .iter()
             .flat_map(|r| r.gpus.iter().copied())
             .collect();
-        if let Some(&max) = served.iter().next_back() {
+        if let Some(&max) = served.iter().next_back().filter(|&&max| max <= 255) {
             for g in 0..=max {
                 if !served.contains(&g) {
                     push("spec.rails".into(), format!("GPU {g} is served by no rail"));

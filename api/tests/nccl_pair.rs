@@ -97,7 +97,7 @@ fn pair_results_ride_in_the_certificate_and_unreadable_ones_are_empty() {
         note: Some("busbw 12 GB/s".into()),
         ..pairs[1].clone()
     };
-    c.set_nccl_pairs(&[bad.clone()]);
+    c.set_nccl_pairs(std::slice::from_ref(&bad));
     let back = Certificate::from_annotation(&c.to_annotation().unwrap()).unwrap();
     assert_eq!(back.nccl_pairs(), vec![bad]);
     c.extra

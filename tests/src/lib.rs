@@ -963,12 +963,15 @@ pub fn workspace_binary(package: &str, name: &str) -> Result<PathBuf> {
     Ok(target.join("debug").join(name))
 }
 
-/// A throwaway CA and a serving certificate it signed, all PEM.
+/// A throwaway CA, a serving certificate and a client certificate it signed, all PEM.
 #[derive(Clone, Debug)]
 pub struct ServingCertificate {
     pub ca_pem: String,
     pub cert_pem: String,
     pub key_pem: String,
+    /// For clients a server authenticates (`--tls-client-ca`): the scheduler's.
+    pub client_cert_pem: String,
+    pub client_key_pem: String,
 }
 
 impl ServingCertificate {
@@ -988,11 +991,33 @@ impl ServingCertificate {
             .push(rcgen::SanType::IpAddress("127.0.0.1".parse()?));
         let key = rcgen::KeyPair::generate()?;
         let cert = params.signed_by(&key, &ca, &ca_key)?;
+        let mut client = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        client
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "railguard-scheduler");
+        client.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let client_key = rcgen::KeyPair::generate()?;
+        let client_cert = client.signed_by(&client_key, &ca, &ca_key)?;
         Ok(ServingCertificate {
             ca_pem: ca.pem(),
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
+            client_cert_pem: client_cert.pem(),
+            client_key_pem: client_key.serialize_pem(),
         })
+    }
+
+    /// Writes `ca.crt`, `client.crt` and `client.key` into `dir`; their paths.
+    pub fn write_client(&self, dir: &Path) -> Result<(PathBuf, PathBuf, PathBuf)> {
+        let (ca, cert, key) = (
+            dir.join("ca.crt"),
+            dir.join("client.crt"),
+            dir.join("client.key"),
+        );
+        std::fs::write(&ca, &self.ca_pem)?;
+        std::fs::write(&cert, &self.client_cert_pem)?;
+        std::fs::write(&key, &self.client_key_pem)?;
+        Ok((ca, cert, key))
     }
 
     /// Writes `tls.crt` and `tls.key` into `dir` and returns their paths.

@@ -151,12 +151,8 @@ fn unannotated_gpu_rdma_pods_are_held_to_the_default_profile() {
         }
         other => panic!("expected the default profile, got {other:?}"),
     }
-    // GPUs without RDMA: not a multi-node training pod, untouched.
-    assert!(matches!(
-        target_for(&facts(&gpu_pod(false)), &profiles, None, &config),
-        PodTarget::PassThrough
-    ));
-    // No default profile: every node fails, resolvably, with a message that says why.
+    // No default profile: every node fails, unresolvably (preemption cannot give the pod a
+    // profile), with a message that says why.
     let no_default: Vec<_> = profiles
         .iter()
         .filter(|p| !p.spec.default)
@@ -166,21 +162,83 @@ fn unannotated_gpu_rdma_pods_are_held_to_the_default_profile() {
     let nodes = six_nodes(&profiles);
     let v = filter(&target, &slots(&nodes), now());
     assert!(v.passed.is_empty());
-    assert_eq!(v.failed.len(), 6);
-    assert!(v.failed["n-certified"].contains("no FabricProfile is marked default"));
+    assert!(v.failed.is_empty());
+    assert_eq!(v.unresolvable.len(), 6);
+    assert!(v.unresolvable["n-certified"].contains("no FabricProfile is marked default"));
+}
+
+/// The nodes of [`six_nodes`] in pools: `n-other-profile` in the A100 pool, `n-none` in
+/// none, the rest in the H100 pool.
+fn pooled_nodes(profiles: &[railguard_api::FabricProfile]) -> Vec<NodeFabric> {
+    let mut nodes = six_nodes(profiles);
+    for n in &mut nodes {
+        let product = match n.name.as_str() {
+            "n-other-profile" => Some("NVIDIA-A100-SXM4-80GB"),
+            "n-none" => None,
+            _ => Some("NVIDIA-H100-80GB-HBM3"),
+        };
+        n.labels.remove("nvidia.com/gpu.product");
+        if let Some(p) = product {
+            n.labels.insert("nvidia.com/gpu.product".into(), p.into());
+        }
+    }
+    nodes
+}
+
+/// With the webhook down (failurePolicy Ignore), a GPU pod without RDMA and without a
+/// profile is still held, on each pool's nodes, to that pool's profile; nodes of no pool
+/// are not railguard's.
+#[test]
+fn unannotated_gpu_pods_without_rdma_are_held_to_each_pools_profile() {
+    let profiles = profiles();
+    let config = ExtenderConfig::default();
+    let target = target_for(&facts(&gpu_pod(false)), &profiles, None, &config);
+    assert!(matches!(target, PodTarget::Pools(_)), "{target:?}");
+    let nodes = pooled_nodes(&profiles);
+    let v = filter(&target, &slots(&nodes), now());
+    let passed: Vec<&str> = v.passed.iter().map(|&i| nodes[i].name.as_str()).collect();
+    // The A100 pool's node is held to a100-hdr, whose certificate it has.
+    assert_eq!(passed, ["n-certified", "n-other-profile", "n-none"]);
+    assert_eq!(
+        v.failed["n-expired"],
+        "railguard: certificate expired 2h10m ago"
+    );
+    assert_eq!(
+        v.unresolvable["n-degraded"],
+        "railguard: rail mlx5_3:1 measured 196 Gb/s, profile h100-ndr needs 360"
+    );
+    // A pod with no GPUs is not railguard's.
+    assert!(matches!(
+        target_for(&facts(&sample_pod()), &profiles, None, &config),
+        PodTarget::PassThrough
+    ));
+    // A node in two pools cannot say which profile holds the pod.
+    let mut overlapping = profiles.clone();
+    overlapping[1].spec.node_selector.clear();
+    let v = filter(
+        &target_for(&facts(&gpu_pod(false)), &overlapping, None, &config),
+        &slots(&nodes[..1]),
+        now(),
+    );
+    assert!(
+        v.unresolvable["n-certified"].contains("in the pools of several FabricProfiles"),
+        "{v:?}"
+    );
 }
 
 #[test]
-fn unknown_profile_fails_every_node_resolvably() {
+fn unknown_profile_fails_every_node_unresolvably() {
     let profiles = profiles();
     let mut pod = facts(&sample_pod());
     pod.profile = Some("b200-xdr".into());
     let target = target_for(&pod, &profiles, None, &ExtenderConfig::default());
     let nodes = six_nodes(&profiles);
     let v = filter(&target, &slots(&nodes), now());
-    assert_eq!(v.failed.len(), 6);
+    // A deleted profile is the pod's problem: no node invites preemption.
+    assert!(v.failed.is_empty());
+    assert_eq!(v.unresolvable.len(), 6);
     assert_eq!(
-        v.failed["n-certified"],
+        v.unresolvable["n-certified"],
         "railguard: pod asks for FabricProfile b200-xdr, which does not exist"
     );
 }
@@ -196,11 +254,27 @@ fn allow_uncertified_is_honored_only_where_the_profile_allows() {
     let other = BTreeMap::from([("team".into(), "ml".into())]);
 
     let exempt = target_for(&pod, &profiles, Some(&allowed), &config);
-    assert_eq!(filter(&exempt, &slots(&nodes), now()).passed.len(), 6);
+    // Outside the profile's pool the exemption does nothing: only the certified node.
+    assert_eq!(filter(&exempt, &slots(&nodes), now()).passed, vec![0]);
     for labels in [Some(&other), None] {
         let t = target_for(&pod, &profiles, labels, &config);
         assert_eq!(filter(&t, &slots(&nodes), now()).passed, vec![0]);
     }
+    // The exemption reaches the nodes of the profile's own pool, uncertified ones included,
+    // and never another pool's node: a namespace exempt in one profile cannot borrow that
+    // exemption to land on another profile's uncertified nodes.
+    let pooled = pooled_nodes(&profiles);
+    let v = filter(&exempt, &slots(&pooled), now());
+    let passed: Vec<&str> = v.passed.iter().map(|&i| pooled[i].name.as_str()).collect();
+    assert_eq!(
+        passed,
+        ["n-certified", "n-expired", "n-degraded", "n-failed"]
+    );
+    assert_eq!(
+        v.unresolvable["n-other-profile"],
+        "railguard: node is certified for profile a100-hdr, pod needs h100-ndr"
+    );
+    assert!(v.unresolvable["n-none"].starts_with("railguard: node has no fabric certificate"));
 }
 
 #[test]

@@ -150,8 +150,10 @@ async fn scenario(node_cache_capable: bool) {
     .await
     .unwrap();
 
-    // Six nodes with 8 GPUs each, in the six fabric states.
+    // Six nodes with 8 GPUs each, in the six fabric states, each in the pool of the profile
+    // it was built for (the GPU product label GPU Feature Discovery sets).
     let alloc = [("nvidia.com/gpu", "8"), ("rdma/rdma_shared_device_a", "1")];
+    let product = "nvidia.com/gpu.product";
     for name in [
         "n-certified",
         "n-other-profile",
@@ -160,7 +162,14 @@ async fn scenario(node_cache_capable: bool) {
         "n-failed",
         "n-none",
     ] {
-        cp.create_node(name, &labels(&[]), &alloc).await.unwrap();
+        let pool = match name {
+            "n-other-profile" => &a100,
+            _ => &h100,
+        };
+        let value = pool.spec.node_selector[product].as_str();
+        cp.create_node(name, &labels(&[(product, value)]), &alloc)
+            .await
+            .unwrap();
     }
     let good = synth::certificate(&h100, Verdict::Certified, hours_ago(1.0), 392.0, 370.0);
     cp.publish_certificate("n-certified", &good).await.unwrap();
@@ -299,6 +308,32 @@ async fn scenario(node_cache_capable: bool) {
     .await
     .unwrap();
     assert_eq!(pod_node(&client, "train", "exempt-denied").await, None);
+    // The exemption is h100-ndr's: it does not reach the A100 pool's node.
+    create_pod(
+        &client,
+        "sandbox",
+        training_pod(
+            "exempt-borrowed",
+            &h100,
+            0,
+            json!({
+                "metadata": {"annotations": {"railguard.io/allow-uncertified": "true"}},
+                "spec": {"nodeSelector": {"kubernetes.io/hostname": "n-other-profile"}},
+            }),
+        ),
+    )
+    .await;
+    eventually(
+        Duration::from_secs(60),
+        "FailedScheduling for exempt-borrowed",
+        || async {
+            let m = failed_scheduling_messages(&client, "sandbox", "exempt-borrowed").await?;
+            Ok((!m.is_empty()).then_some(m))
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(pod_node(&client, "sandbox", "exempt-borrowed").await, None);
 
     // The expired node is recertified the way the prober renews: pending, then certified.
     set_fabric_label(&client, "n-expired", "pending").await;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use railguard_api::NodeFabric;
 
+use crate::decision::target::in_pool;
 use crate::decision::{check_node, PodTarget, Precheck, RejectReason, Rejection};
 
 /// A candidate node: its name and, when known, its fabric state.
@@ -93,9 +94,38 @@ pub fn filter_by<K: Ord, M>(
     message: impl Fn(Arc<str>) -> M,
 ) -> FilterVerdicts<K, M> {
     let mut out = FilterVerdicts::default();
+    let not_cached = || {
+        Rejection::new(
+            RejectReason::NotCached,
+            "railguard: node is not in the extender's cache yet",
+        )
+    };
     match target {
-        PodTarget::PassThrough | PodTarget::Profile { exempt: true, .. } => {
-            out.passed = (0..nodes.len()).collect()
+        PodTarget::PassThrough => out.passed = (0..nodes.len()).collect(),
+        PodTarget::Pools(profiles) => {
+            for (i, slot) in nodes.iter().enumerate() {
+                let Some(node) = slot.fabric else {
+                    let r = not_cached();
+                    out.reject(key(i), r.reason, message(r.message));
+                    continue;
+                };
+                let pools: Vec<_> = profiles.iter().filter(|p| in_pool(node, p)).collect();
+                let verdict = match pools.as_slice() {
+                    [] => Ok(()),
+                    [p] => check_node(node, p, &p.spec.signature(), now),
+                    many => Err(Rejection::new(
+                        RejectReason::Unplaceable,
+                        format!(
+                            "railguard: node is in the pools of several FabricProfiles ({}); a GPU pod without railguard.io/profile cannot be held to one",
+                            many.iter().map(|p| p.name()).collect::<Vec<_>>().join(", ")
+                        ),
+                    )),
+                };
+                match verdict {
+                    Ok(()) => out.passed.push(i),
+                    Err(r) => out.reject(key(i), r.reason, message(r.message)),
+                }
+            }
         }
         PodTarget::Unplaceable(why) => {
             let r = Rejection::new(RejectReason::Unplaceable, why.to_string());
@@ -106,17 +136,19 @@ pub fn filter_by<K: Ord, M>(
         PodTarget::Profile {
             profile,
             signature,
-            exempt: false,
+            exempt,
         } => {
             out.passed.reserve(nodes.len());
             for (i, slot) in nodes.iter().enumerate() {
+                // An exemption is the profile's: it reaches only that profile's pool.
+                if *exempt && slot.fabric.is_some_and(|n| in_pool(n, profile)) {
+                    out.passed.push(i);
+                    continue;
+                }
                 let verdict = match (slot.precheck, slot.fabric) {
                     (Some(pre), _) => pre.check(now),
                     (None, Some(node)) => check_node(node, profile, signature, now),
-                    (None, None) => Err(Rejection::new(
-                        RejectReason::NotCached,
-                        "railguard: node is not in the extender's cache yet",
-                    )),
+                    (None, None) => Err(not_cached()),
                 };
                 match verdict {
                     Ok(()) => out.passed.push(i),

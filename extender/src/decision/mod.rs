@@ -13,4 +13,4 @@ pub use config::ExtenderConfig;
 pub use filter::{filter, filter_by, FilterVerdicts, NodeSlot};
 pub use prioritize::prioritize;
 pub use rejection::{RejectReason, Rejection};
-pub use target::{target_for, PodTarget, Unplaceable};
+pub use target::{in_pool, target_for, PodTarget, Unplaceable};

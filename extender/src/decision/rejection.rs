@@ -43,16 +43,15 @@ impl RejectReason {
     }
 
     /// Whether the node may become eligible without anyone repairing it: a pending
-    /// certification finishes, an expired certificate is renewed, the cache catches up, a
-    /// missing profile is created. Everything else needs a repair and a new certificate,
-    /// so preemption on that node would evict pods for nothing.
+    /// certification finishes, an expired certificate is renewed, the cache catches up.
+    /// Everything else needs a repair and a new certificate, so preemption on that node
+    /// would evict pods for nothing.
     pub fn resolvable(self) -> bool {
+        // Unplaceable (a profile that does not exist, or none to choose) is the pod's
+        // problem, not the node's: preempting pods on any node cannot help it.
         matches!(
             self,
-            RejectReason::Pending
-                | RejectReason::Expired
-                | RejectReason::NotCached
-                | RejectReason::Unplaceable
+            RejectReason::Pending | RejectReason::Expired | RejectReason::NotCached
         )
     }
 }

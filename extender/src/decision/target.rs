@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use railguard_api::FabricProfile;
+use railguard_api::{FabricProfile, NodeFabric};
 
 use crate::decision::ExtenderConfig;
 use crate::pod::PodFacts;
@@ -11,15 +11,20 @@ use crate::pod::PodFacts;
 /// What a pod is held to.
 #[derive(Clone, Debug)]
 pub enum PodTarget<'a> {
-    /// Not a training pod: every node passes, scores are 0.
+    /// Not a GPU pod: every node passes, scores are 0.
     PassThrough,
     /// Checked against a profile and rail-layout signature.
     Profile {
         profile: &'a FabricProfile,
         signature: String,
-        /// `allow-uncertified` honored for this pod's namespace: every node passes.
+        /// `allow-uncertified` honored for this pod's namespace: the nodes of this profile's
+        /// pool pass uncertified (an exemption never reaches another profile's nodes).
         exempt: bool,
     },
+    /// A GPU pod that names no profile and requests no RDMA (the webhook did not see it, or
+    /// let it through): on every node of a profile's pool it is held to that profile; nodes
+    /// of no pool are not railguard's and pass.
+    Pools(&'a [FabricProfile]),
     /// A training pod that cannot be checked; every node fails with this reason until that
     /// changes.
     Unplaceable(Unplaceable),
@@ -69,8 +74,11 @@ pub fn target_for<'a>(
             None => return PodTarget::Unplaceable(Unplaceable::UnknownProfile(name.clone())),
         },
         None => {
-            if !(pod.requests_any(&config.gpu_resources) && requests_rdma(pod, profiles)) {
+            if !pod.requests_any(&config.gpu_resources) {
                 return PodTarget::PassThrough;
+            }
+            if !requests_rdma(pod, profiles) {
+                return PodTarget::Pools(profiles);
             }
             let defaults: Vec<&FabricProfile> =
                 profiles.iter().filter(|p| p.spec.default).collect();
@@ -96,6 +104,16 @@ pub fn target_for<'a>(
         signature,
         exempt,
     }
+}
+
+/// Whether `node` is in `profile`'s pool: it carries every label of the profile's
+/// nodeSelector (an empty selector claims every node).
+pub fn in_pool(node: &NodeFabric, profile: &FabricProfile) -> bool {
+    profile
+        .spec
+        .node_selector
+        .iter()
+        .all(|(k, v)| node.labels.get(k) == Some(v))
 }
 
 /// RDMA resources: any profile's RDMA resource name, or the `rdma/` resource domain.

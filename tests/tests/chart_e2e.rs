@@ -327,8 +327,25 @@ fn secondary_scheduler_points_at_the_extender_and_fails_closed() {
         "railguard-scheduler"
     );
     let e = &config["extenders"][0];
-    // The extender runs beside the scheduler (placement auto with a secondary scheduler).
-    assert_eq!(e["urlPrefix"], "http://127.0.0.1:8888");
+    // The extender runs beside the scheduler (placement auto with a secondary scheduler),
+    // over TLS with the chart's CA, the scheduler authenticated by its client certificate.
+    assert_eq!(e["urlPrefix"], "https://127.0.0.1:8888");
+    assert_eq!(e["enableHTTPS"], true);
+    assert_eq!(
+        e["tlsConfig"],
+        json!({
+            "caFile": "/etc/railguard/extender-tls/ca.crt",
+            "certFile": "/etc/railguard/extender-tls/client.crt",
+            "keyFile": "/etc/railguard/extender-tls/client.key",
+        })
+    );
+    let secret = find(&docs, "Secret", "railguard-extender-tls");
+    for key in ["ca.crt", "tls.crt", "tls.key", "client.crt", "client.key"] {
+        assert!(
+            secret["data"][key].as_str().is_some_and(|v| !v.is_empty()),
+            "{key}"
+        );
+    }
     assert_eq!(e["filterVerb"], "filter");
     assert_eq!(e["prioritizeVerb"], "prioritize");
     assert_eq!(e["nodeCacheCapable"], true);
@@ -357,6 +374,7 @@ fn secondary_scheduler_points_at_the_extender_and_fails_closed() {
         .find(|c| c["name"] == "extender")
         .expect("extender sidecar");
     let args = container_args(ext);
+    assert!(args.contains(&"--tls-client-ca=/etc/railguard/extender-tls/ca.crt".to_string()));
     assert!(
         args.contains(&"--listen=127.0.0.1:8888".to_string())
             && args.contains(&"--metrics-listen=0.0.0.0:9090".to_string()),
@@ -700,10 +718,10 @@ fn peer_token_is_generated_when_not_given() {
     let (ta, tb) = (token(&a), token(&b));
     assert_eq!(ta.len(), 64, "48 random characters, base64");
     assert_ne!(ta, tb, "random per install");
-    // Everything else is deterministic.
+    // So are the extender's generated CA and certificates; everything else is deterministic.
     let strip = |docs: &[Doc]| {
         docs.iter()
-            .filter(|d| d.name() != "railguard-peer-token")
+            .filter(|d| d.name() != "railguard-peer-token" && d.name() != "railguard-extender-tls")
             .map(|d| d.obj.clone())
             .collect::<Vec<_>>()
     };

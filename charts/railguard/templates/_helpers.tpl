@@ -138,6 +138,18 @@ reached on localhost) or "deployment" (its own Deployment behind a Service). */}
     {{- if include "railguard.reportUnresolvableAsFailed" . }}
     - --report-unresolvable-as-failed
     {{- end }}
+    {{- if include "railguard.extenderTls" . }}
+    # Only the scheduler, with its client certificate from the chart's CA, is served.
+    - --tls-cert=/etc/railguard/extender-tls/tls.crt
+    - --tls-key=/etc/railguard/extender-tls/tls.key
+    - --tls-client-ca=/etc/railguard/extender-tls/ca.crt
+    {{- end }}
+  {{- if include "railguard.extenderTls" . }}
+  volumeMounts:
+    - name: extender-tls
+      mountPath: /etc/railguard/extender-tls
+      readOnly: true
+  {{- end }}
   ports:
     {{- if not $sidecar }}
     - name: http
@@ -165,10 +177,32 @@ reached on localhost) or "deployment" (its own Deployment behind a Service). */}
 {{- if .Values.scheduler.extenderURL -}}
 {{- .Values.scheduler.extenderURL -}}
 {{- else if eq (include "railguard.extenderPlacement" .) "sidecar" -}}
-{{- printf "http://127.0.0.1:%d" (int .Values.extender.port) -}}
+{{- printf "%s://127.0.0.1:%d" (include "railguard.extenderScheme" .) (int .Values.extender.port) -}}
 {{- else -}}
-{{- printf "http://%s.%s.svc:%d" (include "railguard.componentName" (dict "root" . "component" "extender")) .Release.Namespace (int .Values.extender.port) -}}
+{{- printf "%s://%s.%s.svc:%d" (include "railguard.extenderScheme" .) (include "railguard.componentName" (dict "root" . "component" "extender")) .Release.Namespace (int .Values.extender.port) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Non-empty when the extender serves TLS with the chart's CA (and the scheduler uses it). */}}
+{{- define "railguard.extenderTls" -}}
+{{- if and .Values.extender.enabled .Values.extender.tls.enabled -}}true{{- end -}}
+{{- end -}}
+
+{{- define "railguard.extenderScheme" -}}
+{{- if include "railguard.extenderTls" . -}}https{{- else -}}http{{- end -}}
+{{- end -}}
+
+{{/* The Secret of the extender's CA, serving pair and the scheduler's client pair. */}}
+{{- define "railguard.extenderTlsSecret" -}}
+{{- printf "%s-tls" (include "railguard.componentName" (dict "root" . "component" "extender")) -}}
+{{- end -}}
+
+{{/* The pod volume of that Secret (extender pods, scheduler pods). */}}
+{{- define "railguard.extenderTlsVolume" -}}
+- name: extender-tls
+  secret:
+    secretName: {{ include "railguard.extenderTlsSecret" . }}
+    defaultMode: 288 # 0440
 {{- end -}}
 
 {{/* The extenders list of a KubeSchedulerConfiguration. */}}
@@ -177,7 +211,17 @@ reached on localhost) or "deployment" (its own Deployment behind a Service). */}
   filterVerb: filter
   prioritizeVerb: prioritize
   weight: {{ int .Values.scheduler.weight }}
+  {{- if include "railguard.extenderTls" . }}
+  enableHTTPS: true
+  # The chart's CA and the client certificate it issued the scheduler (Secret
+  # {{ include "railguard.extenderTlsSecret" . }}, mounted here).
+  tlsConfig:
+    caFile: /etc/railguard/extender-tls/ca.crt
+    certFile: /etc/railguard/extender-tls/client.crt
+    keyFile: /etc/railguard/extender-tls/client.key
+  {{- else }}
   enableHTTPS: false
+  {{- end }}
   nodeCacheCapable: {{ .Values.scheduler.nodeCacheCapable }}
   httpTimeout: {{ .Values.scheduler.httpTimeout }}
   # Fail closed: a pod is not placed on a node railguard could not check.

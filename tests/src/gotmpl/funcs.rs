@@ -64,6 +64,8 @@ const NAMES: &[&str] = &[
     "sub",
     "sha256sum",
     "randAlphaNum",
+    "genCA",
+    "genSignedCert",
     "kindIs",
     "kindOf",
     "splitList",
@@ -432,6 +434,27 @@ pub(crate) fn call(name: &str, args: Vec<Value>) -> Result<Value, String> {
             let d = sha2::Sha256::digest(strval(&a(0)).as_bytes());
             Value::Str(d.iter().map(|b| format!("{b:02x}")).collect())
         }
+        // Sprig's: a CA ({Cert, Key} PEM) and a certificate it signs for serverAuth and
+        // clientAuth, as Helm renders them.
+        "genCA" => {
+            want(2)?;
+            gen_ca(&strval(&a(0)), to_int(&a(1))?)?
+        }
+        "genSignedCert" => {
+            want(5)?;
+            let names = |v: Value| match v {
+                Value::List(l) => l.iter().map(strval).collect::<Vec<_>>(),
+                Value::Nil | Value::Invalid => Vec::new(),
+                other => vec![strval(&other)],
+            };
+            gen_signed_cert(
+                &strval(&a(0)),
+                names(a(1)),
+                names(a(2)),
+                to_int(&a(3))?,
+                &a(4),
+            )?
+        }
         "randAlphaNum" => {
             want(1)?;
             use rand::Rng;
@@ -792,4 +815,81 @@ fn unbase64(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+fn cert_value(cert: &rcgen::Certificate, key: &rcgen::KeyPair) -> Value {
+    Value::Map(BTreeMap::from([
+        ("Cert".to_string(), Value::Str(cert.pem())),
+        ("Key".to_string(), Value::Str(key.serialize_pem())),
+    ]))
+}
+
+fn cert_params(cn: &str, days: i64) -> Result<rcgen::CertificateParams, String> {
+    let mut params =
+        rcgen::CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, cn);
+    let start = time::OffsetDateTime::now_utc();
+    params.not_before = start;
+    params.not_after = start + time::Duration::days(days.max(1));
+    Ok(params)
+}
+
+fn gen_ca(cn: &str, days: i64) -> Result<Value, String> {
+    let mut params = cert_params(cn, days)?;
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+        rcgen::KeyUsagePurpose::KeyEncipherment,
+    ];
+    let key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
+    let cert = params.self_signed(&key).map_err(|e| e.to_string())?;
+    Ok(cert_value(&cert, &key))
+}
+
+fn gen_signed_cert(
+    cn: &str,
+    ips: Vec<String>,
+    dns: Vec<String>,
+    days: i64,
+    ca: &Value,
+) -> Result<Value, String> {
+    let field = |k: &str| match ca {
+        Value::Map(m) => m.get(k).map(strval),
+        _ => None,
+    };
+    let (ca_cert, ca_key) = match (field("Cert"), field("Key")) {
+        (Some(c), Some(k)) => (c, k),
+        _ => return Err("genSignedCert: the CA is not a genCA result".into()),
+    };
+    let ca_key = rcgen::KeyPair::from_pem(&ca_key).map_err(|e| e.to_string())?;
+    let issuer = rcgen::CertificateParams::from_ca_cert_pem(&ca_cert)
+        .and_then(|p| p.self_signed(&ca_key))
+        .map_err(|e| e.to_string())?;
+    let mut params = cert_params(cn, days)?;
+    for ip in ips {
+        let ip = ip
+            .parse()
+            .map_err(|e| format!("genSignedCert: ip {ip}: {e}"))?;
+        params.subject_alt_names.push(rcgen::SanType::IpAddress(ip));
+    }
+    for name in dns {
+        let name = name.try_into().map_err(|e| format!("genSignedCert: {e}"))?;
+        params.subject_alt_names.push(rcgen::SanType::DnsName(name));
+    }
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::DigitalSignature,
+        rcgen::KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
+    let cert = params
+        .signed_by(&key, &issuer, &ca_key)
+        .map_err(|e| e.to_string())?;
+    Ok(cert_value(&cert, &key))
 }

@@ -256,6 +256,7 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
     // Both servers present one loopback certificate from a throwaway CA.
     let tls = ServingCertificate::loopback("railguard-e2e-ca").unwrap();
     let (cert_path, key_path) = tls.write_pair(&logs).unwrap();
+    let (ca_path, _, _) = tls.write_client(&logs).unwrap();
     let (ext_port, ext_metrics) = (free_port().unwrap(), free_port().unwrap());
     let mut extender = Daemon::spawn(
         "railguard-extender",
@@ -268,6 +269,9 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
             .arg(&cert_path)
             .arg("--tls-key")
             .arg(&key_path)
+            // As the chart runs it: only the scheduler, with its client certificate.
+            .arg("--tls-client-ca")
+            .arg(&ca_path)
             // As the chart runs it for a 1.20 cluster (`reportUnresolvableAsFailed: auto`):
             // this scheduler reads only FailedNodes.
             .arg("--report-unresolvable-as-failed"),
@@ -307,8 +311,10 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
 
     let extender_url = format!("https://127.0.0.1:{ext_port}");
     cp.start_scheduler(&format!(
-        "- urlPrefix: \"{extender_url}\"\n  filterVerb: filter\n  prioritizeVerb: prioritize\n  weight: 5\n  enableHTTPS: true\n  tlsConfig:\n    caData: {}\n  nodeCacheCapable: true\n  ignorable: false\n",
-        gotmpl::funcs::base64(tls.ca_pem.as_bytes())
+        "- urlPrefix: \"{extender_url}\"\n  filterVerb: filter\n  prioritizeVerb: prioritize\n  weight: 5\n  enableHTTPS: true\n  tlsConfig:\n    caData: {}\n    certData: {}\n    keyData: {}\n  nodeCacheCapable: true\n  ignorable: false\n",
+        gotmpl::funcs::base64(tls.ca_pem.as_bytes()),
+        gotmpl::funcs::base64(tls.client_cert_pem.as_bytes()),
+        gotmpl::funcs::base64(tls.client_key_pem.as_bytes())
     ))
     .await
     .unwrap();

@@ -6,155 +6,17 @@
 //! correctness check all run for real above them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+#[path = "common/nccl_lab.rs"]
+mod nccl_lab;
+
 use std::time::{Duration, Instant};
 
-use railguard_api::profile::NcclPairSpec;
-use railguard_api::{FabricProfile, RailVerdict, Transport};
-use railguard_prober::campaign::coordinator::{
-    run_campaign, run_nccl_scope, CampaignNode, CampaignSettings, NcclScopeRecord, NcclSettings,
-};
+use railguard_api::{RailVerdict, Transport};
+use railguard_prober::campaign::coordinator::{run_campaign, run_nccl_scope, CampaignNode};
 use railguard_prober::campaign::plan::RailOutcome;
 use railguard_prober::campaign::wire::NcclSide;
 
-const TOKEN: &str = "nccl-pair-test-token-0123456789";
-/// Two fake GPUs per node.
-const GPUS: &str = "0000:1b:00.0,0000:9a:00.0";
-/// A slow rail's extra time per all-reduce: far below the minimums set in [`profile`].
-const SLOW_US: &str = "200000";
-
-fn root() -> PathBuf {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).to_path_buf()
-}
-
-/// The DGX H100 profile cut to two rails (GPU 0 on mlx5_0, GPU 1 on mlx5_3), with NCCL pair
-/// tests on small sizes and minimums a loopback run passes and a slow rail does not.
-fn profile() -> FabricProfile {
-    let text =
-        std::fs::read_to_string(root().join("../api/fixtures/profiles/dgx-h100-ndr.yaml")).unwrap();
-    let mut p = railguard_api::profiles_from_yaml(&text).unwrap().remove(0);
-    p.spec.rails.truncate(2);
-    p.spec.certification.nccl_pair = Some(NcclPairSpec {
-        min_busbw_gbps: Some(0.03),
-        min_rail_busbw_gbps: Some(0.02),
-        min_bytes: 256 << 10,
-        max_bytes: 1 << 20,
-        warmup: 1,
-        iterations: 2,
-        timeout_seconds: 30,
-        ..Default::default()
-    });
-    p
-}
-
-fn addr(i: u8) -> String {
-    let ip = format!("127.0.0.{}", 60 + i);
-    let l = TcpListener::bind(format!("{ip}:0")).unwrap();
-    format!("{ip}:{}", l.local_addr().unwrap().port())
-}
-
-struct Endpoint {
-    child: Child,
-    node: CampaignNode,
-    logs: PathBuf,
-}
-
-impl Drop for Endpoint {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-struct Lab {
-    dir: tempfile::TempDir,
-    doubles: railguard_gpu::doubles::Doubles,
-}
-
-impl Lab {
-    fn new() -> Lab {
-        let dir = tempfile::tempdir().unwrap();
-        let doubles = railguard_gpu::doubles::build(dir.path()).unwrap();
-        Lab { dir, doubles }
-    }
-
-    /// A peer endpoint for `node` whose NCCL children see `env` (the doubles' knobs).
-    fn endpoint(&self, i: u8, node: &str, env: &[(&str, &str)], nccl: Option<&Path>) -> Endpoint {
-        let dir = self.dir.path();
-        let listen = addr(i);
-        let token_file = dir.join("token");
-        std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
-        let logs = dir.join(format!("{node}-nccl"));
-        let log = std::fs::File::create(dir.join(format!("{node}.log"))).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_railguard-prober"));
-        cmd.arg("peer-endpoint")
-            .args(["--node", node, "--profile", "h100-ndr", "--listen", &listen])
-            .arg("--token-file")
-            .arg(&token_file)
-            .arg("--sim")
-            .arg(root().join("models/dgx-h100.yaml"))
-            .arg("--cuda-library")
-            .arg(&self.doubles.cuda)
-            .arg("--nccl-library")
-            .arg(nccl.unwrap_or(&self.doubles.nccl))
-            .arg("--nccl-log-dir")
-            .arg(&logs)
-            .env_remove("KUBECONFIG")
-            .env("RAILGUARD_CUDA_DOUBLE_PCI", GPUS)
-            .env("RAILGUARD_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let child = cmd.spawn().unwrap();
-        let started = Instant::now();
-        while TcpStream::connect(&listen).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "endpoint {node} did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Endpoint {
-            child,
-            node: CampaignNode {
-                name: node.to_string(),
-                endpoint: listen,
-            },
-            logs,
-        }
-    }
-}
-
-fn settings(p: &FabricProfile) -> (CampaignSettings, NcclSettings) {
-    let mut s = CampaignSettings::from_profile(p, TOKEN.as_bytes()).unwrap();
-    s.test_timeout = Duration::from_secs(20);
-    s.io_timeout = Duration::from_secs(5);
-    s.iterations = 10;
-    let nccl = s
-        .nccl
-        .clone()
-        .expect("the profile asks for NCCL pair tests");
-    (s, nccl)
-}
-
-async fn pair(a: &Endpoint, b: &Endpoint, scope: usize) -> NcclScopeRecord {
-    let (s, nccl) = settings(&profile());
-    run_nccl_scope(&a.node, &b.node, &s, &nccl, &nccl.scopes[scope]).await
-}
-
-fn measured_nranks(r: &NcclScopeRecord) -> Vec<u32> {
-    r.sides
-        .iter()
-        .filter_map(|s| match &s.side {
-            NcclSide::Measured { nranks, .. } => Some(*nranks),
-            _ => None,
-        })
-        .collect()
-}
+use nccl_lab::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn full_node_and_per_rail_pair_tests_run_for_real_over_the_doubles() {
@@ -372,74 +234,6 @@ async fn a_campaign_blames_the_slow_rail_and_records_every_pair() {
         if name != "node-2" {
             let with_healthy = pairs.iter().filter(|p| p.peer != "node-2");
             assert!(with_healthy.clone().all(|p| p.ok), "{name}: {pairs:?}");
-        }
-    }
-}
-
-/// The NCCL pair benchmark (prints two tables, asserts nothing about speed):
-/// `cargo test -p railguard-prober-cli --release --test nccl_pair -- --ignored --nocapture nccl_pair_bench`
-///
-/// 1. Wall time of one NCCL pair test over the doubles (two endpoints, the children, the
-///    rendezvous over the control channel, a 3-size sweep), full node and one rail.
-/// 2. Tests per campaign at N = 64, 256, 1,024 with the per-rail matrix included (8 rails: 9
-///    scopes per pair test), from the planner with k faulty scopes, and the campaign's NCCL
-///    wall time those counts give with the measured pair time (scopes run one after the
-///    other, the pairs of a round at once).
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "benchmark: run explicitly, prints a table"]
-async fn nccl_pair_bench() {
-    use railguard_prober::campaign::plan::{sweep_order, PlanOptions};
-    use railguard_sim::campaign_faults::{random_faults, simulate};
-
-    const REPS: usize = 5;
-    let lab = Lab::new();
-    let a = lab.endpoint(40, "bench-a", &[], None);
-    let b = lab.endpoint(41, "bench-b", &[], None);
-    println!("| NCCL pair test (doubles) | runs | min | median | max |");
-    println!("|---|---|---|---|---|");
-    let mut median_full = Duration::ZERO;
-    for (label, scope) in [("full node, 2+2 GPUs", 0), ("one rail, 1+1 GPU", 1)] {
-        let mut times = Vec::new();
-        for _ in 0..REPS {
-            let started = Instant::now();
-            let r = pair(&a, &b, scope).await;
-            times.push(started.elapsed());
-            assert_eq!(r.judgement.outcome, RailOutcome::Pass, "{r:#?}");
-        }
-        times.sort();
-        if scope == 0 {
-            median_full = times[REPS / 2];
-        }
-        println!(
-            "| {label} | {REPS} | {:.0?} | {:.0?} | {:.0?} |",
-            times[0],
-            times[REPS / 2],
-            times[REPS - 1]
-        );
-    }
-
-    const RAILS: usize = 8;
-    let scopes = 1 + RAILS;
-    println!();
-    println!("| N | k | pair tests | NCCL runs (x{scopes} scopes) | rounds | C(N,2) x {scopes} | NCCL wall (rounds x scopes x full-node median) |");
-    println!("|---|---|---|---|---|---|---|");
-    for n in [64usize, 256, 1024] {
-        for k in [0usize, 4] {
-            let opts = PlanOptions {
-                shuffle_seed: Some(7),
-                ..PlanOptions::default()
-            };
-            let faults = random_faults(&sweep_order(n, opts.shuffle_seed), scopes, k, 7);
-            let (plan, _) = simulate(n, scopes, &faults, opts).unwrap();
-            let wall = median_full * (plan.rounds() * scopes) as u32;
-            println!(
-                "| {n} | {k} | {} | {} | {} | {} | {:.1?} |",
-                plan.tests(),
-                plan.tests() * scopes,
-                plan.rounds(),
-                n * (n - 1) / 2 * scopes,
-                wall
-            );
         }
     }
 }

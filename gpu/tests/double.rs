@@ -153,7 +153,8 @@ fn the_driver_binding_runs_for_real_above_the_double() {
     }))
     .unwrap();
     assert!(
-        link.to_string_lossy().contains("memfd:railguard-cuda-double"),
+        link.to_string_lossy()
+            .contains("memfd:railguard-cuda-double"),
         "{}",
         link.display()
     );

@@ -20,24 +20,26 @@ pub struct NcclRanksArgs {
     #[arg(long, env = "RAILGUARD_NCCL_LIBRARY", value_hint = ValueHint::FilePath)]
     pub nccl_library: Option<PathBuf>,
     /// The node's GPUs by PCI bus id, in index order (default: CUDA's, in PCI bus order).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, env = "RAILGUARD_NODE_GPUS", value_delimiter = ',')]
     pub node_gpus: Vec<String>,
     /// Indices of the GPUs that run a rank each (default: all).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, env = "RAILGUARD_GPUS", value_delimiter = ',')]
     pub gpus: Vec<u32>,
     /// Message sizes of the sweep, bytes.
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, env = "RAILGUARD_SIZES", value_delimiter = ',', required = true)]
     pub sizes: Vec<usize>,
-    #[arg(long, default_value_t = 5)]
+    /// Untimed all-reduces per size.
+    #[arg(long, env = "RAILGUARD_WARMUP", default_value_t = 5)]
     pub warmup: u32,
-    #[arg(long, default_value_t = 20)]
+    /// Timed all-reduces per size.
+    #[arg(long, env = "RAILGUARD_ITERATIONS", default_value_t = 20)]
     pub iterations: u32,
     /// Join a communicator of this many ranks (the unique id is read from stdin); without
     /// it this side is rank 0 and prints the id.
-    #[arg(long, requires = "first_rank")]
+    #[arg(long, env = "RAILGUARD_NRANKS", requires = "first_rank")]
     pub nranks: Option<u32>,
     /// This node's first rank when joining.
-    #[arg(long, requires = "nranks")]
+    #[arg(long, env = "RAILGUARD_FIRST_RANK", requires = "nranks")]
     pub first_rank: Option<u32>,
 }
 

@@ -103,6 +103,9 @@ pub fn parse_debug_logs<'a>(texts: impl IntoIterator<Item = &'a str>) -> DebugLo
     scan.finish()
 }
 
+/// What an `NCCL WARN` line without a message is recorded as.
+pub const EMPTY_WARN: &str = "NCCL WARN without a message";
+
 impl Scan {
     fn feed(&mut self, text: &str) {
         for line in text.lines() {
@@ -134,7 +137,9 @@ impl Scan {
                 }
             }
             if warn {
-                self.error(msg.trim());
+                // A bare `NCCL WARN` is still a warning; an empty entry would say nothing.
+                let msg = msg.trim();
+                self.error(if msg.is_empty() { EMPTY_WARN } else { msg });
                 continue;
             }
             self.info(msg.trim_end());

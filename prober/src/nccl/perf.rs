@@ -272,7 +272,7 @@ pub fn parse_perf_output(text: &str) -> Result<Option<PerfReport>, PerfParseErro
                 }
             } else if let Some(v) = rest.strip_prefix("Avg bus bandwidth") {
                 let v = v.trim_start().trim_start_matches(':').trim();
-                let parsed = v.parse::<f64>().ok().filter(|x| x.is_finite());
+                let parsed = v.parse::<f64>().ok().filter(|x| x.is_finite() && *x >= 0.0);
                 match parsed {
                     Some(x) => avg = Some(x),
                     None => {
@@ -361,12 +361,12 @@ pub fn parse_perf_output(text: &str) -> Result<Option<PerfReport>, PerfParseErro
 
 /// nccl-tests' own average: the mean busbw over every row, out-of-place and in-place.
 fn mean_busbw(rows: &[PerfRow]) -> f64 {
-    let sum: f64 = rows
-        .iter()
-        .map(|r| r.out_of_place.busbw_gbps + r.in_place.busbw_gbps)
-        .sum();
-    // rows is non-empty here (checked before).
-    sum / (rows.len() as f64 * 2.0)
+    // rows is non-empty here (checked before). Each value divided first: finite values near
+    // f64::MAX would sum to infinity.
+    let n = rows.len() as f64 * 2.0;
+    rows.iter()
+        .map(|r| r.out_of_place.busbw_gbps / n + r.in_place.busbw_gbps / n)
+        .sum()
 }
 
 fn header_value(line: &str, key: &str) -> Option<u32> {

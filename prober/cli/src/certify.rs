@@ -57,6 +57,15 @@ pub struct NodeArgs {
     /// nccl-tests binary, overriding the profile's (with `--sim`: the stand-in).
     #[arg(long, env = "RAILGUARD_NCCL_BINARY", value_hint = ValueHint::FilePath)]
     pub nccl_binary: Option<PathBuf>,
+    /// The only paths a FabricProfile's `certification.ncclTests.binary` may name (set at
+    /// install time): editing a profile must not run an arbitrary binary on every node.
+    #[arg(
+        long,
+        env = "RAILGUARD_ALLOWED_NCCL_BINARIES",
+        value_delimiter = ',',
+        default_value = "/usr/local/bin/all_reduce_perf"
+    )]
+    pub allowed_nccl_binaries: Vec<String>,
     /// The CUDA driver library for GPU-memory RDMA tests (default: `libcuda.so.1` from the
     /// loader's path). Loaded at run time: a node without it still certifies host memory,
     /// and its GPU-memory rails say why they could not be measured.
@@ -173,7 +182,25 @@ impl NodeArgs {
         let nccl_binary = match (&sim, &self.nccl_binary) {
             (_, Some(b)) => b.clone(),
             (Some(_), None) => standin_path()?,
-            (None, None) => PathBuf::from(&profile.spec.certification.nccl_tests.binary),
+            (None, None) => {
+                let spec = &profile.spec.certification.nccl_tests;
+                if !spec.binary_is_allowed(&self.allowed_nccl_binaries) {
+                    return Err(StartupError::new(
+                        format!(
+                            "FabricProfile {} names ncclTests.binary {}, which this prober may not run",
+                            profile.name(),
+                            spec.binary
+                        ),
+                        format!(
+                            "the allowed binaries are {} (--allowed-nccl-binaries)",
+                            self.allowed_nccl_binaries.join(", ")
+                        ),
+                        "fix the profile, or add the path to --allowed-nccl-binaries at install time (the chart's prober.allowedNcclBinaries)",
+                    )
+                    .into());
+                }
+                PathBuf::from(&spec.binary)
+            }
         };
         let setup = NodeSetup {
             sysfs_root,

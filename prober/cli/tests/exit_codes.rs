@@ -201,6 +201,48 @@ fn certify_is_0_certified_1_not_2_error() {
     );
 }
 
+/// A FabricProfile may only name an nccl-tests binary the prober was installed to allow:
+/// editing a profile must not run an arbitrary program as root on every node.
+#[test]
+fn a_profile_naming_a_binary_outside_the_allow_list_is_refused() {
+    let node = sim("dgx-h100");
+    let text = std::fs::read_to_string(h100_profile()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let evil = dir.path().join("evil.yaml");
+    std::fs::write(
+        &evil,
+        text.replace(
+            "  certification:\n",
+            "  certification:\n    ncclTests: { binary: /tmp/payload }\n",
+        ),
+    )
+    .unwrap();
+    let args = [
+        "certify",
+        "--node",
+        "node-a",
+        "--sysfs-root",
+        s(node.path()),
+        "--profile-file",
+        s(&evil),
+    ];
+    let out = exits(2, &args, &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("names ncclTests.binary /tmp/payload, which this prober may not run")
+            && stderr.contains("/usr/local/bin/all_reduce_perf (--allowed-nccl-binaries)"),
+        "{stderr}"
+    );
+    // Allowed at install time, the same profile gets past the check (and fails later, on
+    // this machine without RDMA devices, for reasons of its own).
+    let out = run(&args, &[("RAILGUARD_ALLOWED_NCCL_BINARIES", "/tmp/payload")]);
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("which this prober may not run"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn analyze_is_0_pass_or_unknown_1_fail_2_error() {
     let oci = manifest("fixtures/nccl-tests/oci-h100-roce-2x8-allreduce.txt");

@@ -43,6 +43,12 @@ pub(crate) fn annotations(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), Mutate
     }
     let changes = std::mem::take(&mut draft.annotations);
     match &ctx.pod.metadata.annotations {
+        // An object with no metadata at all (or an empty one) has no `/metadata` to add
+        // under: the whole map goes in at once (`add` replaces an empty `{}` too).
+        None if ctx.pod.metadata == Default::default() => draft.plan.ops.push(PatchOp::add(
+            pointer(["metadata"]),
+            serde_json::json!({ "annotations": to_value(&changes, "annotations")? }),
+        )),
         None => draft.plan.ops.push(PatchOp::add(
             pointer(["metadata", "annotations"]),
             to_value(&changes, "annotations")?,

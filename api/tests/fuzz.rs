@@ -270,7 +270,7 @@ fn node_property(fabric: &str, annotation: Option<&str>) -> Result<(), TestCaseE
 }
 
 proptest! {
-    #![proptest_config(config(4_000))]
+    #![proptest_config(config(2_000))]
 
     #[test]
     fn certificate_annotation_mutations(

@@ -284,7 +284,10 @@ fn tree(model: &str) -> Tree {
         &Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("models/{model}.yaml")),
     )
     .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    // On tmpfs when there is one: every case writes files.
+    let dir = tempfile::tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .unwrap();
     let root = dir.path().to_path_buf();
     let sim = write_sysfs(&model, &root).unwrap();
     let hca = "mlx5_0".to_string();
@@ -579,7 +582,7 @@ fn hex_property(text: &str) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(config(3_000))]
+    #![proptest_config(config(2_000))]
 
     #[test]
     fn nccl_tests_output_mutations(text in text(seeds("nccl-tests"), PERF_TOKENS)) {
@@ -671,7 +674,7 @@ static PCI_TREE: OnceLock<Mutex<Tree>> = OnceLock::new();
 
 proptest! {
     // Each case writes a file and reads a port or the PCI tree: fewer cases in CI.
-    #![proptest_config(config(1_500))]
+    #![proptest_config(config(1_000))]
 
     #[test]
     fn sysfs_ib_port_attributes(which in any::<Index>(), content in attribute()) {
@@ -687,6 +690,12 @@ proptest! {
         port_property(&tree, &file, &content)?;
     }
 
+}
+
+proptest! {
+    // Reads the whole PCI tree (every device) per case: a tenth of RAILGUARD_FUZZ_CASES.
+    #![proptest_config(config_heavy(400, 10))]
+
     #[test]
     fn sysfs_pci_attributes(which in any::<Index>(), content in attribute()) {
         let tree = shared(&PCI_TREE, "dgx-h100");
@@ -695,25 +704,30 @@ proptest! {
     }
 }
 
+static DISCOVERY_TREE: OnceLock<Mutex<Tree>> = OnceLock::new();
+
 proptest! {
     // Whole discovery (every file read, affinity, readiness and fabric findings) over a
-    // tree with several junk files: heavier, so fewer cases.
-    #![proptest_config(config_heavy(40, 100))]
+    // tree with several junk files: heavier, so a tenth of the cases.
+    #![proptest_config(config_heavy(100, 10))]
 
     #[test]
     fn discovery_with_junk_files(
-        edits in prop::collection::vec(
-            (any::<Index>(), any::<bool>(), attribute()),
-            1..6,
-        ),
+        edits in prop::collection::vec((any::<Index>(), any::<bool>(), attribute()), 1..6),
     ) {
-        let t = tree("roce-cloud");
+        let t = shared(&DISCOVERY_TREE, "roce-cloud");
+        let mut originals = Vec::new();
         for (which, pci, content) in &edits {
-            let files = if *pci { &t.pci_files } else { &t.port_files };
-            fs::write(which.get(files), content).unwrap();
+            let file = which.get(if *pci { &t.pci_files } else { &t.port_files });
+            originals.push((file.clone(), fs::read(file).unwrap()));
+            fs::write(file, content).unwrap();
         }
-        let d = discover(&t.root, false)
-            .map_err(|e| TestCaseError::fail(format!("the tree is there: {e}")))?;
+        let discovery = discover(&t.root, false);
+        // Newest first, so a file edited twice gets its own content back.
+        for (file, content) in originals.iter().rev() {
+            fs::write(file, content).unwrap();
+        }
+        let d = discovery.map_err(|e| TestCaseError::fail(format!("the tree is there: {e}")))?;
         for f in &d.findings {
             check_message(&f.message)?;
         }

@@ -118,11 +118,14 @@ Example:
 Exit status: 0 after SIGTERM, 2 error.")]
     PeerEndpoint(PeerEndpointArgs),
     /// This node's ranks of one NCCL pair test (started by the peer endpoint).
-    #[command(hide = true, after_help = "\
+    #[command(
+        hide = true,
+        after_help = "\
 Example:
   railguard-prober nccl-ranks --sizes 1048576,4194304 --gpus 0,1 > id-and-result.jsonl
 
-Exit status: 0 measured, 1 the ranks did not run (the error is the last stdout line), 2 error.")]
+Exit status: 0 measured, 1 the ranks did not run (the error is the last stdout line), 2 error."
+    )]
     NcclRanks(NcclRanksArgs),
     /// The GPU layers on this node: discovery, GPU memory through the CUDA driver API, and a
     /// one-GPU NCCL all-reduce, as JSON (skipped on a CPU-only node).

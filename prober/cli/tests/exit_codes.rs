@@ -235,7 +235,10 @@ fn a_profile_naming_a_binary_outside_the_allow_list_is_refused() {
     );
     // Allowed at install time, the same profile gets past the check (and fails later, on
     // this machine without RDMA devices, for reasons of its own).
-    let out = run(&args, &[("RAILGUARD_ALLOWED_NCCL_BINARIES", "/tmp/payload")]);
+    let out = run(
+        &args,
+        &[("RAILGUARD_ALLOWED_NCCL_BINARIES", "/tmp/payload")],
+    );
     assert!(
         !String::from_utf8_lossy(&out.stderr).contains("which this prober may not run"),
         "{}",

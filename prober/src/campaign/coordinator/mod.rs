@@ -345,18 +345,7 @@ pub async fn run_nccl_scope(
     let no_sides = |outcome: RailOutcome, reason: String| NcclScopeRecord {
         scope: scope.clone(),
         sides: Vec::new(),
-        judgement: NcclJudgement {
-            outcome,
-            measured: false,
-            bytes: None,
-            busbw_gbps: None,
-            algbw_gbps: None,
-            transport: None,
-            gdr: None,
-            wrong: None,
-            hcas: Vec::new(),
-            reasons: vec![reason.clone()],
-        },
+        judgement: NcclJudgement::without_result(outcome, reason.clone()),
         error: Some(reason),
     };
     let record = match answer {

@@ -142,7 +142,8 @@ pub struct NcclJudgement {
 }
 
 impl NcclJudgement {
-    fn without_result(outcome: RailOutcome, reason: String) -> Self {
+    /// A verdict with no measurement behind it, for `reason`.
+    pub(crate) fn without_result(outcome: RailOutcome, reason: String) -> Self {
         NcclJudgement {
             outcome,
             measured: false,

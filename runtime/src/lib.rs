@@ -17,6 +17,7 @@ mod profiles;
 mod serve;
 mod signal;
 mod tls;
+mod tls_reload;
 
 pub use client::kube_client;
 pub use error::{describe_io, error_chain, error_line, StartupError};
@@ -31,6 +32,7 @@ pub use serve::{
 };
 pub use signal::shutdown_signal;
 pub use tls::{server_tls, TlsFiles};
+pub use tls_reload::{log_reload, ReloadEvent, TlsReloader};
 
 /// Exit code of a failed verdict or a critical finding.
 pub const EXIT_FAIL: u8 = 1;

@@ -262,10 +262,9 @@ async fn serve_on(
     metrics_listener: std::net::TcpListener,
 ) -> std::io::Result<RunningServer> {
     let (stop, stop_rx) = watch::channel(false);
-    let tls = reloader.rustls_config();
-    tokio::spawn(reloader.run(opts.cert_poll_interval, state.metrics.clone(), stop_rx));
     // Each new connection takes the config in service then, so a reload applies at once.
-    let tls: TlsConfigSource = Arc::new(move || tls.get_inner());
+    let tls: TlsConfigSource = reloader.source();
+    tokio::spawn(reloader.run(opts.cert_poll_interval, state.metrics.clone(), stop_rx));
     let limits = ServeLimits {
         shutdown_grace: opts.shutdown_grace,
         ..opts.connections.clone()

@@ -4,12 +4,14 @@
 //! does not load (half written, mismatched key) keeps the old one in service.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use axum_server::tls_rustls::RustlsConfig;
+use railguard_runtime::{log_reload, TlsConfigSource, TlsReloader};
 use rustls::ServerConfig;
+
+pub use railguard_runtime::ReloadEvent;
 
 use crate::error::TlsError;
 
@@ -75,140 +77,56 @@ pub(crate) fn check_pair(cert_pem: &[u8], key_pem: &[u8]) -> Result<(), TlsError
     .map(|_| ())
 }
 
-/// What identifies one version of a file: where its symlinks lead, its size and mtime.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct FileStamp {
-    pub resolved: PathBuf,
-    pub len: u64,
-    pub modified: Option<SystemTime>,
-}
-
-impl FileStamp {
-    pub fn of(path: &Path) -> std::io::Result<Self> {
-        // canonicalize follows `tls.crt -> ..data/tls.crt` and `..data -> ..2024_...`, so
-        // the Secret-volume swap changes `resolved` even when size and mtime do not.
-        let resolved = fs::canonicalize(path)?;
-        let meta = fs::metadata(&resolved)?;
-        Ok(Self {
-            resolved,
-            len: meta.len(),
-            modified: meta.modified().ok(),
-        })
-    }
-}
-
-/// The stamps of a certificate/key pair.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct PairStamp {
-    pub cert: FileStamp,
-    pub key: FileStamp,
-}
-
-impl PairStamp {
-    pub fn of(cert: &Path, key: &Path) -> std::io::Result<Self> {
-        Ok(Self {
-            cert: FileStamp::of(cert)?,
-            key: FileStamp::of(key)?,
-        })
-    }
-}
-
-/// Result of one reload poll.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ReloadEvent {
-    Unchanged,
-    Reloaded,
-    /// The files changed but the new pair was rejected; the old one stays in service.
-    Rejected(String),
-}
-
-/// Polls a certificate/key pair and swaps it into a running server.
+/// Polls the serving pair and swaps it into the running server (the webhook's
+/// [`TlsReloader`], counted in `tls_reloads` and logged).
 pub struct CertReloader {
-    cert: PathBuf,
-    key: PathBuf,
-    config: RustlsConfig,
-    /// The last stamp acted on (loaded or rejected), so a bad pair is reported once.
-    seen: Option<PairStamp>,
+    inner: TlsReloader,
 }
 
 impl CertReloader {
     /// Loads the pair once; failing here is fatal for the caller.
     pub fn new(cert: &Path, key: &Path) -> Result<Self, TlsError> {
-        let seen = PairStamp::of(cert, key).ok();
-        let server = load_server_config(cert, key)?;
-        Ok(Self {
-            cert: cert.to_path_buf(),
-            key: key.to_path_buf(),
-            config: RustlsConfig::from_config(server),
-            seen,
-        })
+        let (c, k) = (cert.to_path_buf(), key.to_path_buf());
+        let files = vec![c.clone(), k.clone()];
+        let inner = TlsReloader::new(files, move || load_server_config(&c, &k))?;
+        Ok(Self { inner })
     }
 
-    /// The config to hand to `axum_server::bind_rustls`; reloads apply to it.
-    pub fn rustls_config(&self) -> RustlsConfig {
-        self.config.clone()
+    /// The config source to serve with; reloads apply to every connection accepted after.
+    pub fn source(&self) -> TlsConfigSource {
+        self.inner.source()
     }
 
     /// Checks the files once and reloads when they changed.
     pub fn poll(&mut self) -> ReloadEvent {
-        let stamp = match PairStamp::of(&self.cert, &self.key) {
-            Ok(s) => s,
-            Err(e) => {
-                // Mid-rotation a link may briefly dangle; report it once per state.
-                let msg = format!("cannot stat certificate files: {e}");
-                return if self.seen.take().is_some() {
-                    ReloadEvent::Rejected(msg)
-                } else {
-                    ReloadEvent::Unchanged
-                };
-            }
-        };
-        if self.seen.as_ref() == Some(&stamp) {
-            return ReloadEvent::Unchanged;
-        }
-        self.seen = Some(stamp);
-        match load_server_config(&self.cert, &self.key) {
-            Ok(server) => {
-                self.config.reload_from_config(server);
-                ReloadEvent::Reloaded
-            }
-            Err(e) => ReloadEvent::Rejected(railguard_api::error::error_chain(&e)),
-        }
+        self.inner.poll()
     }
 
-    /// Polls every `interval` until `stop` resolves.
+    /// Polls every `interval` until `stop` changes.
     pub async fn run(
-        mut self,
+        self,
         interval: Duration,
         metrics: Arc<crate::metrics::Metrics>,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop.changed() => return,
-            }
-            let label = |result: &str| crate::metrics::ResultLabels {
-                result: result.to_string(),
-            };
-            match self.poll() {
-                ReloadEvent::Unchanged => {}
-                ReloadEvent::Reloaded => {
-                    metrics.tls_reloads.get_or_create(&label("ok")).inc();
-                    tracing::info!(cert = %self.cert.display(), "serving certificate reloaded");
-                }
-                ReloadEvent::Rejected(reason) => {
-                    metrics.tls_reloads.get_or_create(&label("rejected")).inc();
-                    tracing::warn!(
-                        cert = %self.cert.display(),
-                        key = %self.key.display(),
-                        %reason,
-                        "new certificate pair rejected; keeping the one in service"
-                    );
-                }
-            }
-        }
+        let stopped = async move {
+            let _ = stop.changed().await;
+        };
+        self.inner
+            .run(interval, stopped, |event, files| {
+                let result = match event {
+                    ReloadEvent::Unchanged => return,
+                    ReloadEvent::Reloaded => "ok",
+                    ReloadEvent::Rejected(_) => "rejected",
+                };
+                metrics
+                    .tls_reloads
+                    .get_or_create(&crate::metrics::ResultLabels {
+                        result: result.to_string(),
+                    })
+                    .inc();
+                log_reload("webhook", event, files);
+            })
+            .await;
     }
 }

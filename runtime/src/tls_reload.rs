@@ -119,10 +119,7 @@ impl TlsReloader {
         self.seen = Some(stamps);
         match (self.load)() {
             Ok(config) => {
-                *self
-                    .current
-                    .write()
-                    .unwrap_or_else(PoisonError::into_inner) = config;
+                *self.current.write().unwrap_or_else(PoisonError::into_inner) = config;
                 ReloadEvent::Reloaded
             }
             Err(reason) => ReloadEvent::Rejected(reason),
@@ -213,7 +210,11 @@ mod tests {
         secret_volume(
             d,
             "..v1",
-            &[("tls.crt", &one.cert), ("tls.key", &one.key), ("ca.crt", &ca.cert)],
+            &[
+                ("tls.crt", &one.cert),
+                ("tls.key", &one.key),
+                ("ca.crt", &ca.cert),
+            ],
         );
         let (cert, key, client_ca) = (d.join("tls.crt"), d.join("tls.key"), d.join("ca.crt"));
         let files = vec![cert.clone(), key.clone(), client_ca.clone()];
@@ -234,7 +235,11 @@ mod tests {
         secret_volume(
             d,
             "..v2",
-            &[("tls.crt", &two.cert), ("tls.key", &one.key), ("ca.crt", &ca.cert)],
+            &[
+                ("tls.crt", &two.cert),
+                ("tls.key", &one.key),
+                ("ca.crt", &ca.cert),
+            ],
         );
         let ReloadEvent::Rejected(reason) = r.poll() else {
             panic!("a mismatched pair must be rejected");
@@ -247,7 +252,11 @@ mod tests {
         secret_volume(
             d,
             "..v3",
-            &[("tls.crt", &two.cert), ("tls.key", &two.key), ("ca.crt", "junk")],
+            &[
+                ("tls.crt", &two.cert),
+                ("tls.key", &two.key),
+                ("ca.crt", "junk"),
+            ],
         );
         assert!(matches!(r.poll(), ReloadEvent::Rejected(_)));
         assert!(Arc::ptr_eq(&source(), &first), "old config kept");
@@ -256,11 +265,18 @@ mod tests {
         secret_volume(
             d,
             "..v4",
-            &[("tls.crt", &two.cert), ("tls.key", &two.key), ("ca.crt", &ca.cert)],
+            &[
+                ("tls.crt", &two.cert),
+                ("tls.key", &two.key),
+                ("ca.crt", &ca.cert),
+            ],
         );
         assert_eq!(r.poll(), ReloadEvent::Reloaded);
         let second = source();
-        assert!(!Arc::ptr_eq(&second, &first), "the new config is handed out");
+        assert!(
+            !Arc::ptr_eq(&second, &first),
+            "the new config is handed out"
+        );
         assert_eq!(r.poll(), ReloadEvent::Unchanged);
 
         // A dangling link mid-rotation is reported once, then the next good set loads.

@@ -544,6 +544,7 @@ impl ExemptionPolicy {
     printcolumn = r#"{"name":"Rails","type":"integer","jsonPath":".status.rails"}"#,
     printcolumn = r#"{"name":"Signature","type":"string","jsonPath":".status.signature"}"#,
     printcolumn = r#"{"name":"Default","type":"boolean","jsonPath":".spec.default"}"#,
+    printcolumn = r#"{"name":"Valid","type":"string","jsonPath":".status.conditions[?(@.type==\"Valid\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     status = "FabricProfileStatus"
 )]
@@ -585,14 +586,20 @@ pub struct FabricProfileSpec {
     pub topology_keys: Vec<String>,
 }
 
-/// Status written by a controller (informational).
+/// Status written by the webhook (informational; railguard never reads it back).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FabricProfileStatus {
+    /// Number of rails (valid profiles only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rails: Option<u32>,
+    /// The rail-layout signature nodes of the profile carry (valid profiles only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<String>,
+    /// `Valid`: `True` when railguard serves the profile, `False` (reason `InvalidProfile`,
+    /// the message naming the field) when it skips it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
 }
 
 impl FabricProfileSpec {

@@ -1,0 +1,268 @@
+//! FabricProfiles decoded one object at a time, so that one object the CRD schema accepts but
+//! railguard cannot use (a field out of range for its Rust type, or one `validate()` rejects)
+//! is reported by name and skipped instead of failing a whole list or watch.
+//!
+//! [`ProfileObject`] is what the watches and lists of the webhook, the extender and the
+//! prober ask the API server for: it always deserializes (its metadata, and the profile or
+//! why the object is not one), so a typed `Api<ProfileObject>` serves every valid profile
+//! whatever the others hold. [`decode_profile`] is the pure decision it makes.
+
+use std::borrow::Cow;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use serde::{Deserialize, Deserializer};
+
+use crate::error::{error_chain, ProfileError};
+use crate::profile::FabricProfile;
+
+/// A FabricProfile object that cannot be used, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidProfile {
+    /// `metadata.name` (empty when the object has none).
+    pub name: String,
+    /// `metadata.generation`, so a report can say which edit it is about.
+    pub generation: Option<i64>,
+    /// One line: the field path and what is wrong with it (every problem `validate()` found,
+    /// or the first field that does not decode).
+    pub reason: String,
+}
+
+impl std::fmt::Display for InvalidProfile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "FabricProfile {:?} is invalid: {}",
+            self.name, self.reason
+        )
+    }
+}
+
+/// Decodes and validates one FabricProfile object as the API server sends it. `status` is
+/// not read: it is railguard's report about the profile, and a status the profile's users
+/// cannot edit must not make it unusable.
+pub fn decode_profile(mut object: serde_json::Value) -> Result<FabricProfile, InvalidProfile> {
+    let meta = object.get("metadata");
+    let name = meta
+        .and_then(|m| m.get("name"))
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let generation = meta
+        .and_then(|m| m.get("generation"))
+        .and_then(serde_json::Value::as_i64);
+    let invalid = |reason: String| InvalidProfile {
+        name: name.clone(),
+        generation,
+        reason,
+    };
+    if let Some(map) = object.as_object_mut() {
+        map.remove("status");
+    }
+    let profile: FabricProfile = serde_path_to_error::deserialize(object).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        let what = error_chain(&inner);
+        invalid(if path == "." {
+            what
+        } else {
+            format!("{path}: {what}")
+        })
+    })?;
+    match profile.validate() {
+        Ok(()) => Ok(profile),
+        Err(ProfileError::Invalid { problems }) => Err(invalid(
+            problems
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; "),
+        )),
+        Err(e) => Err(invalid(error_chain(&e))),
+    }
+}
+
+/// One FabricProfile object as listed or watched: its metadata, and the profile or why it
+/// is not one. Always deserializes (an object without usable metadata has default
+/// metadata), so one bad object never fails a list.
+#[derive(Clone, Debug)]
+pub struct ProfileObject {
+    pub metadata: ObjectMeta,
+    pub decoded: Result<FabricProfile, InvalidProfile>,
+}
+
+impl ProfileObject {
+    /// The profile's name (cluster-scoped, so unique).
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+}
+
+impl<'de> Deserialize<'de> for ProfileObject {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let object = serde_json::Value::deserialize(d)?;
+        let metadata = object
+            .get("metadata")
+            .cloned()
+            .and_then(|m| serde_json::from_value(m).ok())
+            .unwrap_or_default();
+        Ok(ProfileObject {
+            metadata,
+            decoded: decode_profile(object),
+        })
+    }
+}
+
+impl Resource for ProfileObject {
+    type DynamicType = ();
+    type Scope = <FabricProfile as Resource>::Scope;
+
+    fn kind(dt: &()) -> Cow<'_, str> {
+        FabricProfile::kind(dt)
+    }
+    fn group(dt: &()) -> Cow<'_, str> {
+        FabricProfile::group(dt)
+    }
+    fn version(dt: &()) -> Cow<'_, str> {
+        FabricProfile::version(dt)
+    }
+    fn plural(dt: &()) -> Cow<'_, str> {
+        FabricProfile::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// Splits decoded objects into the valid profiles (sorted by name) and the invalid ones
+/// (sorted by name).
+pub fn partition<'a>(
+    objects: impl IntoIterator<Item = &'a ProfileObject>,
+) -> (Vec<FabricProfile>, Vec<InvalidProfile>) {
+    let mut valid = Vec::new();
+    let mut invalid = Vec::new();
+    for o in objects {
+        match &o.decoded {
+            Ok(p) => valid.push(p.clone()),
+            Err(e) => invalid.push(e.clone()),
+        }
+    }
+    valid.sort_by(|a, b| a.name().cmp(b.name()));
+    invalid.sort_by(|a, b| a.name.cmp(&b.name));
+    (valid, invalid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture() -> serde_json::Value {
+        let text = include_str!("../fixtures/profiles/dgx-h100-ndr.yaml");
+        serde_yaml_ng::from_str(text).unwrap()
+    }
+
+    fn object(v: serde_json::Value) -> ProfileObject {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_valid_object_decodes() {
+        let p = decode_profile(fixture()).unwrap();
+        assert_eq!(p.name(), "h100-ndr");
+    }
+
+    #[test]
+    fn a_port_out_of_range_for_u32_names_the_field_and_the_value() {
+        let mut v = fixture();
+        v["metadata"]["generation"] = 3.into();
+        v["spec"]["rails"][1]["port"] = 4294967296u64.into();
+        let e = decode_profile(v.clone()).unwrap_err();
+        assert_eq!(e.name, "h100-ndr");
+        assert_eq!(e.generation, Some(3));
+        assert!(e.reason.starts_with("spec.rails[1].port: "), "{}", e.reason);
+        assert!(e.reason.contains("4294967296"), "{}", e.reason);
+        // The same object in a list: the list decodes, this one is the invalid one.
+        let o = object(v);
+        assert_eq!(o.name(), "h100-ndr");
+        assert_eq!(o.decoded.unwrap_err(), e);
+    }
+
+    #[test]
+    fn what_validate_rejects_is_invalid_with_every_problem() {
+        let mut v = fixture();
+        v["spec"]["certification"]["intervalSeconds"] = 90000.into();
+        v["spec"]["certification"]["ttlSeconds"] = 86400.into();
+        v["spec"]["nccl"]["env"] = serde_json::json!({"LD_PRELOAD": "/tmp/x.so"});
+        let e = decode_profile(v).unwrap_err();
+        assert!(
+            e.reason.contains("spec.certification.intervalSeconds: must be positive and shorter than ttlSeconds (86400)"),
+            "{}",
+            e.reason
+        );
+        assert!(
+            e.reason
+                .contains("spec.nccl.env.LD_PRELOAD: only NCCL_* variables belong here"),
+            "{}",
+            e.reason
+        );
+        assert_eq!(
+            e.to_string(),
+            format!("FabricProfile \"h100-ndr\" is invalid: {}", e.reason)
+        );
+    }
+
+    #[test]
+    fn a_missing_required_field_and_a_wrong_type_are_invalid() {
+        let mut v = fixture();
+        v["spec"].as_object_mut().unwrap().remove("thresholds");
+        let e = decode_profile(v).unwrap_err();
+        assert!(
+            e.reason.contains("missing field `thresholds`"),
+            "{}",
+            e.reason
+        );
+        let mut v = fixture();
+        v["spec"]["rails"] = "all of them".into();
+        let e = decode_profile(v).unwrap_err();
+        assert!(
+            e.reason.starts_with("spec.rails: invalid type"),
+            "{}",
+            e.reason
+        );
+    }
+
+    #[test]
+    fn status_is_not_read() {
+        let mut v = fixture();
+        v["status"] = serde_json::json!({"rails": 4294967296u64, "conditions": "junk"});
+        assert!(decode_profile(v).is_ok());
+    }
+
+    #[test]
+    fn an_object_without_metadata_still_decodes_as_invalid() {
+        let o = object(serde_json::json!({"spec": 7}));
+        assert_eq!(o.name(), "");
+        let e = o.decoded.unwrap_err();
+        assert!(e.reason.starts_with("spec: invalid type"), "{}", e.reason);
+        let o = object(serde_json::json!("a string"));
+        assert!(o.decoded.is_err());
+    }
+
+    #[test]
+    fn partition_keeps_the_valid_and_names_the_invalid() {
+        let good = fixture();
+        let mut other = fixture();
+        other["metadata"]["name"] = "a-bad".into();
+        other["spec"]["rails"][0]["port"] = (-1).into();
+        let objects = [object(good), object(other)];
+        let (valid, invalid) = partition(&objects);
+        assert_eq!(valid.len(), 1);
+        assert_eq!(valid[0].name(), "h100-ndr");
+        assert_eq!(invalid.len(), 1);
+        assert_eq!(invalid[0].name, "a-bad");
+        assert!(invalid[0].reason.starts_with("spec.rails[0].port: "));
+    }
+}

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod mutate;
 pub mod namespace_lookup;
 pub mod networks;
+pub mod node_guard;
 pub mod patch;
 pub mod review;
 pub mod runbook;

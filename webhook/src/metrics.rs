@@ -28,6 +28,15 @@ pub struct ResultLabels {
     pub result: String,
 }
 
+/// Labels of a node guard decision: `outcome` (`untouched`, `allowed`, `denied`, `ignored`,
+/// `malformed`) and `writer` (who was allowed, or who asked when denied; see
+/// [`crate::node_guard::NodeAdmission`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeGuardLabels {
+    pub outcome: String,
+    pub writer: String,
+}
+
 /// Every metric the webhook exports.
 pub struct Metrics {
     pub registry: Registry,
@@ -45,6 +54,8 @@ pub struct Metrics {
     pub tls_reloads: Family<ResultLabels, Counter>,
     /// Profiles usable now.
     pub profiles: Gauge,
+    /// Node guard decisions (`/validate-nodes`) by outcome and writer.
+    pub node_guard_decisions: Family<NodeGuardLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -91,6 +102,12 @@ impl Metrics {
         );
         let profiles = Gauge::default();
         registry.register("profiles", "FabricProfiles in use", profiles.clone());
+        let node_guard_decisions = Family::<NodeGuardLabels, Counter>::default();
+        registry.register(
+            "node_guard_decisions",
+            "Node guard decisions on Node changes, by outcome and writer",
+            node_guard_decisions.clone(),
+        );
         Self {
             registry,
             admissions,
@@ -100,6 +117,7 @@ impl Metrics {
             bad_requests,
             tls_reloads,
             profiles,
+            node_guard_decisions,
         }
     }
 

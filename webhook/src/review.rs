@@ -42,6 +42,10 @@ struct RequestWire<'a> {
     dry_run: Option<bool>,
     #[serde(borrow, default)]
     object: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    old_object: Option<&'a RawValue>,
+    #[serde(default)]
+    user_info: Option<UserInfo>,
 }
 
 /// `request.kind` of the review.
@@ -55,6 +59,21 @@ pub struct GroupVersionKind {
     pub kind: String,
 }
 
+/// `request.userInfo`: who asked the API server for the change (as it authenticated them).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct UserInfo {
+    #[serde(default)]
+    pub username: String,
+    #[serde(default)]
+    pub uid: String,
+    #[serde(default)]
+    pub groups: Vec<String>,
+    /// Extra attributes; a bound service-account token carries
+    /// `authentication.kubernetes.io/pod-name` and `pod-uid` here.
+    #[serde(default)]
+    pub extra: std::collections::BTreeMap<String, Vec<String>>,
+}
+
 /// The parts of an AdmissionRequest railguard reads. `object` borrows the raw JSON.
 #[derive(Clone, Debug)]
 pub struct AdmissionRequest<'a> {
@@ -66,6 +85,9 @@ pub struct AdmissionRequest<'a> {
     pub operation: String,
     pub dry_run: bool,
     pub object: Option<&'a RawValue>,
+    /// The object before an UPDATE (None on CREATE).
+    pub old_object: Option<&'a RawValue>,
+    pub user_info: UserInfo,
 }
 
 impl AdmissionRequest<'_> {
@@ -106,6 +128,8 @@ pub fn decode(body: &[u8]) -> Result<AdmissionRequest<'_>, DecodeError> {
         operation: r.operation,
         dry_run: r.dry_run.unwrap_or(false),
         object: r.object,
+        old_object: r.old_object,
+        user_info: r.user_info.unwrap_or_default(),
     })
 }
 

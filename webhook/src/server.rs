@@ -17,7 +17,8 @@ use tokio::sync::watch;
 
 use crate::catalog::Catalog;
 use crate::config::{FailureMode, WebhookConfig};
-use crate::metrics::{AdmissionLabels, KindLabels, Metrics, ModeLabels};
+use crate::metrics::{AdmissionLabels, KindLabels, Metrics, ModeLabels, NodeGuardLabels};
+use crate::node_guard;
 use crate::review;
 use crate::tls::CertReloader;
 
@@ -70,6 +71,75 @@ impl Default for ServeOptions {
 /// listener, the limits and the state.
 pub fn admission_routes() -> Router<Arc<AppState>> {
     Router::new().route("/mutate", post(mutate_handler))
+}
+
+/// What the node guard's handler shares: who may write railguard's Node outputs, the cache
+/// of prober pods it checks requesters against, and the metrics.
+pub struct NodeGuardState {
+    pub policy: node_guard::GuardPolicy,
+    pub probers: node_guard::probers::ProberPods,
+    pub metrics: Arc<Metrics>,
+}
+
+/// How long a prober's request waits for the first list of prober pods (the webhook just
+/// started) before it is denied as not yet known; under the configuration's timeout.
+const PROBER_CACHE_WAIT: Duration = Duration::from_secs(2);
+
+/// The node guard's route, `POST /validate-nodes`, to merge into [`admission_routes`]
+/// (`admission_routes().merge(node_guard_routes(guard))`) so it shares the TLS listener and
+/// the limits.
+pub fn node_guard_routes<S: Clone + Send + Sync + 'static>(
+    guard: Arc<NodeGuardState>,
+) -> Router<S> {
+    Router::new()
+        .route("/validate-nodes", post(node_guard_handler))
+        .with_state(guard)
+}
+
+/// Always an AdmissionReview (HTTP 200): a body that is not one is denied with the reason.
+async fn node_guard_handler(State(guard): State<Arc<NodeGuardState>>, body: Bytes) -> Response {
+    let count = |outcome: &str, writer: &str| {
+        guard
+            .metrics
+            .node_guard_decisions
+            .get_or_create(&NodeGuardLabels {
+                outcome: outcome.to_string(),
+                writer: writer.to_string(),
+            })
+            .inc();
+    };
+    let request = match review::decode(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            let message = railguard_api::error::error_chain(&e);
+            tracing::warn!(error = %message, "node guard: a body that is not an AdmissionReview");
+            count("malformed", "");
+            let mut response = review::ReviewResponse::allow("");
+            response.allowed = false;
+            response.denial = Some(format!("railguard node guard: {message}"));
+            return json(response.encode());
+        }
+    };
+    if guard.policy.is_prober(&request.user_info) && !guard.probers.is_synced() {
+        guard.probers.wait_synced(PROBER_CACHE_WAIT).await;
+    }
+    let admission =
+        node_guard::admit_node(&request, &guard.policy, |pod| guard.probers.lookup(pod));
+    count(admission.outcome, admission.writer);
+    let node = request.name.as_deref().unwrap_or("");
+    let user = request.user_info.username.as_str();
+    match admission.response.denial.as_deref() {
+        Some(reason) => tracing::info!(
+            uid = %request.uid, node, user, operation = %request.operation,
+            subresource = request.sub_resource.as_deref().unwrap_or(""),
+            dry_run = request.dry_run, %reason, "node guard denied a change"
+        ),
+        None => tracing::debug!(
+            uid = %request.uid, node, user, outcome = admission.outcome,
+            writer = admission.writer, "node guard"
+        ),
+    }
+    json(admission.response.encode())
 }
 
 /// `routes` behind the body limit, the request timeout and the concurrency limit, with the
@@ -251,6 +321,19 @@ pub async fn start_on(
         metrics_listener,
     )
     .await
+}
+
+/// Like [`start_on`], serving `routes` (built on [`admission_routes`], e.g. with
+/// [`node_guard_routes`] merged) instead.
+pub async fn start_routes_on(
+    routes: Router<Arc<AppState>>,
+    state: Arc<AppState>,
+    reloader: CertReloader,
+    opts: ServeOptions,
+    listener: std::net::TcpListener,
+    metrics_listener: std::net::TcpListener,
+) -> std::io::Result<RunningServer> {
+    serve_on(routes, state, reloader, opts, listener, metrics_listener).await
 }
 
 async fn serve_on(

@@ -1,0 +1,473 @@
+//! The pure decision: who may change which of railguard's Node outputs. No IO: the caller
+//! hands in both versions of the Node, the requester as the API server authenticated it and
+//! what its cache knows of the requester's pod.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use railguard_api::{keys, Certificate};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::review::UserInfo;
+
+/// `userInfo.extra` key of a bound service-account token: the pod it is bound to.
+pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
+/// `userInfo.extra` key of a bound service-account token: that pod's uid.
+pub const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
+/// `userInfo.extra` key set from Kubernetes 1.30 on: the node of the pod the token is bound
+/// to (checked when present; the pod cache decides either way).
+pub const EXTRA_NODE_NAME: &str = "authentication.kubernetes.io/node-name";
+
+/// One of railguard's published outputs on a Node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Output {
+    Label(&'static str),
+    Annotation(&'static str),
+    Condition(&'static str),
+}
+
+/// The outputs the guard protects: what the prober and the campaign publish and the
+/// extender, the webhook's injected affinity and operators read as the certification.
+/// Operator inputs under `railguard.io/` (`railguard.io/recertify`, pool labels that a
+/// profile's nodeSelector names, `railguard.io/peer-endpoint`) are not in it.
+pub const PROTECTED: &[Output] = &[
+    Output::Label(keys::LABEL_FABRIC),
+    Output::Label(keys::LABEL_PROFILE),
+    Output::Label(keys::LABEL_SIGNATURE),
+    Output::Annotation(keys::ANNOTATION_CERTIFICATE),
+    Output::Condition(keys::CONDITION_FABRIC_READY),
+];
+
+/// The outputs the campaign coordinator may change: its findings move the verdict (label,
+/// certificate, condition); the profile and the rail layout a node is certified for stay
+/// the prober's.
+const CAMPAIGN_MAY_CHANGE: &[Output] = &[
+    Output::Label(keys::LABEL_FABRIC),
+    Output::Annotation(keys::ANNOTATION_CERTIFICATE),
+    Output::Condition(keys::CONDITION_FABRIC_READY),
+];
+
+impl fmt::Display for Output {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Output::Label(k) => write!(f, "label {k}"),
+            Output::Annotation(k) => write!(f, "annotation {k}"),
+            Output::Condition(t) => write!(f, "condition {t}"),
+        }
+    }
+}
+
+/// The parts of a Node the guard reads (everything else is ignored, so any Node decodes).
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct NodeView {
+    #[serde(default)]
+    pub metadata: MetaView,
+    #[serde(default)]
+    pub status: Option<StatusView>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct MetaView {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub annotations: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct StatusView {
+    #[serde(default)]
+    pub conditions: Option<Vec<Value>>,
+}
+
+impl NodeView {
+    /// The value of `output` on this Node (a condition: every entry of that type, whole).
+    fn value(&self, output: Output) -> Option<Value> {
+        match output {
+            Output::Label(k) => self.label(k).map(|v| Value::String(v.to_string())),
+            Output::Annotation(k) => self.annotation(k).map(|v| Value::String(v.to_string())),
+            Output::Condition(t) => {
+                let entries: Vec<Value> = self
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .into_iter()
+                    .flatten()
+                    .filter(|c| c.get("type").and_then(Value::as_str) == Some(t))
+                    .cloned()
+                    .collect();
+                (!entries.is_empty()).then_some(Value::Array(entries))
+            }
+        }
+    }
+
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.metadata.labels.as_ref()?.get(key).map(String::as_str)
+    }
+
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.metadata
+            .annotations
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
+    }
+}
+
+/// The protected outputs that differ between `old` (None: a CREATE) and `new`.
+pub fn changed_outputs(old: Option<&NodeView>, new: &NodeView) -> Vec<Output> {
+    PROTECTED
+        .iter()
+        .copied()
+        .filter(|&o| old.and_then(|n| n.value(o)) != new.value(o))
+        .collect()
+}
+
+/// Who writes railguard's outputs, as configured at install.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuardPolicy {
+    /// The release namespace: where the prober and campaign service accounts live.
+    pub namespace: String,
+    /// The probers' ServiceAccount.
+    pub prober_service_account: String,
+    /// The campaign coordinator's ServiceAccount, when a campaign is installed.
+    pub campaign_service_account: Option<String>,
+    /// Groups allowed to change any output (break-glass repair), e.g. `system:masters`.
+    pub allowed_groups: Vec<String>,
+}
+
+impl GuardPolicy {
+    fn service_account_user(&self, name: &str) -> String {
+        format!("system:serviceaccount:{}:{name}", self.namespace)
+    }
+
+    /// The probers' user name, `system:serviceaccount:<ns>:<sa>`.
+    pub fn prober_user(&self) -> String {
+        self.service_account_user(&self.prober_service_account)
+    }
+
+    /// Whether `user` is the probers' service account (its requests need a pod lookup).
+    pub fn is_prober(&self, user: &UserInfo) -> bool {
+        user.username == self.prober_user()
+    }
+
+    /// Whether `user` is the campaign coordinator's service account.
+    pub fn is_campaign(&self, user: &UserInfo) -> bool {
+        self.campaign_service_account
+            .as_deref()
+            .is_some_and(|sa| user.username == self.service_account_user(sa))
+    }
+}
+
+/// What the webhook's cache knows of a prober pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodLookup {
+    /// The pod is in the cache of prober pods.
+    Found(ProberPod),
+    /// The cache has synced and does not hold it.
+    Missing,
+    /// The cache has not listed the prober pods yet (the webhook just started).
+    NotSynced,
+}
+
+/// The facts of a cached prober pod the decision needs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProberPod {
+    pub uid: Option<String>,
+    /// `spec.nodeName`: None until the pod is scheduled.
+    pub node_name: Option<String>,
+    pub service_account: Option<String>,
+}
+
+/// Who was allowed to change the outputs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Writer {
+    /// The prober running on that very node.
+    OwnProber { pod: String },
+    /// The campaign coordinator, recording findings.
+    Campaign,
+    /// A member of an allowed (break-glass) group.
+    AllowedGroup { group: String },
+}
+
+impl Writer {
+    /// The metrics label.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Writer::OwnProber { .. } => "prober",
+            Writer::Campaign => "campaign",
+            Writer::AllowedGroup { .. } => "allowed-group",
+        }
+    }
+}
+
+/// The guard's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// No protected output changed: nothing to guard (kubelet status updates, other labels).
+    Untouched,
+    Allowed(Writer),
+    Denied(Denial),
+}
+
+/// Why a change was refused; the message reaches the requester (`kubectl`, the prober log).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Denial {
+    #[error(
+        "{user} may not change railguard's certification of node {node} ({changed}): only \
+         the node's own railguard prober ({prober} in a pod on {node}) and the campaign \
+         coordinator write it; operators ask for a new run with the {recertify} annotation"
+    )]
+    NotAWriter {
+        user: String,
+        node: String,
+        changed: String,
+        prober: String,
+        recertify: &'static str,
+    },
+    #[error(
+        "the prober's token names no pod ({EXTRA_POD_NAME}): only a service-account token \
+         bound to the prober's pod (a projected serviceAccountToken volume) proves which \
+         node it runs on"
+    )]
+    ProberTokenNotBound,
+    #[error(
+        "prober pod {namespace}/{pod} is not in the webhook's cache of prober pods yet (the \
+         webhook started moments ago or the pod was just created): retry shortly"
+    )]
+    ProberPodNotSynced { namespace: String, pod: String },
+    #[error(
+        "prober pod {namespace}/{pod} is not a known prober pod (not in the webhook's cache \
+         of pods with the prober's labels; if it was created a moment ago, retry)"
+    )]
+    ProberPodUnknown { namespace: String, pod: String },
+    #[error("the token's pod uid {token_uid} is not prober pod {pod}'s ({pod_uid})")]
+    ProberPodUidMismatch {
+        pod: String,
+        token_uid: String,
+        pod_uid: String,
+    },
+    #[error("prober pod {pod} runs as service account {found}, not {expected}")]
+    ProberPodServiceAccount {
+        pod: String,
+        found: String,
+        expected: String,
+    },
+    #[error(
+        "prober pod {pod} runs on node {pod_node}, not {node}: a prober certifies its own \
+         node only"
+    )]
+    ProberOfOtherNode {
+        pod: String,
+        pod_node: String,
+        node: String,
+    },
+    #[error("the token is bound to a pod on node {token_node}, not {node}")]
+    TokenOfOtherNode { token_node: String, node: String },
+    #[error("prober pod {pod} is not scheduled to a node yet")]
+    ProberPodUnscheduled { pod: String },
+    #[error("a node is never created with railguard's certification ({changed}) set")]
+    CreatedCertified { changed: String },
+    #[error(
+        "the campaign coordinator may change only the fabric label, the certificate and \
+         the condition of node {node}, not its {changed}"
+    )]
+    CampaignBeyondFindings { node: String, changed: String },
+    #[error(
+        "the campaign coordinator records findings in node {node}'s existing certificate; \
+         {problem}"
+    )]
+    CampaignCertificate { node: String, problem: String },
+}
+
+/// One Node change, as the API server presents it.
+#[derive(Clone, Copy, Debug)]
+pub struct NodeChange<'a> {
+    /// The Node's name.
+    pub node: &'a str,
+    /// Before the change; None for a CREATE.
+    pub old: Option<&'a NodeView>,
+    pub new: &'a NodeView,
+    pub user: &'a UserInfo,
+}
+
+/// Decides one change. `lookup` is asked for a prober pod by name (the pod the prober's
+/// token is bound to), only when the prober's service account changed an output.
+pub fn decide(
+    change: NodeChange<'_>,
+    policy: &GuardPolicy,
+    lookup: impl FnOnce(&str) -> PodLookup,
+) -> Decision {
+    let changed = changed_outputs(change.old, change.new);
+    if changed.is_empty() {
+        return Decision::Untouched;
+    }
+    let user = change.user;
+    if let Some(group) = user
+        .groups
+        .iter()
+        .find(|g| policy.allowed_groups.iter().any(|a| a == *g))
+    {
+        return Decision::Allowed(Writer::AllowedGroup {
+            group: group.clone(),
+        });
+    }
+    let listed = list(&changed);
+    if change.old.is_none() {
+        // No prober or campaign creates Nodes: only a kubelet (--node-labels) or a tenant
+        // would register one already certified.
+        return Decision::Denied(Denial::CreatedCertified { changed: listed });
+    }
+    let verdict = if policy.is_prober(user) {
+        prober_change(change, policy, lookup)
+    } else if policy.is_campaign(user) {
+        campaign_change(change, &changed)
+    } else {
+        Err(Denial::NotAWriter {
+            user: if user.username.is_empty() {
+                "an anonymous requester".to_string()
+            } else {
+                user.username.clone()
+            },
+            node: change.node.to_string(),
+            changed: listed,
+            prober: policy.prober_user(),
+            recertify: keys::ANNOTATION_RECERTIFY,
+        })
+    };
+    match verdict {
+        Ok(writer) => Decision::Allowed(writer),
+        Err(denial) => Decision::Denied(denial),
+    }
+}
+
+fn list(outputs: &[Output]) -> String {
+    outputs
+        .iter()
+        .map(Output::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Exactly one value of an extra attribute, or None.
+fn single<'a>(user: &'a UserInfo, key: &str) -> Option<&'a str> {
+    match user.extra.get(key).map(Vec::as_slice) {
+        Some([one]) if !one.is_empty() => Some(one.as_str()),
+        _ => None,
+    }
+}
+
+fn prober_change(
+    change: NodeChange<'_>,
+    policy: &GuardPolicy,
+    lookup: impl FnOnce(&str) -> PodLookup,
+) -> Result<Writer, Denial> {
+    let node = change.node;
+    let user = change.user;
+    let pod_name = single(user, EXTRA_POD_NAME).ok_or(Denial::ProberTokenNotBound)?;
+    if let Some(token_node) = single(user, EXTRA_NODE_NAME) {
+        if token_node != node {
+            return Err(Denial::TokenOfOtherNode {
+                token_node: token_node.to_string(),
+                node: node.to_string(),
+            });
+        }
+    }
+    let pod = match lookup(pod_name) {
+        PodLookup::Found(pod) => pod,
+        PodLookup::Missing => {
+            return Err(Denial::ProberPodUnknown {
+                namespace: policy.namespace.clone(),
+                pod: pod_name.to_string(),
+            })
+        }
+        PodLookup::NotSynced => {
+            return Err(Denial::ProberPodNotSynced {
+                namespace: policy.namespace.clone(),
+                pod: pod_name.to_string(),
+            })
+        }
+    };
+    if let (Some(token_uid), Some(pod_uid)) = (single(user, EXTRA_POD_UID), pod.uid.as_deref()) {
+        if token_uid != pod_uid {
+            return Err(Denial::ProberPodUidMismatch {
+                pod: pod_name.to_string(),
+                token_uid: token_uid.to_string(),
+                pod_uid: pod_uid.to_string(),
+            });
+        }
+    }
+    // The cache selects pods by label, and labels are whatever the pod's creator wrote.
+    let service_account = pod.service_account.as_deref().unwrap_or("default");
+    if service_account != policy.prober_service_account {
+        return Err(Denial::ProberPodServiceAccount {
+            pod: pod_name.to_string(),
+            found: service_account.to_string(),
+            expected: policy.prober_service_account.clone(),
+        });
+    }
+    match pod.node_name.as_deref().filter(|n| !n.is_empty()) {
+        Some(n) if n == node => Ok(Writer::OwnProber {
+            pod: pod_name.to_string(),
+        }),
+        Some(other) => Err(Denial::ProberOfOtherNode {
+            pod: pod_name.to_string(),
+            pod_node: other.to_string(),
+            node: node.to_string(),
+        }),
+        None => Err(Denial::ProberPodUnscheduled {
+            pod: pod_name.to_string(),
+        }),
+    }
+}
+
+fn campaign_change(change: NodeChange<'_>, changed: &[Output]) -> Result<Writer, Denial> {
+    let node = change.node;
+    let beyond: Vec<Output> = changed
+        .iter()
+        .copied()
+        .filter(|o| !CAMPAIGN_MAY_CHANGE.contains(o))
+        .collect();
+    if !beyond.is_empty() {
+        return Err(Denial::CampaignBeyondFindings {
+            node: node.to_string(),
+            changed: list(&beyond),
+        });
+    }
+    if changed.contains(&Output::Annotation(keys::ANNOTATION_CERTIFICATE)) {
+        let problem = |p: String| Denial::CampaignCertificate {
+            node: node.to_string(),
+            problem: p,
+        };
+        let read = |view: Option<&NodeView>, which: &str| {
+            let raw = view
+                .and_then(|v| v.annotation(keys::ANNOTATION_CERTIFICATE))
+                .ok_or_else(|| problem(format!("the {which} node has no certificate")))?;
+            Certificate::from_annotation(raw).map_err(|e| {
+                problem(format!(
+                    "the {which} certificate does not parse: {}",
+                    railguard_api::error::error_chain(&e)
+                ))
+            })
+        };
+        let before = read(change.old, "current")?;
+        let after = read(Some(change.new), "new")?;
+        for (what, a, b) in [
+            ("profile", &before.profile, &after.profile),
+            ("signature", &before.signature, &after.signature),
+        ] {
+            if a != b {
+                return Err(problem(format!(
+                    "it may not change the {what} ({a} to {b})"
+                )));
+            }
+        }
+        if before.node != after.node {
+            return Err(problem("it may not change the node it names".to_string()));
+        }
+    }
+    Ok(Writer::Campaign)
+}

@@ -1,0 +1,567 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+
+use railguard_api::keys;
+use serde_json::{json, Value};
+
+use super::*;
+use crate::review::{self, UserInfo};
+
+const NS: &str = "railguard";
+const PROBER: &str = "railguard-prober";
+const CAMPAIGN: &str = "railguard-campaign";
+
+fn policy() -> GuardPolicy {
+    GuardPolicy {
+        namespace: NS.into(),
+        prober_service_account: PROBER.into(),
+        campaign_service_account: Some(CAMPAIGN.into()),
+        allowed_groups: vec!["system:masters".into()],
+    }
+}
+
+fn user(name: &str, groups: &[&str]) -> UserInfo {
+    UserInfo {
+        username: name.into(),
+        groups: groups.iter().map(|g| g.to_string()).collect(),
+        ..UserInfo::default()
+    }
+}
+
+/// The prober's identity with a token bound to `pod`.
+fn prober(pod: &str) -> UserInfo {
+    let mut u = user(
+        &format!("system:serviceaccount:{NS}:{PROBER}"),
+        &["system:serviceaccounts", "system:authenticated"],
+    );
+    u.extra = BTreeMap::from([
+        (decision::EXTRA_POD_NAME.into(), vec![pod.into()]),
+        (decision::EXTRA_POD_UID.into(), vec![format!("uid-{pod}")]),
+    ]);
+    u
+}
+
+fn campaign() -> UserInfo {
+    user(&format!("system:serviceaccount:{NS}:{CAMPAIGN}"), &[])
+}
+
+fn pod_on(node: &str, pod: &str) -> PodLookup {
+    PodLookup::Found(ProberPod {
+        uid: Some(format!("uid-{pod}")),
+        node_name: Some(node.into()),
+        service_account: Some(PROBER.into()),
+    })
+}
+
+fn certificate(profile: &str, signature: &str, verdict: &str) -> String {
+    json!({
+        "version": 1, "generation": 3,
+        "issuedAt": "2026-01-01T00:00:00Z", "expiresAt": "2026-01-02T00:00:00Z",
+        "profile": profile, "signature": signature, "verdict": verdict,
+        "reasons": [], "rails": [], "gpus": []
+    })
+    .to_string()
+}
+
+fn node(labels: &[(&str, &str)], annotations: &[(&str, &str)], conditions: Value) -> NodeView {
+    let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    serde_json::from_value(json!({
+        "metadata": {"name": "gpu-a", "labels": map(labels), "annotations": map(annotations)},
+        "status": {"conditions": conditions},
+    }))
+    .unwrap()
+}
+
+fn certified() -> NodeView {
+    node(
+        &[
+            (keys::LABEL_FABRIC, "certified"),
+            (keys::LABEL_PROFILE, "h100"),
+            (keys::LABEL_SIGNATURE, "abc"),
+            ("kubernetes.io/hostname", "gpu-a"),
+        ],
+        &[(
+            keys::ANNOTATION_CERTIFICATE,
+            &certificate("h100", "abc", "certified"),
+        )],
+        json!([{"type": "Ready", "status": "True"},
+               {"type": keys::CONDITION_FABRIC_READY, "status": "True", "reason": "Certified"}]),
+    )
+}
+
+fn bare() -> NodeView {
+    node(
+        &[("kubernetes.io/hostname", "gpu-a")],
+        &[],
+        json!([{"type": "Ready", "status": "True"}]),
+    )
+}
+
+fn with_label(mut n: NodeView, k: &str, v: Option<&str>) -> NodeView {
+    let labels = n.metadata.labels.get_or_insert_with(BTreeMap::new);
+    match v {
+        Some(v) => labels.insert(k.into(), v.into()),
+        None => labels.remove(k),
+    };
+    n
+}
+
+fn with_annotation(mut n: NodeView, k: &str, v: &str) -> NodeView {
+    n.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(k.into(), v.into());
+    n
+}
+
+fn decide_update(old: &NodeView, new: &NodeView, who: &UserInfo, pods: PodLookup) -> Decision {
+    let change = NodeChange {
+        node: "gpu-a",
+        old: Some(old),
+        new,
+        user: who,
+    };
+    decide(change, &policy(), |_| pods)
+}
+
+fn never(_: &str) -> PodLookup {
+    panic!("no pod lookup expected")
+}
+
+fn denial(d: Decision) -> Denial {
+    match d {
+        Decision::Denied(d) => d,
+        other => panic!("expected a denial, got {other:?}"),
+    }
+}
+
+#[test]
+fn only_protected_outputs_count_as_changes() {
+    let old = certified();
+    assert!(changed_outputs(Some(&old), &old).is_empty());
+    let relabelled = with_label(old.clone(), "team", Some("ml"));
+    let recertify = with_annotation(old.clone(), keys::ANNOTATION_RECERTIFY, "now");
+    let pool = with_label(old.clone(), "railguard.io/pool", Some("strict"));
+    let endpoint = with_annotation(old.clone(), "railguard.io/peer-endpoint", "10.0.0.1:7470");
+    for new in [relabelled, recertify, pool, endpoint] {
+        assert!(changed_outputs(Some(&old), &new).is_empty(), "{new:?}");
+    }
+    let failed = with_label(old.clone(), keys::LABEL_FABRIC, Some("failed"));
+    assert_eq!(
+        changed_outputs(Some(&old), &failed),
+        [Output::Label(keys::LABEL_FABRIC)]
+    );
+    let mut no_condition = old.clone();
+    no_condition.status = None;
+    assert_eq!(
+        changed_outputs(Some(&old), &no_condition),
+        [Output::Condition(keys::CONDITION_FABRIC_READY)]
+    );
+    // A CREATE: everything present is a change.
+    assert_eq!(changed_outputs(None, &old).len(), PROTECTED.len());
+    assert!(changed_outputs(None, &bare()).is_empty());
+}
+
+#[test]
+fn anyone_may_change_what_is_not_railguard_certification() {
+    let old = certified();
+    for who in [
+        user("alice", &["system:authenticated"]),
+        user("system:node:gpu-a", &["system:nodes"]),
+        prober("prober-b"),
+    ] {
+        let new = with_annotation(old.clone(), keys::ANNOTATION_RECERTIFY, "1");
+        let change = NodeChange {
+            node: "gpu-a",
+            old: Some(&old),
+            new: &new,
+            user: &who,
+        };
+        assert_eq!(decide(change, &policy(), never), Decision::Untouched);
+    }
+}
+
+#[test]
+fn the_prober_of_the_node_may_publish_its_certificate() {
+    let old = bare();
+    let new = certified();
+    let d = decide_update(&old, &new, &prober("p-a"), pod_on("gpu-a", "p-a"));
+    assert_eq!(
+        d,
+        Decision::Allowed(Writer::OwnProber { pod: "p-a".into() })
+    );
+}
+
+#[test]
+fn the_prober_of_another_node_is_denied() {
+    let d = denial(decide_update(
+        &bare(),
+        &certified(),
+        &prober("p-b"),
+        pod_on("gpu-b", "p-b"),
+    ));
+    assert!(matches!(d, Denial::ProberOfOtherNode { .. }), "{d:?}");
+    let message = d.to_string();
+    assert!(
+        message.contains("runs on node gpu-b, not gpu-a"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_prober_token_must_be_bound_to_a_known_pod_of_the_prober() {
+    let mut unbound = prober("p-a");
+    unbound.extra.clear();
+    let d = denial(decide_update(
+        &bare(),
+        &certified(),
+        &unbound,
+        PodLookup::Missing,
+    ));
+    assert_eq!(d, Denial::ProberTokenNotBound);
+
+    let d = denial(decide_update(
+        &bare(),
+        &certified(),
+        &prober("p-a"),
+        PodLookup::Missing,
+    ));
+    assert!(matches!(d, Denial::ProberPodUnknown { .. }), "{d:?}");
+    let d = denial(decide_update(
+        &bare(),
+        &certified(),
+        &prober("p-a"),
+        PodLookup::NotSynced,
+    ));
+    assert!(d.to_string().contains("retry shortly"), "{d}");
+
+    // A pod by that name but another uid (deleted and recreated), another service account
+    // (labels copied by someone who may create pods there), or not scheduled yet.
+    let recreated = PodLookup::Found(ProberPod {
+        uid: Some("uid-other".into()),
+        node_name: Some("gpu-a".into()),
+        service_account: Some(PROBER.into()),
+    });
+    let d = denial(decide_update(
+        &bare(),
+        &certified(),
+        &prober("p-a"),
+        recreated,
+    ));
+    assert!(matches!(d, Denial::ProberPodUidMismatch { .. }), "{d:?}");
+    let impostor = PodLookup::Found(ProberPod {
+        uid: Some("uid-p-a".into()),
+        node_name: Some("gpu-a".into()),
+        service_account: Some("default".into()),
+    });
+    let d = denial(decide_update(
+        &bare(),
+        &certified(),
+        &prober("p-a"),
+        impostor,
+    ));
+    assert!(matches!(d, Denial::ProberPodServiceAccount { .. }), "{d:?}");
+    let pending = PodLookup::Found(ProberPod {
+        uid: Some("uid-p-a".into()),
+        node_name: None,
+        service_account: Some(PROBER.into()),
+    });
+    let d = denial(decide_update(
+        &bare(),
+        &certified(),
+        &prober("p-a"),
+        pending,
+    ));
+    assert!(matches!(d, Denial::ProberPodUnscheduled { .. }), "{d:?}");
+
+    // 1.30+: the token names the pod's node as well.
+    let mut elsewhere = prober("p-a");
+    elsewhere
+        .extra
+        .insert(decision::EXTRA_NODE_NAME.into(), vec!["gpu-b".into()]);
+    let d = denial(decide_update(
+        &bare(),
+        &certified(),
+        &elsewhere,
+        pod_on("gpu-a", "p-a"),
+    ));
+    assert!(matches!(d, Denial::TokenOfOtherNode { .. }), "{d:?}");
+}
+
+#[test]
+fn tenants_kubelets_and_other_service_accounts_are_denied() {
+    let old = bare();
+    let labelled = with_label(old.clone(), keys::LABEL_FABRIC, Some("certified"));
+    for who in [
+        user("alice", &["system:authenticated"]),
+        user("system:node:gpu-a", &["system:nodes"]),
+        user(
+            "system:serviceaccount:ml:default",
+            &["system:serviceaccounts"],
+        ),
+        // The prober's service account name in another namespace.
+        user(
+            &format!("system:serviceaccount:ml:{PROBER}"),
+            &["system:serviceaccounts"],
+        ),
+        user("", &[]),
+    ] {
+        let d = denial(decide_update(&old, &labelled, &who, PodLookup::Missing));
+        let message = d.to_string();
+        assert!(matches!(d, Denial::NotAWriter { .. }), "{d:?}");
+        assert!(
+            message.contains("label railguard.io/fabric") && message.contains("gpu-a"),
+            "{message}"
+        );
+    }
+}
+
+#[test]
+fn allowed_groups_may_repair_anything_and_nothing_else_creates_certified_nodes() {
+    let admin = user("admin", &["system:masters"]);
+    let change = NodeChange {
+        node: "gpu-a",
+        old: None,
+        new: &certified(),
+        user: &admin,
+    };
+    assert_eq!(
+        decide(change, &policy(), never),
+        Decision::Allowed(Writer::AllowedGroup {
+            group: "system:masters".into()
+        })
+    );
+    for who in [
+        user("system:node:gpu-a", &["system:nodes"]),
+        prober("p-a"),
+        campaign(),
+    ] {
+        let change = NodeChange {
+            node: "gpu-a",
+            old: None,
+            new: &certified(),
+            user: &who,
+        };
+        let d = denial(decide(change, &policy(), never));
+        assert!(matches!(d, Denial::CreatedCertified { .. }), "{d:?}");
+    }
+    // Without the default group, an admin is like anyone else.
+    let strict = GuardPolicy {
+        allowed_groups: Vec::new(),
+        ..policy()
+    };
+    let old = certified();
+    let new = with_label(old.clone(), keys::LABEL_FABRIC, Some("failed"));
+    let change = NodeChange {
+        node: "gpu-a",
+        old: Some(&old),
+        new: &new,
+        user: &admin,
+    };
+    assert!(matches!(
+        decide(change, &strict, never),
+        Decision::Denied(Denial::NotAWriter { .. })
+    ));
+}
+
+#[test]
+fn the_campaign_records_findings_but_not_what_a_node_is_certified_for() {
+    let old = certified();
+    let degraded = with_annotation(
+        with_label(old.clone(), keys::LABEL_FABRIC, Some("degraded")),
+        keys::ANNOTATION_CERTIFICATE,
+        &certificate("h100", "abc", "degraded"),
+    );
+    assert_eq!(
+        decide_update(&old, &degraded, &campaign(), PodLookup::Missing),
+        Decision::Allowed(Writer::Campaign)
+    );
+
+    let other_profile = with_label(old.clone(), keys::LABEL_PROFILE, Some("a100"));
+    let d = denial(decide_update(
+        &old,
+        &other_profile,
+        &campaign(),
+        PodLookup::Missing,
+    ));
+    assert!(matches!(d, Denial::CampaignBeyondFindings { .. }), "{d:?}");
+
+    let relaid = with_annotation(
+        old.clone(),
+        keys::ANNOTATION_CERTIFICATE,
+        &certificate("h100", "zzz", "certified"),
+    );
+    let d = denial(decide_update(
+        &old,
+        &relaid,
+        &campaign(),
+        PodLookup::Missing,
+    ));
+    assert!(d.to_string().contains("signature (abc to zzz)"), "{d}");
+
+    // No certificate to record findings in: the campaign does not issue one.
+    let issued = with_annotation(
+        bare(),
+        keys::ANNOTATION_CERTIFICATE,
+        &certificate("h100", "abc", "certified"),
+    );
+    let d = denial(decide_update(
+        &bare(),
+        &issued,
+        &campaign(),
+        PodLookup::Missing,
+    ));
+    assert!(
+        d.to_string().contains("current node has no certificate"),
+        "{d}"
+    );
+
+    let garbage = with_annotation(old.clone(), keys::ANNOTATION_CERTIFICATE, "{not json");
+    let d = denial(decide_update(
+        &old,
+        &garbage,
+        &campaign(),
+        PodLookup::Missing,
+    ));
+    assert!(d.to_string().contains("does not parse"), "{d}");
+}
+
+fn review_body(operation: &str, object: Value, old: Value, who: &UserInfo) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "kind": {"group": "", "version": "v1", "kind": "Node"},
+            "resource": {"group": "", "version": "v1", "resource": "nodes"},
+            "name": "gpu-a",
+            "operation": operation,
+            "userInfo": {"username": who.username, "groups": who.groups, "extra": who.extra},
+            "object": object,
+            "oldObject": old,
+        }
+    }))
+    .unwrap()
+}
+
+fn node_json(fabric: Option<&str>) -> Value {
+    let mut labels = json!({"kubernetes.io/hostname": "gpu-a"});
+    if let Some(f) = fabric {
+        labels[keys::LABEL_FABRIC] = json!(f);
+    }
+    json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-a", "labels": labels}})
+}
+
+#[test]
+fn reviews_are_answered_for_their_uid_with_the_reason() {
+    let tenant = user("alice", &["system:authenticated"]);
+    let body = review_body(
+        "UPDATE",
+        node_json(Some("certified")),
+        node_json(None),
+        &tenant,
+    );
+    let request = review::decode(&body).unwrap();
+    let a = admit_node(&request, &policy(), never);
+    assert_eq!((a.outcome, a.writer), ("denied", "other"));
+    assert!(!a.response.allowed);
+    let encoded: Value = serde_json::from_slice(&a.response.encode()).unwrap();
+    assert_eq!(encoded["response"]["uid"], "u-1");
+    assert_eq!(encoded["response"]["status"]["code"], 403);
+    let message = encoded["response"]["status"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("railguard node guard: alice may not change"),
+        "{message}"
+    );
+
+    let body = review_body(
+        "UPDATE",
+        node_json(Some("x")),
+        node_json(Some("x")),
+        &tenant,
+    );
+    let a = admit_node(&review::decode(&body).unwrap(), &policy(), never);
+    assert_eq!(a.outcome, "untouched");
+    assert!(a.response.allowed);
+
+    // The API server sends `"oldObject": null` on CREATE.
+    let kubelet = user("system:node:gpu-a", &["system:nodes"]);
+    let body = review_body(
+        "CREATE",
+        node_json(Some("certified")),
+        Value::Null,
+        &kubelet,
+    );
+    let a = admit_node(&review::decode(&body).unwrap(), &policy(), never);
+    assert_eq!(a.outcome, "denied");
+    let body = review_body("CREATE", node_json(None), Value::Null, &kubelet);
+    let a = admit_node(&review::decode(&body).unwrap(), &policy(), never);
+    assert_eq!(a.outcome, "untouched");
+
+    let body = review_body(
+        "UPDATE",
+        node_json(Some("certified")),
+        node_json(None),
+        &prober("p-a"),
+    );
+    let a = admit_node(&review::decode(&body).unwrap(), &policy(), |name| {
+        assert_eq!(name, "p-a");
+        pod_on("gpu-a", "p-a")
+    });
+    assert_eq!((a.outcome, a.writer), ("allowed", "prober"));
+}
+
+#[test]
+fn malformed_reviews_are_denied_with_a_clear_reason() {
+    let tenant = user("alice", &[]);
+    for (object, old, operation, expect) in [
+        (
+            json!({"metadata": "nope"}),
+            node_json(None),
+            "UPDATE",
+            "object is not a Node",
+        ),
+        (
+            node_json(None),
+            json!([1]),
+            "UPDATE",
+            "oldObject is not a Node",
+        ),
+        (Value::Null, node_json(None), "UPDATE", "has no object"),
+        (node_json(None), Value::Null, "UPDATE", "without oldObject"),
+    ] {
+        let body = review_body(operation, object, old, &tenant);
+        let a = admit_node(&review::decode(&body).unwrap(), &policy(), never);
+        assert_eq!(a.outcome, "malformed");
+        let reason = a.response.denial.unwrap();
+        assert!(reason.contains(expect), "{reason}");
+    }
+    // Not a Node, or a DELETE: the registration is wrong; allowed with a warning.
+    let mut v: Value = serde_json::from_slice(&review_body(
+        "DELETE",
+        Value::Null,
+        node_json(None),
+        &tenant,
+    ))
+    .unwrap();
+    let a = admit_node(
+        &review::decode(&serde_json::to_vec(&v).unwrap()).unwrap(),
+        &policy(),
+        never,
+    );
+    assert_eq!((a.outcome, a.response.allowed), ("ignored", true));
+    v["request"]["kind"]["kind"] = json!("Pod");
+    v["request"]["operation"] = json!("UPDATE");
+    let a = admit_node(
+        &review::decode(&serde_json::to_vec(&v).unwrap()).unwrap(),
+        &policy(),
+        never,
+    );
+    assert_eq!(a.outcome, "ignored");
+    assert!(a.response.warnings[0].contains("Node CREATE and UPDATE only"));
+}

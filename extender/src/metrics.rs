@@ -19,6 +19,12 @@ pub struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `ok` or `rejected`.
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CacheLabels {
     pub cache: &'static str,
 }
@@ -38,6 +44,7 @@ pub struct Metrics {
     pub cache_age_seconds: Family<CacheLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub cache_objects: Family<CacheLabels, Gauge>,
     pub watch_errors: Family<CacheLabels, Counter>,
+    pub tls_reloads: Family<ResultLabels, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -68,6 +75,7 @@ impl Metrics {
         let cache_age_seconds = Family::default();
         let cache_objects = Family::<CacheLabels, Gauge>::default();
         let watch_errors = Family::<CacheLabels, Counter>::default();
+        let tls_reloads = Family::<ResultLabels, Counter>::default();
         registry.register(
             "filter_duration_seconds",
             "Time to answer a /filter call, decoding included",
@@ -103,6 +111,11 @@ impl Metrics {
             "Errors of the cache watches (they retry with backoff)",
             watch_errors.clone(),
         );
+        registry.register(
+            "tls_reloads",
+            "Reloads of the TLS files of --listen, by result",
+            tls_reloads.clone(),
+        );
         Metrics {
             registry,
             filter_seconds,
@@ -112,6 +125,7 @@ impl Metrics {
             cache_age_seconds,
             cache_objects,
             watch_errors,
+            tls_reloads,
         }
     }
 

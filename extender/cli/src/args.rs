@@ -53,6 +53,12 @@ pub struct Cli {
     /// (the scheduler's, from its extender tlsConfig). Needs --tls-cert.
     #[arg(long, env = "RAILGUARD_TLS_CLIENT_CA", value_hint = ValueHint::FilePath, requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+    /// How often the TLS files (--tls-cert, --tls-key, --tls-client-ca) are checked for
+    /// changes, seconds; a changed set that loads serves the next connections, one that does
+    /// not keeps the old set in service.
+    #[arg(long, env = "RAILGUARD_CERT_POLL_SECONDS", default_value_t = 2,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub cert_poll_seconds: u64,
     /// Pod label keys that group the pods of one job, tried in order.
     #[arg(long, env = "RAILGUARD_JOB_LABEL_KEYS", value_delimiter = ',',
           default_values_t = railguard_api::keys::DEFAULT_JOB_LABEL_KEYS.iter().map(|s| s.to_string()).collect::<Vec<_>>())]

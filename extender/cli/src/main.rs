@@ -2,15 +2,17 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use railguard_extender::cache::ClusterState;
-use railguard_extender::metrics::Metrics;
+use railguard_extender::metrics::{Metrics, ResultLabels};
 use railguard_extender::server::{self, AppState, Source};
 use railguard_extender_cli::Cli;
 use railguard_runtime::{
-    error_line, limit_requests, StartupError, TlsConfigSource, TlsFiles, EXIT_ERROR,
+    error_line, limit_requests, log_reload, ReloadEvent, StartupError, TlsFiles, TlsReloader,
+    EXIT_ERROR,
 };
 
 const NAME: &str = "railguard-extender";
@@ -78,12 +80,31 @@ async fn run(args: Cli) -> anyhow::Result<()> {
 
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {
-            let config = railguard_runtime::server_tls(TlsFiles {
-                cert,
-                key,
-                client_ca: args.tls_client_ca.as_deref(),
+            let (cert, key, client_ca) = (cert.clone(), key.clone(), args.tls_client_ca.clone());
+            let files = [Some(&cert), Some(&key), client_ca.as_ref()]
+                .into_iter()
+                .flatten()
+                .cloned()
+                .collect();
+            let reloader = TlsReloader::new(files, move || {
+                railguard_runtime::server_tls(TlsFiles {
+                    cert: &cert,
+                    key: &key,
+                    client_ca: client_ca.as_deref(),
+                })
             })?;
-            let source: TlsConfigSource = Arc::new(move || config.clone());
+            let source = reloader.source();
+            let metrics = state.metrics.clone();
+            let interval = Duration::from_secs(args.cert_poll_seconds);
+            tokio::spawn(reloader.run(interval, std::future::pending(), move |event, files| {
+                let result = match event {
+                    ReloadEvent::Unchanged => return,
+                    ReloadEvent::Reloaded => "ok",
+                    ReloadEvent::Rejected(_) => "rejected",
+                };
+                metrics.tls_reloads.get_or_create(&ResultLabels { result }).inc();
+                log_reload("extender", event, files);
+            }));
             Some(source)
         }
         _ => None,

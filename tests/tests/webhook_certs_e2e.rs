@@ -78,6 +78,7 @@ async fn self_managed_certificates_provision_noop_and_rotate() {
         secret_name: "railguard-webhook-tls".into(),
         namespace: ns.into(),
         webhook_config_name: "railguard-certs-e2e".into(),
+        validating_webhook_config_name: None,
         spec: spec.clone(),
         tls_cert: dir.path().join("tls/tls.crt"),
         tls_key: dir.path().join("tls/tls.key"),
@@ -171,6 +172,7 @@ async fn self_managed_certificates_provision_noop_and_rotate() {
     // it after the Deployment): the pass succeeds, says so, and serves the stored pair.
     let early = SelfSignedOptions {
         webhook_config_name: "railguard-certs-e2e-not-yet".into(),
+        validating_webhook_config_name: None,
         ..opts.clone()
     };
     let fifth = cert_sync::sync_once(&client, &early, later)
@@ -217,6 +219,7 @@ async fn racing_replicas_agree_on_one_secret() {
             secret_name: "railguard-webhook-tls".into(),
             namespace: ns.into(),
             webhook_config_name: "railguard-race".into(),
+            validating_webhook_config_name: None,
             spec: CertSpec::new("railguard-webhook", ns, 365, 30).expect("spec"),
             tls_cert: d.path().join("tls.crt"),
             tls_key: d.path().join("tls.key"),

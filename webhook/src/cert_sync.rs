@@ -1,14 +1,17 @@
 //! Self-managed certificates, the IO shell: reads the Secret, asks [`crate::certs`] what to
 //! do, writes the Secret (optimistic concurrency: the loser of a race between replicas
 //! adopts the winner's material), patches every caBundle of the MutatingWebhookConfiguration
-//! and writes the serving pair to the files [`crate::tls::CertReloader`] watches.
+//! (and of the node guard's ValidatingWebhookConfiguration, when there is one) and writes the
+//! serving pair to the files [`crate::tls::CertReloader`] watches.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::ByteString;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
@@ -26,6 +29,9 @@ pub struct SelfSignedOptions {
     pub secret_name: String,
     pub namespace: String,
     pub webhook_config_name: String,
+    /// The node guard's ValidatingWebhookConfiguration, trusting the same CA; None when the
+    /// guard is not installed.
+    pub validating_webhook_config_name: Option<String>,
     pub spec: CertSpec,
     pub tls_cert: PathBuf,
     pub tls_key: PathBuf,
@@ -47,10 +53,11 @@ pub enum SecretAction {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SyncReport {
     pub secret: SecretAction,
-    /// Webhook entries whose caBundle was changed.
+    /// Webhook entries whose caBundle was changed (both configurations).
     pub bundles_patched: usize,
-    /// The MutatingWebhookConfiguration does not exist (yet: an install applies it after
-    /// the Deployment); the pass is repeated soon.
+    /// The MutatingWebhookConfiguration, or the ValidatingWebhookConfiguration named in the
+    /// options, does not exist (yet: an install applies them after the Deployment); the pass
+    /// is repeated soon.
     pub webhook_config_missing: bool,
     pub files_written: bool,
     /// When the material enters its rotation window.
@@ -66,14 +73,47 @@ pub async fn sync_once(
 ) -> Result<SyncReport, CertSyncError> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &opts.namespace);
     let (material, previous_ca, action) = settle_secret(&secrets, opts, now).await?;
-    let bundles = patch_ca_bundles(
-        client,
-        &opts.webhook_config_name,
-        &material,
-        previous_ca.as_deref(),
+    let ca = CaUpdate {
+        material: &material,
+        previous_ca: previous_ca.as_deref(),
         now,
+    };
+    let mutating = patch_ca_bundles(
+        Api::<MutatingWebhookConfiguration>::all(client.clone()),
+        "MutatingWebhookConfiguration",
+        &opts.webhook_config_name,
+        &ca,
+        |c| {
+            bundles_of(
+                c.webhooks
+                    .iter()
+                    .flatten()
+                    .map(|w| (&w.name, &w.client_config)),
+            )
+        },
     )
     .await?;
+    let validating = match &opts.validating_webhook_config_name {
+        Some(name) => {
+            patch_ca_bundles(
+                Api::<ValidatingWebhookConfiguration>::all(client.clone()),
+                "ValidatingWebhookConfiguration",
+                name,
+                &ca,
+                |c| {
+                    bundles_of(
+                        c.webhooks
+                            .iter()
+                            .flatten()
+                            .map(|w| (&w.name, &w.client_config)),
+                    )
+                },
+            )
+            .await?
+        }
+        None => Some(0),
+    };
+    let webhook_config_missing = mutating.is_none() || validating.is_none();
     let files_written = write_files_if_stale(opts, &material)?;
     let renew_at = match certs::assess_secret(Some(&bytes_map(&material)), &opts.spec, now) {
         SecretDecision::Keep { renew_at, .. } => Some(renew_at),
@@ -81,8 +121,8 @@ pub async fn sync_once(
     };
     Ok(SyncReport {
         secret: action,
-        bundles_patched: bundles.unwrap_or(0),
-        webhook_config_missing: bundles.is_none(),
+        bundles_patched: mutating.unwrap_or(0) + validating.unwrap_or(0),
+        webhook_config_missing,
         files_written,
         renew_at,
     })
@@ -134,7 +174,8 @@ pub fn log_report(opts: &SelfSignedOptions, report: &SyncReport) {
         tracing::warn!(
             secret = %opts.secret_name,
             webhook_config = %opts.webhook_config_name,
-            "MutatingWebhookConfiguration not found: its caBundle cannot trust the CA yet; retrying"
+            validating_webhook_config = opts.validating_webhook_config_name.as_deref().unwrap_or(""),
+            "webhook configuration not found: its caBundle cannot trust the CA yet; retrying"
         );
     }
     if report.secret == SecretAction::Kept && report.bundles_patched == 0 && !report.files_written {
@@ -250,19 +291,47 @@ fn render(reason: &RenewReason) -> String {
     reason.to_string()
 }
 
-async fn patch_ca_bundles(
-    client: &Client,
-    name: &str,
-    material: &CertMaterial,
-    previous_ca: Option<&str>,
+/// The CA to trust, and the one it replaces (kept in the bundles during a rotation).
+struct CaUpdate<'a> {
+    material: &'a CertMaterial,
+    previous_ca: Option<&'a str>,
     now: OffsetDateTime,
-) -> Result<Option<usize>, CertSyncError> {
+}
+
+/// `(entry name, caBundle)` of every webhook entry of a configuration.
+fn bundles_of<'a>(
+    hooks: impl Iterator<Item = (&'a String, &'a WebhookClientConfig)>,
+) -> Vec<(String, Vec<u8>)> {
+    hooks
+        .map(|(name, client_config)| {
+            let bundle = client_config.ca_bundle.as_ref().map(|b| b.0.clone());
+            (name.clone(), bundle.unwrap_or_default())
+        })
+        .collect()
+}
+
+/// Patches the caBundle of every entry of configuration `name` (of `kind`) that does not
+/// trust the CA yet; the number patched, None when the configuration does not exist.
+async fn patch_ca_bundles<K>(
+    api: Api<K>,
+    kind: &'static str,
+    name: &str,
+    ca: &CaUpdate<'_>,
+    entries: impl Fn(&K) -> Vec<(String, Vec<u8>)>,
+) -> Result<Option<usize>, CertSyncError>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+{
     use base64::Engine as _;
-    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
     let err = |action: &'static str| {
         let name = name.to_string();
         move |source: kube::Error| CertSyncError::WebhookConfig {
             action,
+            kind,
             name,
             source: Box::new(source),
         }
@@ -271,17 +340,12 @@ async fn patch_ca_bundles(
         return Ok(None);
     };
     let mut ops = Vec::new();
-    for (i, hook) in config.webhooks.iter().flatten().enumerate() {
-        let existing = hook
-            .client_config
-            .ca_bundle
-            .as_ref()
-            .map(|b| b.0.as_slice())
-            .unwrap_or_default();
-        if let Some(bundle) = certs::ca_bundle_update(&material.ca_crt, previous_ca, existing, now)
+    for (i, (hook, existing)) in entries(&config).iter().enumerate() {
+        if let Some(bundle) =
+            certs::ca_bundle_update(&ca.material.ca_crt, ca.previous_ca, existing, ca.now)
         {
             // The test pins the index to the entry we looked at, in case the list changed.
-            ops.push(serde_json::json!({"op": "test", "path": format!("/webhooks/{i}/name"), "value": hook.name}));
+            ops.push(serde_json::json!({"op": "test", "path": format!("/webhooks/{i}/name"), "value": hook}));
             ops.push(serde_json::json!({
                 "op": "add",
                 "path": format!("/webhooks/{i}/clientConfig/caBundle"),

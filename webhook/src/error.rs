@@ -131,9 +131,11 @@ pub enum CertSyncError {
     },
     #[error("secret {namespace}/{name} kept changing under concurrent writers")]
     Contended { namespace: String, name: String },
-    #[error("cannot {action} MutatingWebhookConfiguration {name}")]
+    #[error("cannot {action} {kind} {name}")]
     WebhookConfig {
         action: &'static str,
+        /// `MutatingWebhookConfiguration` or `ValidatingWebhookConfiguration`.
+        kind: &'static str,
         name: String,
         #[source]
         source: Box<kube::Error>,

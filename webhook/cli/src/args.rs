@@ -119,6 +119,52 @@ pub struct Cli {
     /// How often the self-managed Secret and caBundle are checked, seconds.
     #[arg(long, env = "RAILGUARD_CERT_SYNC_SECONDS", default_value_t = 300)]
     pub cert_sync_seconds: u64,
+    /// Node guard: the probers' ServiceAccount (in --namespace). Given, the webhook serves
+    /// `POST /validate-nodes`, which lets only the prober of a node (its token bound to a
+    /// prober pod on that node), the campaign coordinator and --node-guard-allowed-groups
+    /// change railguard's certification outputs on Nodes (cluster mode only).
+    #[arg(
+        long,
+        env = "RAILGUARD_NODE_GUARD_PROBER_SERVICE_ACCOUNT",
+        requires = "node_guard_prober_selector",
+        conflicts_with = "profiles"
+    )]
+    pub node_guard_prober_service_account: Option<String>,
+    /// Node guard: label selector of the prober pods in --namespace (watched into the cache
+    /// requesters are checked against), e.g. `app.kubernetes.io/component=prober`.
+    #[arg(
+        long,
+        env = "RAILGUARD_NODE_GUARD_PROBER_SELECTOR",
+        requires = "node_guard_prober_service_account"
+    )]
+    pub node_guard_prober_selector: Option<String>,
+    /// Node guard: the campaign coordinator's ServiceAccount (in --namespace), allowed to
+    /// record findings (fabric label, certificate, condition) on nodes that have a
+    /// certificate.
+    #[arg(
+        long,
+        env = "RAILGUARD_NODE_GUARD_CAMPAIGN_SERVICE_ACCOUNT",
+        requires = "node_guard_prober_service_account"
+    )]
+    pub node_guard_campaign_service_account: Option<String>,
+    /// Node guard: groups whose members may change any output (break-glass repair; comma
+    /// list, empty for none). system:masters bypasses RBAC and may delete the webhook
+    /// configuration anyway.
+    #[arg(
+        long,
+        env = "RAILGUARD_NODE_GUARD_ALLOWED_GROUPS",
+        value_delimiter = ',',
+        default_value = "system:masters"
+    )]
+    pub node_guard_allowed_groups: Vec<String>,
+    /// Self-managed certificates: the node guard's ValidatingWebhookConfiguration, whose
+    /// caBundle (every entry) trusts the self-managed CA as well.
+    #[arg(
+        long,
+        env = "RAILGUARD_NODE_GUARD_CONFIG_NAME",
+        requires = "self_signed_secret"
+    )]
+    pub node_guard_config_name: Option<String>,
     /// Log format: `text` (coloured only on a terminal) or `json` lines. The filter comes
     /// from RAILGUARD_LOG (or RUST_LOG), default `info`.
     #[arg(long, env = "RAILGUARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]

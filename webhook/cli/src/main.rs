@@ -12,7 +12,9 @@ use railguard_webhook::catalog::Catalog;
 use railguard_webhook::cert_sync::{self, SelfSignedOptions};
 use railguard_webhook::certs::{time, CertSpec};
 use railguard_webhook::metrics::Metrics;
-use railguard_webhook::server::{self, AppState};
+use railguard_webhook::node_guard::probers::ProberPods;
+use railguard_webhook::node_guard::GuardPolicy;
+use railguard_webhook::server::{self, AppState, NodeGuardState};
 use railguard_webhook::tls::CertReloader;
 use railguard_webhook_cli::{settings, Cli};
 use tokio::task::JoinHandle;
@@ -52,7 +54,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     });
     let config = settings::webhook_config(&cli, own.as_deref())?;
 
+    let guard_policy = settings::node_guard_policy(&cli, own.as_deref())?;
+
     let metrics = Arc::new(Metrics::new());
+    let mut routes = server::admission_routes();
     let catalog = match &cli.profiles {
         Some(path) => {
             let profiles = railguard_runtime::read_profiles(path, "--profiles")?;
@@ -62,6 +67,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         None => {
             let client = kube_client(cli.kubeconfig.as_deref()).await?;
+            if let Some(policy) = guard_policy {
+                let guard = node_guard(&cli, policy, client.clone(), &metrics);
+                routes = routes.merge(server::node_guard_routes(guard));
+            }
             Catalog::cluster(client, metrics.clone())
         }
     };
@@ -82,9 +91,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         metrics,
     });
     let opts = settings::serve_options(&cli);
-    let running = server::start_on(state, reloader, opts, listener, metrics_listener)
-        .await
-        .context("cannot start the server")?;
+    let running =
+        server::start_routes_on(routes, state, reloader, opts, listener, metrics_listener)
+            .await
+            .context("cannot start the server")?;
     railguard_runtime::shutdown_signal().await;
     tracing::info!(
         delay_seconds = cli.shutdown_delay_seconds,
@@ -99,6 +109,31 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     running.shutdown().await.context("server error")?;
     Ok(())
+}
+
+/// The node guard's state, with the watch of the prober pods it checks requesters against.
+fn node_guard(
+    cli: &Cli,
+    policy: GuardPolicy,
+    client: kube::Client,
+    metrics: &Arc<Metrics>,
+) -> Arc<NodeGuardState> {
+    let selector = cli
+        .node_guard_prober_selector
+        .as_deref()
+        .unwrap_or_default();
+    tracing::info!(
+        namespace = %policy.namespace, prober = %policy.prober_service_account,
+        campaign = policy.campaign_service_account.as_deref().unwrap_or(""),
+        allowed_groups = %policy.allowed_groups.join(","), selector,
+        "node guard on: POST /validate-nodes"
+    );
+    let probers = ProberPods::watch(client, &policy.namespace, selector.trim());
+    Arc::new(NodeGuardState {
+        policy,
+        probers,
+        metrics: metrics.clone(),
+    })
 }
 
 /// Provisions the self-managed certificate once (the serving files must exist before the
@@ -126,6 +161,7 @@ async fn start_self_signed(
         secret_name: secret.to_string(),
         namespace,
         webhook_config_name: cli.webhook_config_name.clone().unwrap_or_default(),
+        validating_webhook_config_name: cli.node_guard_config_name.clone(),
         spec,
         tls_cert: cli.tls_cert.clone(),
         tls_key: cli.tls_key.clone(),

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use railguard_runtime::StartupError;
+use railguard_webhook::node_guard::GuardPolicy;
 use railguard_webhook::server::ServeOptions;
 use railguard_webhook::{TlsError, WebhookConfig};
 
@@ -56,6 +57,53 @@ pub fn webhook_config(
         excluded_namespaces,
         prober_image: cli.prober_image.clone().filter(|s| !s.trim().is_empty()),
     })
+}
+
+/// The node guard's policy, when `--node-guard-prober-service-account` enables it: the
+/// service accounts live in the webhook's own namespace.
+pub fn node_guard_policy(
+    cli: &Cli,
+    own_namespace: Option<&str>,
+) -> Result<Option<GuardPolicy>, StartupError> {
+    let Some(prober) = cli
+        .node_guard_prober_service_account
+        .as_deref()
+        .map(str::trim)
+    else {
+        return Ok(None);
+    };
+    let invalid = |what: &str| {
+        StartupError::new(
+            "invalid --node-guard-prober-service-account",
+            what.to_string(),
+            "name the probers' ServiceAccount and pass --namespace (RAILGUARD_NAMESPACE)",
+        )
+    };
+    if prober.is_empty() {
+        return Err(invalid("it is empty"));
+    }
+    let namespace = own_namespace.ok_or_else(|| {
+        invalid("the node guard needs the webhook's namespace (the probers' namespace)")
+    })?;
+    let selector = cli.node_guard_prober_selector.as_deref().map(str::trim);
+    if selector.is_none_or(str::is_empty) {
+        return Err(StartupError::new(
+            "invalid --node-guard-prober-selector",
+            "it is empty: every pod of the namespace would count as a prober",
+            "give the probers' pod labels, e.g. app.kubernetes.io/component=prober",
+        ));
+    }
+    Ok(Some(GuardPolicy {
+        namespace: namespace.to_string(),
+        prober_service_account: prober.to_string(),
+        campaign_service_account: cli
+            .node_guard_campaign_service_account
+            .as_deref()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string),
+        allowed_groups: clean_list(&cli.node_guard_allowed_groups),
+    }))
 }
 
 /// Limits of the running server (zero intervals and timeouts become one second).
@@ -165,6 +213,64 @@ mod tests {
         let config = webhook_config(&cli(&["--prober-image", " "]), None).unwrap();
         assert_eq!(config.prober_image, None);
         assert_eq!(config.gpu_resources, ["nvidia.com/gpu"]);
+    }
+
+    #[test]
+    fn the_node_guard_policy_comes_from_its_flags_and_the_own_namespace() {
+        assert_eq!(
+            node_guard_policy(&cli(&[]), Some("railguard")).unwrap(),
+            None
+        );
+        let guarded = cli(&[
+            "--node-guard-prober-service-account",
+            "rg-prober",
+            "--node-guard-prober-selector",
+            "app.kubernetes.io/component=prober",
+            "--node-guard-campaign-service-account",
+            " ",
+        ]);
+        let policy = node_guard_policy(&guarded, Some("railguard"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(policy.namespace, "railguard");
+        assert_eq!(policy.prober_service_account, "rg-prober");
+        assert_eq!(policy.campaign_service_account, None);
+        assert_eq!(policy.allowed_groups, ["system:masters"]);
+        let e = node_guard_policy(&guarded, None).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("--node-guard-prober-service-account"),
+            "{e}"
+        );
+
+        let no_groups = cli(&[
+            "--node-guard-prober-service-account=rg-prober",
+            "--node-guard-prober-selector=app=prober",
+            "--node-guard-allowed-groups=",
+        ]);
+        let policy = node_guard_policy(&no_groups, Some("ns")).unwrap().unwrap();
+        assert!(policy.allowed_groups.is_empty());
+        let blank = cli(&[
+            "--node-guard-prober-service-account=rg-prober",
+            "--node-guard-prober-selector= ",
+        ]);
+        let e = node_guard_policy(&blank, Some("ns")).unwrap_err();
+        assert!(
+            e.to_string().contains("--node-guard-prober-selector"),
+            "{e}"
+        );
+        // The selector alone, or the guard in standalone mode, is a usage error.
+        let bad = |args: &[&str]| {
+            let mut all = vec!["railguard-webhook", "--tls-cert", "c", "--tls-key", "k"];
+            all.extend_from_slice(args);
+            Cli::try_parse_from(all).is_err()
+        };
+        assert!(bad(&["--node-guard-prober-selector=app=prober"]));
+        assert!(bad(&[
+            "--profiles=p.yaml",
+            "--node-guard-prober-service-account=sa",
+            "--node-guard-prober-selector=app=prober",
+        ]));
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub use error::{CertificateError, ProfileError, QuantityError};
 pub use finding::{Finding, FindingKind, Severity};
 pub use node::{FabricState, NodeFabric};
 pub use profile::{FabricProfile, FabricProfileSpec, LinkLayer, RailSpec};
-pub use profile_list::{decode_profile, InvalidProfile, ProfileObject};
+pub use profile_list::{decode_profile, InvalidProfile, ProfileObject, ValidCondition};
 pub use signature::{certified_signature, layout_signature, RailLayout};
 
 /// Parses a YAML stream of FabricProfile documents (e.g. `--profiles FILE`), skipping empty

@@ -82,6 +82,91 @@ pub fn decode_profile(mut object: serde_json::Value) -> Result<FabricProfile, In
     }
 }
 
+/// Type of the FabricProfile status condition railguard writes.
+pub const VALID_CONDITION: &str = "Valid";
+/// Reason of a `Valid=False` condition, and of the Warning Event that goes with it.
+pub const INVALID_REASON: &str = "InvalidProfile";
+/// Reason of a `Valid=True` condition.
+pub const ACCEPTED_REASON: &str = "Accepted";
+
+/// The `Valid` condition as it is, or as it should be: `(status, reason, message)` and the
+/// generation it describes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidCondition {
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    pub observed_generation: Option<i64>,
+    /// RFC 3339, as read (kept when a rewrite does not change `status`).
+    pub last_transition_time: Option<String>,
+}
+
+impl ValidCondition {
+    /// What the condition should say about a decoded object.
+    pub fn wanted(
+        decoded: &Result<FabricProfile, InvalidProfile>,
+        generation: Option<i64>,
+    ) -> Self {
+        let (status, reason, message) = match decoded {
+            Ok(p) => (
+                "True",
+                ACCEPTED_REASON,
+                format!("served by railguard ({} rails)", p.spec.rails.len()),
+            ),
+            Err(e) => (
+                "False",
+                INVALID_REASON,
+                format!("railguard skips this profile: {}", e.reason),
+            ),
+        };
+        ValidCondition {
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            observed_generation: generation,
+            last_transition_time: None,
+        }
+    }
+
+    /// Whether `self` says what `other` says (times aside).
+    pub fn same_as(&self, other: &ValidCondition) -> bool {
+        (
+            &self.status,
+            &self.reason,
+            &self.message,
+            self.observed_generation,
+        ) == (
+            &other.status,
+            &other.reason,
+            &other.message,
+            other.observed_generation,
+        )
+    }
+
+    /// Read leniently from an object's `status.conditions`: anything unusable is `None`.
+    fn read(object: &serde_json::Value) -> Option<Self> {
+        let c = object
+            .pointer("/status/conditions")?
+            .as_array()?
+            .iter()
+            .find(|c| c.get("type").and_then(serde_json::Value::as_str) == Some(VALID_CONDITION))?;
+        let text = |k: &str| {
+            c.get(k)
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_string)
+        };
+        Some(ValidCondition {
+            status: text("status")?,
+            reason: text("reason").unwrap_or_default(),
+            message: text("message").unwrap_or_default(),
+            observed_generation: c
+                .get("observedGeneration")
+                .and_then(serde_json::Value::as_i64),
+            last_transition_time: text("lastTransitionTime"),
+        })
+    }
+}
+
 /// One FabricProfile object as listed or watched: its metadata, and the profile or why it
 /// is not one. Always deserializes (an object without usable metadata has default
 /// metadata), so one bad object never fails a list.
@@ -89,12 +174,27 @@ pub fn decode_profile(mut object: serde_json::Value) -> Result<FabricProfile, In
 pub struct ProfileObject {
     pub metadata: ObjectMeta,
     pub decoded: Result<FabricProfile, InvalidProfile>,
+    /// The `Valid` condition the object carries now, if any.
+    pub condition: Option<ValidCondition>,
 }
 
 impl ProfileObject {
     /// The profile's name (cluster-scoped, so unique).
     pub fn name(&self) -> &str {
         self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// The condition to write, when the one the object carries does not already say it.
+    pub fn condition_update(&self) -> Option<ValidCondition> {
+        let mut wanted = ValidCondition::wanted(&self.decoded, self.metadata.generation);
+        match &self.condition {
+            Some(seen) if seen.same_as(&wanted) => None,
+            Some(seen) if seen.status == wanted.status => {
+                wanted.last_transition_time = seen.last_transition_time.clone();
+                Some(wanted)
+            }
+            _ => Some(wanted),
+        }
     }
 }
 
@@ -106,9 +206,11 @@ impl<'de> Deserialize<'de> for ProfileObject {
             .cloned()
             .and_then(|m| serde_json::from_value(m).ok())
             .unwrap_or_default();
+        let condition = ValidCondition::read(&object);
         Ok(ProfileObject {
             metadata,
             decoded: decode_profile(object),
+            condition,
         })
     }
 }
@@ -249,6 +351,50 @@ mod tests {
         assert!(e.reason.starts_with("spec: invalid type"), "{}", e.reason);
         let o = object(serde_json::json!("a string"));
         assert!(o.decoded.is_err());
+    }
+
+    #[test]
+    fn the_condition_is_written_only_when_it_would_change() {
+        let mut v = fixture();
+        v["metadata"]["generation"] = 2.into();
+        let o = object(v.clone());
+        let wanted = o.condition_update().unwrap();
+        assert_eq!(
+            (
+                wanted.status.as_str(),
+                wanted.reason.as_str(),
+                wanted.observed_generation
+            ),
+            ("True", ACCEPTED_REASON, Some(2))
+        );
+        assert_eq!(wanted.last_transition_time, None);
+        // Already said: nothing to write (a resync or a restart writes nothing).
+        v["status"] = serde_json::json!({"conditions": [{
+            "type": "Valid", "status": "True", "reason": ACCEPTED_REASON,
+            "message": wanted.message, "observedGeneration": 2,
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}]});
+        assert_eq!(object(v.clone()).condition_update(), None);
+        // A new generation, still valid: rewritten, the transition time kept.
+        v["metadata"]["generation"] = 3.into();
+        let again = object(v.clone()).condition_update().unwrap();
+        assert_eq!(again.observed_generation, Some(3));
+        assert_eq!(
+            again.last_transition_time.as_deref(),
+            Some("2026-01-01T00:00:00Z")
+        );
+        // Broken: False with the reason, a new transition.
+        v["spec"]["rails"][0]["port"] = 4294967296u64.into();
+        let broken = object(v).condition_update().unwrap();
+        assert_eq!(
+            (broken.status.as_str(), broken.reason.as_str()),
+            ("False", INVALID_REASON)
+        );
+        assert!(
+            broken.message.contains("spec.rails[0].port"),
+            "{}",
+            broken.message
+        );
+        assert_eq!(broken.last_transition_time, None);
     }
 
     #[test]

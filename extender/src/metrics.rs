@@ -25,6 +25,11 @@ pub struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProfileLabels {
+    pub profile: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CacheLabels {
     pub cache: &'static str,
 }
@@ -44,6 +49,8 @@ pub struct Metrics {
     pub cache_age_seconds: Family<CacheLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub cache_objects: Family<CacheLabels, Gauge>,
     pub watch_errors: Family<CacheLabels, Counter>,
+    /// 1 for each FabricProfile skipped as invalid, by name.
+    pub profiles_invalid: Family<ProfileLabels, Gauge>,
     pub tls_reloads: Family<ResultLabels, Counter>,
 }
 
@@ -75,6 +82,12 @@ impl Metrics {
         let cache_age_seconds = Family::default();
         let cache_objects = Family::<CacheLabels, Gauge>::default();
         let watch_errors = Family::<CacheLabels, Counter>::default();
+        let profiles_invalid = Family::<ProfileLabels, Gauge>::default();
+        registry.register(
+            "fabric_profiles_invalid",
+            "FabricProfiles skipped as invalid (1 per profile, by name)",
+            profiles_invalid.clone(),
+        );
         let tls_reloads = Family::<ResultLabels, Counter>::default();
         registry.register(
             "filter_duration_seconds",
@@ -125,6 +138,7 @@ impl Metrics {
             cache_age_seconds,
             cache_objects,
             watch_errors,
+            profiles_invalid,
             tls_reloads,
         }
     }
@@ -134,5 +148,24 @@ impl Metrics {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
+    }
+}
+
+impl Metrics {
+    /// Sets `fabric_profiles_invalid` for the profiles that became invalid and removes it for
+    /// those that no longer are.
+    pub fn record_invalid_profiles(&self, changes: &railguard_runtime::ProfileChanges) {
+        for p in &changes.newly_invalid {
+            self.profiles_invalid
+                .get_or_create(&ProfileLabels {
+                    profile: p.name.clone(),
+                })
+                .set(1);
+        }
+        for name in &changes.no_longer_invalid {
+            self.profiles_invalid.remove(&ProfileLabels {
+                profile: name.clone(),
+            });
+        }
     }
 }

@@ -13,6 +13,7 @@ mod client;
 mod error;
 mod listen;
 mod logging;
+mod profile_reports;
 mod profiles;
 mod serve;
 mod signal;
@@ -24,6 +25,9 @@ pub use error::{describe_io, error_chain, error_line, StartupError};
 pub use listen::bind;
 pub use logging::{
     filter_directives, init_logging, init_logging_with, use_ansi, LogFormat, LOG_FILTER_VARS,
+};
+pub use profile_reports::{
+    InvalidProfiles, ProfileChanges, ProfileStatusWriter, PROFILE_STATUS_MANAGER,
 };
 pub use profiles::read_profiles;
 pub use serve::{

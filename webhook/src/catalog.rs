@@ -3,8 +3,9 @@
 //! exemptions and the Pod Security label are never seen; listing namespaces by name in a
 //! profile's `exemptions.namespaces` still works).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -12,7 +13,10 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
+use railguard_api::profile_list::{partition, ProfileObject};
 use railguard_api::FabricProfile;
+use railguard_runtime::{InvalidProfiles, ProfileStatusWriter};
+use tokio::sync::mpsc;
 
 use crate::config::NamespaceInfo;
 use crate::namespace_lookup::{LookupLimits, NamespaceLookups};
@@ -27,6 +31,11 @@ pub struct Catalog {
     /// Live GETs for namespaces the cache misses, bounded.
     lookups: NamespaceLookups,
     ready: AtomicBool,
+    /// Profiles skipped as invalid (cluster mode), for the log and the metric.
+    invalid: Mutex<InvalidProfiles>,
+    /// Objects whose status condition is out of date, to the status writer (cluster mode).
+    statuses: Option<mpsc::UnboundedSender<ProfileObject>>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Catalog {
@@ -39,20 +48,34 @@ impl Catalog {
             client: None,
             lookups: NamespaceLookups::new(LookupLimits::default()),
             ready: AtomicBool::new(true),
+            invalid: Mutex::default(),
+            statuses: None,
+            metrics: None,
         })
     }
 
     /// Cluster mode: starts FabricProfile and Namespace reflectors; [`Catalog::is_ready`]
-    /// turns true once both caches have listed.
+    /// turns true once both caches have listed. Each FabricProfile object is decoded on its
+    /// own ([`ProfileObject`]): an invalid one is skipped and reported (warning log, the
+    /// `fabric_profiles_invalid` metric, its `Valid=False` status condition and a Warning
+    /// Event), the others are served.
     pub fn cluster(client: Client, metrics: Arc<crate::metrics::Metrics>) -> Arc<Self> {
         let (ns_reader, ns_writer) = reflector::store::<Namespace>();
-        let (profile_reader, profile_writer) = reflector::store::<FabricProfile>();
+        let (profile_reader, profile_writer) = reflector::store::<ProfileObject>();
+        let (statuses, pending) = mpsc::unbounded_channel();
+        tokio::spawn(write_statuses(
+            ProfileStatusWriter::new(client.clone(), "railguard-webhook"),
+            pending,
+        ));
         let catalog = Arc::new(Self {
             profiles: RwLock::new(Arc::new(Vec::new())),
             namespaces: Some(ns_reader.clone()),
             client: Some(client.clone()),
             lookups: NamespaceLookups::new(LookupLimits::default()),
             ready: AtomicBool::new(false),
+            invalid: Mutex::default(),
+            statuses: Some(statuses),
+            metrics: Some(metrics.clone()),
         });
 
         let ns_stream = reflector::reflector(
@@ -75,7 +98,7 @@ impl Catalog {
         let profile_stream = reflector::reflector(
             profile_writer,
             watcher(
-                Api::<FabricProfile>::all(client),
+                Api::<ProfileObject>::all(client),
                 watcher::Config::default(),
             )
             .default_backoff(),
@@ -111,20 +134,26 @@ impl Catalog {
         catalog
     }
 
-    /// Re-reads the profile cache into a snapshot; invalid profiles are left out and logged.
-    fn rebuild_profiles(&self, reader: &Store<FabricProfile>) -> usize {
-        let mut valid: Vec<FabricProfile> = reader
-            .state()
-            .into_iter()
-            .filter_map(|p| match p.validate() {
-                Ok(()) => Some((*p).clone()),
-                Err(e) => {
-                    tracing::warn!(profile = p.name(), error = %e, "ignoring invalid FabricProfile");
-                    None
-                }
-            })
-            .collect();
-        valid.sort_by(|a, b| a.name().cmp(b.name()));
+    /// Re-reads the profile cache into a snapshot of the valid profiles; the invalid ones
+    /// are reported (log and metric once per change) and every object whose status
+    /// condition is out of date goes to the status writer.
+    fn rebuild_profiles(&self, reader: &Store<ProfileObject>) -> usize {
+        let objects = reader.state();
+        let (valid, invalid) = partition(objects.iter().map(|o| o.as_ref()));
+        let changes = match self.invalid.lock() {
+            Ok(mut set) => set.replace(invalid),
+            Err(poisoned) => poisoned.into_inner().replace(invalid),
+        };
+        InvalidProfiles::log(&changes, "webhook");
+        if let Some(m) = &self.metrics {
+            m.record_invalid_profiles(&changes);
+        }
+        if let Some(tx) = &self.statuses {
+            for o in objects.iter().filter(|o| o.condition_update().is_some()) {
+                // The writer outlives the catalog's watch; a closed channel means shutdown.
+                let _ = tx.send((**o).clone());
+            }
+        }
         let n = valid.len();
         if let Ok(mut guard) = self.profiles.write() {
             *guard = Arc::new(valid);
@@ -167,5 +196,23 @@ impl Catalog {
             info.labels = self.lookups.labels(name, fetch).await.unwrap_or_default();
         }
         info
+    }
+}
+
+/// Writes the status of the objects it is sent, one at a time; an object already written at
+/// the same resourceVersion is skipped (rebuilds resend objects until the watch shows the
+/// new status).
+async fn write_statuses(
+    writer: ProfileStatusWriter,
+    mut pending: mpsc::UnboundedReceiver<ProfileObject>,
+) {
+    let mut written: HashMap<String, Option<String>> = HashMap::new();
+    while let Some(object) = pending.recv().await {
+        let version = object.metadata.resource_version.clone();
+        if written.get(object.name()) == Some(&version) {
+            continue;
+        }
+        writer.update(&object).await;
+        written.insert(object.name().to_string(), version);
     }
 }

@@ -37,6 +37,11 @@ pub struct NodeGuardLabels {
     pub writer: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProfileLabels {
+    pub profile: String,
+}
+
 /// Every metric the webhook exports.
 pub struct Metrics {
     pub registry: Registry,
@@ -54,6 +59,8 @@ pub struct Metrics {
     pub tls_reloads: Family<ResultLabels, Counter>,
     /// Profiles usable now.
     pub profiles: Gauge,
+    /// 1 for each FabricProfile skipped as invalid, by name.
+    pub profiles_invalid: Family<ProfileLabels, Gauge>,
     /// Node guard decisions (`/validate-nodes`) by outcome and writer.
     pub node_guard_decisions: Family<NodeGuardLabels, Counter>,
 }
@@ -102,6 +109,12 @@ impl Metrics {
         );
         let profiles = Gauge::default();
         registry.register("profiles", "FabricProfiles in use", profiles.clone());
+        let profiles_invalid = Family::<ProfileLabels, Gauge>::default();
+        registry.register(
+            "fabric_profiles_invalid",
+            "FabricProfiles skipped as invalid (1 per profile, by name)",
+            profiles_invalid.clone(),
+        );
         let node_guard_decisions = Family::<NodeGuardLabels, Counter>::default();
         registry.register(
             "node_guard_decisions",
@@ -117,6 +130,7 @@ impl Metrics {
             bad_requests,
             tls_reloads,
             profiles,
+            profiles_invalid,
             node_guard_decisions,
         }
     }
@@ -128,5 +142,24 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+impl Metrics {
+    /// Sets `fabric_profiles_invalid` for the profiles that became invalid and removes it for
+    /// those that no longer are.
+    pub fn record_invalid_profiles(&self, changes: &railguard_runtime::ProfileChanges) {
+        for p in &changes.newly_invalid {
+            self.profiles_invalid
+                .get_or_create(&ProfileLabels {
+                    profile: p.name.clone(),
+                })
+                .set(1);
+        }
+        for name in &changes.no_longer_invalid {
+            self.profiles_invalid.remove(&ProfileLabels {
+                profile: name.clone(),
+            });
+        }
     }
 }

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
+use railguard_api::profile_list::{partition, ProfileObject};
 use railguard_api::{FabricProfile, NodeFabric};
+use railguard_runtime::InvalidProfiles;
 
 use crate::cache::{BoundPod, CachedNode, JobPlacements, NodeIndex, ProfileSet, Store};
 use crate::decision::ExtenderConfig;
@@ -19,7 +21,12 @@ pub struct ClusterState {
     /// Derived from `pods`: each job's nodes.
     pub jobs: JobPlacements,
     pub namespaces: Store<BTreeMap<String, String>>,
+    /// The valid FabricProfiles (from `profile_objects` in cluster mode).
     pub profiles: Store<FabricProfile>,
+    /// Every FabricProfile object as watched, each decoded on its own (valid or not).
+    pub profile_objects: Store<ProfileObject>,
+    /// The profiles skipped as invalid, for the log and the metric.
+    invalid_profiles: Mutex<InvalidProfiles>,
     /// Profiles sorted by name, rebuilt on every profile change; handlers clone the Arc.
     profile_set: RwLock<Arc<ProfileSet>>,
     generation: AtomicU64,
@@ -38,6 +45,8 @@ impl ClusterState {
             jobs: JobPlacements::default(),
             namespaces: Store::new("namespaces"),
             profiles: Store::new("fabricprofiles"),
+            profile_objects: Store::new("fabricprofiles"),
+            invalid_profiles: Mutex::default(),
             profile_set: RwLock::new(Arc::new(ProfileSet::default())),
             generation: AtomicU64::new(0),
             node_index: RwLock::new(Arc::new(NodeIndex::default())),
@@ -92,6 +101,27 @@ impl ClusterState {
             .write()
             .unwrap_or_else(PoisonError::into_inner) = Arc::new(ProfileSet::new(generation, list));
         self.refresh_prechecks();
+    }
+
+    /// The profile watch saw a change: the valid objects become the profile store, the
+    /// invalid ones are reported (warning log and `fabric_profiles_invalid`, once per change)
+    /// and skipped, and the profile set is rebuilt.
+    pub fn profile_objects_changed(&self, metrics: &Metrics) {
+        let (valid, invalid) = partition(self.profile_objects.read().values().map(|o| o.as_ref()));
+        self.profiles.replace(
+            valid
+                .into_iter()
+                .map(|p| (p.name().to_string(), Arc::new(p)))
+                .collect(),
+        );
+        let changes = self
+            .invalid_profiles
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace(invalid);
+        InvalidProfiles::log(&changes, "extender");
+        metrics.record_invalid_profiles(&changes);
+        self.rebuild_profile_list();
     }
 
     /// Replaces the node cache with `nodes` (prechecked against the current profiles) and
@@ -202,5 +232,57 @@ impl ClusterState {
                 .get_or_create(&labels)
                 .set(i64::try_from(len).unwrap_or(i64::MAX));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::cache::{Applier, Change};
+
+    fn object(name: &str, port: u64) -> ProfileObject {
+        let text = include_str!("../../../api/fixtures/profiles/dgx-h100-ndr.yaml");
+        let profile = railguard_api::profiles_from_yaml(text).unwrap().remove(0);
+        let mut v = serde_json::to_value(profile).unwrap();
+        v["metadata"]["name"] = name.into();
+        v["spec"]["rails"][0]["port"] = port.into();
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn an_invalid_profile_is_skipped_and_reported_and_the_others_served() {
+        let state = ClusterState::new(ExtenderConfig::default());
+        let metrics = Metrics::new();
+        let mut applier = Applier::default();
+        applier.apply(&state.profile_objects, Change::Restart);
+        for o in [object("good", 1), object("bad", 4294967296)] {
+            let key = o.name().to_string();
+            applier.apply(&state.profile_objects, Change::Listed(key, Some(o)));
+        }
+        applier.apply(&state.profile_objects, Change::ListDone);
+        state.profile_objects_changed(&metrics);
+        assert!(!state.unsynced().contains(&"fabricprofiles"));
+        let names: Vec<String> = state
+            .profile_set()
+            .profiles
+            .iter()
+            .map(|p| p.name().to_string())
+            .collect();
+        assert_eq!(names, ["good"]);
+        let text = metrics.encode().unwrap();
+        assert!(
+            text.contains("railguard_extender_fabric_profiles_invalid{profile=\"bad\"} 1"),
+            "{text}"
+        );
+        // Fixed: served, and the metric is gone.
+        applier.apply(
+            &state.profile_objects,
+            Change::Changed("bad".into(), Some(object("bad", 2))),
+        );
+        state.profile_objects_changed(&metrics);
+        assert_eq!(state.profile_set().profiles.len(), 2);
+        let text = metrics.encode().unwrap();
+        assert!(!text.contains("profile=\"bad\""), "{text}");
     }
 }

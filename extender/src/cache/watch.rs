@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
-use railguard_api::{FabricProfile, NodeFabric};
+use railguard_api::{NodeFabric, ProfileObject};
 
 use crate::cache::{bound_pod, Applied, Applier, CachedNode, Change, ClusterState, Store};
 use crate::metrics::{CacheLabels, Metrics};
@@ -50,19 +50,15 @@ impl ClusterState {
             |ns: &Namespace| Some(ns.labels().clone()),
             |_| {},
         );
+        // Each object decoded on its own: an invalid one is skipped and reported, never a
+        // failed list (see `ClusterState::profile_objects_changed`).
         let profiles = watch(
-            Api::<FabricProfile>::all(client),
+            Api::<ProfileObject>::all(client),
             watcher::Config::default(),
-            &self.profiles,
+            &self.profile_objects,
             &metrics,
-            |p: &FabricProfile| match p.validate() {
-                Ok(()) => Some(p.clone()),
-                Err(e) => {
-                    tracing::warn!(profile = p.name(), error = %e, "ignoring invalid FabricProfile");
-                    None
-                }
-            },
-            |_| self.rebuild_profile_list(),
+            |p: &ProfileObject| Some(p.clone()),
+            |_| self.profile_objects_changed(&metrics),
         );
         tokio::join!(nodes, pods, namespaces, profiles);
     }

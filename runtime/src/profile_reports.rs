@@ -1,0 +1,237 @@
+//! Reporting FabricProfiles railguard skips: [`InvalidProfiles`] (every component: which
+//! are invalid now, logged once per change, for its `fabric_profiles_invalid` metric) and
+//! [`ProfileStatusWriter`] (the webhook alone: the profile's `Valid` status condition and a
+//! Warning Event `InvalidProfile` when it becomes invalid).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client, Resource};
+use railguard_api::profile_list::{ProfileObject, ValidCondition, INVALID_REASON};
+use railguard_api::{FabricProfile, InvalidProfile};
+
+/// What changed in the set of invalid profiles.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ProfileChanges {
+    /// Invalid now and not before, or invalid for another reason.
+    pub newly_invalid: Vec<InvalidProfile>,
+    /// Invalid before, now valid or gone.
+    pub no_longer_invalid: Vec<String>,
+}
+
+/// The profiles skipped as invalid, by name, with their reasons. Pure: callers feed it the
+/// invalid objects of their cache and act on the changes (log, metric).
+#[derive(Debug, Default)]
+pub struct InvalidProfiles {
+    current: BTreeMap<String, InvalidProfile>,
+}
+
+impl InvalidProfiles {
+    /// Replaces the whole set (after a list or a rebuild from a store).
+    pub fn replace(&mut self, now: impl IntoIterator<Item = InvalidProfile>) -> ProfileChanges {
+        let now: BTreeMap<String, InvalidProfile> =
+            now.into_iter().map(|p| (p.name.clone(), p)).collect();
+        let mut changes = ProfileChanges::default();
+        for (name, p) in &now {
+            if self.current.get(name).map(|o| &o.reason) != Some(&p.reason) {
+                changes.newly_invalid.push(p.clone());
+            }
+        }
+        for name in self.current.keys() {
+            if !now.contains_key(name) {
+                changes.no_longer_invalid.push(name.clone());
+            }
+        }
+        self.current = now;
+        changes
+    }
+
+    /// One object changed: `Some` when it is invalid, `None` when it is valid or deleted.
+    pub fn set(&mut self, name: &str, invalid: Option<InvalidProfile>) -> ProfileChanges {
+        let mut now = self.current.clone();
+        match invalid {
+            Some(p) => now.insert(name.to_string(), p),
+            None => now.remove(name),
+        };
+        self.replace(now.into_values())
+    }
+
+    pub fn len(&self) -> usize {
+        self.current.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.current.is_empty()
+    }
+
+    /// Logs the changes (`component` names who skips the profile).
+    pub fn log(changes: &ProfileChanges, component: &str) {
+        for p in &changes.newly_invalid {
+            tracing::warn!(
+                component,
+                profile = %p.name,
+                generation = p.generation,
+                reason = %p.reason,
+                "skipping invalid FabricProfile (the other profiles are served)"
+            );
+        }
+        for name in &changes.no_longer_invalid {
+            tracing::info!(component, profile = %name, "FabricProfile no longer skipped");
+        }
+    }
+}
+
+/// Field manager of the FabricProfile status the webhook writes.
+pub const PROFILE_STATUS_MANAGER: &str = "railguard-webhook-profile-status";
+
+/// Writes each profile's `Valid` condition (and, for valid ones, `rails` and `signature`)
+/// through the status subresource, and a Warning Event when a profile becomes invalid. Only
+/// the webhook writes these, under [`PROFILE_STATUS_MANAGER`]; nothing reads them back.
+pub struct ProfileStatusWriter {
+    api: Api<FabricProfile>,
+    recorder: Recorder,
+}
+
+impl ProfileStatusWriter {
+    pub fn new(client: Client, controller: &str) -> Self {
+        let reporter = Reporter {
+            controller: controller.to_string(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        ProfileStatusWriter {
+            api: Api::all(client.clone()),
+            recorder: Recorder::new(client, reporter),
+        }
+    }
+
+    /// Brings one object's status up to date; a condition that already says it writes
+    /// nothing (so resyncs and restarts add no writes and no Events). Failures are logged:
+    /// the status is a report, serving does not depend on it.
+    pub async fn update(&self, object: &ProfileObject) {
+        let Some(condition) = object.condition_update() else {
+            return;
+        };
+        let name = object.name();
+        let became_invalid = condition.reason == INVALID_REASON
+            && object.condition.as_ref().is_none_or(|seen| {
+                seen.reason != INVALID_REASON || seen.message != condition.message
+            });
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let body = status_patch(object, &condition, &now);
+        let params = PatchParams::apply(PROFILE_STATUS_MANAGER).force();
+        if let Err(e) = self
+            .api
+            .patch_status(name, &params, &Patch::Apply(&body))
+            .await
+        {
+            tracing::warn!(profile = %name, error = %crate::error_chain(&e), "cannot write FabricProfile status");
+        }
+        if became_invalid {
+            let reference = ObjectReference {
+                api_version: Some(FabricProfile::api_version(&()).into_owned()),
+                kind: Some(FabricProfile::kind(&()).into_owned()),
+                name: Some(name.to_string()),
+                uid: object.metadata.uid.clone(),
+                resource_version: object.metadata.resource_version.clone(),
+                ..Default::default()
+            };
+            let note: String = condition.message.chars().take(1000).collect();
+            let event = Event {
+                type_: EventType::Warning,
+                reason: INVALID_REASON.into(),
+                note: Some(note),
+                action: "Skip".into(),
+                secondary: None,
+            };
+            if let Err(e) = self.recorder.publish(&event, &reference).await {
+                tracing::warn!(profile = %name, error = %crate::error_chain(&e), "cannot record the InvalidProfile Event");
+            }
+        }
+    }
+}
+
+/// The server-side apply body of the status: the condition, and for a valid profile its
+/// rail count and signature (the printer columns).
+fn status_patch(object: &ProfileObject, c: &ValidCondition, now: &str) -> serde_json::Value {
+    let mut condition = serde_json::json!({
+        "type": railguard_api::profile_list::VALID_CONDITION,
+        "status": c.status,
+        "reason": c.reason,
+        "message": c.message,
+        "lastTransitionTime": c.last_transition_time.as_deref().unwrap_or(now),
+    });
+    if let Some(g) = c.observed_generation {
+        condition["observedGeneration"] = g.into();
+    }
+    let mut status = serde_json::json!({ "conditions": [condition] });
+    if let Ok(p) = &object.decoded {
+        status["rails"] = p.spec.rails.len().into();
+        status["signature"] = p.spec.signature().into();
+    }
+    serde_json::json!({
+        "apiVersion": FabricProfile::api_version(&()),
+        "kind": FabricProfile::kind(&()),
+        "metadata": { "name": object.name() },
+        "status": status,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invalid(name: &str, reason: &str) -> InvalidProfile {
+        InvalidProfile {
+            name: name.into(),
+            generation: Some(1),
+            reason: reason.into(),
+        }
+    }
+
+    #[test]
+    fn each_invalid_profile_is_reported_once_per_change() {
+        let mut set = InvalidProfiles::default();
+        let c = set.replace([invalid("a", "port"), invalid("b", "rate")]);
+        assert_eq!(c.newly_invalid.len(), 2);
+        assert!(c.no_longer_invalid.is_empty());
+        // A resync with the same reasons: nothing new.
+        assert_eq!(
+            set.replace([invalid("a", "port"), invalid("b", "rate")]),
+            ProfileChanges::default()
+        );
+        // Another reason is news; a fixed one is no longer invalid.
+        let c = set.set("a", Some(invalid("a", "rails")));
+        assert_eq!(c.newly_invalid, [invalid("a", "rails")]);
+        let c = set.set("b", None);
+        assert_eq!(c.no_longer_invalid, ["b"]);
+        assert_eq!(set.len(), 1);
+        assert_eq!(set.set("b", None), ProfileChanges::default());
+    }
+
+    #[test]
+    fn the_status_patch_carries_the_condition_and_for_valid_profiles_the_layout() {
+        let text = include_str!("../../api/fixtures/profiles/dgx-h100-ndr.yaml");
+        let mut v: serde_json::Value = serde_yaml_ng::from_str(text).unwrap();
+        v["metadata"]["generation"] = 4.into();
+        let o: ProfileObject = serde_json::from_value(v.clone()).unwrap();
+        let c = o.condition_update().unwrap();
+        let body = status_patch(&o, &c, "2026-12-01T00:00:00Z");
+        assert_eq!(body["kind"], "FabricProfile");
+        assert_eq!(body["apiVersion"], "railguard.io/v1alpha1");
+        assert_eq!(body["status"]["rails"], 8);
+        assert_eq!(body["status"]["conditions"][0]["status"], "True");
+        assert_eq!(body["status"]["conditions"][0]["observedGeneration"], 4);
+        assert_eq!(
+            body["status"]["conditions"][0]["lastTransitionTime"],
+            "2026-12-01T00:00:00Z"
+        );
+        v["spec"]["rails"][0]["rateGbps"] = 0.into();
+        let o: ProfileObject = serde_json::from_value(v).unwrap();
+        let c = o.condition_update().unwrap();
+        let body = status_patch(&o, &c, "2026-12-01T00:00:00Z");
+        assert_eq!(body["status"]["conditions"][0]["reason"], INVALID_REASON);
+        assert!(body["status"].get("rails").is_none());
+    }
+}

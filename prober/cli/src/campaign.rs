@@ -330,13 +330,7 @@ impl CampaignArgs {
             None => {
                 let client = client
                     .ok_or_else(|| anyhow!("reading the profile from the API needs a cluster"))?;
-                let api: Api<FabricProfile> = Api::all(client.clone());
-                let p = api
-                    .get(&self.profile)
-                    .await
-                    .with_context(|| format!("cannot read FabricProfile {}", self.profile))?;
-                p.validate()?;
-                p
+                crate::profile_source::cluster_profile(client, &self.profile).await?
             }
         };
         Ok(profile)

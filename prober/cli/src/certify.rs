@@ -20,6 +20,7 @@ use railguard_sim::node::standin_env;
 use railguard_sim::ModelSource;
 
 use crate::discover::check_sysfs_root;
+use crate::profile_source::UnusableProfile;
 use crate::sim::{standin_path, SimulatedNode};
 use crate::{Outcome, Status};
 
@@ -246,16 +247,15 @@ impl NodeArgs {
         node: &str,
         root: &Path,
     ) -> anyhow::Result<FabricProfile> {
-        let profiles =
+        // In a cluster each profile is decoded on its own: an invalid one is skipped (and
+        // named when this node would need it), never a failed list.
+        let (profiles, invalid) =
             match (&self.profile_file, client) {
-                (Some(path), _) => railguard_runtime::read_profiles(path, "--profile-file")?,
-                (None, Some(c)) => {
-                    let api: kube::Api<FabricProfile> = kube::Api::all(c.clone());
-                    api.list(&Default::default())
-                        .await
-                        .context("cannot list FabricProfiles")?
-                        .items
-                }
+                (Some(path), _) => (
+                    railguard_runtime::read_profiles(path, "--profile-file")?,
+                    Vec::new(),
+                ),
+                (None, Some(c)) => crate::profile_source::cluster_profiles(c).await?,
                 (None, None) => return Err(StartupError::new(
                     "no FabricProfiles to certify against",
                     "no --profile-file and no cluster",
@@ -264,16 +264,25 @@ impl NodeArgs {
                 .into()),
             };
         if let Some(name) = &self.profile {
+            if let Some(bad) = invalid.iter().find(|p| &p.name == name) {
+                return Err(
+                    UnusableProfile::invalid(format!("{bad} (--profile)"), &invalid).into(),
+                );
+            }
             let source = match &self.profile_file {
                 Some(p) => format!("{} (--profile-file)", p.display()),
                 None => "the cluster".to_string(),
             };
             let names: Vec<&str> = profiles.iter().map(|p| p.name()).collect();
             let held = format!("it holds {}", names.join(", "));
-            return profiles
-                .iter()
-                .find(|p| p.name() == name)
-                .cloned()
+            let found = profiles.iter().find(|p| p.name() == name).cloned();
+            if found.is_none() && self.profile_file.is_none() {
+                // Not created yet, perhaps: the daemon waits for it.
+                let msg =
+                    format!("no FabricProfile named {name} (--profile) in the cluster ({held})");
+                return Err(UnusableProfile::none(msg, &invalid).into());
+            }
+            return found
                 .ok_or_else(|| {
                     StartupError::new(
                         format!("no FabricProfile named {name} (--profile) in {source}"),
@@ -283,7 +292,8 @@ impl NodeArgs {
                     .into()
                 });
         }
-        if profiles.len() == 1 {
+        // One profile is this node's only when no other was skipped as invalid.
+        if profiles.len() == 1 && invalid.is_empty() {
             return profiles.into_iter().next().context("no profile");
         }
         // Several: the one whose rail layout this node has, else the default.
@@ -292,12 +302,15 @@ impl NodeArgs {
                 return Ok(p.clone());
             }
         }
-        profiles
-            .into_iter()
-            .find(|p| p.spec.default)
-            .with_context(|| {
-                format!("no FabricProfile matches node {node}'s rail layout and none is default")
-            })
+        if let Some(p) = profiles.into_iter().find(|p| p.spec.default) {
+            return Ok(p);
+        }
+        let mut msg =
+            format!("no FabricProfile matches node {node}'s rail layout and none is default");
+        for p in &invalid {
+            msg.push_str(&format!("; skipped {p}"));
+        }
+        Err(UnusableProfile::none(msg, &invalid).into())
     }
 }
 

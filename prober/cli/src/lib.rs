@@ -17,6 +17,7 @@ pub mod discover;
 pub mod gpu_check;
 pub mod nccl_ranks;
 pub mod preflight;
+pub mod profile_source;
 pub mod progress;
 pub mod sim;
 

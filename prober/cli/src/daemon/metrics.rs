@@ -46,8 +46,16 @@ pub struct Metrics {
     runs: Family<RunLabels, Counter>,
     ready: AtomicBool,
     alive_at: Mutex<Instant>,
-    /// The loop is stuck when its last heartbeat is older than this.
-    stall_after: Duration,
+    /// The loop is stuck when its last heartbeat is older than this (set again once the
+    /// profile, which bounds a run, is known).
+    stall_after: Mutex<Duration>,
+    /// 1 for each FabricProfile skipped as invalid, by name.
+    profiles_invalid: Family<ProfileLabels, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProfileLabels {
+    profile: String,
 }
 
 impl Metrics {
@@ -80,6 +88,12 @@ impl Metrics {
             busbw.clone(),
         );
         registry.register("runs", "Checks run, by kind and outcome", runs.clone());
+        let profiles_invalid = Family::<ProfileLabels, Gauge>::default();
+        registry.register(
+            "fabric_profiles_invalid",
+            "FabricProfiles skipped as invalid (1 per profile, by name)",
+            profiles_invalid.clone(),
+        );
         Metrics {
             registry,
             rail_bw,
@@ -89,7 +103,8 @@ impl Metrics {
             runs,
             ready: AtomicBool::new(false),
             alive_at: Mutex::new(Instant::now()),
-            stall_after,
+            stall_after: Mutex::new(stall_after),
+            profiles_invalid,
         }
     }
 
@@ -144,10 +159,34 @@ impl Metrics {
 
     /// Whether the loop beat within `stall_after` (what `/healthz` answers).
     pub fn alive(&self) -> bool {
+        let stall_after = self.stall_after.lock().map(|d| *d).unwrap_or_default();
         self.alive_at
             .lock()
-            .map(|t| t.elapsed() <= self.stall_after)
+            .map(|t| t.elapsed() <= stall_after)
             .unwrap_or(false)
+    }
+
+    pub(crate) fn set_stall_after(&self, stall_after: Duration) {
+        if let Ok(mut d) = self.stall_after.lock() {
+            *d = stall_after;
+        }
+    }
+
+    /// Sets `fabric_profiles_invalid` for the profiles that became invalid and removes it for
+    /// those that no longer are.
+    pub(crate) fn record_invalid_profiles(&self, changes: &railguard_runtime::ProfileChanges) {
+        for p in &changes.newly_invalid {
+            self.profiles_invalid
+                .get_or_create(&ProfileLabels {
+                    profile: p.name.clone(),
+                })
+                .set(1);
+        }
+        for name in &changes.no_longer_invalid {
+            self.profiles_invalid.remove(&ProfileLabels {
+                profile: name.clone(),
+            });
+        }
     }
 
     /// Text exposition format.

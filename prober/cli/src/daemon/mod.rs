@@ -204,12 +204,9 @@ impl DaemonArgs {
             .client(true)
             .await?
             .context("the daemon needs a cluster client")?;
-        let ctx = self.node.context(Some(client.clone())).await?;
-        let publisher = ctx
-            .publisher
-            .clone()
-            .context("the daemon needs a cluster client")?;
-        let metrics = Arc::new(Metrics::new(stall_after(self, &ctx)));
+        // Until the profile (which bounds a run) is known, the wait loop beats every poll.
+        let poll = Duration::from_millis(self.poll_ms.max(100));
+        let metrics = Arc::new(Metrics::new(MAX_BACKOFF + poll));
         let stop = CancellationToken::new();
         let server = tokio::spawn(metrics::serve_metrics(
             listener,
@@ -224,6 +221,23 @@ impl DaemonArgs {
                 stop.cancel();
             })
         };
+        // A profile this node cannot use is waited for with health served and the Node's
+        // condition saying why, never a crash-loop (see `profile_source`).
+        let waited =
+            crate::profile_source::wait_for_context(&self.node, &client, &metrics, poll, &stop)
+                .await?;
+        let Some(ctx) = waited else {
+            stop.cancel();
+            signals.abort();
+            return server
+                .await
+                .unwrap_or_else(|e| Err(anyhow::anyhow!("metrics server task failed: {e}")));
+        };
+        metrics.set_stall_after(stall_after(self, &ctx));
+        let publisher = ctx
+            .publisher
+            .clone()
+            .context("the daemon needs a cluster client")?;
         tracing::info!(node = %ctx.node, profile = ctx.profile.name(), "daemon started");
         let l = Loop {
             ctx,

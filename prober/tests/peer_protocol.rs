@@ -12,6 +12,7 @@ use railguard_prober::rdma::*;
 use railguard_sim::rdma::{SimLinkFault, SimRailModel, SimRdmaModel, SimulatedRdmaEngine};
 
 const TOKEN: &str = "0123456789abcdef-shared";
+const T: Duration = Duration::from_secs(5);
 
 fn engine(node: &str, bw: f64, hcas: &[&str]) -> SimulatedRdmaEngine {
     let rail = SimRailModel {
@@ -183,7 +184,14 @@ fn silent_peer_times_out_with_the_configured_limit() {
     )
     .unwrap_err();
     assert!(
-        matches!(err, RdmaError::Timeout { after_ms: 300, ref op } if op.contains("challenge")),
+        matches!(
+            err,
+            RdmaError::PeerTimeout {
+                after_ms: 300,
+                stage: "challenge",
+                ..
+            }
+        ),
         "{err}"
     );
     h.join().unwrap();
@@ -205,38 +213,18 @@ fn unreachable_peer_is_a_clean_error() {
     assert!(matches!(err, RdmaError::PeerUnreachable { .. }), "{err}");
 }
 
-/// A rogue responder scripted with the public protocol pieces.
-fn rogue(script: impl FnOnce(&mut TcpStream, &PeerConfig) + Send + 'static) -> String {
+/// A rogue responder scripted with the public protocol pieces: a correct handshake, then
+/// the script.
+fn rogue(script: impl FnOnce(&mut SideChannel, &PeerConfig) + Send + 'static) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     thread::spawn(move || {
-        let (mut s, _) = listener.accept().unwrap();
+        let (s, _) = listener.accept().unwrap();
         let c = cfg("rogue", "prof", TOKEN);
-        let Message::Hello { nonce, .. } = read_message(&mut s, "i", "hello").unwrap() else {
-            panic!()
-        };
-        let nonce_i = hex::decode(nonce).unwrap();
-        let nonce_r = [7u8; 32];
-        write_message(
-            &mut s,
-            &Message::Challenge {
-                node: "rogue".into(),
-                profile: "prof".into(),
-                nonce: hex::encode(nonce_r),
-                proof: hex::encode(proof_with(
-                    TOKEN.as_bytes(),
-                    "responder",
-                    &nonce_i,
-                    &nonce_r,
-                )),
-            },
-            "i",
-            "challenge",
-        )
-        .unwrap();
-        let _auth = read_message(&mut s, "i", "auth").unwrap();
-        let _req = read_message(&mut s, "i", "test request").unwrap();
-        script(&mut s, &c);
+        let mut ch = SideChannel::new(s, "i").unwrap();
+        authenticate_initiator(&mut ch, &c).unwrap();
+        let _req = ch.recv("test request", c.io_timeout).unwrap();
+        script(&mut ch, &c);
     });
     addr
 }
@@ -258,16 +246,15 @@ fn peer_claiming_another_hca_is_rejected() {
         let ep = e
             .open_endpoint("mlx5_7", 1, MemoryKind::Host, 1 << 20)
             .unwrap();
-        write_message(
-            s,
+        s.send(
             &Message::Accept {
                 responder: ep.info(),
             },
-            "i",
             "accept",
+            T,
         )
         .unwrap();
-        let _ = read_message(s, "i", "done");
+        let _ = s.recv("done", T);
     });
     let err = initiate(&addr).unwrap_err();
     assert!(
@@ -279,7 +266,7 @@ fn peer_claiming_another_hca_is_rejected() {
 #[test]
 fn peer_disconnecting_mid_test_is_peer_gone() {
     let addr = rogue(|s, _| {
-        let _ = s.shutdown(std::net::Shutdown::Both);
+        let _ = s.stream().shutdown(std::net::Shutdown::Both);
     });
     let err = initiate(&addr).unwrap_err();
     assert!(
@@ -299,16 +286,15 @@ fn peer_disconnecting_mid_test_is_peer_gone() {
         let ep = e
             .open_endpoint("mlx5_0", 1, MemoryKind::Host, 1 << 20)
             .unwrap();
-        write_message(
-            s,
+        s.send(
             &Message::Accept {
                 responder: ep.info(),
             },
-            "i",
             "accept",
+            T,
         )
         .unwrap();
-        let _ = s.shutdown(std::net::Shutdown::Both);
+        let _ = s.stream().shutdown(std::net::Shutdown::Both);
     });
     let err = initiate(&addr).unwrap_err();
     assert!(matches!(err, RdmaError::PeerGone { .. }), "{err}");
@@ -353,4 +339,177 @@ fn dead_link_reports_failure_to_responder() {
     assert!(
         matches!(served.status, ServedStatus::InitiatorFailed { ref note } if note.contains("retry"))
     );
+}
+
+/// What a man in the middle does to the frames of one connection.
+#[derive(Clone, Copy)]
+enum Tamper {
+    /// Flip one bit of the initiator's test request (its second sealed frame).
+    FlipBit,
+    /// Send the initiator's sealed auth frame a second time in place of the test request.
+    Replay,
+    /// Send the initiator its own sealed auth frame back as the responder's first.
+    Reflect,
+}
+
+/// One whole frame from `r`: head and payload.
+fn read_frame(r: &mut impl std::io::Read) -> Option<Vec<u8>> {
+    let mut head = vec![0u8; channel::HEAD_BYTES];
+    r.read_exact(&mut head).ok()?;
+    let len = u32::from_be_bytes(head[channel::HEAD_BYTES - 4..].try_into().unwrap()) as usize;
+    let mut payload = vec![0u8; len];
+    r.read_exact(&mut payload).ok()?;
+    head.extend(payload);
+    Some(head)
+}
+
+/// A proxy in front of `upstream` that tampers with one connection's frames.
+fn tampering_proxy(upstream: String, tamper: Tamper) -> String {
+    use std::io::Write;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    thread::spawn(move || {
+        let (down, _) = listener.accept().unwrap();
+        let up = TcpStream::connect(upstream).unwrap();
+        let (mut down_r, mut down_w) = (down.try_clone().unwrap(), down);
+        let (mut up_r, mut up_w) = (up.try_clone().unwrap(), up);
+        let mut to_initiator = down_w.try_clone().unwrap();
+        // Responder -> initiator: the challenge always; the rest unless reflecting.
+        thread::spawn(move || {
+            let mut n = 0;
+            while let Some(f) = read_frame(&mut up_r) {
+                if n == 0 || !matches!(tamper, Tamper::Reflect) {
+                    let _ = down_w.write_all(&f);
+                }
+                n += 1;
+            }
+            let _ = down_w.shutdown(std::net::Shutdown::Both);
+        });
+        let mut auth = None;
+        let mut n = 0;
+        while let Some(mut f) = read_frame(&mut down_r) {
+            match (n, tamper) {
+                (1, _) => auth = Some(f.clone()),
+                (2, Tamper::FlipBit) => {
+                    let i = channel::HEAD_BYTES + 3;
+                    f[i] ^= 0x01;
+                }
+                (2, Tamper::Replay) => f = auth.clone().unwrap(),
+                _ => {}
+            }
+            if n == 1 && matches!(tamper, Tamper::Reflect) {
+                let _ = to_initiator.write_all(&f);
+            }
+            let _ = up_w.write_all(&f);
+            n += 1;
+        }
+        let _ = up_w.shutdown(std::net::Shutdown::Both);
+    });
+    addr
+}
+
+/// A real initiator and a real responder with a man in the middle.
+fn tampered(
+    tamper: Tamper,
+) -> (
+    Result<PeerTestOutcome, RdmaError>,
+    Result<ServedTest, RdmaError>,
+) {
+    let (addr, h) = responder(
+        cfg("b", "prof", TOKEN),
+        engine("b", 100.0, &["mlx5_0"]),
+        RailLocks::new(),
+    );
+    let proxy = tampering_proxy(addr, tamper);
+    let initiated = initiate(&proxy);
+    (initiated, h.join().unwrap())
+}
+
+#[test]
+fn a_frame_altered_after_authentication_is_rejected_and_the_connection_closed() {
+    let (initiated, served) = tampered(Tamper::FlipBit);
+    let e = served.unwrap_err();
+    assert!(
+        matches!(&e, RdmaError::PeerAuth { reason, .. }
+            if reason.contains("test request") && reason.contains("frame 1 failed its integrity check")),
+        "{e}"
+    );
+    // The responder hung up: the initiator learns nothing but that.
+    let e = initiated.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RdmaError::PeerGone {
+                stage: "accept",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_replayed_frame_is_rejected() {
+    let (initiated, served) = tampered(Tamper::Replay);
+    let e = served.unwrap_err();
+    assert!(
+        matches!(&e, RdmaError::PeerAuth { reason, .. } if reason.contains("frame 1 failed its integrity check")),
+        "{e}"
+    );
+    assert!(initiated.is_err());
+}
+
+#[test]
+fn a_reflected_frame_is_rejected() {
+    let (initiated, _served) = tampered(Tamper::Reflect);
+    let e = initiated.unwrap_err();
+    assert!(
+        matches!(&e, RdmaError::PeerAuth { reason, .. }
+            if reason.contains("accept") && reason.contains("frame 0 failed its integrity check")),
+        "{e}"
+    );
+}
+
+#[test]
+fn under_pair_keys_the_shared_token_cannot_pose_as_the_expected_peer() {
+    let keys = PairKeys::new();
+    let pair = PairKey::random();
+    keys.insert("a", pair.clone(), Duration::from_secs(60));
+    let responder_cfg = cfg("b", "prof", TOKEN).with_pair_keys(keys);
+    let run = |initiator: PeerConfig| {
+        let (addr, h) = responder(
+            responder_cfg.clone(),
+            engine("b", 100.0, &["mlx5_0"]),
+            RailLocks::new(),
+        );
+        let r = run_write_test_initiator(
+            &addr,
+            &initiator,
+            &engine(&initiator.node, 100.0, &["mlx5_0"]),
+            &RailLocks::new(),
+            &small_request("mlx5_0"),
+        );
+        (r, h.join().unwrap())
+    };
+    // Node c holds the cluster token and claims to be a: b asks for a's pair key.
+    // The impostor cannot check b's challenge (made with the pair key) and b never sees a
+    // valid proof.
+    let (r, served) = run(cfg("a", "prof", TOKEN));
+    assert!(
+        matches!(&r, Err(RdmaError::PeerAuth { reason, .. }) if reason.contains("does not match")),
+        "{r:?}"
+    );
+    let e = served.unwrap_err();
+    assert!(
+        matches!(e, RdmaError::PeerGone { stage: "auth", .. }),
+        "{e}"
+    );
+    // A node without any announcement is refused outright.
+    let (_, served) = run(cfg("c", "prof", TOKEN));
+    let e = served.unwrap_err();
+    assert!(e.to_string().contains("no pair key for node c"), "{e}");
+    // The real a, with the pair key, passes.
+    let (r, served) = run(cfg("a", "prof", TOKEN).for_pair(&pair));
+    assert_eq!(r.unwrap().peer_node, "b");
+    assert_eq!(served.unwrap().status, ServedStatus::Completed);
 }

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use railguard_prober::campaign::coordinator::{run_campaign_with, CampaignNode, CampaignSettings};
-use railguard_prober::campaign::endpoint::{serve, EndpointConfig};
+use railguard_prober::campaign::endpoint::{serve, ConnectionLimits, EndpointConfig};
 use railguard_prober::campaign::kube::{
     collect_launcher_log, endpoint_of, profile_nodes, write_findings, GpuPodSource, LeaderLease,
 };
@@ -112,6 +112,19 @@ pub struct PeerEndpointArgs {
     /// Limit for one side-channel step, seconds.
     #[arg(long, env = "RAILGUARD_PEER_IO_TIMEOUT_SECS", default_value_t = 10)]
     pub io_timeout_secs: u64,
+    /// Limit for a whole incoming handshake (accept to authenticated), seconds: a client
+    /// trickling bytes cannot hold a connection longer.
+    #[arg(long, env = "RAILGUARD_PEER_HANDSHAKE_TIMEOUT_SECONDS", default_value_t = 5)]
+    pub peer_handshake_timeout_seconds: u64,
+    /// Most unauthenticated connections at once; more are closed at once.
+    #[arg(long, env = "RAILGUARD_PEER_MAX_HANDSHAKES", default_value_t = 128)]
+    pub peer_max_handshakes: usize,
+    /// Most unauthenticated connections at once from one source address.
+    #[arg(long, env = "RAILGUARD_PEER_MAX_HANDSHAKES_PER_SOURCE", default_value_t = 32)]
+    pub peer_max_handshakes_per_source: usize,
+    /// Most connections at once, authenticated or not; more are closed at once.
+    #[arg(long, env = "RAILGUARD_PEER_MAX_CONNECTIONS", default_value_t = 512)]
+    pub peer_max_connections: usize,
     /// The CUDA driver library of NCCL pair tests (default: libcuda.so.1 where dlopen finds it).
     #[arg(long, env = "RAILGUARD_CUDA_LIBRARY", value_hint = ValueHint::FilePath)]
     pub cuda_library: Option<PathBuf>,
@@ -171,10 +184,18 @@ impl PeerEndpointArgs {
                 resources: self.gpu_resources.clone(),
             }
         };
+        let handshake_timeout = Duration::from_secs(self.peer_handshake_timeout_seconds.max(1));
         let mut peer = PeerConfig::new(&self.node, &self.profile, &token)?;
         peer.io_timeout = Duration::from_secs(self.io_timeout_secs.max(1));
+        peer.handshake_timeout = handshake_timeout;
         let mut cfg = EndpointConfig::new(peer, &token, engine, gpu_pods);
         cfg.io_timeout = Duration::from_secs(self.io_timeout_secs.max(1));
+        cfg.limits = ConnectionLimits {
+            handshake_timeout,
+            max_handshakes: self.peer_max_handshakes.max(1),
+            max_handshakes_per_source: self.peer_max_handshakes_per_source.max(1),
+            max_connections: self.peer_max_connections.max(1),
+        };
         cfg.nccl = Some(NcclRunner {
             exe: std::env::current_exe()
                 .context("the NCCL pair tests run this executable's nccl-ranks")?,

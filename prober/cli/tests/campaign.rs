@@ -15,10 +15,11 @@ use railguard_prober::campaign::coordinator::{
 };
 use railguard_prober::campaign::endpoint::request;
 use railguard_prober::campaign::wire::{ControlRequest, ControlResponse};
-use railguard_prober::rdma::peer::{proof_with, read_message, write_message, Message};
-use railguard_prober::rdma::{MemoryKind, PeerRdmaEngine};
+use railguard_prober::rdma::peer::{authenticate_initiator, Message, SideChannel};
+use railguard_prober::rdma::{MemoryKind, PeerConfig, PeerRdmaEngine};
 
 const TOKEN: &str = "campaign-test-token-0123456789";
+const T: Duration = Duration::from_secs(5);
 
 fn root() -> PathBuf {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).to_path_buf()
@@ -192,25 +193,16 @@ fn rogue(listen: &str, node: &'static str, behaviour: &'static str) {
     let listener = TcpListener::bind(listen).unwrap();
     thread::spawn(move || {
         for stream in listener.incoming() {
-            let Ok(mut s) = stream else { continue };
+            let Ok(s) = stream else { continue };
             thread::spawn(move || {
-                let Ok(Message::Hello { nonce, .. }) = read_message(&mut s, "i", "hello") else {
+                let cfg = PeerConfig::new(node, "h100-ndr", TOKEN).unwrap();
+                let Ok(mut s) = SideChannel::new(s, "i") else {
                     return;
                 };
-                let nonce_i = hex::decode(nonce).unwrap();
-                let nonce_r = [9u8; 32];
-                let proof = proof_with(TOKEN.as_bytes(), "responder", &nonce_i, &nonce_r);
-                let challenge = Message::Challenge {
-                    node: node.into(),
-                    profile: "h100-ndr".into(),
-                    nonce: hex::encode(nonce_r),
-                    proof: hex::encode(proof),
-                };
-                if write_message(&mut s, &challenge, "i", "challenge").is_err() {
+                if authenticate_initiator(&mut s, &cfg).is_err() {
                     return;
                 }
-                let _ = read_message(&mut s, "i", "auth");
-                let _ = read_message(&mut s, "i", "test request");
+                let _ = s.recv("test request", T);
                 if behaviour == "wrong-hca" {
                     let model =
                         railguard_sim::NodeModel::load(&root().join("models/dgx-h100.yaml"))
@@ -223,12 +215,11 @@ fn rogue(listen: &str, node: &'static str, behaviour: &'static str) {
                     let mut info = ep.info();
                     info.hca = "mlx5_99".into();
                     let _ = ep.connect(&info);
-                    let _ =
-                        write_message(&mut s, &Message::Accept { responder: info }, "i", "accept");
-                    let _ = read_message(&mut s, "i", "done");
+                    let _ = s.send(&Message::Accept { responder: info }, "accept", T);
+                    let _ = s.recv("done", T);
                 }
                 // "disconnect": hang up in the middle of the test.
-                let _ = s.shutdown(std::net::Shutdown::Both);
+                let _ = s.stream().shutdown(std::net::Shutdown::Both);
             });
         }
     });
@@ -379,6 +370,7 @@ async fn endpoint_refuses_wrong_token_other_profile_and_self_tests() {
             iterations: 2,
             allow_gpu_pods: false,
             timeout_ms: 5000,
+            pair_key: None,
         })
     };
     match request(&a, TOKEN.as_bytes(), &run("other", "node-b"), None, t, t)

@@ -6,29 +6,87 @@
 //! one test per rail at a time (a second one is refused as busy, never queued, through the
 //! shared [`RailLocks`] of the RDMA side channel); no test while GPU pods run on the node
 //! unless the request asks for it; every wait has a time limit.
+//!
+//! The port faces the network, so nothing unauthenticated may hold a thread or linger: every
+//! handshake runs asynchronously under one deadline for the whole handshake
+//! ([`ConnectionLimits::handshake_timeout`]), unauthenticated connections are capped in all
+//! and per source address, all connections are capped, and a connection beyond a cap is
+//! closed at once. Only an authenticated RDMA side channel gets a blocking thread for its
+//! test. A test starved by a saturated endpoint comes out inconclusive, never as a failed rail.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::{SinkExt, StreamExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::bytes::BytesMut;
+use tokio_util::codec::{Encoder, Framed, FramedParts};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::kube::GpuPodSource;
 use super::nccl_pair::NcclRunner;
 use super::wire::{
-    self, ControlMessage, ControlRequest, ControlResponse, NcclJoinRequest, NcclSide,
-    NcclSideReport, NcclTestRequest, RailRef, RailReport, RailTestReport, RunTestRequest,
-    CONTROL_MAGIC, ROLE_COORDINATOR, ROLE_ENDPOINT,
+    self, AcceptPeerRequest, ControlChannel, ControlMessage, ControlRequest, ControlResponse,
+    NcclJoinRequest, NcclSide, NcclSideReport, NcclTestRequest, RailRef, RailReport,
+    RailTestReport, RunTestRequest, CONTROL_MAGIC, ROLE_COORDINATOR, ROLE_ENDPOINT,
+    SESSION_PROTOCOL,
 };
 use super::CampaignError;
-use crate::rdma::peer::channel::{decode_nonce, nonce, proof_hex, trim_token, verify_proof};
-use crate::rdma::peer::RailGuard;
-use crate::rdma::peer::{run_write_test_initiator, run_write_test_responder, MAGIC as RDMA_MAGIC};
+use crate::rdma::peer::channel::{
+    decode_nonce, nonce, proof_hex, trim_token, verify_proof, FrameCodec, Session,
+};
+use crate::rdma::peer::wire::{read_error, write_error, FORMAT as RDMA_FORMAT};
+use crate::rdma::peer::{
+    answer_hello, run_write_test_initiator, serve_authenticated, AuthenticatedPeer, Message,
+    PairKey, PairKeys, RailGuard, SideChannel, MAGIC as RDMA_MAGIC,
+};
 use crate::rdma::{PeerConfig, PeerRdmaEngine, PeerTestRequest, RailLocks, RdmaError};
 
 /// Most rails one request may name (a node has at most a few dozen HCA ports).
 pub const MAX_RAILS_PER_REQUEST: usize = 64;
+/// Longest a pair key announced by the coordinator is kept.
+pub const MAX_PAIR_KEY_TTL: Duration = Duration::from_secs(3600);
+
+/// How many connections an endpoint holds, and how long a handshake may take.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConnectionLimits {
+    /// Limit for a whole handshake, from accept to authenticated.
+    pub handshake_timeout: Duration,
+    /// Connections not yet authenticated, in all.
+    pub max_handshakes: usize,
+    /// Connections not yet authenticated from one source address.
+    pub max_handshakes_per_source: usize,
+    /// Connections in all, authenticated or not.
+    pub max_connections: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            handshake_timeout: Duration::from_secs(5),
+            max_handshakes: 128,
+            max_handshakes_per_source: 32,
+            max_connections: 512,
+        }
+    }
+}
+
+/// What an endpoint turned away (the endpoint has no metrics port; these are logged and
+/// readable by tests).
+#[derive(Debug, Default)]
+pub struct EndpointStats {
+    /// Connections closed at once because a cap was reached.
+    pub rejected: AtomicU64,
+    /// Handshakes that ran past their deadline.
+    pub handshake_timeouts: AtomicU64,
+}
 
 /// Everything an endpoint needs.
 pub struct EndpointConfig {
@@ -38,10 +96,16 @@ pub struct EndpointConfig {
     pub engine: Arc<dyn PeerRdmaEngine>,
     pub locks: RailLocks,
     pub gpu_pods: GpuPodSource,
-    /// Limit for one control-channel step.
+    /// Limit for one control-channel step after the handshake.
     pub io_timeout: Duration,
+    pub limits: ConnectionLimits,
+    pub stats: Arc<EndpointStats>,
     /// How NCCL pair tests start this node's ranks; `None`: they are not measured here.
     pub nccl: Option<NcclRunner>,
+    /// Set in coordinator mode: the pair keys announced for tests from peers.
+    pub pair_keys: Option<PairKeys>,
+    /// The pod's projected service-account token, sent to the coordinator on `Identify`.
+    pub identity_token_file: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for EndpointConfig {
@@ -49,6 +113,7 @@ impl std::fmt::Debug for EndpointConfig {
         f.debug_struct("EndpointConfig")
             .field("peer", &self.peer)
             .field("io_timeout", &self.io_timeout)
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
@@ -67,8 +132,92 @@ impl EndpointConfig {
             locks: RailLocks::new(),
             gpu_pods,
             io_timeout: Duration::from_secs(10),
+            limits: ConnectionLimits::default(),
+            stats: Arc::default(),
             nccl: None,
+            pair_keys: None,
+            identity_token_file: None,
         }
+    }
+
+    /// Coordinator mode: peers authenticate with the pair keys the coordinator announces.
+    pub fn with_pair_keys(mut self) -> Self {
+        let keys = PairKeys::new();
+        self.peer = self.peer.clone().with_pair_keys(keys.clone());
+        self.pair_keys = Some(keys);
+        self
+    }
+}
+
+/// Unauthenticated connections per source address.
+#[derive(Debug, Default)]
+struct SourceCounts(Mutex<HashMap<IpAddr, usize>>);
+
+/// One unauthenticated connection's place under the caps, given back on drop.
+struct HandshakeSlot {
+    _permit: OwnedSemaphorePermit,
+    sources: Arc<SourceCounts>,
+    ip: IpAddr,
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        let mut counts = self.sources.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = counts.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// The caps of one endpoint.
+struct Admission {
+    connections: Arc<Semaphore>,
+    handshakes: Arc<Semaphore>,
+    sources: Arc<SourceCounts>,
+    per_source: usize,
+}
+
+impl Admission {
+    fn new(limits: &ConnectionLimits) -> Self {
+        Admission {
+            connections: Arc::new(Semaphore::new(limits.max_connections.max(1))),
+            handshakes: Arc::new(Semaphore::new(limits.max_handshakes.max(1))),
+            sources: Arc::default(),
+            per_source: limits.max_handshakes_per_source.max(1),
+        }
+    }
+
+    /// A place for a new connection from `ip`, or why there is none.
+    fn admit(&self, ip: IpAddr) -> Result<(OwnedSemaphorePermit, HandshakeSlot), &'static str> {
+        let connection = self
+            .connections
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| "connection cap reached")?;
+        let handshake = self
+            .handshakes
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| "unauthenticated connection cap reached")?;
+        {
+            let mut counts = self.sources.0.lock().unwrap_or_else(|p| p.into_inner());
+            let n = counts.entry(ip).or_insert(0);
+            if *n >= self.per_source {
+                return Err("unauthenticated connection cap of the source address reached");
+            }
+            *n += 1;
+        }
+        Ok((
+            connection,
+            HandshakeSlot {
+                _permit: handshake,
+                sources: self.sources.clone(),
+                ip,
+            },
+        ))
     }
 }
 
@@ -82,7 +231,8 @@ pub async fn serve(
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    info!(node = %cfg.peer.node, profile = %cfg.peer.profile, listen = %local, "peer endpoint serving");
+    info!(node = %cfg.peer.node, profile = %cfg.peer.profile, listen = %local, limits = ?cfg.limits, "peer endpoint serving");
+    let admission = Admission::new(&cfg.limits);
     loop {
         let (stream, addr) = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -95,13 +245,26 @@ pub async fn serve(
                 }
             },
         };
+        let (connection, slot) = match admission.admit(addr.ip()) {
+            Ok(v) => v,
+            Err(why) => {
+                let n = cfg.stats.rejected.fetch_add(1, Ordering::Relaxed) + 1;
+                // One line per hundred: a flood must not flood the log too.
+                if n == 1 || n % 100 == 0 {
+                    warn!(peer = %addr, reason = why, rejected = n, "connection closed at once");
+                }
+                drop(stream);
+                continue;
+            }
+        };
         let cfg = cfg.clone();
         let token = shutdown.child_token();
         tokio::spawn(async move {
+            let _connection = connection;
             let peer = addr.to_string();
             tokio::select! {
                 () = token.cancelled() => debug!(peer = %peer, "connection dropped at shutdown"),
-                r = handle(stream, &peer, cfg) => {
+                r = handle(stream, &peer, cfg, slot) => {
                     if let Err(e) = r {
                         warn!(peer = %peer, error = %e, "peer endpoint connection failed");
                     }
@@ -113,43 +276,74 @@ pub async fn serve(
     Ok(())
 }
 
+/// A connection past its handshake.
+enum Authenticated {
+    Rdma {
+        ch: Framed<TcpStream, FrameCodec<Message>>,
+        initiator: AuthenticatedPeer,
+    },
+    Control {
+        ch: ControlChannel<TcpStream>,
+        request: ControlRequest,
+        /// The peer node whose pair key the request proved; `None`: the shared token.
+        from: Option<String>,
+    },
+}
+
 async fn handle(
     stream: TcpStream,
     peer: &str,
     cfg: Arc<EndpointConfig>,
+    slot: HandshakeSlot,
 ) -> Result<(), CampaignError> {
-    let mut magic = [0u8; 4];
-    // Wait for the first four bytes without consuming them.
-    let peeked = tokio::time::timeout(cfg.io_timeout, async {
-        loop {
-            match stream.peek(&mut magic).await {
-                Ok(n) if n >= 4 => return Ok(()),
-                Ok(0) => {
-                    return Err(CampaignError::Closed {
-                        peer: peer.to_string(),
-                    })
-                }
-                Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
-                Err(source) => {
-                    return Err(CampaignError::Io {
-                        peer: peer.to_string(),
-                        source,
-                    })
-                }
+    let limit = cfg.limits.handshake_timeout;
+    let authenticated = tokio::time::timeout(limit, handshake(stream, peer, &cfg))
+        .await
+        .map_err(|_| {
+            cfg.stats.handshake_timeouts.fetch_add(1, Ordering::Relaxed);
+            CampaignError::Timeout {
+                peer: peer.to_string(),
+                after_ms: limit.as_millis() as u64,
             }
+        })??;
+    drop(slot);
+    match authenticated {
+        Authenticated::Rdma { ch, initiator } => serve_rdma(ch, initiator, peer, cfg).await,
+        Authenticated::Control { ch, request, from } => {
+            serve_control(ch, request, from, peer, &cfg).await
         }
-    })
-    .await
-    .map_err(|_| CampaignError::Timeout {
-        peer: peer.to_string(),
-        after_ms: cfg.io_timeout.as_millis() as u64,
-    })?;
-    peeked?;
+    }
+}
+
+/// Reads the protocol tag, then runs that protocol's handshake.
+async fn handshake(
+    mut stream: TcpStream,
+    peer: &str,
+    cfg: &EndpointConfig,
+) -> Result<Authenticated, CampaignError> {
+    let mut magic = [0u8; 4];
+    stream
+        .read_exact(&mut magic)
+        .await
+        .map_err(|source| match source.kind() {
+            std::io::ErrorKind::UnexpectedEof => CampaignError::Closed {
+                peer: peer.to_string(),
+            },
+            _ => CampaignError::Io {
+                peer: peer.to_string(),
+                source,
+            },
+        })?;
     if &magic == RDMA_MAGIC {
-        return serve_rdma(stream, peer, cfg).await;
+        let mut ch = reframe::<&'static Message, _>(stream, FrameCodec::new(RDMA_FORMAT), &magic);
+        let initiator = rdma_handshake(&mut ch, peer, &cfg.peer).await?;
+        return Ok(Authenticated::Rdma { ch, initiator });
     }
     if &magic == CONTROL_MAGIC {
-        return serve_control(stream, peer, &cfg).await;
+        let mut ch =
+            reframe::<&'static ControlMessage, _>(stream, FrameCodec::new(wire::FORMAT), &magic);
+        let (request, from) = control_handshake(&mut ch, peer, cfg).await?;
+        return Ok(Authenticated::Control { ch, request, from });
     }
     Err(CampaignError::Protocol {
         peer: peer.to_string(),
@@ -157,25 +351,60 @@ async fn handle(
     })
 }
 
-/// The RDMA side channel is blocking code (verbs calls block): it runs on a blocking thread
-/// with its own time limits.
+/// A framed stream whose first bytes (the protocol tag) were already read: they go back in
+/// front of the codec, which checks them as part of the first frame.
+fn reframe<I, C: Encoder<I>>(io: TcpStream, codec: C, tag: &[u8]) -> Framed<TcpStream, C> {
+    let mut parts = FramedParts::new::<I>(io, codec);
+    parts.read_buf = BytesMut::from(tag);
+    Framed::from_parts(parts)
+}
+
+/// The responder's side-channel handshake, asynchronously.
+async fn rdma_handshake(
+    ch: &mut Framed<TcpStream, FrameCodec<Message>>,
+    peer: &str,
+    cfg: &PeerConfig,
+) -> Result<AuthenticatedPeer, RdmaError> {
+    let hello = rdma_recv(ch, peer, "hello").await?;
+    let (pending, challenge) = answer_hello(cfg, hello, peer)?;
+    ch.send(&challenge)
+        .await
+        .map_err(|e| write_error(peer, "challenge", e))?;
+    ch.codec_mut().seal_with(pending.session());
+    let auth = rdma_recv(ch, peer, "auth").await?;
+    pending.check_auth(auth)
+}
+
+async fn rdma_recv(
+    ch: &mut Framed<TcpStream, FrameCodec<Message>>,
+    peer: &str,
+    stage: &'static str,
+) -> Result<Message, RdmaError> {
+    match ch.next().await {
+        Some(msg) => msg.map_err(|e| read_error(peer, stage, e)),
+        None => Err(RdmaError::PeerGone {
+            peer: peer.to_string(),
+            stage,
+        }),
+    }
+}
+
+/// The RDMA test itself is blocking code (verbs calls block): once the initiator is
+/// authenticated, it runs on a blocking thread with its own time limits.
 async fn serve_rdma(
-    stream: TcpStream,
+    ch: Framed<TcpStream, FrameCodec<Message>>,
+    initiator: AuthenticatedPeer,
     peer: &str,
     cfg: Arc<EndpointConfig>,
 ) -> Result<(), CampaignError> {
-    let std_stream = stream.into_std().map_err(|source| CampaignError::Io {
+    let parts = ch.into_parts();
+    let std_stream = parts.io.into_std().map_err(|source| CampaignError::Io {
         peer: peer.to_string(),
         source,
     })?;
-    std_stream
-        .set_nonblocking(false)
-        .map_err(|source| CampaignError::Io {
-            peer: peer.to_string(),
-            source,
-        })?;
+    let ch = SideChannel::resume(std_stream, parts.codec, parts.read_buf, peer)?;
     let served = tokio::task::spawn_blocking(move || {
-        run_write_test_responder(std_stream, &cfg.peer, cfg.engine.as_ref(), &cfg.locks)
+        serve_authenticated(ch, initiator, &cfg.peer, cfg.engine.as_ref(), &cfg.locks)
     })
     .await
     .map_err(|e| CampaignError::Protocol {
@@ -186,53 +415,82 @@ async fn serve_rdma(
     Ok(())
 }
 
-async fn serve_control(
-    stream: TcpStream,
+/// The endpoint's control-channel handshake: the request, and whose key it proved.
+async fn control_handshake(
+    ch: &mut ControlChannel<TcpStream>,
     peer: &str,
     cfg: &EndpointConfig,
-) -> Result<(), CampaignError> {
-    let t = cfg.io_timeout;
-    let mut ch = wire::control_channel(stream);
-    let nonce_c = match step(t, peer, wire::recv(&mut ch, peer)).await? {
-        ControlMessage::Hello { nonce } => {
-            decode_nonce(&nonce).map_err(|reason| protocol(peer, reason))?
-        }
+) -> Result<(ControlRequest, Option<String>), CampaignError> {
+    let (nonce_c, from) = match wire::recv(ch, peer).await? {
+        ControlMessage::Hello { nonce, from } => (
+            decode_nonce(&nonce).map_err(|reason| protocol(peer, reason))?,
+            from,
+        ),
         other => return Err(unexpected(peer, "hello", &other)),
     };
+    // An endpoint speaking for `from` proves the pair key of its test with us.
+    let key =
+        match (&from, &cfg.pair_keys) {
+            (None, _) | (Some(_), None) => cfg.token.clone(),
+            (Some(node), Some(keys)) => match keys.get(node) {
+                Some(k) => k.0.to_vec(),
+                None => return Err(CampaignError::Auth {
+                    peer: peer.to_string(),
+                    reason: format!(
+                        "no pair key for node {node}: the coordinator announced no test with it"
+                    ),
+                }),
+            },
+        };
     let nonce_e = nonce();
     let challenge = ControlMessage::Challenge {
         node: cfg.peer.node.clone(),
         profile: cfg.peer.profile.clone(),
         nonce: hex::encode(nonce_e),
-        proof: proof_hex(&cfg.token, ROLE_ENDPOINT, &nonce_c, &nonce_e),
+        proof: proof_hex(&key, ROLE_ENDPOINT, &nonce_c, &nonce_e),
     };
-    step(t, peer, wire::send(&mut ch, &challenge, peer)).await?;
-    let request = match step(t, peer, wire::recv(&mut ch, peer)).await? {
-        ControlMessage::Request { proof, request } => {
-            if !verify_proof(&cfg.token, ROLE_COORDINATOR, &nonce_c, &nonce_e, &proof) {
-                let refusal = ControlMessage::Error {
-                    reason: "authentication failed".into(),
-                };
-                let _ = step(t, peer, wire::send(&mut ch, &refusal, peer)).await;
-                return Err(CampaignError::Auth {
-                    peer: peer.to_string(),
-                    reason: "coordinator's proof does not match the shared token".into(),
-                });
-            }
-            request
+    wire::send(ch, &challenge, peer).await?;
+    ch.codec_mut().seal_with(Session::new(
+        &key,
+        SESSION_PROTOCOL,
+        &nonce_c,
+        &nonce_e,
+        ROLE_ENDPOINT,
+        ROLE_COORDINATOR,
+    ));
+    match wire::recv(ch, peer).await? {
+        ControlMessage::Request { proof, request }
+            if verify_proof(&key, ROLE_COORDINATOR, &nonce_c, &nonce_e, &proof) =>
+        {
+            Ok((request, from))
         }
-        other => return Err(unexpected(peer, "request", &other)),
-    };
-    let response = match request {
-        ControlRequest::Status => ControlResponse::Status {
-            node: cfg.peer.node.clone(),
-            profile: cfg.peer.profile.clone(),
-            devices: cfg.engine.devices().unwrap_or_default(),
-            gpu_pods: cfg.gpu_pods.gpu_pods().await.unwrap_or_default(),
-        },
-        ControlRequest::RunTest(req) => run_test(cfg, req).await,
-        ControlRequest::RunNccl(req) => run_nccl(cfg, req).await,
-        ControlRequest::JoinNccl(req) => {
+        ControlMessage::Request { .. } => Err(CampaignError::Auth {
+            peer: peer.to_string(),
+            reason: "the requester's proof does not match the key".into(),
+        }),
+        other => Err(unexpected(peer, "request", &other)),
+    }
+}
+
+async fn serve_control(
+    mut ch: ControlChannel<TcpStream>,
+    request: ControlRequest,
+    from: Option<String>,
+    peer: &str,
+    cfg: &EndpointConfig,
+) -> Result<(), CampaignError> {
+    let t = cfg.io_timeout;
+    let response = match (request, &from) {
+        // A peer endpoint may only join the NCCL test the coordinator paired it for.
+        (ControlRequest::JoinNccl(req), _) => {
+            if let (Some(node), true) = (&from, cfg.pair_keys.is_some()) {
+                if &req.test.peer_node != node {
+                    return Err(protocol(
+                        peer,
+                        format!("{node} asked to join a test of {}", req.test.peer_node),
+                    ));
+                }
+            }
             // The rank-0 endpoint hangs up when its side is over: stop ours with it.
             tokio::select! {
                 r = join_nccl(cfg, req) => r,
@@ -242,6 +500,22 @@ async fn serve_control(
                 }
             }
         }
+        (_, Some(node)) if cfg.pair_keys.is_some() => {
+            return Err(protocol(
+                peer,
+                format!("{node}'s pair key only lets it join an NCCL test"),
+            ))
+        }
+        (ControlRequest::Status, _) => ControlResponse::Status {
+            node: cfg.peer.node.clone(),
+            profile: cfg.peer.profile.clone(),
+            devices: cfg.engine.devices().unwrap_or_default(),
+            gpu_pods: cfg.gpu_pods.gpu_pods().await.unwrap_or_default(),
+        },
+        (ControlRequest::RunTest(req), _) => run_test(cfg, req).await,
+        (ControlRequest::RunNccl(req), _) => run_nccl(cfg, req).await,
+        (ControlRequest::Identify, _) => identify(cfg),
+        (ControlRequest::AcceptPeer(req), _) => accept_peer(cfg, req),
     };
     step(
         t,
@@ -249,6 +523,51 @@ async fn serve_control(
         wire::send(&mut ch, &ControlMessage::Response { response }, peer),
     )
     .await
+}
+
+/// This pod's service-account token, for the coordinator's check of which node it runs on.
+fn identify(cfg: &EndpointConfig) -> ControlResponse {
+    let Some(path) = &cfg.identity_token_file else {
+        return ControlResponse::Refused {
+            reason: "this endpoint has no identity token (--identity-token-file)".into(),
+        };
+    };
+    // Read each time: the kubelet rotates the projected token.
+    match std::fs::read_to_string(path) {
+        Ok(token) => ControlResponse::Identity {
+            node: cfg.peer.node.clone(),
+            token: token.trim().to_string(),
+        },
+        Err(e) => ControlResponse::Refused {
+            reason: format!("cannot read the identity token {}: {e}", path.display()),
+        },
+    }
+}
+
+/// Accepts tests from one peer node with the coordinator's pair key.
+fn accept_peer(cfg: &EndpointConfig, req: AcceptPeerRequest) -> ControlResponse {
+    let Some(keys) = &cfg.pair_keys else {
+        return ControlResponse::Refused {
+            reason: "this endpoint takes no pair keys (shared-token mode)".into(),
+        };
+    };
+    if req.peer_node == cfg.peer.node {
+        return ControlResponse::Refused {
+            reason: "a node cannot test against itself".into(),
+        };
+    }
+    match PairKey::from_hex(&req.pair_key) {
+        Ok(key) => {
+            let ttl = Duration::from_millis(req.ttl_ms).min(MAX_PAIR_KEY_TTL);
+            keys.insert(&req.peer_node, key, ttl);
+            ControlResponse::PeerAccepted {
+                peer_node: req.peer_node,
+            }
+        }
+        Err(reason) => ControlResponse::Refused {
+            reason: reason.into(),
+        },
+    }
 }
 
 /// Whether this node takes a test of `profile` with `peer_node` on `rails` now: the reason
@@ -306,6 +625,21 @@ async fn run_test(cfg: &EndpointConfig, req: RunTestRequest) -> ControlResponse 
         return refusal(cfg, &req.peer_node, reason);
     }
     let timeout = Duration::from_millis(req.timeout_ms.max(1));
+    let deadline = tokio::time::Instant::now() + timeout;
+    let base = match (&req.pair_key, &cfg.pair_keys) {
+        (Some(hex_key), _) => match PairKey::from_hex(hex_key) {
+            Ok(key) => cfg.peer.for_pair(&key),
+            Err(reason) => return refusal(cfg, &req.peer_node, reason.into()),
+        },
+        (None, Some(_)) => {
+            return refusal(
+                cfg,
+                &req.peer_node,
+                "this endpoint runs tests only with a pair key from the coordinator".into(),
+            )
+        }
+        (None, None) => cfg.peer.clone(),
+    };
     let mut tasks = Vec::with_capacity(req.rails.len());
     for rail in &req.rails {
         let test = PeerTestRequest {
@@ -317,7 +651,7 @@ async fn run_test(cfg: &EndpointConfig, req: RunTestRequest) -> ControlResponse 
             iterations: req.iterations,
             expect_node: Some(req.peer_node.clone()),
         };
-        let mut peer_cfg = cfg.peer.clone();
+        let mut peer_cfg = base.clone();
         peer_cfg.test_timeout = peer_cfg.test_timeout.min(timeout);
         let engine = cfg.engine.clone();
         let locks = cfg.locks.clone();
@@ -329,10 +663,16 @@ async fn run_test(cfg: &EndpointConfig, req: RunTestRequest) -> ControlResponse 
     let mut rails = Vec::with_capacity(tasks.len());
     for (rail, task) in req.rails.iter().zip(tasks) {
         // A blocking test cannot be interrupted; past the deadline we stop waiting for it
-        // (it keeps its rail locked until its own RDMA time limits end it).
-        let report = match tokio::time::timeout(timeout, task).await {
-            Err(_) => RailReport::Failed {
-                reason: format!("no result within {} ms", timeout.as_millis()),
+        // (it keeps its rail locked until its own RDMA time limits end it). A test that did
+        // not finish in time says nothing about the rail: this side or the peer may be
+        // saturated.
+        let report = match tokio::time::timeout_at(deadline, task).await {
+            Err(_) => RailReport::Inconclusive {
+                reason: format!(
+                    "no result within {} ms (this endpoint or the peer is saturated or slow; \
+                     no evidence against the rail)",
+                    timeout.as_millis()
+                ),
             },
             Ok(Err(e)) => RailReport::Inconclusive {
                 reason: format!("test task failed: {e}"),
@@ -455,10 +795,27 @@ async fn run_nccl(cfg: &EndpointConfig, req: NcclTestRequest) -> ControlResponse
             );
         }
     };
+    // The unique id travels under the pair key when the coordinator gave one (the peer
+    // checks it is us), else under the shared token.
+    let (key, from) = match &req.pair_key {
+        Some(hex_key) => match PairKey::from_hex(hex_key) {
+            Ok(k) => (k.0.to_vec(), Some(cfg.peer.node.as_str())),
+            Err(reason) => return refusal(cfg, &req.peer_node, reason.into()),
+        },
+        None if cfg.pair_keys.is_some() => {
+            return refusal(
+                cfg,
+                &req.peer_node,
+                "this endpoint runs tests only with a pair key from the coordinator".into(),
+            )
+        }
+        None => (cfg.token.clone(), None),
+    };
     let join = ControlRequest::JoinNccl(NcclJoinRequest {
         test: NcclTestRequest {
             peer_node: cfg.peer.node.clone(),
             peer_addr: String::new(),
+            pair_key: None,
             ..req.clone()
         },
         unique_id,
@@ -467,9 +824,10 @@ async fn run_nccl(cfg: &EndpointConfig, req: NcclTestRequest) -> ControlResponse
     });
     let peer_node = req.peer_node.clone();
     let peer = async {
-        let answer = request(
+        let answer = request_as(
             &req.peer_addr,
-            &cfg.token,
+            &key,
+            from,
             &join,
             Some(&peer_node),
             cfg.io_timeout,
@@ -559,6 +917,19 @@ pub fn classify(e: &RdmaError) -> RailReport {
         | RdmaError::NoDevices
         | RdmaError::GpuMemoryUnavailable { .. }
         | RdmaError::Verbs { .. } => RailReport::Failed { reason },
+        // Closed before it authenticated: a peer at its connection cap closes at once.
+        RdmaError::PeerGone {
+            stage: "hello" | "challenge",
+            ..
+        } => RailReport::Inconclusive {
+            reason: format!(
+                "{reason} (before authenticating: the peer endpoint may be saturated or \
+                 restarting; no evidence against the rail)"
+            ),
+        },
+        RdmaError::PeerTimeout { .. } => RailReport::Inconclusive {
+            reason: format!("{reason} (the side channel, not the rail: no evidence against it)"),
+        },
         RdmaError::PeerGone { .. }
         | RdmaError::PeerIo { .. }
         | RdmaError::PeerAuth { .. }
@@ -615,12 +986,40 @@ pub async fn request(
     io_timeout: Duration,
     answer_timeout: Duration,
 ) -> Result<ControlResponse, CampaignError> {
-    let token = trim_token(token);
+    request_as(
+        addr,
+        token,
+        None,
+        req,
+        expect_node,
+        io_timeout,
+        answer_timeout,
+    )
+    .await
+}
+
+/// One authenticated request, proving `key`: the shared token (`from` unset, the
+/// coordinator), or the pair key of a test with the endpoint's node (`from`: the node we
+/// speak for).
+pub async fn request_as(
+    addr: &str,
+    key: &[u8],
+    from: Option<&str>,
+    req: &ControlRequest,
+    expect_node: Option<&str>,
+    io_timeout: Duration,
+    answer_timeout: Duration,
+) -> Result<ControlResponse, CampaignError> {
+    let key = trim_token(key);
+    // A connect that does not complete is a node that cannot be reached.
     let stream = tokio::time::timeout(io_timeout, TcpStream::connect(addr))
         .await
-        .map_err(|_| CampaignError::Timeout {
+        .map_err(|_| CampaignError::Unreachable {
             peer: addr.to_string(),
-            after_ms: io_timeout.as_millis() as u64,
+            source: std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("connect timed out after {} ms", io_timeout.as_millis()),
+            ),
         })?
         .map_err(|source| CampaignError::Unreachable {
             peer: addr.to_string(),
@@ -631,6 +1030,7 @@ pub async fn request(
     let nonce_c = nonce();
     let hello = ControlMessage::Hello {
         nonce: hex::encode(nonce_c),
+        from: from.map(String::from),
     };
     step(io_timeout, addr, wire::send(&mut ch, &hello, addr)).await?;
     let nonce_e = match step(io_timeout, addr, wire::recv(&mut ch, addr)).await? {
@@ -641,10 +1041,10 @@ pub async fn request(
             proof,
         } => {
             let nonce_e = decode_nonce(&nonce).map_err(|reason| protocol(addr, reason))?;
-            if !verify_proof(token, ROLE_ENDPOINT, &nonce_c, &nonce_e, &proof) {
+            if !verify_proof(key, ROLE_ENDPOINT, &nonce_c, &nonce_e, &proof) {
                 return Err(CampaignError::Auth {
                     peer: addr.to_string(),
-                    reason: "endpoint's proof does not match the shared token".into(),
+                    reason: "endpoint's proof does not match the key".into(),
                 });
             }
             if let Some(expect) = expect_node {
@@ -659,8 +1059,16 @@ pub async fn request(
         }
         other => return Err(unexpected(addr, "challenge", &other)),
     };
+    ch.codec_mut().seal_with(Session::new(
+        key,
+        SESSION_PROTOCOL,
+        &nonce_c,
+        &nonce_e,
+        ROLE_COORDINATOR,
+        ROLE_ENDPOINT,
+    ));
     let msg = ControlMessage::Request {
-        proof: proof_hex(token, ROLE_COORDINATOR, &nonce_c, &nonce_e),
+        proof: proof_hex(key, ROLE_COORDINATOR, &nonce_c, &nonce_e),
         request: req.clone(),
     };
     step(io_timeout, addr, wire::send(&mut ch, &msg, addr)).await?;

@@ -311,6 +311,7 @@ mod tests {
             iterations: 1,
             allow_gpu_pods: false,
             timeout_ms: 1,
+            pair_key: None,
         };
         assert_eq!(log_name(&req, "root"), "nccl-pair-node_b-node-root.log");
         req.rails.truncate(1);

@@ -5,14 +5,23 @@
 //! (`RGCT` here, `RGRP` there). Each frame carries a JSON [`ControlMessage`] of at most
 //! [`MAX_FRAME_BYTES`].
 //!
-//! Authentication never sends the token: the coordinator and the endpoint exchange nonces and
-//! prove knowledge of the shared token with HMAC-SHA256 over both nonces and their role
-//! ([`crate::rdma::peer::channel::proof`]); proofs are checked in constant time.
+//! Authentication never sends the key: the two sides exchange nonces and prove knowledge of
+//! it with HMAC-SHA256 over both nonces and their role
+//! ([`crate::rdma::peer::channel::proof`]); proofs are checked in constant time. Version 2
+//! seals every frame after the challenge with the connection's session key
+//! ([`crate::rdma::peer::channel::Session`]): in version 1 the proof covered the nonces but
+//! not the request travelling next to it, so anyone on the path could swap the request.
+//!
+//! The key is the shared token when the coordinator speaks. When one endpoint speaks to
+//! another (the NCCL unique id of a pair test), the hello names the sending node (`from`) and
+//! the key is the pair key the coordinator gave both for that test, so a node holding the
+//! shared token cannot pose as another to its peer.
 //!
 //! ```text
-//! coordinator                         endpoint
-//!   Hello{nonce_c}                 ->
+//! coordinator (or endpoint)           endpoint
+//!   Hello{nonce_c, from?}          ->
 //!                                  <- Challenge{node, profile, nonce_e, proof_e}
+//!   (sealed from here on, both ways)
 //!   Request{proof_c, request}      ->
 //!                                  <- Response{...}
 //! ```
@@ -27,7 +36,8 @@ use crate::rdma::peer::channel::{FrameCodec, FrameError, FrameFormat};
 use crate::rdma::MemoryKind;
 
 pub const CONTROL_MAGIC: &[u8; 4] = b"RGCT";
-pub const CONTROL_VERSION: u16 = 1;
+/// 2: frames after the challenge are sealed; pair keys and node identity.
+pub const CONTROL_VERSION: u16 = 2;
 pub const MAX_FRAME_BYTES: u32 = 256 * 1024;
 /// The control channel's frames.
 pub const FORMAT: FrameFormat = FrameFormat {
@@ -38,6 +48,8 @@ pub const FORMAT: FrameFormat = FrameFormat {
 /// Roles bound into the proofs, so a proof cannot be reflected back.
 pub const ROLE_COORDINATOR: &str = "campaign-coordinator";
 pub const ROLE_ENDPOINT: &str = "campaign-endpoint";
+/// The control channel's name in its session keys.
+pub const SESSION_PROTOCOL: &str = "campaign-control";
 
 /// A rail, `hca`:`port`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -70,6 +82,10 @@ pub struct RunTestRequest {
     pub allow_gpu_pods: bool,
     /// The endpoint gives up waiting for a rail after this long.
     pub timeout_ms: u64,
+    /// The pair key (hex) this test authenticates with on the peer's side channel; without
+    /// it the endpoint proves the shared token (no node identity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pair_key: Option<String>,
 }
 
 /// Ask the endpoint to run an NCCL all-reduce pair test with `peer_node`: its own ranks
@@ -95,6 +111,10 @@ pub struct NcclTestRequest {
     #[serde(default)]
     pub allow_gpu_pods: bool,
     pub timeout_ms: u64,
+    /// The pair key (hex) the unique id travels under to the peer's endpoint; never sent
+    /// on to the peer (it has its own copy from the coordinator).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pair_key: Option<String>,
 }
 
 /// Sent by the rank-0 endpoint to its peer's: join the communicator of `unique_id` as ranks
@@ -109,6 +129,16 @@ pub struct NcclJoinRequest {
     pub first_rank: u32,
 }
 
+/// The coordinator's announcement of a pair test to its responder: accept tests from
+/// `peer_node` that prove `pair_key` (hex), for `ttl_ms`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AcceptPeerRequest {
+    pub peer_node: String,
+    pub pair_key: String,
+    pub ttl_ms: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum ControlRequest {
@@ -117,6 +147,9 @@ pub enum ControlRequest {
     RunTest(RunTestRequest),
     RunNccl(NcclTestRequest),
     JoinNccl(NcclJoinRequest),
+    /// The endpoint's proof of which node it runs on: its pod's bound service-account token.
+    Identify,
+    AcceptPeer(AcceptPeerRequest),
 }
 
 /// What NCCL's debug log of one side showed (the judgement of
@@ -223,6 +256,18 @@ pub enum ControlResponse {
         peer_node: String,
         sides: Vec<NcclSideReport>,
     },
+    /// The answer to `Identify`: the pod's service-account token for the coordinator's
+    /// TokenReview.
+    #[serde(rename_all = "camelCase")]
+    Identity {
+        node: String,
+        token: String,
+    },
+    /// The answer to `AcceptPeer`.
+    #[serde(rename_all = "camelCase")]
+    PeerAccepted {
+        peer_node: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -230,6 +275,9 @@ pub enum ControlResponse {
 pub enum ControlMessage {
     Hello {
         nonce: String,
+        /// Set when an endpoint speaks to its pair-test peer: the sending node.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<String>,
     },
     Challenge {
         node: String,
@@ -281,6 +329,10 @@ pub async fn recv<S: AsyncRead + AsyncWrite + Unpin>(
 fn frame_error(peer: &str, e: FrameError) -> CampaignError {
     let peer = peer.to_string();
     match e {
+        e @ FrameError::Mac { .. } => CampaignError::Auth {
+            peer,
+            reason: e.to_string(),
+        },
         FrameError::Closed => CampaignError::Closed { peer },
         FrameError::Io(source) => CampaignError::Io { peer, source },
         FrameError::Tag => CampaignError::Protocol {
@@ -319,6 +371,7 @@ mod tests {
                 iterations: 10,
                 allow_gpu_pods: false,
                 timeout_ms: 1000,
+                pair_key: None,
             }),
         };
         let mut buf = BytesMut::new();

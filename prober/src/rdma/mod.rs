@@ -206,6 +206,14 @@ pub enum RdmaError {
     PeerProtocol { peer: String, reason: String },
     #[error("peer {peer} refused the test: {reason}")]
     PeerRefused { peer: String, reason: String },
+    /// The side channel (not the RDMA writes) ran past its limit: the peer is saturated,
+    /// stalled or slow, which says nothing about the rail.
+    #[error("peer {peer} did not answer within {after_ms} ms during {stage}")]
+    PeerTimeout {
+        peer: String,
+        stage: &'static str,
+        after_ms: u64,
+    },
     #[error("rail {hca}:{port} is busy with another test")]
     Busy { hca: String, port: u32 },
 }
@@ -228,6 +236,7 @@ impl RdmaError {
             RdmaError::PeerAuth { .. } => "peer-auth",
             RdmaError::PeerProtocol { .. } => "peer-protocol",
             RdmaError::PeerRefused { .. } => "peer-refused",
+            RdmaError::PeerTimeout { .. } => "peer-timeout",
             RdmaError::Busy { .. } => "busy",
         }
     }

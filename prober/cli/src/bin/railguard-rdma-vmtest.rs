@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use railguard_api::profile::GpuRegistration;
-use railguard_prober::rdma::peer::{authenticate_initiator, read_message, write_message, Message};
+use railguard_prober::rdma::peer::{authenticate_initiator, Message, SideChannel};
 use railguard_prober::rdma::{
     run_write_test_initiator, run_write_test_responder, GpuMemory, MemoryKind, PeerConfig,
     PeerRdmaEngine, PeerTestRequest, RailBenchRequest, RailLocks, RdmaEngine, RdmaError,
@@ -300,19 +300,20 @@ fn serve(
 
 /// Plays a peer that crashes right after the QP exchange: the initiator's writes then have no
 /// live QP to land on and its side channel is closed.
-fn vanish(mut stream: TcpStream, cfg: &PeerConfig, engine: &VerbsEngine) -> Result<(), RdmaError> {
+fn vanish(stream: TcpStream, cfg: &PeerConfig, engine: &VerbsEngine) -> Result<(), RdmaError> {
     let peer = stream
         .peer_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    authenticate_initiator(&mut stream, cfg, &peer)?;
+    let mut ch = SideChannel::new(stream, peer.clone())?;
+    authenticate_initiator(&mut ch, cfg)?;
     let Message::TestRequest {
         hca,
         port,
         sizes,
         initiator,
         ..
-    } = read_message(&mut stream, &peer, "test request")?
+    } = ch.recv("test request", cfg.io_timeout)?
     else {
         return Err(RdmaError::PeerProtocol {
             peer,
@@ -322,15 +323,14 @@ fn vanish(mut stream: TcpStream, cfg: &PeerConfig, engine: &VerbsEngine) -> Resu
     let buffer = sizes.iter().copied().max().unwrap_or(4096);
     let mut endpoint = engine.open_endpoint(&hca, port, MemoryKind::Host, buffer)?;
     endpoint.connect(&initiator)?;
-    write_message(
-        &mut stream,
+    ch.send(
         &Message::Accept {
             responder: endpoint.info(),
         },
-        &peer,
         "accept",
+        cfg.io_timeout,
     )?;
     drop(endpoint);
-    drop(stream);
+    drop(ch);
     Ok(())
 }

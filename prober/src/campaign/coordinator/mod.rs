@@ -330,6 +330,7 @@ pub async fn run_nccl_scope(
         iterations: nccl.iterations,
         allow_gpu_pods: settings.allow_gpu_pods,
         timeout_ms: nccl.timeout.as_millis() as u64,
+        pair_key: None,
     });
     // The rank-0 endpoint waits for its ranks and for the peer's answer, one step each.
     let answer_timeout = nccl.timeout + 2 * settings.io_timeout;
@@ -395,6 +396,7 @@ async fn run_pair(
         iterations: settings.iterations,
         allow_gpu_pods: settings.allow_gpu_pods,
         timeout_ms: settings.test_timeout.as_millis() as u64,
+        pair_key: None,
     });
     let answer_timeout = settings.test_timeout + settings.io_timeout;
     let all = |report: RailReport| -> Vec<RailReport> { vec![report; settings.rails.len()] };
@@ -431,7 +433,7 @@ async fn run_pair(
                 Some(reason),
             )
         }
-        Ok(ControlResponse::Status { .. } | ControlResponse::NcclResult { .. }) => {
+        Ok(_) => {
             let reason = format!("endpoint of {} answered a test with something else", a.name);
             (
                 all(RailReport::Inconclusive {
@@ -440,8 +442,10 @@ async fn run_pair(
                 Some(reason),
             )
         }
-        // The node cannot be reached or hangs: that is evidence against it, as a dead node is.
-        Err(e @ (CampaignError::Unreachable { .. } | CampaignError::Timeout { .. })) => {
+        // The node cannot be reached: that is evidence against it, as a dead node is. One
+        // that accepted the connection and then ran out of time (saturated, or its test
+        // starved) is not: that is the Inconclusive arm below.
+        Err(e @ CampaignError::Unreachable { .. }) => {
             let reason = format!("node {}: {e}", a.name);
             (
                 all(RailReport::Failed {
@@ -451,7 +455,13 @@ async fn run_pair(
             )
         }
         Err(e) => {
-            let reason = format!("node {}: {e}", a.name);
+            let reason = match &e {
+                CampaignError::Timeout { .. } | CampaignError::Closed { .. } => format!(
+                    "node {}: {e} (its endpoint may be saturated; no evidence against its rails)",
+                    a.name
+                ),
+                _ => format!("node {}: {e}", a.name),
+            };
             (
                 all(RailReport::Inconclusive {
                     reason: reason.clone(),

@@ -6,10 +6,17 @@
 //! maximum. The tag comes first so both protocols can share one TCP port: the endpoint peeks
 //! at it to pick the protocol.
 //!
-//! Authentication never sends the shared token: each side sends a random nonce and proves
-//! knowledge of the token with an HMAC-SHA256 over both nonces and its role, so a proof can be
+//! Authentication never sends the secret: each side sends a random nonce and proves
+//! knowledge of the secret with an HMAC-SHA256 over both nonces and its role, so a proof can be
 //! neither replayed (fresh nonces) nor reflected (the role). Proofs are checked with
 //! [`Mac::verify_slice`], in constant time. Nonces and proofs travel as lowercase hex.
+//!
+//! The channel is plaintext, so proving the secret once is not enough: whatever follows the
+//! proofs could be rewritten in flight. Version 2 therefore seals every frame after the two
+//! opening ones ([`Session`]): a session key derived from the secret, both nonces and the
+//! protocol, and an HMAC per frame over the sender's role, a sequence number and the payload.
+//! A frame altered, replayed, reordered, reflected or carried over from another connection
+//! fails its check ([`FrameError::Mac`]) and ends the connection.
 
 use std::io::{ErrorKind, Read, Write};
 use std::marker::PhantomData;
@@ -32,7 +39,11 @@ pub const HEAD_BYTES: usize = PREFIX_BYTES + LENGTH_BYTES;
 /// Shortest nonce accepted from a peer.
 pub const MIN_NONCE_BYTES: usize = 16;
 /// Domain separation of the proofs (both protocols; their roles differ).
-const PROOF_CONTEXT: &str = "railguard-peer-v1";
+const PROOF_CONTEXT: &str = "railguard-peer-v2";
+/// Domain separation of the session keys.
+const SESSION_CONTEXT: &str = "railguard-peer-v2 session";
+/// Bytes of the HMAC that ends a sealed frame's payload.
+pub const MAC_BYTES: usize = 32;
 
 /// What one protocol's frames look like.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +67,8 @@ pub enum FrameError {
     Malformed { source: serde_json::Error },
     #[error("cannot encode message: {source}")]
     Encode { source: serde_json::Error },
+    #[error("frame {seq} failed its integrity check (altered, replayed, reordered or reflected); connection closed")]
+    Mac { seq: u64 },
     #[error("connection closed")]
     Closed,
     #[error("i/o failed")]
@@ -71,14 +84,116 @@ impl From<std::io::Error> for FrameError {
     }
 }
 
+/// The keys of one authenticated connection, from one side's point of view: frames it sends
+/// are sealed under its own role, frames it receives must be sealed under the peer's, each
+/// direction numbered from 0.
+pub struct Session {
+    key: [u8; 32],
+    send_role: &'static str,
+    recv_role: &'static str,
+    send_seq: u64,
+    recv_seq: u64,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("key", &"<redacted>")
+            .field("send_role", &self.send_role)
+            .field("recv_role", &self.recv_role)
+            .field("send_seq", &self.send_seq)
+            .field("recv_seq", &self.recv_seq)
+            .finish()
+    }
+}
+
+impl Session {
+    /// The session of a connection authenticated with `secret` and the nonces (the
+    /// initiating side's first), for `protocol`, seen by the side playing `own_role`.
+    pub fn new(
+        secret: &[u8],
+        protocol: &str,
+        nonce_a: &[u8],
+        nonce_b: &[u8],
+        own_role: &'static str,
+        peer_role: &'static str,
+    ) -> Self {
+        let mut key = [0u8; 32];
+        if let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(secret) {
+            for part in [
+                SESSION_CONTEXT.as_bytes(),
+                b"\0",
+                protocol.as_bytes(),
+                b"\0",
+                nonce_a,
+                nonce_b,
+            ] {
+                mac.update(part);
+            }
+            key.copy_from_slice(&mac.finalize().into_bytes());
+        }
+        Session {
+            key,
+            send_role: own_role,
+            recv_role: peer_role,
+            send_seq: 0,
+            recv_seq: 0,
+        }
+    }
+
+    fn frame_mac(
+        &self,
+        format: &FrameFormat,
+        role: &str,
+        seq: u64,
+        payload: &[u8],
+    ) -> Option<Hmac<Sha256>> {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.key).ok()?;
+        mac.update(&format.tag);
+        mac.update(&format.version.to_be_bytes());
+        mac.update(role.as_bytes());
+        mac.update(b"\0");
+        mac.update(&seq.to_be_bytes());
+        mac.update(payload);
+        Some(mac)
+    }
+
+    /// The tag that ends the next frame sent.
+    fn seal(&mut self, format: &FrameFormat, payload: &[u8]) -> Vec<u8> {
+        let seq = self.send_seq;
+        self.send_seq += 1;
+        self.frame_mac(format, self.send_role, seq, payload)
+            .map(|m| m.finalize().into_bytes().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// Checks the next frame received; its payload without the tag.
+    fn open<'a>(&mut self, format: &FrameFormat, sealed: &'a [u8]) -> Result<&'a [u8], FrameError> {
+        let seq = self.recv_seq;
+        let split = sealed
+            .len()
+            .checked_sub(MAC_BYTES)
+            .ok_or(FrameError::Mac { seq })?;
+        let (payload, tag) = sealed.split_at(split);
+        let mac = self
+            .frame_mac(format, self.recv_role, seq, payload)
+            .ok_or(FrameError::Mac { seq })?;
+        mac.verify_slice(tag).map_err(|_| FrameError::Mac { seq })?;
+        self.recv_seq += 1;
+        Ok(payload)
+    }
+}
+
 /// Frames of JSON messages `M` in a [`FrameFormat`]: a [`Decoder`] and [`Encoder`] for
-/// `tokio_util::codec::Framed`, and a blocking reader and writer for `std::net` code.
+/// `tokio_util::codec::Framed`, and a blocking reader and writer for `std::net` code. Frames
+/// are plain until [`FrameCodec::seal_with`] starts a [`Session`].
 #[derive(Debug)]
 pub struct FrameCodec<M> {
     format: FrameFormat,
     lengths: LengthDelimitedCodec,
     /// The length codec has taken this frame's head and waits for its payload.
     in_payload: bool,
+    session: Option<Session>,
     message: PhantomData<fn() -> M>,
 }
 
@@ -93,8 +208,18 @@ impl<M> FrameCodec<M> {
             format,
             lengths,
             in_payload: false,
+            session: None,
             message: PhantomData,
         }
+    }
+
+    /// Seals every frame from now on, both ways.
+    pub fn seal_with(&mut self, session: Session) {
+        self.session = Some(session);
+    }
+
+    pub fn is_sealed(&self) -> bool {
+        self.session.is_some()
     }
 
     /// Checks the tag and version as soon as they arrive, before waiting for the payload.
@@ -166,7 +291,11 @@ impl<M: DeserializeOwned> Decoder for FrameCodec<M> {
         match self.lengths.decode(src) {
             Ok(Some(payload)) => {
                 self.in_payload = false;
-                serde_json::from_slice(&payload)
+                let payload = match &mut self.session {
+                    Some(session) => session.open(&self.format, &payload)?,
+                    None => &payload[..],
+                };
+                serde_json::from_slice(payload)
                     .map(Some)
                     .map_err(|source| FrameError::Malformed { source })
             }
@@ -189,7 +318,17 @@ impl<M: Serialize> Encoder<&M> for FrameCodec<M> {
     type Error = FrameError;
 
     fn encode(&mut self, msg: &M, dst: &mut BytesMut) -> Result<(), FrameError> {
-        let payload = serde_json::to_vec(msg).map_err(|source| FrameError::Encode { source })?;
+        let mut payload =
+            serde_json::to_vec(msg).map_err(|source| FrameError::Encode { source })?;
+        if let Some(session) = &mut self.session {
+            if payload.len() + MAC_BYTES > self.format.max_payload_bytes {
+                return Err(FrameError::TooLarge {
+                    max: self.format.max_payload_bytes,
+                });
+            }
+            let tag = session.seal(&self.format, &payload);
+            payload.extend_from_slice(&tag);
+        }
         dst.reserve(HEAD_BYTES + payload.len());
         dst.put_slice(&self.format.tag);
         dst.put_u16(self.format.version);
@@ -358,6 +497,101 @@ mod tests {
         assert!(!verify_proof(b"another-token-xx", "a", b"n1", b"n2", &p));
         assert!(!verify_proof(t, "a", b"n1", b"n2", "not hex"));
         assert!(!verify_proof(t, "a", b"n1", b"n2", &p[..62]), "truncated");
+    }
+
+    /// A sealed pair of codecs, as both ends of one connection see it.
+    fn sealed_pair() -> (FrameCodec<Note>, FrameCodec<Note>) {
+        let (mut a, mut b) = (FrameCodec::new(FORMAT), FrameCodec::new(FORMAT));
+        let s = |own, peer| Session::new(b"0123456789abcdef", "test", b"n1", b"n2", own, peer);
+        a.seal_with(s("a", "b"));
+        b.seal_with(s("b", "a"));
+        (a, b)
+    }
+
+    fn sealed(codec: &mut FrameCodec<Note>, text: &str) -> BytesMut {
+        let mut buf = BytesMut::new();
+        codec.encode(&Note { text: text.into() }, &mut buf).unwrap();
+        buf
+    }
+
+    #[test]
+    fn sealed_frames_round_trip_and_anything_else_fails_the_check() {
+        let (mut a, mut b) = sealed_pair();
+        let one = sealed(&mut a, "one");
+        let two = sealed(&mut a, "two");
+        assert_eq!(b.decode(&mut one.clone()).unwrap().unwrap().text, "one");
+        assert_eq!(b.decode(&mut two.clone()).unwrap().unwrap().text, "two");
+        let e = b.decode(&mut two.clone()).unwrap_err();
+        assert!(matches!(e, FrameError::Mac { seq: 2 }), "replay: {e}");
+        assert!(e.to_string().contains("integrity check"), "{e}");
+
+        let (mut a, mut b) = sealed_pair();
+        let _skipped = sealed(&mut a, "one");
+        let two = sealed(&mut a, "two");
+        assert!(
+            matches!(b.decode(&mut two.clone()), Err(FrameError::Mac { seq: 0 })),
+            "reorder"
+        );
+
+        let (mut a, mut b) = sealed_pair();
+        let mut flipped = sealed(&mut a, "one");
+        flipped[HEAD_BYTES + 2] ^= 0x20;
+        assert!(
+            matches!(b.decode(&mut flipped), Err(FrameError::Mac { .. })),
+            "altered"
+        );
+
+        let (mut a, _) = sealed_pair();
+        let own = sealed(&mut a, "one");
+        let (mut a2, _) = sealed_pair();
+        assert!(
+            matches!(a2.decode(&mut own.clone()), Err(FrameError::Mac { .. })),
+            "reflected back to its sender"
+        );
+
+        let (_, mut b) = sealed_pair();
+        let plain = frame("one");
+        assert!(
+            matches!(
+                b.decode(&mut BytesMut::from(&plain[..])),
+                Err(FrameError::Mac { .. })
+            ),
+            "a plain frame where a sealed one is due"
+        );
+        let mut other = FrameCodec::<Note>::new(FORMAT);
+        other.seal_with(Session::new(
+            b"another-key-of-16",
+            "test",
+            b"n1",
+            b"n2",
+            "a",
+            "b",
+        ));
+        let (_, mut b) = sealed_pair();
+        assert!(
+            matches!(
+                b.decode(&mut sealed(&mut other, "x")),
+                Err(FrameError::Mac { .. })
+            ),
+            "other key"
+        );
+        let mut other = FrameCodec::<Note>::new(FORMAT);
+        other.seal_with(Session::new(
+            b"0123456789abcdef",
+            "test",
+            b"n1",
+            b"n3",
+            "a",
+            "b",
+        ));
+        let (_, mut b) = sealed_pair();
+        assert!(
+            matches!(
+                b.decode(&mut sealed(&mut other, "x")),
+                Err(FrameError::Mac { .. })
+            ),
+            "other connection"
+        );
     }
 
     #[test]

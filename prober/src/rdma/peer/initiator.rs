@@ -6,7 +6,8 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use super::auth::authenticate_responder;
-use super::wire::{check_gid, protocol, recv, send, set_timeout, unexpected, Message};
+use super::conn::SideChannel;
+use super::wire::{check_gid, protocol, unexpected, Message};
 use super::{PeerConfig, PeerTestOutcome, PeerTestRequest, RailLocks};
 use crate::rdma::{PeerRdmaEngine, QpInfo, RailBenchResult, RdmaError};
 
@@ -22,16 +23,16 @@ pub fn run_write_test_initiator(
     req.as_bench(req.local_memory).validate()?;
     let _rail = locks.try_acquire(&req.hca, req.port)?;
     let addr = resolve(peer)?;
-    let mut stream = TcpStream::connect_timeout(&addr, cfg.io_timeout).map_err(|source| {
+    let stream = TcpStream::connect_timeout(&addr, cfg.io_timeout).map_err(|source| {
         RdmaError::PeerUnreachable {
             peer: peer.to_string(),
             source,
         }
     })?;
-    set_timeout(&stream, peer, cfg.io_timeout)?;
-    let _ = stream.set_nodelay(true);
+    let mut ch = SideChannel::new(stream, peer)?;
+    let t = cfg.io_timeout;
 
-    let peer_node = authenticate_responder(&mut stream, cfg, peer)?.node;
+    let peer_node = authenticate_responder(&mut ch, cfg, cfg.own_key(), t)?.node;
     if let Some(expect) = &req.expect_node {
         if expect != &peer_node {
             return Err(protocol(
@@ -44,8 +45,7 @@ pub fn run_write_test_initiator(
     // Resources, then the QP exchange.
     let buffer = req.sizes.iter().copied().max().unwrap_or(0);
     let mut endpoint = engine.open_endpoint(&req.hca, req.port, req.local_memory, buffer)?;
-    send(
-        &mut stream,
+    ch.send(
         &Message::TestRequest {
             hca: req.hca.clone(),
             port: req.port,
@@ -54,10 +54,10 @@ pub fn run_write_test_initiator(
             iterations: req.iterations,
             initiator: endpoint.info(),
         },
-        peer,
         "test request",
+        t,
     )?;
-    let remote = match recv(&mut stream, peer, "accept")? {
+    let remote = match ch.recv("accept", t)? {
         Message::Accept { responder } => responder,
         Message::Refuse { reason } => {
             return Err(RdmaError::PeerRefused {
@@ -72,17 +72,16 @@ pub fn run_write_test_initiator(
 
     let sweep = endpoint
         .write_sweep(&remote, &req.sizes, req.iterations)
-        .map_err(|e| explain_sweep_error(&mut stream, peer, e));
+        .map_err(|e| explain_sweep_error(ch.stream(), peer, e));
     let (ok, note) = match &sweep {
         Ok(_) => (true, String::new()),
         Err(e) => (false, e.to_string()),
     };
     // The peer learns the outcome either way; if it is gone, the sweep error matters more.
-    let done = send(&mut stream, &Message::Done { ok, note }, peer, "done");
+    let done = ch.send(&Message::Done { ok, note }, "done", t);
     let points = sweep?;
     done?;
-    set_timeout(&stream, peer, cfg.io_timeout)?;
-    match recv(&mut stream, peer, "bye")? {
+    match ch.recv("bye", t)? {
         Message::Bye => {}
         other => return Err(unexpected(peer, "bye", &other)),
     }
@@ -97,7 +96,7 @@ pub fn run_write_test_initiator(
 
 /// A sweep that times out or ends in an error completion often means the peer process died:
 /// if its side channel is closed too, say so instead of reporting the symptom.
-fn explain_sweep_error(stream: &mut TcpStream, peer: &str, err: RdmaError) -> RdmaError {
+fn explain_sweep_error(mut stream: &TcpStream, peer: &str, err: RdmaError) -> RdmaError {
     if !matches!(
         err,
         RdmaError::Timeout { .. } | RdmaError::WorkCompletion { .. }

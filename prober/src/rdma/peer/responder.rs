@@ -4,15 +4,15 @@
 use std::net::TcpStream;
 
 use super::auth::{authenticate_initiator, AuthenticatedPeer};
-use super::wire::{check_gid, io_error, recv, send, set_timeout, unexpected, Message};
+use super::conn::SideChannel;
+use super::wire::{check_gid, unexpected, Message};
 use super::{PeerConfig, RailLocks, ServedStatus, ServedTest};
 use crate::rdma::{PeerRdmaEngine, RailBenchRequest, RdmaError};
 
-/// Serves one accepted side-channel connection: authenticates the initiator, checks the
-/// request against this node (profile, HCA, busy rail), opens and connects the target QP and
-/// buffer, and keeps them alive until the initiator reports `Done` (or `test_timeout`).
+/// Serves one accepted side-channel connection: authenticates the initiator (within
+/// `cfg.handshake_timeout`), then [`serve_authenticated`].
 pub fn run_write_test_responder(
-    mut stream: TcpStream,
+    stream: TcpStream,
     cfg: &PeerConfig,
     engine: &dyn PeerRdmaEngine,
     locks: &RailLocks,
@@ -21,31 +21,40 @@ pub fn run_write_test_responder(
         .peer_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "unknown".into());
-    let peer = peer.as_str();
-    set_timeout(&stream, peer, cfg.io_timeout)?;
-    // A stream handed over from an async runtime may still be non-blocking.
-    stream
-        .set_nonblocking(false)
-        .map_err(|e| io_error(peer, "socket setup", e))?;
-    let _ = stream.set_nodelay(true);
+    let mut ch = SideChannel::new(stream, peer)?;
+    let initiator = authenticate_initiator(&mut ch, cfg)?;
+    serve_authenticated(ch, initiator, cfg, engine, locks)
+}
 
+/// Serves an authenticated initiator: checks the request against this node (profile, HCA,
+/// busy rail), opens and connects the target QP and buffer, and keeps them alive until the
+/// initiator reports `Done` (or `test_timeout`).
+pub fn serve_authenticated(
+    mut ch: SideChannel,
+    initiator: AuthenticatedPeer,
+    cfg: &PeerConfig,
+    engine: &dyn PeerRdmaEngine,
+    locks: &RailLocks,
+) -> Result<ServedTest, RdmaError> {
+    let peer = ch.peer().to_string();
+    let peer = peer.as_str();
+    let t = cfg.io_timeout;
     let AuthenticatedPeer {
         node: peer_node,
         profile: peer_profile,
-    } = authenticate_initiator(&mut stream, cfg, peer)?;
+    } = initiator;
 
-    let (hca, port, memory, sizes, iterations, initiator) =
-        match recv(&mut stream, peer, "test request")? {
-            Message::TestRequest {
-                hca,
-                port,
-                memory,
-                sizes,
-                iterations,
-                initiator,
-            } => (hca, port, memory, sizes, iterations, initiator),
-            other => return Err(unexpected(peer, "test request", &other)),
-        };
+    let (hca, port, memory, sizes, iterations, initiator) = match ch.recv("test request", t)? {
+        Message::TestRequest {
+            hca,
+            port,
+            memory,
+            sizes,
+            iterations,
+            initiator,
+        } => (hca, port, memory, sizes, iterations, initiator),
+        other => return Err(unexpected(peer, "test request", &other)),
+    };
     let served = |status| ServedTest {
         peer_node: peer_node.clone(),
         hca: hca.clone(),
@@ -53,13 +62,12 @@ pub fn run_write_test_responder(
         status,
     };
     let mut refuse = |reason: String| -> Result<ServedTest, RdmaError> {
-        send(
-            &mut stream,
+        ch.send(
             &Message::Refuse {
                 reason: reason.clone(),
             },
-            peer,
             "refuse",
+            t,
         )?;
         Ok(served(ServedStatus::Refused { reason }))
     };
@@ -100,24 +108,21 @@ pub fn run_write_test_responder(
     if let Err(e) = endpoint.connect(&initiator) {
         return refuse(e.to_string());
     }
-    send(
-        &mut stream,
+    ch.send(
         &Message::Accept {
             responder: endpoint.info(),
         },
-        peer,
         "accept",
+        t,
     )?;
 
     // The initiator writes into our buffer now; we only keep it registered until Done.
-    set_timeout(&stream, peer, cfg.test_timeout)?;
-    let status = match recv(&mut stream, peer, "done")? {
+    let status = match ch.recv("done", cfg.test_timeout)? {
         Message::Done { ok: true, .. } => ServedStatus::Completed,
         Message::Done { ok: false, note } => ServedStatus::InitiatorFailed { note },
         other => return Err(unexpected(peer, "done", &other)),
     };
-    set_timeout(&stream, peer, cfg.io_timeout)?;
-    send(&mut stream, &Message::Bye, peer, "bye")?;
+    ch.send(&Message::Bye, "bye", t)?;
     drop(endpoint);
     Ok(served(status))
 }

@@ -2,8 +2,6 @@
 //! [`MAGIC`], and the mapping of framing and socket errors to [`RdmaError`].
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio_util::bytes::BytesMut;
@@ -13,7 +11,8 @@ use super::channel::{FrameCodec, FrameError, FrameFormat};
 use crate::rdma::{MemoryKind, QpInfo, RdmaError};
 
 pub const MAGIC: &[u8; 4] = b"RGRP";
-pub const PROTOCOL_VERSION: u16 = 1;
+/// 2: every frame after hello and challenge is sealed ([`channel::Session`](super::channel::Session)).
+pub const PROTOCOL_VERSION: u16 = 2;
 pub const MAX_FRAME_BYTES: u32 = 64 * 1024;
 
 /// The side channel's frames.
@@ -68,7 +67,7 @@ pub enum Message {
 }
 
 impl Message {
-    fn kind(&self) -> &'static str {
+    pub fn kind(&self) -> &'static str {
         match self {
             Message::Hello { .. } => "hello",
             Message::Challenge { .. } => "challenge",
@@ -94,7 +93,8 @@ pub fn encode_frame(msg: &Message) -> Result<Vec<u8>, RdmaError> {
     Ok(frame.to_vec())
 }
 
-/// Decodes one frame from `r`, reading no further. `peer` and `stage` only label errors.
+/// Decodes one plain frame from `r`, reading no further. `peer` and `stage` only label
+/// errors.
 pub fn read_message(
     r: &mut impl Read,
     peer: &str,
@@ -102,16 +102,10 @@ pub fn read_message(
 ) -> Result<Message, RdmaError> {
     FrameCodec::new(FORMAT)
         .read_blocking(r)
-        .map_err(|e| match e {
-            FrameError::Tag => protocol(peer, "not a railguard peer (bad frame magic)".into()),
-            FrameError::Malformed { source } => {
-                protocol(peer, format!("malformed message during {stage}: {source}"))
-            }
-            e => frame_error(peer, stage, e),
-        })
+        .map_err(|e| read_error(peer, stage, e))
 }
 
-/// Writes one frame to `w`.
+/// Writes one plain frame to `w`.
 pub fn write_message(
     w: &mut impl Write,
     msg: &Message,
@@ -120,61 +114,45 @@ pub fn write_message(
 ) -> Result<(), RdmaError> {
     FrameCodec::new(FORMAT)
         .write_blocking(w, msg)
-        .map_err(|e| match e {
-            e @ (FrameError::TooLarge { .. } | FrameError::Encode { .. }) => {
-                RdmaError::InvalidRequest {
-                    reason: format!("cannot send side-channel message: {e}"),
-                }
-            }
-            e => frame_error(peer, stage, e),
-        })
+        .map_err(|e| write_error(peer, stage, e))
 }
 
-fn frame_error(peer: &str, stage: &'static str, e: FrameError) -> RdmaError {
+/// A frame that could not be read, as an [`RdmaError`].
+pub fn read_error(peer: &str, stage: &'static str, e: FrameError) -> RdmaError {
+    match e {
+        FrameError::Tag => protocol(peer, "not a railguard peer (bad frame magic)".into()),
+        FrameError::Malformed { source } => {
+            protocol(peer, format!("malformed message during {stage}: {source}"))
+        }
+        e => frame_error(peer, stage, e),
+    }
+}
+
+/// A frame that could not be written, as an [`RdmaError`].
+pub fn write_error(peer: &str, stage: &'static str, e: FrameError) -> RdmaError {
+    match e {
+        e @ (FrameError::TooLarge { .. } | FrameError::Encode { .. }) => {
+            RdmaError::InvalidRequest {
+                reason: format!("cannot send side-channel message: {e}"),
+            }
+        }
+        e => frame_error(peer, stage, e),
+    }
+}
+
+pub(super) fn frame_error(peer: &str, stage: &'static str, e: FrameError) -> RdmaError {
     match e {
         FrameError::Closed => RdmaError::PeerGone {
             peer: peer.to_string(),
             stage,
         },
         FrameError::Io(e) => io_error(peer, stage, e),
+        e @ FrameError::Mac { .. } => RdmaError::PeerAuth {
+            peer: peer.to_string(),
+            reason: format!("during {stage}: {e}"),
+        },
         e => protocol(peer, e.to_string()),
     }
-}
-
-/// `read_message` on a socket, with its read timeout in a timeout error.
-pub(super) fn recv(
-    stream: &mut TcpStream,
-    peer: &str,
-    stage: &'static str,
-) -> Result<Message, RdmaError> {
-    read_message(stream, peer, stage).map_err(|e| with_timeout(e, stream.read_timeout()))
-}
-
-/// `write_message` on a socket, with its write timeout in a timeout error.
-pub(super) fn send(
-    stream: &mut TcpStream,
-    msg: &Message,
-    peer: &str,
-    stage: &'static str,
-) -> Result<(), RdmaError> {
-    write_message(stream, msg, peer, stage).map_err(|e| with_timeout(e, stream.write_timeout()))
-}
-
-fn with_timeout(e: RdmaError, limit: std::io::Result<Option<Duration>>) -> RdmaError {
-    match (e, limit) {
-        (RdmaError::Timeout { op, after_ms: 0 }, Ok(Some(limit))) => RdmaError::Timeout {
-            op,
-            after_ms: limit.as_millis() as u64,
-        },
-        (e, _) => e,
-    }
-}
-
-pub(super) fn set_timeout(stream: &TcpStream, peer: &str, t: Duration) -> Result<(), RdmaError> {
-    stream
-        .set_read_timeout(Some(t))
-        .and_then(|()| stream.set_write_timeout(Some(t)))
-        .map_err(|e| io_error(peer, "socket setup", e))
 }
 
 pub(super) fn io_error(peer: &str, stage: &'static str, e: std::io::Error) -> RdmaError {
@@ -186,8 +164,9 @@ pub(super) fn io_error(peer: &str, stage: &'static str, e: std::io::Error) -> Rd
             peer: peer.to_string(),
             stage,
         },
-        ErrorKind::WouldBlock | ErrorKind::TimedOut => RdmaError::Timeout {
-            op: format!("{stage} with peer {peer}"),
+        ErrorKind::WouldBlock | ErrorKind::TimedOut => RdmaError::PeerTimeout {
+            peer: peer.to_string(),
+            stage,
             after_ms: 0,
         },
         _ => RdmaError::PeerIo {
@@ -247,12 +226,13 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("bad frame magic"));
-        let mut v2 = frame.clone();
-        v2[5] = 2;
-        assert!(read_message(&mut &v2[..], "p", "t")
+        // Version 1 (before sealed frames) is refused with a clear error.
+        let mut v1 = frame.clone();
+        v1[5] = 1;
+        assert!(read_message(&mut &v1[..], "p", "t")
             .unwrap_err()
             .to_string()
-            .contains("version 2"));
+            .contains("protocol version 1, this prober speaks 2"));
         let mut huge = frame.clone();
         huge[HEAD_BYTES - 4..HEAD_BYTES].copy_from_slice(&(MAX_FRAME_BYTES + 1).to_be_bytes());
         assert!(read_message(&mut &huge[..], "p", "t")

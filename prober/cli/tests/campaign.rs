@@ -3,13 +3,14 @@
 //! coordinator's library entry point. The Kubernetes side is in tests/tests/campaign_e2e.rs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+#[path = "common/endpoints.rs"]
+mod endpoints;
 
-use railguard_api::FabricProfile;
+use std::net::{TcpListener, TcpStream};
+use std::thread;
+use std::time::Duration;
+
+use endpoints::*;
 use railguard_prober::campaign::coordinator::{
     run_campaign, CampaignNode, CampaignReport, CampaignSettings,
 };
@@ -18,85 +19,7 @@ use railguard_prober::campaign::wire::{ControlRequest, ControlResponse};
 use railguard_prober::rdma::peer::{authenticate_initiator, Message, SideChannel};
 use railguard_prober::rdma::{MemoryKind, PeerConfig, PeerRdmaEngine};
 
-const TOKEN: &str = "campaign-test-token-0123456789";
 const T: Duration = Duration::from_secs(5);
-
-fn root() -> PathBuf {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).to_path_buf()
-}
-
-fn profile() -> FabricProfile {
-    let text =
-        std::fs::read_to_string(root().join("../api/fixtures/profiles/dgx-h100-ndr.yaml")).unwrap();
-    railguard_api::profiles_from_yaml(&text).unwrap().remove(0)
-}
-
-/// A loopback address and a port free on it right now.
-fn addr(i: u8) -> String {
-    let ip = format!("127.0.0.{}", 10 + i);
-    let l = TcpListener::bind(format!("{ip}:0")).unwrap();
-    let port = l.local_addr().unwrap().port();
-    format!("{ip}:{port}")
-}
-
-struct Endpoint {
-    child: Child,
-}
-
-impl Drop for Endpoint {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-struct Spec<'a> {
-    node: &'a str,
-    profile: &'a str,
-    model: &'a str,
-    token: &'a str,
-    extra: Vec<String>,
-}
-
-fn spec(node: &str) -> Spec<'_> {
-    Spec {
-        node,
-        profile: "h100-ndr",
-        model: "dgx-h100.yaml",
-        token: TOKEN,
-        extra: vec![],
-    }
-}
-
-fn start(dir: &Path, s: &Spec<'_>, listen: &str) -> Endpoint {
-    let token_file = dir.join(format!("{}.token", s.node));
-    std::fs::write(&token_file, format!("{}\n", s.token)).unwrap();
-    let log = std::fs::File::create(dir.join(format!("{}.log", s.node))).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_railguard-prober"))
-        .arg("peer-endpoint")
-        .args(["--node", s.node, "--profile", s.profile, "--listen", listen])
-        .arg("--token-file")
-        .arg(&token_file)
-        .arg("--sim")
-        .arg(root().join("models").join(s.model))
-        .args(&s.extra)
-        .env_remove("KUBECONFIG")
-        .env("RAILGUARD_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    while TcpStream::connect(listen).is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "endpoint {} did not start",
-            s.node
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
-    Endpoint { child }
-}
 
 fn settings() -> CampaignSettings {
     let mut s = CampaignSettings::from_profile(&profile(), TOKEN.as_bytes()).unwrap();

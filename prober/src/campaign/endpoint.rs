@@ -250,7 +250,7 @@ pub async fn serve(
             Err(why) => {
                 let n = cfg.stats.rejected.fetch_add(1, Ordering::Relaxed) + 1;
                 // One line per hundred: a flood must not flood the log too.
-                if n == 1 || n % 100 == 0 {
+                if n == 1 || n.is_multiple_of(100) {
                     warn!(peer = %addr, reason = why, rejected = n, "connection closed at once");
                 }
                 drop(stream);

@@ -19,6 +19,10 @@ use tracing::{info, warn};
 
 use railguard_prober::campaign::coordinator::{run_campaign_with, CampaignNode, CampaignSettings};
 use railguard_prober::campaign::endpoint::{serve, ConnectionLimits, EndpointConfig};
+use railguard_prober::campaign::identity::{
+    CoordinatorCheck, CoordinatorIdentity, EndpointIdentityCheck, ServiceAccountRef,
+    DEFAULT_AUDIENCE,
+};
 use railguard_prober::campaign::kube::{
     collect_launcher_log, endpoint_of, profile_nodes, write_findings, GpuPodSource, LeaderLease,
 };
@@ -114,17 +118,37 @@ pub struct PeerEndpointArgs {
     pub io_timeout_secs: u64,
     /// Limit for a whole incoming handshake (accept to authenticated), seconds: a client
     /// trickling bytes cannot hold a connection longer.
-    #[arg(long, env = "RAILGUARD_PEER_HANDSHAKE_TIMEOUT_SECONDS", default_value_t = 5)]
+    #[arg(
+        long,
+        env = "RAILGUARD_PEER_HANDSHAKE_TIMEOUT_SECONDS",
+        default_value_t = 5
+    )]
     pub peer_handshake_timeout_seconds: u64,
     /// Most unauthenticated connections at once; more are closed at once.
     #[arg(long, env = "RAILGUARD_PEER_MAX_HANDSHAKES", default_value_t = 128)]
     pub peer_max_handshakes: usize,
     /// Most unauthenticated connections at once from one source address.
-    #[arg(long, env = "RAILGUARD_PEER_MAX_HANDSHAKES_PER_SOURCE", default_value_t = 32)]
+    #[arg(
+        long,
+        env = "RAILGUARD_PEER_MAX_HANDSHAKES_PER_SOURCE",
+        default_value_t = 32
+    )]
     pub peer_max_handshakes_per_source: usize,
     /// Most connections at once, authenticated or not; more are closed at once.
     #[arg(long, env = "RAILGUARD_PEER_MAX_CONNECTIONS", default_value_t = 512)]
     pub peer_max_connections: usize,
+    /// The campaign coordinator's service account, NAMESPACE/NAME. Set, the endpoint runs in
+    /// coordinator mode: it takes requests only with that account's token for the
+    /// connection (TokenReview; needs cluster access), and peers authenticate with the pair
+    /// key the coordinator gives both sides of a test, so a node can only speak for itself.
+    /// Unset, any holder of the shared token can speak for any node: only for setups
+    /// without a coordinator (manual runs, the Soft-RoCE VM test).
+    #[arg(long, env = "RAILGUARD_COORDINATOR_SERVICE_ACCOUNT")]
+    pub coordinator_service_account: Option<String>,
+    /// This pod's projected service-account token (audience `railguard-campaign`), which
+    /// proves to the coordinator which node the endpoint runs on.
+    #[arg(long, env = "RAILGUARD_IDENTITY_TOKEN_FILE", value_hint = ValueHint::FilePath)]
+    pub identity_token_file: Option<PathBuf>,
     /// The CUDA driver library of NCCL pair tests (default: libcuda.so.1 where dlopen finds it).
     #[arg(long, env = "RAILGUARD_CUDA_LIBRARY", value_hint = ValueHint::FilePath)]
     pub cuda_library: Option<PathBuf>,
@@ -170,6 +194,21 @@ impl PeerEndpointArgs {
             }
         };
         let in_cluster = std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+        let coordinator = self
+            .coordinator_service_account
+            .as_deref()
+            .map(ServiceAccountRef::parse)
+            .transpose()
+            .context("--coordinator-service-account")?;
+        let coordinator_check = match coordinator {
+            Some(coordinator) => Some(CoordinatorCheck {
+                client: kube_client(self.kubeconfig.as_ref())
+                    .await
+                    .context("checking the coordinator's token needs cluster access")?,
+                coordinator,
+            }),
+            None => None,
+        };
         let gpu_pods = if model_source.is_some() && self.kubeconfig.is_none() && !in_cluster {
             // A simulated node outside a cluster has no pods to protect.
             warn!("simulated node without --kubeconfig: GPU pods are not checked");
@@ -196,6 +235,10 @@ impl PeerEndpointArgs {
             max_handshakes_per_source: self.peer_max_handshakes_per_source.max(1),
             max_connections: self.peer_max_connections.max(1),
         };
+        cfg.identity_token_file = self.identity_token_file.clone();
+        if let Some(check) = coordinator_check {
+            cfg = cfg.with_coordinator_check(check);
+        }
         cfg.nccl = Some(NcclRunner {
             exe: std::env::current_exe()
                 .context("the NCCL pair tests run this executable's nccl-ranks")?,
@@ -255,6 +298,23 @@ pub struct CampaignArgs {
     /// Port of the nodes' peer endpoints, when only their InternalIP is known.
     #[arg(long, env = "RAILGUARD_PEER_PORT", default_value_t = DEFAULT_PEER_PORT)]
     pub peer_port: u16,
+    /// This coordinator's service account, NAMESPACE/NAME: it proves itself to endpoints in
+    /// coordinator mode with a token of it per connection (TokenRequest), and gives every
+    /// two-node test a fresh pair key. Unset: the shared token alone.
+    #[arg(long, env = "RAILGUARD_COORDINATOR_SERVICE_ACCOUNT")]
+    pub coordinator_service_account: Option<String>,
+    /// The prober pods' service account, NAMESPACE/NAME: each endpoint must prove with its
+    /// pod's token (TokenReview) that it runs on the node it claims; nodes that cannot are
+    /// left out. Needs --coordinator-service-account.
+    #[arg(
+        long,
+        env = "RAILGUARD_ENDPOINT_SERVICE_ACCOUNT",
+        requires = "coordinator_service_account"
+    )]
+    pub endpoint_service_account: Option<String>,
+    /// Audience of the endpoints' identity tokens.
+    #[arg(long, env = "RAILGUARD_IDENTITY_AUDIENCE", default_value = DEFAULT_AUDIENCE)]
+    pub identity_audience: String,
     /// Run tests even on nodes with GPU pods.
     #[arg(long, env = "RAILGUARD_ALLOW_GPU_PODS")]
     pub allow_gpu_pods: bool,
@@ -461,6 +521,7 @@ impl CampaignArgs {
             nodes.push(CampaignNode { name, endpoint });
         }
         let mut settings = CampaignSettings::from_profile(&profile, &token)?;
+        settings.identity = self.identity(&client)?;
         settings.allow_gpu_pods = self.allow_gpu_pods;
         settings.plan.shuffle_seed = self.shuffle_seed;
         settings.test_timeout = Duration::from_secs(self.test_timeout_secs.max(1));
@@ -485,6 +546,27 @@ impl CampaignArgs {
             render_summary(&report)
         };
         Ok(Outcome::new(text, status))
+    }
+
+    /// Node identity from the flags.
+    fn identity(&self, client: &Client) -> anyhow::Result<Option<CoordinatorIdentity>> {
+        let Some(account) = &self.coordinator_service_account else {
+            return Ok(None);
+        };
+        let account = ServiceAccountRef::parse(account).context("--coordinator-service-account")?;
+        let endpoints = match &self.endpoint_service_account {
+            Some(sa) => Some(EndpointIdentityCheck {
+                client: client.clone(),
+                endpoints: ServiceAccountRef::parse(sa).context("--endpoint-service-account")?,
+                audience: self.identity_audience.clone(),
+            }),
+            None => None,
+        };
+        Ok(Some(CoordinatorIdentity {
+            client: client.clone(),
+            account,
+            endpoints,
+        }))
     }
 
     async fn nccl_pair(&self, pair: &str) -> anyhow::Result<Outcome> {

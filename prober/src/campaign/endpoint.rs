@@ -30,6 +30,7 @@ use tokio_util::codec::{Encoder, Framed, FramedParts};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::identity::{CoordinatorCheck, CoordinatorIdentity};
 use super::kube::GpuPodSource;
 use super::nccl_pair::NcclRunner;
 use super::wire::{
@@ -106,6 +107,9 @@ pub struct EndpointConfig {
     pub pair_keys: Option<PairKeys>,
     /// The pod's projected service-account token, sent to the coordinator on `Identify`.
     pub identity_token_file: Option<PathBuf>,
+    /// Set in coordinator mode: requests without a pair key must carry the coordinator's
+    /// token for the connection.
+    pub coordinator_check: Option<CoordinatorCheck>,
 }
 
 impl std::fmt::Debug for EndpointConfig {
@@ -137,15 +141,25 @@ impl EndpointConfig {
             nccl: None,
             pair_keys: None,
             identity_token_file: None,
+            coordinator_check: None,
         }
     }
 
-    /// Coordinator mode: peers authenticate with the pair keys the coordinator announces.
+    /// Peers authenticate with the pair keys the coordinator announces, never with the
+    /// shared token.
     pub fn with_pair_keys(mut self) -> Self {
         let keys = PairKeys::new();
         self.peer = self.peer.clone().with_pair_keys(keys.clone());
         self.pair_keys = Some(keys);
         self
+    }
+
+    /// Coordinator mode: pair keys, and only the coordinator's service account (checked by
+    /// TokenReview for each connection) may announce them or ask for this pod's token.
+    pub fn with_coordinator_check(self, check: CoordinatorCheck) -> Self {
+        let mut cfg = self.with_pair_keys();
+        cfg.coordinator_check = Some(check);
+        cfg
     }
 }
 
@@ -429,19 +443,20 @@ async fn control_handshake(
         other => return Err(unexpected(peer, "hello", &other)),
     };
     // An endpoint speaking for `from` proves the pair key of its test with us.
-    let key =
-        match (&from, &cfg.pair_keys) {
-            (None, _) | (Some(_), None) => cfg.token.clone(),
-            (Some(node), Some(keys)) => match keys.get(node) {
-                Some(k) => k.0.to_vec(),
-                None => return Err(CampaignError::Auth {
+    let key = match (&from, &cfg.pair_keys) {
+        (None, _) | (Some(_), None) => cfg.token.clone(),
+        (Some(node), Some(keys)) => match keys.get(node) {
+            Some(k) => k.0.to_vec(),
+            None => {
+                return Err(CampaignError::Auth {
                     peer: peer.to_string(),
                     reason: format!(
                         "no pair key for node {node}: the coordinator announced no test with it"
                     ),
-                }),
-            },
-        };
+                })
+            }
+        },
+    };
     let nonce_e = nonce();
     let challenge = ControlMessage::Challenge {
         node: cfg.peer.node.clone(),
@@ -459,9 +474,21 @@ async fn control_handshake(
         ROLE_COORDINATOR,
     ));
     match wire::recv(ch, peer).await? {
-        ControlMessage::Request { proof, request }
-            if verify_proof(&key, ROLE_COORDINATOR, &nonce_c, &nonce_e, &proof) =>
-        {
+        ControlMessage::Request {
+            proof,
+            request,
+            credential,
+        } if verify_proof(&key, ROLE_COORDINATOR, &nonce_c, &nonce_e, &proof) => {
+            if let (None, Some(check)) = (&from, &cfg.coordinator_check) {
+                let token = credential.unwrap_or_default();
+                check
+                    .verify(&cfg.peer.node, &nonce_e, &token)
+                    .await
+                    .map_err(|reason| CampaignError::Auth {
+                        peer: peer.to_string(),
+                        reason: format!("not the coordinator ({}): {reason}", check.coordinator),
+                    })?;
+            }
             Ok((request, from))
         }
         ControlMessage::Request { .. } => Err(CampaignError::Auth {
@@ -824,10 +851,14 @@ async fn run_nccl(cfg: &EndpointConfig, req: NcclTestRequest) -> ControlResponse
     });
     let peer_node = req.peer_node.clone();
     let peer = async {
+        let speaker = Speaker {
+            key: &key,
+            from,
+            identity: None,
+        };
         let answer = request_as(
             &req.peer_addr,
-            &key,
-            from,
+            speaker,
             &join,
             Some(&peer_node),
             cfg.io_timeout,
@@ -977,6 +1008,28 @@ fn protocol(peer: &str, reason: impl Into<String>) -> CampaignError {
     }
 }
 
+/// Who opens a control connection, and how it proves it.
+#[derive(Clone, Copy)]
+pub struct Speaker<'a> {
+    /// The shared token (the coordinator) or a pair key (an endpoint).
+    pub key: &'a [u8],
+    /// An endpoint speaking for its node with the pair key of a test with the peer.
+    pub from: Option<&'a str>,
+    /// The coordinator's account, when endpoints check who the coordinator is.
+    pub identity: Option<&'a CoordinatorIdentity>,
+}
+
+impl<'a> Speaker<'a> {
+    /// The coordinator, known by the shared token alone.
+    pub fn coordinator(token: &'a [u8]) -> Self {
+        Speaker {
+            key: token,
+            from: None,
+            identity: None,
+        }
+    }
+}
+
 /// The coordinator's side: one authenticated request to the endpoint at `addr`.
 pub async fn request(
     addr: &str,
@@ -988,8 +1041,7 @@ pub async fn request(
 ) -> Result<ControlResponse, CampaignError> {
     request_as(
         addr,
-        token,
-        None,
+        Speaker::coordinator(token),
         req,
         expect_node,
         io_timeout,
@@ -998,18 +1050,20 @@ pub async fn request(
     .await
 }
 
-/// One authenticated request, proving `key`: the shared token (`from` unset, the
-/// coordinator), or the pair key of a test with the endpoint's node (`from`: the node we
-/// speak for).
+/// One authenticated request by `speaker`.
 pub async fn request_as(
     addr: &str,
-    key: &[u8],
-    from: Option<&str>,
+    speaker: Speaker<'_>,
     req: &ControlRequest,
     expect_node: Option<&str>,
     io_timeout: Duration,
     answer_timeout: Duration,
 ) -> Result<ControlResponse, CampaignError> {
+    let Speaker {
+        key,
+        from,
+        identity,
+    } = speaker;
     let key = trim_token(key);
     // A connect that does not complete is a node that cannot be reached.
     let stream = tokio::time::timeout(io_timeout, TcpStream::connect(addr))
@@ -1033,7 +1087,7 @@ pub async fn request_as(
         from: from.map(String::from),
     };
     step(io_timeout, addr, wire::send(&mut ch, &hello, addr)).await?;
-    let nonce_e = match step(io_timeout, addr, wire::recv(&mut ch, addr)).await? {
+    let (node, nonce_e) = match step(io_timeout, addr, wire::recv(&mut ch, addr)).await? {
         ControlMessage::Challenge {
             node,
             profile: _,
@@ -1055,7 +1109,7 @@ pub async fn request_as(
                     ));
                 }
             }
-            nonce_e
+            (node, nonce_e)
         }
         other => return Err(unexpected(addr, "challenge", &other)),
     };
@@ -1067,9 +1121,14 @@ pub async fn request_as(
         ROLE_COORDINATOR,
         ROLE_ENDPOINT,
     ));
+    let credential = match (identity, from) {
+        (Some(identity), None) => Some(identity.token_for(&node, &nonce_e).await?),
+        _ => None,
+    };
     let msg = ControlMessage::Request {
         proof: proof_hex(key, ROLE_COORDINATOR, &nonce_c, &nonce_e),
         request: req.clone(),
+        credential,
     };
     step(io_timeout, addr, wire::send(&mut ch, &msg, addr)).await?;
     match step(answer_timeout, addr, wire::recv(&mut ch, addr)).await? {

@@ -11,10 +11,12 @@
 //!   process, the unique id sent to the peer over the control channel);
 //! - [`mpijob`]: the 2-node nccl-tests MPIJob manifest from a template;
 //! - [`summary`]: whether a report found a fault, and its text summary;
-//! - [`token`]: the shared token of coordinator and endpoints.
+//! - [`token`]: the shared token of coordinator and endpoints;
+//! - [`identity`]: who speaks on the control channel (node identity by TokenReview).
 
 pub mod coordinator;
 pub mod endpoint;
+pub mod identity;
 pub mod kube;
 pub mod mpijob;
 pub mod nccl_pair;
@@ -81,6 +83,8 @@ pub enum CampaignError {
     },
     #[error("workload template: {reason}")]
     Template { reason: String },
+    #[error("endpoint of node {node} failed the identity check: {reason}")]
+    Identity { node: String, reason: String },
 }
 
 /// Default TCP port of the peer endpoint.

@@ -51,6 +51,9 @@ pub fn render_summary(r: &CampaignReport) -> String {
         out.push_str(&format!("  {l}\n"));
         any = true;
     }
+    for (node, reason) in &r.refused {
+        out.push_str(&format!("  node {node} left out: {reason}\n"));
+    }
     for t in r.tests.iter().filter(|t| t.error.is_some()) {
         out.push_str(&format!(
             "  test {}->{}: {}\n",

@@ -288,6 +288,10 @@ pub enum ControlMessage {
     Request {
         proof: String,
         request: ControlRequest,
+        /// The coordinator's token for this one connection, when endpoints check who the
+        /// coordinator is ([`super::identity`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        credential: Option<String>,
     },
     Response {
         response: ControlResponse,
@@ -357,6 +361,7 @@ mod tests {
     #[tokio::test]
     async fn frames_round_trip_and_reject_garbage() {
         let msg = ControlMessage::Request {
+            credential: None,
             proof: "00".into(),
             request: ControlRequest::RunTest(RunTestRequest {
                 profile: "p".into(),

@@ -19,16 +19,19 @@ pub use nccl_judging::{
     NcclScopeRecord, NcclSettings, NcclTestRecord,
 };
 
-use super::endpoint::request;
+use super::endpoint::{request_as, Speaker};
+use super::identity::CoordinatorIdentity;
 use super::plan::{
     CampaignPlan, Localization, PairResult, PairTest, PlanOptions, Purpose, RailOutcome,
 };
 use super::verdict::NodeFindings;
 use super::wire::{
-    ControlRequest, ControlResponse, NcclTestRequest, RailRef, RailReport, RunTestRequest,
+    AcceptPeerRequest, ControlRequest, ControlResponse, NcclTestRequest, RailRef, RailReport,
+    RunTestRequest,
 };
 use super::CampaignError;
 use crate::progress::{NoProgress, Progress};
+use crate::rdma::peer::PairKey;
 use crate::rdma::MemoryKind;
 
 /// A node taking part, with its endpoint address.
@@ -63,6 +66,10 @@ pub struct CampaignSettings {
     pub plan: PlanOptions,
     /// The NCCL pair tests after the RDMA tests (the profile's `certification.ncclPair`).
     pub nccl: Option<NcclSettings>,
+    /// Node identity: the coordinator's account (it proves itself to the endpoints with a
+    /// token per connection), how endpoints prove their node, and a fresh pair key for every
+    /// two-node test. `None`: the shared token alone.
+    pub identity: Option<CoordinatorIdentity>,
 }
 
 impl std::fmt::Debug for CampaignSettings {
@@ -119,6 +126,7 @@ impl CampaignSettings {
             token: token.to_vec(),
             plan: PlanOptions::default(),
             nccl: NcclSettings::from_profile(&profile.spec),
+            identity: None,
         })
     }
 }
@@ -159,6 +167,9 @@ pub struct CampaignReport {
     /// The NCCL pair tests, when the profile asks for them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nccl: Option<NcclPhaseReport>,
+    /// Nodes left out because their endpoint failed the identity check, with the reason.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub refused: BTreeMap<String, String>,
 }
 
 impl CampaignReport {
@@ -189,6 +200,8 @@ pub async fn run_campaign_with(
     now: Timestamp,
     progress: &dyn Progress,
 ) -> Result<CampaignReport, CampaignError> {
+    let (verified, refused) = verify_nodes(nodes, settings).await;
+    let nodes = verified.as_slice();
     let mut plan = CampaignPlan::new(nodes.len(), settings.rails.len(), settings.plan.clone())?;
     let mut records = Vec::new();
     while let Some(round) = plan.next_round() {
@@ -240,7 +253,107 @@ pub async fn run_campaign_with(
         localization,
         findings,
         nccl,
+        refused,
     })
+}
+
+/// The nodes whose endpoints prove which node they run on, and why the others were left
+/// out. A node that cannot be reached is kept: its tests then say so.
+async fn verify_nodes(
+    nodes: &[CampaignNode],
+    settings: &CampaignSettings,
+) -> (Vec<CampaignNode>, BTreeMap<String, String>) {
+    let Some(check) = settings
+        .identity
+        .as_ref()
+        .and_then(|i| i.endpoints.as_ref())
+    else {
+        return (nodes.to_vec(), BTreeMap::new());
+    };
+    let checks = nodes.iter().map(|n| async move {
+        let speaker = Speaker {
+            key: &settings.token,
+            from: None,
+            identity: settings.identity.as_ref(),
+        };
+        let t = settings.io_timeout;
+        let answer = request_as(
+            &n.endpoint,
+            speaker,
+            &ControlRequest::Identify,
+            Some(&n.name),
+            t,
+            t,
+        )
+        .await;
+        let verdict = match answer {
+            Ok(ControlResponse::Identity { token, .. }) => check.verify(&n.name, &token).await,
+            Ok(ControlResponse::Refused { reason }) => Err(CampaignError::Identity {
+                node: n.name.clone(),
+                reason: format!("the endpoint gave no identity: {reason}"),
+            }),
+            Ok(_) => Err(CampaignError::Identity {
+                node: n.name.clone(),
+                reason: "the endpoint answered Identify with something else".into(),
+            }),
+            Err(e @ CampaignError::Unreachable { .. }) => {
+                warn!(node = %n.name, error = %e, "endpoint unreachable; its tests will say so");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
+        (n, verdict)
+    });
+    let mut verified = Vec::new();
+    let mut refused = BTreeMap::new();
+    for (n, verdict) in futures::future::join_all(checks).await {
+        match verdict {
+            Ok(()) => verified.push(n.clone()),
+            Err(e) => {
+                warn!(node = %n.name, error = %e, "node left out of the campaign");
+                refused.insert(n.name.clone(), e.to_string());
+            }
+        }
+    }
+    (verified, refused)
+}
+
+/// With node identity: a fresh pair key for a test of `a` (the side that connects) with
+/// `b`, announced to `b`. `Ok(None)`: the shared token alone. `Err`: why `b` did not take it
+/// (no evidence either way).
+async fn announce_pair(
+    a: &CampaignNode,
+    b: &CampaignNode,
+    settings: &CampaignSettings,
+    lifetime: Duration,
+) -> Result<Option<String>, String> {
+    let Some(identity) = &settings.identity else {
+        return Ok(None);
+    };
+    let key = PairKey::random().to_hex();
+    let accept = ControlRequest::AcceptPeer(AcceptPeerRequest {
+        peer_node: a.name.clone(),
+        pair_key: key.clone(),
+        ttl_ms: lifetime.as_millis() as u64,
+    });
+    let speaker = Speaker {
+        key: &settings.token,
+        from: None,
+        identity: Some(identity),
+    };
+    let t = settings.io_timeout;
+    match request_as(&b.endpoint, speaker, &accept, Some(&b.name), t, t).await {
+        Ok(ControlResponse::PeerAccepted { .. }) => Ok(Some(key)),
+        Ok(ControlResponse::Refused { reason }) => Err(format!(
+            "{} refused the pair key for {}: {reason}",
+            b.name, a.name
+        )),
+        Ok(_) => Err(format!(
+            "{} answered the pair key with something else",
+            b.name
+        )),
+        Err(e) => Err(format!("cannot give {} the pair key: {e}", b.name)),
+    }
 }
 
 /// The NCCL phase: the same planner and localization as the RDMA tests, with one "rail" per
@@ -319,6 +432,21 @@ pub async fn run_nccl_scope(
     nccl: &NcclSettings,
     scope: &NcclScope,
 ) -> NcclScopeRecord {
+    // The rank-0 endpoint waits for its ranks and for the peer's answer, one step each.
+    let answer_timeout = nccl.timeout + 2 * settings.io_timeout;
+    let no_sides = |outcome: RailOutcome, reason: String| NcclScopeRecord {
+        scope: scope.clone(),
+        sides: Vec::new(),
+        judgement: NcclJudgement::without_result(outcome, reason.clone()),
+        error: Some(reason),
+    };
+    let pair_key = match announce_pair(a, b, settings, answer_timeout).await {
+        Ok(k) => k,
+        Err(reason) => {
+            warn!(initiator = %a.name, responder = %b.name, error = %reason, "NCCL pair test without a result");
+            return no_sides(RailOutcome::Inconclusive, reason);
+        }
+    };
     let req = ControlRequest::RunNccl(NcclTestRequest {
         profile: settings.profile.clone(),
         peer_node: b.name.clone(),
@@ -330,25 +458,17 @@ pub async fn run_nccl_scope(
         iterations: nccl.iterations,
         allow_gpu_pods: settings.allow_gpu_pods,
         timeout_ms: nccl.timeout.as_millis() as u64,
-        pair_key: None,
+        pair_key,
     });
-    // The rank-0 endpoint waits for its ranks and for the peer's answer, one step each.
-    let answer_timeout = nccl.timeout + 2 * settings.io_timeout;
-    let answer = request(
+    let answer = request_as(
         &a.endpoint,
-        &settings.token,
+        coordinator(settings),
         &req,
         Some(&a.name),
         settings.io_timeout,
         answer_timeout,
     )
     .await;
-    let no_sides = |outcome: RailOutcome, reason: String| NcclScopeRecord {
-        scope: scope.clone(),
-        sides: Vec::new(),
-        judgement: NcclJudgement::without_result(outcome, reason.clone()),
-        error: Some(reason),
-    };
     let record = match answer {
         Ok(ControlResponse::NcclResult { sides, .. }) => NcclScopeRecord {
             judgement: judge_pair(scope, &settings.rails, &sides, &nccl.limits),
@@ -386,6 +506,18 @@ async fn run_pair(
     round: usize,
 ) -> TestRecord {
     let (a, b) = (&nodes[t.initiator], &nodes[t.responder]);
+    let answer_timeout = settings.test_timeout + settings.io_timeout;
+    let all = |report: RailReport| -> Vec<RailReport> { vec![report; settings.rails.len()] };
+    let pair_key = match announce_pair(a, b, settings, answer_timeout).await {
+        Ok(k) => k,
+        Err(reason) => {
+            warn!(initiator = %a.name, responder = %b.name, error = %reason, "pair test without a result");
+            let report = RailReport::Inconclusive {
+                reason: reason.clone(),
+            };
+            return record(t, round, a, b, settings, all(report), Some(reason));
+        }
+    };
     let req = ControlRequest::RunTest(RunTestRequest {
         profile: settings.profile.clone(),
         peer_node: b.name.clone(),
@@ -396,13 +528,11 @@ async fn run_pair(
         iterations: settings.iterations,
         allow_gpu_pods: settings.allow_gpu_pods,
         timeout_ms: settings.test_timeout.as_millis() as u64,
-        pair_key: None,
+        pair_key,
     });
-    let answer_timeout = settings.test_timeout + settings.io_timeout;
-    let all = |report: RailReport| -> Vec<RailReport> { vec![report; settings.rails.len()] };
-    let (reports, error) = match request(
+    let (reports, error) = match request_as(
         &a.endpoint,
-        &settings.token,
+        coordinator(settings),
         &req,
         Some(&a.name),
         settings.io_timeout,
@@ -473,6 +603,27 @@ async fn run_pair(
     if let Some(e) = &error {
         warn!(initiator = %a.name, responder = %b.name, error = %e, "pair test without a result");
     }
+    record(t, round, a, b, settings, reports, error)
+}
+
+/// How the coordinator speaks to endpoints.
+fn coordinator(settings: &CampaignSettings) -> Speaker<'_> {
+    Speaker {
+        key: &settings.token,
+        from: None,
+        identity: settings.identity.as_ref(),
+    }
+}
+
+fn record(
+    t: PairTest,
+    round: usize,
+    a: &CampaignNode,
+    b: &CampaignNode,
+    settings: &CampaignSettings,
+    reports: Vec<RailReport>,
+    error: Option<String>,
+) -> TestRecord {
     TestRecord {
         round,
         initiator: a.name.clone(),

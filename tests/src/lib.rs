@@ -243,6 +243,8 @@ pub struct ControlPlane {
     ca_pem: String,
     /// Keep the logs on drop even without a panic (a failed start).
     keep_logs: bool,
+    /// How kube-apiserver was started, to start it again ([`ControlPlane::restart_apiserver`]).
+    apiserver_command: Option<(std::ffi::OsString, Vec<std::ffi::OsString>)>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -307,6 +309,7 @@ impl ControlPlane {
             token: String::new(),
             ca_pem: String::new(),
             keep_logs: false,
+            apiserver_command: None,
         };
         match cp.boot(opts).await {
             Ok(()) => Ok(cp),
@@ -473,6 +476,10 @@ impl ControlPlane {
         self.token = token;
         self.ca_pem = ca.pem();
         wait_for_tcp(etcd_port, ETCD_START_TIMEOUT).context("etcd did not start")?;
+        self.apiserver_command = Some((
+            api.get_program().to_owned(),
+            api.get_args().map(|a| a.to_owned()).collect(),
+        ));
         self.procs.push(spawn("kube-apiserver", &mut api, &d)?);
         self.write_kubeconfig()?;
         let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)?;
@@ -522,6 +529,25 @@ impl ControlPlane {
                 matches!(self.client.request_text(req).await.as_deref(), Ok("ok"))
             }
         }
+    }
+
+    /// Stops kube-apiserver (SIGTERM, then SIGKILL after 5 s), starts it again with the same
+    /// flags and port, and waits until it answers; etcd and its data stay. Clients keep
+    /// working across it, as against a real API server restart.
+    pub async fn restart_apiserver(&mut self) -> Result<()> {
+        let (program, args) = self
+            .apiserver_command
+            .clone()
+            .context("kube-apiserver was never started")?;
+        if let Some(i) = self.procs.iter().position(|p| p.name == "kube-apiserver") {
+            let mut old = self.procs.remove(i);
+            terminate(&mut old.child);
+        }
+        let d = self.dir.path().to_path_buf();
+        let mut api = Command::new(program);
+        api.args(args);
+        self.procs.push(spawn("kube-apiserver", &mut api, &d)?);
+        self.wait_ready(APISERVER_START_TIMEOUT).await
     }
 
     /// Process ids of everything the harness started (for the demo's `--down`).

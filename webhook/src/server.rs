@@ -74,10 +74,12 @@ pub fn admission_routes() -> Router<Arc<AppState>> {
 }
 
 /// What the node guard's handler shares: who may write railguard's Node outputs, the cache
-/// of prober pods it checks requesters against, and the metrics.
+/// of prober pods it checks requesters against, its own view of the Nodes' outputs, and the
+/// metrics.
 pub struct NodeGuardState {
     pub policy: node_guard::GuardPolicy,
     pub probers: node_guard::probers::ProberPods,
+    pub nodes: node_guard::nodes::NodeOutputs,
     pub metrics: Arc<Metrics>,
 }
 
@@ -123,8 +125,12 @@ async fn node_guard_handler(State(guard): State<Arc<NodeGuardState>>, body: Byte
     if guard.policy.is_prober(&request.user_info) && !guard.probers.is_synced() {
         guard.probers.wait_synced(PROBER_CACHE_WAIT).await;
     }
-    let admission =
-        node_guard::admit_node(&request, &guard.policy, |pod| guard.probers.lookup(pod));
+    let admission = node_guard::admit_node(
+        &request,
+        &guard.policy,
+        |pod| guard.probers.lookup(pod),
+        |node| guard.nodes.view(node),
+    );
     count(admission.outcome, admission.writer);
     let node = request.name.as_deref().unwrap_or("");
     let user = request.user_info.username.as_str();

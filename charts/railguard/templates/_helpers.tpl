@@ -237,6 +237,9 @@ reached on localhost) or "deployment" (its own Deployment behind a Service). */}
 {{- define "railguard.webhookConfigName" -}}
 {{- include "railguard.componentName" (dict "root" . "component" "webhook") -}}
 {{- end -}}
+{{- define "railguard.nodeGuardConfigName" -}}
+{{- printf "%s-node-guard" (include "railguard.webhookConfigName" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- define "railguard.webhookTlsSecret" -}}
 {{- printf "%s-tls" (include "railguard.componentName" (dict "root" . "component" "webhook")) -}}
 {{- end -}}

@@ -12,6 +12,7 @@ use railguard_webhook::catalog::Catalog;
 use railguard_webhook::cert_sync::{self, SelfSignedOptions};
 use railguard_webhook::certs::{time, CertSpec};
 use railguard_webhook::metrics::Metrics;
+use railguard_webhook::node_guard::nodes::NodeOutputs;
 use railguard_webhook::node_guard::probers::ProberPods;
 use railguard_webhook::node_guard::GuardPolicy;
 use railguard_webhook::server::{self, AppState, NodeGuardState};
@@ -111,7 +112,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The node guard's state, with the watch of the prober pods it checks requesters against.
+/// The node guard's state, with the watches of the prober pods it checks requesters against
+/// and of the Nodes' outputs.
 fn node_guard(
     cli: &Cli,
     policy: GuardPolicy,
@@ -128,10 +130,11 @@ fn node_guard(
         allowed_groups = %policy.allowed_groups.join(","), selector,
         "node guard on: POST /validate-nodes"
     );
-    let probers = ProberPods::watch(client, &policy.namespace, selector.trim());
+    let probers = ProberPods::watch(client.clone(), &policy.namespace, selector.trim());
     Arc::new(NodeGuardState {
         policy,
         probers,
+        nodes: NodeOutputs::watch(client),
         metrics: metrics.clone(),
     })
 }

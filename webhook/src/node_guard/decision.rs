@@ -84,7 +84,8 @@ pub struct StatusView {
 }
 
 impl NodeView {
-    /// The value of `output` on this Node (a condition: every entry of that type, whole).
+    /// The value of `output` on this Node. A condition is every entry of that type, by
+    /// status, reason and message: its timestamps say nothing about the node.
     fn value(&self, output: Output) -> Option<Value> {
         match output {
             Output::Label(k) => self.label(k).map(|v| Value::String(v.to_string())),
@@ -97,7 +98,10 @@ impl NodeView {
                     .into_iter()
                     .flatten()
                     .filter(|c| c.get("type").and_then(Value::as_str) == Some(t))
-                    .cloned()
+                    .map(|c| {
+                        let field = |k: &str| c.get(k).cloned().unwrap_or(Value::Null);
+                        Value::Array(vec![field("status"), field("reason"), field("message")])
+                    })
                     .collect();
                 (!entries.is_empty()).then_some(Value::Array(entries))
             }

@@ -36,6 +36,7 @@
 //! never the API server.
 
 pub mod decision;
+pub mod nodes;
 pub mod probers;
 
 use serde_json::value::RawValue;
@@ -58,13 +59,15 @@ pub struct NodeAdmission {
     pub writer: &'static str,
 }
 
-/// Decides a decoded request (pure; `lookup` is [`decide`]'s). A request that is not a Node
-/// CREATE or UPDATE is allowed with a warning (the webhook configuration is wrong); a Node
-/// that does not decode is denied with the reason.
+/// Decides a decoded request (pure; `lookup` is [`decide`]'s; `cached` gives the guard's
+/// own view of a Node, used when `oldObject` is byte-identical to `object`, see
+/// [`nodes`]). A request that is not a Node CREATE or UPDATE is allowed with a warning (the
+/// webhook configuration is wrong); a Node that does not decode is denied with the reason.
 pub fn admit_node(
     request: &AdmissionRequest<'_>,
     policy: &GuardPolicy,
     lookup: impl FnOnce(&str) -> PodLookup,
+    cached: impl FnOnce(&str) -> Option<NodeView>,
 ) -> NodeAdmission {
     let mut response = ReviewResponse::allow(request.uid.clone());
     let k = &request.kind;
@@ -109,14 +112,17 @@ pub fn admit_node(
         .clone()
         .or_else(|| request.name.clone())
         .unwrap_or_default();
+    let old = match operation {
+        "CREATE" => None,
+        _ if request.old_object.map(RawValue::get) == request.object.map(RawValue::get) => {
+            cached(&node).or(old)
+        }
+        _ => old,
+    };
     let user = &request.user_info;
     let change = NodeChange {
         node: &node,
-        old: if operation == "CREATE" {
-            None
-        } else {
-            old.as_ref()
-        },
+        old: old.as_ref(),
         new: &new,
         user,
     };

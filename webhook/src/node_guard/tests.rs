@@ -130,6 +130,10 @@ fn decide_update(old: &NodeView, new: &NodeView, who: &UserInfo, pods: PodLookup
     decide(change, &policy(), |_| pods)
 }
 
+fn no_cache(_: &str) -> Option<NodeView> {
+    None
+}
+
 fn never(_: &str) -> PodLookup {
     panic!("no pod lookup expected")
 }
@@ -467,7 +471,7 @@ fn reviews_are_answered_for_their_uid_with_the_reason() {
         &tenant,
     );
     let request = review::decode(&body).unwrap();
-    let a = admit_node(&request, &policy(), never);
+    let a = admit_node(&request, &policy(), never, no_cache);
     assert_eq!((a.outcome, a.writer), ("denied", "other"));
     assert!(!a.response.allowed);
     let encoded: Value = serde_json::from_slice(&a.response.encode()).unwrap();
@@ -485,7 +489,7 @@ fn reviews_are_answered_for_their_uid_with_the_reason() {
         node_json(Some("x")),
         &tenant,
     );
-    let a = admit_node(&review::decode(&body).unwrap(), &policy(), never);
+    let a = admit_node(&review::decode(&body).unwrap(), &policy(), never, no_cache);
     assert_eq!(a.outcome, "untouched");
     assert!(a.response.allowed);
 
@@ -497,10 +501,10 @@ fn reviews_are_answered_for_their_uid_with_the_reason() {
         Value::Null,
         &kubelet,
     );
-    let a = admit_node(&review::decode(&body).unwrap(), &policy(), never);
+    let a = admit_node(&review::decode(&body).unwrap(), &policy(), never, no_cache);
     assert_eq!(a.outcome, "denied");
     let body = review_body("CREATE", node_json(None), Value::Null, &kubelet);
-    let a = admit_node(&review::decode(&body).unwrap(), &policy(), never);
+    let a = admit_node(&review::decode(&body).unwrap(), &policy(), never, no_cache);
     assert_eq!(a.outcome, "untouched");
 
     let body = review_body(
@@ -509,10 +513,15 @@ fn reviews_are_answered_for_their_uid_with_the_reason() {
         node_json(None),
         &prober("p-a"),
     );
-    let a = admit_node(&review::decode(&body).unwrap(), &policy(), |name| {
-        assert_eq!(name, "p-a");
-        pod_on("gpu-a", "p-a")
-    });
+    let a = admit_node(
+        &review::decode(&body).unwrap(),
+        &policy(),
+        |name| {
+            assert_eq!(name, "p-a");
+            pod_on("gpu-a", "p-a")
+        },
+        no_cache,
+    );
     assert_eq!((a.outcome, a.writer), ("allowed", "prober"));
 }
 
@@ -536,7 +545,7 @@ fn malformed_reviews_are_denied_with_a_clear_reason() {
         (node_json(None), Value::Null, "UPDATE", "without oldObject"),
     ] {
         let body = review_body(operation, object, old, &tenant);
-        let a = admit_node(&review::decode(&body).unwrap(), &policy(), never);
+        let a = admit_node(&review::decode(&body).unwrap(), &policy(), never, no_cache);
         assert_eq!(a.outcome, "malformed");
         let reason = a.response.denial.unwrap();
         assert!(reason.contains(expect), "{reason}");
@@ -553,6 +562,7 @@ fn malformed_reviews_are_denied_with_a_clear_reason() {
         &review::decode(&serde_json::to_vec(&v).unwrap()).unwrap(),
         &policy(),
         never,
+        no_cache,
     );
     assert_eq!((a.outcome, a.response.allowed), ("ignored", true));
     v["request"]["kind"]["kind"] = json!("Pod");
@@ -561,7 +571,85 @@ fn malformed_reviews_are_denied_with_a_clear_reason() {
         &review::decode(&serde_json::to_vec(&v).unwrap()).unwrap(),
         &policy(),
         never,
+        no_cache,
     );
     assert_eq!(a.outcome, "ignored");
     assert!(a.response.warnings[0].contains("Node CREATE and UPDATE only"));
+}
+
+#[test]
+fn an_old_object_identical_to_the_object_is_taken_from_the_cache() {
+    // What the 1.20 API server of the harness sends for every update: the new Node twice.
+    let tenant = user("alice", &["system:authenticated"]);
+    let certified_json = node_json(Some("certified"));
+    let body = review_body("UPDATE", certified_json.clone(), certified_json, &tenant);
+    let request = review::decode(&body).unwrap();
+    let uncertified = |name: &str| {
+        assert_eq!(name, "gpu-a");
+        Some(serde_json::from_value::<NodeView>(node_json(None)).unwrap())
+    };
+    let a = admit_node(&request, &policy(), never, uncertified);
+    assert_eq!(a.outcome, "denied", "{a:?}");
+    // Not cached (yet): the review is all there is.
+    let a = admit_node(&request, &policy(), never, no_cache);
+    assert_eq!(a.outcome, "untouched");
+    // Distinct old and new objects are believed as sent.
+    let body = review_body(
+        "UPDATE",
+        node_json(Some("certified")),
+        node_json(Some("certified")).tap_label("team", "ml"),
+        &tenant,
+    );
+    let a = admit_node(&review::decode(&body).unwrap(), &policy(), never, |_| {
+        panic!("no cache lookup expected")
+    });
+    assert_eq!(a.outcome, "untouched");
+}
+
+#[test]
+fn cached_nodes_keep_only_the_outputs_and_compare_equal_to_the_review() {
+    let mut node: k8s_openapi::api::core::v1::Node = serde_json::from_value(json!({
+        "metadata": {"name": "gpu-a",
+            "labels": {keys::LABEL_FABRIC: "certified", "team": "ml"},
+            "annotations": {keys::ANNOTATION_CERTIFICATE: "{}", "other": "x"},
+            "managedFields": [{"manager": "m", "operation": "Update"}]},
+        "spec": {"unschedulable": true},
+        "status": {"conditions": [
+            {"type": "Ready", "status": "True"},
+            {"type": keys::CONDITION_FABRIC_READY, "status": "True", "reason": "Certified",
+             "message": "ok", "lastHeartbeatTime": "2026-01-01T00:00:00Z"}]},
+    }))
+    .unwrap();
+    nodes::keep_outputs(&mut node);
+    assert_eq!(node.metadata.labels.as_ref().unwrap().len(), 1);
+    assert_eq!(node.metadata.annotations.as_ref().unwrap().len(), 1);
+    assert!(node.spec.is_none());
+    let conditions = node.status.as_ref().unwrap().conditions.as_ref().unwrap();
+    assert_eq!(conditions.len(), 1);
+    let cached: NodeView = serde_json::from_value(serde_json::to_value(&node).unwrap()).unwrap();
+    // The same outputs as the review's JSON, whose heartbeat moved on.
+    let reviewed = node_view(json!({
+        "metadata": {"name": "gpu-a",
+            "labels": {keys::LABEL_FABRIC: "certified", "team": "ml"},
+            "annotations": {keys::ANNOTATION_CERTIFICATE: "{}"}},
+        "status": {"conditions": [
+            {"type": keys::CONDITION_FABRIC_READY, "status": "True", "reason": "Certified",
+             "message": "ok", "lastHeartbeatTime": "2026-01-02T00:00:00Z"}]},
+    }));
+    assert!(changed_outputs(Some(&cached), &reviewed).is_empty());
+}
+
+fn node_view(v: Value) -> NodeView {
+    serde_json::from_value(v).unwrap()
+}
+
+trait TapLabel {
+    fn tap_label(self, k: &str, v: &str) -> Self;
+}
+
+impl TapLabel for Value {
+    fn tap_label(mut self, k: &str, v: &str) -> Self {
+        self["metadata"]["labels"][k] = json!(v);
+        self
+    }
 }

@@ -1,0 +1,585 @@
+//! End-to-end: the node guard on a real kube-apiserver. The real `railguard-webhook` binary
+//! runs with the node guard flags the chart renders, registered through the chart's own
+//! ValidatingWebhookConfiguration (its `clientConfig` pointed at loopback). Requesters are
+//! real identities: the chart's prober and campaign ServiceAccounts and RBAC, prober Pods
+//! bound to nodes (`spec.nodeName`, no kubelet needed) and tokens from the TokenRequest API
+//! bound to those pods; a tenant whose role may patch Nodes; a kubelet (`system:node:gpu-a`,
+//! impersonated by the admin).
+//!
+//! The attacks — a tenant labelling a node certified, a kubelet certifying its own Node or
+//! registering one certified, the prober of node B writing node A's certificate, a prober
+//! token not bound to a pod — are refused with the guard's reason; the node's own prober,
+//! the campaign's findings, `railguard.io/recertify` and every non-railguard change pass.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use k8s_openapi::ByteString;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::Client;
+use railguard_api::keys;
+use railguard_tests::chart_values::DEFAULT;
+use railguard_tests::gotmpl::{Chart, KUBE_1_20_API_VERSIONS};
+use railguard_tests::install::apply_objects;
+use railguard_tests::{
+    eventually, free_port, labels, workspace_binary, workspace_root, ControlPlane,
+    ServingCertificate,
+};
+use serde_json::{json, Value};
+
+const NS: &str = DEFAULT.namespace;
+const FIELD_MANAGER: &str = "railguard-e2e";
+
+/// The webhook process; killed on drop (its log is printed when the test failed).
+struct Webhook {
+    child: Child,
+    log: std::path::PathBuf,
+    addr: String,
+    metrics: String,
+}
+
+impl Drop for Webhook {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            eprintln!("--- railguard-webhook log ---\n{log}");
+        }
+    }
+}
+
+/// The chart's objects (default values) as JSON.
+fn rendered() -> Vec<Value> {
+    let chart = Chart::load(workspace_root().join("charts/railguard")).unwrap();
+    let versions: Vec<String> = KUBE_1_20_API_VERSIONS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let docs = DEFAULT
+        .render(&chart, &versions, "v1.20.2")
+        .unwrap()
+        .documents()
+        .unwrap();
+    docs.into_iter()
+        .map(|(_, v)| serde_json::to_value(v).unwrap())
+        .collect()
+}
+
+fn component(obj: &Value) -> &str {
+    obj["metadata"]["labels"]["app.kubernetes.io/component"]
+        .as_str()
+        .unwrap_or_default()
+}
+
+fn one<'a>(docs: &'a [Value], kind: &str, component_name: &str) -> &'a Value {
+    let found: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == kind && component(d) == component_name)
+        .collect();
+    assert_eq!(found.len(), 1, "one {kind} of {component_name}");
+    found[0]
+}
+
+/// The node guard flags of the chart's webhook container (the self-managed certificate's
+/// configuration name aside: this webhook serves a test pair).
+fn chart_node_guard_args(docs: &[Value]) -> Vec<String> {
+    let deployment = one(docs, "Deployment", "webhook");
+    let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap();
+    let guard: Vec<String> = args
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|a| a.starts_with("--node-guard-") && !a.starts_with("--node-guard-config-name"))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        guard
+            .iter()
+            .any(|a| a.starts_with("--node-guard-prober-service-account=")),
+        "{guard:?}"
+    );
+    guard
+}
+
+async fn start_webhook(cp: &ControlPlane, guard_args: &[String], dir: &Path) -> Webhook {
+    let tls = ServingCertificate::loopback("railguard-node-guard-ca").unwrap();
+    tls.write_pair(dir).unwrap();
+    std::fs::write(dir.join("ca.crt"), &tls.ca_pem).unwrap();
+    let bin = workspace_binary("railguard-webhook-cli", "railguard-webhook").unwrap();
+    let addr = format!("127.0.0.1:{}", free_port().unwrap());
+    let metrics = format!("127.0.0.1:{}", free_port().unwrap());
+    let log = dir.join("webhook.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let child = Command::new(bin)
+        .arg(format!("--kubeconfig={}", cp.kubeconfig_path().display()))
+        .arg(format!("--tls-cert={}", dir.join("tls.crt").display()))
+        .arg(format!("--tls-key={}", dir.join("tls.key").display()))
+        .arg(format!("--listen={addr}"))
+        .arg(format!("--metrics-listen={metrics}"))
+        .arg(format!("--namespace={NS}"))
+        .args(guard_args)
+        .env("RAILGUARD_LOG", "info,railguard_webhook=debug")
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap();
+    let webhook = Webhook {
+        child,
+        log,
+        addr,
+        metrics,
+    };
+    let healthz = format!("http://{}/healthz", webhook.metrics);
+    eventually(Duration::from_secs(60), "webhook listening", || async {
+        Ok(reqwest::get(&healthz).await.ok().map(|_| ()))
+    })
+    .await
+    .unwrap();
+    webhook
+}
+
+/// The chart's ValidatingWebhookConfiguration, calling the loopback webhook.
+async fn register(client: &Client, docs: &[Value], webhook: &Webhook, dir: &Path) -> usize {
+    let mut config = one(docs, "ValidatingWebhookConfiguration", "webhook").clone();
+    let ca = std::fs::read(dir.join("ca.crt")).unwrap();
+    let hooks = config["webhooks"].as_array_mut().unwrap();
+    for hook in hooks.iter_mut() {
+        let path = hook["clientConfig"]["service"]["path"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        hook["clientConfig"] = json!({"url": format!("https://{}{path}", webhook.addr)});
+    }
+    let entries = hooks.len();
+    let mut typed: ValidatingWebhookConfiguration = serde_json::from_value(config).unwrap();
+    for hook in typed.webhooks.iter_mut().flatten() {
+        hook.client_config.ca_bundle = Some(ByteString(ca.clone()));
+    }
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &typed)
+        .await
+        .unwrap();
+    entries
+}
+
+/// A client authenticating with `token`.
+async fn token_client(cp: &ControlPlane, token: &str) -> Client {
+    let mut kubeconfig = Kubeconfig::read_from(cp.kubeconfig_path()).unwrap();
+    for user in &mut kubeconfig.auth_infos {
+        if let Some(info) = user.auth_info.as_mut() {
+            info.token = Some(token.to_string().into());
+        }
+    }
+    config_client(kubeconfig).await
+}
+
+/// The admin, impersonating `user` in `groups`.
+async fn impersonating(cp: &ControlPlane, user: &str, groups: &[&str]) -> Client {
+    let mut kubeconfig = Kubeconfig::read_from(cp.kubeconfig_path()).unwrap();
+    for entry in &mut kubeconfig.auth_infos {
+        if let Some(info) = entry.auth_info.as_mut() {
+            info.impersonate = Some(user.to_string());
+            info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
+        }
+    }
+    config_client(kubeconfig).await
+}
+
+async fn config_client(kubeconfig: Kubeconfig) -> Client {
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    Client::try_from(config).unwrap()
+}
+
+/// A token of ServiceAccount `namespace/name`, bound to `pod` when given.
+async fn token(client: &Client, namespace: &str, name: &str, pod: Option<&Pod>) -> String {
+    let bound = pod.map(|p| {
+        json!({"kind": "Pod", "apiVersion": "v1",
+               "name": p.metadata.name, "uid": p.metadata.uid})
+    });
+    let request: TokenRequest = serde_json::from_value(json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"audiences": [], "expirationSeconds": 3600, "boundObjectRef": bound},
+    }))
+    .unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .unwrap_or_else(|e| panic!("token for {namespace}/{name}: {e}"))
+        .status
+        .unwrap()
+        .token
+}
+
+/// A prober pod of the chart's DaemonSet, bound to `node` (no kubelet runs it).
+async fn prober_pod(client: &Client, daemonset: &Value, name: &str, node: &str) -> Pod {
+    let template = &daemonset["spec"]["template"];
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": template["metadata"]["labels"]},
+        "spec": {
+            "serviceAccountName": template["spec"]["serviceAccountName"],
+            "automountServiceAccountToken": false,
+            "nodeName": node,
+            "containers": [{"name": "daemon", "image": "registry.invalid/railguard-prober"}],
+        },
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap()
+}
+
+/// What the API server answered to a write.
+#[derive(Debug)]
+enum Answer {
+    Ok,
+    Refused { code: u16, message: String },
+}
+
+impl Answer {
+    fn of<T>(r: Result<T, kube::Error>) -> Answer {
+        match r {
+            Ok(_) => Answer::Ok,
+            Err(kube::Error::Api(e)) => Answer::Refused {
+                code: e.code,
+                message: e.message,
+            },
+            Err(e) => panic!("transport error: {e}"),
+        }
+    }
+
+    #[track_caller]
+    fn assert_ok(&self, what: &str) {
+        assert!(matches!(self, Answer::Ok), "{what}: {self:?}");
+    }
+
+    /// Refused by the node guard (not by RBAC), with `reason` in its message.
+    #[track_caller]
+    fn assert_guarded(&self, what: &str, reason: &str) {
+        match self {
+            Answer::Refused { code: 403, message }
+                if message.contains("railguard node guard") && message.contains(reason) => {}
+            other => panic!("{what}: expected the node guard's {reason:?}, got {other:?}"),
+        }
+    }
+}
+
+async fn merge(client: &Client, node: &str, patch: Value) -> Answer {
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    Answer::of(
+        Api::<Node>::all(client.clone())
+            .patch(node, &pp, &Patch::Merge(patch))
+            .await,
+    )
+}
+
+async fn label(client: &Client, node: &str, key: &str, value: &str) -> Answer {
+    merge(client, node, json!({"metadata": {"labels": {key: value}}})).await
+}
+
+async fn condition(client: &Client, node: &str, type_: &str, status: &str) -> Answer {
+    let now = jiff::Timestamp::now().to_string();
+    let patch = json!({"status": {"conditions": [{
+        "type": type_, "status": status, "reason": "Test", "message": "node guard e2e",
+        "lastHeartbeatTime": now, "lastTransitionTime": now,
+    }]}});
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    Answer::of(
+        Api::<Node>::all(client.clone())
+            .patch_status(node, &pp, &Patch::Strategic(patch))
+            .await,
+    )
+}
+
+fn certificate(node: &str, verdict: &str) -> String {
+    json!({
+        "version": 1, "generation": 1,
+        "issuedAt": "2026-01-01T00:00:00Z", "expiresAt": "2036-01-01T00:00:00Z",
+        "profile": "h100-ndr", "signature": "sig-1", "node": node, "verdict": verdict,
+        "reasons": [], "rails": [], "gpus": [],
+    })
+    .to_string()
+}
+
+async fn node_label(client: &Client, node: &str, key: &str) -> Option<String> {
+    let n = Api::<Node>::all(client.clone()).get(node).await.unwrap();
+    n.metadata.labels.unwrap_or_default().get(key).cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_nodes_own_prober_and_the_campaign_change_its_certification() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    cp.apply_fabricprofile_crd().await.unwrap();
+    let admin = cp.client();
+    let docs = rendered();
+
+    // The chart's prober and campaign identities: ServiceAccounts, ClusterRoles, bindings.
+    cp.create_namespace(NS, &labels(&[])).await.unwrap();
+    let identities: Vec<Value> = docs
+        .iter()
+        .filter(|d| {
+            matches!(
+                d["kind"].as_str(),
+                Some("ServiceAccount" | "ClusterRole" | "ClusterRoleBinding")
+            ) && matches!(component(d), "prober" | "campaign")
+        })
+        .cloned()
+        .collect();
+    assert_eq!(identities.len(), 6, "SA, role and binding of each");
+    apply_objects(&admin, NS, &identities).await.unwrap();
+    let prober_sa = one(&docs, "ServiceAccount", "prober")["metadata"]["name"]
+        .as_str()
+        .unwrap();
+    let campaign_sa = one(&docs, "ServiceAccount", "campaign")["metadata"]["name"]
+        .as_str()
+        .unwrap();
+
+    // A tenant whose role lets it patch Nodes (the premise of the attack).
+    cp.create_namespace("ml", &labels(&[])).await.unwrap();
+    let tenant_rbac = json!([
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": "trainer", "namespace": "ml"}, "automountServiceAccountToken": false},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "node-labeller"},
+         "rules": [{"apiGroups": [""], "resources": ["nodes", "nodes/status"],
+                    "verbs": ["get", "patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "node-labeller"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": "node-labeller"},
+         "subjects": [{"kind": "ServiceAccount", "name": "trainer", "namespace": "ml"}]},
+    ]);
+    apply_objects(&admin, "ml", tenant_rbac.as_array().unwrap())
+        .await
+        .unwrap();
+
+    for n in ["gpu-a", "gpu-b"] {
+        cp.create_node(n, &labels(&[]), &[]).await.unwrap();
+    }
+    let daemonset = docs
+        .iter()
+        .find(|d| d["kind"] == "DaemonSet" && component(d) == "prober")
+        .unwrap();
+    // The chart mounts a bound token, not the legacy one.
+    let pod_spec = &daemonset["spec"]["template"]["spec"];
+    assert_eq!(pod_spec["automountServiceAccountToken"], false);
+    let api_token = pod_spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "api-token")
+        .unwrap();
+    assert!(api_token["projected"]["sources"][0]["serviceAccountToken"].is_object());
+    let pod_a = prober_pod(&admin, daemonset, "prober-a", "gpu-a").await;
+    let pod_b = prober_pod(&admin, daemonset, "prober-b", "gpu-b").await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let webhook = start_webhook(&cp, &chart_node_guard_args(&docs), dir.path()).await;
+    let entries = register(&admin, &docs, &webhook, dir.path()).await;
+    assert_eq!(entries, 2, "nodes and nodes/status");
+
+    let prober_a = token_client(&cp, &token(&admin, NS, prober_sa, Some(&pod_a)).await).await;
+    let prober_b = token_client(&cp, &token(&admin, NS, prober_sa, Some(&pod_b)).await).await;
+    let unbound = token_client(&cp, &token(&admin, NS, prober_sa, None).await).await;
+    let campaign = token_client(&cp, &token(&admin, NS, campaign_sa, None).await).await;
+    let tenant = token_client(&cp, &token(&admin, "ml", "trainer", None).await).await;
+    let kubelet = impersonating(&cp, "system:node:gpu-a", &["system:nodes"]).await;
+
+    // The API server picks the configuration up asynchronously: until the guard answers, a
+    // tenant's label may pass (it is removed again before the real checks).
+    eventually(
+        Duration::from_secs(30),
+        "the API server calls the node guard",
+        || {
+            let tenant = tenant.clone();
+            let admin = admin.clone();
+            async move {
+                match label(&tenant, "gpu-b", keys::LABEL_FABRIC, "certified").await {
+                    Answer::Refused { message, .. } if message.contains("railguard node guard") => {
+                        Ok(Some(()))
+                    }
+                    _ => {
+                        let undo = json!({"metadata": {"labels": {keys::LABEL_FABRIC: null}}});
+                        merge(&admin, "gpu-b", undo)
+                            .await
+                            .assert_ok("admin removes it");
+                        Ok(None)
+                    }
+                }
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    // A tenant labelling a node certified: refused, and the node stays uncertified.
+    label(&tenant, "gpu-b", keys::LABEL_FABRIC, "certified")
+        .await
+        .assert_guarded(
+            "tenant labels a node",
+            "system:serviceaccount:ml:trainer may not change",
+        );
+    assert_eq!(node_label(&admin, "gpu-b", keys::LABEL_FABRIC).await, None);
+    let forged = json!({"metadata": {"annotations": {
+        keys::ANNOTATION_CERTIFICATE: certificate("gpu-b", "certified")}}});
+    merge(&tenant, "gpu-b", forged.clone())
+        .await
+        .assert_guarded(
+            "tenant forges a certificate",
+            "annotation railguard.io/certificate",
+        );
+    condition(&tenant, "gpu-b", keys::CONDITION_FABRIC_READY, "True")
+        .await
+        .assert_guarded(
+            "tenant sets the condition",
+            "condition RailguardFabricReady",
+        );
+    // Its role works for everything else: the refusals above are the guard's, not RBAC's.
+    label(&tenant, "gpu-b", "team", "ml")
+        .await
+        .assert_ok("tenant labels a node otherwise");
+    merge(
+        &tenant,
+        "gpu-b",
+        json!({"metadata": {"annotations": {keys::ANNOTATION_RECERTIFY: "please"}}}),
+    )
+    .await
+    .assert_ok("an operator asks for a recertification");
+
+    // A kubelet certifying its own Node, or registering one certified.
+    label(&kubelet, "gpu-a", keys::LABEL_FABRIC, "certified")
+        .await
+        .assert_guarded(
+            "kubelet labels its node",
+            "system:node:gpu-a may not change",
+        );
+    condition(&kubelet, "gpu-a", keys::CONDITION_FABRIC_READY, "True")
+        .await
+        .assert_guarded("kubelet sets the condition", "may not change");
+    label(&kubelet, "gpu-a", "topology.example.com/rack", "r1")
+        .await
+        .assert_ok("kubelet labels its node otherwise");
+    condition(&kubelet, "gpu-a", "Ready", "True")
+        .await
+        .assert_ok("kubelet reports its status");
+    let registered = |name: &str, fabric: Option<&str>| {
+        let mut l = json!({"kubernetes.io/hostname": name});
+        if let Some(f) = fabric {
+            l[keys::LABEL_FABRIC] = json!(f);
+        }
+        serde_json::from_value::<Node>(json!({"metadata": {"name": name, "labels": l}})).unwrap()
+    };
+    let nodes_as_kubelet_c =
+        Api::<Node>::all(impersonating(&cp, "system:node:gpu-c", &["system:nodes"]).await);
+    Answer::of(
+        nodes_as_kubelet_c
+            .create(
+                &PostParams::default(),
+                &registered("gpu-c", Some("certified")),
+            )
+            .await,
+    )
+    .assert_guarded("kubelet registers certified", "never created with");
+    Answer::of(
+        nodes_as_kubelet_c
+            .create(&PostParams::default(), &registered("gpu-c", None))
+            .await,
+    )
+    .assert_ok("kubelet registers its node");
+
+    // The prober of gpu-b writing gpu-a's certificate; a prober token bound to no pod.
+    let publish = json!({"metadata": {
+        "labels": {keys::LABEL_FABRIC: "certified", keys::LABEL_PROFILE: "h100-ndr",
+                   keys::LABEL_SIGNATURE: "sig-1"},
+        "annotations": {keys::ANNOTATION_CERTIFICATE: certificate("gpu-a", "certified")}}});
+    merge(&prober_b, "gpu-a", publish.clone())
+        .await
+        .assert_guarded("prober of gpu-b certifies gpu-a", "gpu-b, not gpu-a");
+    condition(&prober_b, "gpu-a", keys::CONDITION_FABRIC_READY, "True")
+        .await
+        .assert_guarded("prober of gpu-b sets gpu-a's condition", "not gpu-a");
+    merge(&unbound, "gpu-a", publish.clone())
+        .await
+        .assert_guarded("a prober token bound to no pod", "names no pod");
+    assert_eq!(node_label(&admin, "gpu-a", keys::LABEL_FABRIC).await, None);
+
+    // The node's own prober publishes: labels and certificate, then the condition.
+    merge(&prober_a, "gpu-a", publish)
+        .await
+        .assert_ok("prober of gpu-a certifies gpu-a");
+    condition(&prober_a, "gpu-a", keys::CONDITION_FABRIC_READY, "True")
+        .await
+        .assert_ok("prober of gpu-a sets its condition");
+    assert_eq!(
+        node_label(&admin, "gpu-a", keys::LABEL_FABRIC)
+            .await
+            .as_deref(),
+        Some("certified")
+    );
+    // Its own label changes are not the guard's business either way.
+    label(&prober_b, "gpu-a", "team", "infra")
+        .await
+        .assert_ok("a non-railguard label by another prober");
+
+    // The campaign records findings; it does not re-profile a node or certify one that has
+    // no certificate.
+    let finding = json!({"metadata": {
+        "labels": {keys::LABEL_FABRIC: "degraded"},
+        "annotations": {keys::ANNOTATION_CERTIFICATE: certificate("gpu-a", "degraded")}}});
+    merge(&campaign, "gpu-a", finding)
+        .await
+        .assert_ok("campaign records a finding");
+    condition(&campaign, "gpu-a", keys::CONDITION_FABRIC_READY, "False")
+        .await
+        .assert_ok("campaign sets the condition");
+    label(&campaign, "gpu-a", keys::LABEL_PROFILE, "other")
+        .await
+        .assert_guarded(
+            "campaign re-profiles a node",
+            "not its label railguard.io/profile",
+        );
+    merge(&campaign, "gpu-b", forged)
+        .await
+        .assert_guarded("campaign issues a certificate", "has no certificate");
+
+    // Break-glass: the admin (system:masters) may repair.
+    label(&admin, "gpu-a", keys::LABEL_FABRIC, "failed")
+        .await
+        .assert_ok("admin repairs");
+
+    // Every decision is counted on the metrics port.
+    let text = reqwest::get(format!("http://{}/metrics", webhook.metrics))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for series in [
+        r#"railguard_webhook_node_guard_decisions_total{outcome="denied",writer="other"}"#,
+        r#"railguard_webhook_node_guard_decisions_total{outcome="denied",writer="prober"}"#,
+        r#"railguard_webhook_node_guard_decisions_total{outcome="allowed",writer="prober"}"#,
+        r#"railguard_webhook_node_guard_decisions_total{outcome="allowed",writer="campaign"}"#,
+        r#"railguard_webhook_node_guard_decisions_total{outcome="allowed",writer="allowed-group"}"#,
+        r#"railguard_webhook_node_guard_decisions_total{outcome="untouched",writer=""}"#,
+    ] {
+        assert!(text.contains(series), "{series} missing from:\n{text}");
+    }
+}

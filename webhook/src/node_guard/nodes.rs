@@ -1,0 +1,83 @@
+//! The guard's own view of every Node's railguard outputs: a reflector over Nodes keeping
+//! only the protected labels, annotations and condition (a few hundred bytes a node).
+//!
+//! It stands in for the review's `oldObject` when that is byte-identical to `object`: the
+//! Kubernetes 1.20 API server of the test harness sends the updated Node as both for every
+//! update (a no-op update is the only other such case), so a guard reading `oldObject`
+//! alone would see no change and allow everything. The cache lags the API server by a
+//! watch event: right after a Node's outputs changed, a write by someone else that leaves
+//! them as they now are can be refused once (the writer retries, as kubelets do).
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client, ResourceExt};
+
+use super::decision::{NodeView, Output, PROTECTED};
+
+/// See the module docs.
+#[derive(Clone)]
+pub struct NodeOutputs {
+    store: Store<Node>,
+}
+
+impl NodeOutputs {
+    /// Starts the watch of every Node in a task of its own.
+    pub fn watch(client: Client) -> Self {
+        let (store, writer) = reflector::store::<Node>();
+        let stream = reflector::reflector(
+            writer,
+            watcher(Api::<Node>::all(client), watcher::Config::default())
+                .default_backoff()
+                .modify(keep_outputs),
+        );
+        tokio::spawn(async move {
+            let mut s = std::pin::pin!(stream);
+            while let Some(ev) = s.next().await {
+                if let Err(e) = ev {
+                    tracing::warn!(error = %e, "node guard: node watch error");
+                }
+            }
+        });
+        Self { store }
+    }
+
+    /// The cached outputs of Node `name`, None when the cache does not hold it.
+    pub fn view(&self, name: &str) -> Option<NodeView> {
+        let node = self.store.get(&ObjectRef::new(name))?;
+        let value = serde_json::to_value(&*node).ok()?;
+        serde_json::from_value(value).ok()
+    }
+}
+
+/// Strips a Node to its protected outputs.
+pub fn keep_outputs(node: &mut Node) {
+    let (labels, annotations, conditions): (Vec<&str>, Vec<&str>, Vec<&str>) = PROTECTED
+        .iter()
+        .fold(Default::default(), |(mut l, mut a, mut c), o| {
+            match *o {
+                Output::Label(k) => l.push(k),
+                Output::Annotation(k) => a.push(k),
+                Output::Condition(t) => c.push(t),
+            }
+            (l, a, c)
+        });
+    node.managed_fields_mut().clear();
+    node.labels_mut()
+        .retain(|k, _| labels.contains(&k.as_str()));
+    node.annotations_mut()
+        .retain(|k, _| annotations.contains(&k.as_str()));
+    node.spec = None;
+    if let Some(status) = node.status.as_mut() {
+        let kept = status
+            .conditions
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| conditions.contains(&c.type_.as_str()))
+            .collect();
+        *status = Default::default();
+        status.conditions = Some(kept);
+    }
+}

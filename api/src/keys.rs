@@ -3,8 +3,22 @@
 
 /// API group of railguard's custom resources.
 pub const GROUP: &str = "railguard.io";
-/// Field manager used by the prober for server-side apply on Nodes.
+/// Field manager of the node's own prober (`certify --publish`, `daemon`) on Nodes.
+///
+/// Two writers share a Node's certificate: the prober (its own run's results) and the
+/// campaign coordinator ([`CAMPAIGN_FIELD_MANAGER`], the cross-node findings). Neither
+/// overwrites the other: each reads the Node, merges its part into the certificate found
+/// there and writes with that read's `resourceVersion` as a precondition, retrying on a
+/// conflict. The campaign's part is its findings, kept in the certificate under
+/// [`CERTIFICATE_CAMPAIGN_KEY`] (and the NCCL pair results under `ncclPairs`); the prober
+/// carries them into every certificate it writes and re-applies them, so a campaign's blame
+/// stands until the next campaign clears it.
 pub const PROBER_FIELD_MANAGER: &str = "railguard-prober";
+/// Field manager of the campaign coordinator (`railguard-prober campaign`) on Nodes.
+pub const CAMPAIGN_FIELD_MANAGER: &str = "railguard-campaign";
+/// Key in the certificate JSON holding the last campaign's findings for the node (written by
+/// the campaign, carried by the prober); absent until a campaign wrote to the node.
+pub const CERTIFICATE_CAMPAIGN_KEY: &str = "campaign";
 /// Generic field manager for other railguard writers (webhook cert rotation, demo).
 pub const FIELD_MANAGER: &str = "railguard";
 

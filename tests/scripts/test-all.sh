@@ -20,4 +20,5 @@ cargo test --workspace "$@"
 # stays on 1.20 (its kubelet and kube-proxy are built for 1.20 only).
 RAILGUARD_KUBE_VERSION=1.37 cargo test -p railguard-tests \
   --test control_plane_e2e --test webhook_e2e --test webhook_certs_e2e --test extender_e2e \
-  --test admission_to_placement_e2e --test prober_e2e --test campaign_e2e --test chart_e2e --test node_guard_e2e "$@"
+  --test admission_to_placement_e2e --test prober_e2e --test prober_faults_e2e --test campaign_e2e \
+  --test chart_e2e --test node_guard_e2e "$@"

@@ -25,7 +25,9 @@ use railguard_prober::campaign::identity::{
 };
 use railguard_prober::campaign::kube::{
     collect_launcher_log, endpoint_of, profile_nodes, write_findings, GpuPodSource, LeaderLease,
+    Leadership,
 };
+use railguard_prober::campaign::CampaignError;
 use railguard_prober::campaign::mpijob::{self, PairJob};
 use railguard_prober::campaign::nccl_pair::NcclRunner;
 use railguard_prober::campaign::summary::{found_faults, render_summary};
@@ -449,40 +451,39 @@ impl CampaignArgs {
         let client = kube_client(self.kubeconfig.as_ref()).await?;
         let profile = self.load_profile(Some(&client)).await?;
         let token = self.token.load()?;
-        if let Some(lease_name) = &self.lease_name {
-            let identity = self
-                .identity
-                .clone()
-                .or_else(|| std::env::var("HOSTNAME").ok())
-                .ok_or_else(|| anyhow!("leader election needs --identity (RAILGUARD_IDENTITY)"))?;
-            let lease = LeaderLease::new(
-                &client,
-                &self.lease_namespace,
-                lease_name,
-                &identity,
-                self.lease_duration_secs,
-            );
-            if !lease.try_acquire(Timestamp::now()).await? {
-                info!(lease = %lease_name, "another coordinator holds the lease; nothing to do");
-                return Ok(Outcome::pass(format!(
-                    "lease {lease_name} is held by another coordinator; no campaign run\n"
-                )));
+        // The lease is renewed while the campaign runs; once it cannot be proven held, the
+        // campaign stops and nothing more is written (every write confirms it first).
+        let stop_renewing = CancellationToken::new();
+        let _stop_renewing = stop_renewing.clone().drop_guard();
+        let leadership = match &self.lease_name {
+            Some(lease_name) => {
+                let identity = self
+                    .identity
+                    .clone()
+                    .or_else(|| std::env::var("HOSTNAME").ok())
+                    .ok_or_else(|| {
+                        anyhow!("leader election needs --identity (RAILGUARD_IDENTITY)")
+                    })?;
+                let lease = LeaderLease::new(
+                    &client,
+                    &self.lease_namespace,
+                    lease_name,
+                    &identity,
+                    self.lease_duration_secs,
+                );
+                let Some(leadership) = Leadership::acquire(lease).await? else {
+                    info!(lease = %lease_name, "another coordinator holds the lease; nothing to do");
+                    return Ok(Outcome::pass(format!(
+                        "lease {lease_name} is held by another coordinator; no campaign run\n"
+                    )));
+                };
+                info!(lease = %lease_name, identity = %identity, "leader");
+                let period = Duration::from_secs((self.lease_duration_secs.max(3) / 3) as u64);
+                tokio::spawn(leadership.clone().keep(period, stop_renewing.clone()));
+                Some(leadership)
             }
-            info!(lease = %lease_name, identity = %identity, "leader");
-            // Keep the lease while the campaign runs.
-            let renew = lease.clone();
-            let period = Duration::from_secs((self.lease_duration_secs.max(3) / 3) as u64);
-            tokio::spawn(async move {
-                loop {
-                    tokio::time::sleep(period).await;
-                    match renew.try_acquire(Timestamp::now()).await {
-                        Ok(true) => {}
-                        Ok(false) => warn!(lease = %renew.name(), "lost the lease"),
-                        Err(e) => warn!(error = %e, "cannot renew the lease"),
-                    }
-                }
-            });
-        }
+            None => None,
+        };
 
         let overrides: BTreeMap<String, String> = self
             .endpoints
@@ -529,13 +530,27 @@ impl CampaignArgs {
         info!(profile = %profile.name(), nodes = nodes.len(), rails = settings.rails.len(), "campaign starts");
         let now = Timestamp::now();
         let progress = crate::progress::for_stderr(self.json);
-        let report = run_campaign_with(&nodes, &settings, now, progress.as_ref()).await;
+        let run = run_campaign_with(&nodes, &settings, now, progress.as_ref());
+        let report = match leadership.as_ref().map(Leadership::lost) {
+            Some(lost) => tokio::select! {
+                r = run => r,
+                _ = lost.cancelled() => {
+                    progress.finish();
+                    bail!("the lease was lost during the campaign; it stopped and wrote nothing");
+                }
+            },
+            None => run.await,
+        };
         progress.finish();
         let report = report?;
         if !self.dry_run {
             for (name, findings) in &report.findings {
-                if let Err(e) = write_findings(&client, name, findings, now).await {
-                    warn!(node = %name, error = %format!("{e:#}"), "cannot write campaign results");
+                match write_findings(&client, name, findings, leadership.as_ref()).await {
+                    Ok(_) => {}
+                    Err(e @ CampaignError::LeaseLost { .. }) => return Err(e.into()),
+                    Err(e) => {
+                        warn!(node = %name, error = %format!("{e:#}"), "cannot write campaign results")
+                    }
                 }
             }
         }

@@ -1,8 +1,10 @@
 //! The thin Kubernetes shell of a campaign: the profile's nodes and their endpoints, GPU pods
 //! on a node, writing findings into certificates by server-side apply, and the Lease that
-//! makes one coordinator the leader.
+//! makes one coordinator the leader (and stops its writes the moment it is not).
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -12,10 +14,14 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use railguard_api::{keys, Certificate, FabricProfile, Verdict};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::verdict::{apply_findings, NodeFindings};
+use super::verdict::NodeFindings;
 use super::CampaignError;
+use crate::certify::run::error_chain;
+use crate::publish::merge::{campaign_fabric_label, merge_findings};
+use crate::publish::{write_condition, WRITE_ATTEMPTS};
 
 /// The log of an MPIJob's launcher once it finished, and how it finished.
 #[derive(Debug, Clone, PartialEq)]
@@ -178,17 +184,26 @@ pub async fn profile_nodes(
 }
 
 /// Writes one node's findings into its certificate: labels and annotation by server-side
-/// apply (field manager `railguard-prober`, optimistic on the resourceVersion, retried on
-/// conflict) and the `RailguardFabricReady` condition through the status subresource.
+/// apply (field manager `railguard-campaign`), optimistic on the resourceVersion of the Node
+/// just read and retried on a conflict, so the prober's results written meanwhile are merged,
+/// not overwritten ([`crate::publish::merge`]); then the `RailguardFabricReady` condition
+/// through the status subresource. With `leader`, every write is made only after a fresh
+/// proof that this coordinator still holds the lease ([`Leadership::confirm`]).
 /// Returns the certificate as written, or `None` when the node has no certificate to update.
 pub async fn write_findings(
     client: &Client,
     node_name: &str,
     findings: &NodeFindings,
-    now: Timestamp,
+    leader: Option<&Leadership>,
 ) -> Result<Option<Certificate>, CampaignError> {
     let nodes: Api<Node> = Api::all(client.clone());
-    for attempt in 0..5 {
+    let confirm = || async {
+        match leader {
+            Some(l) => l.confirm().await,
+            None => Ok(()),
+        }
+    };
+    for _ in 0..WRITE_ATTEMPTS {
         let node = nodes
             .get(node_name)
             .await
@@ -211,7 +226,7 @@ pub async fn write_findings(
                 source,
             })?;
         let before = cert.clone();
-        apply_findings(&mut cert, findings);
+        merge_findings(&mut cert, findings);
         if cert == before {
             return Ok(Some(cert));
         }
@@ -221,8 +236,16 @@ pub async fn write_findings(
                 node: node_name.to_string(),
                 source,
             })?;
+        let fabric = campaign_fabric_label(
+            node.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(keys::LABEL_FABRIC))
+                .map(String::as_str),
+            &cert,
+        );
         let labels: BTreeMap<&str, &str> = BTreeMap::from([
-            (keys::LABEL_FABRIC, cert.verdict.as_label()),
+            (keys::LABEL_FABRIC, fabric),
             (keys::LABEL_PROFILE, cert.profile.as_str()),
             (keys::LABEL_SIGNATURE, cert.signature.as_str()),
         ]);
@@ -236,15 +259,32 @@ pub async fn write_findings(
                 "annotations": { keys::ANNOTATION_CERTIFICATE: annotation },
             }
         });
-        let pp = PatchParams::apply(keys::PROBER_FIELD_MANAGER).force();
+        let pp = PatchParams::apply(keys::CAMPAIGN_FIELD_MANAGER).force();
+        confirm().await?;
         match nodes.patch(node_name, &pp, &Patch::Apply(&patch)).await {
-            Ok(_) => {
-                write_condition(&nodes, node_name, &cert, now).await?;
+            Ok(written) => {
+                // A node pending under its prober keeps its pending condition too.
+                if fabric != keys::fabric::PENDING {
+                    confirm().await?;
+                    let (status, reason, message) = campaign_condition(&cert);
+                    write_condition(
+                        &nodes,
+                        keys::CAMPAIGN_FIELD_MANAGER,
+                        written,
+                        &annotation,
+                        (status, reason, &message),
+                    )
+                    .await
+                    .map_err(|source| CampaignError::Kube {
+                        what: format!("patch condition of node {node_name}"),
+                        source,
+                    })?;
+                }
                 info!(node = %node_name, verdict = %cert.verdict, "campaign findings written");
                 return Ok(Some(cert));
             }
-            Err(kube::Error::Api(e)) if e.code == 409 && attempt < 4 => {
-                warn!(node = %node_name, "certificate changed while writing; retrying");
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                warn!(node = %node_name, "certificate changed while writing; merging again");
                 continue;
             }
             Err(source) => {
@@ -261,13 +301,13 @@ pub async fn write_findings(
     })
 }
 
-async fn write_condition(
-    nodes: &Api<Node>,
-    node_name: &str,
-    cert: &Certificate,
-    now: Timestamp,
-) -> Result<(), CampaignError> {
-    let ready = cert.verdict == Verdict::Certified;
+/// Pure: the condition `(status, reason, message)` of a certificate the campaign wrote.
+pub fn campaign_condition(cert: &Certificate) -> (&'static str, &'static str, String) {
+    let status = if cert.verdict == Verdict::Certified {
+        "True"
+    } else {
+        "False"
+    };
     let message = if cert.reasons.is_empty() {
         format!("fabric {}", cert.verdict)
     } else {
@@ -279,31 +319,112 @@ async fn write_condition(
         Verdict::Failed => "CertificationFailed",
         Verdict::Pending => "Pending",
     };
-    let patch = json!({
-        "status": { "conditions": [{
-            "type": keys::CONDITION_FABRIC_READY,
-            "status": if ready { "True" } else { "False" },
-            "reason": reason,
-            "message": message,
-            "lastHeartbeatTime": now.to_string(),
-            "lastTransitionTime": now.to_string(),
-        }]}
-    });
-    // A strategic merge (conditions merge by type), not an apply: on API servers before 1.22
-    // an apply to /status by the same field manager would drop the labels and annotation that
-    // manager applied to the Node.
-    let pp = PatchParams {
-        field_manager: Some(keys::PROBER_FIELD_MANAGER.to_string()),
-        ..PatchParams::default()
-    };
-    nodes
-        .patch_status(node_name, &pp, &Patch::Strategic(&patch))
-        .await
-        .map_err(|source| CampaignError::Kube {
-            what: format!("patch condition of node {node_name}"),
-            source,
-        })?;
-    Ok(())
+    (status, reason, message)
+}
+
+/// A coordinator's leadership, proven before each write: the lease renewed within the renew
+/// deadline ([`still_leader`]) and no other holder seen. Once lost it stays lost
+/// ([`Leadership::lost`] is cancelled): the coordinator stops the campaign and writes nothing.
+#[derive(Clone)]
+pub struct Leadership {
+    lease: LeaderLease,
+    renew_deadline: Duration,
+    last_renewed: Arc<Mutex<Instant>>,
+    lost: CancellationToken,
+}
+
+/// Pure: whether a coordinator whose last successful renewal began `since_renewed` ago may
+/// still act as leader, with `renew_deadline` (less than the lease duration, so a write made
+/// now lands before anyone else may take the lease).
+pub fn still_leader(since_renewed: Duration, renew_deadline: Duration) -> bool {
+    since_renewed < renew_deadline
+}
+
+/// The renew deadline of a lease of `duration_secs`: two thirds of it (client-go's 15 s
+/// lease, 10 s deadline).
+pub fn renew_deadline(duration_secs: i32) -> Duration {
+    Duration::from_millis(u64::try_from(duration_secs.max(1)).unwrap_or(1) * 2000 / 3)
+}
+
+impl Leadership {
+    /// Takes the lease: `Ok(None)` when another coordinator holds it.
+    pub async fn acquire(lease: LeaderLease) -> Result<Option<Leadership>, CampaignError> {
+        let started = Instant::now();
+        if !lease.try_acquire(Timestamp::now()).await? {
+            return Ok(None);
+        }
+        Ok(Some(Leadership {
+            renew_deadline: renew_deadline(lease.duration_secs),
+            lease,
+            last_renewed: Arc::new(Mutex::new(started)),
+            lost: CancellationToken::new(),
+        }))
+    }
+
+    /// Cancelled once the lease is lost.
+    pub fn lost(&self) -> CancellationToken {
+        self.lost.clone()
+    }
+
+    fn since_renewed(&self) -> Duration {
+        self.last_renewed
+            .lock()
+            .map(|t| t.elapsed())
+            .unwrap_or(Duration::MAX)
+    }
+
+    fn give_up(&self, reason: String) -> CampaignError {
+        self.lost.cancel();
+        warn!(lease = %self.lease.name(), reason = %reason, "lost the lease; stopping");
+        CampaignError::LeaseLost {
+            lease: self.lease.name().to_string(),
+            reason,
+        }
+    }
+
+    /// Renews the lease now: `Ok(())` only while this coordinator provably holds it (a
+    /// renewal that succeeded now, or one within the renew deadline when this one errs).
+    pub async fn confirm(&self) -> Result<(), CampaignError> {
+        if self.lost.is_cancelled() {
+            return Err(CampaignError::LeaseLost {
+                lease: self.lease.name().to_string(),
+                reason: "lost earlier".into(),
+            });
+        }
+        let started = Instant::now();
+        match self.lease.try_acquire(Timestamp::now()).await {
+            Ok(true) => {
+                if let Ok(mut t) = self.last_renewed.lock() {
+                    *t = started;
+                }
+                Ok(())
+            }
+            Ok(false) => Err(self.give_up("another coordinator holds it".into())),
+            Err(e) if still_leader(self.since_renewed(), self.renew_deadline) => {
+                warn!(error = %error_chain(&e), "cannot renew the lease; still within its renew deadline");
+                Ok(())
+            }
+            Err(e) => Err(self.give_up(format!(
+                "not renewed within the renew deadline ({} ms): {}",
+                self.renew_deadline.as_millis(),
+                error_chain(&e)
+            ))),
+        }
+    }
+
+    /// Keeps the lease while the campaign runs: renews every `period` until cancelled or lost.
+    pub async fn keep(self, period: Duration, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = self.lost.cancelled() => return,
+                _ = tokio::time::sleep(period) => {}
+            }
+            if self.confirm().await.is_err() {
+                return;
+            }
+        }
+    }
 }
 
 /// Leader election through a `coordination.k8s.io/v1` Lease: one coordinator at a time.
@@ -458,6 +579,34 @@ mod tests {
         assert_eq!(endpoint_of(&n, 7470).as_deref(), Some("127.0.0.3:9000"));
         let bare: Node = serde_json::from_value(json!({"metadata": {"name": "b"}})).unwrap();
         assert_eq!(endpoint_of(&bare, 7470), None);
+    }
+
+    #[test]
+    fn leadership_ends_at_the_renew_deadline() {
+        let deadline = renew_deadline(60);
+        assert_eq!(deadline, Duration::from_secs(40));
+        assert_eq!(renew_deadline(0), Duration::from_millis(666));
+        assert!(still_leader(Duration::from_secs(39), deadline));
+        assert!(!still_leader(Duration::from_secs(40), deadline));
+        assert!(!still_leader(Duration::MAX, deadline));
+    }
+
+    #[test]
+    fn the_campaigns_condition_follows_the_merged_certificate() {
+        let cert: Certificate = serde_json::from_value(json!({
+            "version": 1, "generation": 2, "issuedAt": "2026-01-01T00:00:00Z",
+            "expiresAt": "2026-01-02T00:00:00Z", "profile": "p", "signature": "s",
+            "verdict": "degraded", "reasons": ["campaign: rail mlx5_4:1 slow"],
+        }))
+        .unwrap();
+        assert_eq!(
+            campaign_condition(&cert),
+            (
+                "False",
+                "Degraded",
+                "campaign: rail mlx5_4:1 slow".to_string()
+            )
+        );
     }
 
     #[test]

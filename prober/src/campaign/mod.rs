@@ -85,6 +85,8 @@ pub enum CampaignError {
     Template { reason: String },
     #[error("endpoint of node {node} failed the identity check: {reason}")]
     Identity { node: String, reason: String },
+    #[error("no longer the leader of lease {lease}: {reason}; nothing more is written")]
+    LeaseLost { lease: String, reason: String },
 }
 
 /// Default TCP port of the peer endpoint.

@@ -99,7 +99,8 @@ pub async fn certify_once(
 }
 
 /// [`certify_once`] from a Node already read (`None` without a cluster): pending label,
-/// evidence, verdict, certificate, publish.
+/// evidence, verdict, certificate, publish. The outcome's certificate is the one published
+/// (with the campaign's findings merged in), else this run's.
 pub async fn certify_with_state(
     ctx: &NodeContext,
     mut state: Option<&mut NodeState>,
@@ -147,11 +148,11 @@ pub async fn certify_with_state(
         cert.signature,
         render_matrix(&rows, &assessment)
     );
-    if publish {
-        if let (Some(p), Some(s)) = (&ctx.publisher, state) {
-            p.publish(s, &cert, true).await?;
-        }
-    }
+    // What is published carries the campaign's findings on the Node (publish::merge).
+    let cert = match (publish, &ctx.publisher, state) {
+        (true, Some(p), Some(s)) => p.publish(s, &cert, true).await?,
+        _ => cert,
+    };
     tracing::info!(node = %ctx.node, verdict = %cert.verdict, generation = cert.generation, reasons = ?cert.reasons, "certification finished");
     Ok(CertifyOutcome {
         certificate: cert,
@@ -189,7 +190,7 @@ pub async fn passive_once(
         gpus: gathered.gpus,
     };
     let cert = passive_certificate(&subject, &assessment, previous.as_ref(), Timestamp::now());
-    publisher.publish(state, &cert, false).await?;
+    let cert = publisher.publish(state, &cert, false).await?;
     if cert.verdict == Verdict::Failed {
         tracing::warn!(node = %ctx.node, reasons = ?cert.reasons, "passive check failed the node");
     }

@@ -3,9 +3,13 @@
 //! `RailguardFabricReady` condition through the status subresource, and an Event on the Node
 //! (Certified, CertificationFailed, Regressed).
 //!
-//! A run reads the Node once ([`NodePublisher::read_state`], a [`NodeState`]) and every later
-//! write works from that snapshot, updating it as it goes.
+//! A run reads the Node once ([`NodePublisher::read_state`], a [`NodeState`]) for what it
+//! decides on (the previous certificate, the RDMA resource). Every write reads the Node again
+//! and writes with that read's `resourceVersion` as a precondition, retried on a conflict, so
+//! what another writer (the campaign coordinator) put there meanwhile is merged
+//! ([`merge`]), never overwritten. An API error is an error, never "no certificate".
 
+pub mod merge;
 mod state;
 
 pub use state::{ConditionSeen, NodeState};
@@ -52,6 +56,87 @@ pub enum PublishError {
         #[source]
         source: railguard_api::CertificateError,
     },
+    #[error("node {node} kept changing while writing ({attempts} attempts)")]
+    KeptChanging { node: String, attempts: usize },
+}
+
+/// How often a write is retried after a conflict (the Node changed between read and write).
+pub const WRITE_ATTEMPTS: usize = 8;
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+/// The raw certificate annotation of a Node.
+fn annotation_of(node: &Node) -> Option<&str> {
+    node.metadata
+        .annotations
+        .as_ref()?
+        .get(keys::ANNOTATION_CERTIFICATE)
+        .map(String::as_str)
+}
+
+/// Writes `RailguardFabricReady` as `(status, reason, message)` for the certificate whose
+/// annotation is `annotation`, with `written` (the Node after that certificate's write) as the
+/// precondition. When the Node's certificate is no longer `annotation`, a later writer
+/// replaced it and writes its own condition: nothing is written (`Ok(None)`), so the
+/// condition never describes an older certificate than the annotation. Returns the condition
+/// as written.
+pub async fn write_condition(
+    nodes: &Api<Node>,
+    manager: &str,
+    mut written: Node,
+    annotation: &str,
+    condition: (&str, &str, &str),
+) -> Result<Option<ConditionSeen>, kube::Error> {
+    let (status, reason, message) = condition;
+    let name = written.metadata.name.clone().unwrap_or_default();
+    for _ in 0..WRITE_ATTEMPTS {
+        if annotation_of(&written) != Some(annotation) {
+            return Ok(None);
+        }
+        let now = Timestamp::now();
+        // Keep lastTransitionTime when the status did not change.
+        let transition = match NodeState::of(&written).condition {
+            Some(c) if c.status == status => c.last_transition.unwrap_or(now),
+            _ => now,
+        };
+        // A strategic merge patch (conditions merge by type): before Kubernetes 1.22 managed
+        // fields do not tell the status subresource apart, so an apply here by the same
+        // manager would drop the labels and annotation that manager applied.
+        let patch = json!({
+            "metadata": { "resourceVersion": written.metadata.resource_version },
+            "status": {
+                "conditions": [{
+                    "type": keys::CONDITION_FABRIC_READY,
+                    "status": status,
+                    "reason": reason,
+                    "message": message,
+                    "lastHeartbeatTime": now.to_string(),
+                    "lastTransitionTime": transition.to_string(),
+                }]
+            }
+        });
+        let pp = PatchParams {
+            field_manager: Some(manager.into()),
+            ..PatchParams::default()
+        };
+        match nodes
+            .patch_status(&name, &pp, &Patch::Strategic(&patch))
+            .await
+        {
+            Ok(_) => {
+                return Ok(Some(ConditionSeen {
+                    status: status.to_string(),
+                    last_transition: Some(transition),
+                }))
+            }
+            Err(e) if is_conflict(&e) => written = nodes.get(&name).await?,
+            Err(e) => return Err(e),
+        }
+    }
+    // Changing all along: whoever changes it writes a newer condition.
+    Ok(None)
 }
 
 /// The Event a published certificate deserves, if any.
@@ -157,22 +242,27 @@ impl NodePublisher {
 
     /// Reads the Node once: what a run needs to know of it ([`NodeState`]).
     pub async fn read_state(&self) -> Result<NodeState, PublishError> {
-        let node = self
-            .nodes()
+        Ok(NodeState::of(&self.get_node().await?))
+    }
+
+    async fn get_node(&self) -> Result<Node, PublishError> {
+        self.nodes()
             .get(&self.node)
             .await
             .map_err(|source| PublishError::GetNode {
                 node: self.node.clone(),
                 source,
-            })?;
-        Ok(NodeState::of(&node))
+            })
     }
 
+    /// Applies labels and the certificate annotation on the Node as `read`: `Ok(None)` when
+    /// the Node changed since (a conflict; read again and merge again).
     async fn apply_metadata(
         &self,
+        read: &Node,
         labels: BTreeMap<&str, &str>,
-        annotation: Option<String>,
-    ) -> Result<(), PublishError> {
+        annotation: Option<&str>,
+    ) -> Result<Option<Node>, PublishError> {
         let mut annotations = serde_json::Map::new();
         if let Some(a) = annotation {
             annotations.insert(keys::ANNOTATION_CERTIFICATE.into(), json!(a));
@@ -182,123 +272,203 @@ impl NodePublisher {
             "kind": "Node",
             "metadata": {
                 "name": self.node,
+                "resourceVersion": read.metadata.resource_version,
                 "labels": labels,
                 "annotations": annotations,
             }
         });
         let pp = PatchParams::apply(keys::PROBER_FIELD_MANAGER).force();
-        self.nodes()
+        match self
+            .nodes()
             .patch(&self.node, &pp, &Patch::Apply(&patch))
             .await
-            .map_err(|source| PublishError::Apply {
+        {
+            Ok(node) => Ok(Some(node)),
+            Err(e) if is_conflict(&e) => Ok(None),
+            Err(source) => Err(PublishError::Apply {
                 node: self.node.clone(),
                 source,
-            })?;
-        Ok(())
+            }),
+        }
     }
 
-    /// Marks the node `pending` while an invasive run is under way, keeping the previous
-    /// certificate (so no job lands mid-test, and nothing is lost if the run dies).
+    fn kept_changing(&self) -> PublishError {
+        PublishError::KeptChanging {
+            node: self.node.clone(),
+            attempts: WRITE_ATTEMPTS,
+        }
+    }
+
+    /// Marks the node `pending` while an invasive run is under way, keeping the certificate
+    /// on the Node (so no job lands mid-test, and nothing is lost if the run dies).
     pub async fn mark_pending(
         &self,
         state: &mut NodeState,
         profile: &str,
         signature: &str,
     ) -> Result<(), PublishError> {
-        let previous = state.certificate.as_ref();
-        let annotation = match previous {
-            Some(c) => Some(
-                c.to_annotation()
-                    .map_err(|source| PublishError::Encode { source })?,
-            ),
-            None => None,
-        };
-        let labels = BTreeMap::from([
-            (keys::LABEL_FABRIC, keys::fabric::PENDING),
-            (keys::LABEL_PROFILE, profile),
-            (keys::LABEL_SIGNATURE, signature),
-        ]);
-        self.apply_metadata(labels, annotation).await?;
-        let pending = Certificate {
-            verdict: Verdict::Pending,
-            ..previous
-                .cloned()
-                .unwrap_or_else(|| placeholder(profile, signature))
-        };
-        self.set_condition(state, &pending).await
+        for _ in 0..WRITE_ATTEMPTS {
+            let node = self.get_node().await?;
+            let fresh = NodeState::of(&node);
+            let annotation = annotation_of(&node).filter(|_| fresh.certificate.is_some());
+            let labels = BTreeMap::from([
+                (keys::LABEL_FABRIC, keys::fabric::PENDING),
+                (keys::LABEL_PROFILE, profile),
+                (keys::LABEL_SIGNATURE, signature),
+            ]);
+            let Some(written) = self.apply_metadata(&node, labels, annotation).await? else {
+                continue;
+            };
+            let pending = Certificate {
+                verdict: Verdict::Pending,
+                ..fresh
+                    .certificate
+                    .clone()
+                    .unwrap_or_else(|| placeholder(profile, signature))
+            };
+            *state = fresh;
+            let annotation = annotation_of(&written).unwrap_or_default().to_string();
+            self.set_condition(state, written, &annotation, &pending)
+                .await?;
+            return Ok(());
+        }
+        Err(self.kept_changing())
+    }
+
+    /// Gives the Node back the state the certificate on it describes, after an invasive run
+    /// that marked it `pending` was abandoned (shutdown): its labels and condition follow the
+    /// certificate again; without one the fabric label is removed (never certified, never
+    /// left pending). Returns the certificate on the Node.
+    pub async fn restore_after_interrupted_run(
+        &self,
+        state: &mut NodeState,
+        profile: &str,
+        signature: &str,
+    ) -> Result<Option<Certificate>, PublishError> {
+        for _ in 0..WRITE_ATTEMPTS {
+            let node = self.get_node().await?;
+            let fresh = NodeState::of(&node);
+            let annotation = annotation_of(&node).filter(|_| fresh.certificate.is_some());
+            let labels = match &fresh.certificate {
+                Some(c) => BTreeMap::from([
+                    (keys::LABEL_FABRIC, c.verdict.as_label()),
+                    (keys::LABEL_PROFILE, c.profile.as_str()),
+                    (keys::LABEL_SIGNATURE, c.signature.as_str()),
+                ]),
+                // Applying without the fabric label removes the prober's pending mark.
+                None => BTreeMap::from([
+                    (keys::LABEL_PROFILE, profile),
+                    (keys::LABEL_SIGNATURE, signature),
+                ]),
+            };
+            let Some(written) = self.apply_metadata(&node, labels, annotation).await? else {
+                continue;
+            };
+            *state = fresh;
+            let cert = state.certificate.clone();
+            let condition = match &cert {
+                Some(c) => condition_for(c),
+                None => (
+                    "False",
+                    "Interrupted",
+                    "certification was interrupted before it finished".into(),
+                ),
+            };
+            let annotation = annotation_of(&written).unwrap_or_default().to_string();
+            let (status, reason, message) = condition;
+            if let Some(seen) = write_condition(
+                &self.nodes(),
+                keys::PROBER_FIELD_MANAGER,
+                written,
+                &annotation,
+                (status, reason, &message),
+            )
+            .await
+            .map_err(|source| PublishError::Condition {
+                node: self.node.clone(),
+                source,
+            })? {
+                state.condition = Some(seen);
+            }
+            return Ok(cert);
+        }
+        Err(self.kept_changing())
     }
 
     /// Publishes a certificate: labels + annotation (one apply), condition, Event. The
-    /// certificate `state` held is the previous one; afterwards `state` holds `cert`.
+    /// certificate on the Node is read again first and the campaign's part of it carried
+    /// into `cert` ([`merge::carry_campaign`]). Returns the certificate as published;
+    /// afterwards `state` holds it.
     pub async fn publish(
         &self,
         state: &mut NodeState,
         cert: &Certificate,
         invasive: bool,
-    ) -> Result<(), PublishError> {
-        let annotation = cert
-            .to_annotation()
-            .map_err(|source| PublishError::Encode { source })?;
-        let labels = BTreeMap::from([
-            (keys::LABEL_FABRIC, cert.verdict.as_label()),
-            (keys::LABEL_PROFILE, cert.profile.as_str()),
-            (keys::LABEL_SIGNATURE, cert.signature.as_str()),
-        ]);
-        self.apply_metadata(labels, Some(annotation)).await?;
-        self.set_condition(state, cert).await?;
-        if let Some(ev) = event_for(cert, state.certificate.as_ref(), invasive) {
-            self.record_event(state, &ev).await?;
+    ) -> Result<Certificate, PublishError> {
+        for _ in 0..WRITE_ATTEMPTS {
+            let node = self.get_node().await?;
+            let fresh = NodeState::of(&node);
+            let mut merged = cert.clone();
+            merge::carry_campaign(&mut merged, fresh.certificate.as_ref());
+            let annotation = merged
+                .to_annotation()
+                .map_err(|source| PublishError::Encode { source })?;
+            let labels = BTreeMap::from([
+                (keys::LABEL_FABRIC, merged.verdict.as_label()),
+                (keys::LABEL_PROFILE, merged.profile.as_str()),
+                (keys::LABEL_SIGNATURE, merged.signature.as_str()),
+            ]);
+            let Some(written) = self
+                .apply_metadata(&node, labels, Some(&annotation))
+                .await?
+            else {
+                continue;
+            };
+            let previous = fresh.certificate.clone();
+            *state = fresh;
+            self.set_condition(state, written, &annotation, &merged)
+                .await?;
+            if let Some(ev) = event_for(&merged, previous.as_ref(), invasive) {
+                self.record_event(state, &ev).await?;
+            }
+            state.certificate = Some(merged.clone());
+            return Ok(merged);
         }
-        state.certificate = Some(cert.clone());
-        Ok(())
+        Err(self.kept_changing())
     }
 
     async fn set_condition(
         &self,
         state: &mut NodeState,
+        written: Node,
+        annotation: &str,
         cert: &Certificate,
     ) -> Result<(), PublishError> {
         let (status, reason, message) = condition_for(cert);
-        let now = Timestamp::now();
-        // Keep lastTransitionTime when the status did not change.
-        let transition = match &state.condition {
-            Some(c) if c.status == status => c.last_transition.unwrap_or(now),
-            _ => now,
-        };
-        // A strategic merge patch (conditions merge by type): before Kubernetes 1.22 managed
-        // fields do not tell the status subresource apart, so an apply here by the same
-        // manager would drop the labels and annotation that manager applied.
-        let patch = json!({
-            "status": {
-                "conditions": [{
-                    "type": keys::CONDITION_FABRIC_READY,
-                    "status": status,
-                    "reason": reason,
-                    "message": message,
-                    "lastHeartbeatTime": now.to_string(),
-                    "lastTransitionTime": transition.to_string(),
-                }]
-            }
-        });
-        let pp = PatchParams {
-            field_manager: Some(keys::PROBER_FIELD_MANAGER.into()),
-            ..PatchParams::default()
-        };
-        self.nodes()
-            .patch_status(&self.node, &pp, &Patch::Strategic(&patch))
-            .await
-            .map_err(|source| PublishError::Condition {
-                node: self.node.clone(),
-                source,
-            })?;
-        state.condition = Some(ConditionSeen {
-            status: status.to_string(),
-            last_transition: Some(transition),
-        });
+        let seen = write_condition(
+            &self.nodes(),
+            keys::PROBER_FIELD_MANAGER,
+            written,
+            annotation,
+            (status, reason, &message),
+        )
+        .await
+        .map_err(|source| PublishError::Condition {
+            node: self.node.clone(),
+            source,
+        })?;
+        if let Some(seen) = seen {
+            state.condition = Some(seen);
+        }
         Ok(())
     }
 
-    async fn record_event(&self, state: &NodeState, ev: &NodeEvent) -> Result<(), PublishError> {
+    /// Records `ev` as an Event on the Node.
+    pub async fn record_event(
+        &self,
+        state: &NodeState,
+        ev: &NodeEvent,
+    ) -> Result<(), PublishError> {
         let now = Timestamp::now();
         let event = Event {
             metadata: ObjectMeta {

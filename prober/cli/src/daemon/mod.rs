@@ -2,12 +2,18 @@
 //! error counters over a window) every passive interval; invasive certification when it is
 //! due and no GPU pod runs on the node, or at once when the Node carries
 //! `railguard.io/recertify`. The node is labelled `pending` while an invasive run is under
-//! way. Intervals are jittered, errors back off exponentially, SIGTERM/SIGINT stop the loop
-//! between steps. Prometheus metrics and health are served on a plain port ([`metrics`]).
+//! way. GPU pods on the node hold back every invasive run, a requested one too: the request
+//! stays on the Node and is retried, with an Event saying why ([`invasive_decision`]).
+//! Intervals are jittered, errors back off exponentially. SIGTERM/SIGINT stop the loop
+//! between steps: a step under way finishes within `--shutdown-grace-secs`; one that does not
+//! is abandoned and the Node given back the state its certificate describes, never left
+//! `pending` by this daemon's own run. Prometheus metrics and health are served on a plain
+//! port ([`metrics`]).
 
 pub mod metrics;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,11 +21,12 @@ use anyhow::Context;
 use clap::Args;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
+use railguard_prober::campaign::kube::gpu_pods_of;
 use railguard_prober::certify::once::certify_with_state;
 use railguard_prober::certify::run::invasive_steps;
 use railguard_prober::certify::{passive_once, NodeContext, PassiveOutcome};
 use railguard_prober::progress::NoProgress;
-use railguard_prober::publish::{NodePublisher, NodeState};
+use railguard_prober::publish::{NodeEvent, NodePublisher, NodeState};
 use tokio_util::sync::CancellationToken;
 
 pub use metrics::Metrics;
@@ -57,6 +64,64 @@ pub struct DaemonArgs {
     /// Metrics and health listener (plain HTTP).
     #[arg(long, env = "RAILGUARD_METRICS_LISTEN", default_value = "0.0.0.0:9464")]
     pub metrics_listen: SocketAddr,
+    /// On SIGTERM, how long a check under way may take to finish and publish, seconds; one
+    /// still running then is abandoned and the Node restored from its certificate (keep the
+    /// pod's terminationGracePeriodSeconds above this).
+    #[arg(long, env = "RAILGUARD_SHUTDOWN_GRACE_SECS", default_value_t = 60)]
+    pub shutdown_grace_secs: u64,
+}
+
+/// What the loop does about an invasive run now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InvasiveDecision {
+    /// Neither due nor requested.
+    NotDue,
+    /// Run it.
+    Run,
+    /// Due or requested (`requested`: `railguard.io/recertify`), but GPU pods are on the node:
+    /// no invasive test while they may be using the GPUs and rails. A request stays on the
+    /// Node and is retried.
+    Defer { requested: bool, pods: Vec<String> },
+}
+
+/// Pure: whether to run an invasive certification, given whether one is `due`, whether the
+/// Node asks for one (`recertify`) and the GPU pods on the node (listed only when one of them
+/// holds). A request never overrides busy GPUs.
+pub fn invasive_decision(due: bool, recertify: bool, gpu_pods: &[String]) -> InvasiveDecision {
+    if !due && !recertify {
+        return InvasiveDecision::NotDue;
+    }
+    if gpu_pods.is_empty() {
+        InvasiveDecision::Run
+    } else {
+        InvasiveDecision::Defer {
+            requested: recertify,
+            pods: gpu_pods.to_vec(),
+        }
+    }
+}
+
+/// Pure: the Event for a requested run held back by GPU pods, posted once per request.
+pub fn recertify_deferred_event(pods: &[String], retry_in: Duration) -> NodeEvent {
+    const SHOWN: usize = 5;
+    let mut names = pods
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if pods.len() > SHOWN {
+        names.push_str(&format!(" and {} more", pods.len() - SHOWN));
+    }
+    NodeEvent {
+        reason: "RecertifyDeferred",
+        kind: "Normal",
+        message: format!(
+            "{} is kept: GPU pods on the node ({names}); an invasive run starts once none is left (checked every {} s)",
+            railguard_api::keys::ANNOTATION_RECERTIFY,
+            retry_in.as_secs().max(1)
+        ),
+    }
 }
 
 /// Adds up to `percent` of random spread to a duration.
@@ -96,29 +161,68 @@ struct Loop {
     publisher: NodePublisher,
     args: DaemonArgs,
     metrics: Arc<Metrics>,
+    /// An invasive run has marked the Node pending and not yet published (or restored).
+    invasive_in_flight: AtomicBool,
+}
+
+/// When the next checks are due.
+struct Schedule {
+    next_invasive: Instant,
+    next_passive: Instant,
+    /// A requested run held back by GPU pods is looked at again then.
+    next_recertify_check: Instant,
+    /// The Event for the current held-back request was posted.
+    deferral_reported: bool,
 }
 
 impl Loop {
-    async fn gpu_pod_running(&self, client: &kube::Client) -> anyhow::Result<bool> {
+    async fn gpu_pods(&self, client: &kube::Client) -> anyhow::Result<Vec<String>> {
         let pods: kube::Api<Pod> = kube::Api::all(client.clone());
         let lp = ListParams::default().fields(&format!("spec.nodeName={}", self.ctx.node));
         let list = pods
             .list(&lp)
             .await
             .context("cannot list pods on the node")?;
-        Ok(list
-            .items
-            .iter()
-            .any(|p| railguard_api::pod::holds_gpu(p, &self.args.gpu_resources)))
+        Ok(gpu_pods_of(&list.items, &self.args.gpu_resources))
     }
 
     async fn invasive(&self, state: &mut NodeState, recertify: bool) -> anyhow::Result<()> {
-        let out = certify_with_state(&self.ctx, Some(state), true, Arc::new(NoProgress)).await?;
+        self.invasive_in_flight.store(true, Ordering::SeqCst);
+        let run = certify_with_state(&self.ctx, Some(state), true, Arc::new(NoProgress)).await;
+        let out = match run {
+            Ok(out) => out,
+            Err(e) => {
+                // The run marked the node pending and will not publish: give it back.
+                self.restore().await;
+                return Err(e.into());
+            }
+        };
+        self.invasive_in_flight.store(false, Ordering::SeqCst);
         self.metrics.record(&out.certificate, "invasive");
         if recertify {
             self.publisher.clear_recertify().await?;
         }
         Ok(())
+    }
+
+    /// After an invasive run that will not publish: labels and condition follow the
+    /// certificate on the Node again (best effort; logged when it fails).
+    async fn restore(&self) {
+        let spec = &self.ctx.profile.spec;
+        let mut state = NodeState::default();
+        match self
+            .publisher
+            .restore_after_interrupted_run(&mut state, self.ctx.profile.name(), &spec.signature())
+            .await
+        {
+            Ok(cert) => {
+                self.invasive_in_flight.store(false, Ordering::SeqCst);
+                tracing::info!(node = %self.ctx.node, verdict = %cert.as_ref().map(|c| c.verdict.as_label()).unwrap_or("none"), "interrupted run: node restored from its certificate");
+            }
+            Err(e) => {
+                tracing::warn!(node = %self.ctx.node, error = %railguard_runtime::error_chain(&e), "interrupted run: cannot restore the node");
+            }
+        }
     }
 
     async fn passive(&self, state: &mut NodeState) -> anyhow::Result<()> {
@@ -131,7 +235,7 @@ impl Loop {
         Ok(())
     }
 
-    async fn run(self, client: kube::Client, stop: CancellationToken) {
+    fn intervals(&self) -> (Duration, Duration) {
         let cert = &self.ctx.profile.spec.certification;
         let interval =
             Duration::from_secs(self.args.interval_secs.unwrap_or(cert.interval_seconds));
@@ -140,47 +244,110 @@ impl Loop {
                 .passive_interval_secs
                 .unwrap_or(cert.passive_interval_seconds),
         );
-        let poll = Duration::from_millis(self.args.poll_ms.max(100));
+        (interval, passive_every)
+    }
+
+    /// One step: read the Node, then an invasive run, or a passive check, when due.
+    async fn step(&self, client: &kube::Client, plan: &mut Schedule) -> anyhow::Result<()> {
+        let (interval, passive_every) = self.intervals();
         let jitter = self.args.jitter_percent;
-        let mut next_invasive = Instant::now();
-        let mut next_passive = Instant::now() + jittered(passive_every, jitter);
+        // The Node is read once per step; the step's writes read it again before writing.
+        let mut state = self.publisher.read_state().await?;
+        let recertify = state.recertify_requested;
+        if !recertify {
+            plan.deferral_reported = false;
+        }
+        let now = Instant::now();
+        let due = now >= plan.next_invasive;
+        let requested = recertify && now >= plan.next_recertify_check;
+        let pods = if due || requested {
+            self.gpu_pods(client).await?
+        } else {
+            Vec::new()
+        };
+        match invasive_decision(due, requested, &pods) {
+            InvasiveDecision::Run => {
+                tracing::info!(node = %self.ctx.node, recertify, "invasive certification");
+                self.invasive(&mut state, recertify).await?;
+                plan.deferral_reported = false;
+                plan.next_invasive = Instant::now() + jittered(interval, jitter);
+                plan.next_passive = Instant::now() + jittered(passive_every, jitter);
+                return Ok(());
+            }
+            InvasiveDecision::Defer { requested, pods } => {
+                let retry = jittered(passive_every, jitter);
+                if requested {
+                    plan.next_recertify_check = Instant::now() + retry;
+                    tracing::info!(node = %self.ctx.node, pods = %pods.join(","), "recertify requested but GPU pods are on the node; keeping the request");
+                    self.metrics.run("invasive", "deferred-gpu-pods");
+                    if !plan.deferral_reported {
+                        let ev = recertify_deferred_event(&pods, passive_every);
+                        self.publisher.record_event(&state, &ev).await?;
+                        plan.deferral_reported = true;
+                    }
+                }
+                if due {
+                    tracing::info!(node = %self.ctx.node, "invasive run due but a GPU pod is on the node; deferring");
+                    plan.next_invasive = Instant::now() + retry;
+                }
+            }
+            InvasiveDecision::NotDue => {}
+        }
+        if Instant::now() >= plan.next_passive {
+            self.passive(&mut state).await?;
+            plan.next_passive = Instant::now() + jittered(passive_every, jitter);
+        }
+        Ok(())
+    }
+
+    async fn run(self, client: kube::Client, stop: CancellationToken) {
+        let (_, passive_every) = self.intervals();
+        let poll = Duration::from_millis(self.args.poll_ms.max(100));
+        let grace = Duration::from_secs(self.args.shutdown_grace_secs);
+        let mut plan = Schedule {
+            next_invasive: Instant::now(),
+            next_passive: Instant::now() + jittered(passive_every, self.args.jitter_percent),
+            next_recertify_check: Instant::now(),
+            deferral_reported: false,
+        };
         let mut failures = 0u32;
         loop {
             self.metrics.heartbeat();
-            let step = async {
-                // The Node is read once per step; the step's writes keep the snapshot current.
-                let mut state = self.publisher.read_state().await?;
-                let recertify = state.recertify_requested;
-                let now = Instant::now();
-                if recertify || now >= next_invasive {
-                    if recertify || !self.gpu_pod_running(&client).await? {
-                        tracing::info!(node = %self.ctx.node, recertify, "invasive certification");
-                        self.invasive(&mut state, recertify).await?;
-                        next_invasive = Instant::now() + jittered(interval, jitter);
-                        next_passive = Instant::now() + jittered(passive_every, jitter);
-                        return Ok::<_, anyhow::Error>(());
+            let mut step = Box::pin(self.step(&client, &mut plan));
+            let result = tokio::select! {
+                r = &mut step => r,
+                _ = stop.cancelled() => {
+                    // Stop between steps: the one under way finishes (and publishes) first.
+                    tracing::info!(node = %self.ctx.node, grace_s = grace.as_secs(), "shutdown: finishing the check under way");
+                    match tokio::time::timeout(grace, &mut step).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            tracing::warn!(node = %self.ctx.node, error = %format!("{e:#}"), "check failed during shutdown");
+                        }
+                        Err(_) => {
+                            drop(step);
+                            tracing::warn!(node = %self.ctx.node, "shutdown grace period over; abandoning the check under way");
+                            if self.invasive_in_flight.load(Ordering::SeqCst) {
+                                self.restore().await;
+                            }
+                        }
                     }
-                    tracing::info!(node = %self.ctx.node, "invasive run due but a GPU pod is on the node; deferring");
-                    next_invasive = Instant::now() + jittered(passive_every, jitter);
+                    break;
                 }
-                if Instant::now() >= next_passive {
-                    self.passive(&mut state).await?;
-                    next_passive = Instant::now() + jittered(passive_every, jitter);
-                }
-                Ok(())
             };
-            let wait = tokio::select! {
-                _ = stop.cancelled() => break,
-                r = step => match r {
-                    Ok(()) => { failures = 0; poll }
-                    Err(e) => {
-                        failures += 1;
-                        self.metrics.run("step", "error");
-                        let wait = backoff(failures);
-                        tracing::warn!(node = %self.ctx.node, error = %format!("{e:#}"), retry_in_s = wait.as_secs(), "check failed");
-                        wait
-                    }
-                },
+            drop(step);
+            let wait = match result {
+                Ok(()) => {
+                    failures = 0;
+                    poll
+                }
+                Err(e) => {
+                    failures += 1;
+                    self.metrics.run("step", "error");
+                    let wait = backoff(failures);
+                    tracing::warn!(node = %self.ctx.node, error = %format!("{e:#}"), retry_in_s = wait.as_secs(), "check failed");
+                    wait
+                }
             };
             tokio::select! {
                 _ = stop.cancelled() => break,
@@ -208,10 +375,12 @@ impl DaemonArgs {
         let poll = Duration::from_millis(self.poll_ms.max(100));
         let metrics = Arc::new(Metrics::new(MAX_BACKOFF + poll));
         let stop = CancellationToken::new();
+        // Health stays served while a check finishes after SIGTERM.
+        let stop_serving = CancellationToken::new();
         let server = tokio::spawn(metrics::serve_metrics(
             listener,
             metrics.clone(),
-            stop.clone(),
+            stop_serving.clone(),
         ));
         let signals = {
             let stop = stop.clone();
@@ -227,7 +396,7 @@ impl DaemonArgs {
             crate::profile_source::wait_for_context(&self.node, &client, &metrics, poll, &stop)
                 .await?;
         let Some(ctx) = waited else {
-            stop.cancel();
+            stop_serving.cancel();
             signals.abort();
             return server
                 .await
@@ -244,9 +413,11 @@ impl DaemonArgs {
             publisher,
             args: self.clone(),
             metrics,
+            invasive_in_flight: AtomicBool::new(false),
         };
         l.run(client, stop.clone()).await;
         stop.cancel();
+        stop_serving.cancel();
         signals.abort();
         match server.await {
             Ok(r) => r,
@@ -264,6 +435,50 @@ mod tests {
         assert_eq!(backoff(0), Duration::from_secs(5));
         assert_eq!(backoff(1), Duration::from_secs(10));
         assert_eq!(backoff(10), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn busy_gpus_hold_back_every_invasive_run_a_requested_one_too() {
+        let busy = vec!["ml/train-0".to_string()];
+        assert_eq!(
+            invasive_decision(false, false, &busy),
+            InvasiveDecision::NotDue
+        );
+        assert_eq!(
+            invasive_decision(false, false, &[]),
+            InvasiveDecision::NotDue
+        );
+        assert_eq!(invasive_decision(true, false, &[]), InvasiveDecision::Run);
+        assert_eq!(invasive_decision(false, true, &[]), InvasiveDecision::Run);
+        assert_eq!(
+            invasive_decision(false, true, &busy),
+            InvasiveDecision::Defer {
+                requested: true,
+                pods: busy.clone()
+            }
+        );
+        assert_eq!(
+            invasive_decision(true, false, &busy),
+            InvasiveDecision::Defer {
+                requested: false,
+                pods: busy.clone()
+            }
+        );
+    }
+
+    #[test]
+    fn the_deferral_event_names_the_pods_and_the_retry() {
+        let pods: Vec<String> = (0..7).map(|i| format!("ml/p{i}")).collect();
+        let ev = recertify_deferred_event(&pods, Duration::from_secs(60));
+        assert_eq!(ev.reason, "RecertifyDeferred");
+        assert!(
+            ev.message.contains("railguard.io/recertify is kept"),
+            "{}",
+            ev.message
+        );
+        assert!(ev.message.contains("ml/p0, ml/p1"), "{}", ev.message);
+        assert!(ev.message.contains("and 2 more"), "{}", ev.message);
+        assert!(ev.message.contains("every 60 s"), "{}", ev.message);
     }
 
     #[test]

@@ -1,0 +1,701 @@
+//! Fault tests of the prober's writes against a real kube-apiserver: what must survive when
+//! things go wrong.
+//!
+//! - The node's prober and the campaign coordinator write one Node's certificate at once,
+//!   many rounds: neither loses the other's results (the writers' own code, `publish` and
+//!   `campaign::kube::write_findings`).
+//! - A coordinator whose Lease is taken by another holder mid-campaign stops and writes
+//!   nothing (the real `railguard-prober campaign` binary).
+//! - SIGTERM in the middle of the daemon's invasive run (a slowed all_reduce_perf stand-in):
+//!   within the grace period the run finishes and publishes; past it the run is abandoned and
+//!   the Node restored from its certificate. Never `pending`, never a lost certificate.
+//! - A Node GET the prober may not make (403 through RBAC, writes allowed) is an error, never
+//!   "no certificate": the certificate, its generation and its history stay.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use railguard_api::certificate::WireResult;
+use railguard_api::{keys, profiles_from_yaml, Certificate, FabricProfile, RailVerdict, Verdict};
+use railguard_prober::campaign::kube::write_findings;
+use railguard_prober::campaign::verdict::{NodeFindings, RailBlame};
+use railguard_prober::publish::merge::campaign_findings;
+use railguard_prober::publish::NodePublisher;
+use railguard_tests::{
+    eventually, free_port, labels, workspace_root, ApiServerOptions, ControlPlane,
+};
+use serde_json::json;
+
+const GPU_PRODUCT: (&str, &str) = ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3");
+const RDMA: &str = "rdma/rdma_shared_device_a";
+
+fn profile_path() -> PathBuf {
+    workspace_root().join("api/fixtures/profiles/dgx-h100-ndr.yaml")
+}
+
+fn profile() -> FabricProfile {
+    profiles_from_yaml(&std::fs::read_to_string(profile_path()).unwrap())
+        .unwrap()
+        .remove(0)
+}
+
+/// The directory of the built binaries (tests/scripts/test-all.sh builds them first).
+fn bin_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("RAILGUARD_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
+        .args([
+            "build",
+            "-p",
+            "railguard-prober-cli",
+            "-p",
+            "railguard-sim",
+            "--bins",
+        ])
+        .current_dir(workspace_root())
+        .status()
+        .unwrap();
+    assert!(status.success(), "building the prober binaries failed");
+    workspace_root().join("target/debug")
+}
+
+fn certified(profile: &FabricProfile, node: &str, generation: u64) -> Certificate {
+    let now = jiff::Timestamp::now();
+    let mut c =
+        railguard_sim::certificates::certificate(profile, Verdict::Certified, now, 384.0, 0.0);
+    c.expires_at = now + jiff::SignedDuration::from_hours(6);
+    c.node = Some(node.to_string());
+    c.generation = generation;
+    c.software = BTreeMap::from([("round".to_string(), generation.to_string())]);
+    c
+}
+
+/// Round `n` of the campaign: a wire entry naming the round on the first rail, and on odd
+/// rounds the second rail blamed (degraded).
+fn findings(profile: &FabricProfile, node: &str, n: u64) -> NodeFindings {
+    let rail = |i: usize| {
+        let r = &profile.spec.rails[i];
+        format!("{}:{}", r.hca, r.port)
+    };
+    let mut f = NodeFindings {
+        node: node.to_string(),
+        wire: BTreeMap::from([(
+            rail(0),
+            vec![WireResult {
+                peer: format!("round-{n}"),
+                write_bw_gbps: Some(390.0),
+                latency_us: Some(2.0),
+                ok: true,
+                tested_at: None,
+                note: None,
+            }],
+        )]),
+        ..NodeFindings::default()
+    };
+    if n % 2 == 1 {
+        f.blamed_rails.insert(
+            rail(1),
+            RailBlame {
+                verdict: RailVerdict::Degraded,
+                reason: format!("rail {} slow with every peer in round {n}", rail(1)),
+            },
+        );
+    }
+    f
+}
+
+/// The campaign round a certificate carries (its wire entry), 0 when none.
+fn campaign_round(c: &Certificate) -> u64 {
+    campaign_findings(c)
+        .and_then(|f| f.wire.values().flatten().next().map(|w| w.peer.clone()))
+        .and_then(|p| p.strip_prefix("round-")?.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn node_certificate(nodes: &Api<Node>, name: &str) -> Result<(Certificate, Node)> {
+    let node = nodes.get(name).await?;
+    let raw = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(keys::ANNOTATION_CERTIFICATE))
+        .context("no certificate annotation")?;
+    Ok((Certificate::from_annotation(raw)?, node))
+}
+
+fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {
+    node.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+fn condition(node: &Node) -> Option<(String, String)> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == keys::CONDITION_FABRIC_READY)
+        .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+}
+
+fn managers(node: &Node) -> Vec<String> {
+    node.metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|m| m.manager.clone())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_prober_and_the_campaign_writing_at_once_lose_nothing() -> Result<()> {
+    // Odd: the campaign's last round blames a rail.
+    const ROUNDS: u64 = 31;
+    let cp = ControlPlane::start().await?;
+    let client = cp.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let profile = profile();
+    let name = "gpu-w";
+    cp.create_node(name, &labels(&[GPU_PRODUCT]), &[(RDMA, "1k")])
+        .await?;
+    let publisher = NodePublisher::new(client.clone(), name);
+    let mut state = publisher.read_state().await?;
+    publisher
+        .publish(&mut state, &certified(&profile, name, 1), true)
+        .await?;
+
+    // What each writer has finished: the other's later writes must carry it.
+    let prober_done = Arc::new(AtomicU64::new(1));
+    let campaign_done = Arc::new(AtomicU64::new(0));
+    let prober = {
+        let (prober_done, campaign_done, profile) =
+            (prober_done.clone(), campaign_done.clone(), profile.clone());
+        async move {
+            for generation in 2..=ROUNDS + 1 {
+                let seen = campaign_done.load(Ordering::SeqCst);
+                let mut state = publisher.read_state().await?;
+                let published = publisher
+                    .publish(
+                        &mut state,
+                        &certified(&profile, name, generation),
+                        generation % 2 == 0,
+                    )
+                    .await?;
+                assert_eq!(published.generation, generation);
+                assert!(
+                    campaign_round(&published) >= seen,
+                    "the prober's write dropped campaign round {seen}: carries {}",
+                    campaign_round(&published)
+                );
+                prober_done.store(generation, Ordering::SeqCst);
+            }
+            anyhow::Ok(())
+        }
+    };
+    let campaign = {
+        let (client, prober_done, campaign_done, profile) = (
+            client.clone(),
+            prober_done.clone(),
+            campaign_done.clone(),
+            profile.clone(),
+        );
+        async move {
+            for round in 1..=ROUNDS {
+                let seen = prober_done.load(Ordering::SeqCst);
+                let written = write_findings(&client, name, &findings(&profile, name, round), None)
+                    .await?
+                    .context("the node has a certificate")?;
+                assert!(
+                    written.generation >= seen,
+                    "the campaign's write dropped the prober's generation {seen}: carries {}",
+                    written.generation
+                );
+                assert_eq!(campaign_round(&written), round);
+                campaign_done.store(round, Ordering::SeqCst);
+            }
+            anyhow::Ok(())
+        }
+    };
+    let (p, c) = tokio::join!(tokio::spawn(prober), tokio::spawn(campaign));
+    p??;
+    c??;
+
+    // Both writers' last results are on the Node, merged: the prober's last certificate
+    // and the campaign's last findings (an odd round: the second rail degraded).
+    let (cert, node) = node_certificate(&nodes, name).await?;
+    assert_eq!(cert.generation, ROUNDS + 1);
+    assert_eq!(cert.software["round"], (ROUNDS + 1).to_string());
+    assert_eq!(campaign_round(&cert), ROUNDS);
+    let blamed = &profile.spec.rails[1];
+    assert_eq!(
+        cert.rail(&blamed.hca, blamed.port).unwrap().verdict,
+        RailVerdict::Degraded
+    );
+    assert_eq!(cert.verdict, Verdict::Degraded);
+    assert_eq!(
+        label(&node, keys::LABEL_FABRIC),
+        Some(keys::fabric::DEGRADED)
+    );
+    assert_eq!(condition(&node).map(|c| c.0).as_deref(), Some("False"));
+    let m = managers(&node);
+    assert!(m.iter().any(|m| m == keys::PROBER_FIELD_MANAGER), "{m:?}");
+    assert!(m.iter().any(|m| m == keys::CAMPAIGN_FIELD_MANAGER), "{m:?}");
+
+    // The next campaign clears the node: the prober's own verdict comes back.
+    write_findings(&client, name, &findings(&profile, name, ROUNDS + 1), None).await?;
+    let (cert, node) = node_certificate(&nodes, name).await?;
+    assert_eq!(cert.verdict, Verdict::Certified);
+    assert_eq!(
+        label(&node, keys::LABEL_FABRIC),
+        Some(keys::fabric::CERTIFIED)
+    );
+    Ok(())
+}
+
+/// A listener that accepts connections and never answers: a peer endpoint that hangs.
+fn black_hole() -> (std::net::TcpListener, String) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    (l, addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coordinator_whose_lease_is_taken_writes_nothing_more() -> Result<()> {
+    let bin = bin_dir().join("railguard-prober");
+    let cp = ControlPlane::start().await?;
+    let client = cp.client();
+    cp.create_namespace("railguard", &labels(&[])).await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "railguard");
+    let profile = profile();
+    let dir = tempfile::tempdir()?;
+    let token = dir.path().join("token");
+    std::fs::write(&token, "fault-test-campaign-shared-token\n")?;
+    // Three nodes: the fewest a campaign runs on.
+    let names = ["node-a", "node-b", "node-c"];
+    let mut holes = Vec::new();
+    let mut endpoints = Vec::new();
+    for n in names {
+        cp.create_node(n, &labels(&[GPU_PRODUCT]), &[]).await?;
+        cp.publish_certificate(n, &certified(&profile, n, 1))
+            .await?;
+        let (l, addr) = black_hole();
+        holes.push(l);
+        endpoints.push(format!("{n}={addr}"));
+    }
+    let before: Vec<Certificate> = {
+        let mut v = Vec::new();
+        for n in names {
+            v.push(node_certificate(&nodes, n).await?.0);
+        }
+        v
+    };
+    let coordinator = |identity: &str| {
+        let mut c = tokio::process::Command::new(&bin);
+        c.arg("campaign")
+            .args(["--profile", "h100-ndr"])
+            .arg("--profile-file")
+            .arg(profile_path())
+            .args([
+                "--lease-name",
+                "railguard-campaign",
+                "--lease-namespace",
+                "railguard",
+            ])
+            .args(["--identity", identity, "--lease-duration-secs", "6"])
+            .args(["--test-timeout-secs", "5", "--iterations", "10"])
+            .arg("--endpoint")
+            .arg(endpoints.join(","))
+            .arg("--kubeconfig")
+            .arg(cp.kubeconfig_path())
+            .arg("--token-file")
+            .arg(&token)
+            .env("RAILGUARD_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        c
+    };
+
+    // The leader runs; its lease is taken by another holder while its tests hang.
+    let leader = coordinator("coordinator-a").spawn()?;
+    eventually(
+        Duration::from_secs(60),
+        "coordinator-a holds the lease",
+        || async {
+            Ok(leases
+                .get_opt("railguard-campaign")
+                .await?
+                .and_then(|l| l.spec?.holder_identity)
+                .filter(|h| h == "coordinator-a")
+                .map(|_| ()))
+        },
+    )
+    .await?;
+    let mut lease = leases.get("railguard-campaign").await?;
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(jiff::Timestamp::now());
+    spec.holder_identity = Some("thief".into());
+    spec.renew_time = Some(now.clone());
+    spec.acquire_time = Some(now);
+    spec.lease_duration_seconds = Some(3600);
+    leases
+        .replace("railguard-campaign", &PostParams::default(), &lease)
+        .await
+        .context("taking the lease as another holder")?;
+    let out = tokio::time::timeout(Duration::from_secs(180), leader.wait_with_output())
+        .await
+        .context("coordinator-a did not stop")??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a lost lease is an error:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("the lease was lost") || stderr.contains("no longer the leader"),
+        "{stderr}"
+    );
+    for (n, was) in names.iter().zip(&before) {
+        let (cert, node) = node_certificate(&nodes, n).await?;
+        assert_eq!(
+            &cert, was,
+            "{n}: the old leader wrote after losing the lease"
+        );
+        let m = managers(&node);
+        assert!(
+            !m.iter().any(|m| m == keys::CAMPAIGN_FIELD_MANAGER),
+            "{n}: {m:?}"
+        );
+    }
+    assert_eq!(
+        leases
+            .get("railguard-campaign")
+            .await?
+            .spec
+            .and_then(|s| s.holder_identity)
+            .as_deref(),
+        Some("thief"),
+        "the old leader did not take the lease back"
+    );
+
+    // The same campaign with the lease free writes its findings (the hanging endpoints are
+    // blamed): the check above was not vacuous.
+    leases
+        .delete("railguard-campaign", &Default::default())
+        .await?;
+    let out = tokio::time::timeout(
+        Duration::from_secs(240),
+        coordinator("coordinator-b").output(),
+    )
+    .await
+    .context("coordinator-b did not finish")??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        matches!(out.status.code(), Some(0 | 1)),
+        "the campaign ran:\n{stderr}"
+    );
+    for n in names {
+        let (cert, node) = node_certificate(&nodes, n).await?;
+        assert!(
+            campaign_findings(&cert).is_some(),
+            "{n}: no findings written"
+        );
+        assert!(managers(&node)
+            .iter()
+            .any(|m| m == keys::CAMPAIGN_FIELD_MANAGER));
+    }
+    drop(holes);
+    Ok(())
+}
+
+struct Prober<'a> {
+    bin: PathBuf,
+    kubeconfig: &'a Path,
+    work: &'a Path,
+}
+
+impl Prober<'_> {
+    fn command(&self, sub: &str, node: &str, kubeconfig: &Path) -> tokio::process::Command {
+        let mut c = tokio::process::Command::new(self.bin.join("railguard-prober"));
+        c.arg(sub)
+            .args(["--node", node, "--sim", "dgx-h100"])
+            .arg("--profile-file")
+            .arg(profile_path())
+            .arg("--models-dir")
+            .arg(workspace_root().join("prober/models"))
+            .arg("--sysfs-root")
+            .arg(self.work.join(format!("sysfs-{node}")))
+            .arg("--log-dir")
+            .arg(self.work.join("logs"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .env("RAILGUARD_LOG", "info")
+            .kill_on_drop(true);
+        c
+    }
+
+    /// `certify --publish` with `kubeconfig`: the exit code and stderr.
+    async fn certify_with(&self, node: &str, kubeconfig: &Path) -> Result<(i32, String)> {
+        let out = self
+            .command("certify", node, kubeconfig)
+            .arg("--publish")
+            .output()
+            .await?;
+        Ok((
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ))
+    }
+}
+
+/// An all_reduce_perf that waits `secs` before running the stand-in: an invasive run that is
+/// under way long enough to be interrupted (one-second sleeps: killed, it leaves nothing
+/// running for long).
+fn slow_all_reduce_perf(dir: &Path, bin: &Path, secs: u64) -> Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(format!("all_reduce_perf_slow_{secs}"));
+    std::fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\ni=0\nwhile [ $i -lt {secs} ]; do sleep 1; i=$((i+1)); done\nexec {} \"$@\"\n",
+            bin.join("all_reduce_perf_sim").display()
+        ),
+    )?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+    Ok(path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_mid_run_publishes_or_restores_and_never_leaves_pending() -> Result<()> {
+    let bin = bin_dir();
+    let cp = ControlPlane::start().await?;
+    let nodes: Api<Node> = Api::all(cp.client());
+    let work = tempfile::tempdir()?;
+    let prober = Prober {
+        bin: bin.clone(),
+        kubeconfig: cp.kubeconfig_path(),
+        work: work.path(),
+    };
+    let name = "gpu-t";
+    cp.create_node(
+        name,
+        &labels(&[GPU_PRODUCT]),
+        &[(RDMA, "1k"), ("nvidia.com/gpu", "8")],
+    )
+    .await?;
+    let (code, stderr) = prober.certify_with(name, cp.kubeconfig_path()).await?;
+    assert_eq!(code, 0, "{stderr}");
+
+    let daemon = |nccl: &Path, grace: u64| -> Result<tokio::process::Child> {
+        prober
+            .command("daemon", name, prober.kubeconfig)
+            .args(["--interval-secs", "3600", "--passive-interval-secs", "3600"])
+            .args(["--poll-ms", "200", "--jitter-percent", "0"])
+            .arg("--metrics-listen")
+            .arg(format!("127.0.0.1:{}", free_port()?))
+            .arg("--nccl-binary")
+            .arg(nccl)
+            .arg("--shutdown-grace-secs")
+            .arg(grace.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("starting the daemon")
+    };
+    let pending = || async {
+        let node = nodes.get(name).await?;
+        Ok((label(&node, keys::LABEL_FABRIC) == Some(keys::fabric::PENDING)).then_some(()))
+    };
+    let term = |child: &tokio::process::Child| {
+        let pid = child.id().expect("daemon pid");
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+    };
+
+    // 1. Within the grace period the run under way finishes and publishes.
+    let mut d = daemon(&slow_all_reduce_perf(work.path(), &bin, 4)?, 300)?;
+    eventually(
+        Duration::from_secs(60),
+        "the daemon's run marks the node pending",
+        pending,
+    )
+    .await?;
+    term(&d)?;
+    let status = tokio::time::timeout(Duration::from_secs(300), d.wait())
+        .await
+        .context("the daemon did not stop")??;
+    assert!(status.success(), "{status}");
+    let (cert, node) = node_certificate(&nodes, name).await?;
+    assert_eq!(
+        cert.generation, 2,
+        "the interrupted run finished and published"
+    );
+    assert_eq!(cert.history.len(), 2);
+    assert_eq!(cert.verdict, Verdict::Certified);
+    assert_eq!(
+        label(&node, keys::LABEL_FABRIC),
+        Some(keys::fabric::CERTIFIED)
+    );
+    assert_eq!(
+        condition(&node),
+        Some(("True".to_string(), "Certified".to_string()))
+    );
+
+    // 2. Past the grace period the run is abandoned; the Node is what its certificate says.
+    let mut d = daemon(&slow_all_reduce_perf(work.path(), &bin, 600)?, 1)?;
+    eventually(
+        Duration::from_secs(60),
+        "the daemon's run marks the node pending",
+        pending,
+    )
+    .await?;
+    term(&d)?;
+    let status = tokio::time::timeout(Duration::from_secs(60), d.wait())
+        .await
+        .context("the daemon did not stop within its grace period")??;
+    assert!(status.success(), "{status}");
+    let (after, node) = node_certificate(&nodes, name).await?;
+    assert_eq!(after, cert, "the certificate survives unchanged");
+    assert_eq!(
+        label(&node, keys::LABEL_FABRIC),
+        Some(keys::fabric::CERTIFIED)
+    );
+    assert_eq!(
+        condition(&node),
+        Some(("True".to_string(), "Certified".to_string()))
+    );
+    Ok(())
+}
+
+/// A kubeconfig for the API server of `cp` with a bearer `token`.
+fn kubeconfig_with_token(cp: &ControlPlane, dir: &Path, token: &str) -> Result<PathBuf> {
+    let ca = dir.join("ca.crt");
+    std::fs::write(&ca, cp.ca_pem())?;
+    let path = dir.join(format!("kubeconfig-{}", &token[..8]));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\ncurrent-context: c\n",
+            cp.server_url(),
+            ca.display()
+        ),
+    )?;
+    Ok(path)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_read_that_fails_is_never_taken_for_no_certificate() -> Result<()> {
+    const TOKEN: &str = "no-get-prober-token-0123456789";
+    let cp = ControlPlane::start_with_options(&ApiServerOptions {
+        extra_tokens: vec![(
+            TOKEN.to_string(),
+            "prober-without-get".to_string(),
+            "railguard-faults".to_string(),
+        )],
+        ..ApiServerOptions::default()
+    })
+    .await?;
+    let client = cp.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let work = tempfile::tempdir()?;
+    let prober = Prober {
+        bin: bin_dir(),
+        kubeconfig: cp.kubeconfig_path(),
+        work: work.path(),
+    };
+    let name = "gpu-f";
+    cp.create_node(
+        name,
+        &labels(&[GPU_PRODUCT]),
+        &[(RDMA, "1k"), ("nvidia.com/gpu", "8")],
+    )
+    .await?;
+    let (code, stderr) = prober.certify_with(name, cp.kubeconfig_path()).await?;
+    assert_eq!(code, 0, "{stderr}");
+    let (before, _) = node_certificate(&nodes, name).await?;
+    assert_eq!(before.history.len(), 1);
+
+    // Everything a publish writes is allowed; reading the Node is not (403).
+    let rbac = json!([
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "prober-writes-only"},
+         "rules": [
+            {"apiGroups": [""], "resources": ["nodes", "nodes/status"], "verbs": ["patch", "update"]},
+            {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+         ]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "prober-writes-only"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "prober-writes-only"},
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "prober-without-get"}]},
+    ]);
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    let role: ClusterRole = serde_json::from_value(rbac[0].clone())?;
+    let binding: ClusterRoleBinding = serde_json::from_value(rbac[1].clone())?;
+    Api::<ClusterRole>::all(client.clone())
+        .create(&PostParams::default(), &role)
+        .await?;
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(&PostParams::default(), &binding)
+        .await?;
+    let forbidden = kubeconfig_with_token(&cp, work.path(), TOKEN)?;
+    // RBAC answers from its informers: wait until the binding is in force for writes.
+    eventually(
+        Duration::from_secs(30),
+        "the binding allows node patches",
+        || {
+            let forbidden = forbidden.clone();
+            async move {
+                let config = kube::Config::from_custom_kubeconfig(
+                    kube::config::Kubeconfig::read_from(&forbidden)?,
+                    &Default::default(),
+                )
+                .await?;
+                let c = kube::Client::try_from(config)?;
+                let patch = json!({"metadata": {"labels": {"fault-test": "writable"}}});
+                Ok(Api::<Node>::all(c)
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .is_ok()
+                    .then_some(()))
+            }
+        },
+    )
+    .await?;
+
+    let (code, stderr) = prober.certify_with(name, &forbidden).await?;
+    assert_eq!(code, 2, "a failed read is an error:\n{stderr}");
+    assert!(stderr.contains("cannot read node"), "{stderr}");
+    let (after, node) = node_certificate(&nodes, name).await?;
+    assert_eq!(after, before, "the certificate survives");
+    assert_eq!(after.history.len(), 1, "history is not reset");
+    assert_eq!(
+        label(&node, keys::LABEL_FABRIC),
+        Some(keys::fabric::CERTIFIED)
+    );
+
+    // Allowed to read again, the next run continues the same history.
+    let (code, stderr) = prober.certify_with(name, cp.kubeconfig_path()).await?;
+    assert_eq!(code, 0, "{stderr}");
+    let (next, _) = node_certificate(&nodes, name).await?;
+    assert_eq!(next.generation, before.generation + 1);
+    assert_eq!(next.history.len(), 2);
+    if next.history[0] != before.history[0] {
+        bail!(
+            "history rewritten: {:?} vs {:?}",
+            next.history,
+            before.history
+        );
+    }
+    Ok(())
+}

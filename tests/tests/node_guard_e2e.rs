@@ -24,7 +24,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 use railguard_api::keys;
-use railguard_tests::chart_values::DEFAULT;
+use railguard_tests::chart_values::{ValuesSet, DEFAULT};
 use railguard_tests::gotmpl::{Chart, KUBE_1_20_API_VERSIONS};
 use railguard_tests::install::apply_objects;
 use railguard_tests::{
@@ -57,12 +57,16 @@ impl Drop for Webhook {
 
 /// The chart's objects (default values) as JSON.
 fn rendered() -> Vec<Value> {
+    rendered_with(&DEFAULT)
+}
+
+fn rendered_with(set: &ValuesSet) -> Vec<Value> {
     let chart = Chart::load(workspace_root().join("charts/railguard")).unwrap();
     let versions: Vec<String> = KUBE_1_20_API_VERSIONS
         .iter()
         .map(|s| s.to_string())
         .collect();
-    let docs = DEFAULT
+    let docs = set
         .render(&chart, &versions, "v1.20.2")
         .unwrap()
         .documents()
@@ -582,4 +586,92 @@ async fn only_a_nodes_own_prober_and_the_campaign_change_its_certification() {
     ] {
         assert!(text.contains(series), "{series} missing from:\n{text}");
     }
+}
+
+fn named<'a>(docs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+}
+
+fn webhook_args(docs: &[Value]) -> Vec<String> {
+    one(docs, "Deployment", "webhook")["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn the_chart_registers_the_guard_with_a_tight_scope_and_can_turn_it_off() {
+    let docs = rendered();
+    let config = named(
+        &docs,
+        "ValidatingWebhookConfiguration",
+        "railguard-webhook-node-guard",
+    )
+    .expect("the node guard's configuration");
+    let hooks = config["webhooks"].as_array().unwrap();
+    let scope: Vec<(Value, Value, Value)> = hooks
+        .iter()
+        .map(|h| {
+            assert_eq!(h["sideEffects"], "None");
+            assert_eq!(h["timeoutSeconds"], 5);
+            assert_eq!(h["admissionReviewVersions"], json!(["v1"]));
+            assert_eq!(h["clientConfig"]["service"]["path"], "/validate-nodes");
+            assert_eq!(h["clientConfig"]["service"]["name"], "railguard-webhook");
+            assert_eq!(h["rules"].as_array().unwrap().len(), 1);
+            let rule = &h["rules"][0];
+            assert_eq!(rule["apiGroups"], json!([""]));
+            assert_eq!(rule["scope"], "Cluster");
+            (
+                rule["resources"].clone(),
+                rule["operations"].clone(),
+                h["failurePolicy"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        scope,
+        [
+            (json!(["nodes"]), json!(["CREATE", "UPDATE"]), json!("Fail")),
+            (json!(["nodes/status"]), json!(["UPDATE"]), json!("Ignore")),
+        ]
+    );
+    // The webhook trusts its CA there too, reads prober pods of its namespace and Nodes.
+    let args = webhook_args(&docs);
+    assert!(args.contains(&"--node-guard-config-name=railguard-webhook-node-guard".to_string()));
+    assert!(args.contains(&"--node-guard-allowed-groups=system:masters".to_string()));
+    let role = named(&docs, "ClusterRole", "railguard-webhook").unwrap();
+    assert!(role["rules"].as_array().unwrap().iter().any(|r| {
+        r["resources"] == json!(["validatingwebhookconfigurations"])
+            && r["resourceNames"] == json!(["railguard-webhook-node-guard"])
+    }));
+    let pods = named(&docs, "Role", "railguard-webhook-node-guard").unwrap();
+    assert_eq!(
+        pods["rules"],
+        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}])
+    );
+    assert_eq!(pods["metadata"]["namespace"], NS);
+    let nodes = named(&docs, "ClusterRole", "railguard-webhook-node-guard").unwrap();
+    assert_eq!(
+        nodes["rules"],
+        json!([{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]}])
+    );
+
+    let off = rendered_with(&ValuesSet {
+        label: "node guard off",
+        values: "webhook:\n  nodeGuard:\n    enabled: false\n",
+        ..DEFAULT
+    });
+    assert!(off
+        .iter()
+        .all(|d| d["kind"] != "ValidatingWebhookConfiguration"
+            && !d["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .ends_with("node-guard")));
+    assert!(webhook_args(&off)
+        .iter()
+        .all(|a| !a.starts_with("--node-guard")));
 }

@@ -5,9 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource};
 use railguard_api::profile_list::{ProfileObject, ValidCondition, INVALID_REASON};
 use railguard_api::{FabricProfile, InvalidProfile};
@@ -89,20 +89,25 @@ pub const PROFILE_STATUS_MANAGER: &str = "railguard-webhook-profile-status";
 /// Writes each profile's `Valid` condition (and, for valid ones, `rails` and `signature`)
 /// through the status subresource, and a Warning Event when a profile becomes invalid. Only
 /// the webhook writes these, under [`PROFILE_STATUS_MANAGER`]; nothing reads them back.
+///
+/// An object that breaks the CRD's current schema (stored before the schema was tightened)
+/// cannot take any write before Kubernetes ratchets CRD validation (1.30 and later): its
+/// condition stays unwritten there, and the Event and the metric report it.
 pub struct ProfileStatusWriter {
     api: Api<FabricProfile>,
-    recorder: Recorder,
+    /// Core v1 Events in `default` (cluster-scoped objects): `kubectl describe` shows them,
+    /// and Kubernetes 1.20 takes them (its events.k8s.io/v1 refuses a cluster-scoped
+    /// `regarding` in a namespace).
+    events: Api<Event>,
+    controller: String,
 }
 
 impl ProfileStatusWriter {
     pub fn new(client: Client, controller: &str) -> Self {
-        let reporter = Reporter {
-            controller: controller.to_string(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         ProfileStatusWriter {
             api: Api::all(client.clone()),
-            recorder: Recorder::new(client, reporter),
+            events: Api::namespaced(client, "default"),
+            controller: controller.to_string(),
         }
     }
 
@@ -137,17 +142,39 @@ impl ProfileStatusWriter {
                 resource_version: object.metadata.resource_version.clone(),
                 ..Default::default()
             };
-            let note: String = condition.message.chars().take(1000).collect();
-            let event = Event {
-                type_: EventType::Warning,
-                reason: INVALID_REASON.into(),
-                note: Some(note),
-                action: "Skip".into(),
-                secondary: None,
-            };
-            if let Err(e) = self.recorder.publish(&event, &reference).await {
+            let event = self.event(reference, &condition.message);
+            if let Err(e) = self.events.create(&PostParams::default(), &event).await {
                 tracing::warn!(profile = %name, error = %crate::error_chain(&e), "cannot record the InvalidProfile Event");
             }
+        }
+    }
+}
+
+impl ProfileStatusWriter {
+    /// The Warning Event `InvalidProfile` about `regarding`.
+    fn event(&self, regarding: ObjectReference, message: &str) -> Event {
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let name = regarding.name.clone().unwrap_or_default();
+        Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{name}.railguard-")),
+                namespace: Some("default".into()),
+                ..ObjectMeta::default()
+            },
+            involved_object: regarding,
+            reason: Some(INVALID_REASON.into()),
+            message: Some(message.chars().take(1024).collect()),
+            type_: Some("Warning".into()),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            count: Some(1),
+            reporting_component: Some(self.controller.clone()),
+            reporting_instance: Some(self.controller.clone()),
+            source: Some(EventSource {
+                component: Some(self.controller.clone()),
+                host: None,
+            }),
+            ..Event::default()
         }
     }
 }

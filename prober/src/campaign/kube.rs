@@ -21,7 +21,7 @@ use super::verdict::NodeFindings;
 use super::CampaignError;
 use crate::certify::run::error_chain;
 use crate::publish::merge::{campaign_fabric_label, merge_findings};
-use crate::publish::{write_condition, WRITE_ATTEMPTS};
+use crate::publish::{after_conflict, write_condition, WRITE_ATTEMPTS};
 
 /// The log of an MPIJob's launcher once it finished, and how it finished.
 #[derive(Debug, Clone, PartialEq)]
@@ -203,7 +203,7 @@ pub async fn write_findings(
             None => Ok(()),
         }
     };
-    for _ in 0..WRITE_ATTEMPTS {
+    for attempt in 0..WRITE_ATTEMPTS {
         let node = nodes
             .get(node_name)
             .await
@@ -285,6 +285,7 @@ pub async fn write_findings(
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {
                 warn!(node = %node_name, "certificate changed while writing; merging again");
+                after_conflict(attempt).await;
                 continue;
             }
             Err(source) => {
@@ -331,6 +332,9 @@ pub struct Leadership {
     renew_deadline: Duration,
     last_renewed: Arc<Mutex<Instant>>,
     lost: CancellationToken,
+    /// One renewal at a time: two at once (the renewal loop and a write's confirmation)
+    /// would make one of them a conflict, read as another holder.
+    renewing: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Pure: whether a coordinator whose last successful renewal began `since_renewed` ago may
@@ -358,6 +362,7 @@ impl Leadership {
             lease,
             last_renewed: Arc::new(Mutex::new(started)),
             lost: CancellationToken::new(),
+            renewing: Arc::new(tokio::sync::Mutex::new(())),
         }))
     }
 
@@ -385,6 +390,7 @@ impl Leadership {
     /// Renews the lease now: `Ok(())` only while this coordinator provably holds it (a
     /// renewal that succeeded now, or one within the renew deadline when this one errs).
     pub async fn confirm(&self) -> Result<(), CampaignError> {
+        let _one = self.renewing.lock().await;
         if self.lost.is_cancelled() {
             return Err(CampaignError::LeaseLost {
                 lease: self.lease.name().to_string(),

@@ -61,7 +61,16 @@ pub enum PublishError {
 }
 
 /// How often a write is retried after a conflict (the Node changed between read and write).
-pub const WRITE_ATTEMPTS: usize = 8;
+pub const WRITE_ATTEMPTS: usize = 16;
+
+/// Waits a little after the `attempt`th conflict: randomized and growing (20 ms to 640 ms),
+/// so two writers that keep meeting stop meeting.
+pub async fn after_conflict(attempt: usize) {
+    use rand::Rng;
+    let ceiling = 20u64 << attempt.min(5);
+    let ms = rand::thread_rng().gen_range(ceiling / 2..=ceiling);
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+}
 
 fn is_conflict(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 409)
@@ -91,7 +100,7 @@ pub async fn write_condition(
 ) -> Result<Option<ConditionSeen>, kube::Error> {
     let (status, reason, message) = condition;
     let name = written.metadata.name.clone().unwrap_or_default();
-    for _ in 0..WRITE_ATTEMPTS {
+    for attempt in 0..WRITE_ATTEMPTS {
         if annotation_of(&written) != Some(annotation) {
             return Ok(None);
         }
@@ -131,7 +140,10 @@ pub async fn write_condition(
                     last_transition: Some(transition),
                 }))
             }
-            Err(e) if is_conflict(&e) => written = nodes.get(&name).await?,
+            Err(e) if is_conflict(&e) => {
+                after_conflict(attempt).await;
+                written = nodes.get(&name).await?;
+            }
             Err(e) => return Err(e),
         }
     }
@@ -307,7 +319,7 @@ impl NodePublisher {
         profile: &str,
         signature: &str,
     ) -> Result<(), PublishError> {
-        for _ in 0..WRITE_ATTEMPTS {
+        for attempt in 0..WRITE_ATTEMPTS {
             let node = self.get_node().await?;
             let fresh = NodeState::of(&node);
             let annotation = annotation_of(&node).filter(|_| fresh.certificate.is_some());
@@ -317,6 +329,7 @@ impl NodePublisher {
                 (keys::LABEL_SIGNATURE, signature),
             ]);
             let Some(written) = self.apply_metadata(&node, labels, annotation).await? else {
+                after_conflict(attempt).await;
                 continue;
             };
             let pending = Certificate {
@@ -345,7 +358,7 @@ impl NodePublisher {
         profile: &str,
         signature: &str,
     ) -> Result<Option<Certificate>, PublishError> {
-        for _ in 0..WRITE_ATTEMPTS {
+        for attempt in 0..WRITE_ATTEMPTS {
             let node = self.get_node().await?;
             let fresh = NodeState::of(&node);
             let annotation = annotation_of(&node).filter(|_| fresh.certificate.is_some());
@@ -362,6 +375,7 @@ impl NodePublisher {
                 ]),
             };
             let Some(written) = self.apply_metadata(&node, labels, annotation).await? else {
+                after_conflict(attempt).await;
                 continue;
             };
             *state = fresh;
@@ -405,7 +419,7 @@ impl NodePublisher {
         cert: &Certificate,
         invasive: bool,
     ) -> Result<Certificate, PublishError> {
-        for _ in 0..WRITE_ATTEMPTS {
+        for attempt in 0..WRITE_ATTEMPTS {
             let node = self.get_node().await?;
             let fresh = NodeState::of(&node);
             let mut merged = cert.clone();
@@ -422,6 +436,7 @@ impl NodePublisher {
                 .apply_metadata(&node, labels, Some(&annotation))
                 .await?
             else {
+                after_conflict(attempt).await;
                 continue;
             };
             let previous = fresh.certificate.clone();

@@ -675,3 +675,108 @@ fn the_chart_registers_the_guard_with_a_tight_scope_and_can_turn_it_off() {
         .iter()
         .all(|a| !a.starts_with("--node-guard")));
 }
+
+/// The chart's own objects of `kind` from the webhook, created as rendered.
+async fn create_rendered<K>(client: &Client, docs: &[Value], kind: &str) -> K
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+{
+    let typed: K = serde_json::from_value(one(docs, kind, "webhook").clone()).unwrap();
+    Api::<K>::all(client.clone())
+        .create(&PostParams::default(), &typed)
+        .await
+        .unwrap()
+}
+
+fn bundles(hooks: impl Iterator<Item = Option<ByteString>>) -> Vec<String> {
+    hooks
+        .map(|b| String::from_utf8(b.unwrap_or_default().0).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn self_managed_certificates_trust_the_ca_in_the_node_guard_configuration() {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use railguard_webhook::cert_sync::{self, SelfSignedOptions};
+    use railguard_webhook::certs::{time, CertSpec};
+
+    let cp = ControlPlane::start().await.expect("control plane");
+    let client = cp.client();
+    cp.create_namespace(NS, &labels(&[])).await.unwrap();
+    let docs = rendered();
+    let webhook_name = one(&docs, "MutatingWebhookConfiguration", "webhook")["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let guard_name = one(&docs, "ValidatingWebhookConfiguration", "webhook")["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The flag the chart passes names the configuration it renders.
+    assert!(webhook_args(&docs).contains(&format!("--node-guard-config-name={guard_name}")));
+    create_rendered::<MutatingWebhookConfiguration>(&client, &docs, "MutatingWebhookConfiguration")
+        .await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let opts = SelfSignedOptions {
+        secret_name: "railguard-webhook-tls".into(),
+        namespace: NS.into(),
+        webhook_config_name: webhook_name,
+        validating_webhook_config_name: Some(guard_name.clone()),
+        spec: CertSpec::new("railguard-webhook", NS, 365, 30).unwrap(),
+        tls_cert: dir.path().join("tls.crt"),
+        tls_key: dir.path().join("tls.key"),
+    };
+    let now = time::OffsetDateTime::now_utc();
+    // The guard's configuration not applied yet (an install applies it after the
+    // Deployment): the pass says so, so it is repeated soon.
+    let first = cert_sync::sync_once(&client, &opts, now).await.unwrap();
+    assert!(first.webhook_config_missing, "{first:?}");
+    assert_eq!(first.bundles_patched, 1, "the mutating entry");
+
+    create_rendered::<ValidatingWebhookConfiguration>(
+        &client,
+        &docs,
+        "ValidatingWebhookConfiguration",
+    )
+    .await;
+    let second = cert_sync::sync_once(&client, &opts, now).await.unwrap();
+    assert!(!second.webhook_config_missing, "{second:?}");
+    assert_eq!(second.bundles_patched, 2, "both node guard entries");
+    let guard = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .get(&guard_name)
+        .await
+        .unwrap();
+    let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get(&opts.webhook_config_name)
+        .await
+        .unwrap();
+    let guard_bundles = bundles(
+        guard
+            .webhooks
+            .unwrap_or_default()
+            .into_iter()
+            .map(|w| w.client_config.ca_bundle),
+    );
+    let mutating_bundles = bundles(
+        mutating
+            .webhooks
+            .unwrap_or_default()
+            .into_iter()
+            .map(|w| w.client_config.ca_bundle),
+    );
+    assert_eq!(guard_bundles.len(), 2);
+    assert!(guard_bundles
+        .iter()
+        .all(|b| b.contains("BEGIN CERTIFICATE")));
+    assert!(
+        guard_bundles.iter().all(|b| b == &mutating_bundles[0]),
+        "the same CA as the mutating webhook"
+    );
+    let third = cert_sync::sync_once(&client, &opts, now).await.unwrap();
+    assert_eq!(third.bundles_patched, 0, "nothing left to patch");
+}

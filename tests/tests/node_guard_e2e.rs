@@ -569,6 +569,15 @@ async fn only_a_nodes_own_prober_and_the_campaign_change_its_certification() {
         .await
         .assert_ok("admin repairs");
 
+    // Through every attack the webhook stays small (the bound for the webhook).
+    let status = std::fs::read_to_string(format!("/proc/{}/status", webhook.child.id())).unwrap();
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    assert!(rss_kib < 300 * 1024, "peak RSS {rss_kib} KiB");
+
     // Every decision is counted on the metrics port.
     let text = reqwest::get(format!("http://{}/metrics", webhook.metrics))
         .await

@@ -27,10 +27,26 @@ pub fn campaign_findings(cert: &Certificate) -> Option<NodeFindings> {
     }
 }
 
+/// Findings that say nothing about the node (no test with a peer, no blame): a node whose
+/// endpoint proved nothing keeps its certificate as it was.
+fn says_nothing(f: &NodeFindings) -> bool {
+    f.wire.is_empty()
+        && f.blamed_rails.is_empty()
+        && f.node_fault.is_none()
+        && f.links.is_empty()
+        && f.nccl_pairs.is_none()
+        && f.nccl_blamed.is_empty()
+}
+
 /// The campaign's side: merges `findings` into `cert` and stores them, so the prober's next
-/// certificate carries them.
+/// certificate carries them (findings that say nothing are not stored: they would change
+/// nothing).
 pub fn merge_findings(cert: &mut Certificate, findings: &NodeFindings) {
     apply_findings(cert, findings);
+    if says_nothing(findings) {
+        cert.extra.remove(keys::CERTIFICATE_CAMPAIGN_KEY);
+        return;
+    }
     match serde_json::to_value(findings) {
         Ok(v) => {
             cert.extra
@@ -60,9 +76,10 @@ pub fn carry_campaign(cert: &mut Certificate, on_node: Option<&Certificate>) {
             }
         }
     }
-    if let Some(findings) = campaign_findings(cert) {
-        apply_findings(cert, &findings);
-    }
+    // Without stored findings the campaign's part is empty: what `cert` brought from an
+    // older snapshot (wire entries, campaign reasons) is cleared, as the campaign cleared it.
+    let findings = campaign_findings(cert).unwrap_or_default();
+    apply_findings(cert, &findings);
 }
 
 /// The fabric label the campaign writes: a node that its prober marked `pending` stays
@@ -207,7 +224,7 @@ mod tests {
         next.reasons = vec!["nccl busbw below the threshold".into()];
         carry_campaign(&mut next, Some(&on_node));
         assert_eq!(next.verdict, Verdict::Degraded, "the prober's own verdict");
-        assert!(campaign_findings(&next).is_some());
+        assert!(campaign_findings(&next).is_none());
     }
 
     #[test]
@@ -229,6 +246,40 @@ mod tests {
         let before = fresh.clone();
         carry_campaign(&mut fresh, None);
         assert_eq!(fresh.extra, before.extra);
+    }
+
+    #[test]
+    fn findings_that_say_nothing_leave_the_certificate_as_it_was() {
+        let mut c = cert("p", 1);
+        let before = c.clone();
+        merge_findings(
+            &mut c,
+            &NodeFindings {
+                node: "a".into(),
+                ..NodeFindings::default()
+            },
+        );
+        assert_eq!(c, before);
+    }
+
+    #[test]
+    fn a_stale_snapshot_does_not_bring_back_cleared_campaign_blame() {
+        // The prober's passive certificate starts from a snapshot taken while a campaign's
+        // blame stood; the next campaign cleared it on the Node meanwhile.
+        let mut snapshot = cert("p", 3);
+        merge_findings(&mut snapshot, &blaming_mlx5_1());
+        let mut on_node = snapshot.clone();
+        merge_findings(&mut on_node, &NodeFindings::default());
+        let mut next = snapshot.clone();
+        next.generation = 4;
+        carry_campaign(&mut next, Some(&on_node));
+        assert_eq!(next.verdict, Verdict::Certified);
+        assert!(next.reasons.is_empty(), "{:?}", next.reasons);
+        let rail = next.rail("mlx5_1", 1).unwrap();
+        assert_eq!(rail.verdict, RailVerdict::Healthy);
+        assert!(rail.reasons.is_empty());
+        assert!(next.rails.iter().all(|r| r.wire.is_empty()));
+        assert!(campaign_findings(&next).is_none());
     }
 
     #[test]

@@ -187,3 +187,97 @@ fn a_node_without_rdma_devices_is_critical() {
         railguard_prober::discover::Severity::Critical
     )));
 }
+
+/// The `sysfs-unreadable` finding whose evidence names `path`, as `path = content`.
+fn junk_evidence(d: &railguard_prober::discover::Discovery, path: &Path) -> Option<String> {
+    let path = path.display().to_string();
+    d.findings
+        .iter()
+        .filter(|f| f.kind == FindingKind::SysfsUnreadable)
+        .flat_map(|f| f.evidence.iter())
+        .find(|e| e.starts_with(&format!("{path} = ")))
+        .cloned()
+}
+
+#[test]
+fn junk_link_width_speed_counters_and_non_utf8_files_are_findings_with_path_and_content() {
+    let (dir, tree) = h100_tree();
+    let root = dir.path();
+    let gpu0 = pci(root, &tree.addresses["gpu0"]);
+    let gpu1 = pci(root, &tree.addresses["gpu1"]);
+    let gpu2 = pci(root, &tree.addresses["gpu2"]);
+    let ib = root.join("sys/class/infiniband");
+    let port = ib.join("mlx5_0/ports/1");
+    let junk: Vec<(PathBuf, &[u8], &str)> = vec![
+        (gpu0.join("current_link_width"), b"sixteen\n", "\"sixteen\""),
+        (gpu0.join("max_link_speed"), b"fast GT/s\n", "\"fast GT/s\""),
+        (
+            gpu1.join("current_link_speed"),
+            b"16.0 MB/s\n",
+            "\"16.0 MB/s\"",
+        ),
+        (
+            gpu2.join("max_link_width"),
+            b"\xff\xfe16\n",
+            "\"\u{fffd}\u{fffd}16\"",
+        ),
+        (port.join("counters/port_xmit_discards"), b"-3\n", "\"-3\""),
+        (
+            port.join("hw_counters/out_of_sequence"),
+            b"\xff\n",
+            "\"\u{fffd}\"",
+        ),
+        (port.join("link_layer"), b"Token Ring\n", "\"Token Ring\""),
+        (
+            port.join("phys_state"),
+            b"5: \xffLinkUp\n",
+            "\"5: \u{fffd}LinkUp\"",
+        ),
+        (
+            ib.join("mlx5_3/fw_ver"),
+            b"28.\xc0\x80.1000\n",
+            "\"28.\u{fffd}\u{fffd}.1000\"",
+        ),
+    ];
+    for (path, content, _) in &junk {
+        assert!(path.is_file(), "the model writes {}", path.display());
+        fs::write(path, content).expect("write");
+    }
+    // The kernel's own "not known" values and absent files are unknowns, not junk.
+    fs::write(gpu1.join("max_link_speed"), "Unknown\n").expect("write");
+    fs::write(gpu1.join("max_link_width"), "0\n").expect("write");
+    fs::remove_file(gpu2.join("current_link_speed")).expect("rm");
+    fs::write(
+        ib.join("mlx5_4/ports/1/counters/link_downed"),
+        "N/A (no PMA)\n",
+    )
+    .expect("write");
+
+    let d = discover(root, false).expect("discovery survives junk");
+    for (path, _, shown) in &junk {
+        let evidence = junk_evidence(&d, path)
+            .unwrap_or_else(|| panic!("no finding for {}: {:#?}", path.display(), d.findings));
+        assert_eq!(evidence, format!("{} = {shown}", path.display()));
+    }
+    for path in [
+        gpu1.join("max_link_speed"),
+        gpu1.join("max_link_width"),
+        gpu2.join("current_link_speed"),
+        ib.join("mlx5_4/ports/1/counters/link_downed"),
+    ] {
+        assert_eq!(junk_evidence(&d, &path), None, "{}", path.display());
+    }
+    let hca = |h: &str| d.hcas.iter().find(|x| x.name == h).expect("hca").clone();
+    assert_eq!(hca("mlx5_0").ports[0].link_layer, None);
+    assert!(!hca("mlx5_0").ports[0].counters.contains_key("port_xmit_discards"));
+    assert!(!hca("mlx5_0").ports[0].hw_counters.contains_key("out_of_sequence"));
+    assert!(!hca("mlx5_4").ports[0].counters.contains_key("link_downed"));
+    assert_eq!(hca("mlx5_3").fw_ver, None);
+
+    // A passive read of the port: the junk is an error naming the file and its content.
+    let e = railguard_prober::discover::read_port(root, "mlx5_0", 1).expect_err("junk port");
+    assert!(matches!(e, DiscoverError::Junk { .. }), "{e:?}");
+    assert!(e.to_string().contains(&port.display().to_string()), "{e}");
+    // An absent file alone is no error.
+    assert!(railguard_prober::discover::read_port(root, "mlx5_4", 1).is_ok());
+}

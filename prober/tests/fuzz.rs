@@ -26,7 +26,9 @@ use proptest::sample::Index;
 use railguard_api::FabricProfile;
 use railguard_prober::analyze::{analyze, render_report};
 use railguard_prober::campaign::wire::{self as control, ControlMessage};
-use railguard_prober::discover::{acs_from_config, discover, read_pci_devices, read_port};
+use railguard_prober::discover::{
+    acs_from_config, discover, read_pci_devices, read_port, DiscoverError,
+};
 use railguard_prober::nccl::ranks::decode_id;
 use railguard_prober::nccl::{parse_debug_log, parse_perf_output, NcclObservation};
 use railguard_prober::rdma::peer::channel::{decode_nonce, FrameCodec, FrameError, FrameFormat};
@@ -379,11 +381,41 @@ fn attribute() -> impl Strategy<Value = Vec<u8>> {
     ]
 }
 
+/// Whether a passive port read takes `file` as text (so junk in it must be an error).
+fn port_reads_as_text(file: &Path) -> bool {
+    let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let parent = file
+        .parent()
+        .and_then(|p| p.file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("");
+    (["state", "rate", "link_layer", "phys_state"].contains(&name) && parent == "1")
+        || ["counters", "hw_counters"].contains(&parent)
+        || file.ends_with("gids/0")
+}
+
 fn port_property(tree: &Tree, file: &Path, content: &[u8]) -> Result<(), TestCaseError> {
     let port = with_content(file, content, || read_port(&tree.root, &tree.hca, 1));
-    let port = port.map_err(|e| TestCaseError::fail(format!("the port is there: {e}")))?;
-    if let Some(rate) = port.rate_gbps {
-        finite("rate", rate)?;
+    match &port {
+        Ok(port) => {
+            if let Some(rate) = port.rate_gbps {
+                finite("rate", rate)?;
+            }
+        }
+        // Junk is an error naming the one file this case wrote, and what it holds.
+        Err(DiscoverError::Junk { message }) => {
+            check_message(message)?;
+            let path = format!("{} is not ", file.display());
+            prop_assert!(message.starts_with(&path), "{message}");
+        }
+        Err(e) => return Err(TestCaseError::fail(format!("the port is there: {e}"))),
+    }
+    if std::str::from_utf8(content).is_err() && port_reads_as_text(file) {
+        prop_assert!(
+            port.is_err(),
+            "{} not UTF-8, read as a value",
+            file.display()
+        );
     }
     Ok(())
 }
@@ -400,8 +432,23 @@ fn pci_property(tree: &Tree, file: &Path, content: &[u8]) -> Result<(), TestCase
             finite("link speed", v)?;
         }
     }
+    // The tree is clean but for this file: every finding names it, with what it holds.
     for f in &findings {
         check_message(&f.message)?;
+        prop_assert!(
+            f.evidence
+                .iter()
+                .any(|e| e.starts_with(&file.display().to_string())),
+            "{f:?}"
+        );
+    }
+    let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    if std::str::from_utf8(content).is_err() && ["vendor", "device", "class"].contains(&name) {
+        prop_assert!(
+            !findings.is_empty(),
+            "{} not UTF-8, read as a value",
+            file.display()
+        );
     }
     Ok(())
 }

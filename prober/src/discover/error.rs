@@ -16,6 +16,10 @@ pub enum DiscoverError {
     NoSuchHca { hca: String, path: String },
     #[error("RDMA device {hca} has no port {port}")]
     NoSuchPort { hca: String, port: u32 },
+    /// A file holds something discovery does not understand (the message names the file,
+    /// what was expected and the content).
+    #[error("{message}")]
+    Junk { message: String },
     #[error("cannot read {path}")]
     Read {
         path: String,

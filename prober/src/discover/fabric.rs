@@ -9,12 +9,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use railguard_api::LinkLayer;
 use serde::{Deserialize, Serialize};
 
+use super::pci::read_attr;
 use super::{Finding, FindingKind, Hca, HcaPort, PortState, Rail, Severity};
 
 /// One sysfs attribute as read.
@@ -190,28 +190,6 @@ pub fn roce_path_mtu(netdev_mtu: u32) -> u32 {
 
 // ---------------------------------------------------------------------------------------
 // Reading (thin).
-
-/// Reads a sysfs attribute: `Absent` when the file does not exist, `Junk` when it cannot be
-/// read or is not text, else the trimmed text.
-fn read_attr(path: &Path) -> Attr<String> {
-    let mut f = match fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Attr::Absent,
-        Err(e) => return Attr::Junk(format!("<unreadable: {e}>")),
-    };
-    // Attributes fit in a page; more than that is not an attribute.
-    let mut buf = Vec::new();
-    if let Err(e) = f.by_ref().take(4097).read_to_end(&mut buf) {
-        return Attr::Junk(format!("<unreadable: {e}>"));
-    }
-    if buf.len() > 4096 {
-        return Attr::Junk("<more than 4096 bytes>".into());
-    }
-    match String::from_utf8(buf) {
-        Ok(s) => Attr::Value(s.trim().to_string()),
-        Err(e) => Attr::Junk(String::from_utf8_lossy(e.as_bytes()).trim().to_string()),
-    }
-}
 
 /// `0x1a` (how `sm_lid` prints) or decimal.
 fn parse_lid(s: &str) -> Option<u32> {

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use railguard_api::LinkLayer;
 
-use super::pci::{is_pci_address, read_trimmed};
+use super::pci::{is_pci_address, junk_file, read_parsed, read_text, read_trimmed};
 use super::{DiscoverError, Finding, FindingKind, Hca, HcaPort, PciDevice, PortState, Severity};
 
 /// `400 Gb/sec (4X NDR)` -> 400.0; `2.5 Gb/sec (1X SDR)` -> 2.5.
@@ -74,12 +74,14 @@ pub(crate) fn read_hcas_with_problems(
                 evidence: vec![format!("{}/ports ({e})", hdir.display())],
             }),
         }
+        let fw_ver = read_text(&hdir.join("fw_ver"), &name, &mut problems);
+        let node_guid = read_text(&hdir.join("node_guid"), &name, &mut problems);
         hcas.push(Hca {
             name: name.clone(),
             pci_bus_id,
             numa,
-            fw_ver: read_trimmed(&hdir.join("fw_ver")),
-            node_guid: read_trimmed(&hdir.join("node_guid")),
+            fw_ver,
+            node_guid,
             ports,
         });
     }
@@ -93,12 +95,31 @@ pub(crate) fn natural_key(s: &str) -> (String, u64) {
     (head.to_string(), tail.parse().unwrap_or(0))
 }
 
-fn read_counters(dir: &Path) -> BTreeMap<String, u64> {
+/// The counters under `dir`. A counter the kernel cannot read (`N/A (no PMA)`) is left out;
+/// one that holds anything but a number is a finding, never a silent gap (the physical-layer
+/// counters are judged, junk included, by the fabric checks of the rails: not twice).
+fn read_counters(dir: &Path, subject: &str, problems: &mut Vec<Finding>) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     if let Ok(entries) = fs::read_dir(dir) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(v) = read_trimmed(&e.path()).and_then(|s| s.parse::<u64>().ok()) {
+            let physical = dir.ends_with("counters")
+                && super::fabric::PHYSICAL_COUNTERS
+                    .iter()
+                    .any(|c| c.name == name);
+            let mut ignored = Vec::new();
+            let report = if physical {
+                &mut ignored
+            } else {
+                &mut *problems
+            };
+            let value = read_parsed(&e.path(), subject, "a counter", report, |t| {
+                if t.starts_with("N/A") {
+                    return Ok(None);
+                }
+                t.parse::<u64>().map(Some).map_err(|_| ())
+            });
+            if let Some(v) = value {
                 out.insert(name, v);
             }
         }
@@ -114,33 +135,53 @@ fn read_port_dir(
     problems: &mut Vec<Finding>,
 ) -> HcaPort {
     let pdir = hdir.join("ports").join(port.to_string());
-    let state = read_trimmed(&pdir.join("state"))
-        .map(|s| PortState::from_sysfs(&s))
-        .unwrap_or(PortState::Unknown);
-    let rate_text = read_trimmed(&pdir.join("rate"));
-    let rate_gbps = rate_text.as_deref().and_then(parse_rate);
-    if let (Some(text), None) = (&rate_text, rate_gbps) {
-        problems.push(Finding {
-            kind: FindingKind::SysfsUnreadable,
-            severity: Severity::Warning,
-            subject: format!("{hca}:{port}"),
-            message: format!("rate of {hca}:{port} is not understood"),
-            evidence: vec![format!("{}/rate = {text:?}", pdir.display())],
-        });
-    }
-    let link_layer = read_trimmed(&pdir.join("link_layer")).and_then(|s| LinkLayer::from_sysfs(&s));
+    let subject = format!("{hca}:{port}");
+    let state = read_parsed(
+        &pdir.join("state"),
+        &subject,
+        "a port state",
+        problems,
+        |t| {
+            match PortState::from_sysfs(t) {
+                // `0: NOP` is the kernel's own "no state".
+                PortState::Unknown if t.rsplit(':').next().map(str::trim) == Some("NOP") => {
+                    Ok(None)
+                }
+                PortState::Unknown => Err(()),
+                s => Ok(Some(s)),
+            }
+        },
+    )
+    .unwrap_or(PortState::Unknown);
+    let rate_gbps = read_parsed(&pdir.join("rate"), &subject, "a link rate", problems, |t| {
+        parse_rate(t).map(Some).ok_or(())
+    });
+    let link_layer = read_parsed(
+        &pdir.join("link_layer"),
+        &subject,
+        "a link layer",
+        problems,
+        |t| {
+            match LinkLayer::from_sysfs(t) {
+                Some(l) => Ok(Some(l)),
+                // ib_core's own answer for a port it cannot tell.
+                None if t == "Unknown" => Ok(None),
+                None => Err(()),
+            }
+        },
+    );
     let netdev = netdev_for_port(hdir, port);
     let fabric = super::fabric::read_port_fabric(root, hdir, &pdir, link_layer, netdev.as_deref());
     HcaPort {
         port,
         state,
-        phys_state: read_trimmed(&pdir.join("phys_state")),
+        phys_state: read_text(&pdir.join("phys_state"), &subject, problems),
         rate_gbps,
         link_layer,
-        gid0: read_trimmed(&pdir.join("gids/0")),
+        gid0: read_text(&pdir.join("gids/0"), &subject, problems),
         netdev,
-        counters: read_counters(&pdir.join("counters")),
-        hw_counters: read_counters(&pdir.join("hw_counters")),
+        counters: read_counters(&pdir.join("counters"), &subject, problems),
+        hw_counters: read_counters(&pdir.join("hw_counters"), &subject, problems),
         fabric,
     }
 }
@@ -167,7 +208,9 @@ fn netdev_for_port(hdir: &Path, port: u32) -> Option<String> {
     }
 }
 
-/// Reads one port of one RDMA device (for passive rail checks).
+/// Reads one port of one RDMA device (for passive rail checks). A file of the port that
+/// holds junk (a rate, state, link layer or counter that does not parse, a file that is not
+/// UTF-8) is an error naming the file and its content; absent files are `None` or left out.
 pub fn read_port(root: &Path, hca: &str, port: u32) -> Result<HcaPort, DiscoverError> {
     let hdir = root.join("sys/class/infiniband").join(hca);
     if !hdir.is_dir() {
@@ -182,8 +225,19 @@ pub fn read_port(root: &Path, hca: &str, port: u32) -> Result<HcaPort, DiscoverE
             port,
         });
     }
-    let mut ignored = Vec::new();
-    Ok(read_port_dir(root, &hdir, hca, port, &mut ignored))
+    let mut problems = Vec::new();
+    let read = read_port_dir(root, &hdir, hca, port, &mut problems);
+    // The physical-layer counters are read (and reported) by the fabric checks.
+    let counters = hdir.join("ports").join(port.to_string()).join("counters");
+    for (name, value) in &read.fabric.physical_counters {
+        if let super::fabric::Attr::Junk(text) = value {
+            problems.push(junk_file(hca, &counters.join(name), "a counter", text));
+        }
+    }
+    match problems.into_iter().next() {
+        None => Ok(read),
+        Some(f) => Err(DiscoverError::Junk { message: f.message }),
+    }
 }
 
 /// `counters/*` and `hw_counters/*` of a port in one map (hw counters prefixed `hw_` only

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use railguard_api::PathType;
 use serde::{Deserialize, Serialize};
 
+use super::fabric::Attr;
 use super::{
     ib, nvml, readiness, DiscoverError, Finding, FindingKind, Gpu, IndexOrder, Inventory, Severity,
 };
@@ -112,26 +113,87 @@ pub fn classify_path(a: &PciDevice, b: &PciDevice) -> PathType {
     }
 }
 
-/// Reads a small sysfs attribute, trimmed. One `open` + one `read` + `close`: attributes fit
-/// in a page and a short read is the whole value (no size probe, no EOF read).
-pub(crate) fn read_trimmed(path: &Path) -> Option<String> {
+/// Reads a small sysfs attribute, trimmed: `Absent` when there is no such file, `Junk` when
+/// it cannot be read, is larger than a page or is not UTF-8 (with the text, lossily, or why),
+/// else the text. One `open` + one `read` + `close`: attributes fit in a page and a short
+/// read is the whole value (no size probe, no EOF read).
+pub(crate) fn read_attr(path: &Path) -> Attr<String> {
     use std::io::Read;
-    let mut f = fs::File::open(path).ok()?;
+    let mut f = match fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Attr::Absent,
+        Err(e) => return Attr::Junk(format!("<unreadable: {e}>")),
+    };
     let mut buf = [0u8; 4096];
     let mut len = 0;
     loop {
-        let n = f.read(&mut buf[len..]).ok()?;
+        let n = match f.read(&mut buf[len..]) {
+            Ok(n) => n,
+            Err(e) => return Attr::Junk(format!("<unreadable: {e}>")),
+        };
         len += n;
         if n == 0 || len < buf.len() {
             break;
         }
         if len == buf.len() {
             // Larger than an attribute: not something we understand.
-            return None;
+            return Attr::Junk("<more than 4095 bytes>".into());
         }
     }
-    let text = std::str::from_utf8(&buf[..len]).ok()?;
-    Some(text.trim().to_string())
+    match std::str::from_utf8(&buf[..len]) {
+        Ok(text) => Attr::Value(text.trim().to_string()),
+        Err(_) => Attr::Junk(String::from_utf8_lossy(&buf[..len]).trim().to_string()),
+    }
+}
+
+/// [`read_attr`]'s text, `None` when absent or junk (for attributes nothing is decided on).
+pub(crate) fn read_trimmed(path: &Path) -> Option<String> {
+    read_attr(path).value().cloned()
+}
+
+/// A file that holds something discovery does not understand: a `sysfs-unreadable` finding
+/// naming the file, what was expected and what it holds.
+pub(crate) fn junk_file(subject: &str, path: &Path, expected: &str, content: &str) -> Finding {
+    Finding {
+        kind: FindingKind::SysfsUnreadable,
+        severity: Severity::Warning,
+        subject: subject.to_string(),
+        message: format!("{} is not {expected}: {content:?}", path.display()),
+        evidence: vec![format!("{} = {content:?}", path.display())],
+    }
+}
+
+/// Reads and parses an attribute: `None` when absent or when `parse` says the value means
+/// "not known" (`Ok(None)`); junk or text `parse` rejects is a [`junk_file`] finding (and
+/// `None`), never a silent unknown.
+pub(crate) fn read_parsed<T>(
+    path: &Path,
+    subject: &str,
+    expected: &str,
+    problems: &mut Vec<Finding>,
+    parse: impl FnOnce(&str) -> Result<Option<T>, ()>,
+) -> Option<T> {
+    let text = match read_attr(path) {
+        Attr::Absent => return None,
+        Attr::Junk(j) => {
+            problems.push(junk_file(subject, path, expected, &j));
+            return None;
+        }
+        Attr::Value(text) => text,
+    };
+    match parse(&text) {
+        Ok(v) => v,
+        Err(()) => {
+            problems.push(junk_file(subject, path, expected, &text));
+            None
+        }
+    }
+}
+
+/// Reads a text attribute (firmware version, GUID, `phys_state`): `None` when absent; junk
+/// (not UTF-8, unreadable) is a [`junk_file`] finding.
+pub(crate) fn read_text(path: &Path, subject: &str, problems: &mut Vec<Finding>) -> Option<String> {
+    read_parsed(path, subject, "text", problems, |t| Ok(Some(t.to_string())))
 }
 
 fn parse_hex_u32(s: &str) -> Option<u32> {
@@ -148,6 +210,29 @@ pub(crate) fn parse_link_speed(s: &str) -> Option<f64> {
     let first = s.split_whitespace().next()?;
     let v: f64 = first.parse().ok()?;
     (v.is_finite() && v > 0.0).then_some(v)
+}
+
+/// A `*_link_speed` file: GT/s, `Ok(None)` for the kernel's `Unknown` / `Unknown speed`
+/// (`pci_speed_string`), `Err` for anything else.
+fn link_speed(s: &str) -> Result<Option<f64>, ()> {
+    if s == "Unknown" || s == "Unknown speed" {
+        return Ok(None);
+    }
+    let unit = s.split_whitespace().nth(1);
+    match parse_link_speed(s) {
+        Some(v) if unit == Some("GT/s") => Ok(Some(v)),
+        _ => Err(()),
+    }
+}
+
+/// A `*_link_width` file: lanes, `Ok(None)` for 0 (the kernel prints the field as read; 0 is
+/// no link trained), `Err` for anything but a number.
+fn link_width(s: &str) -> Result<Option<u32>, ()> {
+    match s.parse::<u32>() {
+        Ok(0) => Ok(None),
+        Ok(w) => Ok(Some(w)),
+        Err(_) => Err(()),
+    }
 }
 
 /// Whether a name is a PCI address `dddd:bb:dd.f`.
@@ -319,17 +404,9 @@ fn read_device(
     problems: &mut Vec<Finding>,
 ) -> PciDevice {
     let mut hex = |file: &str| -> Option<u32> {
-        let path = dir.join(file);
-        let text = read_trimmed(&path)?;
-        let v = parse_hex_u32(&text);
-        if v.is_none() {
-            problems.push(unreadable(
-                &address,
-                &path,
-                &format!("not a hex number: {text:?}"),
-            ));
-        }
-        v
+        read_parsed(&dir.join(file), &address, "a hex number", problems, |t| {
+            parse_hex_u32(t).map(Some).ok_or(())
+        })
     };
     let vendor = hex("vendor").and_then(|v| u16::try_from(v).ok());
     let device = hex("device").and_then(|v| u16::try_from(v).ok());
@@ -342,19 +419,26 @@ fn read_device(
     } else {
         read_numa(&dir.join("numa_node"), &address, problems)
     };
-    let speed = |f: &str| read_trimmed(&dir.join(f)).and_then(|s| parse_link_speed(&s));
-    let width = |f: &str| {
-        read_trimmed(&dir.join(f))
-            .and_then(|s| s.parse::<u32>().ok())
-            .filter(|w| *w > 0)
-    };
     let link = if is_bridge {
         PcieLink::default()
     } else {
+        let mut speed = |f: &str| {
+            read_parsed(
+                &dir.join(f),
+                &address,
+                "a link speed (GT/s)",
+                problems,
+                link_speed,
+            )
+        };
+        let (current_speed_gts, max_speed_gts) =
+            (speed("current_link_speed"), speed("max_link_speed"));
+        let mut width =
+            |f: &str| read_parsed(&dir.join(f), &address, "a link width", problems, link_width);
         PcieLink {
-            current_speed_gts: speed("current_link_speed"),
+            current_speed_gts,
             current_width: width("current_link_width"),
-            max_speed_gts: speed("max_link_speed"),
+            max_speed_gts,
             max_width: width("max_link_width"),
         }
     };
@@ -381,19 +465,14 @@ fn read_device(
 }
 
 fn read_numa(path: &Path, subject: &str, problems: &mut Vec<Finding>) -> Option<u32> {
-    let text = read_trimmed(path)?;
-    match text.parse::<i64>() {
-        Ok(n) if n >= 0 => u32::try_from(n).ok(),
-        Ok(_) => None,
-        Err(_) => {
-            problems.push(unreadable(
-                subject,
-                path,
-                &format!("not a NUMA node: {text:?}"),
-            ));
-            None
+    // -1: the kernel knows no NUMA node for the device.
+    read_parsed(path, subject, "a NUMA node", problems, |t| {
+        match t.parse::<i64>() {
+            Ok(-1) => Ok(None),
+            Ok(n) => u32::try_from(n).map(Some).map_err(|_| ()),
+            Err(_) => Err(()),
         }
-    }
+    })
 }
 
 /// Reads everything discovery needs from `root`.

@@ -342,6 +342,59 @@ async fn flipping_proxy(upstream: String) -> String {
     addr
 }
 
+/// A proxy to `upstream` that records what the client sends.
+async fn recording_proxy(upstream: String) -> (String, tokio::task::JoinHandle<Vec<u8>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let recorded = tokio::spawn(async move {
+        let (down, _) = listener.accept().await.unwrap();
+        let up = TcpStream::connect(upstream).await.unwrap();
+        let (mut down_r, mut down_w) = down.into_split();
+        let (mut up_r, mut up_w) = up.into_split();
+        tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut up_r, &mut down_w).await;
+        });
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n @ 1..) = down_r.read(&mut buf).await {
+            seen.extend_from_slice(&buf[..n]);
+            let _ = up_w.write_all(&buf[..n]).await;
+        }
+        seen
+    });
+    (addr, recorded)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pair_key_never_crosses_the_wire_in_the_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let a_addr = addr(91);
+    let _a = start(dir.path(), &spec("node-a"), &a_addr);
+    let (proxy, recorded) = recording_proxy(a_addr).await;
+    let key = railguard_prober::rdma::peer::PairKey::random().to_hex();
+    let announce =
+        ControlRequest::AcceptPeer(railguard_prober::campaign::wire::AcceptPeerRequest {
+            peer_node: "node-b".into(),
+            pair_key: key.clone(),
+            ttl_ms: 1000,
+        });
+    // A shared-token endpoint refuses it, but it was sent, sealed and wrapped.
+    let answer = request(&proxy, TOKEN.as_bytes(), &announce, None, T, T)
+        .await
+        .unwrap();
+    assert!(
+        matches!(answer, ControlResponse::Refused { .. }),
+        "{answer:?}"
+    );
+    let seen = recorded.await.unwrap();
+    assert!(
+        seen.windows(8).any(|w| w == b"pairKey\""),
+        "the request went through"
+    );
+    let text = String::from_utf8_lossy(&seen);
+    assert!(!text.contains(&key), "the pair key travelled in the clear");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_control_request_altered_in_flight_is_rejected() {
     let dir = tempfile::tempdir().unwrap();

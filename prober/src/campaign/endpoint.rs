@@ -479,6 +479,7 @@ async fn control_handshake(
             request,
             credential,
         } if verify_proof(&key, ROLE_COORDINATOR, &nonce_c, &nonce_e, &proof) => {
+            let (request, credential) = unwrap_secrets(ch, peer, request, credential)?;
             if let (None, Some(check)) = (&from, &cfg.coordinator_check) {
                 let token = credential.unwrap_or_default();
                 check
@@ -496,6 +497,40 @@ async fn control_handshake(
             reason: "the requester's proof does not match the key".into(),
         }),
         other => Err(unexpected(peer, "request", &other)),
+    }
+}
+
+/// The secrets of a request as they arrived, unwrapped with the connection's session.
+fn unwrap_secrets(
+    ch: &ControlChannel<TcpStream>,
+    peer: &str,
+    request: ControlRequest,
+    credential: Option<String>,
+) -> Result<(ControlRequest, Option<String>), CampaignError> {
+    let session = ch
+        .codec()
+        .session()
+        .ok_or_else(|| protocol(peer, "request before the session"))?;
+    let open = |w: String| session.unwrap(&w).map_err(|reason| protocol(peer, reason));
+    Ok((
+        request.map_secrets(open)?,
+        credential.map(open).transpose()?,
+    ))
+}
+
+/// `response` with its secrets wrapped for the connection.
+fn wrap_response(ch: &ControlChannel<TcpStream>, response: ControlResponse) -> ControlResponse {
+    match ch.codec().session() {
+        Some(session) => {
+            match response.map_secrets(|s| Ok::<_, std::convert::Infallible>(session.wrap(&s))) {
+                Ok(r) => r,
+                Err(never) => match never {},
+            }
+        }
+        // Never: responses follow a sealed request. Nothing secret leaves in the clear.
+        None => ControlResponse::Refused {
+            reason: "no session".into(),
+        },
     }
 }
 
@@ -544,6 +579,7 @@ async fn serve_control(
         (ControlRequest::Identify, _) => identify(cfg),
         (ControlRequest::AcceptPeer(req), _) => accept_peer(cfg, req),
     };
+    let response = wrap_response(&ch, response);
     step(
         t,
         peer,
@@ -1125,14 +1161,31 @@ pub async fn request_as(
         (Some(identity), None) => Some(identity.token_for(&node, &nonce_e).await?),
         _ => None,
     };
+    let (request, credential) = {
+        let session = ch
+            .codec()
+            .session()
+            .ok_or_else(|| protocol(addr, "no session after the challenge"))?;
+        let wrap = |s: String| Ok::<_, CampaignError>(session.wrap(&s));
+        (
+            req.clone().map_secrets(wrap)?,
+            credential.map(wrap).transpose()?,
+        )
+    };
     let msg = ControlMessage::Request {
         proof: proof_hex(key, ROLE_COORDINATOR, &nonce_c, &nonce_e),
-        request: req.clone(),
+        request,
         credential,
     };
     step(io_timeout, addr, wire::send(&mut ch, &msg, addr)).await?;
     match step(answer_timeout, addr, wire::recv(&mut ch, addr)).await? {
-        ControlMessage::Response { response } => Ok(response),
+        ControlMessage::Response { response } => {
+            let session = ch
+                .codec()
+                .session()
+                .ok_or_else(|| protocol(addr, "no session after the challenge"))?;
+            response.map_secrets(|w| session.unwrap(&w).map_err(|reason| protocol(addr, reason)))
+        }
         ControlMessage::Error { reason } if reason.contains("authentication") => {
             Err(CampaignError::Auth {
                 peer: addr.to_string(),

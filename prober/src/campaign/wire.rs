@@ -152,6 +152,33 @@ pub enum ControlRequest {
     AcceptPeer(AcceptPeerRequest),
 }
 
+impl ControlRequest {
+    /// The request with every secret it carries (pair keys) passed through `f`: wrapped for
+    /// the connection before it is sent, unwrapped when it arrives
+    /// ([`crate::rdma::peer::channel::Session::wrap`]).
+    pub fn map_secrets<E>(self, f: impl Fn(String) -> Result<String, E>) -> Result<Self, E> {
+        Ok(match self {
+            ControlRequest::RunTest(mut r) => {
+                r.pair_key = r.pair_key.map(&f).transpose()?;
+                ControlRequest::RunTest(r)
+            }
+            ControlRequest::RunNccl(mut r) => {
+                r.pair_key = r.pair_key.map(&f).transpose()?;
+                ControlRequest::RunNccl(r)
+            }
+            ControlRequest::JoinNccl(mut r) => {
+                r.test.pair_key = r.test.pair_key.map(&f).transpose()?;
+                ControlRequest::JoinNccl(r)
+            }
+            ControlRequest::AcceptPeer(mut r) => {
+                r.pair_key = f(r.pair_key)?;
+                ControlRequest::AcceptPeer(r)
+            }
+            other @ (ControlRequest::Status | ControlRequest::Identify) => other,
+        })
+    }
+}
+
 /// What NCCL's debug log of one side showed (the judgement of
 /// [`crate::nccl::parse_debug_log`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -268,6 +295,19 @@ pub enum ControlResponse {
     PeerAccepted {
         peer_node: String,
     },
+}
+
+impl ControlResponse {
+    /// The response with every secret it carries (the identity token) passed through `f`.
+    pub fn map_secrets<E>(self, f: impl Fn(String) -> Result<String, E>) -> Result<Self, E> {
+        Ok(match self {
+            ControlResponse::Identity { node, token } => ControlResponse::Identity {
+                node,
+                token: f(token)?,
+            },
+            other => other,
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -42,6 +42,10 @@ pub const MIN_NONCE_BYTES: usize = 16;
 const PROOF_CONTEXT: &str = "railguard-peer-v2";
 /// Domain separation of the session keys.
 const SESSION_CONTEXT: &str = "railguard-peer-v2 session";
+/// Domain separation of the keystream that hides secrets inside sealed frames.
+const WRAP_CONTEXT: &str = "railguard-peer-v2 wrap";
+/// Bytes of the random nonce in front of a wrapped secret.
+const WRAP_NONCE_BYTES: usize = 16;
 /// Bytes of the HMAC that ends a sealed frame's payload.
 pub const MAC_BYTES: usize = 32;
 
@@ -158,6 +162,43 @@ impl Session {
         Some(mac)
     }
 
+    /// `secret` hidden for the peer of this session (lowercase hex: a random nonce, then
+    /// the secret XORed with a keystream of HMAC-SHA256 blocks under the session key). Sealed
+    /// frames are authenticated, not encrypted: keys and tokens they carry travel wrapped, so
+    /// only someone holding the connection's key can read them.
+    pub fn wrap(&self, secret: &str) -> String {
+        let nonce: [u8; WRAP_NONCE_BYTES] = rand::random();
+        let mut out = nonce.to_vec();
+        out.extend(self.keystream_xor(&nonce, secret.as_bytes()));
+        hex::encode(out)
+    }
+
+    /// The secret of [`Session::wrap`]'s output.
+    pub fn unwrap(&self, wrapped: &str) -> Result<String, &'static str> {
+        let bytes = hex::decode(wrapped).map_err(|_| "wrapped secret is not hex")?;
+        if bytes.len() < WRAP_NONCE_BYTES {
+            return Err("wrapped secret is too short");
+        }
+        let (nonce, body) = bytes.split_at(WRAP_NONCE_BYTES);
+        String::from_utf8(self.keystream_xor(nonce, body)).map_err(|_| "wrapped secret is not text")
+    }
+
+    fn keystream_xor(&self, nonce: &[u8], data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(data.len());
+        for (i, chunk) in data.chunks(32).enumerate() {
+            let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(&self.key) else {
+                return Vec::new();
+            };
+            mac.update(WRAP_CONTEXT.as_bytes());
+            mac.update(b"\0");
+            mac.update(nonce);
+            mac.update(&(i as u64).to_be_bytes());
+            let block = mac.finalize().into_bytes();
+            out.extend(chunk.iter().zip(block.iter()).map(|(a, b)| a ^ b));
+        }
+        out
+    }
+
     /// The tag that ends the next frame sent.
     fn seal(&mut self, format: &FrameFormat, payload: &[u8]) -> Vec<u8> {
         let seq = self.send_seq;
@@ -220,6 +261,11 @@ impl<M> FrameCodec<M> {
 
     pub fn is_sealed(&self) -> bool {
         self.session.is_some()
+    }
+
+    /// The session, once sealed.
+    pub fn session(&self) -> Option<&Session> {
+        self.session.as_ref()
     }
 
     /// Checks the tag and version as soon as they arrive, before waiting for the payload.
@@ -592,6 +638,21 @@ mod tests {
             ),
             "other connection"
         );
+    }
+
+    #[test]
+    fn wrapped_secrets_open_only_with_the_session_key() {
+        let (a, b) = sealed_pair();
+        let (a, b) = (a.session().unwrap(), b.session().unwrap());
+        let secret = "0123456789abcdef".repeat(5);
+        let w1 = a.wrap(&secret);
+        let w2 = a.wrap(&secret);
+        assert_ne!(w1, w2, "a fresh nonce each time");
+        assert!(!w1.contains(&hex::encode(secret.as_bytes())));
+        assert_eq!(b.unwrap(&w1).unwrap(), secret);
+        let other = Session::new(b"another-key-of-16", "test", b"n1", b"n2", "a", "b");
+        assert_ne!(other.unwrap(&w1).ok(), Some(secret));
+        assert!(b.unwrap("zz").is_err() && b.unwrap("00").is_err());
     }
 
     #[test]

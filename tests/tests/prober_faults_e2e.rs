@@ -11,6 +11,8 @@
 //!   the Node restored from its certificate. Never `pending`, never a lost certificate.
 //! - A Node GET the prober may not make (403 through RBAC, writes allowed) is an error, never
 //!   "no certificate": the certificate, its generation and its history stay.
+//! - A `railguard.io/recertify` request on a node whose GPUs a pod holds runs nothing
+//!   invasive: it is kept, an Event says why, and it is honoured once the pod is gone.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -697,5 +699,123 @@ async fn a_node_read_that_fails_is_never_taken_for_no_certificate() -> Result<()
             before.history
         );
     }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_recertify_request_waits_for_busy_gpus_and_is_kept() -> Result<()> {
+    use k8s_openapi::api::core::v1::{Event, Pod};
+    let cp = ControlPlane::start().await?;
+    let client = cp.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let work = tempfile::tempdir()?;
+    let prober = Prober {
+        bin: bin_dir(),
+        kubeconfig: cp.kubeconfig_path(),
+        work: work.path(),
+    };
+    let name = "gpu-r";
+    cp.create_node(
+        name,
+        &labels(&[GPU_PRODUCT]),
+        &[(RDMA, "1k"), ("nvidia.com/gpu", "8")],
+    )
+    .await?;
+    let (code, stderr) = prober.certify_with(name, cp.kubeconfig_path()).await?;
+    assert_eq!(code, 0, "{stderr}");
+    let (before, _) = node_certificate(&nodes, name).await?;
+
+    // A training pod holds the node's GPUs (bound, never run: no kubelet), and an operator
+    // asks for a recertification.
+    cp.create_namespace("ml", &labels(&[])).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "ml");
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "train-0"},
+        "spec": {"nodeName": name, "containers": [{"name": "c", "image": "trainer",
+            "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let ask = json!({"metadata": {"annotations": {keys::ANNOTATION_RECERTIFY: "now"}}});
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&ask))
+        .await?;
+
+    let mut d = prober
+        .command("daemon", name, cp.kubeconfig_path())
+        .args(["--interval-secs", "3600", "--passive-interval-secs", "1"])
+        .args([
+            "--window-ms",
+            "100",
+            "--poll-ms",
+            "200",
+            "--jitter-percent",
+            "0",
+        ])
+        .arg("--metrics-listen")
+        .arg(format!("127.0.0.1:{}", free_port()?))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let deferred = eventually(
+        Duration::from_secs(60),
+        "a RecertifyDeferred event",
+        || async {
+            Ok(events
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.involved_object.name.as_deref() == Some(name)
+                        && e.reason.as_deref() == Some("RecertifyDeferred")
+                }))
+        },
+    )
+    .await?;
+    assert!(
+        deferred.message.unwrap_or_default().contains("ml/train-0"),
+        "the event names the pod"
+    );
+    // Several retries later: no invasive run, the request is kept.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (cert, node) = node_certificate(&nodes, name).await?;
+    assert_eq!(cert.history.len(), before.history.len(), "no invasive run");
+    assert_ne!(
+        label(&node, keys::LABEL_FABRIC),
+        Some(keys::fabric::PENDING)
+    );
+    assert!(
+        node.metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(keys::ANNOTATION_RECERTIFY),
+        "the request is kept"
+    );
+
+    // The pod is gone: the request is honoured and cleared.
+    // At once: no kubelet confirms a graceful deletion.
+    pods.delete(
+        "train-0",
+        &kube::api::DeleteParams::default().grace_period(0),
+    )
+    .await?;
+    eventually(Duration::from_secs(60), "the requested run", || async {
+        let (cert, node) = node_certificate(&nodes, name).await?;
+        let asked = node
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(keys::ANNOTATION_RECERTIFY);
+        Ok((cert.history.len() == before.history.len() + 1 && !asked).then_some(()))
+    })
+    .await?;
+    let pid = d.id().context("daemon pid")?;
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
+    let status = tokio::time::timeout(Duration::from_secs(60), d.wait()).await??;
+    assert!(status.success(), "{status}");
     Ok(())
 }

@@ -442,3 +442,121 @@ async fn invalid_profiles_are_skipped_and_reported_and_the_valid_one_is_served()
     watches.abort();
     drop(webhook);
 }
+
+/// The Node's `RailguardFabricReady` condition: `(status, reason, message)`.
+async fn node_condition(client: &Client, node: &str) -> Option<(String, String, String)> {
+    let n = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .get(node)
+        .await
+        .ok()?;
+    let c = n
+        .status?
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == railguard_api::keys::CONDITION_FABRIC_READY)?;
+    Some((c.status, c.reason?, c.message?))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prober_whose_profile_is_invalid_waits_says_why_and_certifies_once_it_is_fixed() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let client = cp.client();
+    apply_crd(&client, &chart_crd()).await;
+    let h100 = fixture_profile("dgx-h100-ndr.yaml").unwrap();
+    // The node's only profile, broken by an edit the schema accepts.
+    let mut broken = serde_json::to_value(&h100).unwrap();
+    broken["spec"]["certification"]["ttlSeconds"] = 3600.into();
+    broken["spec"]["certification"]["intervalSeconds"] = 7200.into();
+    create_raw(&client, &broken).await.unwrap();
+    let product = "nvidia.com/gpu.product";
+    let pool = h100.spec.node_selector[product].as_str();
+    cp.create_node(
+        "gpu-a",
+        &labels(&[(product, pool)]),
+        &[("nvidia.com/gpu", "8"), ("rdma/rdma_shared_device_a", "1")],
+    )
+    .await
+    .unwrap();
+
+    let work = tempfile::tempdir().unwrap();
+    let bin = std::path::PathBuf::from(
+        std::env::var("RAILGUARD_BIN_DIR")
+            .unwrap_or_else(|_| workspace_root().join("target/debug").display().to_string()),
+    );
+    let metrics_port = railguard_tests::free_port().unwrap();
+    let mut daemon = tokio::process::Command::new(bin.join("railguard-prober"))
+        .args(["daemon", "--node", "gpu-a", "--sim", "dgx-h100"])
+        .arg("--models-dir")
+        .arg(workspace_root().join("prober/models"))
+        .arg("--sysfs-root")
+        .arg(work.path().join("sysfs"))
+        .arg("--log-dir")
+        .arg(work.path().join("logs"))
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig_path())
+        .args([
+            "--poll-ms",
+            "200",
+            "--interval-secs",
+            "3600",
+            "--jitter-percent",
+            "0",
+        ])
+        .arg("--metrics-listen")
+        .arg(format!("127.0.0.1:{metrics_port}"))
+        .env("RAILGUARD_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting the daemon");
+
+    // It waits, says why on the Node and on its metrics port, and keeps /healthz up.
+    let (_, _, message) = eventually(WAIT, "the Node says the profile is invalid", || async {
+        Ok(node_condition(&client, "gpu-a")
+            .await
+            .filter(|(s, r, _)| s == "Unknown" && r == "InvalidProfile"))
+    })
+    .await
+    .unwrap();
+    assert!(
+        message.contains("FabricProfile \"h100-ndr\" is invalid")
+            && message.contains("spec.certification.intervalSeconds"),
+        "{message}"
+    );
+    let metrics = format!("http://127.0.0.1:{metrics_port}");
+    eventually(WAIT, "the prober's metric", || async {
+        let text = get_text(&format!("{metrics}/metrics")).await;
+        Ok(text
+            .contains(&invalid_metric("railguard_prober", "h100-ndr"))
+            .then_some(()))
+    })
+    .await
+    .unwrap();
+    let health = reqwest::get(format!("{metrics}/healthz")).await.unwrap();
+    assert!(health.status().is_success(), "{}", health.status());
+    assert!(daemon.try_wait().unwrap().is_none(), "the daemon exited");
+
+    // Fixed: the daemon starts and certifies the node.
+    raw_profiles(&client)
+        .patch(
+            "h100-ndr",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"certification": {"ttlSeconds": 86400, "intervalSeconds": 21600}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(120), "gpu-a certified", || async {
+        Ok(node_condition(&client, "gpu-a")
+            .await
+            .filter(|(s, r, _)| s == "True" && r == "Certified")
+            .map(|_| ()))
+    })
+    .await
+    .unwrap();
+    let text = get_text(&format!("{metrics}/metrics")).await;
+    assert!(!text.contains("profile=\"h100-ndr\""), "{text}");
+    assert!(daemon.try_wait().unwrap().is_none(), "the daemon exited");
+    daemon.start_kill().unwrap();
+}

@@ -12,6 +12,9 @@
 //! ([`crate::rdma::peer::channel::Session`]): in version 1 the proof covered the nonces but
 //! not the request travelling next to it, so anyone on the path could swap the request.
 //!
+//! Sealed frames are authenticated, not encrypted; the secrets they carry (pair keys, tokens)
+//! are wrapped under the session key ([`ControlRequest::map_secrets`]).
+//!
 //! The key is the shared token when the coordinator speaks. When one endpoint speaks to
 //! another (the NCCL unique id of a pair test), the hello names the sending node (`from`) and
 //! the key is the pair key the coordinator gave both for that test, so a node holding the

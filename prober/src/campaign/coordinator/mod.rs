@@ -8,6 +8,7 @@ mod nccl_judging;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use futures::StreamExt;
 use jiff::Timestamp;
 use railguard_api::FabricProfile;
 use serde::{Deserialize, Serialize};
@@ -257,6 +258,9 @@ pub async fn run_campaign_with(
     })
 }
 
+/// Identity checks run at once.
+const IDENTITY_CHECKS_AT_ONCE: usize = 16;
+
 /// The nodes whose endpoints prove which node they run on, and why the others were left
 /// out. A node that cannot be reached is kept: its tests then say so.
 async fn verify_nodes(
@@ -306,7 +310,12 @@ async fn verify_nodes(
     });
     let mut verified = Vec::new();
     let mut refused = BTreeMap::new();
-    for (n, verdict) in futures::future::join_all(checks).await {
+    // A few at a time: each check is a TokenRequest and a TokenReview on the API server.
+    let verdicts: Vec<_> = futures::stream::iter(checks)
+        .buffered(IDENTITY_CHECKS_AT_ONCE)
+        .collect()
+        .await;
+    for (n, verdict) in verdicts {
         match verdict {
             Ok(()) => verified.push(n.clone()),
             Err(e) => {

@@ -301,7 +301,7 @@ async fn a_coordinator_whose_lease_is_taken_writes_nothing_more() -> Result<()> 
         }
         v
     };
-    let coordinator = |identity: &str| {
+    let coordinator = |identity: &str, endpoints: &[String]| {
         let mut c = tokio::process::Command::new(&bin);
         c.arg("campaign")
             .args(["--profile", "h100-ndr"])
@@ -329,7 +329,7 @@ async fn a_coordinator_whose_lease_is_taken_writes_nothing_more() -> Result<()> 
     };
 
     // The leader runs; its lease is taken by another holder while its tests hang.
-    let leader = coordinator("coordinator-a").spawn()?;
+    let leader = coordinator("coordinator-a", &endpoints).spawn()?;
     eventually(
         Duration::from_secs(60),
         "coordinator-a holds the lease",
@@ -390,32 +390,59 @@ async fn a_coordinator_whose_lease_is_taken_writes_nothing_more() -> Result<()> 
         "the old leader did not take the lease back"
     );
 
-    // The same campaign with the lease free writes its findings (the hanging endpoints are
-    // blamed): the check above was not vacuous.
+    // The same campaign with the lease free and endpoints that answer (simulated nodes)
+    // writes its findings: the check above was not vacuous.
     leases
         .delete("railguard-campaign", &Default::default())
         .await?;
+    let mut answering = Vec::new();
+    let mut live = Vec::new();
+    for n in names {
+        let addr = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            l.local_addr()?.to_string()
+        };
+        let child = tokio::process::Command::new(&bin)
+            .arg("peer-endpoint")
+            .args(["--node", n, "--profile", "h100-ndr", "--listen", &addr])
+            .arg("--token-file")
+            .arg(&token)
+            .arg("--sim")
+            .arg(workspace_root().join("prober/models/dgx-h100.yaml"))
+            .arg("--kubeconfig")
+            .arg(cp.kubeconfig_path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()?;
+        live.push(child);
+        eventually(Duration::from_secs(30), "the peer endpoint listens", || {
+            let addr = addr.clone();
+            async move { Ok(tokio::net::TcpStream::connect(&addr).await.ok().map(|_| ())) }
+        })
+        .await?;
+        answering.push(format!("{n}={addr}"));
+    }
     let out = tokio::time::timeout(
         Duration::from_secs(240),
-        coordinator("coordinator-b").output(),
+        coordinator("coordinator-b", &answering).output(),
     )
     .await
     .context("coordinator-b did not finish")??;
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        matches!(out.status.code(), Some(0 | 1)),
-        "the campaign ran:\n{stderr}"
-    );
+    assert_eq!(out.status.code(), Some(0), "the campaign ran:\n{stderr}");
     for n in names {
         let (cert, node) = node_certificate(&nodes, n).await?;
         assert!(
             campaign_findings(&cert).is_some(),
-            "{n}: no findings written"
+            "{n}: no findings written\n{stderr}"
         );
+        assert!(cert.rails.iter().any(|r| !r.wire.is_empty()), "{n}");
         assert!(managers(&node)
             .iter()
             .any(|m| m == keys::CAMPAIGN_FIELD_MANAGER));
     }
+    drop(live);
     drop(holes);
     Ok(())
 }

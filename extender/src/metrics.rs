@@ -25,11 +25,6 @@ pub struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ProfileLabels {
-    pub profile: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CacheLabels {
     pub cache: &'static str,
 }
@@ -50,7 +45,7 @@ pub struct Metrics {
     pub cache_objects: Family<CacheLabels, Gauge>,
     pub watch_errors: Family<CacheLabels, Counter>,
     /// 1 for each FabricProfile skipped as invalid, by name.
-    pub profiles_invalid: Family<ProfileLabels, Gauge>,
+    pub profiles_invalid: railguard_runtime::InvalidProfileGauge,
     pub tls_reloads: Family<ResultLabels, Counter>,
 }
 
@@ -82,7 +77,7 @@ impl Metrics {
         let cache_age_seconds = Family::default();
         let cache_objects = Family::<CacheLabels, Gauge>::default();
         let watch_errors = Family::<CacheLabels, Counter>::default();
-        let profiles_invalid = Family::<ProfileLabels, Gauge>::default();
+        let profiles_invalid = railguard_runtime::InvalidProfileGauge::default();
         registry.register(
             "fabric_profiles_invalid",
             "FabricProfiles skipped as invalid (1 per profile, by name)",
@@ -151,21 +146,3 @@ impl Metrics {
     }
 }
 
-impl Metrics {
-    /// Sets `fabric_profiles_invalid` for the profiles that became invalid and removes it for
-    /// those that no longer are.
-    pub fn record_invalid_profiles(&self, changes: &railguard_runtime::ProfileChanges) {
-        for p in &changes.newly_invalid {
-            self.profiles_invalid
-                .get_or_create(&ProfileLabels {
-                    profile: p.name.clone(),
-                })
-                .set(1);
-        }
-        for name in &changes.no_longer_invalid {
-            self.profiles_invalid.remove(&ProfileLabels {
-                profile: name.clone(),
-            });
-        }
-    }
-}

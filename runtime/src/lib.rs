@@ -27,7 +27,8 @@ pub use logging::{
     filter_directives, init_logging, init_logging_with, use_ansi, LogFormat, LOG_FILTER_VARS,
 };
 pub use profile_reports::{
-    InvalidProfiles, ProfileChanges, ProfileStatusWriter, PROFILE_STATUS_MANAGER,
+    InvalidProfileGauge, InvalidProfiles, ProfileChanges, ProfileLabels, ProfileStatusWriter,
+    PROFILE_STATUS_MANAGER,
 };
 pub use profiles::read_profiles;
 pub use serve::{

@@ -83,6 +83,38 @@ impl InvalidProfiles {
     }
 }
 
+/// The label of `fabric_profiles_invalid`, the gauge every component exports (1 for each
+/// profile it skips as invalid, by name).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct ProfileLabels {
+    pub profile: String,
+}
+
+/// A component's `fabric_profiles_invalid` gauge.
+pub type InvalidProfileGauge = prometheus_client::metrics::family::Family<
+    ProfileLabels,
+    prometheus_client::metrics::gauge::Gauge,
+>;
+
+impl ProfileChanges {
+    /// Sets the gauge for the profiles that became invalid and removes it for those that no
+    /// longer are.
+    pub fn record(&self, gauge: &InvalidProfileGauge) {
+        for p in &self.newly_invalid {
+            gauge
+                .get_or_create(&ProfileLabels {
+                    profile: p.name.clone(),
+                })
+                .set(1);
+        }
+        for name in &self.no_longer_invalid {
+            gauge.remove(&ProfileLabels {
+                profile: name.clone(),
+            });
+        }
+    }
+}
+
 /// Field manager of the FabricProfile status the webhook writes.
 pub const PROFILE_STATUS_MANAGER: &str = "railguard-webhook-profile-status";
 

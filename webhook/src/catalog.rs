@@ -146,7 +146,7 @@ impl Catalog {
         };
         InvalidProfiles::log(&changes, "webhook");
         if let Some(m) = &self.metrics {
-            m.record_invalid_profiles(&changes);
+            changes.record(&m.profiles_invalid);
         }
         if let Some(tx) = &self.statuses {
             for o in objects.iter().filter(|o| o.condition_update().is_some()) {

@@ -37,11 +37,6 @@ pub struct NodeGuardLabels {
     pub writer: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ProfileLabels {
-    pub profile: String,
-}
-
 /// Every metric the webhook exports.
 pub struct Metrics {
     pub registry: Registry,
@@ -60,7 +55,7 @@ pub struct Metrics {
     /// Profiles usable now.
     pub profiles: Gauge,
     /// 1 for each FabricProfile skipped as invalid, by name.
-    pub profiles_invalid: Family<ProfileLabels, Gauge>,
+    pub profiles_invalid: railguard_runtime::InvalidProfileGauge,
     /// Node guard decisions (`/validate-nodes`) by outcome and writer.
     pub node_guard_decisions: Family<NodeGuardLabels, Counter>,
 }
@@ -109,7 +104,7 @@ impl Metrics {
         );
         let profiles = Gauge::default();
         registry.register("profiles", "FabricProfiles in use", profiles.clone());
-        let profiles_invalid = Family::<ProfileLabels, Gauge>::default();
+        let profiles_invalid = railguard_runtime::InvalidProfileGauge::default();
         registry.register(
             "fabric_profiles_invalid",
             "FabricProfiles skipped as invalid (1 per profile, by name)",
@@ -145,21 +140,3 @@ impl Metrics {
     }
 }
 
-impl Metrics {
-    /// Sets `fabric_profiles_invalid` for the profiles that became invalid and removes it for
-    /// those that no longer are.
-    pub fn record_invalid_profiles(&self, changes: &railguard_runtime::ProfileChanges) {
-        for p in &changes.newly_invalid {
-            self.profiles_invalid
-                .get_or_create(&ProfileLabels {
-                    profile: p.name.clone(),
-                })
-                .set(1);
-        }
-        for name in &changes.no_longer_invalid {
-            self.profiles_invalid.remove(&ProfileLabels {
-                profile: name.clone(),
-            });
-        }
-    }
-}

@@ -120,7 +120,7 @@ impl ClusterState {
             .unwrap_or_else(PoisonError::into_inner)
             .replace(invalid);
         InvalidProfiles::log(&changes, "extender");
-        metrics.record_invalid_profiles(&changes);
+        changes.record(&metrics.profiles_invalid);
         self.rebuild_profile_list();
     }
 

@@ -50,12 +50,7 @@ pub struct Metrics {
     /// profile, which bounds a run, is known).
     stall_after: Mutex<Duration>,
     /// 1 for each FabricProfile skipped as invalid, by name.
-    profiles_invalid: Family<ProfileLabels, Gauge>,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ProfileLabels {
-    profile: String,
+    profiles_invalid: railguard_runtime::InvalidProfileGauge,
 }
 
 impl Metrics {
@@ -88,7 +83,7 @@ impl Metrics {
             busbw.clone(),
         );
         registry.register("runs", "Checks run, by kind and outcome", runs.clone());
-        let profiles_invalid = Family::<ProfileLabels, Gauge>::default();
+        let profiles_invalid = railguard_runtime::InvalidProfileGauge::default();
         registry.register(
             "fabric_profiles_invalid",
             "FabricProfiles skipped as invalid (1 per profile, by name)",
@@ -172,21 +167,9 @@ impl Metrics {
         }
     }
 
-    /// Sets `fabric_profiles_invalid` for the profiles that became invalid and removes it for
-    /// those that no longer are.
+    /// Sets `fabric_profiles_invalid` from what changed.
     pub(crate) fn record_invalid_profiles(&self, changes: &railguard_runtime::ProfileChanges) {
-        for p in &changes.newly_invalid {
-            self.profiles_invalid
-                .get_or_create(&ProfileLabels {
-                    profile: p.name.clone(),
-                })
-                .set(1);
-        }
-        for name in &changes.no_longer_invalid {
-            self.profiles_invalid.remove(&ProfileLabels {
-                profile: name.clone(),
-            });
-        }
+        changes.record(&self.profiles_invalid);
     }
 
     /// Text exposition format.

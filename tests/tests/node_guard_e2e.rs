@@ -439,7 +439,7 @@ async fn only_a_nodes_own_prober_and_the_campaign_change_its_certification() {
         .await
         .assert_guarded(
             "tenant labels a node",
-            "system:serviceaccount:ml:trainer may not change",
+            "user \"system:serviceaccount:ml:trainer\" may not change",
         );
     assert_eq!(node_label(&admin, "gpu-b", keys::LABEL_FABRIC).await, None);
     let forged = json!({"metadata": {"annotations": {
@@ -473,7 +473,7 @@ async fn only_a_nodes_own_prober_and_the_campaign_change_its_certification() {
         .await
         .assert_guarded(
             "kubelet labels its node",
-            "system:node:gpu-a may not change",
+            "user \"system:node:gpu-a\" may not change",
         );
     condition(&kubelet, "gpu-a", keys::CONDITION_FABRIC_READY, "True")
         .await

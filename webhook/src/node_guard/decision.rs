@@ -334,7 +334,7 @@ pub fn decide(
             user: if user.username.is_empty() {
                 "an anonymous requester".to_string()
             } else {
-                user.username.clone()
+                format!("user {:?}", user.username)
             },
             node: change.node.to_string(),
             changed: listed,

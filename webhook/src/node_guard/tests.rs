@@ -479,7 +479,7 @@ fn reviews_are_answered_for_their_uid_with_the_reason() {
     assert_eq!(encoded["response"]["status"]["code"], 403);
     let message = encoded["response"]["status"]["message"].as_str().unwrap();
     assert!(
-        message.starts_with("railguard node guard: alice may not change"),
+        message.starts_with("railguard node guard: user \"alice\" may not change"),
         "{message}"
     );
 

@@ -13,7 +13,10 @@
 //! the webhook mutates a GPU pod for it, the extender filters nodes by it. Each invalid one
 //! has the `fabric_profiles_invalid` metric on both, a `Valid=False` status condition naming
 //! the field and one Warning Event `InvalidProfile` (not one per resync). Fixing
-//! `legacy-bad` makes it served, its metric gone and its condition `True`.
+//! `legacy-bad` makes it served, its metric gone and its condition `True`. The prober daemon
+//! whose only profile is invalid waits (health up, the Node's condition and its metric say
+//! why) and certifies once the profile is fixed.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -164,7 +164,12 @@ fn review_property(
         let patch: json_patch::Patch = serde_json::from_slice(patch)
             .map_err(|e| TestCaseError::fail(format!("patch is not a JSON patch: {e}")))?;
         let object = request.object.expect("a patch needs an object");
-        let mut doc: Value = serde_json::from_str(object.get()).unwrap();
+        // serde_json's RawValue (and a Pod's unknown fields) skip strings without checking
+        // every escape, so a mutated object may not parse as a Value; kube-apiserver never
+        // sends one, and the patch applies to the object it holds: nothing to check here.
+        let Ok(mut doc) = serde_json::from_str::<Value>(object.get()) else {
+            return Ok(());
+        };
         // (A Pod object without `metadata` is covered too: see
         // `patch_for_a_pod_without_metadata_applies` below.)
         if doc.get("metadata").is_none_or(Value::is_object) {

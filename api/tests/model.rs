@@ -321,6 +321,19 @@ fn certificate_round_trips_and_keeps_unknown_fields() {
 }
 
 #[test]
+fn long_decimals_read_and_written_again_stay_the_same_number() {
+    // More digits than an f64 holds (the fuzzer's find): parsed once, the value must print
+    // and parse back to itself, so a prober re-publishing a certificate changes nothing.
+    let now = Timestamp::from_second(1_800_000_000).unwrap();
+    let mut v = serde_json::to_value(certificate(now, Verdict::Certified, 3600)).unwrap();
+    v["rails"][0]["latencyUs"] = serde_json::from_str("2.18446744073709551616").unwrap();
+    let once = Certificate::from_annotation(&v.to_string()).unwrap();
+    let twice = Certificate::from_annotation(&once.to_annotation().unwrap()).unwrap();
+    assert_eq!(once, twice);
+    assert_eq!(once.rails[0].latency_us, Some(2.184_467_440_737_095_5));
+}
+
+#[test]
 fn malformed_certificates_are_clear_errors() {
     let cases = [
         ("", "empty"),

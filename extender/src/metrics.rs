@@ -145,4 +145,3 @@ impl Metrics {
         Ok(out)
     }
 }
-

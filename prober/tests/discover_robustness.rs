@@ -269,8 +269,12 @@ fn junk_link_width_speed_counters_and_non_utf8_files_are_findings_with_path_and_
     }
     let hca = |h: &str| d.hcas.iter().find(|x| x.name == h).expect("hca").clone();
     assert_eq!(hca("mlx5_0").ports[0].link_layer, None);
-    assert!(!hca("mlx5_0").ports[0].counters.contains_key("port_xmit_discards"));
-    assert!(!hca("mlx5_0").ports[0].hw_counters.contains_key("out_of_sequence"));
+    assert!(!hca("mlx5_0").ports[0]
+        .counters
+        .contains_key("port_xmit_discards"));
+    assert!(!hca("mlx5_0").ports[0]
+        .hw_counters
+        .contains_key("out_of_sequence"));
     assert!(!hca("mlx5_4").ports[0].counters.contains_key("link_downed"));
     assert_eq!(hca("mlx5_3").fw_ver, None);
 

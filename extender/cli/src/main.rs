@@ -96,15 +96,20 @@ async fn run(args: Cli) -> anyhow::Result<()> {
             let source = reloader.source();
             let metrics = state.metrics.clone();
             let interval = Duration::from_secs(args.cert_poll_seconds);
-            tokio::spawn(reloader.run(interval, std::future::pending(), move |event, files| {
-                let result = match event {
-                    ReloadEvent::Unchanged => return,
-                    ReloadEvent::Reloaded => "ok",
-                    ReloadEvent::Rejected(_) => "rejected",
-                };
-                metrics.tls_reloads.get_or_create(&ResultLabels { result }).inc();
-                log_reload("extender", event, files);
-            }));
+            tokio::spawn(
+                reloader.run(interval, std::future::pending(), move |event, files| {
+                    let result = match event {
+                        ReloadEvent::Unchanged => return,
+                        ReloadEvent::Reloaded => "ok",
+                        ReloadEvent::Rejected(_) => "rejected",
+                    };
+                    metrics
+                        .tls_reloads
+                        .get_or_create(&ResultLabels { result })
+                        .inc();
+                    log_reload("extender", event, files);
+                }),
+            );
             Some(source)
         }
         _ => None,

@@ -27,11 +27,11 @@ use railguard_prober::campaign::kube::{
     collect_launcher_log, endpoint_of, profile_nodes, write_findings, GpuPodSource, LeaderLease,
     Leadership,
 };
-use railguard_prober::campaign::CampaignError;
 use railguard_prober::campaign::mpijob::{self, PairJob};
 use railguard_prober::campaign::nccl_pair::NcclRunner;
 use railguard_prober::campaign::summary::{found_faults, render_summary};
 use railguard_prober::campaign::token::{load_token, TokenSource};
+use railguard_prober::campaign::CampaignError;
 use railguard_prober::campaign::DEFAULT_PEER_PORT;
 use railguard_prober::rdma::{PeerConfig, PeerRdmaEngine, VerbsEngine};
 use railguard_sim::{ModelSource, SIM_MODEL_PATH};

@@ -37,7 +37,7 @@ pub use serve::{
 };
 pub use signal::shutdown_signal;
 pub use tls::{server_tls, TlsFiles};
-pub use tls_reload::{log_reload, ReloadEvent, TlsReloader};
+pub use tls_reload::{ReloadEvent, TlsReloader};
 
 /// Exit code of a failed verdict or a critical finding.
 pub const EXIT_FAIL: u8 = 1;

@@ -126,12 +126,14 @@ impl TlsReloader {
         }
     }
 
-    /// Polls every `interval` until `stop` completes, handing each change to `report`.
+    /// Polls every `interval` until `stop` completes; logs each change as `listener`'s and
+    /// hands its [`ReloadEvent::result`] to `count` (a metric).
     pub async fn run(
         mut self,
         interval: Duration,
         stop: impl std::future::Future<Output = ()>,
-        report: impl Fn(&ReloadEvent, &[PathBuf]),
+        listener: &'static str,
+        count: impl Fn(&'static str),
     ) {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -143,14 +145,26 @@ impl TlsReloader {
             }
             let event = self.poll();
             if event != ReloadEvent::Unchanged {
-                report(&event, &self.files);
+                log_reload(listener, &event, &self.files);
+                count(event.result());
             }
         }
     }
 }
 
-/// The usual report: a log line per change (`listener` names which one).
-pub fn log_reload(listener: &str, event: &ReloadEvent, files: &[PathBuf]) {
+impl ReloadEvent {
+    /// The metric label: `ok`, `rejected` or `unchanged`.
+    pub fn result(&self) -> &'static str {
+        match self {
+            ReloadEvent::Unchanged => "unchanged",
+            ReloadEvent::Reloaded => "ok",
+            ReloadEvent::Rejected(_) => "rejected",
+        }
+    }
+}
+
+/// A log line per change (`listener` names which one).
+fn log_reload(listener: &str, event: &ReloadEvent, files: &[PathBuf]) {
     let files: Vec<String> = files.iter().map(|p| p.display().to_string()).collect();
     match event {
         ReloadEvent::Unchanged => {}

@@ -473,6 +473,19 @@ impl Prober<'_> {
         c
     }
 
+    /// A GPU node `name` on `cp`, certified once by `certify --publish`.
+    async fn certified_node(&self, cp: &ControlPlane, name: &str) -> Result<()> {
+        cp.create_node(
+            name,
+            &labels(&[GPU_PRODUCT]),
+            &[(RDMA, "1k"), ("nvidia.com/gpu", "8")],
+        )
+        .await?;
+        let (code, stderr) = self.certify_with(name, self.kubeconfig).await?;
+        assert_eq!(code, 0, "{stderr}");
+        Ok(())
+    }
+
     /// `certify --publish` with `kubeconfig`: the exit code and stderr.
     async fn certify_with(&self, node: &str, kubeconfig: &Path) -> Result<(i32, String)> {
         let out = self
@@ -516,14 +529,7 @@ async fn sigterm_mid_run_publishes_or_restores_and_never_leaves_pending() -> Res
         work: work.path(),
     };
     let name = "gpu-t";
-    cp.create_node(
-        name,
-        &labels(&[GPU_PRODUCT]),
-        &[(RDMA, "1k"), ("nvidia.com/gpu", "8")],
-    )
-    .await?;
-    let (code, stderr) = prober.certify_with(name, cp.kubeconfig_path()).await?;
-    assert_eq!(code, 0, "{stderr}");
+    prober.certified_node(&cp, name).await?;
 
     let daemon = |nccl: &Path, grace: u64| -> Result<tokio::process::Child> {
         prober
@@ -644,14 +650,7 @@ async fn a_node_read_that_fails_is_never_taken_for_no_certificate() -> Result<()
         work: work.path(),
     };
     let name = "gpu-f";
-    cp.create_node(
-        name,
-        &labels(&[GPU_PRODUCT]),
-        &[(RDMA, "1k"), ("nvidia.com/gpu", "8")],
-    )
-    .await?;
-    let (code, stderr) = prober.certify_with(name, cp.kubeconfig_path()).await?;
-    assert_eq!(code, 0, "{stderr}");
+    prober.certified_node(&cp, name).await?;
     let (before, _) = node_certificate(&nodes, name).await?;
     assert_eq!(before.history.len(), 1);
 
@@ -742,14 +741,7 @@ async fn a_recertify_request_waits_for_busy_gpus_and_is_kept() -> Result<()> {
         work: work.path(),
     };
     let name = "gpu-r";
-    cp.create_node(
-        name,
-        &labels(&[GPU_PRODUCT]),
-        &[(RDMA, "1k"), ("nvidia.com/gpu", "8")],
-    )
-    .await?;
-    let (code, stderr) = prober.certify_with(name, cp.kubeconfig_path()).await?;
-    assert_eq!(code, 0, "{stderr}");
+    prober.certified_node(&cp, name).await?;
     let (before, _) = node_certificate(&nodes, name).await?;
 
     // A training pod holds the node's GPUs (bound, never run: no kubelet), and an operator

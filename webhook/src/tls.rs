@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use railguard_runtime::{log_reload, TlsConfigSource, TlsReloader};
+use railguard_runtime::{TlsConfigSource, TlsReloader};
 use rustls::ServerConfig;
 
 pub use railguard_runtime::ReloadEvent;
@@ -112,21 +112,14 @@ impl CertReloader {
         let stopped = async move {
             let _ = stop.changed().await;
         };
-        self.inner
-            .run(interval, stopped, |event, files| {
-                let result = match event {
-                    ReloadEvent::Unchanged => return,
-                    ReloadEvent::Reloaded => "ok",
-                    ReloadEvent::Rejected(_) => "rejected",
-                };
-                metrics
-                    .tls_reloads
-                    .get_or_create(&crate::metrics::ResultLabels {
-                        result: result.to_string(),
-                    })
-                    .inc();
-                log_reload("webhook", event, files);
-            })
-            .await;
+        let count = |result: &str| {
+            metrics
+                .tls_reloads
+                .get_or_create(&crate::metrics::ResultLabels {
+                    result: result.to_string(),
+                })
+                .inc();
+        };
+        self.inner.run(interval, stopped, "webhook", count).await;
     }
 }

@@ -11,8 +11,7 @@ use railguard_extender::metrics::{Metrics, ResultLabels};
 use railguard_extender::server::{self, AppState, Source};
 use railguard_extender_cli::Cli;
 use railguard_runtime::{
-    error_line, limit_requests, log_reload, ReloadEvent, StartupError, TlsFiles, TlsReloader,
-    EXIT_ERROR,
+    error_line, limit_requests, StartupError, TlsFiles, TlsReloader, EXIT_ERROR,
 };
 
 const NAME: &str = "railguard-extender";
@@ -96,20 +95,13 @@ async fn run(args: Cli) -> anyhow::Result<()> {
             let source = reloader.source();
             let metrics = state.metrics.clone();
             let interval = Duration::from_secs(args.cert_poll_seconds);
-            tokio::spawn(
-                reloader.run(interval, std::future::pending(), move |event, files| {
-                    let result = match event {
-                        ReloadEvent::Unchanged => return,
-                        ReloadEvent::Reloaded => "ok",
-                        ReloadEvent::Rejected(_) => "rejected",
-                    };
-                    metrics
-                        .tls_reloads
-                        .get_or_create(&ResultLabels { result })
-                        .inc();
-                    log_reload("extender", event, files);
-                }),
-            );
+            let count = move |result| {
+                metrics
+                    .tls_reloads
+                    .get_or_create(&ResultLabels { result })
+                    .inc();
+            };
+            tokio::spawn(reloader.run(interval, std::future::pending(), "extender", count));
             Some(source)
         }
         _ => None,

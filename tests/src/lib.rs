@@ -1055,6 +1055,32 @@ impl ServingCertificate {
     }
 }
 
+/// A TLS client that trusts `ca_pem` and presents `client` (PEM chain, PEM key) when given:
+/// how tests call the webhook and the extender as the API server and the scheduler do.
+pub fn tls_connector(
+    ca_pem: &str,
+    client: Option<(&str, &str)>,
+) -> Result<tokio_rustls::TlsConnector> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
+        roots.add(c?)?;
+    }
+    let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+    let config = match client {
+        Some((cert, key)) => {
+            let chain = rustls_pemfile::certs(&mut cert.as_bytes()).collect::<Result<_, _>>()?;
+            let key = rustls_pemfile::private_key(&mut key.as_bytes())?
+                .context("no private key in the client key PEM")?;
+            builder.with_client_auth_cert(chain, key)?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    Ok(tokio_rustls::TlsConnector::from(std::sync::Arc::new(
+        config,
+    )))
+}
+
 /// A FabricProfile from `api/fixtures/profiles/<file>`.
 pub fn fixture_profile(file: &str) -> Result<railguard_api::FabricProfile> {
     let path = workspace_root().join("api/fixtures/profiles").join(file);

@@ -16,8 +16,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use railguard_tests::{free_port, workspace_binary, workspace_root, ServingCertificate};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use railguard_tests::{
+    free_port, tls_connector, workspace_binary, workspace_root, ServingCertificate,
+};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -138,26 +140,11 @@ async fn start(
 }
 
 fn connector(certs: &ServingCertificate, client_cert: bool) -> tokio_rustls::TlsConnector {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut roots = rustls::RootCertStore::empty();
-    for c in rustls_pemfile::certs(&mut certs.ca_pem.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
-    let config = if client_cert {
-        let chain: Vec<CertificateDer<'static>> =
-            rustls_pemfile::certs(&mut certs.client_cert_pem.as_bytes())
-                .map(Result::unwrap)
-                .collect();
-        let key: PrivateKeyDer<'static> =
-            rustls_pemfile::private_key(&mut certs.client_key_pem.as_bytes())
-                .unwrap()
-                .unwrap();
-        builder.with_client_auth_cert(chain, key).unwrap()
-    } else {
-        builder.with_no_client_auth()
-    };
-    tokio_rustls::TlsConnector::from(Arc::new(config))
+    let client = (
+        certs.client_cert_pem.as_str(),
+        certs.client_key_pem.as_str(),
+    );
+    tls_connector(&certs.ca_pem, client_cert.then_some(client)).unwrap()
 }
 
 trait Io: AsyncRead + AsyncWrite + Unpin + Send {}

@@ -25,8 +25,10 @@ use jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, PostParams};
 use railguard_api::{FabricProfile, Verdict};
 use railguard_sim::certificates as synth;
-use railguard_tests::{fixture_profile, free_port, labels, workspace_binary, ControlPlane};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use railguard_tests::{
+    fixture_profile, free_port, labels, tls_connector, workspace_binary, ControlPlane,
+};
+use rustls::pki_types::ServerName;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -96,25 +98,8 @@ impl Authority {
     }
 
     fn connector(&self, client_cert: bool) -> tokio_rustls::TlsConnector {
-        let mut roots = rustls::RootCertStore::empty();
-        for c in rustls_pemfile::certs(&mut self.ca_pem.as_bytes()) {
-            roots.add(c.unwrap()).unwrap();
-        }
-        let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
-        let config = if client_cert {
-            let chain: Vec<CertificateDer<'static>> =
-                rustls_pemfile::certs(&mut self.client_cert_pem.as_bytes())
-                    .map(Result::unwrap)
-                    .collect();
-            let key: PrivateKeyDer<'static> =
-                rustls_pemfile::private_key(&mut self.client_key_pem.as_bytes())
-                    .unwrap()
-                    .unwrap();
-            builder.with_client_auth_cert(chain, key).unwrap()
-        } else {
-            builder.with_no_client_auth()
-        };
-        tokio_rustls::TlsConnector::from(Arc::new(config))
+        let client = (self.client_cert_pem.as_str(), self.client_key_pem.as_str());
+        tls_connector(&self.ca_pem, client_cert.then_some(client)).unwrap()
     }
 }
 

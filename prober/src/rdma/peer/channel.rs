@@ -604,40 +604,22 @@ mod tests {
             ),
             "a plain frame where a sealed one is due"
         );
-        let mut other = FrameCodec::<Note>::new(FORMAT);
-        other.seal_with(Session::new(
-            b"another-key-of-16",
-            "test",
-            b"n1",
-            b"n2",
-            "a",
-            "b",
-        ));
-        let (_, mut b) = sealed_pair();
-        assert!(
-            matches!(
-                b.decode(&mut sealed(&mut other, "x")),
-                Err(FrameError::Mac { .. })
-            ),
-            "other key"
-        );
-        let mut other = FrameCodec::<Note>::new(FORMAT);
-        other.seal_with(Session::new(
-            b"0123456789abcdef",
-            "test",
-            b"n1",
-            b"n3",
-            "a",
-            "b",
-        ));
-        let (_, mut b) = sealed_pair();
-        assert!(
-            matches!(
-                b.decode(&mut sealed(&mut other, "x")),
-                Err(FrameError::Mac { .. })
-            ),
-            "other connection"
-        );
+        // Sealed by a session of another key, or of another connection (other nonces).
+        for (key, nonce_b, what) in [
+            (&b"another-key-of-16"[..], &b"n2"[..], "other key"),
+            (&b"0123456789abcdef"[..], &b"n3"[..], "other connection"),
+        ] {
+            let mut other = FrameCodec::<Note>::new(FORMAT);
+            other.seal_with(Session::new(key, "test", b"n1", nonce_b, "a", "b"));
+            let (_, mut b) = sealed_pair();
+            assert!(
+                matches!(
+                    b.decode(&mut sealed(&mut other, "x")),
+                    Err(FrameError::Mac { .. })
+                ),
+                "{what}"
+            );
+        }
     }
 
     #[test]

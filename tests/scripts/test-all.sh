@@ -10,8 +10,12 @@ export RAILGUARD_KUBE_BIN_DIR="$(bash tests/scripts/control-plane.sh)"
 # A modern control plane beside the 1.20 floor (Kubernetes 1.37 and its etcd, built from
 # the Go module proxy and cached the same way).
 export RAILGUARD_KUBE_MODERN_BIN_DIR="$(bash tests/scripts/control-plane-modern.sh)"
-# Build every binary once; end-to-end tests run them as real child processes.
-cargo build --workspace --bins
+# A one-off build gains nothing from incremental state, which would double the disk it needs.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+# Build every binary and test once, in one invocation so that both share one feature set
+# (binaries built apart from the tests would be compiled twice); end-to-end tests run the
+# binaries as real child processes.
+cargo build --workspace --bins --tests
 target="${CARGO_TARGET_DIR:-$PWD/target}"
 export RAILGUARD_BIN_DIR="$target/debug" RAILGUARD_PROBER_BIN="$target/debug/railguard-prober"
 cargo test --workspace "$@"

@@ -565,9 +565,9 @@ fn write_json_str(out: &mut Vec<u8>, s: &str) -> Result<(), serde_json::Error> {
 
 /// One entry of a `HostPriorityList`.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
-pub struct HostPriority {
-    #[serde(rename = "Host")]
-    pub host: String,
+pub struct HostPriority<'a> {
+    #[serde(rename = "Host", borrow)]
+    pub host: Cow<'a, str>,
     #[serde(rename = "Score")]
     pub score: i64,
 }

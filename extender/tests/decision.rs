@@ -12,7 +12,9 @@ use common::*;
 use jiff::SignedDuration;
 use railguard_api::{NodeFabric, RailVerdict, Verdict};
 use railguard_extender::cache::{Applier, CachedNode, Change, ClusterState};
-use railguard_extender::decision::{check_node, filter_by};
+use railguard_extender::decision::{
+    check_node, filter_by, prioritize_scores, topology_keys_for, JobTopology,
+};
 use railguard_extender::{
     filter, prioritize, target_for, ExtenderConfig, NodeSlot, PodFacts, PodTarget, RejectReason,
 };
@@ -581,6 +583,16 @@ fn random_node(g: &mut Gen, profiles: &[railguard_api::FabricProfile], i: usize)
     }
     let mut node = synth::node(&base, &name, Some(&c), &[]);
     let labels = node.metadata.labels.as_mut().unwrap();
+    // Topology: a few leaves and spines (so locality matches), sometimes a label missing.
+    for (key, values) in [
+        ("network.topology.nvidia.com/leaf", 12),
+        ("network.topology.nvidia.com/spine", 3),
+        ("fabric.topograph.run/tier-1", 2),
+    ] {
+        if !g.chance(8) {
+            labels.insert(key.into(), format!("v{}", g.below(values)));
+        }
+    }
     if g.chance(25) {
         labels.insert("railguard.io/fabric".into(), "certified".into());
     }
@@ -649,6 +661,7 @@ fn prechecked_verdicts_equal_the_pure_filter_over_generated_nodes() {
     let mut indexed_with_precheck = 0;
 
     let mut passed_somewhere = 0;
+    let mut local_scores = 0;
     let mut reasons = std::collections::BTreeSet::new();
     for p in &profiles {
         for sig in [p.spec.signature(), "0000deadbeef".to_string()] {
@@ -706,6 +719,7 @@ fn prechecked_verdicts_equal_the_pure_filter_over_generated_nodes() {
                         name: &n.name,
                         fabric: Some(n),
                         precheck: Some(pc),
+                        topology: &[],
                     })
                     .collect();
                 assert_eq!(filter(&target, &fast, t), filter(&target, &plain, t));
@@ -728,11 +742,32 @@ fn prechecked_verdicts_equal_the_pure_filter_over_generated_nodes() {
                     prioritize(&target, &indexed, &peers, t, &config),
                     prioritize(&target, &plain_candidates, &peers, t, &config)
                 );
+                // The server's scoring: topology ids the index interned, peers looked up in it.
+                let peer_ids = peers
+                    .iter()
+                    .filter_map(|n| index.lookup(&n.name))
+                    .map(|slot| index.topology(slot))
+                    .collect();
+                let keys = topology_keys_for(&target, &config);
+                let job = JobTopology::new(keys, index.topology_keys(), peer_ids);
+                let by_labels: Vec<i64> =
+                    prioritize(&target, &plain_candidates, &peers, t, &config)
+                        .into_iter()
+                        .map(|(_, score)| score)
+                        .collect();
+                assert_eq!(prioritize_scores(&target, &indexed, &job, t), by_labels);
+                let alone = prioritize(&target, &plain_candidates, &[], t, &config);
+                local_scores += by_labels
+                    .iter()
+                    .zip(&alone)
+                    .filter(|(with, (_, without))| *with != without)
+                    .count();
             }
         }
     }
     // The comparison covered passing nodes and every reason a node's state can give.
     assert!(passed_somewhere > 100, "{passed_somewhere}");
+    assert!(local_scores > 100, "locality scored: {local_scores}");
     assert_eq!(indexed_with_precheck, profiles.len() * nodes.len());
     for r in [
         RejectReason::NoCertificate,

@@ -180,7 +180,7 @@ async fn register_webhook(client: &Client, port: u16, ca_pem: &str) {
     .unwrap();
 }
 
-/// Asks the extender itself, over HTTPS, to rank two nodes for `pod`.
+/// Asks the extender itself, over HTTPS, to rank `nodes` for `pod`: their scores in order.
 async fn extender_scores(
     https: &reqwest::Client,
     url: &str,
@@ -196,12 +196,27 @@ async fn extender_scores(
         .unwrap();
     assert!(resp.status().is_success(), "{}", resp.status());
     let list: Vec<Value> = resp.json().await.unwrap();
-    list.iter()
+    // The extender leaves out nodes that score 0 (the scheduler adds nothing for them).
+    let listed: Vec<(String, i64)> = list
+        .iter()
         .map(|h| {
             (
                 h["Host"].as_str().unwrap().to_string(),
                 h["Score"].as_i64().unwrap(),
             )
+        })
+        .collect();
+    assert!(
+        listed
+            .iter()
+            .all(|(host, score)| nodes.contains(&host.as_str()) && *score > 0),
+        "{listed:?}"
+    );
+    nodes
+        .iter()
+        .map(|n| {
+            let score = listed.iter().find(|(h, _)| h == n).map_or(0, |(_, s)| *s);
+            (n.to_string(), score)
         })
         .collect()
 }

@@ -158,12 +158,31 @@ impl ClusterState {
         if self.node_index().is_current(version, set.generation) {
             return;
         }
-        let index = Arc::new(NodeIndex::build(&nodes, version, set));
+        let index = Arc::new(NodeIndex::build(
+            &nodes,
+            version,
+            set,
+            self.topology_keys(set),
+        ));
         drop(nodes);
         *self
             .node_index
             .write()
             .unwrap_or_else(PoisonError::into_inner) = index;
+    }
+
+    /// Every topology key a decision may score on: the extender's defaults, then each
+    /// profile's own, once each.
+    fn topology_keys(&self, set: &ProfileSet) -> Vec<String> {
+        let mut keys = self.config.topology_keys.clone();
+        for profile in &set.profiles {
+            for key in &profile.spec.topology_keys {
+                if !keys.contains(key) {
+                    keys.push(key.clone());
+                }
+            }
+        }
+        keys
     }
 
     fn refresh_stale_prechecks(&self, set: &ProfileSet) {

@@ -8,7 +8,7 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 use railguard_api::NodeFabric;
 
 use crate::cache::{CachedNode, ProfileSet};
-use crate::decision::{NodeSlot, Precheck};
+use crate::decision::{NodeSlot, Precheck, TopologyInterner};
 
 /// The node cache laid out for the filter path. A `/filter` call looks up thousands of names;
 /// through the node map each lookup compares its key behind a heap pointer and then follows
@@ -40,14 +40,20 @@ pub struct NodeIndex {
     /// `prechecks[profile * len + slot]`; `None` where the node's prechecks were made for an
     /// older profile set (decisions then check its certificate instead).
     prechecks: Vec<Option<Precheck>>,
+    /// The topology keys interned below: the extender's defaults and every profile's own.
+    topology_keys: Vec<String>,
+    /// `topology[slot * topology_keys.len() + k]`: the id of the slot's value for key `k`.
+    topology: Vec<Option<u32>>,
 }
 
 impl NodeIndex {
-    /// Indexes `nodes` (the node cache at `nodes_version`) for the profiles of `set`.
+    /// Indexes `nodes` (the node cache at `nodes_version`) for the profiles of `set`, with
+    /// their values of `topology_keys` interned.
     pub fn build(
         nodes: &HashMap<String, Arc<CachedNode>>,
         nodes_version: u64,
         set: &ProfileSet,
+        topology_keys: Vec<String>,
     ) -> Self {
         let len = nodes.len();
         let mut index = NodeIndex {
@@ -59,7 +65,10 @@ impl NodeIndex {
             hasher: DefaultHashBuilder::default(),
             fabrics: Vec::with_capacity(len),
             prechecks: Vec::with_capacity(len * set.profiles.len()),
+            topology: Vec::with_capacity(len * topology_keys.len()),
+            topology_keys: Vec::new(),
         };
+        let mut interner = TopologyInterner::new(topology_keys);
         // Sorted, so slots (and the arena) follow name order whatever the map's order.
         let mut entries: Vec<(&String, &Arc<CachedNode>)> = nodes.iter().collect();
         entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
@@ -72,12 +81,14 @@ impl NodeIndex {
             index.names.push_str(name);
             index.ends.push(end);
             index.fabrics.push(cached.fabric.clone());
+            interner.intern_into(&cached.fabric.labels, &mut index.topology);
             let hash = index.hasher.hash_one(name.as_str());
             let (names, ends, hasher) = (&index.names, &index.ends, &index.hasher);
             index.table.insert_unique(hash, slot, |&s| {
                 hasher.hash_one(name_at(names, ends, s as usize))
             });
         }
+        index.topology_keys = interner.keys().to_vec();
         let indexed = index.ends.len();
         for p in 0..set.profiles.len() {
             index.prechecks.extend(
@@ -113,6 +124,19 @@ impl NodeIndex {
             .map(|&s| s as usize)
     }
 
+    /// The keys behind every slot's [`NodeIndex::topology`], in id order.
+    pub fn topology_keys(&self) -> &[String] {
+        &self.topology_keys
+    }
+
+    /// The interned topology values of `slot`, one per [`NodeIndex::topology_keys`].
+    pub fn topology(&self, slot: usize) -> &[Option<u32>] {
+        let width = self.topology_keys.len();
+        self.topology
+            .get(slot * width..(slot + 1) * width)
+            .unwrap_or_default()
+    }
+
     /// The decision input for `name`: its fabric and, when `profile` (a position in the
     /// profile set this index was built for) is given, its precheck for that profile.
     pub fn slot<'a>(&'a self, name: &'a str, profile: Option<usize>) -> NodeSlot<'a> {
@@ -123,6 +147,7 @@ impl NodeIndex {
                 precheck: profile
                     .and_then(|p| self.prechecks.get(p * self.len() + slot))
                     .and_then(Option::as_ref),
+                topology: self.topology(slot),
             },
             None => NodeSlot::new(name, None),
         }

@@ -96,6 +96,15 @@ impl JobPlacements {
         }
     }
 
+    /// Calls `visit` with each distinct node running pods of `job` in `namespace`, in name
+    /// order, without copying the names.
+    pub fn each_node(&self, namespace: &str, job: &(String, String), mut visit: impl FnMut(&str)) {
+        let jobs = self.jobs.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(nodes) = jobs.get(&Self::key(namespace, job)) {
+            nodes.keys().for_each(|n| visit(n));
+        }
+    }
+
     /// The distinct nodes running pods of `job` in `namespace`, sorted.
     pub fn nodes(&self, namespace: &str, job: &(String, String)) -> Vec<String> {
         self.jobs

@@ -18,6 +18,9 @@ pub struct NodeSlot<'a> {
     /// The node's [`Precheck`] for the target's profile and signature, when the cache has
     /// one; decisions then skip re-checking the certificate.
     pub precheck: Option<&'a Precheck>,
+    /// The node's topology label values as interned ids (see
+    /// [`TopologyInterner`](crate::decision::TopologyInterner)); empty where not interned.
+    pub topology: &'a [Option<u32>],
 }
 
 impl<'a> NodeSlot<'a> {
@@ -27,6 +30,7 @@ impl<'a> NodeSlot<'a> {
             name,
             fabric,
             precheck: None,
+            topology: &[],
         }
     }
 }

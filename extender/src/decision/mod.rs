@@ -11,6 +11,8 @@ mod target;
 pub use check::{check_node, precheck, Precheck};
 pub use config::ExtenderConfig;
 pub use filter::{filter, filter_by, FilterVerdicts, NodeSlot};
-pub use prioritize::prioritize;
+pub use prioritize::{
+    prioritize, prioritize_scores, topology_keys_for, JobTopology, TopologyInterner,
+};
 pub use rejection::{RejectReason, Rejection};
 pub use target::{in_pool, target_for, PodTarget, Unplaceable};

@@ -1,6 +1,6 @@
 //! `/prioritize`: bandwidth headroom over the profile plus locality to the job's other pods.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap};
 
 use jiff::Timestamp;
 use railguard_api::{Certificate, FabricProfile, NodeFabric};
@@ -42,9 +42,87 @@ fn headroom(cert: &Certificate, profile: &FabricProfile) -> Option<f64> {
     worst
 }
 
+/// The topology label keys that `target`'s locality is scored on, most specific first: its
+/// profile's own, or the extender's defaults when the profile names none.
+pub fn topology_keys_for<'a>(target: &PodTarget<'a>, config: &'a ExtenderConfig) -> &'a [String] {
+    match target {
+        PodTarget::Profile { profile, .. } if !profile.spec.topology_keys.is_empty() => {
+            &profile.spec.topology_keys
+        }
+        _ => &config.topology_keys,
+    }
+}
+
+/// Topology label values interned as small ids, per key: equal values of one key get equal
+/// ids. Locality compares ids instead of looking labels up in each node's label map (most of
+/// `/prioritize`'s time before) and hashing their values.
+#[derive(Clone, Debug, Default)]
+pub struct TopologyInterner {
+    keys: Vec<String>,
+    ids: Vec<HashMap<String, u32, hashbrown::DefaultHashBuilder>>,
+}
+
+impl TopologyInterner {
+    pub fn new(keys: Vec<String>) -> Self {
+        let ids = keys.iter().map(|_| HashMap::default()).collect();
+        TopologyInterner { keys, ids }
+    }
+
+    /// The keys, in the order of every id slice this interner writes.
+    pub fn keys(&self) -> &[String] {
+        &self.keys
+    }
+
+    /// Appends one id per key for a node's `labels` to `out` (`None` where it lacks the label).
+    pub fn intern_into(&mut self, labels: &BTreeMap<String, String>, out: &mut Vec<Option<u32>>) {
+        for (key, ids) in self.keys.iter().zip(&mut self.ids) {
+            out.push(labels.get(key).map(|value| {
+                let next = ids.len() as u32;
+                match ids.get(value.as_str()) {
+                    Some(&id) => id,
+                    None => {
+                        ids.insert(value.clone(), next);
+                        next
+                    }
+                }
+            }));
+        }
+    }
+}
+
+/// Where a job already runs, as locality scoring reads it: the topology ids of each node
+/// running its pods, and where each of the target's keys (most specific first) sits in an id
+/// slice (`None`: no node has ids for that key).
+#[derive(Clone, Debug, Default)]
+pub struct JobTopology<'a> {
+    pub key_positions: Vec<Option<usize>>,
+    pub peers: Vec<&'a [Option<u32>]>,
+}
+
+impl<'a> JobTopology<'a> {
+    /// `target_keys` located among `interned_keys` (the keys behind every id slice).
+    pub fn new(
+        target_keys: &[String],
+        interned_keys: &[String],
+        peers: Vec<&'a [Option<u32>]>,
+    ) -> Self {
+        let key_positions = target_keys
+            .iter()
+            .map(|k| interned_keys.iter().position(|i| i == k))
+            .collect();
+        JobTopology {
+            key_positions,
+            peers,
+        }
+    }
+}
+
 /// Ranks candidate nodes 0..=10: bandwidth headroom over the profile (up to 5) plus
 /// locality to the nodes already running the job's pods (`peers`; up to 5 for sharing the
 /// most specific topology label value). Only nodes that pass the filter earn headroom points.
+///
+/// This form reads labels; the server scores through [`prioritize_scores`] with ids its node
+/// index interned once per node change. Both give the same scores.
 pub fn prioritize(
     target: &PodTarget<'_>,
     nodes: &[NodeSlot<'_>],
@@ -52,18 +130,57 @@ pub fn prioritize(
     now: Timestamp,
     config: &ExtenderConfig,
 ) -> Vec<(String, i64)> {
+    let keys = topology_keys_for(target, config);
+    let mut interner = TopologyInterner::new(keys.to_vec());
+    let width = keys.len();
+    let mut ids = Vec::with_capacity(width * (nodes.len() + peers.len()));
+    for labels in nodes
+        .iter()
+        .map(|s| s.fabric.map(|f| &f.labels))
+        .chain(peers.iter().map(|p| Some(&p.labels)))
+    {
+        match labels {
+            Some(labels) => interner.intern_into(labels, &mut ids),
+            None => ids.extend(std::iter::repeat_n(None, width)),
+        }
+    }
+    let (node_ids, peer_ids) = ids.split_at(width * nodes.len());
+    let slots: Vec<NodeSlot<'_>> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| NodeSlot {
+            topology: node_ids.get(i * width..(i + 1) * width).unwrap_or_default(),
+            ..*s
+        })
+        .collect();
+    let job = JobTopology::new(
+        keys,
+        interner.keys(),
+        peer_ids.chunks(width.max(1)).collect(),
+    );
+    let scores = prioritize_scores(target, &slots, &job, now);
+    nodes
+        .iter()
+        .zip(scores)
+        .map(|(s, score)| (s.name.to_string(), score))
+        .collect()
+}
+
+/// The scores of [`prioritize`], in candidate order, for slots that carry their topology ids
+/// (`NodeSlot::topology`, in the id order `job` was located against).
+pub fn prioritize_scores(
+    target: &PodTarget<'_>,
+    nodes: &[NodeSlot<'_>],
+    job: &JobTopology<'_>,
+    now: Timestamp,
+) -> Vec<i64> {
     let PodTarget::Profile {
         profile, signature, ..
     } = target
     else {
-        return nodes.iter().map(|s| (s.name.to_string(), 0)).collect();
+        return vec![0; nodes.len()];
     };
-    let keys: &[String] = if profile.spec.topology_keys.is_empty() {
-        &config.topology_keys
-    } else {
-        &profile.spec.topology_keys
-    };
-    let occupied = Occupied::new(keys, peers);
+    let occupied = Occupied::new(job);
     nodes
         .iter()
         .map(|slot| {
@@ -72,9 +189,9 @@ pub fn prioritize(
                     Some(pre) => pre.headroom_points(now),
                     None => headroom_points(node, profile, signature, now),
                 };
-                headroom + occupied.locality_points(node)
+                headroom + occupied.locality_points(slot.topology)
             });
-            (slot.name.to_string(), score.clamp(0, MAX_EXTENDER_PRIORITY))
+            score.clamp(0, MAX_EXTENDER_PRIORITY)
         })
         .collect()
 }
@@ -102,39 +219,41 @@ pub(crate) fn points_for_headroom(cert: &Certificate, profile: &FabricProfile) -
     points.clamp(0, HEADROOM_POINTS)
 }
 
-/// The topology values a job's pods occupy, per key, most specific key first; only keys
-/// with at least one value are kept, so a job with no placed pods costs nothing per node.
-struct Occupied<'a> {
-    /// `(rank, key, values)`: rank is the key's position from the least specific (1) up.
-    keys: Vec<(
-        i64,
-        &'a str,
-        HashSet<&'a str, hashbrown::DefaultHashBuilder>,
-    )>,
+/// The topology ids a job's pods occupy, per key, most specific key first; only keys with at
+/// least one id are kept, so a job with no placed pods costs nothing per node.
+struct Occupied {
+    /// `(rank, position, ids)`: rank is the key's position from the least specific (1) up,
+    /// position where its id sits in a node's id slice, ids sorted.
+    keys: Vec<(i64, usize, Vec<u32>)>,
     count: i64,
 }
 
-impl<'a> Occupied<'a> {
-    fn new(keys: &'a [String], peers: &[&'a NodeFabric]) -> Self {
-        let count = keys.len() as i64;
-        let keys = keys
+impl Occupied {
+    fn new(job: &JobTopology<'_>) -> Self {
+        let count = job.key_positions.len() as i64;
+        let keys = job
+            .key_positions
             .iter()
             .enumerate()
-            .filter_map(|(i, key)| {
-                let values: HashSet<&str, _> = peers
+            .filter_map(|(i, position)| {
+                let position = (*position)?;
+                let mut ids: Vec<u32> = job
+                    .peers
                     .iter()
-                    .filter_map(|p| p.labels.get(key).map(String::as_str))
+                    .filter_map(|p| p.get(position).copied().flatten())
                     .collect();
-                (!values.is_empty()).then_some((count - i as i64, key.as_str(), values))
+                ids.sort_unstable();
+                ids.dedup();
+                (!ids.is_empty()).then_some((count - i as i64, position, ids))
             })
             .collect();
         Occupied { keys, count }
     }
 
-    fn locality_points(&self, node: &NodeFabric) -> i64 {
-        for (rank, key, values) in &self.keys {
-            if let Some(v) = node.labels.get(*key) {
-                if values.contains(v.as_str()) {
+    fn locality_points(&self, topology: &[Option<u32>]) -> i64 {
+        for (rank, position, ids) in &self.keys {
+            if let Some(Some(id)) = topology.get(*position) {
+                if ids.binary_search(id).is_ok() {
                     // Most specific key earns all points, the least specific still one or more.
                     return (LOCALITY_POINTS * rank + self.count - 1) / self.count;
                 }

@@ -7,8 +7,12 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use railguard_api::{FabricProfile, NodeFabric};
 
+use crate::cache::NodeIndex;
 use crate::cache::{CachedNode, ClusterState, ProfileSet};
-use crate::decision::{filter_by, prioritize, target_for, ExtenderConfig, NodeSlot, PodTarget};
+use crate::decision::{
+    filter_by, prioritize, prioritize_scores, target_for, topology_keys_for, ExtenderConfig,
+    JobTopology, NodeSlot, PodTarget,
+};
 use crate::error::ExtenderError;
 use crate::metrics::ReasonLabels;
 use crate::pod::PodFacts;
@@ -113,7 +117,7 @@ pub fn answer_filter<'a>(
             }
             // Rejected names are the request's own (borrowed), messages the cache's (shared).
             let verdicts =
-                with_cached_slots(cluster, &names, &profiles, &prepared.target, |slots| {
+                with_cached_slots(cluster, &names, &profiles, &prepared.target, |slots, _| {
                     filter_by(
                         &prepared.target,
                         slots,
@@ -155,12 +159,14 @@ fn failure_maps<K: Ord, V>(
 /// when the cache has one (the pod carries its profile's own signature and the profile set
 /// is current). Reads the [`NodeIndex`](crate::cache::NodeIndex) when it reflects the node
 /// cache and the profile set, and the node cache itself otherwise (same answers, slower).
+/// `decide` also gets the index when the slots came from it (they then carry their interned
+/// topology ids).
 fn with_cached_slots<T>(
     cluster: &ClusterState,
     names: &[NodeName<'_>],
     profiles: &Profiles,
     target: &PodTarget<'_>,
-    decide: impl FnOnce(&[NodeSlot<'_>]) -> T,
+    decide: impl FnOnce(&[NodeSlot<'_>], Option<&NodeIndex>) -> T,
 ) -> T {
     let (set, index) = match (profiles, target) {
         (
@@ -177,12 +183,12 @@ fn with_cached_slots<T>(
         if node_index.is_current(cluster.nodes.version(), set.generation) {
             let slots: Vec<NodeSlot<'_>> =
                 names.iter().map(|n| node_index.slot(n, index)).collect();
-            return decide(&slots);
+            return decide(&slots, Some(&node_index));
         }
     }
     let nodes = cluster.nodes.read();
     let slots = cached_slots(names, &nodes, set.zip(index));
-    decide(&slots)
+    decide(&slots, None)
 }
 
 /// Slots read from the node cache map (the path while the index is being rebuilt).
@@ -198,6 +204,7 @@ fn cached_slots<'a>(
                 name: n,
                 fabric: Some(&cached.fabric),
                 precheck: index.and_then(|(set, i)| cached.precheck(set, i)),
+                topology: &[],
             },
             None => NodeSlot::new(n, None),
         })
@@ -236,41 +243,82 @@ fn record_rejections(
     }
 }
 
-/// Answers a decoded `/prioritize` request with a score 0..=10 for every candidate, in
-/// input order.
-pub fn answer_prioritize(
+/// Answers a decoded `/prioritize` request: a score 1..=10 for every candidate that earns
+/// one, in input order. Candidates that score 0 are left out: kube-scheduler adds nothing for
+/// a host the list does not name, and a shorter list is less for it to decode.
+pub fn answer_prioritize<'r>(
     state: &AppState,
-    req: &Request<'_>,
+    req: &'r Request<'_>,
     now: Timestamp,
-) -> Result<Vec<HostPriority>, ExtenderError> {
+) -> Result<Vec<HostPriority<'r>>, ExtenderError> {
     state.ready().map_err(ExtenderError::NotSynced)?;
     let profiles = state.profiles();
     let prepared = prepare(state, req, profiles.list());
-    let peers: Vec<Arc<NodeFabric>> = match (&state.source, &prepared.facts.job) {
-        (Source::Cluster(c), Some(job)) => c.peers(&prepared.facts.namespace, job),
-        _ => Vec::new(),
+    let job = match (&state.source, &prepared.facts.job) {
+        (Source::Cluster(c), Some(job)) => Some((c, job)),
+        _ => None,
     };
-    let peer_refs: Vec<&NodeFabric> = peers.iter().map(|p| &**p).collect();
-    let scores = match &req.candidates {
+    // The job's nodes as full fabrics, for the paths that score from labels.
+    let peer_fabrics = || -> Vec<Arc<NodeFabric>> {
+        job.map(|(c, job)| c.peers(&prepared.facts.namespace, job))
+            .unwrap_or_default()
+    };
+    let scored =
+        |host: Cow<'r, str>, score: i64| (score > 0).then_some(HostPriority { host, score });
+    match &req.candidates {
         Candidates::Nodes(items) => {
             let fabrics = interpret_nodes(items, now)?;
             let slots: Vec<NodeSlot<'_>> = fabrics
                 .iter()
                 .map(|f| NodeSlot::new(&f.name, Some(f)))
                 .collect();
-            prioritize(&prepared.target, &slots, &peer_refs, now, &state.config)
+            let peers = peer_fabrics();
+            let peer_refs: Vec<&NodeFabric> = peers.iter().map(|p| &**p).collect();
+            Ok(
+                prioritize(&prepared.target, &slots, &peer_refs, now, &state.config)
+                    .into_iter()
+                    .filter_map(|(host, score)| scored(Cow::Owned(host), score))
+                    .collect(),
+            )
         }
         Candidates::Names(names) => {
             let Source::Cluster(cluster) = &state.source else {
                 return Err(ExtenderError::NamesWithoutCache);
             };
-            with_cached_slots(cluster, names, &profiles, &prepared.target, |slots| {
-                prioritize(&prepared.target, slots, &peer_refs, now, &state.config)
-            })
+            let scores = with_cached_slots(
+                cluster,
+                names,
+                &profiles,
+                &prepared.target,
+                |slots, index| match index {
+                    Some(index) => {
+                        let mut peers = Vec::new();
+                        if let Some((c, job)) = job {
+                            c.jobs.each_node(&prepared.facts.namespace, job, |node| {
+                                if let Some(slot) = index.lookup(node) {
+                                    peers.push(index.topology(slot));
+                                }
+                            });
+                        }
+                        let keys = topology_keys_for(&prepared.target, &state.config);
+                        let job = JobTopology::new(keys, index.topology_keys(), peers);
+                        prioritize_scores(&prepared.target, slots, &job, now)
+                    }
+                    None => {
+                        let peers = peer_fabrics();
+                        let peer_refs: Vec<&NodeFabric> = peers.iter().map(|p| &**p).collect();
+                        prioritize(&prepared.target, slots, &peer_refs, now, &state.config)
+                            .into_iter()
+                            .map(|(_, score)| score)
+                            .collect()
+                    }
+                },
+            );
+            Ok(names
+                .iter()
+                .zip(scores)
+                .filter_map(|(name, score)| scored(Cow::Borrowed(name.as_str()), score))
+                .collect())
         }
-    };
-    Ok(scores
-        .into_iter()
-        .map(|(host, score)| HostPriority { host, score })
-        .collect())
+    }
 }

@@ -167,9 +167,11 @@ async fn prioritize_handler(
         None => ExtenderArgs::decode(&body, state.max_nodes),
     };
     let (mode, result) = match decoded {
+        // Encoded while the request lives: the answer borrows its names.
         Ok(req) => (
             mode_of(&req),
-            answer_prioritize(&state, &req, Timestamp::now()),
+            answer_prioritize(&state, &req, Timestamp::now())
+                .map(|r| json_response(StatusCode::OK, &r)),
         ),
         Err(e) => ("invalid", Err(e)),
     };
@@ -179,7 +181,7 @@ async fn prioritize_handler(
         .get_or_create(&ModeLabels { mode })
         .observe(start.elapsed().as_secs_f64());
     match result {
-        Ok(r) => json_response(StatusCode::OK, &r),
+        Ok(response) => response,
         Err(e) => {
             count_error(&state, &e);
             let status = error_status(&e, Verb::Prioritize);

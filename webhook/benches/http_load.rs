@@ -7,6 +7,12 @@
 //! Run: `cargo bench -p railguard-webhook --bench http_load`
 //! Knobs (env): LOAD_CONNECTIONS (10), LOAD_REQUESTS (20000 per endpoint and round),
 //! LOAD_ROUNDS (2), LOAD_PACED_SECONDS (5).
+//!
+//! Server only (for an outside load generator, `tests/scripts/webhook-load.sh`):
+//! `LOAD_SERVE_ONLY=1` runs just the server, in this process, until SIGTERM or SIGINT, and
+//! prints one line `<admission addr> <metrics addr> <review file>`: `/mutate` and `/noop`
+//! over TLS on the admission address (a throwaway self-signed certificate for `localhost`),
+//! and the file holding the review body this bench sends.
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // bench harness: a failed setup should abort loudly
 
@@ -18,21 +24,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use k8s_openapi::api::core::v1::Pod;
-use railguard_webhook::catalog::Catalog;
-use railguard_webhook::metrics::Metrics;
-use railguard_webhook::review::{self, ReviewResponse};
-use railguard_webhook::server::{self, AppState, ServeOptions};
+use railguard_webhook::server::{self, ServeOptions};
 use railguard_webhook::tls::CertReloader;
-use railguard_webhook::{FailureMode, Warning, WarningKind, WebhookConfig};
-use serde_json::json;
 
-const H100: &str = include_str!("../../api/fixtures/profiles/dgx-h100-ndr.yaml");
-const SAMPLE: &str = include_str!("../fixtures/admission-review-sample.json");
+mod support;
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -41,49 +38,16 @@ fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// The review recorded from kube-apiserver 1.20, turned into an 8-GPU, 3-container pod.
-fn review_body() -> Vec<u8> {
-    let mut v: serde_json::Value = serde_json::from_str(SAMPLE).expect("sample");
-    let c0 = v["request"]["object"]["spec"]["containers"][0].clone();
-    let mut trainer = c0.clone();
-    trainer["name"] = json!("pytorch");
-    trainer["resources"] =
-        json!({"limits": {"nvidia.com/gpu": "8"}, "requests": {"nvidia.com/gpu": "8"}});
-    trainer["env"] = json!([{"name": "MASTER_ADDR", "value": "llama-master-0"}]);
-    let mut shipper = c0.clone();
-    shipper["name"] = json!("log-shipper");
-    let mut exporter = c0;
-    exporter["name"] = json!("dcgm-exporter");
-    v["request"]["object"]["spec"]["containers"] = json!([trainer, shipper, exporter]);
-    serde_json::to_vec(&v).expect("review")
-}
-
-/// Set in the child: the directory with `tls.crt`, `tls.key` and `profiles.yaml` to serve.
+/// Set in the child: the directory with `tls.crt`, `tls.key`, `profiles.yaml` and
+/// `review.json` (see [`serve_dir`]).
 const SERVE_DIR_ENV: &str = "RAILGUARD_BENCH_SERVE_DIR";
+/// Set to `1` to run only the server (module doc).
+const SERVE_ONLY_ENV: &str = "LOAD_SERVE_ONLY";
+const REVIEW_FILE: &str = "review.json";
 
-/// The baseline endpoint: decode the review and its Pod, allow, no patch (`/mutate` minus the
-/// decision and the patch).
-async fn noop(body: Bytes) -> Response {
-    let request = match review::decode(&body) {
-        Ok(r) => r,
-        Err(e) => return (StatusCode::BAD_REQUEST, format!("bad request: {e}\n")).into_response(),
-    };
-    let mut response = ReviewResponse::allow(request.uid.clone());
-    if let Some(raw) = request.object {
-        if let Err(e) = serde_json::from_str::<Pod>(raw.get()) {
-            let warning = Warning::new(WarningKind::Internal, format!("object is not a Pod: {e}"));
-            response.warnings.push(warning.message);
-        }
-    }
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        response.encode(),
-    )
-        .into_response()
-}
-
-/// Server mode (in the child): the library's admission routes plus `/noop`, served until
-/// SIGTERM. Prints `<admission addr> <metrics addr>` once both listen.
+/// Server mode (in the child, or alone): the library's admission routes plus `/noop`, served
+/// until SIGTERM or SIGINT. Prints `<admission addr> <metrics addr> <review file>` once both
+/// listen.
 fn serve(dir: &Path) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -92,20 +56,19 @@ fn serve(dir: &Path) {
         .expect("runtime");
     rt.block_on(async {
         let yaml = std::fs::read_to_string(dir.join("profiles.yaml")).expect("profiles");
-        let profiles = railguard_api::profiles_from_yaml(&yaml).expect("profiles parse");
-        let state = Arc::new(AppState {
-            catalog: Catalog::standalone(profiles),
-            config: WebhookConfig::default(),
-            failure_mode: FailureMode::Open,
-            metrics: Arc::new(Metrics::new()),
-        });
+        let state = support::app_state(&yaml);
         let reloader =
             CertReloader::new(&dir.join("tls.crt"), &dir.join("tls.key")).expect("serving pair");
-        let routes = server::admission_routes().route("/noop", axum::routing::post(noop));
-        let running = server::start_routes(routes, state, reloader, ServeOptions::default())
-            .await
-            .expect("server starts");
-        println!("{} {}", running.addr, running.metrics_addr);
+        let running =
+            server::start_routes(support::routes(), state, reloader, ServeOptions::default())
+                .await
+                .expect("server starts");
+        println!(
+            "{} {} {}",
+            running.addr,
+            running.metrics_addr,
+            dir.join(REVIEW_FILE).display()
+        );
         railguard_runtime::shutdown_signal().await;
         running.shutdown().await.expect("clean shutdown");
     });
@@ -128,7 +91,9 @@ impl Drop for Server {
     }
 }
 
-fn start_server() -> Server {
+/// A directory to serve from: a CA and a `localhost` certificate it signed, the profile and
+/// the review body. Returns it and the CA's PEM.
+fn serve_dir() -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().expect("tempdir");
     let ca_key = rcgen::KeyPair::generate().expect("key");
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
@@ -141,7 +106,13 @@ fn start_server() -> Server {
         .expect("cert");
     std::fs::write(dir.path().join("tls.crt"), cert.pem()).expect("write");
     std::fs::write(dir.path().join("tls.key"), key.serialize_pem()).expect("write");
-    std::fs::write(dir.path().join("profiles.yaml"), H100).expect("write");
+    std::fs::write(dir.path().join("profiles.yaml"), support::H100).expect("write");
+    std::fs::write(dir.path().join(REVIEW_FILE), support::review_body()).expect("write");
+    (dir, ca.pem())
+}
+
+fn start_server() -> Server {
+    let (dir, ca_pem) = serve_dir();
     let mut child = Command::new(std::env::current_exe().expect("own path"))
         .env(SERVE_DIR_ENV, dir.path())
         .stdin(Stdio::null())
@@ -162,7 +133,7 @@ fn start_server() -> Server {
         child,
         addr,
         _dir: dir,
-        ca_pem: ca.pem(),
+        ca_pem,
     }
 }
 
@@ -319,6 +290,10 @@ fn main() {
     if let Some(dir) = std::env::var_os(SERVE_DIR_ENV) {
         return serve(Path::new(&dir));
     }
+    if std::env::var(SERVE_ONLY_ENV).is_ok_and(|v| v == "1") {
+        let (dir, _) = serve_dir();
+        return serve(dir.path());
+    }
     // The client gets one thread; the server process keeps the rest of the machine.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -347,7 +322,7 @@ async fn run() {
     .with_root_certificates(roots)
     .with_no_client_auth();
     let tls = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let body = Bytes::from(review_body());
+    let body = Bytes::from(support::review_body());
     let pid = server.child.id();
 
     // Warm-up on both endpoints.

@@ -9,6 +9,9 @@
 //!
 //!     cargo build --release -p railguard-extender-cli --bin railguard-extender
 //!     cargo run --release -p railguard-tests --bin railguard-scheduler-bench
+//!
+//! `--profile-seconds N --dir D` also writes a kube-scheduler CPU profile (`go tool pprof -top`)
+//! and a `perf record` of the extender per mode into `D/logs`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -101,6 +104,12 @@ struct Args {
     /// Keep the control plane's files and logs here (default: a temp dir removed at exit).
     #[arg(long, env = "RAILGUARD_BENCH_DIR")]
     dir: Option<PathBuf>,
+    /// Profile each mode for this many seconds, from 2 s after the scheduler starts: a Go CPU
+    /// profile of kube-scheduler (its /debug/pprof, `go tool pprof`) and, for extender modes,
+    /// `perf record -g` of the extender, both written to the log dir. 0: no profiles (the
+    /// profilers cost CPU, so ratios are taken from runs without them).
+    #[arg(long, env = "RAILGUARD_BENCH_PROFILE_SECONDS", default_value_t = 0)]
+    profile_seconds: u64,
 }
 
 /// One mode's measurement.
@@ -398,6 +407,19 @@ async fn measure(
     let filter_before = extender.histograms().await?;
     let mut scheduler = Scheduler::start(cp, scheduler_bin, extender, args, mode, ns)?;
     let started = Instant::now();
+    let profiling = (args.profile_seconds > 0).then(|| {
+        let extender_pid = (mode != Mode::None).then(|| extender.child.id());
+        let out = cp.log_dir().join(&ns);
+        tokio::spawn(profile_mode(
+            scheduler
+                .metrics_url
+                .trim_end_matches("/metrics")
+                .to_string(),
+            extender_pid,
+            out,
+            args.profile_seconds,
+        ))
+    });
     let timeout = Duration::from_secs(args.timeout_secs);
     let mut first: Option<Instant> = None;
     let mut last = started;
@@ -435,6 +457,13 @@ async fn measure(
             }
         }
     }
+    if let Some(task) = profiling {
+        match task.await {
+            Ok(Ok(files)) => eprintln!("{ns}: profiles in {}", files.join(", ")),
+            Ok(Err(e)) => eprintln!("{ns}: profiling failed: {e:#}"),
+            Err(e) => eprintln!("{ns}: profiling task failed: {e}"),
+        }
+    }
     let algorithm_mean = scheduler.algorithm_mean().await;
     drop(scheduler);
     let filter_after = extender.histograms().await?;
@@ -462,6 +491,50 @@ async fn measure(
         prioritize,
         load_after: loadavg(),
     })
+}
+
+/// Profiles one mode (see `--profile-seconds`); returns the files written, `out` + suffix.
+async fn profile_mode(
+    scheduler_base: String,
+    extender_pid: Option<u32>,
+    out: PathBuf,
+    seconds: u64,
+) -> Result<Vec<String>> {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut files = Vec::new();
+    let perf = match extender_pid {
+        Some(pid) => {
+            let path = PathBuf::from(format!("{}-extender.perf", out.display()));
+            let child = tokio::process::Command::new("perf")
+                .args(["record", "-g", "-F", "499", "-o"])
+                .arg(&path)
+                .args(["-p", &pid.to_string(), "--", "sleep", &seconds.to_string()])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting perf record (apt-get install linux-perf)")?;
+            Some((child, path))
+        }
+        None => None,
+    };
+    let url = format!("{scheduler_base}/debug/pprof/profile?seconds={seconds}");
+    let profile = reqwest::get(&url)
+        .await?
+        .error_for_status()
+        .with_context(|| format!("GET {url}"))?
+        .bytes()
+        .await?;
+    let path = PathBuf::from(format!("{}-kube-scheduler.pprof", out.display()));
+    std::fs::write(&path, &profile)?;
+    files.push(path.display().to_string());
+    if let Some((mut child, path)) = perf {
+        let status = child.wait().await?;
+        if !status.success() {
+            bail!("perf record exited with {status}");
+        }
+        files.push(path.display().to_string());
+    }
+    Ok(files)
 }
 
 fn node_name(p: &Pod) -> Option<&str> {

@@ -409,7 +409,7 @@ async fn measure(
     let started = Instant::now();
     let profiling = (args.profile_seconds > 0).then(|| {
         let extender_pid = (mode != Mode::None).then(|| extender.child.id());
-        let out = cp.log_dir().join(&ns);
+        let out = cp.log_dir().join(ns);
         tokio::spawn(profile_mode(
             scheduler
                 .metrics_url

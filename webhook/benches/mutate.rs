@@ -5,7 +5,7 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)] // bench harness: a failed setup should abort loudly
 
-use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion};
+use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use k8s_openapi::api::core::v1::Pod;
 use railguard_webhook::review;
 use railguard_webhook::{mutate, FailureMode, NamespaceInfo, WebhookConfig};
@@ -54,12 +54,12 @@ fn bench(c: &mut Criterion) {
     c.bench_function("parts/profile-signature", |b| {
         b.iter(|| black_box(&profiles[0]).spec.signature())
     });
-    c.bench_function("parts/patch-serialize", |b| {
-        b.iter_batched(
-            || plan.clone(),
-            |mut p| serde_json::to_vec(&p.take_patch()),
-            BatchSize::SmallInput,
-        )
+    c.bench_function("parts/patch-write", |b| {
+        b.iter(|| {
+            let mut out = String::new();
+            railguard_webhook::patch::write_patch(black_box(&plan.ops), &mut out);
+            out
+        })
     });
     let pod_json = serde_json::to_string(&pod()).expect("pod json");
     c.bench_function("parts/pod-decode", |b| {

@@ -11,6 +11,7 @@ pub mod cert_sync;
 pub mod certs;
 pub mod config;
 pub mod error;
+pub mod json_text;
 pub mod metrics;
 pub mod mutate;
 pub mod namespace_lookup;

@@ -3,19 +3,21 @@
 //! `/-` instead.
 
 use jsonptr::PointerBuf;
-use serde_json::Value;
 
-/// One JSON-patch operation.
+use crate::json_text::{self, JsonText};
+
+/// One JSON-patch operation. The value is JSON text, written once by the step that decides
+/// it and copied into the patch as it is.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PatchOp {
     /// Add a member or append to an array (`.../-`).
-    Add { path: PointerBuf, value: Value },
+    Add { path: PointerBuf, value: JsonText },
     /// Replace an existing scalar (a merged annotation).
-    Replace { path: PointerBuf, value: Value },
+    Replace { path: PointerBuf, value: JsonText },
 }
 
 impl PatchOp {
-    pub fn add(path: PointerBuf, value: Value) -> Self {
+    pub fn add(path: PointerBuf, value: JsonText) -> Self {
         PatchOp::Add { path, value }
     }
 
@@ -25,13 +27,21 @@ impl PatchOp {
         }
     }
 
+    #[cfg(test)]
+    #[allow(clippy::unwrap_used)] // JsonText is valid JSON by construction
     fn into_operation(self) -> json_patch::PatchOperation {
         match self {
             PatchOp::Add { path, value } => {
-                json_patch::PatchOperation::Add(json_patch::AddOperation { path, value })
+                json_patch::PatchOperation::Add(json_patch::AddOperation {
+                    path,
+                    value: value.to_value().unwrap(),
+                })
             }
             PatchOp::Replace { path, value } => {
-                json_patch::PatchOperation::Replace(json_patch::ReplaceOperation { path, value })
+                json_patch::PatchOperation::Replace(json_patch::ReplaceOperation {
+                    path,
+                    value: value.to_value().unwrap(),
+                })
             }
         }
     }
@@ -51,9 +61,32 @@ pub fn child<'a>(base: &PointerBuf, tokens: impl IntoIterator<Item = &'a str>) -
     p
 }
 
-/// The operations as a `json_patch::Patch`.
-pub fn to_patch(ops: Vec<PatchOp>) -> json_patch::Patch {
+/// The operations as a `json_patch::Patch` (the tests apply it with a real implementation).
+#[cfg(test)]
+pub(crate) fn to_patch(ops: Vec<PatchOp>) -> json_patch::Patch {
     json_patch::Patch(ops.into_iter().map(PatchOp::into_operation).collect())
+}
+
+/// Appends the operations as an RFC 6902 document: what serde_json writes for the same
+/// operations as a `json_patch::Patch` (`op`, `path`, `value` in that order), each value
+/// copied in as the step wrote it.
+pub fn write_patch(ops: &[PatchOp], out: &mut String) {
+    out.push('[');
+    for (i, op) in ops.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        let (head, path, value) = match op {
+            PatchOp::Add { path, value } => (r#"{"op":"add","path":"#, path, value),
+            PatchOp::Replace { path, value } => (r#"{"op":"replace","path":"#, path, value),
+        };
+        out.push_str(head);
+        json_text::push_str(out, path.as_str());
+        out.push_str(r#","value":"#);
+        out.push_str(value.as_str());
+        out.push('}');
+    }
+    out.push(']');
 }
 
 #[cfg(test)]
@@ -71,25 +104,68 @@ mod tests {
         );
     }
 
-    #[test]
-    fn ops_serialize_as_rfc6902() {
-        let patch = to_patch(vec![
+    fn sample_ops() -> Vec<PatchOp> {
+        vec![
             PatchOp::add(
                 pointer(["spec", "volumes", "-"]),
-                serde_json::json!({"name": "x"}),
+                JsonText::object(|o| {
+                    o.str("name", "x");
+                }),
             ),
             PatchOp::Replace {
                 path: pointer(["metadata", "annotations", "k8s.v1.cni.cncf.io/networks"]),
-                value: serde_json::json!("a,b"),
+                value: JsonText::string("a,b"),
             },
-        ]);
-        let v = serde_json::to_value(&patch).unwrap();
+        ]
+    }
+
+    #[test]
+    fn ops_serialize_as_rfc6902() {
+        let v = serde_json::to_value(to_patch(sample_ops())).unwrap();
         assert_eq!(
             v,
             serde_json::json!([
                 {"op": "add", "path": "/spec/volumes/-", "value": {"name": "x"}},
                 {"op": "replace", "path": "/metadata/annotations/k8s.v1.cni.cncf.io~1networks", "value": "a,b"}
             ])
+        );
+    }
+
+    #[test]
+    fn the_written_patch_is_the_one_serde_json_writes() {
+        let mut ops = sample_ops();
+        ops.push(PatchOp::add(
+            pointer(["metadata", "annotations", "a~b/c\"d\\e\u{1}"]),
+            JsonText::of(&serde_json::json!({"k": ["x", 1, true, null, {"nested": "é\n"}]}))
+                .unwrap(),
+        ));
+        ops.push(PatchOp::add(
+            pointer(["spec", "containers", "0", "env", "-"]),
+            JsonText::object(|o| {
+                o.str("name", "NCCL_IB_HCA")
+                    .str("value", "=mlx5_0:1,mlx5_1:1");
+            }),
+        ));
+        for ops in [Vec::new(), ops] {
+            let mut written = String::new();
+            write_patch(&ops, &mut written);
+            let reference = serde_json::to_string(&to_patch(ops.clone())).unwrap();
+            assert_eq!(written, reference);
+            let parsed: json_patch::Patch = serde_json::from_str(&written).unwrap();
+            assert_eq!(parsed, to_patch(ops));
+        }
+        let mut written = String::new();
+        write_patch(&sample_ops(), &mut written);
+        assert!(
+            written.contains(r#""path":"/metadata/annotations/k8s.v1.cni.cncf.io~1networks""#),
+            "slashes in keys escaped as ~1: {written}"
+        );
+        let mut written = String::new();
+        let tilde = PatchOp::add(pointer(["a~b", "c/d"]), JsonText::string("v"));
+        write_patch(&[tilde], &mut written);
+        assert_eq!(
+            written, r#"[{"op":"add","path":"/a~0b/c~1d","value":"v"}]"#,
+            "tildes escaped as ~0"
         );
     }
 }

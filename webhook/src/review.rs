@@ -4,12 +4,18 @@
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Pod;
 use railguard_api::FabricProfile;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::config::{FailureMode, NamespaceInfo, WebhookConfig};
 use crate::error::DecodeError;
+use crate::json_text;
 use crate::mutate::{mutate, Warning, WarningKind};
+use crate::patch::write_patch;
+
+/// Room for a full mutation's patch (an 8-GPU pod's is about 3 KiB), so writing it does not
+/// grow the buffer.
+const PATCH_CAPACITY: usize = 4096;
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
@@ -145,36 +151,6 @@ pub struct ReviewResponse {
     pub denial: Option<String>,
 }
 
-#[derive(Serialize)]
-struct ReviewOut<'a> {
-    #[serde(rename = "apiVersion")]
-    api_version: &'static str,
-    kind: &'static str,
-    response: ResponseWire<'a>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ResponseWire<'a> {
-    uid: &'a str,
-    allowed: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    patch_type: Option<&'static str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    patch: Option<String>,
-    #[serde(skip_serializing_if = "<[String]>::is_empty")]
-    warnings: &'a [String],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    status: Option<StatusWire<'a>>,
-}
-
-#[derive(Serialize)]
-struct StatusWire<'a> {
-    code: u16,
-    message: &'a str,
-    reason: &'static str,
-}
-
 impl ReviewResponse {
     pub fn allow(uid: impl Into<String>) -> Self {
         Self {
@@ -186,35 +162,45 @@ impl ReviewResponse {
         }
     }
 
-    /// The AdmissionReview JSON.
+    /// The AdmissionReview JSON, written in one pass: the patch goes into the answer as
+    /// base64 directly, with no string in between. The bytes are those serde_json writes for
+    /// the same fields in this order (`uid`, `allowed`, `patchType`, `patch`, `warnings`,
+    /// `status`), absent ones left out.
     pub fn encode(&self) -> Vec<u8> {
-        let out = ReviewOut {
-            api_version: API_VERSION,
-            kind: KIND,
-            response: ResponseWire {
-                uid: &self.uid,
-                allowed: self.allowed,
-                patch_type: self.patch.as_ref().map(|_| "JSONPatch"),
-                patch: self
-                    .patch
-                    .as_ref()
-                    .map(|p| base64::engine::general_purpose::STANDARD.encode(p)),
-                warnings: &self.warnings,
-                status: self.denial.as_deref().map(|message| StatusWire {
-                    code: 403,
-                    message,
-                    reason: "Forbidden",
-                }),
-            },
-        };
-        // Serializing plain strings and bools cannot fail; fall back to a minimal allow.
-        serde_json::to_vec(&out).unwrap_or_else(|_| {
-            format!(
-                r#"{{"apiVersion":"{API_VERSION}","kind":"{KIND}","response":{{"uid":{},"allowed":true}}}}"#,
-                serde_json::Value::String(self.uid.clone())
-            )
-            .into_bytes()
-        })
+        const HEAD: &str =
+            r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"#;
+        let patch_len = self
+            .patch
+            .as_ref()
+            .map_or(0, |p| p.len().div_ceil(3) * 4 + 40);
+        let text_len: usize = self.warnings.iter().map(|w| w.len() + 3).sum::<usize>()
+            + self.denial.as_ref().map_or(0, |d| d.len() + 60);
+        let mut out =
+            String::with_capacity(HEAD.len() + self.uid.len() + 24 + patch_len + text_len);
+        out.push_str(HEAD);
+        json_text::push_str(&mut out, &self.uid);
+        out.push_str(if self.allowed {
+            r#","allowed":true"#
+        } else {
+            r#","allowed":false"#
+        });
+        if let Some(patch) = &self.patch {
+            out.push_str(r#","patchType":"JSONPatch","patch":""#);
+            // Base64 needs no escaping: encoded straight into the answer.
+            base64::engine::general_purpose::STANDARD.encode_string(patch, &mut out);
+            out.push('"');
+        }
+        if !self.warnings.is_empty() {
+            out.push_str(r#","warnings":"#);
+            json_text::push_str_array(&mut out, &self.warnings);
+        }
+        if let Some(message) = &self.denial {
+            out.push_str(r#","status":{"code":403,"message":"#);
+            json_text::push_str(&mut out, message);
+            out.push_str(r#","reason":"Forbidden"}"#);
+        }
+        out.push_str("}}");
+        out.into_bytes()
     }
 }
 
@@ -318,10 +304,9 @@ pub fn admit(
         response.allowed = false;
         response.denial = Some(reason);
     } else if !plan.ops.is_empty() {
-        match serde_json::to_vec(&plan.take_patch()) {
-            Ok(bytes) => response.patch = Some(bytes),
-            Err(e) => return failed(format!("cannot serialize the patch: {e}"), response),
-        }
+        let mut patch = String::with_capacity(PATCH_CAPACITY);
+        write_patch(&plan.ops, &mut patch);
+        response.patch = Some(patch.into_bytes());
     }
     Admission {
         response,
@@ -329,5 +314,94 @@ pub fn admit(
         profile: plan.profile,
         warning_kinds,
         error: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use serde::Serialize;
+
+    use super::*;
+
+    /// The answer as serde_json writes it from the wire structs (how `encode` was written
+    /// before it wrote the bytes itself): the reference for byte-for-byte equality.
+    fn serde_encode(r: &ReviewResponse) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct ReviewOut<'a> {
+            #[serde(rename = "apiVersion")]
+            api_version: &'static str,
+            kind: &'static str,
+            response: ResponseWire<'a>,
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct ResponseWire<'a> {
+            uid: &'a str,
+            allowed: bool,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            patch_type: Option<&'static str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            patch: Option<String>,
+            #[serde(skip_serializing_if = "<[String]>::is_empty")]
+            warnings: &'a [String],
+            #[serde(skip_serializing_if = "Option::is_none")]
+            status: Option<StatusWire<'a>>,
+        }
+        #[derive(Serialize)]
+        struct StatusWire<'a> {
+            code: u16,
+            message: &'a str,
+            reason: &'static str,
+        }
+        serde_json::to_vec(&ReviewOut {
+            api_version: API_VERSION,
+            kind: KIND,
+            response: ResponseWire {
+                uid: &r.uid,
+                allowed: r.allowed,
+                patch_type: r.patch.as_ref().map(|_| "JSONPatch"),
+                patch: r
+                    .patch
+                    .as_ref()
+                    .map(|p| base64::engine::general_purpose::STANDARD.encode(p)),
+                warnings: &r.warnings,
+                status: r.denial.as_deref().map(|message| StatusWire {
+                    code: 403,
+                    message,
+                    reason: "Forbidden",
+                }),
+            },
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn answers_are_the_bytes_serde_json_writes() {
+        let mut cases = vec![ReviewResponse::allow(
+            "0b7f8a2e-9d43-4c1e-8a51-0d7a5c1f2e11",
+        )];
+        // Every patch length modulo 3 (base64 padding), empty included.
+        for len in [0, 1, 2, 3, 4, 5, 3000, 3001, 3002] {
+            let mut r = ReviewResponse::allow("u");
+            r.patch = Some((0..len).map(|i| (i * 7 % 256) as u8).collect());
+            r.warnings = vec!["container t: NCCL_IB_HCA=\"x\" kept\n".into(), "é…".into()];
+            cases.push(r);
+        }
+        let mut denied = ReviewResponse::allow("uid \"quoted\" \\ \u{1}");
+        denied.allowed = false;
+        denied.denial = Some("railguard-webhook could not configure the pod: \t/~".into());
+        denied.warnings = vec!["w".into()];
+        cases.push(denied);
+        for r in &cases {
+            let ours = r.encode();
+            assert_eq!(
+                String::from_utf8(ours.clone()).unwrap(),
+                String::from_utf8(serde_encode(r)).unwrap()
+            );
+            let v: serde_json::Value = serde_json::from_slice(&ours).unwrap();
+            assert_eq!(v["apiVersion"], API_VERSION);
+            assert_eq!(v["kind"], KIND);
+        }
     }
 }

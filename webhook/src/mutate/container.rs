@@ -6,14 +6,13 @@
 
 use std::collections::BTreeMap;
 
+use crate::json_text::{JsonText, Object};
+use crate::patch::{child, pointer, PatchOp};
 use jsonptr::PointerBuf;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EnvVar, ResourceRequirements, SecurityContext, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use serde_json::{json, Value};
-
-use crate::patch::{child, pointer, PatchOp};
 
 pub(crate) const IPC_LOCK: &str = "IPC_LOCK";
 
@@ -38,16 +37,25 @@ impl Shadow {
         if vars.is_empty() {
             return;
         }
-        let json_of =
-            |e: &EnvVar| json!({"name": e.name, "value": e.value.as_deref().unwrap_or_default()});
+        let write = |o: &mut Object<'_>, e: &EnvVar| {
+            o.str("name", &e.name)
+                .str("value", e.value.as_deref().unwrap_or_default());
+        };
         match &self.container.env {
             None => ops.push(PatchOp::add(
                 child(&self.base, ["env"]),
-                vars.iter().map(json_of).collect(),
+                JsonText::array(|a| {
+                    for v in &vars {
+                        a.object(|o| write(o, v));
+                    }
+                }),
             )),
             Some(_) => {
                 for v in &vars {
-                    ops.push(PatchOp::add(child(&self.base, ["env", "-"]), json_of(v)));
+                    ops.push(PatchOp::add(
+                        child(&self.base, ["env", "-"]),
+                        JsonText::object(|o| write(o, v)),
+                    ));
                 }
             }
         }
@@ -58,22 +66,31 @@ impl Shadow {
     pub(crate) fn add_capability(&mut self, cap: &str, ops: &mut Vec<PatchOp>) {
         let sc = self.container.security_context.as_ref();
         let caps = sc.and_then(|s| s.capabilities.as_ref());
+        let add = |o: &mut Object<'_>| {
+            o.array("add", |a| {
+                a.str(cap);
+            });
+        };
         ops.push(match (sc, caps, caps.and_then(|c| c.add.as_ref())) {
             (None, _, _) => PatchOp::add(
                 child(&self.base, ["securityContext"]),
-                json!({"capabilities": {"add": [cap]}}),
+                JsonText::object(|o| {
+                    o.object("capabilities", add);
+                }),
             ),
             (Some(_), None, _) => PatchOp::add(
                 child(&self.base, ["securityContext", "capabilities"]),
-                json!({"add": [cap]}),
+                JsonText::object(add),
             ),
             (Some(_), Some(_), None) => PatchOp::add(
                 child(&self.base, ["securityContext", "capabilities", "add"]),
-                json!([cap]),
+                JsonText::array(|a| {
+                    a.str(cap);
+                }),
             ),
             (Some(_), Some(_), Some(_)) => PatchOp::add(
                 child(&self.base, ["securityContext", "capabilities", "add", "-"]),
-                json!(cap),
+                JsonText::string(cap),
             ),
         });
         self.container
@@ -88,13 +105,20 @@ impl Shadow {
 
     /// Mounts volume `name` at `path`.
     pub(crate) fn add_mount(&mut self, name: &str, path: &str, ops: &mut Vec<PatchOp>) {
-        let mount = json!({"name": name, "mountPath": path});
+        let mount = |o: &mut Object<'_>| {
+            o.str("name", name).str("mountPath", path);
+        };
         ops.push(match &self.container.volume_mounts {
             None => PatchOp::add(
                 child(&self.base, ["volumeMounts"]),
-                Value::Array(vec![mount]),
+                JsonText::array(|a| {
+                    a.object(mount);
+                }),
             ),
-            Some(_) => PatchOp::add(child(&self.base, ["volumeMounts", "-"]), mount),
+            Some(_) => PatchOp::add(
+                child(&self.base, ["volumeMounts", "-"]),
+                JsonText::object(mount),
+            ),
         });
         self.container
             .volume_mounts
@@ -113,22 +137,27 @@ impl Shadow {
         count: u64,
         ops: &mut Vec<PatchOp>,
     ) {
-        let n = Value::String(count.to_string());
+        let n = count.to_string();
+        let quantity = |o: &mut Object<'_>| {
+            o.str(resource, &n);
+        };
         match &self.container.resources {
             None => ops.push(PatchOp::add(
                 child(&self.base, ["resources"]),
-                json!({"limits": {resource: n.clone()}, "requests": {resource: n}}),
+                JsonText::object(|o| {
+                    o.object("limits", quantity).object("requests", quantity);
+                }),
             )),
             Some(r) => {
                 for (field, map) in [("limits", &r.limits), ("requests", &r.requests)] {
                     ops.push(match map {
                         None => PatchOp::add(
                             child(&self.base, ["resources", field]),
-                            json!({resource: n.clone()}),
+                            JsonText::object(quantity),
                         ),
                         Some(_) => PatchOp::add(
                             child(&self.base, ["resources", field, resource]),
-                            n.clone(),
+                            JsonText::string(&n),
                         ),
                     });
                 }
@@ -140,7 +169,7 @@ impl Shadow {
             .get_or_insert_with(ResourceRequirements::default);
         for map in [&mut r.limits, &mut r.requests] {
             map.get_or_insert_with(BTreeMap::new)
-                .insert(resource.to_string(), Quantity(count.to_string()));
+                .insert(resource.to_string(), Quantity(n.clone()));
         }
     }
 }
@@ -191,6 +220,8 @@ pub(crate) fn dev_shm_mount(c: &Container) -> Option<&VolumeMount> {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+    use serde_json::{json, Value};
+
     use super::*;
 
     fn container(v: Value) -> Container {

@@ -9,10 +9,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use railguard_api::FabricProfile;
-use serde_json::Value;
 
 use crate::config::{NamespaceInfo, WebhookConfig};
 use crate::error::MutateError;
+use crate::json_text::JsonText;
 
 mod container;
 mod gates;
@@ -108,8 +108,8 @@ pub fn mutate(
     Ok(draft.finish())
 }
 
-fn to_value<T: serde::Serialize>(v: &T, what: &'static str) -> Result<Value, MutateError> {
-    serde_json::to_value(v).map_err(|source| MutateError::Serialize { what, source })
+fn to_json<T: serde::Serialize>(v: &T, what: &'static str) -> Result<JsonText, MutateError> {
+    JsonText::of(v).map_err(|source| MutateError::Serialize { what, source })
 }
 
 #[cfg(test)]

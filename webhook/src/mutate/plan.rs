@@ -184,9 +184,4 @@ impl Plan {
     pub(crate) fn patch(&self) -> json_patch::Patch {
         crate::patch::to_patch(self.ops.clone())
     }
-
-    /// Moves the operations out as a `json_patch::Patch` (no copy on the serving path).
-    pub fn take_patch(&mut self) -> json_patch::Patch {
-        crate::patch::to_patch(std::mem::take(&mut self.ops))
-    }
 }

@@ -5,9 +5,9 @@
 use jsonptr::PointerBuf;
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, PodSpec};
 use railguard_api::keys;
-use serde_json::{json, Value};
 
 use crate::error::MutateError;
+use crate::json_text::{Array, JsonText, Object};
 use crate::mutate::{Ctx, Draft, Mutation};
 use crate::patch::{child, pointer, PatchOp};
 
@@ -36,16 +36,37 @@ fn required_expressions(profile: &str) -> [NodeSelectorRequirement; 2] {
     ]
 }
 
-fn requirement_json(r: &NodeSelectorRequirement) -> Value {
-    json!({"key": r.key, "operator": r.operator, "values": r.values.as_deref().unwrap_or_default()})
+fn write_requirement(o: &mut Object<'_>, r: &NodeSelectorRequirement) {
+    o.str("key", &r.key)
+        .str("operator", &r.operator)
+        .array("values", |v| {
+            for value in r.values.iter().flatten() {
+                v.str(value);
+            }
+        });
+}
+
+fn push_requirements<'r>(
+    a: &mut Array<'_>,
+    rs: impl IntoIterator<Item = &'r NodeSelectorRequirement>,
+) {
+    for r in rs {
+        a.object(|o| write_requirement(o, r));
+    }
 }
 
 /// ANDs the certified-node requirement into every required nodeSelectorTerm (terms are
 /// ORed, so each needs it). Returns whether anything was added.
 fn affinity_ops(spec: &PodSpec, profile: &str, out: &mut Vec<PatchOp>) -> bool {
     let wanted = required_expressions(profile);
-    let term = json!({"matchExpressions": wanted.iter().map(requirement_json).collect::<Value>()});
-    let selector = json!({"nodeSelectorTerms": [term.clone()]});
+    let term = JsonText::object(|o| {
+        o.array("matchExpressions", |a| push_requirements(a, &wanted));
+    });
+    let selector = JsonText::object(|o| {
+        o.array("nodeSelectorTerms", |a| {
+            a.json(&term);
+        });
+    });
     let affinity = spec.affinity.as_ref();
     let node = affinity.and_then(|a| a.node_affinity.as_ref());
     let required = node.and_then(|n| {
@@ -62,14 +83,20 @@ fn affinity_ops(spec: &PodSpec, profile: &str, out: &mut Vec<PatchOp>) -> bool {
         (None, _, _) => {
             out.push(PatchOp::add(
                 pointer(["spec", "affinity"]),
-                json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": selector}}),
+                JsonText::object(|o| {
+                    o.object("nodeAffinity", |n| {
+                        n.json("requiredDuringSchedulingIgnoredDuringExecution", &selector);
+                    });
+                }),
             ));
             true
         }
         (Some(_), None, _) => {
             out.push(PatchOp::add(
                 pointer(["spec", "affinity", "nodeAffinity"]),
-                json!({"requiredDuringSchedulingIgnoredDuringExecution": selector}),
+                JsonText::object(|o| {
+                    o.json("requiredDuringSchedulingIgnoredDuringExecution", &selector);
+                }),
             ));
             true
         }
@@ -96,13 +123,13 @@ fn affinity_ops(spec: &PodSpec, profile: &str, out: &mut Vec<PatchOp>) -> bool {
                 match &existing.match_expressions {
                     None => out.push(PatchOp::add(
                         child(&term_base, ["matchExpressions"]),
-                        missing.iter().map(|m| requirement_json(m)).collect(),
+                        JsonText::array(|a| push_requirements(a, missing.iter().copied())),
                     )),
                     Some(_) => {
                         for m in missing {
                             out.push(PatchOp::add(
                                 child(&term_base, ["matchExpressions", "-"]),
-                                requirement_json(m),
+                                JsonText::object(|o| write_requirement(o, m)),
                             ));
                         }
                     }
@@ -117,6 +144,7 @@ fn affinity_ops(spec: &PodSpec, profile: &str, out: &mut Vec<PatchOp>) -> bool {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use k8s_openapi::api::core::v1::Pod;
+    use serde_json::{json, Value};
 
     use super::*;
     use crate::mutate::fixtures::{apply_ops, pod};

@@ -5,10 +5,10 @@
 use std::collections::BTreeSet;
 
 use railguard_api::keys;
-use serde_json::Value;
 
 use crate::error::MutateError;
-use crate::mutate::{to_value, Ctx, Draft, Mutation};
+use crate::json_text::{JsonText, Object};
+use crate::mutate::{Ctx, Draft, Mutation};
 use crate::patch::{pointer, PatchOp};
 
 pub(crate) fn annotations(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateError> {
@@ -42,27 +42,33 @@ pub(crate) fn annotations(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), Mutate
         return Ok(());
     }
     let changes = std::mem::take(&mut draft.annotations);
+    // The map in key order, as serde writes a BTreeMap.
+    let map = |o: &mut Object<'_>| {
+        for (k, v) in &changes {
+            o.str(k, v);
+        }
+    };
     match &ctx.pod.metadata.annotations {
         // An object with no metadata at all (or an empty one) has no `/metadata` to add
         // under: the whole map goes in at once (`add` replaces an empty `{}` too).
         None if ctx.pod.metadata == Default::default() => draft.plan.ops.push(PatchOp::add(
             pointer(["metadata"]),
-            serde_json::json!({ "annotations": to_value(&changes, "annotations")? }),
+            JsonText::object(|o| {
+                o.object("annotations", map);
+            }),
         )),
         None => draft.plan.ops.push(PatchOp::add(
             pointer(["metadata", "annotations"]),
-            to_value(&changes, "annotations")?,
+            JsonText::object(map),
         )),
         Some(existing) => {
-            for (k, v) in changes {
+            for (k, v) in &changes {
                 let path = pointer(["metadata", "annotations", k.as_str()]);
-                draft.plan.ops.push(if existing.contains_key(&k) {
-                    PatchOp::Replace {
-                        path,
-                        value: Value::String(v),
-                    }
+                let value = JsonText::string(v);
+                draft.plan.ops.push(if existing.contains_key(k) {
+                    PatchOp::Replace { path, value }
                 } else {
-                    PatchOp::add(path, Value::String(v))
+                    PatchOp::add(path, value)
                 });
             }
         }

@@ -5,11 +5,11 @@
 
 use k8s_openapi::api::core::v1::Container;
 use railguard_api::keys::env;
-use serde_json::Value;
 
 use crate::error::MutateError;
+use crate::json_text::JsonText;
 use crate::mutate::container::env_var;
-use crate::mutate::{to_value, Ctx, Draft, Mutation, WarningKind, PREFLIGHT_CONTAINER};
+use crate::mutate::{to_json, Ctx, Draft, Mutation, WarningKind, PREFLIGHT_CONTAINER};
 use crate::patch::{pointer, PatchOp};
 
 pub(crate) fn preflight(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateError> {
@@ -34,12 +34,14 @@ pub(crate) fn preflight(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateEr
         return Ok(());
     };
     let init = preflight_container(&base.container, image, name, &ctx.signature);
-    let value = to_value(&init, "preflight init container")?;
+    let value = to_json(&init, "preflight init container")?;
     // First, so a misconfigured pod fails before any other init work.
     draft.plan.ops.push(match &spec.init_containers {
         None => PatchOp::add(
             pointer(["spec", "initContainers"]),
-            Value::Array(vec![value]),
+            JsonText::array(|a| {
+                a.json(&value);
+            }),
         ),
         Some(_) => PatchOp::add(pointer(["spec", "initContainers", "0"]), value),
     });

@@ -4,9 +4,9 @@
 //! size actually mounted. Not for hostIPC pods: their `/dev/shm` is the node's.
 
 use railguard_api::keys::env;
-use serde_json::{json, Value};
 
 use crate::error::MutateError;
+use crate::json_text::{JsonText, Object};
 use crate::mutate::container::{dev_shm_mount, env_var, find_env};
 use crate::mutate::{Ctx, Draft, Mutation, SHM_VOLUME};
 use crate::patch::{pointer, PatchOp};
@@ -52,14 +52,22 @@ pub(crate) fn shm(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateError> {
         }
     }
     if mounted && existing.is_none() {
-        let mut empty_dir = json!({"medium": "Memory"});
-        if let Some(size) = &size {
-            empty_dir["sizeLimit"] = Value::String(size.clone());
-        }
-        let value = json!({"name": SHM_VOLUME, "emptyDir": empty_dir});
+        let volume = |o: &mut Object<'_>| {
+            o.str("name", SHM_VOLUME).object("emptyDir", |e| {
+                e.str("medium", "Memory");
+                if let Some(size) = &size {
+                    e.str("sizeLimit", size);
+                }
+            });
+        };
         draft.plan.ops.push(match &ctx.spec.volumes {
-            None => PatchOp::add(pointer(["spec", "volumes"]), Value::Array(vec![value])),
-            Some(_) => PatchOp::add(pointer(["spec", "volumes", "-"]), value),
+            None => PatchOp::add(
+                pointer(["spec", "volumes"]),
+                JsonText::array(|a| {
+                    a.object(volume);
+                }),
+            ),
+            Some(_) => PatchOp::add(pointer(["spec", "volumes", "-"]), JsonText::object(volume)),
         });
     }
     Ok(())
@@ -69,6 +77,7 @@ pub(crate) fn shm(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateError> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use k8s_openapi::api::core::v1::{Container, Pod};
+    use serde_json::{json, Value};
 
     use super::*;
     use crate::mutate::fixtures::{apply_ops, open, pod_of, profile, H100};

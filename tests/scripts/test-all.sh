@@ -21,8 +21,9 @@ export RAILGUARD_BIN_DIR="$target/debug" RAILGUARD_PROBER_BIN="$target/debug/rai
 cargo test --workspace "$@"
 
 # The control-plane end-to-end tests again against the modern version. The real node
-# stays on 1.20 (its kubelet and kube-proxy are built for 1.20 only).
-RAILGUARD_KUBE_VERSION=1.37 cargo test -p railguard-tests \
+# stays on 1.20 (its kubelet and kube-proxy are built for 1.20 only). `--workspace` keeps the
+# feature set of the build above (`-p railguard-tests` alone would compile the tree again).
+RAILGUARD_KUBE_VERSION=1.37 cargo test --workspace \
   --test control_plane_e2e --test webhook_e2e --test webhook_certs_e2e --test extender_e2e \
   --test admission_to_placement_e2e --test prober_e2e --test prober_faults_e2e --test campaign_e2e \
   --test chart_e2e --test node_guard_e2e --test invalid_profile_e2e --test campaign_identity_e2e "$@"

@@ -13,8 +13,14 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 pub(crate) fn push_str(out: &mut String, s: &str) {
     out.reserve(s.len() + 2);
     out.push('"');
+    // Names, paths and values rarely hold anything to escape: copy those whole.
+    let Some(first) = first_to_escape(s.as_bytes()) else {
+        out.push_str(s);
+        out.push('"');
+        return;
+    };
     let mut clean_from = 0;
-    for (i, b) in s.bytes().enumerate() {
+    for (i, b) in s.bytes().enumerate().skip(first) {
         let hex;
         let escaped = match b {
             b'"' => "\\\"",
@@ -44,6 +50,35 @@ pub(crate) fn push_str(out: &mut String, s: &str) {
     }
     out.push_str(&s[clean_from..]);
     out.push('"');
+}
+
+fn needs_escape(b: u8) -> bool {
+    b < 0x20 || b == b'"' || b == b'\\'
+}
+
+/// Where the first byte to escape is, eight bytes at a time: a byte of a word is below 0x20,
+/// `"` or `\` exactly where the classic "has a zero byte" test finds one.
+fn first_to_escape(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let below = |x: u64, n: u64| x.wrapping_sub(ONES * n) & !x & HIGHS;
+    let mut chunks = bytes.chunks_exact(8);
+    let mut at = 0;
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(word);
+        if below(x, 0x20) | below(x ^ (ONES * 0x22), 1) | below(x ^ (ONES * 0x5c), 1) != 0 {
+            // Some byte here needs escaping (the test has no false negatives); find it.
+            return chunk.iter().position(|&b| needs_escape(b)).map(|i| at + i);
+        }
+        at += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&b| needs_escape(b))
+        .map(|i| at + i)
 }
 
 /// Appends the strings as a JSON array.
@@ -219,6 +254,30 @@ mod tests {
         ] {
             assert_eq!(text(s), serde_json::to_string(s).unwrap(), "{s:?}");
             assert_eq!(JsonText::string(s).to_value().unwrap(), json!(s));
+        }
+    }
+
+    #[test]
+    fn the_word_scan_finds_every_byte_to_escape_at_every_offset() {
+        for special in (0u8..0x20).chain([b'"', b'\\']) {
+            for len in 0..20 {
+                for at in 0..=len {
+                    let mut bytes = vec![b'a'; len];
+                    // Bytes just above and below the classes: 0x20, 0x21, 0x23, 0x5b, 0x5d, 0xff.
+                    for (i, b) in bytes.iter_mut().enumerate() {
+                        *b = [0x20, 0x21, 0x23, 0x5b, 0x5d, 0xff, b'z'][i % 7];
+                    }
+                    let expected = (at < len).then(|| {
+                        bytes[at] = special;
+                        at
+                    });
+                    assert_eq!(
+                        first_to_escape(&bytes),
+                        expected,
+                        "{special:#x} at {at} of {len}"
+                    );
+                }
+            }
         }
     }
 

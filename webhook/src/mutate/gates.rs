@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use railguard_api::pod::container_gpu_count;
-use railguard_api::profile::Enforcement;
+use railguard_api::profile::{derive_ib_hca, Enforcement};
 use railguard_api::{keys, FabricProfile, FabricProfileSpec, RailSpec};
 
 use super::container::has_ipc_lock;
@@ -125,13 +125,17 @@ pub(super) fn open<'a>(
         }
     }
 
+    let RailLayout { signature, ib_hca } = rail_layout(&profile.spec);
+    // The profile's own NCCL_IB_HCA wins over the one its rails give.
+    let ib_hca = profile.spec.nccl.ib_hca.clone().unwrap_or(ib_hca);
     let mut ctx = Ctx {
         pod,
         spec,
         annotations,
         namespace,
         profile,
-        signature: profile_signature(&profile.spec),
+        signature,
+        ib_hca,
         config,
         targets,
         skip,
@@ -235,24 +239,35 @@ fn ipc_lock_allowed(ctx: &Ctx<'_>, plan: &mut Plan) -> Result<bool, String> {
     Ok(false)
 }
 
-/// The profile's rail-layout signature, memoized per thread: hashing the canonical layout
-/// costs more than the rest of a mutation, and a cluster has a handful of layouts. The key
-/// is the full rail list, so an edited profile never gets a stale signature.
-pub(super) fn profile_signature(spec: &FabricProfileSpec) -> String {
+/// What a profile's rail list alone decides: its signature and the `NCCL_IB_HCA` value
+/// derived from it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct RailLayout {
+    pub(super) signature: String,
+    pub(super) ib_hca: String,
+}
+
+/// The profile's [`RailLayout`], memoized per thread: hashing the canonical layout costs
+/// more than the rest of a mutation, and a cluster has a handful of layouts. The key is the
+/// full rail list, so an edited profile never gets a stale layout.
+pub(super) fn rail_layout(spec: &FabricProfileSpec) -> RailLayout {
     const MEMO_SIZE: usize = 32;
     thread_local! {
-        static MEMO: RefCell<Vec<(Vec<RailSpec>, String)>> = const { RefCell::new(Vec::new()) };
+        static MEMO: RefCell<Vec<(Vec<RailSpec>, RailLayout)>> = const { RefCell::new(Vec::new()) };
     }
     MEMO.with(|memo| {
-        if let Some((_, sig)) = memo.borrow().iter().find(|(rails, _)| *rails == spec.rails) {
-            return sig.clone();
+        if let Some((_, layout)) = memo.borrow().iter().find(|(rails, _)| *rails == spec.rails) {
+            return layout.clone();
         }
-        let sig = spec.signature();
+        let layout = RailLayout {
+            signature: spec.signature(),
+            ib_hca: derive_ib_hca(&spec.rails),
+        };
         let mut memo = memo.borrow_mut();
         if memo.len() >= MEMO_SIZE {
             memo.remove(0);
         }
-        memo.push((spec.rails.clone(), sig.clone()));
-        sig
+        memo.push((spec.rails.clone(), layout.clone()));
+        layout
     })
 }

@@ -38,6 +38,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) profile: &'a FabricProfile,
     /// The profile's rail-layout signature.
     pub(crate) signature: String,
+    /// The `NCCL_IB_HCA` the profile sets (`FabricProfileSpec::nccl_ib_hca`, memoized).
+    pub(crate) ib_hca: String,
     pub(crate) config: &'a WebhookConfig,
     /// Indexes of the containers configured: the GPU containers (every container of a pod
     /// opted in without GPUs).

@@ -9,7 +9,7 @@ use railguard_api::FabricProfile;
 use serde_json::{json, Value};
 
 use super::fixtures::{pod, profile, A100, H100, ROCE};
-use super::gates::profile_signature;
+use super::gates::rail_layout;
 use super::*;
 use crate::patch::PatchOp;
 
@@ -1044,12 +1044,32 @@ fn annotations_are_added_one_by_one_when_the_map_exists() {
 }
 
 #[test]
-fn memoized_signature_follows_rail_edits() {
+fn memoized_rail_layout_follows_rail_edits() {
     let h = profile(H100);
-    assert_eq!(profile_signature(&h.spec), h.spec.signature());
-    assert_eq!(profile_signature(&h.spec), h.spec.signature(), "memo hit");
+    let signature = |spec: &railguard_api::FabricProfileSpec| rail_layout(spec).signature;
+    assert_eq!(signature(&h.spec), h.spec.signature());
+    assert_eq!(signature(&h.spec), h.spec.signature(), "memo hit");
+    assert_eq!(rail_layout(&h.spec).ib_hca, h.spec.nccl_ib_hca());
     let mut edited = h.clone();
     edited.spec.rails[3].rate_gbps = 200;
-    assert_ne!(profile_signature(&edited.spec), profile_signature(&h.spec));
-    assert_eq!(profile_signature(&edited.spec), edited.spec.signature());
+    assert_ne!(signature(&edited.spec), signature(&h.spec));
+    assert_eq!(signature(&edited.spec), edited.spec.signature());
+    edited.spec.rails[3].hca = "mlx5_7".to_string();
+    assert_eq!(rail_layout(&edited.spec).ib_hca, edited.spec.nccl_ib_hca());
+    assert_ne!(rail_layout(&edited.spec).ib_hca, h.spec.nccl_ib_hca());
+}
+
+#[test]
+fn a_profile_ib_hca_wins_over_the_one_its_rails_give() {
+    let mut h = profile(H100);
+    h.spec.nccl.ib_hca = Some("=mlx5_0:1".to_string());
+    let p = pytorch_worker();
+    let plan = mutate(&p, &ns("ml"), std::slice::from_ref(&h), &cfg()).unwrap();
+    let out = apply(&p, &plan);
+    let env = out.spec.as_ref().unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap();
+    let hca = env.iter().find(|e| e.name == "NCCL_IB_HCA").unwrap();
+    assert_eq!(hca.value.as_deref(), Some("=mlx5_0:1"));
 }

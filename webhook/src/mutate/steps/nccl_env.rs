@@ -15,7 +15,7 @@ pub(crate) fn nccl_env(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateErr
     if ctx.skip.contains(&Mutation::NcclEnv) {
         return Ok(());
     }
-    let desired = profile_env(ctx.profile);
+    let desired = profile_env(ctx.profile, &ctx.ib_hca);
     for shadow in &mut draft.containers {
         let mut missing = Vec::new();
         for (var, value) in &desired {
@@ -37,10 +37,10 @@ pub(crate) fn nccl_env(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateErr
     Ok(())
 }
 
-/// The env the profile injects, in a stable order.
-fn profile_env(profile: &FabricProfile) -> Vec<(String, String)> {
+/// The env the profile injects, in a stable order; `ib_hca` is its `NCCL_IB_HCA`.
+fn profile_env(profile: &FabricProfile, ib_hca: &str) -> Vec<(String, String)> {
     let nccl = &profile.spec.nccl;
-    let mut out = vec![(env::NCCL_IB_HCA.to_string(), profile.spec.nccl_ib_hca())];
+    let mut out = vec![(env::NCCL_IB_HCA.to_string(), ib_hca.to_string())];
     if let Some(v) = &nccl.socket_ifname {
         out.push((env::NCCL_SOCKET_IFNAME.to_string(), v.clone()));
     }

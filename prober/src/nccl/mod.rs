@@ -102,6 +102,27 @@ impl NcclObservation {
     }
 }
 
+/// `v` rounded to two decimals. Values beyond about 1.8e306 would overflow the scaling to
+/// infinity (a junk nccl-tests row did); they have no fraction left to round.
 pub(crate) fn round2(v: f64) -> f64 {
-    (v * 100.0).round() / 100.0
+    let scaled = v * 100.0;
+    if scaled.is_finite() {
+        scaled.round() / 100.0
+    } else {
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round2;
+
+    #[test]
+    fn round2_rounds_and_keeps_huge_values_finite() {
+        assert_eq!(round2(1.234), 1.23);
+        assert_eq!(round2(0.005), 0.01);
+        // The fuzzer's busbw of f64::MAX GB/s became infinity through the scaling.
+        assert_eq!(round2(f64::MAX), f64::MAX);
+        assert!(round2(1.0e307).is_finite());
+    }
 }

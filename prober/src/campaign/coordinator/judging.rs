@@ -11,6 +11,7 @@ use super::{CampaignNode, Limits, TestRecord};
 use crate::campaign::plan::{Localization, NodeIx, RailOutcome};
 use crate::campaign::verdict::{NodeFindings, RailBlame};
 use crate::campaign::wire::{RailRef, RailReport};
+use crate::nccl::round2;
 
 /// Whether one rail's report passes the limits.
 pub fn judge(report: &RailReport, limits: &Limits) -> RailOutcome {
@@ -195,10 +196,6 @@ pub fn findings(
         }
     }
     out
-}
-
-fn round2(v: f64) -> f64 {
-    (v * 100.0).round() / 100.0
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use super::CampaignNode;
 use crate::campaign::plan::{Localization, NodeIx, Purpose, RailOutcome};
 use crate::campaign::verdict::{NodeFindings, RailBlame};
 use crate::campaign::wire::{NcclSide, NcclSideReport, RailRef};
+use crate::nccl::round2;
 
 /// What one NCCL pair test covers: the full node, or one rail with the GPUs it serves.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -506,10 +507,6 @@ pub fn nccl_findings(
             }
         }
     }
-}
-
-fn round2(v: f64) -> f64 {
-    (v * 100.0).round() / 100.0
 }
 
 #[cfg(test)]

@@ -19,6 +19,9 @@ pub const CAMPAIGN_FIELD_MANAGER: &str = "railguard-campaign";
 /// Key in the certificate JSON holding the last campaign's findings for the node (written by
 /// the campaign, carried by the prober); absent until a campaign wrote to the node.
 pub const CERTIFICATE_CAMPAIGN_KEY: &str = "campaign";
+/// Field manager of the fleet controller (`railguard-prober fleet --watch`): the
+/// [`CONDITION_FLEET_OUTLIER`] Node condition and `status.fleet` of FabricProfiles.
+pub const FLEET_FIELD_MANAGER: &str = "railguard-fleet";
 /// Generic field manager for other railguard writers (webhook cert rotation, demo).
 pub const FIELD_MANAGER: &str = "railguard";
 
@@ -36,6 +39,9 @@ pub const ANNOTATION_RECERTIFY: &str = "railguard.io/recertify";
 
 /// Node condition type published by the prober.
 pub const CONDITION_FABRIC_READY: &str = "RailguardFabricReady";
+/// Node condition type published by the fleet controller: `True` when a measurement of the
+/// node is an outlier of its profile's fleet (reasons in [`crate::fleet::reason`]).
+pub const CONDITION_FLEET_OUTLIER: &str = "RailguardFleetOutlier";
 
 /// Pod input: choose a profile by name (also written back as an output).
 pub const ANNOTATION_PROFILE: &str = "railguard.io/profile";

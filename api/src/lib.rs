@@ -6,6 +6,7 @@
 pub mod certificate;
 pub mod error;
 pub mod finding;
+pub mod fleet;
 pub mod keys;
 pub mod node;
 pub mod pod;

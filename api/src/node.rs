@@ -7,6 +7,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 
 use crate::certificate::{human_duration, Certificate, Verdict};
+use crate::fleet::OutlierMark;
 use crate::keys;
 
 /// The fabric state of a Node at a point in time.
@@ -71,6 +72,9 @@ pub struct NodeFabric {
     pub labels: BTreeMap<String, String>,
     /// Allocatable extended resources and their quantities, as strings.
     pub allocatable: BTreeMap<String, String>,
+    /// Set when the fleet controller marked the node an outlier of its profile's fleet
+    /// (condition `RailguardFleetOutlier` is `True`).
+    pub fleet_outlier: Option<OutlierMark>,
 }
 
 impl NodeFabric {
@@ -91,6 +95,17 @@ impl NodeFabric {
             .as_ref()
             .and_then(|a| a.get(keys::ANNOTATION_CERTIFICATE));
         let state = interpret(&labels, annotation.map(String::as_str), now);
+        let fleet_outlier = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c.type_ == keys::CONDITION_FLEET_OUTLIER && c.status == "True")
+            })
+            .map(|c| OutlierMark {
+                message: c.message.clone().unwrap_or_default(),
+            });
         NodeFabric {
             name,
             profile: labels.get(keys::LABEL_PROFILE).cloned(),
@@ -98,6 +113,7 @@ impl NodeFabric {
             state,
             labels,
             allocatable,
+            fleet_outlier,
         }
     }
 }

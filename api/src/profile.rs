@@ -584,9 +584,13 @@ pub struct FabricProfileSpec {
     /// Node label keys for placement scoring, most specific first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub topology_keys: Vec<String>,
+    /// How the profile's nodes are compared with each other (fleet baseline, outliers).
+    #[serde(default)]
+    pub fleet: crate::fleet::FleetSpec,
 }
 
-/// Status written by the webhook (informational; railguard never reads it back).
+/// Status written by the webhook (`rails`, `signature`, `conditions`; informational) and by
+/// the fleet controller (`fleet`, whose history it reads back for drift).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FabricProfileStatus {
@@ -600,6 +604,9 @@ pub struct FabricProfileStatus {
     /// the message naming the field) when it skips it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    /// The fleet baseline of the profile's certified nodes, its outliers and drift.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<crate::fleet::FleetStatus>,
 }
 
 impl FabricProfileSpec {
@@ -877,6 +884,7 @@ impl FabricProfileSpec {
         if let Some(pair) = &c.nccl_pair {
             pair.problems(&mut problems);
         }
+        self.fleet.problems(&mut problems);
         if let Some(sel) = &self.exemptions.namespace_selector {
             if let Err(e) = sel.validate() {
                 problems.push(FieldProblem {

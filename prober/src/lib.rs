@@ -7,6 +7,7 @@ pub mod analyze;
 pub mod campaign;
 pub mod certify;
 pub mod discover;
+pub mod fleet;
 pub mod gpu_check;
 pub mod nccl;
 pub mod preflight;

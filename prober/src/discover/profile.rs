@@ -130,6 +130,7 @@ pub fn profile_for(d: &Discovery, name: &str, defaults: &ProfileDefaults) -> Fab
         exemptions: ExemptionPolicy::default(),
         policy: AdmissionPolicy::default(),
         topology_keys: Vec::new(),
+        fleet: railguard_api::fleet::FleetSpec::default(),
     };
     FabricProfile::new(name, spec)
 }

@@ -48,6 +48,10 @@ pub const BUILTIN_MODELS: &[(&str, &str)] = &[
         include_str!("../../prober/models/h100-rate-downshift.yaml"),
     ),
     (
+        "h100-slow-rail",
+        include_str!("../../prober/models/h100-slow-rail.yaml"),
+    ),
+    (
         "roce-cloud",
         include_str!("../../prober/models/roce-cloud.yaml"),
     ),

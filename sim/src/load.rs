@@ -171,6 +171,22 @@ impl NodeModel {
                     .ok_or_else(|| missing(&format!("{hca}:{port}")))?;
                 p.mtu = Some(*mtu);
             }
+            Fault::PortBandwidth { hca, port, percent } => {
+                if !(percent.is_finite() && *percent > 0.0 && *percent <= 100.0) {
+                    return Err(ModelError::Invalid {
+                        model: name.clone(),
+                        message: format!(
+                            "port-bandwidth on {hca}:{port}: percent must be in (0, 100], got {percent}"
+                        ),
+                    });
+                }
+                let p = self
+                    .port_mut(hca, *port)
+                    .ok_or_else(|| missing(&format!("{hca}:{port}")))?;
+                let share = percent / 100.0;
+                p.write_bw_gbps.host = Some(p.simulated_write_bw_gbps(false) * share);
+                p.write_bw_gbps.gpu = Some(p.simulated_write_bw_gbps(true) * share);
+            }
         }
         Ok(())
     }

@@ -467,4 +467,11 @@ pub enum Fault {
     },
     /// Set the MTU of a port's netdev (e.g. 1500 on a RoCE rail).
     NetdevMtu { hca: String, port: u32, mtu: u32 },
+    /// Run a port's RDMA WRITE bandwidth (from host and GPU memory) at `percent` of what it
+    /// would be: a marginal cable or optic that still links at full rate.
+    PortBandwidth {
+        hca: String,
+        port: u32,
+        percent: f64,
+    },
 }

@@ -166,6 +166,28 @@ mod tests {
             slow.rails["mlx5_0:1"].bw_host_gbps,
             healthy.rails["mlx5_0:1"].bw_host_gbps
         );
+        // A slow rail links at full rate and moves 85% of a healthy rail's bandwidth.
+        let marginal = rdma_model(&model("h100-slow-rail.yaml"), "a");
+        let (m, h) = (&marginal.rails["mlx5_4:1"], &healthy.rails["mlx5_4:1"]);
+        assert!(m.active);
+        assert!(
+            (m.bw_host_gbps - h.bw_host_gbps * 0.85).abs() < 1e-9,
+            "{m:?}"
+        );
+        assert!(
+            (m.bw_gpu_gbps.unwrap() - h.bw_gpu_gbps.unwrap() * 0.85).abs() < 1e-9,
+            "{m:?}"
+        );
+        assert_eq!(marginal.rails["mlx5_0:1"].bw_host_gbps, h.bw_host_gbps);
+        let mut bad = model("dgx-h100.yaml");
+        let e = bad
+            .apply(&crate::model::Fault::PortBandwidth {
+                hca: "mlx5_4".into(),
+                port: 1,
+                percent: 140.0,
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains("(0, 100]"), "{e}");
     }
 
     #[test]

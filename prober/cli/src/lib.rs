@@ -14,6 +14,7 @@ pub mod campaign;
 pub mod certify;
 pub mod daemon;
 pub mod discover;
+pub mod fleet;
 pub mod gpu_check;
 pub mod nccl_ranks;
 pub mod preflight;
@@ -29,6 +30,7 @@ use crate::campaign::{CampaignArgs, PeerEndpointArgs};
 use crate::certify::CertifyArgs;
 use crate::daemon::DaemonArgs;
 use crate::discover::{AffinityArgs, DiscoverArgs, EmitProfileArgs};
+use crate::fleet::FleetArgs;
 use crate::gpu_check::GpuCheckArgs;
 use crate::nccl_ranks::NcclRanksArgs;
 use crate::preflight::PreflightArgs;
@@ -118,6 +120,16 @@ Example:
 
 Exit status: 0 after SIGTERM, 2 error.")]
     PeerEndpoint(PeerEndpointArgs),
+    #[command(after_help = "\
+Examples:
+  railguard-prober fleet --profile h100-ndr --html fleet.html
+  railguard-prober fleet --watch --metrics-listen 0.0.0.0:9464
+
+Report mode prints every node of each profile with its verdict, outlier marks and per-rail
+host bandwidth relative to the fleet baseline; --watch runs the fleet controller.
+
+Exit status: 0 no outlier (controller: after SIGTERM), 1 a node is a fleet outlier, 2 error.")]
+    Fleet(FleetArgs),
     /// This node's ranks of one NCCL pair test (started by the peer endpoint).
     #[command(
         hide = true,
@@ -237,6 +249,7 @@ impl Command {
             Command::Analyze(a) => a.run(),
             Command::Campaign(a) => block_on(a.run()),
             Command::PeerEndpoint(a) => block_on(a.run()).map(|()| Outcome::default()),
+            Command::Fleet(a) => block_on(a.run()),
             Command::NcclRanks(a) => a.run(),
             Command::GpuCheck(a) => a.run(),
             Command::Certify(a) => block_on(a.run()),

@@ -266,3 +266,56 @@ fn the_table_names_the_outlier_and_its_rail() {
     assert!(rows[4].worst_distance.expect("distance") < -10.0);
     assert!(rows[0].worst_distance.expect("distance") > -1.0);
 }
+
+#[test]
+fn the_condition_names_the_worst_marks_and_events_follow_transitions() {
+    use marks::{mark_event, node_condition};
+    let mut nodes = fleet(12, 384.0);
+    *nodes[4].figures.get_mut(&host(2)).expect("rail") *= 0.85;
+    nodes[7].certified = false;
+    nodes[7].state = "degraded";
+    let a = analyze_fleet("h100", &FleetSpec::default(), nodes);
+    let slow = node_condition(&a, "gpu-004");
+    assert_eq!((slow.status, slow.reason), ("True", "FleetOutlier"));
+    assert!(
+        slow.message.starts_with("rail mlx5_2:1 writeBwHost ")
+            && slow.message.ends_with("(profile h100, 11 certified nodes)"),
+        "{}",
+        slow.message
+    );
+    let fine = node_condition(&a, "gpu-000");
+    assert_eq!((fine.status, fine.reason), ("False", "WithinFleetBaseline"));
+    let degraded = node_condition(&a, "gpu-007");
+    assert_eq!(
+        (degraded.status, degraded.reason),
+        ("Unknown", "NoFleetBaseline")
+    );
+    assert!(
+        degraded.message.contains("degraded"),
+        "{}",
+        degraded.message
+    );
+
+    let ev = mark_event(None, &slow).expect("an outlier is news");
+    assert_eq!((ev.kind, ev.reason), ("Warning", "FleetOutlier"));
+    assert_eq!(ev.message, slow.message);
+    assert!(
+        mark_event(Some("True"), &slow).is_none(),
+        "still an outlier: no news"
+    );
+    let cleared = mark_event(Some("True"), &fine).expect("cleared is news");
+    assert_eq!(
+        (cleared.kind, cleared.reason),
+        ("Normal", "FleetOutlierCleared")
+    );
+    assert!(mark_event(Some("False"), &fine).is_none());
+    assert!(mark_event(None, &degraded).is_none());
+
+    let small = analyze_fleet("h100", &FleetSpec::default(), fleet(3, 384.0));
+    let c = node_condition(&small, "gpu-000");
+    assert_eq!(c.status, "Unknown");
+    assert_eq!(
+        c.message,
+        "profile h100 has no fleet baseline: 3 certified node(s), the baseline needs 8"
+    );
+}

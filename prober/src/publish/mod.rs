@@ -151,6 +151,42 @@ pub async fn write_condition(
     Ok(None)
 }
 
+/// An Event about `involved` (a Node or another cluster-scoped object; such Events live in
+/// `default`), reported by `component` from `instance`.
+pub fn event_object(
+    involved: ObjectReference,
+    ev: &NodeEvent,
+    component: &str,
+    instance: &str,
+) -> Event {
+    let now = Timestamp::now();
+    let name = involved.name.clone().unwrap_or_default();
+    Event {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{name}.railguard-")),
+            namespace: Some(EVENT_NAMESPACE.into()),
+            ..ObjectMeta::default()
+        },
+        involved_object: involved,
+        reason: Some(ev.reason.into()),
+        message: Some(ev.message.clone()),
+        type_: Some(ev.kind.into()),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        count: Some(1),
+        reporting_component: Some(component.into()),
+        reporting_instance: Some(instance.into()),
+        source: Some(k8s_openapi::api::core::v1::EventSource {
+            component: Some(component.into()),
+            host: Some(instance.into()),
+        }),
+        ..Event::default()
+    }
+}
+
+/// Where Events about cluster-scoped objects are recorded.
+pub const EVENT_NAMESPACE: &str = "default";
+
 /// The Event a published certificate deserves, if any.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeEvent {
@@ -484,35 +520,15 @@ impl NodePublisher {
         state: &NodeState,
         ev: &NodeEvent,
     ) -> Result<(), PublishError> {
-        let now = Timestamp::now();
-        let event = Event {
-            metadata: ObjectMeta {
-                generate_name: Some(format!("{}.railguard-", self.node)),
-                namespace: Some("default".into()),
-                ..ObjectMeta::default()
-            },
-            involved_object: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Node".into()),
-                name: Some(self.node.clone()),
-                uid: state.uid.clone(),
-                ..ObjectReference::default()
-            },
-            reason: Some(ev.reason.into()),
-            message: Some(ev.message.clone()),
-            type_: Some(ev.kind.into()),
-            first_timestamp: Some(Time(now)),
-            last_timestamp: Some(Time(now)),
-            count: Some(1),
-            reporting_component: Some(keys::PROBER_FIELD_MANAGER.into()),
-            reporting_instance: Some(self.node.clone()),
-            source: Some(k8s_openapi::api::core::v1::EventSource {
-                component: Some(keys::PROBER_FIELD_MANAGER.into()),
-                host: Some(self.node.clone()),
-            }),
-            ..Event::default()
+        let involved = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.node.clone()),
+            uid: state.uid.clone(),
+            ..ObjectReference::default()
         };
-        Api::<Event>::namespaced(self.client.clone(), "default")
+        let event = event_object(involved, ev, keys::PROBER_FIELD_MANAGER, &self.node);
+        Api::<Event>::namespaced(self.client.clone(), EVENT_NAMESPACE)
             .create(&PostParams::default(), &event)
             .await
             .map_err(|source| PublishError::Event {

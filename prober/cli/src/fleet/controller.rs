@@ -1,0 +1,427 @@
+//! The fleet controller (`railguard-prober fleet --watch`): watches Nodes and FabricProfiles
+//! into reflector caches and, at most every `--settle-secs` after a change and at least
+//! every `--interval-secs`, recomputes every profile's fleet from the caches. It then writes
+//! only what differs from what the objects carry: the `RailguardFleetOutlier` condition
+//! (and an Event when a node becomes or stops being an outlier), and `status.fleet` of the
+//! profile (and a `FleetDrift` Event when a measurement starts drifting).
+//!
+//! Every write is derived from cluster state, so two controllers briefly running side by side
+//! (a rolling update) write the same thing; no lease is needed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::{StreamExt, TryStreamExt};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Event, Node, ObjectReference};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, Client};
+use railguard_api::fleet::{reason, BaselineSnapshot, FleetStatus};
+use railguard_api::{keys, FabricProfile, NodeFabric, ProfileObject};
+use railguard_prober::fleet::marks::{mark_event, node_condition, WantedCondition};
+use railguard_prober::fleet::{fleet_status, FleetAnalysis};
+use railguard_prober::publish::{event_object, NodeEvent, EVENT_NAMESPACE};
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::FleetMetrics;
+use super::FleetArgs;
+
+/// Node writes in flight at once.
+const WRITE_CONCURRENCY: usize = 8;
+
+/// What the controller remembers between recomputations.
+#[derive(Default)]
+struct Memory {
+    /// Each profile's baseline history, read once from its status, then kept here.
+    history: BTreeMap<String, Vec<BaselineSnapshot>>,
+    /// The last `status.fleet` written (without `computedAt`), to write only changes.
+    written: BTreeMap<String, FleetStatus>,
+    /// Measurements already reported as drifting, per profile.
+    drifting: BTreeMap<String, BTreeSet<String>>,
+}
+
+pub async fn run(client: Client, args: &FleetArgs) -> anyhow::Result<()> {
+    let interval = Duration::from_secs(args.interval_secs.max(1));
+    let settle = Duration::from_secs(args.settle_secs);
+    let metrics = Arc::new(FleetMetrics::new(
+        interval * 3 + settle + Duration::from_secs(60),
+    ));
+    let listener = std::net::TcpListener::bind(args.metrics_listen).with_context(|| {
+        format!(
+            "cannot listen on {} (--metrics-listen)",
+            args.metrics_listen
+        )
+    })?;
+    listener.set_nonblocking(true)?;
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(super::metrics::serve(
+        listener,
+        metrics.clone(),
+        stop.clone(),
+    ));
+
+    let changed = Arc::new(Notify::new());
+    let (nodes, nodes_writer) = reflector::store::<Node>();
+    let (profiles, profiles_writer) = reflector::store::<ProfileObject>();
+    let node_watch = reflect(
+        reflector::reflector(
+            nodes_writer,
+            watcher(Api::<Node>::all(client.clone()), watcher::Config::default()),
+        ),
+        changed.clone(),
+        "nodes",
+    );
+    let profile_watch = reflect(
+        reflector::reflector(
+            profiles_writer,
+            watcher(
+                Api::<ProfileObject>::all(client.clone()),
+                watcher::Config::default(),
+            ),
+        ),
+        changed.clone(),
+        "fabricprofiles",
+    );
+    let watches = tokio::spawn(async move {
+        tokio::join!(node_watch, profile_watch);
+    });
+    let shutdown = railguard_runtime::shutdown_signal();
+    tokio::pin!(shutdown);
+    tokio::select! {
+        r = async { tokio::try_join!(nodes.wait_until_ready(), profiles.wait_until_ready()) } => {
+            r.context("the Node and FabricProfile caches never filled")?;
+        }
+        () = &mut shutdown => {
+            stop.cancel();
+            watches.abort();
+            return Ok(());
+        }
+    }
+    tracing::info!(
+        interval_secs = interval.as_secs(),
+        settle_secs = settle.as_secs(),
+        "fleet controller started"
+    );
+    let mut memory = Memory::default();
+    loop {
+        metrics.heartbeat();
+        let started = Instant::now();
+        let result = recompute(
+            &client,
+            &nodes,
+            &profiles,
+            args.profile.as_deref(),
+            &mut memory,
+            &metrics,
+        )
+        .await;
+        metrics.recomputed(started.elapsed(), result.is_ok());
+        match result {
+            Ok(n) => tracing::info!(
+                profiles = n,
+                took_ms = started.elapsed().as_millis() as u64,
+                "fleet recomputed"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %railguard_runtime::error_line(e.as_ref()), "fleet recomputation failed; retrying")
+            }
+        }
+        tokio::select! {
+            () = &mut shutdown => break,
+            () = tokio::time::sleep(interval) => {}
+            () = changed.notified() => {
+                metrics.heartbeat();
+                tokio::select! {
+                    () = &mut shutdown => break,
+                    () = tokio::time::sleep(settle) => {}
+                }
+            }
+        }
+    }
+    stop.cancel();
+    watches.abort();
+    server.await.context("metrics server task")??;
+    Ok(())
+}
+
+/// Drives a reflector stream, telling the loop about every change.
+async fn reflect<K, S>(stream: S, changed: Arc<Notify>, what: &'static str)
+where
+    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    let stream = stream.default_backoff();
+    futures::pin_mut!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+            Ok(_) => changed.notify_one(),
+            Err(e) => tracing::warn!(cache = what, error = %e, "watch failed; retrying"),
+        }
+    }
+}
+
+/// One recomputation over the caches; returns the number of profiles looked at.
+async fn recompute(
+    client: &Client,
+    nodes: &Store<Node>,
+    profiles: &Store<ProfileObject>,
+    only: Option<&str>,
+    memory: &mut Memory,
+    metrics: &FleetMetrics,
+) -> anyhow::Result<usize> {
+    let now = Timestamp::now();
+    let profiles: Vec<FabricProfile> = profiles
+        .state()
+        .iter()
+        .filter_map(|o| o.decoded.as_ref().ok().cloned())
+        .filter(|p| only.is_none_or(|n| n == p.name()))
+        .collect();
+    let nodes = nodes.state();
+    let fabrics: Vec<NodeFabric> = nodes
+        .iter()
+        .map(|n| NodeFabric::from_node(n, now))
+        .collect();
+    let by_name: BTreeMap<&str, &Node> = nodes
+        .iter()
+        .filter_map(|n| Some((n.metadata.name.as_deref()?, n.as_ref())))
+        .collect();
+    let mut analyses = Vec::new();
+    let mut drift_series = Vec::new();
+    let mut first_error = None;
+    for p in &profiles {
+        let analysis = super::analyze(p, fabrics.iter());
+        if let Err(e) = mark_nodes(client, &analysis, &by_name).await {
+            first_error.get_or_insert(e);
+        }
+        match write_status(client, p, &analysis, memory, now).await {
+            Ok(status) => {
+                for d in &status.drift {
+                    drift_series.push((
+                        p.name().to_string(),
+                        d.measurement.clone(),
+                        d.worse_percent,
+                    ));
+                }
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+        analyses.push(analysis);
+    }
+    metrics.publish(&analyses, &drift_series);
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(profiles.len()),
+    }
+}
+
+/// The fleet condition a Node carries now: status, reason, message.
+fn carried(node: &Node) -> Option<(&str, &str, &str)> {
+    let c = node
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == keys::CONDITION_FLEET_OUTLIER)?;
+    Some((
+        c.status.as_str(),
+        c.reason.as_deref().unwrap_or_default(),
+        c.message.as_deref().unwrap_or_default(),
+    ))
+}
+
+/// Writes the condition of every node of the fleet whose condition differs from what it
+/// should be, with the Event a change deserves.
+async fn mark_nodes(
+    client: &Client,
+    analysis: &FleetAnalysis,
+    nodes: &BTreeMap<&str, &Node>,
+) -> anyhow::Result<()> {
+    let writes: Vec<(&Node, WantedCondition, Option<String>)> = analysis
+        .nodes
+        .iter()
+        .filter_map(|member| {
+            let node = *nodes.get(member.name.as_str())?;
+            let wanted = node_condition(analysis, &member.name);
+            let now = carried(node);
+            if now == Some((wanted.status, wanted.reason, wanted.message.as_str())) {
+                return None;
+            }
+            Some((node, wanted, now.map(|(s, _, _)| s.to_string())))
+        })
+        .collect();
+    futures::stream::iter(writes)
+        .map(|(node, wanted, previous)| write_mark(client, node, wanted, previous))
+        .buffer_unordered(WRITE_CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+async fn write_mark(
+    client: &Client,
+    node: &Node,
+    wanted: WantedCondition,
+    previous: Option<String>,
+) -> anyhow::Result<()> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let now = Timestamp::now().to_string();
+    let transition = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == keys::CONDITION_FLEET_OUTLIER))
+        .filter(|c| c.status == wanted.status)
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0.to_string())
+        .unwrap_or_else(|| now.clone());
+    // A strategic merge patch: conditions merge by type, so the prober's own condition and
+    // the kubelet's stay as they are.
+    let patch = json!({
+        "status": {
+            "conditions": [{
+                "type": keys::CONDITION_FLEET_OUTLIER,
+                "status": wanted.status,
+                "reason": wanted.reason,
+                "message": wanted.message,
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": transition,
+            }]
+        }
+    });
+    let pp = PatchParams {
+        field_manager: Some(keys::FLEET_FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    Api::<Node>::all(client.clone())
+        .patch_status(&name, &pp, &Patch::Strategic(&patch))
+        .await
+        .with_context(|| {
+            format!(
+                "cannot set condition {} on node {name}",
+                keys::CONDITION_FLEET_OUTLIER
+            )
+        })?;
+    if let Some(ev) = mark_event(previous.as_deref(), &wanted) {
+        let involved = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(name.clone()),
+            uid: node.metadata.uid.clone(),
+            ..ObjectReference::default()
+        };
+        record(client, involved, &ev)
+            .await
+            .with_context(|| format!("cannot record event {} on node {name}", ev.reason))?;
+        tracing::info!(node = %name, reason = ev.reason, message = %ev.message, "fleet mark changed");
+    }
+    Ok(())
+}
+
+async fn record(
+    client: &Client,
+    involved: ObjectReference,
+    ev: &NodeEvent,
+) -> Result<(), kube::Error> {
+    let instance = std::env::var("HOSTNAME").unwrap_or_else(|_| keys::FLEET_FIELD_MANAGER.into());
+    let event = event_object(involved, ev, keys::FLEET_FIELD_MANAGER, &instance);
+    Api::<Event>::namespaced(client.clone(), EVENT_NAMESPACE)
+        .create(&PostParams::default(), &event)
+        .await
+        .map(|_| ())
+}
+
+/// Writes `status.fleet` of the profile when it changed, keeping the history in memory, and
+/// records a `FleetDrift` Event for measurements that start drifting.
+async fn write_status(
+    client: &Client,
+    profile: &FabricProfile,
+    analysis: &FleetAnalysis,
+    memory: &mut Memory,
+    now: Timestamp,
+) -> anyhow::Result<FleetStatus> {
+    let name = profile.name().to_string();
+    let api = Api::<FabricProfile>::all(client.clone());
+    if !memory.history.contains_key(&name) {
+        let history = api
+            .get_status(&name)
+            .await
+            .with_context(|| format!("cannot read FabricProfile {name}"))?
+            .status
+            .and_then(|s| s.fleet)
+            .map(|f| f.history)
+            .unwrap_or_default();
+        memory.history.insert(name.clone(), history);
+    }
+    let history = memory.history.get(&name).cloned().unwrap_or_default();
+    let status = fleet_status(&profile.spec.fleet, analysis, &history, now);
+    let unchanged = memory.written.get(&name).is_some_and(|w| {
+        let mut s = status.clone();
+        s.computed_at = None;
+        *w == s
+    });
+    if !unchanged {
+        let body = json!({
+            "apiVersion": "railguard.io/v1alpha1",
+            "kind": "FabricProfile",
+            "metadata": { "name": name },
+            "status": { "fleet": status },
+        });
+        api.patch_status(
+            &name,
+            &PatchParams::apply(keys::FLEET_FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .with_context(|| format!("cannot write status.fleet of FabricProfile {name}"))?;
+        let mut s = status.clone();
+        s.computed_at = None;
+        memory.written.insert(name.clone(), s);
+        memory.history.insert(name.clone(), status.history.clone());
+    }
+    let reported = memory.drifting.entry(name.clone()).or_default();
+    let new: Vec<_> = status
+        .drift
+        .iter()
+        .filter(|d| !reported.contains(&d.measurement))
+        .collect();
+    if let Some(first) = new.first() {
+        let more = if new.len() > 1 {
+            format!(" (and {} more measurements)", new.len() - 1)
+        } else {
+            String::new()
+        };
+        let ev = NodeEvent {
+            reason: reason::DRIFT,
+            kind: "Warning",
+            message: format!(
+                "fleet drift: {} median {:.1} is {:.1}% worse than its history ({:.1}){more}: a fleet-wide change (driver, firmware, fabric), not one node",
+                first.measurement, first.current, first.worse_percent, first.reference
+            ),
+        };
+        let involved = ObjectReference {
+            api_version: Some("railguard.io/v1alpha1".into()),
+            kind: Some("FabricProfile".into()),
+            name: Some(name.clone()),
+            uid: profile.metadata.uid.clone(),
+            ..ObjectReference::default()
+        };
+        record(client, involved, &ev).await.with_context(|| {
+            format!(
+                "cannot record event {} on FabricProfile {name}",
+                reason::DRIFT
+            )
+        })?;
+        tracing::warn!(profile = %name, message = %ev.message, "fleet drift");
+    }
+    *reported = status.drift.iter().map(|d| d.measurement.clone()).collect();
+    Ok(status)
+}

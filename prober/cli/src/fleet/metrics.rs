@@ -1,0 +1,314 @@
+//! The fleet controller's Prometheus metrics and health.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use railguard_prober::fleet::{report, FleetAnalysis};
+use tokio_util::sync::CancellationToken;
+
+/// Every metric the controller exports, as scraped (counters with `_total`); the chart's
+/// Grafana dashboard is checked against this list.
+pub const METRIC_NAMES: &[&str] = &[
+    "railguard_fleet_nodes",
+    "railguard_fleet_outliers",
+    "railguard_fleet_baseline_median",
+    "railguard_fleet_baseline_spread",
+    "railguard_fleet_drift_worse_percent",
+    "railguard_fleet_node_distance_spreads",
+    "railguard_fleet_node_rail_relative",
+    "railguard_fleet_recompute_seconds",
+    "railguard_fleet_recomputes_total",
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProfileLabels {
+    profile: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MeasurementLabels {
+    profile: String,
+    measurement: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabels {
+    profile: String,
+    node: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RailLabels {
+    profile: String,
+    node: String,
+    rail: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+pub struct FleetMetrics {
+    registry: Registry,
+    nodes: Family<ProfileLabels, Gauge>,
+    outliers: Family<ProfileLabels, Gauge>,
+    median: Family<MeasurementLabels, FloatGauge>,
+    spread: Family<MeasurementLabels, FloatGauge>,
+    drift: Family<MeasurementLabels, FloatGauge>,
+    distance: Family<NodeLabels, FloatGauge>,
+    relative: Family<RailLabels, FloatGauge>,
+    recompute: Histogram,
+    recomputes: Family<OutcomeLabels, Counter>,
+    /// The families above are replaced as a whole per recomputation; a scrape waits for it.
+    update: Mutex<()>,
+    ready: AtomicBool,
+    alive_at: Mutex<Instant>,
+    stall_after: Duration,
+}
+
+impl FleetMetrics {
+    pub fn new(stall_after: Duration) -> Self {
+        let mut registry = Registry::default();
+        let m = FleetMetrics {
+            nodes: Family::default(),
+            outliers: Family::default(),
+            median: Family::default(),
+            spread: Family::default(),
+            drift: Family::default(),
+            distance: Family::default(),
+            relative: Family::default(),
+            recompute: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
+            recomputes: Family::default(),
+            update: Mutex::new(()),
+            ready: AtomicBool::new(false),
+            alive_at: Mutex::new(Instant::now()),
+            stall_after,
+            registry: Registry::default(),
+        };
+        registry.register(
+            "railguard_fleet_nodes",
+            "Certified nodes the profile's baseline is computed from",
+            m.nodes.clone(),
+        );
+        registry.register(
+            "railguard_fleet_outliers",
+            "Nodes of the profile marked as fleet outliers",
+            m.outliers.clone(),
+        );
+        registry.register(
+            "railguard_fleet_baseline_median",
+            "Fleet median of a measurement (Gb/s, GB/s or us, see the measurement)",
+            m.median.clone(),
+        );
+        registry.register(
+            "railguard_fleet_baseline_spread",
+            "Robust spread (1.4826 x MAD, floored) of a measurement",
+            m.spread.clone(),
+        );
+        registry.register(
+            "railguard_fleet_drift_worse_percent",
+            "How much worse a measurement's fleet median is than its history, for drifting measurements",
+            m.drift.clone(),
+        );
+        registry.register(
+            "railguard_fleet_node_distance_spreads",
+            "A node's worst signed distance from the baseline over its measurements, in spreads (negative: worse)",
+            m.distance.clone(),
+        );
+        registry.register(
+            "railguard_fleet_node_rail_relative",
+            "A rail's host write bandwidth relative to the fleet median (1 = median)",
+            m.relative.clone(),
+        );
+        registry.register(
+            "railguard_fleet_recompute_seconds",
+            "Time to recompute every profile's baseline and marks",
+            m.recompute.clone(),
+        );
+        registry.register(
+            "railguard_fleet_recomputes",
+            "Recomputations by outcome (ok, error)",
+            m.recomputes.clone(),
+        );
+        FleetMetrics { registry, ..m }
+    }
+
+    /// Replaces the per-profile and per-node series with those of `analyses`.
+    pub fn publish(&self, analyses: &[FleetAnalysis], drift: &[(String, String, f64)]) {
+        let _guard = self.update.lock().unwrap_or_else(|p| p.into_inner());
+        for f in [&self.median, &self.spread, &self.drift] {
+            f.clear();
+        }
+        self.distance.clear();
+        self.relative.clear();
+        self.nodes.clear();
+        self.outliers.clear();
+        for a in analyses {
+            let p = ProfileLabels {
+                profile: a.profile.clone(),
+            };
+            self.nodes
+                .get_or_create(&p)
+                .set(i64::try_from(a.certified).unwrap_or(i64::MAX));
+            self.outliers
+                .get_or_create(&p)
+                .set(i64::try_from(a.outliers.len()).unwrap_or(i64::MAX));
+            for (m, b) in &a.baseline {
+                let l = MeasurementLabels {
+                    profile: a.profile.clone(),
+                    measurement: m.to_string(),
+                };
+                self.median.get_or_create(&l).set(b.median);
+                self.spread.get_or_create(&l).set(b.spread);
+            }
+            let rails = report::rails(a);
+            for row in report::rows(a) {
+                if let Some(d) = row.worst_distance {
+                    self.distance
+                        .get_or_create(&NodeLabels {
+                            profile: a.profile.clone(),
+                            node: row.node.clone(),
+                        })
+                        .set(d);
+                }
+                for (rail, v) in rails.iter().zip(&row.relative) {
+                    if let Some(v) = v {
+                        self.relative
+                            .get_or_create(&RailLabels {
+                                profile: a.profile.clone(),
+                                node: row.node.clone(),
+                                rail: rail.clone(),
+                            })
+                            .set(*v);
+                    }
+                }
+            }
+        }
+        for (profile, measurement, worse) in drift {
+            self.drift
+                .get_or_create(&MeasurementLabels {
+                    profile: profile.clone(),
+                    measurement: measurement.clone(),
+                })
+                .set(*worse);
+        }
+    }
+
+    pub fn recomputed(&self, took: Duration, ok: bool) {
+        self.recompute.observe(took.as_secs_f64());
+        self.recomputes
+            .get_or_create(&OutcomeLabels {
+                outcome: if ok { "ok" } else { "error" },
+            })
+            .inc();
+        if ok {
+            self.ready.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The loop is alive (called every turn, also while waiting).
+    pub fn heartbeat(&self) {
+        *self.alive_at.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    fn alive(&self) -> bool {
+        self.alive_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed()
+            < self.stall_after
+    }
+
+    pub fn encode(&self) -> String {
+        let _guard = self.update.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            tracing::error!("cannot encode metrics");
+        }
+        out
+    }
+}
+
+/// Serves `/metrics`, `/healthz` (the loop turned within its bound) and `/readyz` (a
+/// recomputation succeeded) until `stop`.
+pub async fn serve(
+    listener: std::net::TcpListener,
+    metrics: Arc<FleetMetrics>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let (m1, m2, m3) = (metrics.clone(), metrics.clone(), metrics);
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let m = m1.clone();
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        m.encode(),
+                    )
+                }
+            }),
+        )
+        .route(
+            "/healthz",
+            get(move || {
+                let m = m2.clone();
+                async move {
+                    if m.alive() {
+                        (StatusCode::OK, "ok").into_response()
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "the fleet loop is stuck").into_response()
+                    }
+                }
+            }),
+        )
+        .route(
+            "/readyz",
+            get(move || {
+                let m = m3.clone();
+                async move {
+                    if m.ready.load(Ordering::Relaxed) {
+                        (StatusCode::OK, "ready").into_response()
+                    } else {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "no recomputation finished yet",
+                        )
+                            .into_response()
+                    }
+                }
+            }),
+        );
+    let addr = listener.local_addr().context("metrics listener")?;
+    tracing::info!(%addr, "metrics and health listening");
+    let app = railguard_runtime::limit_requests(
+        app,
+        &railguard_runtime::RequestLimits {
+            timeout: Duration::from_secs(10),
+            max_in_flight: 16,
+        },
+    );
+    railguard_runtime::serve(
+        listener,
+        app,
+        None,
+        railguard_runtime::ServeLimits::default(),
+        stop.cancelled_owned(),
+    )
+    .await
+    .context("metrics server failed")
+}

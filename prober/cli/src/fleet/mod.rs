@@ -1,0 +1,280 @@
+//! `railguard-prober fleet`: the fleet of every profile against its baseline. Report mode
+//! lists Nodes and FabricProfiles once and prints the table (or JSON) and, with `--html`,
+//! writes the report; `--watch` runs the fleet controller ([`controller`]), which marks
+//! outliers on the Nodes and keeps the baseline and its history in the profiles' status.
+//!
+//! It runs apart from the extender on purpose: the extender sits on the scheduling path with
+//! `ignorable: false`, reads the API only through caches and holds no write permission; the
+//! controller writes conditions, Events and profile status, and its recomputation (linear in
+//! nodes, see BENCHMARKS.md) never competes with a scheduling request.
+
+pub mod controller;
+pub mod metrics;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, ValueHint};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, Client};
+use railguard_api::fleet::FleetStatus;
+use railguard_api::{FabricProfile, FabricState, NodeFabric};
+use railguard_prober::fleet::{self, report, FleetAnalysis, FleetNode};
+use serde::Serialize;
+
+use crate::{Outcome, Status};
+
+pub use metrics::METRIC_NAMES;
+
+#[derive(Args, Debug)]
+pub struct FleetArgs {
+    /// Only this FabricProfile (default: every valid profile of the cluster).
+    #[arg(long, env = "RAILGUARD_PROFILE")]
+    pub profile: Option<String>,
+    /// Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long, env = "RAILGUARD_KUBECONFIG", value_hint = ValueHint::FilePath)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Print the fleet as JSON instead of a table.
+    #[arg(long, env = "RAILGUARD_FLEET_JSON")]
+    pub json: bool,
+    /// Also write the self-contained HTML report (heatmap, busbw distribution) here.
+    #[arg(long, env = "RAILGUARD_FLEET_HTML", value_hint = ValueHint::FilePath)]
+    pub html: Option<PathBuf>,
+    /// Run as the fleet controller: mark outliers (Node condition RailguardFleetOutlier,
+    /// Events), keep status.fleet of every profile, serve metrics; until SIGTERM.
+    #[arg(long, env = "RAILGUARD_FLEET_WATCH")]
+    pub watch: bool,
+    /// Controller: recompute at least this often, seconds.
+    #[arg(long, env = "RAILGUARD_FLEET_INTERVAL_SECS", default_value_t = 60)]
+    pub interval_secs: u64,
+    /// Controller: after a Node or profile changes, wait this long for more changes before
+    /// recomputing, seconds (a recertification wave is one recomputation).
+    #[arg(long, env = "RAILGUARD_FLEET_SETTLE_SECS", default_value_t = 5)]
+    pub settle_secs: u64,
+    /// Controller: `/metrics`, `/healthz` and `/readyz` on this address.
+    #[arg(long, env = "RAILGUARD_METRICS_LISTEN", default_value = "0.0.0.0:9464")]
+    pub metrics_listen: SocketAddr,
+}
+
+impl FleetArgs {
+    pub async fn run(self) -> anyhow::Result<Outcome> {
+        let client = railguard_runtime::kube_client(
+            self.kubeconfig.as_deref(),
+            "--kubeconfig",
+            "pass --kubeconfig, or run in a cluster",
+        )
+        .await?;
+        if self.watch {
+            if self.json || self.html.is_some() {
+                anyhow::bail!("--json and --html are for the report; --watch runs the controller");
+            }
+            controller::run(client, &self).await?;
+            return Ok(Outcome::default());
+        }
+        self.report(&client).await
+    }
+
+    async fn report(&self, client: &Client) -> anyhow::Result<Outcome> {
+        let (profiles, _invalid) = crate::profile_source::cluster_profiles(client).await?;
+        let profiles = select(profiles, self.profile.as_deref())?;
+        let nodes = Api::<Node>::all(client.clone())
+            .list(&Default::default())
+            .await
+            .context("cannot list Nodes")?;
+        let now = Timestamp::now();
+        let fabrics: Vec<NodeFabric> = nodes
+            .items
+            .iter()
+            .map(|n| NodeFabric::from_node(n, now))
+            .collect();
+        let api = Api::<FabricProfile>::all(client.clone());
+        let mut views = Vec::new();
+        for p in &profiles {
+            let analysis = analyze(p, fabrics.iter());
+            // The baseline's history lives in the profile's status (the controller's).
+            let status = api
+                .get_status(p.name())
+                .await
+                .with_context(|| format!("cannot read FabricProfile {}", p.name()))?
+                .status
+                .and_then(|s| s.fleet);
+            views.push((analysis, status));
+        }
+        if let Some(path) = &self.html {
+            let analyses: Vec<FleetAnalysis> = views.iter().map(|(a, _)| a.clone()).collect();
+            let html = fleet::html::render_html(&analyses, now);
+            write_atomically(path, html.as_bytes())
+                .with_context(|| format!("cannot write the report to {}", path.display()))?;
+        }
+        let any_outlier = views.iter().any(|(a, _)| !a.outliers.is_empty());
+        let text = if self.json {
+            let json: Vec<ProfileView> = views.iter().map(|(a, s)| ProfileView::of(a, s)).collect();
+            let mut t = serde_json::to_string_pretty(&json)?;
+            t.push('\n');
+            t
+        } else {
+            let mut t = String::new();
+            for (a, s) in &views {
+                t.push_str(&report::table(a));
+                if let Some(s) = s {
+                    for d in &s.drift {
+                        t.push_str(&format!(
+                            "  drift: {} median {:.1} is {:.1}% worse than its history ({:.1})\n",
+                            d.measurement, d.current, d.worse_percent, d.reference
+                        ));
+                    }
+                }
+                t.push('\n');
+            }
+            if let Some(path) = &self.html {
+                t.push_str(&format!("report written to {}\n", path.display()));
+            }
+            t
+        };
+        Ok(Outcome::new(text, Status::fail_if(any_outlier)))
+    }
+}
+
+/// The profiles to look at: all, or the one asked for (an error naming the others when it
+/// is not among the valid ones).
+fn select(profiles: Vec<FabricProfile>, only: Option<&str>) -> anyhow::Result<Vec<FabricProfile>> {
+    let Some(name) = only else {
+        return Ok(profiles);
+    };
+    let names: Vec<String> = profiles.iter().map(|p| p.name().to_string()).collect();
+    let chosen: Vec<FabricProfile> = profiles.into_iter().filter(|p| p.name() == name).collect();
+    if chosen.is_empty() {
+        anyhow::bail!(
+            "no valid FabricProfile {name:?} in the cluster (valid: {})",
+            names.join(", ")
+        );
+    }
+    Ok(chosen)
+}
+
+/// The profile a node belongs to: its label, else its certificate's.
+pub fn profile_of(n: &NodeFabric) -> Option<&str> {
+    n.profile
+        .as_deref()
+        .or_else(|| n.state.certificate().map(|c| c.profile.as_str()))
+}
+
+/// The fleet input of one node.
+pub fn fleet_node(n: &NodeFabric) -> FleetNode {
+    FleetNode {
+        name: n.name.clone(),
+        state: n.state.kind(),
+        certified: matches!(n.state, FabricState::Certified(_)),
+        figures: n
+            .state
+            .certificate()
+            .map(fleet::measurements)
+            .unwrap_or_default(),
+    }
+}
+
+/// Analyses the nodes of `profile` among `nodes`.
+pub fn analyze<'a>(
+    profile: &FabricProfile,
+    nodes: impl Iterator<Item = &'a NodeFabric>,
+) -> FleetAnalysis {
+    let members: Vec<FleetNode> = nodes
+        .filter(|n| profile_of(n) == Some(profile.name()))
+        .map(fleet_node)
+        .collect();
+    fleet::analyze_fleet(profile.name(), &profile.spec.fleet, members)
+}
+
+/// Writes a file whole or not at all (a reader never sees half a report).
+fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// `--json`: one object per profile.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ProfileView {
+    profile: String,
+    certified: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    no_baseline: Option<String>,
+    /// Median and spread per measurement.
+    baseline: BTreeMap<String, BaselineView>,
+    nodes: Vec<NodeView>,
+    /// Measurements that would have marked too much of the fleet.
+    split: BTreeMap<String, usize>,
+    /// From the controller's `status.fleet`; empty before it ran.
+    drift: Vec<railguard_api::fleet::FleetDrift>,
+}
+
+#[derive(Serialize)]
+struct BaselineView {
+    median: f64,
+    spread: f64,
+    nodes: usize,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeView {
+    node: String,
+    state: &'static str,
+    outlier: bool,
+    marks: Vec<String>,
+    /// Worst signed distance from the baseline in spreads; null without a baseline.
+    worst_distance_spreads: Option<f64>,
+    /// Host write bandwidth relative to the baseline median, per rail.
+    rail_relative: BTreeMap<String, f64>,
+}
+
+impl ProfileView {
+    fn of(a: &FleetAnalysis, status: &Option<FleetStatus>) -> Self {
+        let rails = report::rails(a);
+        ProfileView {
+            profile: a.profile.clone(),
+            certified: a.certified,
+            no_baseline: a.no_baseline.clone(),
+            baseline: a
+                .baseline
+                .iter()
+                .map(|(m, b)| {
+                    (
+                        m.to_string(),
+                        BaselineView {
+                            median: b.median,
+                            spread: b.spread,
+                            nodes: b.nodes,
+                        },
+                    )
+                })
+                .collect(),
+            nodes: report::rows(a)
+                .into_iter()
+                .map(|r| NodeView {
+                    outlier: !r.outliers.is_empty(),
+                    rail_relative: rails
+                        .iter()
+                        .zip(&r.relative)
+                        .filter_map(|(rail, v)| Some((rail.clone(), (*v)?)))
+                        .collect(),
+                    node: r.node,
+                    state: r.state,
+                    marks: r.outliers,
+                    worst_distance_spreads: r.worst_distance,
+                })
+                .collect(),
+            split: a.split.iter().map(|(m, n)| (m.to_string(), *n)).collect(),
+            drift: status.as_ref().map(|s| s.drift.clone()).unwrap_or_default(),
+        }
+    }
+}

@@ -10,7 +10,9 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Container, Node, NodeStatus, Pod, PodSpec, ResourceRequirements};
+use k8s_openapi::api::core::v1::{
+    Container, Node, NodeCondition, NodeStatus, Pod, PodSpec, ResourceRequirements,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -407,7 +409,8 @@ fn decode_pod(raw: &RawValue) -> Result<Pod, ExtenderError> {
 }
 
 /// The fields of a Node that [`railguard_api::NodeFabric::from_node`] reads. Decoding only
-/// these skips managedFields, images and conditions, which dominate a Node's size.
+/// these skips managedFields, images and every condition but the fleet outlier mark, which
+/// dominate a Node's size.
 #[derive(Deserialize)]
 struct SlimNode {
     #[serde(default)]
@@ -430,6 +433,65 @@ struct SlimMeta {
 struct SlimStatus {
     #[serde(default)]
     allocatable: Option<BTreeMap<String, Quantity>>,
+    #[serde(default, deserialize_with = "fleet_outlier_condition")]
+    conditions: Option<NodeCondition>,
+}
+
+/// One entry of `status.conditions`, borrowed from the body where unescaped: only the kept
+/// one is copied.
+#[derive(Deserialize)]
+struct SlimCondition<'a> {
+    #[serde(rename = "type", default, borrow)]
+    type_: Cow<'a, str>,
+    #[serde(default, borrow)]
+    status: Cow<'a, str>,
+    #[serde(default, borrow)]
+    reason: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    message: Option<Cow<'a, str>>,
+}
+
+/// `status.conditions` reduced to the one condition `NodeFabric::from_node` reads: the first
+/// [`CONDITION_FLEET_OUTLIER`](railguard_api::keys::CONDITION_FLEET_OUTLIER) with status
+/// `True`. Filtered while decoding, so however many conditions a Node carries, only that one
+/// is kept.
+fn fleet_outlier_condition<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<NodeCondition>, D::Error> {
+    struct Conditions;
+
+    impl<'de> Visitor<'de> for Conditions {
+        type Value = Option<NodeCondition>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of node conditions")
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut found = None;
+            while let Some(c) = seq.next_element::<SlimCondition<'de>>()? {
+                if found.is_none()
+                    && c.type_ == railguard_api::keys::CONDITION_FLEET_OUTLIER
+                    && c.status == "True"
+                {
+                    found = Some(NodeCondition {
+                        type_: c.type_.into_owned(),
+                        status: c.status.into_owned(),
+                        reason: c.reason.map(Cow::into_owned),
+                        message: c.message.map(Cow::into_owned),
+                        ..NodeCondition::default()
+                    });
+                }
+            }
+            Ok(found)
+        }
+    }
+
+    d.deserialize_any(Conditions)
 }
 
 /// Decodes the part of a raw Node that railguard interprets.
@@ -449,6 +511,7 @@ pub(crate) fn decode_node(raw: &RawValue, index: usize) -> Result<Node, Extender
         spec: None,
         status: slim.status.map(|s| NodeStatus {
             allocatable: s.allocatable,
+            conditions: s.conditions.map(|c| vec![c]),
             ..NodeStatus::default()
         }),
     })
@@ -661,6 +724,93 @@ mod tests {
         };
         assert_eq!(names, ["n1", "n2"]);
         assert!(matches!(names[0].0, Cow::Owned(_)) && matches!(names[1].0, Cow::Borrowed(_)));
+    }
+
+    /// The slim Node decode keeps what `NodeFabric::from_node` reads, the fleet outlier mark
+    /// included, and nothing of the other conditions.
+    #[test]
+    fn slim_node_keeps_the_fleet_outlier_condition() {
+        use railguard_api::NodeFabric;
+        let now: jiff::Timestamp = "2026-11-29T12:00:00Z".parse().unwrap();
+        let node = |conditions: serde_json::Value| {
+            serde_json::json!({
+                "metadata": {"name": "n1", "labels": {"railguard.io/fabric": "pending"},
+                    "managedFields": [{"manager": "kubelet"}]},
+                "status": {"allocatable": {"nvidia.com/gpu": "8"}, "conditions": conditions,
+                    "images": [{"names": ["x"], "sizeBytes": 1}]}
+            })
+        };
+        let ready = serde_json::json!({"type": "Ready", "status": "True",
+            "reason": "KubeletReady", "message": "kubelet is posting ready status",
+            "lastHeartbeatTime": "2026-11-29T11:59:00Z"});
+        let mark = |status: &str, message: &str| {
+            serde_json::json!({"type": "RailguardFleetOutlier", "status": status,
+                "reason": "FleetOutlier", "message": message,
+                "lastTransitionTime": "2026-11-29T11:00:00Z"})
+        };
+        let slow = "rail mlx5_3:1 writeBwHost 326.4 Gb/s is 15.0% below the fleet median 384.0 Gb/s (12.3 spreads)";
+        let cases = [
+            (
+                node(serde_json::json!([ready, mark("True", slow)])),
+                Some(slow),
+            ),
+            // Escaped text is decoded; the first True condition is the one read.
+            (
+                node(serde_json::json!([
+                    mark("False", "within"),
+                    mark("True", "a \"b\"\n"),
+                    mark("True", "later")
+                ])),
+                Some("a \"b\"\n"),
+            ),
+            (
+                node(serde_json::json!([ready, mark("Unknown", "no baseline")])),
+                None,
+            ),
+            (node(serde_json::json!([ready])), None),
+            (node(serde_json::json!([])), None),
+            (node(serde_json::Value::Null), None),
+            (
+                serde_json::json!({"metadata": {"name": "n1"}, "status": {}}),
+                None,
+            ),
+            (serde_json::json!({"metadata": {"name": "n1"}}), None),
+        ];
+        for (i, (full, want)) in cases.into_iter().enumerate() {
+            let raw = RawValue::from_string(full.to_string()).unwrap();
+            let slim = decode_node(&raw, i).unwrap();
+            let kept = slim
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .map_or(0, Vec::len);
+            assert!(kept <= 1, "case {i}: only the mark is kept, got {kept}");
+            let full: Node = serde_json::from_value(full).unwrap();
+            let fabric = NodeFabric::from_node(&slim, now);
+            assert_eq!(fabric, NodeFabric::from_node(&full, now), "case {i}");
+            assert_eq!(
+                fabric.fleet_outlier.map(|m| m.message).as_deref(),
+                want,
+                "case {i}"
+            );
+        }
+        // The limits still hold: a nameless Node and conditions that are not a list.
+        let nameless = RawValue::from_string(
+            node(serde_json::json!([]))
+                .to_string()
+                .replace("\"n1\"", "\"\""),
+        )
+        .unwrap();
+        assert!(matches!(
+            decode_node(&nameless, 3),
+            Err(ExtenderError::NodeWithoutName { index: 3 })
+        ));
+        let bad =
+            RawValue::from_string(node(serde_json::json!({"type": "Ready"})).to_string()).unwrap();
+        assert!(matches!(
+            decode_node(&bad, 4),
+            Err(ExtenderError::NodeJson { index: 4, .. })
+        ));
     }
 
     /// The candidate lists stop growing at the bound while decoding, and the count is still

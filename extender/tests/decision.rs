@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use common::*;
 use jiff::SignedDuration;
+use railguard_api::fleet::OutlierAction;
 use railguard_api::{NodeFabric, RailVerdict, Verdict};
 use railguard_extender::cache::{Applier, CachedNode, Change, ClusterState};
 use railguard_extender::decision::{
@@ -111,7 +112,7 @@ fn pods_that_are_not_training_pods_pass_untouched() {
     assert!(prioritize(
         &target,
         &slots(&nodes),
-        &[],
+        None,
         now(),
         &ExtenderConfig::default()
     )
@@ -395,6 +396,69 @@ fn a_profile_with_nccl_pair_tests_rejects_a_scope_that_failed_with_every_peer() 
     );
 }
 
+/// `spec.fleet.outliers: Filter` rejects a marked node that passes every threshold, with the
+/// controller's message; `Score` (the default) lets it pass. A firmer reason wins, and a
+/// condition that is not `True` marks nothing.
+#[test]
+fn fleet_outliers_fail_the_filter_only_where_the_profile_filters_them() {
+    use railguard_extender::decision::precheck;
+    let profiles = profiles();
+    let mut h100 = profile(&profiles, "h100-ndr").clone();
+    let sig = h100.spec.signature();
+    let base = sample_node();
+    let mark = "rail mlx5_3:1 writeBwHost 326.4 Gb/s is 15.0% below the fleet median 384.0 Gb/s (12.3 spreads)";
+    let node = |gbps: f64, status: &str, message: &str| {
+        let c = synth::certificate(&h100, Verdict::Certified, hours_ago(1), gbps, 370.0);
+        let mut n = synth::node(&base, "n", Some(&c), &[]);
+        mark_outlier(&mut n, status, message);
+        NodeFabric::from_node(&n, now())
+    };
+    let outlier = node(392.0, "True", mark);
+    let below_threshold = node(301.5, "True", mark);
+    let within = node(392.0, "False", "within the fleet baseline");
+    let unnamed = node(392.0, "True", "");
+    assert_eq!(h100.spec.fleet.outliers, OutlierAction::Score);
+    for n in [&outlier, &within, &unnamed] {
+        assert_eq!(check_node(n, &h100, &sig, now()), Ok(()));
+    }
+
+    h100.spec.fleet.outliers = OutlierAction::Filter;
+    let r = check_node(&outlier, &h100, &sig, now()).unwrap_err();
+    assert_eq!(r.reason, RejectReason::FleetOutlier);
+    assert_eq!(r.reason.as_str(), "fleet_outlier");
+    assert!(!r.reason.resolvable());
+    assert_eq!(&*r.message, format!("railguard: fleet outlier: {mark}"));
+    // The cached verdict says the same, and expiry still comes first.
+    let pre = precheck(&outlier, &h100, &sig);
+    assert_eq!(pre.check(now()), Err(r));
+    assert_eq!(pre.headroom_points(now()), 0);
+    let later = now().checked_add(SignedDuration::from_hours(24)).unwrap();
+    assert_eq!(
+        check_node(&outlier, &h100, &sig, later).unwrap_err().reason,
+        RejectReason::Expired
+    );
+    let r = check_node(&below_threshold, &h100, &sig, now()).unwrap_err();
+    assert_eq!(r.reason, RejectReason::RailBelowThreshold, "{}", r.message);
+    assert_eq!(check_node(&within, &h100, &sig, now()), Ok(()));
+    let r = check_node(&unnamed, &h100, &sig, now()).unwrap_err();
+    assert_eq!(
+        &*r.message,
+        "railguard: fleet outlier: node has condition RailguardFleetOutlier=True and profile h100-ndr filters fleet outliers"
+    );
+    // Through the filter: the outlier is unresolvable and counted under its reason.
+    let pod = facts(&training_pod(&h100));
+    let profiles = [h100.clone()];
+    let target = target_for(&pod, &profiles, None, &ExtenderConfig::default());
+    let nodes = [outlier, within];
+    let v = filter(&target, &slots(&nodes), now());
+    assert_eq!(v.passed, [1]);
+    assert_eq!(v.reasons[&RejectReason::FleetOutlier], 1);
+    assert_eq!(
+        v.unresolvable["n"],
+        format!("railguard: fleet outlier: {mark}")
+    );
+}
+
 #[test]
 fn pending_and_unreadable_nodes() {
     let profiles = profiles();
@@ -472,7 +536,7 @@ fn prioritize_prefers_headroom_and_the_jobs_topology() {
     let scores = prioritize(
         &target,
         &slots(&nodes),
-        &[&peer],
+        Some(&[&peer]),
         now(),
         &ExtenderConfig::default(),
     );
@@ -489,7 +553,7 @@ fn prioritize_prefers_headroom_and_the_jobs_topology() {
     let alone = prioritize(
         &target,
         &slots(&nodes),
-        &[],
+        Some(&[]),
         now(),
         &ExtenderConfig::default(),
     );
@@ -606,19 +670,38 @@ fn random_node(g: &mut Gen, profiles: &[railguard_api::FabricProfile], i: usize)
             .unwrap()
             .insert("railguard.io/certificate".into(), "{\"version\": 1".into());
     }
+    // Fleet marks: some outliers, some nodes the controller found within the baseline.
+    match g.below(8) {
+        0 => mark_outlier(
+            &mut node,
+            "True",
+            &format!("rail mlx5_0:1 writeBwHost {i} Gb/s is 15.0% below the fleet median"),
+        ),
+        1 => mark_outlier(&mut node, "False", "within the fleet baseline"),
+        _ => {}
+    }
     NodeFabric::from_node(&node, now())
 }
 
 #[test]
 fn prechecked_verdicts_equal_the_pure_filter_over_generated_nodes() {
     use railguard_extender::decision::{precheck, Precheck};
-    let profiles = profiles();
+    let mut profiles = profiles();
+    // Both outlier actions: every other profile filters fleet outliers.
+    for p in profiles.iter_mut().step_by(2) {
+        p.spec.fleet.outliers = OutlierAction::Filter;
+    }
     let config = ExtenderConfig::default();
     let mut g = Gen(0x5eed_cafe_f00d_1234);
     let nodes: Vec<NodeFabric> = (0..2000)
         .map(|i| random_node(&mut g, &profiles, i))
         .collect();
     let kinds: std::collections::BTreeSet<&str> = nodes.iter().map(|n| n.state.kind()).collect();
+    let outliers = nodes.iter().filter(|n| n.fleet_outlier.is_some()).count();
+    assert!(
+        outliers > 100,
+        "the generator marks fleet outliers: {outliers}"
+    );
     assert_eq!(
         kinds.len(),
         7,
@@ -720,13 +803,14 @@ fn prechecked_verdicts_equal_the_pure_filter_over_generated_nodes() {
                         fabric: Some(n),
                         precheck: Some(pc),
                         topology: &[],
+                        fleet_outlier: n.fleet_outlier.is_some(),
                     })
                     .collect();
                 assert_eq!(filter(&target, &fast, t), filter(&target, &plain, t));
                 let peers = [&nodes[0], &nodes[1]];
                 assert_eq!(
-                    prioritize(&target, &fast, &peers, t, &config),
-                    prioritize(&target, &plain, &peers, t, &config)
+                    prioritize(&target, &fast, Some(&peers), t, &config),
+                    prioritize(&target, &plain, Some(&peers), t, &config)
                 );
                 // Through the node index, in scheduler order with unknown names.
                 assert_eq!(
@@ -739,8 +823,8 @@ fn prechecked_verdicts_equal_the_pure_filter_over_generated_nodes() {
                 };
                 assert_eq!(by_position(&indexed), by_position(&plain_candidates));
                 assert_eq!(
-                    prioritize(&target, &indexed, &peers, t, &config),
-                    prioritize(&target, &plain_candidates, &peers, t, &config)
+                    prioritize(&target, &indexed, Some(&peers), t, &config),
+                    prioritize(&target, &plain_candidates, Some(&peers), t, &config)
                 );
                 // The server's scoring: topology ids the index interned, peers looked up in it.
                 let peer_ids = peers
@@ -750,13 +834,22 @@ fn prechecked_verdicts_equal_the_pure_filter_over_generated_nodes() {
                     .collect();
                 let keys = topology_keys_for(&target, &config);
                 let job = JobTopology::new(keys, index.topology_keys(), peer_ids);
+                let job = Some(&job);
                 let by_labels: Vec<i64> =
-                    prioritize(&target, &plain_candidates, &peers, t, &config)
+                    prioritize(&target, &plain_candidates, Some(&peers), t, &config)
                         .into_iter()
                         .map(|(_, score)| score)
                         .collect();
-                assert_eq!(prioritize_scores(&target, &indexed, &job, t), by_labels);
-                let alone = prioritize(&target, &plain_candidates, &[], t, &config);
+                assert_eq!(prioritize_scores(&target, &indexed, job, t), by_labels);
+                // Outliers are among the candidates: each scores below every other candidate.
+                for ((_, fabric), score) in candidates.iter().zip(&by_labels) {
+                    if fabric.is_some_and(|f| f.fleet_outlier.is_some()) {
+                        assert_eq!(*score, 0);
+                    } else {
+                        assert!(*score >= 1);
+                    }
+                }
+                let alone = prioritize(&target, &plain_candidates, Some(&[]), t, &config);
                 local_scores += by_labels
                     .iter()
                     .zip(&alone)
@@ -782,6 +875,7 @@ fn prechecked_verdicts_equal_the_pure_filter_over_generated_nodes() {
         RejectReason::RailUnhealthy,
         RejectReason::RailBelowThreshold,
         RejectReason::BusbwBelowThreshold,
+        RejectReason::FleetOutlier,
     ] {
         assert!(
             reasons.contains(&r),

@@ -449,3 +449,156 @@ async fn standalone_mode_refuses_node_names_with_a_clear_error() {
     let ready = reqwest::get(format!("{}/readyz", r.health)).await.unwrap();
     assert_eq!(ready.status().as_u16(), 200);
 }
+
+/// Three certified H100 nodes: `n-fast` (full headroom), `n-thin` (none) and `n-outlier`
+/// (full headroom, marked by the fleet controller); certificates dated relative to the clock.
+fn fleet_nodes() -> Vec<k8s_openapi::api::core::v1::Node> {
+    let profiles = profiles();
+    let h100 = profile(&profiles, "h100-ndr");
+    let at = jiff::Timestamp::now()
+        .checked_sub(jiff::SignedDuration::from_hours(1))
+        .unwrap();
+    let cert = |gbps: f64| {
+        railguard_sim::certificates::certificate(
+            h100,
+            railguard_api::Verdict::Certified,
+            at,
+            gbps,
+            gbps,
+        )
+    };
+    let base = sample_node();
+    let node = |name: &str, gbps: f64| {
+        railguard_sim::certificates::node(&base, name, Some(&cert(gbps)), &[])
+    };
+    let mut outlier = node("n-outlier", 400.0);
+    mark_outlier(&mut outlier, "True", FLEET_MARK);
+    vec![node("n-fast", 400.0), node("n-thin", 361.0), outlier]
+}
+
+const FLEET_MARK: &str =
+    "rail mlx5_3:1 writeBwHost 326.4 Gb/s is 15.0% below the fleet median 384.0 Gb/s (12.3 spreads)";
+
+/// A synced cluster cache holding `nodes` and `profiles`.
+fn cluster_of(
+    nodes: &[k8s_openapi::api::core::v1::Node],
+    profiles: &[railguard_api::FabricProfile],
+) -> Arc<ClusterState> {
+    let cluster = Arc::new(ClusterState::new(ExtenderConfig::default()));
+    cluster.pods.replace(HashMap::new());
+    cluster.namespaces.replace(HashMap::new());
+    cluster.profiles.replace(
+        profiles
+            .iter()
+            .map(|p| (p.name().to_string(), Arc::new(p.clone())))
+            .collect(),
+    );
+    cluster.rebuild_profile_list();
+    let now = jiff::Timestamp::now();
+    cluster.replace_nodes(
+        nodes
+            .iter()
+            .map(|n| railguard_api::NodeFabric::from_node(n, now)),
+    );
+    cluster
+}
+
+/// `spec.fleet.outliers` of the H100 profile decides the filter; for a job's pod the outlier
+/// scores last either way. Both request forms: full Nodes (the mark read from the Node's
+/// conditions in the request) and names (from the cache).
+#[tokio::test]
+async fn fleet_outliers_are_filtered_or_ranked_last_as_the_profile_says() {
+    use railguard_api::fleet::OutlierAction;
+    let nodes = fleet_nodes();
+    let names = ["n-fast", "n-thin", "n-outlier"];
+    let mut job_pod = h100_pod();
+    job_pod["metadata"]["labels"]["training.kubeflow.org/job-name"] = json!("llm");
+    for action in [OutlierAction::Score, OutlierAction::Filter] {
+        let mut profiles = profiles();
+        for p in &mut profiles {
+            p.spec.fleet.outliers = action;
+        }
+        let sources = [
+            Source::Standalone {
+                profiles: Arc::new(profiles.clone()),
+            },
+            Source::Cluster(cluster_of(&nodes, &profiles)),
+        ];
+        for source in sources {
+            let cache = matches!(source, Source::Cluster(_));
+            let r = start(source).await;
+            let body = |pod: &Value| {
+                let mut args: Value = serde_json::from_str(ARGS_FULL).unwrap();
+                args["Pod"] = pod.clone();
+                if cache {
+                    args.as_object_mut().unwrap().remove("Nodes");
+                    args["NodeNames"] = json!(names);
+                } else {
+                    args["Nodes"]["items"] = serde_json::to_value(&nodes).unwrap();
+                }
+                args.to_string()
+            };
+            let (status, text) = post(&r, "/filter", body(&job_pod)).await;
+            assert_eq!(status, 200, "{text}");
+            let result: ExtenderFilterResult = serde_json::from_str(&text).unwrap();
+            let passed: Vec<String> = match result.node_names {
+                Some(n) => n.iter().map(|n| n.to_string()).collect(),
+                None => (result.nodes.unwrap().items.iter())
+                    .map(|i| serde_json::from_str::<Value>(i.get()).unwrap())
+                    .map(|v| v["metadata"]["name"].as_str().unwrap().to_string())
+                    .collect(),
+            };
+            let metrics = reqwest::get(format!("{}/metrics", r.health))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let counted = "railguard_extender_nodes_rejected_total{reason=\"fleet_outlier\"} 1";
+            match action {
+                OutlierAction::Score => {
+                    assert_eq!(passed, names, "cache {cache}");
+                    assert!(result.failed_and_unresolvable_nodes.is_empty());
+                    assert!(!metrics.contains("fleet_outlier"), "{metrics}");
+                }
+                OutlierAction::Filter => {
+                    assert_eq!(passed, ["n-fast", "n-thin"], "cache {cache}");
+                    // Another repair, not preemption, makes it eligible: unresolvable.
+                    assert!(result.failed_nodes.is_empty());
+                    assert_eq!(
+                        &*result.failed_and_unresolvable_nodes["n-outlier"],
+                        format!("railguard: fleet outlier: {FLEET_MARK}")
+                    );
+                    assert!(metrics.contains(counted), "{metrics}");
+                }
+            }
+
+            // Scores: a job's pod ranks the outlier below every other candidate (left out),
+            // and the node without headroom is lifted to 1 above it. A pod of no job is
+            // ranked by headroom alone.
+            let scores = |text: &str| -> Vec<(String, i64)> {
+                let list: Vec<HostPriority> = serde_json::from_str(text).unwrap();
+                list.into_iter()
+                    .map(|h| (h.host.into_owned(), h.score))
+                    .collect()
+            };
+            let (status, text) = post(&r, "/prioritize", body(&job_pod)).await;
+            assert_eq!(status, 200, "{text}");
+            assert_eq!(
+                scores(&text),
+                [("n-fast".to_string(), 5), ("n-thin".to_string(), 1)],
+                "cache {cache}, {action:?}"
+            );
+            let (status, text) = post(&r, "/prioritize", body(&h100_pod())).await;
+            assert_eq!(status, 200, "{text}");
+            let want = match action {
+                // The profile filters it, so it earns no headroom either.
+                OutlierAction::Filter => vec![("n-fast".to_string(), 5)],
+                OutlierAction::Score => {
+                    vec![("n-fast".to_string(), 5), ("n-outlier".to_string(), 5)]
+                }
+            };
+            assert_eq!(scores(&text), want, "cache {cache}, {action:?}");
+        }
+    }
+}

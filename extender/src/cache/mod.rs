@@ -2,9 +2,11 @@
 //! bound GPU pods (for gang locality), Namespaces (for exemptions) and FabricProfiles, each
 //! kept current by a watch ([`ClusterState::run`]).
 //!
-//! The node cache keeps only what decisions read (name, labels, allocatable and the parsed
-//! certificate), never managedFields, images or conditions, and parses each certificate
-//! once per Node change instead of once per scheduling call.
+//! The node watch receives whole Nodes (status included); the node cache keeps only what
+//! decisions read (name, labels, allocatable, the parsed certificate and the fleet outlier
+//! mark of the `RailguardFleetOutlier` condition), never managedFields, images or the other
+//! conditions, and parses each certificate once per Node change instead of once per
+//! scheduling call.
 
 mod cluster;
 mod node_index;

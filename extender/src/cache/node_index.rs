@@ -37,6 +37,9 @@ pub struct NodeIndex {
     /// SipHash would cost more than the rest of a lookup.
     hasher: DefaultHashBuilder,
     fabrics: Vec<Arc<NodeFabric>>,
+    /// Whether the fleet controller marked slot `i` an outlier: scoring reads this instead of
+    /// following each fabric.
+    fleet_outliers: Vec<bool>,
     /// `prechecks[profile * len + slot]`; `None` where the node's prechecks were made for an
     /// older profile set (decisions then check its certificate instead).
     prechecks: Vec<Option<Precheck>>,
@@ -64,6 +67,7 @@ impl NodeIndex {
             table: HashTable::with_capacity(len),
             hasher: DefaultHashBuilder::default(),
             fabrics: Vec::with_capacity(len),
+            fleet_outliers: Vec::with_capacity(len),
             prechecks: Vec::with_capacity(len * set.profiles.len()),
             topology: Vec::with_capacity(len * topology_keys.len()),
             topology_keys: Vec::new(),
@@ -81,6 +85,9 @@ impl NodeIndex {
             index.names.push_str(name);
             index.ends.push(end);
             index.fabrics.push(cached.fabric.clone());
+            index
+                .fleet_outliers
+                .push(cached.fabric.fleet_outlier.is_some());
             interner.intern_into(&cached.fabric.labels, &mut index.topology);
             let hash = index.hasher.hash_one(name.as_str());
             let (names, ends, hasher) = (&index.names, &index.ends, &index.hasher);
@@ -148,6 +155,7 @@ impl NodeIndex {
                     .and_then(|p| self.prechecks.get(p * self.len() + slot))
                     .and_then(Option::as_ref),
                 topology: self.topology(slot),
+                fleet_outlier: self.fleet_outliers.get(slot).copied().unwrap_or(false),
             },
             None => NodeSlot::new(name, None),
         }

@@ -3,7 +3,10 @@
 
 use jiff::Timestamp;
 use railguard_api::certificate::human_duration;
-use railguard_api::{Certificate, FabricProfile, FabricState, NodeFabric, RailResult, RailVerdict};
+use railguard_api::fleet::OutlierAction;
+use railguard_api::{
+    keys, Certificate, FabricProfile, FabricState, NodeFabric, RailResult, RailVerdict,
+};
 
 use crate::decision::prioritize::points_for_headroom;
 use crate::decision::rejection::{first_reason, num};
@@ -86,7 +89,8 @@ pub fn check_node(
             }
             check_rails(cert, profile)?;
             check_busbw(cert, profile)?;
-            check_nccl_pairs(cert, profile)
+            check_nccl_pairs(cert, profile)?;
+            check_fleet(node, profile)
         }
     }
 }
@@ -119,6 +123,7 @@ pub fn precheck(node: &NodeFabric, profile: &FabricProfile, signature: &str) -> 
             until_expiry: check_rails(cert, profile)
                 .and_then(|()| check_busbw(cert, profile))
                 .and_then(|()| check_nccl_pairs(cert, profile))
+                .and_then(|()| check_fleet(node, profile))
                 .map(|()| points_for_headroom(cert, profile)),
         },
     }
@@ -218,6 +223,28 @@ fn check_nccl_pairs(cert: &Certificate, profile: &FabricProfile) -> Result<(), R
         ));
     }
     Ok(())
+}
+
+/// A node that passes every threshold but that the fleet controller marked an outlier of its
+/// profile's fleet fails when the profile says `spec.fleet.outliers: Filter`; with `Score`
+/// it passes and [`prioritize`](crate::decision::prioritize()) ranks it last for jobs. Checked
+/// last, so a node that also misses a threshold is rejected for that, the firmer reason.
+fn check_fleet(node: &NodeFabric, profile: &FabricProfile) -> Result<(), Rejection> {
+    match &node.fleet_outlier {
+        Some(mark) if profile.spec.fleet.outliers == OutlierAction::Filter => {
+            let message = if mark.message.trim().is_empty() {
+                format!(
+                    "railguard: fleet outlier: node has condition {}=True and profile {} filters fleet outliers",
+                    keys::CONDITION_FLEET_OUTLIER,
+                    profile.name()
+                )
+            } else {
+                format!("railguard: fleet outlier: {}", mark.message)
+            };
+            Err(Rejection::new(RejectReason::FleetOutlier, message))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn expired(expires_at: Timestamp, now: Timestamp) -> Rejection {

@@ -21,6 +21,9 @@ pub struct NodeSlot<'a> {
     /// The node's topology label values as interned ids (see
     /// [`TopologyInterner`](crate::decision::TopologyInterner)); empty where not interned.
     pub topology: &'a [Option<u32>],
+    /// Whether the fleet controller marked the node an outlier (`fabric.fleet_outlier`),
+    /// copied where the slot is built so that scoring reads no fabric per candidate.
+    pub fleet_outlier: bool,
 }
 
 impl<'a> NodeSlot<'a> {
@@ -31,6 +34,7 @@ impl<'a> NodeSlot<'a> {
             fabric,
             precheck: None,
             topology: &[],
+            fleet_outlier: fabric.is_some_and(|f| f.fleet_outlier.is_some()),
         }
     }
 }

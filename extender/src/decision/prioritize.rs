@@ -1,4 +1,5 @@
-//! `/prioritize`: bandwidth headroom over the profile plus locality to the job's other pods.
+//! `/prioritize`: bandwidth headroom over the profile plus locality to the job's other pods;
+//! for a job's pods, fleet outliers last.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -117,19 +118,26 @@ impl<'a> JobTopology<'a> {
     }
 }
 
-/// Ranks candidate nodes 0..=10: bandwidth headroom over the profile (up to 5) plus
-/// locality to the nodes already running the job's pods (`peers`; up to 5 for sharing the
-/// most specific topology label value). Only nodes that pass the filter earn headroom points.
+/// Ranks candidate nodes 0..=10: bandwidth headroom over the profile (up to 5) plus, for a
+/// pod of a multi-node job (`job` is `Some`: it carries a job label), locality to the nodes
+/// already running the job's pods (the `job` nodes; up to 5 for sharing the most specific
+/// topology label value). Only nodes that pass the filter earn headroom points.
 ///
-/// This form reads labels; the server scores through [`prioritize_scores`] with ids its node
-/// index interned once per node change. Both give the same scores.
+/// The slowest node sets the pace of a multi-node job, so for a job's pod a node the fleet
+/// controller marked an outlier ranks below every other candidate: when one is among the
+/// candidates, outliers score 0 and every other candidate at least 1.
+///
+/// This form reads labels and each node's fleet mark; the server scores through
+/// [`prioritize_scores`] with ids and marks its node index copied once per node change. Both
+/// give the same scores.
 pub fn prioritize(
     target: &PodTarget<'_>,
     nodes: &[NodeSlot<'_>],
-    peers: &[&NodeFabric],
+    job: Option<&[&NodeFabric]>,
     now: Timestamp,
     config: &ExtenderConfig,
 ) -> Vec<(String, i64)> {
+    let peers = job.unwrap_or_default();
     let keys = topology_keys_for(target, config);
     let mut interner = TopologyInterner::new(keys.to_vec());
     let width = keys.len();
@@ -150,15 +158,18 @@ pub fn prioritize(
         .enumerate()
         .map(|(i, s)| NodeSlot {
             topology: node_ids.get(i * width..(i + 1) * width).unwrap_or_default(),
+            fleet_outlier: s.fabric.is_some_and(|f| f.fleet_outlier.is_some()),
             ..*s
         })
         .collect();
-    let job = JobTopology::new(
-        keys,
-        interner.keys(),
-        peer_ids.chunks(width.max(1)).collect(),
-    );
-    let scores = prioritize_scores(target, &slots, &job, now);
+    let job = job.map(|_| {
+        JobTopology::new(
+            keys,
+            interner.keys(),
+            peer_ids.chunks(width.max(1)).collect(),
+        )
+    });
+    let scores = prioritize_scores(target, &slots, job.as_ref(), now);
     nodes
         .iter()
         .zip(scores)
@@ -167,11 +178,12 @@ pub fn prioritize(
 }
 
 /// The scores of [`prioritize`], in candidate order, for slots that carry their topology ids
-/// (`NodeSlot::topology`, in the id order `job` was located against).
+/// (`NodeSlot::topology`, in the id order `job` was located against) and their fleet marks
+/// (`NodeSlot::fleet_outlier`). `job` is `None` for a pod of no job.
 pub fn prioritize_scores(
     target: &PodTarget<'_>,
     nodes: &[NodeSlot<'_>],
-    job: &JobTopology<'_>,
+    job: Option<&JobTopology<'_>>,
     now: Timestamp,
 ) -> Vec<i64> {
     let PodTarget::Profile {
@@ -180,8 +192,8 @@ pub fn prioritize_scores(
     else {
         return vec![0; nodes.len()];
     };
-    let occupied = Occupied::new(job);
-    nodes
+    let occupied = job.map(Occupied::new);
+    let mut scores: Vec<i64> = nodes
         .iter()
         .map(|slot| {
             let score = slot.fabric.map_or(0, |node| {
@@ -189,11 +201,33 @@ pub fn prioritize_scores(
                     Some(pre) => pre.headroom_points(now),
                     None => headroom_points(node, profile, signature, now),
                 };
-                headroom + occupied.locality_points(slot.topology)
+                headroom
+                    + occupied
+                        .as_ref()
+                        .map_or(0, |o| o.locality_points(slot.topology))
             });
             score.clamp(0, MAX_EXTENDER_PRIORITY)
         })
-        .collect()
+        .collect();
+    if job.is_some() {
+        outliers_last(nodes, &mut scores);
+    }
+    scores
+}
+
+/// When an outlier is among the candidates: outliers score 0 (left out of the answer, so
+/// kube-scheduler adds nothing for them) and every other candidate at least 1.
+fn outliers_last(nodes: &[NodeSlot<'_>], scores: &mut [i64]) {
+    if !nodes.iter().any(|s| s.fleet_outlier) {
+        return;
+    }
+    for (slot, score) in nodes.iter().zip(scores) {
+        *score = if slot.fleet_outlier {
+            0
+        } else {
+            (*score).max(1)
+        };
+    }
 }
 
 fn headroom_points(
@@ -260,5 +294,93 @@ impl Occupied {
             }
         }
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::collections::BTreeMap;
+
+    use railguard_api::fleet::OutlierMark;
+    use railguard_api::FabricState;
+
+    use super::*;
+
+    fn h100() -> FabricProfile {
+        let text = include_str!("../../../api/fixtures/profiles/dgx-h100-ndr.yaml");
+        railguard_api::profiles_from_yaml(text).unwrap().remove(0)
+    }
+
+    /// A node with no certificate (no headroom points) on `leaf`, marked an outlier or not.
+    fn node(name: &str, leaf: &str, outlier: bool) -> NodeFabric {
+        NodeFabric {
+            name: name.into(),
+            profile: None,
+            signature: None,
+            state: FabricState::Absent,
+            labels: BTreeMap::from([(
+                "network.topology.nvidia.com/leaf".to_string(),
+                leaf.to_string(),
+            )]),
+            allocatable: BTreeMap::new(),
+            fleet_outlier: outlier.then(|| OutlierMark {
+                message: "rail mlx5_0:1 writeBwHost 326.4 Gb/s is 15.0% below the fleet median"
+                    .into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_jobs_outliers_score_below_every_other_candidate() {
+        let profile = h100();
+        let target = PodTarget::Profile {
+            signature: profile.spec.signature(),
+            profile: &profile,
+            exempt: false,
+        };
+        let config = ExtenderConfig::default();
+        let peer = node("peer", "L1", false);
+        let nodes = [
+            node("near", "L1", false),
+            node("far", "L9", false),
+            node("near-outlier", "L1", true),
+            node("far-outlier", "L9", true),
+        ];
+        let slots: Vec<NodeSlot<'_>> = nodes
+            .iter()
+            .map(|n| NodeSlot::new(&n.name, Some(n)))
+            .collect();
+        let scores = |slots: &[NodeSlot<'_>], job: Option<&[&NodeFabric]>| -> Vec<i64> {
+            prioritize(&target, slots, job, Timestamp::UNIX_EPOCH, &config)
+                .into_iter()
+                .map(|(_, s)| s)
+                .collect()
+        };
+        // A job with a placed pod: locality counts, outliers last even when near the job.
+        assert_eq!(scores(&slots, Some(&[&peer])), [5, 1, 0, 0]);
+        // The job's first pod: no locality, yet outliers still rank last.
+        assert_eq!(scores(&slots, Some(&[])), [1, 1, 0, 0]);
+        // Without an outlier among the candidates nothing is lifted to 1.
+        assert_eq!(scores(&slots[..2], Some(&[&peer])), [5, 0]);
+        // A pod of no job is not ranked by fleet marks.
+        assert_eq!(scores(&slots, None), [0, 0, 0, 0]);
+        // The slot's copied mark is what the interned path reads.
+        let marked: Vec<NodeSlot<'_>> = slots
+            .iter()
+            .map(|s| NodeSlot {
+                topology: &[],
+                ..*s
+            })
+            .collect();
+        let job = JobTopology::new(&[], &[], Vec::new());
+        assert_eq!(
+            prioritize_scores(&target, &marked, Some(&job), Timestamp::UNIX_EPOCH),
+            [1, 1, 0, 0]
+        );
+        assert_eq!(
+            prioritize_scores(&target, &marked, None, Timestamp::UNIX_EPOCH),
+            [0, 0, 0, 0]
+        );
     }
 }

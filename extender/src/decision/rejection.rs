@@ -18,6 +18,8 @@ pub enum RejectReason {
     RailUnhealthy,
     RailBelowThreshold,
     BusbwBelowThreshold,
+    /// The fleet controller marked the node an outlier and the profile filters outliers.
+    FleetOutlier,
     NotCached,
     Unplaceable,
 }
@@ -37,6 +39,7 @@ impl RejectReason {
             RejectReason::RailUnhealthy => "rail_unhealthy",
             RejectReason::RailBelowThreshold => "rail_below_threshold",
             RejectReason::BusbwBelowThreshold => "busbw_below_threshold",
+            RejectReason::FleetOutlier => "fleet_outlier",
             RejectReason::NotCached => "not_cached",
             RejectReason::Unplaceable => "unplaceable",
         }

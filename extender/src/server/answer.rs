@@ -205,6 +205,7 @@ fn cached_slots<'a>(
                 fabric: Some(&cached.fabric),
                 precheck: index.and_then(|(set, i)| cached.precheck(set, i)),
                 topology: &[],
+                fleet_outlier: cached.fabric.fleet_outlier.is_some(),
             },
             None => NodeSlot::new(n, None),
         })
@@ -254,6 +255,9 @@ pub fn answer_prioritize<'r>(
     state.ready().map_err(ExtenderError::NotSynced)?;
     let profiles = state.profiles();
     let prepared = prepare(state, req, profiles.list());
+    // Only a job's pods score locality and rank fleet outliers last; in cluster mode the
+    // cache knows where the job already runs.
+    let is_job = prepared.facts.job.is_some();
     let job = match (&state.source, &prepared.facts.job) {
         (Source::Cluster(c), Some(job)) => Some((c, job)),
         _ => None,
@@ -262,6 +266,12 @@ pub fn answer_prioritize<'r>(
     let peer_fabrics = || -> Vec<Arc<NodeFabric>> {
         job.map(|(c, job)| c.peers(&prepared.facts.namespace, job))
             .unwrap_or_default()
+    };
+    let by_labels = |slots: &[NodeSlot<'_>]| -> Vec<(String, i64)> {
+        let peers = peer_fabrics();
+        let peer_refs: Vec<&NodeFabric> = peers.iter().map(|p| &**p).collect();
+        let job = is_job.then_some(peer_refs.as_slice());
+        prioritize(&prepared.target, slots, job, now, &state.config)
     };
     let scored =
         |host: Cow<'r, str>, score: i64| (score > 0).then_some(HostPriority { host, score });
@@ -272,14 +282,10 @@ pub fn answer_prioritize<'r>(
                 .iter()
                 .map(|f| NodeSlot::new(&f.name, Some(f)))
                 .collect();
-            let peers = peer_fabrics();
-            let peer_refs: Vec<&NodeFabric> = peers.iter().map(|p| &**p).collect();
-            Ok(
-                prioritize(&prepared.target, &slots, &peer_refs, now, &state.config)
-                    .into_iter()
-                    .filter_map(|(host, score)| scored(Cow::Owned(host), score))
-                    .collect(),
-            )
+            Ok(by_labels(&slots)
+                .into_iter()
+                .filter_map(|(host, score)| scored(Cow::Owned(host), score))
+                .collect())
         }
         Candidates::Names(names) => {
             let Source::Cluster(cluster) = &state.source else {
@@ -301,17 +307,14 @@ pub fn answer_prioritize<'r>(
                             });
                         }
                         let keys = topology_keys_for(&prepared.target, &state.config);
-                        let job = JobTopology::new(keys, index.topology_keys(), peers);
-                        prioritize_scores(&prepared.target, slots, &job, now)
+                        let job =
+                            is_job.then(|| JobTopology::new(keys, index.topology_keys(), peers));
+                        prioritize_scores(&prepared.target, slots, job.as_ref(), now)
                     }
-                    None => {
-                        let peers = peer_fabrics();
-                        let peer_refs: Vec<&NodeFabric> = peers.iter().map(|p| &**p).collect();
-                        prioritize(&prepared.target, slots, &peer_refs, now, &state.config)
-                            .into_iter()
-                            .map(|(_, score)| score)
-                            .collect()
-                    }
+                    None => by_labels(slots)
+                        .into_iter()
+                        .map(|(_, score)| score)
+                        .collect(),
                 },
             );
             Ok(names

@@ -3,6 +3,7 @@
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use railguard_api::fleet::reason;
 use railguard_api::{FabricProfile, NodeFabric, Verdict};
 use railguard_sim::certificates as synth;
 
@@ -49,6 +50,29 @@ pub fn training_pod(profile: &FabricProfile) -> Pod {
     ann.insert("railguard.io/profile".into(), profile.name().into());
     ann.insert("railguard.io/signature".into(), profile.spec.signature());
     pod
+}
+
+/// Sets `node`'s `RailguardFleetOutlier` condition, as the fleet controller writes it.
+pub fn mark_outlier(node: &mut Node, status: &str, message: &str) {
+    let conditions = node
+        .status
+        .get_or_insert_with(Default::default)
+        .conditions
+        .get_or_insert_with(Vec::new);
+    conditions.retain(|c| c.type_ != railguard_api::keys::CONDITION_FLEET_OUTLIER);
+    conditions.push(k8s_openapi::api::core::v1::NodeCondition {
+        type_: railguard_api::keys::CONDITION_FLEET_OUTLIER.into(),
+        status: status.into(),
+        reason: Some(
+            match status {
+                "True" => reason::OUTLIER,
+                _ => reason::WITHIN_BASELINE,
+            }
+            .into(),
+        ),
+        message: Some(message.into()),
+        ..Default::default()
+    });
 }
 
 pub fn now() -> Timestamp {

@@ -107,11 +107,36 @@ pub const PCI_CONFIG_SPACE: ValuesSet = ValuesSet {
     ..DEFAULT
 };
 
+/// The fleet controller tuned and on its own nodes, with the Grafana dashboard ConfigMap.
+pub const FLEET_DASHBOARD: ValuesSet = ValuesSet {
+    label: "fleet controller with the Grafana dashboard",
+    values: r#"
+prober:
+  fleet:
+    intervalSeconds: 300
+    settleSeconds: 20
+    metricsPort: 9465
+    nodeSelector: {node-role.kubernetes.io/infra: ""}
+    tolerations: [{key: dedicated, operator: Equal, value: infra, effect: NoSchedule}]
+    dashboard:
+      enabled: true
+      labels: {grafana_dashboard: "1", team: fabric}
+      annotations: {grafana_folder: railguard}
+"#,
+    ..DEFAULT
+};
+
 /// The sets every rendered object is dry-run with.
-pub const DRY_RUN_SETS: [&ValuesSet; 4] = [&DEFAULT, &CERT_MANAGER_CONFIG_ONLY, &ROCE, &REAL_NODE];
+pub const DRY_RUN_SETS: [&ValuesSet; 5] = [
+    &DEFAULT,
+    &CERT_MANAGER_CONFIG_ONLY,
+    &ROCE,
+    &REAL_NODE,
+    &FLEET_DASHBOARD,
+];
 
 /// Every set that renders (the schema-failure cases of chart_e2e.rs excluded).
-pub const ALL_SETS: [&ValuesSet; 7] = [
+pub const ALL_SETS: [&ValuesSet; 8] = [
     &DEFAULT,
     &CERT_MANAGER_CONFIG_ONLY,
     &ROCE,
@@ -119,4 +144,5 @@ pub const ALL_SETS: [&ValuesSet; 7] = [
     &CERT_MANAGER_ISSUER,
     &REAL_NODE,
     &PCI_CONFIG_SPACE,
+    &FLEET_DASHBOARD,
 ];

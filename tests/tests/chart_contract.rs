@@ -15,7 +15,10 @@
 //!   which clap also infers for `PathBuf` arguments) is an absolute path under one of the
 //!   container's volumeMounts, or an image path under `/usr/local/bin`;
 //! - the prober subcommands the chart runs take `--profile NAME` (env `RAILGUARD_PROFILE`)
-//!   and `--profile-file PATH` (env `RAILGUARD_PROFILE_FILE`).
+//!   and, where a file may be given instead, `--profile-file PATH` (env
+//!   `RAILGUARD_PROFILE_FILE`). `peer-endpoint` and `fleet` take no file: `fleet` (the fleet
+//!   controller) covers every profile unless `--profile` names one, and reads the
+//!   FabricProfiles from the cluster.
 //!
 //! The kube-scheduler container is not ours: only its `--config` must be a mounted file.
 //! Containers map to binaries by image repository (values `webhook.image`, `extender.image`,
@@ -26,7 +29,7 @@ use std::collections::BTreeMap;
 
 use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, ArgMatches, Command, CommandFactory, ValueHint};
-use railguard_tests::chart_values::{ValuesSet, ALL_SETS};
+use railguard_tests::chart_values::{ValuesSet, ALL_SETS, DEFAULT};
 use railguard_tests::gotmpl::{Chart, KUBE_1_20_API_VERSIONS};
 use railguard_tests::workspace_root;
 use serde_json::Value as Json;
@@ -625,7 +628,8 @@ fn check_container(bin: &str, make: fn() -> Command, c: &Container) -> Vec<Strin
         if let Some(l) = leaf {
             for (long, var, is_path) in PROFILE_ARGS {
                 match l.get_arguments().find(|a| a.get_long() == Some(long)) {
-                    // A profile file is optional (peer-endpoint only needs the name).
+                    // A profile file is optional (peer-endpoint only needs the name; fleet
+                    // reads every FabricProfile from the cluster).
                     None if is_path => {}
                     None => problems.push(format!("`{program}` has no --{long} (env {var})")),
                     Some(a) => {
@@ -774,6 +778,67 @@ fn every_container_of_every_values_set_parses_with_its_binarys_own_clap_definiti
         "{} chart/binary contract problem(s):\n{}",
         problems.len(),
         problems.join("\n")
+    );
+}
+
+/// The fleet controller's container is checked like every other, against `fleet`: it runs
+/// without `--profile` (every profile) and `fleet` has no `--profile-file` (profiles come
+/// from the cluster), which the profile rule allows; what `fleet` would not read is caught.
+#[test]
+fn the_fleet_controller_is_checked_against_the_fleet_subcommand() {
+    let chart = Chart::load(workspace_root().join("charts/railguard")).expect("chart loads");
+    let api_versions: Vec<String> = KUBE_1_20_API_VERSIONS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let rendered = DEFAULT.render(&chart, &api_versions, "v1.20.2").unwrap();
+    let deployment = rendered
+        .documents()
+        .unwrap()
+        .into_iter()
+        .map(|(_, d)| serde_json::to_value(d).unwrap())
+        .find(|d: &Json| d["kind"] == "Deployment" && d["metadata"]["name"] == "railguard-fleet")
+        .expect("the fleet controller's Deployment");
+    let spec = pod_spec(&deployment).unwrap();
+    let c = Container::from_json(&spec["containers"][0], DEFAULT.namespace);
+    assert_eq!(c.args, ["fleet", "--watch"]);
+    let prober: fn() -> Command = railguard_prober_cli::Cli::command;
+    assert_eq!(
+        check_container("railguard-prober", prober, &c),
+        Vec::<String>::new()
+    );
+    let cli = prober();
+    let fleet = cli.find_subcommand("fleet").expect("a fleet subcommand");
+    let profile = fleet
+        .get_arguments()
+        .find(|a| a.get_long() == Some("profile"))
+        .expect("fleet --profile");
+    assert!(!profile.is_required_set(), "every profile by default");
+    assert!(fleet
+        .get_arguments()
+        .all(|a| a.get_long() != Some("profile-file")));
+
+    let mut bad = c.clone();
+    bad.env.push((
+        "RAILGUARD_PROFILE_FILE".into(),
+        "/etc/railguard/profile.yaml".into(),
+    ));
+    assert_eq!(
+        check_container("railguard-prober", prober, &bad),
+        ["env RAILGUARD_PROFILE_FILE is read by no argument of `railguard-prober fleet` (silently ignored)"]
+    );
+    let mut bad = c.clone();
+    for (k, v) in &mut bad.env {
+        if k == "RAILGUARD_FLEET_INTERVAL_SECS" {
+            *v = "1m".into();
+        }
+    }
+    let problems = check_container("railguard-prober", prober, &bad);
+    assert!(
+        problems.len() == 1
+            && problems[0].starts_with("`railguard-prober fleet` rejects")
+            && problems[0].contains("--interval-secs"),
+        "{problems:?}"
     );
 }
 

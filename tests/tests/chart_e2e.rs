@@ -12,7 +12,7 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::discovery::{Discovery, Scope};
 use railguard_tests::chart_values::{
     ValuesSet, ALL_PROFILES, CERT_MANAGER_CONFIG_ONLY, CERT_MANAGER_ISSUER, DEFAULT, DRY_RUN_SETS,
-    PCI_CONFIG_SPACE, REAL_NODE, ROCE,
+    FLEET_DASHBOARD, PCI_CONFIG_SPACE, REAL_NODE, ROCE,
 };
 use railguard_tests::gotmpl::{Chart, TemplateError, KUBE_1_20_API_VERSIONS};
 use railguard_tests::{labels, workspace_root, ControlPlane, KubeVersion};
@@ -264,6 +264,30 @@ fn rbac_is_least_privilege_per_component() {
         set(&["get", "list", "watch"])
     );
     assert!(verbs(prober, "", "secrets").is_empty());
+
+    // The fleet controller reads certificates and profiles and writes only its condition,
+    // Events and the profiles' status.fleet.
+    let fleet = find(&docs, "ClusterRole", "railguard-fleet");
+    assert_eq!(verbs(fleet, "", "nodes"), set(&["get", "list", "watch"]));
+    assert_eq!(verbs(fleet, "", "nodes/status"), set(&["patch"]));
+    for group in ["", "events.k8s.io"] {
+        assert_eq!(verbs(fleet, group, "events"), set(&["create", "patch"]));
+    }
+    assert_eq!(
+        verbs(fleet, "railguard.io", "fabricprofiles"),
+        set(&["get", "list", "watch"])
+    );
+    assert_eq!(
+        verbs(fleet, "railguard.io", "fabricprofiles/status"),
+        set(&["get", "patch"])
+    );
+    assert_eq!(fleet["rules"].as_array().unwrap().len(), 5, "nothing else");
+    let binding = find(&docs, "ClusterRoleBinding", "railguard-fleet");
+    assert_eq!(binding["roleRef"]["name"], "railguard-fleet");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "railguard-fleet", "namespace": "railguard"}])
+    );
 
     // The secondary scheduler: the built-in roles plus its own lease.
     let bound: BTreeSet<String> = all(&docs, "ClusterRoleBinding")
@@ -727,6 +751,150 @@ fn peer_token_is_generated_when_not_given() {
     assert_eq!(strip(&a), strip(&b));
 }
 
+/// The fleet controller: one Deployment for every profile (Recreate), its metrics Service,
+/// the values that reach it, and the Grafana dashboard ConfigMap only when asked for.
+#[test]
+fn fleet_controller_runs_once_for_every_profile_and_ships_the_dashboard_on_request() {
+    let env_of = |c: &Json| -> BTreeMap<String, String> {
+        c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap().to_string(),
+                    e["value"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let docs = render(&DEFAULT);
+    let deployment = find(&docs, "Deployment", "railguard-fleet");
+    assert_eq!(deployment["spec"]["replicas"], 1);
+    assert_eq!(deployment["spec"]["strategy"], json!({"type": "Recreate"}));
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "railguard-fleet");
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert!(pod.get("nodeSelector").is_none() && pod.get("tolerations").is_none());
+    let containers = pod["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1);
+    let c = &containers[0];
+    assert!(
+        c["image"]
+            .as_str()
+            .unwrap()
+            .starts_with("ghcr.io/railguard/railguard-prober:"),
+        "{}",
+        c["image"]
+    );
+    // No --profile: every valid profile, read from the cluster.
+    assert_eq!(container_args(c), ["fleet", "--watch"]);
+    assert_eq!(
+        env_of(c),
+        BTreeMap::from(
+            [
+                ("RAILGUARD_FLEET_INTERVAL_SECS", "60"),
+                ("RAILGUARD_FLEET_SETTLE_SECS", "5"),
+                ("RAILGUARD_METRICS_LISTEN", "0.0.0.0:9464"),
+                ("RAILGUARD_LOG_FORMAT", "json"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+        )
+    );
+    assert_eq!(
+        c["ports"],
+        json!([{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}])
+    );
+    assert_eq!(
+        c["livenessProbe"]["httpGet"],
+        json!({"path": "/healthz", "port": "metrics"})
+    );
+    assert_eq!(
+        c["readinessProbe"]["httpGet"],
+        json!({"path": "/readyz", "port": "metrics"})
+    );
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(c["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
+    // The metrics Service selects the controller's pod, on the port the others use.
+    let service = find(&docs, "Service", "railguard-fleet");
+    assert_eq!(
+        service["spec"]["ports"],
+        json!([{"name": "metrics", "port": 9464, "targetPort": "metrics", "protocol": "TCP"}])
+    );
+    let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in service["spec"]["selector"].as_object().unwrap() {
+        assert_eq!(&pod_labels[k], v, "selector {k}");
+    }
+    assert_eq!(
+        service["spec"]["selector"]["app.kubernetes.io/component"],
+        "fleet"
+    );
+    assert!(
+        !docs
+            .iter()
+            .any(|d| d.kind() == "ConfigMap" && d.name() == "railguard-fleet-dashboard"),
+        "the dashboard is off by default"
+    );
+
+    // Tuned, on its own nodes, with the dashboard for Grafana's sidecar.
+    let docs = render(&FLEET_DASHBOARD);
+    let pod = &find(&docs, "Deployment", "railguard-fleet")["spec"]["template"]["spec"];
+    let env = env_of(&pod["containers"][0]);
+    assert_eq!(env["RAILGUARD_FLEET_INTERVAL_SECS"], "300");
+    assert_eq!(env["RAILGUARD_FLEET_SETTLE_SECS"], "20");
+    assert_eq!(env["RAILGUARD_METRICS_LISTEN"], "0.0.0.0:9465");
+    assert_eq!(
+        pod["nodeSelector"],
+        json!({"node-role.kubernetes.io/infra": ""})
+    );
+    assert_eq!(pod["tolerations"][0]["key"], "dedicated");
+    let cm = find(&docs, "ConfigMap", "railguard-fleet-dashboard");
+    assert_eq!(cm["metadata"]["namespace"], "railguard");
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    assert_eq!(cm["metadata"]["labels"]["team"], "fabric");
+    assert_eq!(
+        cm["metadata"]["labels"]["app.kubernetes.io/component"],
+        "fleet"
+    );
+    assert_eq!(cm["metadata"]["annotations"]["grafana_folder"], "railguard");
+    let file =
+        std::fs::read_to_string(workspace_root().join("charts/railguard/files/grafana-fleet.json"))
+            .unwrap();
+    let shipped = cm["data"]["railguard-fleet.json"].as_str().unwrap();
+    assert_eq!(shipped.trim_end(), file.trim_end(), "the file, verbatim");
+    let dashboard: Json = serde_json::from_str(shipped).expect("the dashboard is JSON");
+    assert_eq!(dashboard["uid"], "railguard-fleet");
+
+    // Another namespace for the ConfigMap (where the sidecar looks); off with the prober.
+    let elsewhere = ValuesSet {
+        label: "dashboard in monitoring",
+        values: "prober:\n  fleet:\n    dashboard: {enabled: true, namespace: monitoring}\n",
+        ..DEFAULT
+    };
+    let docs = render(&elsewhere);
+    assert_eq!(
+        find(&docs, "ConfigMap", "railguard-fleet-dashboard")["metadata"]["namespace"],
+        "monitoring"
+    );
+    for values in [
+        "prober:\n  fleet:\n    enabled: false\n    dashboard: {enabled: true}\n",
+        "prober:\n  enabled: false\n",
+    ] {
+        let docs = render(&ValuesSet {
+            label: values,
+            values,
+            ..DEFAULT
+        });
+        let left: Vec<String> = docs
+            .iter()
+            .filter(|d| d.name().starts_with("railguard-fleet"))
+            .map(|d| format!("{}/{}", d.kind(), d.name()))
+            .collect();
+        assert!(left.is_empty(), "{values}: {left:?}");
+    }
+}
+
 /// The pod spec of a workload, if it has one.
 fn workload_pod(obj: &Json) -> Option<&Json> {
     let spec = match obj["kind"].as_str()? {
@@ -847,6 +1015,14 @@ fn bad_values_are_rejected_by_the_schema_with_the_path() {
         (
             "extender:\n  logFormat: json\n",
             "additional property \"logFormat\"",
+        ),
+        (
+            "prober:\n  fleet:\n    intervalSeconds: 0\n",
+            "prober.fleet.intervalSeconds: must be greater than or equal to 1",
+        ),
+        (
+            "prober:\n  fleet:\n    dashboard:\n      label: {grafana_dashboard: \"1\"}\n",
+            "additional property \"label\"",
         ),
     ];
     for (values, want) in cases {

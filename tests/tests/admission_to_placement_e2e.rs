@@ -7,8 +7,7 @@
 //! GPU + RDMA pod the webhook never saw is still held to the default profile, with the
 //! degraded node's reason in its FailedScheduling event (`--report-unresolvable-as-failed`).
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
@@ -19,6 +18,7 @@ use kube::api::{Api, PostParams};
 use kube::Client;
 use railguard_api::{keys, Certificate, FabricProfile, Verdict};
 use railguard_sim::certificates as synth;
+use railguard_tests::daemon::{wait_ready, Daemon};
 use railguard_tests::{
     eventually, failed_scheduling_messages, fixture_profile, free_port, gotmpl, labels, merge_json,
     pod_node, wait_bound, workspace_binary, ControlPlane, ServingCertificate,
@@ -32,60 +32,10 @@ const H100: &str = "NVIDIA-H100-80GB-HBM3";
 const RDMA: &str = "rdma/rdma_shared_device_a";
 const JOB: &str = "training.kubeflow.org/job-name";
 
-/// A child process stopped when the test ends, panicking or not.
-struct Daemon {
-    name: &'static str,
-    child: Child,
-}
-
-impl Daemon {
-    fn spawn(name: &'static str, cmd: &mut Command, log_dir: &Path) -> Daemon {
-        let log = std::fs::File::create(log_dir.join(format!("{name}.log"))).unwrap();
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
-        Daemon { name, child }
-    }
-
-    fn assert_running(&mut self, log_dir: &Path) {
-        if let Some(status) = self.child.try_wait().unwrap() {
-            panic!(
-                "{} exited with {status}; see {}/{}.log",
-                self.name,
-                log_dir.display(),
-                self.name
-            );
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn issued_an_hour_ago() -> Timestamp {
     Timestamp::now()
         .checked_sub(SignedDuration::from_hours(1))
         .unwrap()
-}
-
-async fn wait_ready(url: &str, what: &str, daemon: &mut Daemon, log_dir: &Path) {
-    for _ in 0..300 {
-        daemon.assert_running(log_dir);
-        if let Ok(r) = reqwest::get(url).await {
-            if r.status().is_success() {
-                return;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!("{what} not ready at {url}; see {}", log_dir.display());
 }
 
 /// A pod as a user submits it: GPUs, a job label, nothing railguard-specific.

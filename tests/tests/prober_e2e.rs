@@ -2,7 +2,6 @@
 //! simulated RDMA engine, the `all_reduce_perf_sim` child process) publishing certificates to
 //! a real kube-apiserver 1.20; what the extender reads (`NodeFabric::from_node`) follows.
 
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -10,87 +9,10 @@ use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::{Event, Node};
 use kube::api::{Api, ListParams};
 use railguard_api::{keys, profiles_from_yaml, Certificate, FabricState, NodeFabric};
+use railguard_tests::sim_prober::{h100_profile_file, prober_bin_dir, Prober};
 use railguard_tests::{eventually, free_port, labels, workspace_root, ControlPlane};
 
 const RDMA: &str = "rdma/rdma_shared_device_a";
-
-/// Builds the prober binaries (no-op when fresh) and returns the directory holding them.
-fn prober_bin_dir() -> Result<PathBuf> {
-    // tests/scripts/test-all.sh builds every binary first; a nested `cargo build -p` would
-    // resolve features differently and rebuild half the dependency tree.
-    if let Ok(dir) = std::env::var("RAILGUARD_BIN_DIR") {
-        return Ok(PathBuf::from(dir));
-    }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .args([
-            "build",
-            "-p",
-            "railguard-prober-cli",
-            "-p",
-            "railguard-sim",
-            "--bins",
-        ])
-        .current_dir(workspace_root())
-        .status()
-        .context("building railguard-prober and all_reduce_perf_sim")?;
-    if !status.success() {
-        bail!("cargo build -p railguard-prober-cli -p railguard-sim failed");
-    }
-    let target = std::env::var("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| workspace_root().join("target"));
-    Ok(target.join("debug"))
-}
-
-fn profile_path() -> PathBuf {
-    workspace_root().join("api/fixtures/profiles/dgx-h100-ndr.yaml")
-}
-
-struct Prober<'a> {
-    bin: PathBuf,
-    kubeconfig: &'a Path,
-    work: &'a Path,
-}
-
-impl Prober<'_> {
-    fn command(&self, sub: &str, node: &str, model: &str) -> tokio::process::Command {
-        let mut c = tokio::process::Command::new(self.bin.join("railguard-prober"));
-        c.arg(sub)
-            .args(["--node", node, "--sim", model])
-            .arg("--profile-file")
-            .arg(profile_path())
-            .arg("--models-dir")
-            .arg(workspace_root().join("prober/models"))
-            .arg("--sysfs-root")
-            .arg(self.work.join(format!("sysfs-{node}")))
-            .arg("--log-dir")
-            .arg(self.work.join("logs"))
-            .arg("--kubeconfig")
-            .arg(self.kubeconfig)
-            .env("RAILGUARD_LOG", "info")
-            .kill_on_drop(true);
-        c
-    }
-
-    /// `certify --publish`; returns the exit code and the printed matrix.
-    async fn certify(&self, node: &str, model: &str) -> Result<(i32, String)> {
-        let out = self
-            .command("certify", node, model)
-            .arg("--publish")
-            .output()
-            .await
-            .context("running railguard-prober certify")?;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        if out.status.code() == Some(2) {
-            bail!(
-                "certify {node} errored: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok((out.status.code().unwrap_or(-1), stdout))
-    }
-}
 
 async fn fabric(nodes: &Api<Node>, name: &str) -> Result<NodeFabric> {
     let n = nodes.get(name).await?;
@@ -125,8 +47,9 @@ async fn simulated_nodes_certify_fail_on_faults_and_flip_on_passive_counters() -
         bin,
         kubeconfig: cp.kubeconfig_path(),
         work: work.path(),
+        profile_file: h100_profile_file(),
     };
-    let profile = profiles_from_yaml(&std::fs::read_to_string(profile_path())?)?.remove(0);
+    let profile = profiles_from_yaml(&std::fs::read_to_string(h100_profile_file())?)?.remove(0);
     let names = ["gpu-a", "gpu-b", "gpu-c"];
     for n in names {
         cp.create_node(

@@ -1,0 +1,443 @@
+//! End-to-end: the fleet of one profile on a real kube-apiserver. Ten simulated DGX H100
+//! nodes certify with the real `railguard-prober certify --publish`; one of them (`gpu-07`,
+//! the `h100-slow-rail` model) moves 15% less on rail mlx5_4:1 and still passes the profile's
+//! thresholds. The real fleet controller (`railguard-prober fleet --watch`) marks it: the
+//! `RailguardFleetOutlier` condition, a `FleetOutlier` Event and `status.fleet` name the rail,
+//! the value and the baseline, and its metrics carry them. The real `railguard-extender`
+//! scores it last for a multi-node job and, once the profile says `outliers: Filter`,
+//! filters it out. `railguard-prober fleet --html` names it too, and the report, loaded in
+//! headless Chromium, holds one heatmap cell per node × rail with only that one marked.
+//! Recertified healthy, the node is cleared (`FleetOutlierCleared`).
+
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Event, Node};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::Client;
+use railguard_api::{keys, FabricProfile};
+use railguard_tests::daemon::{wait_ready, Daemon};
+use railguard_tests::sim_prober::{prober_bin_dir, Prober};
+use railguard_tests::{
+    chromium, eventually, fixture_profile, free_port, labels, ControlPlane, ServingCertificate,
+};
+use serde_json::{json, Value};
+
+const RDMA: &str = "rdma/rdma_shared_device_a";
+const NODES: usize = 10;
+const SLOW: &str = "gpu-07";
+const SLOW_RAIL: &str = "mlx5_4:1";
+const JOB: &str = "training.kubeflow.org/job-name";
+
+fn node_name(i: usize) -> String {
+    format!("gpu-{i:02}")
+}
+
+/// The DGX H100 fixture with thresholds low enough that a rail at 85% still certifies.
+fn lenient_profile() -> Result<FabricProfile> {
+    let mut p = fixture_profile("dgx-h100-ndr.yaml")?;
+    p.metadata.name = Some("h100-fleet".into());
+    p.spec.thresholds.write_bw_host_gbps = 300.0;
+    p.spec.thresholds.write_bw_gpu_gbps = Some(290.0);
+    Ok(p)
+}
+
+/// The node's `RailguardFleetOutlier` condition: status, reason, message.
+async fn fleet_condition(
+    nodes: &Api<Node>,
+    name: &str,
+) -> Result<Option<(String, String, String)>> {
+    let n = nodes.get(name).await?;
+    Ok(n.status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == keys::CONDITION_FLEET_OUTLIER)
+        .map(|c| {
+            (
+                c.status,
+                c.reason.unwrap_or_default(),
+                c.message.unwrap_or_default(),
+            )
+        }))
+}
+
+/// Events about `name`: (type, reason, message).
+async fn events_about(client: &Client, name: &str) -> Result<Vec<(String, String, String)>> {
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    Ok(events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .map(|e| {
+            (
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default(),
+            )
+        })
+        .collect())
+}
+
+/// A worker of a multi-node job as the webhook leaves it.
+fn job_pod(profile: &FabricProfile) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "llama-worker-0", "namespace": "default", "uid": "e2e-fleet-0",
+            "labels": {JOB: "llama"},
+            "annotations": {
+                "railguard.io/profile": profile.name(),
+                "railguard.io/signature": profile.spec.signature(),
+            }},
+        "spec": {"containers": [{
+            "name": "trainer", "image": "registry.invalid/trainer:1",
+            "resources": {"limits": {"nvidia.com/gpu": "8", RDMA: "1"}},
+        }]},
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_fleet_controller_marks_a_slow_rail_that_passes_its_thresholds() -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let bin = prober_bin_dir()?;
+    let extender_bin =
+        railguard_tests::workspace_binary("railguard-extender-cli", "railguard-extender")?;
+    let mut cp = ControlPlane::start().await?;
+    cp.apply_fabricprofile_crd().await?;
+    let client = cp.client();
+    let logs = cp.log_dir().to_path_buf();
+    let work = tempfile::tempdir()?;
+    let profile = lenient_profile()?;
+    let profile_file = work.path().join("profile.yaml");
+    std::fs::write(&profile_file, serde_yaml_ng::to_string(&profile)?)?;
+    let profiles: Api<FabricProfile> = Api::all(client.clone());
+    profiles.create(&PostParams::default(), &profile).await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let prober = Prober {
+        bin: bin.clone(),
+        kubeconfig: cp.kubeconfig_path(),
+        work: work.path(),
+        profile_file: profile_file.clone(),
+    };
+    let names: Vec<String> = (0..NODES).map(node_name).collect();
+    for n in &names {
+        cp.create_node(
+            n,
+            &labels(&[("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3")]),
+            &[(RDMA, "1k"), ("nvidia.com/gpu", "8")],
+        )
+        .await?;
+    }
+    // Certify in waves of five (each run is a real prober with its child processes).
+    for wave in names.chunks(5) {
+        let runs = wave.iter().map(|n| {
+            let model = if n == SLOW {
+                "h100-slow-rail"
+            } else {
+                "dgx-h100"
+            };
+            prober.certify(n, model)
+        });
+        for (n, r) in wave.iter().zip(futures::future::join_all(runs).await) {
+            let (code, matrix) = r?;
+            assert_eq!(
+                code, 0,
+                "{n} must certify (the slow rail is above 300 Gb/s):\n{matrix}"
+            );
+        }
+    }
+
+    // The controller, as the chart runs it (flags from its env), with short intervals.
+    let metrics_port = free_port()?;
+    let mut controller = Daemon::spawn(
+        "railguard-fleet",
+        Command::new(bin.join("railguard-prober"))
+            .arg("fleet")
+            .env("RAILGUARD_FLEET_WATCH", "true")
+            .env("RAILGUARD_KUBECONFIG", cp.kubeconfig_path())
+            .env("RAILGUARD_FLEET_INTERVAL_SECS", "3")
+            .env("RAILGUARD_FLEET_SETTLE_SECS", "1")
+            .env(
+                "RAILGUARD_METRICS_LISTEN",
+                format!("127.0.0.1:{metrics_port}"),
+            )
+            .env("RAILGUARD_LOG", "info"),
+        &logs,
+    );
+    let metrics_url = format!("http://127.0.0.1:{metrics_port}");
+    wait_ready(
+        &format!("{metrics_url}/readyz"),
+        "fleet controller",
+        &mut controller,
+        &logs,
+    )
+    .await;
+
+    // The condition names the rail, its value and the baseline.
+    let (status, reason, message) =
+        eventually(Duration::from_secs(60), "the slow node is marked", || {
+            let nodes = nodes.clone();
+            async move {
+                Ok(fleet_condition(&nodes, SLOW)
+                    .await?
+                    .filter(|(s, _, _)| s == "True"))
+            }
+        })
+        .await?;
+    assert_eq!(reason, "FleetOutlier");
+    assert!(
+        message.starts_with(
+            "rail mlx5_4:1 writeBwHost 326.4 Gb/s is 15.0% below the fleet median 384.0 Gb/s"
+        ),
+        "{message}"
+    );
+    assert!(
+        message.ends_with("(profile h100-fleet, 10 certified nodes)"),
+        "{message}"
+    );
+    assert_eq!(status, "True");
+    for n in names.iter().filter(|n| *n != SLOW) {
+        let c = eventually(Duration::from_secs(30), "healthy nodes get False", || {
+            let nodes = nodes.clone();
+            let n = n.clone();
+            async move { fleet_condition(&nodes, &n).await }
+        })
+        .await?;
+        assert_eq!(
+            (c.0.as_str(), c.1.as_str()),
+            ("False", "WithinFleetBaseline"),
+            "{n}: {c:?}"
+        );
+    }
+
+    // One Warning Event on the slow node with the same words; none on the others.
+    let events = events_about(&client, SLOW).await?;
+    let marks: Vec<_> = events.iter().filter(|e| e.1 == "FleetOutlier").collect();
+    assert_eq!(marks.len(), 1, "{events:?}");
+    assert_eq!(marks[0].0, "Warning");
+    assert_eq!(marks[0].2, message);
+    for n in names.iter().filter(|n| *n != SLOW) {
+        let e = events_about(&client, n).await?;
+        assert!(e.iter().all(|e| !e.1.starts_with("Fleet")), "{n}: {e:?}");
+    }
+
+    // The profile's status carries the baseline and names the outlier.
+    let fleet = profiles
+        .get_status("h100-fleet")
+        .await?
+        .status
+        .and_then(|s| s.fleet)
+        .context("status.fleet is written")?;
+    assert_eq!((fleet.nodes, fleet.outliers), (10, 1), "{fleet:?}");
+    assert_eq!(fleet.outlier_nodes, vec![SLOW.to_string()]);
+    let rail = fleet
+        .baseline
+        .iter()
+        .find(|b| b.measurement == format!("writeBwHost/{SLOW_RAIL}"))
+        .context("the slow rail has a baseline")?;
+    assert_eq!((rail.median, rail.nodes), (384.0, 10), "{rail:?}");
+    assert_eq!(fleet.history.len(), 1);
+    assert!(fleet.drift.is_empty(), "{:?}", fleet.drift);
+
+    // Metrics: the outlier count and the slow rail at 85% of the median.
+    let scraped = reqwest::get(format!("{metrics_url}/metrics"))
+        .await?
+        .text()
+        .await?;
+    assert!(
+        scraped.contains("railguard_fleet_outliers{profile=\"h100-fleet\"} 1"),
+        "{scraped}"
+    );
+    let relative = scraped
+        .lines()
+        .find(|l| {
+            l.starts_with("railguard_fleet_node_rail_relative{")
+                && l.contains(&format!("node=\"{SLOW}\""))
+                && l.contains(&format!("rail=\"{SLOW_RAIL}\""))
+        })
+        .context("the slow rail's relative bandwidth is exported")?;
+    let value: f64 = relative.rsplit(' ').next().unwrap_or_default().parse()?;
+    assert!((value - 0.85).abs() < 1e-6, "{relative}");
+
+    // The extender (as deployed: TLS, the scheduler's client certificate) scores the outlier
+    // last for a multi-node job.
+    let tls = ServingCertificate::loopback("railguard-fleet-e2e-ca")?;
+    let (cert_path, key_path) = tls.write_pair(&logs)?;
+    let (ca_path, _, _) = tls.write_client(&logs)?;
+    let (ext_port, ext_metrics) = (free_port()?, free_port()?);
+    let mut extender = Daemon::spawn(
+        "railguard-extender",
+        Command::new(&extender_bin)
+            .arg("--kubeconfig")
+            .arg(cp.kubeconfig_path())
+            .arg(format!("--listen=127.0.0.1:{ext_port}"))
+            .arg(format!("--metrics-listen=127.0.0.1:{ext_metrics}"))
+            .arg("--tls-cert")
+            .arg(&cert_path)
+            .arg("--tls-key")
+            .arg(&key_path)
+            .arg("--tls-client-ca")
+            .arg(&ca_path),
+        &logs,
+    );
+    wait_ready(
+        &format!("http://127.0.0.1:{ext_metrics}/readyz"),
+        "railguard-extender",
+        &mut extender,
+        &logs,
+    )
+    .await;
+    let identity = format!("{}{}", tls.client_cert_pem, tls.client_key_pem);
+    let https = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(tls.ca_pem.as_bytes())?)
+        .identity(reqwest::Identity::from_pem(identity.as_bytes())?)
+        .build()?;
+    let extender_url = format!("https://127.0.0.1:{ext_port}");
+    let args = json!({"Pod": job_pod(&profile), "Nodes": null, "NodeNames": names});
+    let scores = eventually(
+        Duration::from_secs(30),
+        "the extender scores the outlier last",
+        || {
+            let (https, url, args) = (https.clone(), extender_url.clone(), args.clone());
+            async move {
+                let list: Vec<Value> = https
+                    .post(format!("{url}/prioritize"))
+                    .json(&args)
+                    .send()
+                    .await?
+                    .json()
+                    .await?;
+                // Hosts left out score 0.
+                let score = |n: &str| {
+                    list.iter()
+                        .find(|h| h["Host"] == n)
+                        .and_then(|h| h["Score"].as_i64())
+                        .unwrap_or(0)
+                };
+                let slow = score(SLOW);
+                let others: Vec<i64> = (0..NODES)
+                    .map(node_name)
+                    .filter(|n| n != SLOW)
+                    .map(|n| score(&n))
+                    .collect();
+                Ok(others.iter().all(|s| *s > slow).then_some((slow, others)))
+            }
+        },
+    )
+    .await?;
+    assert_eq!(scores.0, 0, "{scores:?}");
+
+    // A profile that filters outliers: the extender rejects the node with the mark's words.
+    profiles
+        .patch(
+            "h100-fleet",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"fleet": {"outliers": "Filter"}}})),
+        )
+        .await?;
+    let reason = eventually(
+        Duration::from_secs(30),
+        "the extender filters the outlier",
+        || {
+            let (https, url, args) = (https.clone(), extender_url.clone(), args.clone());
+            async move {
+                let answer: Value = https
+                    .post(format!("{url}/filter"))
+                    .json(&args)
+                    .send()
+                    .await?
+                    .json()
+                    .await?;
+                let passing: Vec<&str> = answer["NodeNames"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                let failed = answer["FailedAndUnresolvableNodes"][SLOW]
+                    .as_str()
+                    .or(answer["FailedNodes"][SLOW].as_str())
+                    .map(str::to_string);
+                Ok(failed.filter(|_| passing.len() == NODES - 1 && !passing.contains(&SLOW)))
+            }
+        },
+    )
+    .await?;
+    assert!(
+        reason.contains("fleet outlier") && reason.contains("mlx5_4:1"),
+        "{reason}"
+    );
+    extender.assert_running(&logs);
+
+    // The report names it, and its HTML holds one cell per node × rail, only that one marked.
+    let html = work.path().join("fleet.html");
+    let out = Command::new(bin.join("railguard-prober"))
+        .args(["fleet", "--profile", "h100-fleet", "--kubeconfig"])
+        .arg(cp.kubeconfig_path())
+        .arg("--html")
+        .arg(&html)
+        .output()?;
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "an outlier exits 1:\n{table}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        table.starts_with("profile h100-fleet: 10 certified node(s), 1 outlier(s)\n"),
+        "{table}"
+    );
+    let row = table
+        .lines()
+        .find(|l| l.starts_with(SLOW))
+        .context("the slow node's row")?;
+    assert!(row.contains("yes") && row.contains("85.0%"), "{row}");
+    assert!(
+        table.contains("rail mlx5_4:1 writeBwHost 326.4 Gb/s"),
+        "{table}"
+    );
+    let dom = chromium::dump_dom(&html)?;
+    let cells: Vec<&str> = dom
+        .match_indices("class=\"cell\"")
+        .map(|(i, _)| &dom[i..])
+        .collect();
+    assert_eq!(cells.len(), NODES * 8, "one cell per node × rail");
+    let marked: Vec<&str> = cells
+        .iter()
+        .map(|c| &c[..c.find('>').unwrap_or(c.len())])
+        .filter(|tag| tag.contains("data-outlier=\"true\""))
+        .collect();
+    assert_eq!(marked.len(), 1, "{marked:?}");
+    assert!(
+        marked[0].contains(&format!("data-node=\"{SLOW}\""))
+            && marked[0].contains(&format!("data-rail=\"{SLOW_RAIL}\"")),
+        "{}",
+        marked[0]
+    );
+
+    // Recertified healthy (the cable replaced), the node is cleared.
+    let (code, matrix) = prober.certify(SLOW, "dgx-h100").await?;
+    assert_eq!(code, 0, "{matrix}");
+    let cleared = eventually(Duration::from_secs(60), "the mark is cleared", || {
+        let nodes = nodes.clone();
+        async move {
+            Ok(fleet_condition(&nodes, SLOW)
+                .await?
+                .filter(|(s, _, _)| s == "False"))
+        }
+    })
+    .await?;
+    assert_eq!(cleared.1, "WithinFleetBaseline");
+    let events = events_about(&client, SLOW).await?;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.0 == "Normal" && e.1 == "FleetOutlierCleared"),
+        "{events:?}"
+    );
+    controller.assert_running(&logs);
+    cp.check_alive()?;
+    Ok(())
+}

@@ -13,9 +13,11 @@
 //! outside the repo. `docs/kubernetes-versions.md` lists what differs between them.
 
 pub mod chart_values;
+pub mod daemon;
 pub mod gotmpl;
 pub mod install;
 pub mod node;
+pub mod sim_prober;
 
 pub use node::RealNode;
 

@@ -10,6 +10,8 @@ pkgs=(
   # buildah, busybox-static test pods, gcc + libc6-dev for a static pause binary)
   containerd runc containernetworking-plugins iptables conntrack socat ebtables ethtool
   buildah busybox-static gcc libc6-dev
+  # the fleet report's browser test (tests/src/chromium.rs: headless --dump-dom, --screenshot)
+  chromium fonts-dejavu-core
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -13,6 +13,7 @@
 //! outside the repo. `docs/kubernetes-versions.md` lists what differs between them.
 
 pub mod chart_values;
+pub mod chromium;
 pub mod daemon;
 pub mod gotmpl;
 pub mod install;

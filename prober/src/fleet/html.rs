@@ -48,8 +48,10 @@ h1{font-size:22px;margin:0 0 4px}
 h2{font-size:18px;margin:32px 0 8px;border-bottom:1px solid #ccc}
 h3{font-size:15px;margin:20px 0 6px}
 .generated{color:#666;margin:0 0 16px}
+.figures{display:flex;flex-wrap:wrap;gap:0 40px;align-items:flex-start}
 ul.summary{margin:4px 0;padding-left:20px}
 .warn{color:#a11}
+svg{display:block}
 svg text{font:10px system-ui,sans-serif;fill:#333}
 svg text.outlier{fill:#b2182b;font-weight:600}
 svg text.uncertified{fill:#888;font-style:italic}
@@ -103,6 +105,8 @@ fn profile_section(out: &mut String, index: usize, a: &FleetAnalysis) {
         p = escape(&a.profile)
     );
     summary(out, a);
+    // Side by side where the page is wide enough, one under the other where not.
+    out.push_str("<div class=\"figures\">\n<div class=\"figure\">\n");
     out.push_str("<h3>Host write bandwidth per rail, relative to the fleet median</h3>\n");
     if rows.is_empty() || rails.is_empty() {
         out.push_str("<p>No per-rail figures.</p>\n");
@@ -110,13 +114,14 @@ fn profile_section(out: &mut String, index: usize, a: &FleetAnalysis) {
         let _ = writeln!(out, "{}", heatmap(a, &rails, &rows));
         let _ = writeln!(out, "{}", legend(index));
     }
-    out.push_str("<h3>NCCL all_reduce busbw plateau</h3>\n");
+    out.push_str("</div>\n<div class=\"figure\">\n<h3>NCCL all_reduce busbw plateau</h3>\n");
     match histogram(a) {
         Some(svg) => {
             let _ = writeln!(out, "{svg}");
         }
         None => out.push_str("<p>No busbwPlateau figures.</p>\n"),
     }
+    out.push_str("</div>\n</div>\n");
     out.push_str("<h3>Outlier marks</h3>\n");
     outlier_table(out, a);
     out.push_str("</section>\n");
@@ -330,7 +335,7 @@ fn heatmap(a: &FleetAnalysis, rails: &[String], rows: &[NodeRow]) -> SVG {
 
 fn legend(index: usize) -> SVG {
     let id = format!("scale-{index}");
-    let (x0, w, y0, h) = (10u32, 300u32, 6u32, 12u32);
+    let (x0, w, y0, h) = (24u32, 300u32, 6u32, 12u32);
     let mid = (1.0 - SCALE_LOW) / (SCALE_HIGH - SCALE_LOW) * 100.0;
     let stop = |offset: f64, rel: f64| {
         Stop::new()
@@ -448,10 +453,10 @@ fn histogram(a: &FleetAnalysis) -> Option<SVG> {
         counts[b].1 |= *marked;
     }
     let max = counts.iter().map(|c| c.0).max().unwrap_or(1).max(1);
-    let (left, top, plot_w, plot_h) = (40.0, 20.0, 560.0, 160.0);
+    let (left, top, plot_w, plot_h) = (40.0, 20.0, 380.0, 160.0);
     let bar_w = plot_w / bins as f64;
     let x_of = |v: f64| left + (v - lo) / (hi - lo) * plot_w;
-    let mut doc = inline_svg("histogram", 640, 220)
+    let mut doc = inline_svg("histogram", 440, 200)
         .set("data-profile", a.profile.as_str())
         .set("data-nodes", values.len());
     let mut bars = Group::new().set("class", "bars");

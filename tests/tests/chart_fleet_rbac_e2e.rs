@@ -1,0 +1,320 @@
+//! End-to-end: the fleet controller runs with exactly the identity the chart gives it. The
+//! chart's fleet ServiceAccount, ClusterRole and ClusterRoleBinding (default values) are
+//! applied to a real kube-apiserver, and the real `railguard-prober` runs the chart's
+//! container (its args and env; only the metrics address is moved to loopback and the
+//! in-cluster credentials become a kubeconfig with a token of that ServiceAccount). Eight
+//! certified nodes of one profile, one 6% slow on a rail but above the profile's threshold:
+//! the controller marks that node (condition and Event) and writes `status.fleet`, without
+//! a single refused request; the same identity may not touch a certificate or read Secrets;
+//! and its `/metrics` exposes every name of `fleet::METRIC_NAMES`, the list the chart's
+//! Grafana dashboard is checked against (tests/tests/chart_dashboard.rs).
+
+use std::process::Command;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Event, Node, Secret, ServiceAccount};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::Client;
+use railguard_api::{keys, FabricProfile, Verdict};
+use railguard_prober_cli::fleet::METRIC_NAMES;
+use railguard_tests::chart_values::DEFAULT;
+use railguard_tests::daemon::{wait_ready, Daemon};
+use railguard_tests::gotmpl::{Chart, KUBE_1_20_API_VERSIONS};
+use railguard_tests::install::apply_objects;
+use railguard_tests::{
+    eventually, fixture_profile, free_port, labels, workspace_binary, workspace_root, ControlPlane,
+};
+use serde_json::{json, Value};
+
+const SLOW: &str = "gpu-05";
+const NODES: usize = 8;
+
+fn rendered() -> Vec<Value> {
+    let chart = Chart::load(workspace_root().join("charts/railguard")).expect("chart loads");
+    let versions: Vec<String> = KUBE_1_20_API_VERSIONS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    DEFAULT
+        .render(&chart, &versions, "v1.20.2")
+        .expect("renders")
+        .documents()
+        .expect("parses")
+        .into_iter()
+        .map(|(_, d)| serde_json::to_value(d).unwrap())
+        .collect()
+}
+
+fn is_fleet(d: &Value) -> bool {
+    d["metadata"]["labels"]["app.kubernetes.io/component"] == "fleet"
+}
+
+/// A kubeconfig for the same API server that authenticates with `token` only.
+fn token_kubeconfig(cp: &ControlPlane, token: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    let admin = std::fs::read_to_string(cp.kubeconfig_path()).unwrap();
+    assert!(admin.contains(cp.admin_token()), "a token kubeconfig");
+    let path = dir.join("fleet.kubeconfig");
+    std::fs::write(&path, admin.replace(cp.admin_token(), token)).unwrap();
+    path
+}
+
+async fn service_account_token(client: &Client, namespace: &str, name: &str) -> String {
+    let request: TokenRequest = serde_json::from_value(json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+        "spec": {"audiences": [], "expirationSeconds": 3600},
+    }))
+    .unwrap();
+    Api::<ServiceAccount>::namespaced(client.clone(), namespace)
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .unwrap_or_else(|e| panic!("token for {namespace}/{name}: {e}"))
+        .status
+        .unwrap()
+        .token
+}
+
+async fn client_of(kubeconfig: &std::path::Path) -> Client {
+    let config = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let config =
+        kube::Config::from_custom_kubeconfig(config, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap();
+    Client::try_from(config).unwrap()
+}
+
+/// Whether the exposition has `name`: a sample of it (a histogram's as `_bucket`, `_sum`,
+/// `_count`), or its family's `# TYPE` line (a counter's without `_total`).
+fn exposes(exposition: &str, name: &str) -> bool {
+    let family = name.strip_suffix("_total").unwrap_or(name);
+    exposition.lines().any(|l| {
+        if let Some(t) = l.strip_prefix("# TYPE ") {
+            return t.split_whitespace().next() == Some(family);
+        }
+        let sample = l.split(['{', ' ']).next().unwrap_or_default();
+        sample == name
+            || ["_bucket", "_sum", "_count"]
+                .iter()
+                .any(|s| sample.strip_suffix(s) == Some(name))
+    })
+}
+
+#[test]
+fn exposition_names_are_read_by_family_and_sample() {
+    let text = "# TYPE a_seconds histogram\na_seconds_bucket{le=\"1\"} 2\n\
+                # TYPE c counter\nc_total{outcome=\"ok\"} 1\ng{p=\"x\"} 3\n";
+    assert!(exposes(text, "a_seconds"));
+    assert!(exposes(text, "c_total"));
+    assert!(exposes(text, "g"));
+    assert!(!exposes(text, "gg"));
+    assert!(!exposes(text, "a"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_controller_needs_no_more_than_the_charts_rbac() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let prober = workspace_binary("railguard-prober-cli", "railguard-prober").unwrap();
+    let cp = ControlPlane::start().await.expect("control plane");
+    cp.apply_fabricprofile_crd().await.unwrap();
+    let admin = cp.client();
+    let logs = cp.log_dir().to_path_buf();
+    let docs = rendered();
+
+    // The chart's identity for the controller.
+    cp.create_namespace(DEFAULT.namespace, &labels(&[]))
+        .await
+        .unwrap();
+    let identity: Vec<Value> = docs
+        .iter()
+        .filter(|d| {
+            is_fleet(d)
+                && matches!(
+                    d["kind"].as_str(),
+                    Some("ServiceAccount" | "ClusterRole" | "ClusterRoleBinding")
+                )
+        })
+        .cloned()
+        .collect();
+    assert_eq!(identity.len(), 3, "ServiceAccount, ClusterRole, binding");
+    apply_objects(&admin, DEFAULT.namespace, &identity)
+        .await
+        .unwrap();
+    let deployment = docs
+        .iter()
+        .find(|d| is_fleet(d) && d["kind"] == "Deployment")
+        .expect("the fleet Deployment");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let account = pod["serviceAccountName"].as_str().unwrap();
+    assert_eq!(account, "railguard-fleet");
+
+    // One profile, eight certified nodes; one rail of one node 6% slow, above 360 Gb/s.
+    let profile = fixture_profile("dgx-h100-ndr.yaml").unwrap();
+    let profile_name = profile.name().to_string();
+    Api::<FabricProfile>::all(admin.clone())
+        .create(&PostParams::default(), &profile)
+        .await
+        .unwrap();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let base: Node = serde_json::from_value(json!({"metadata": {}, "spec": {}})).unwrap();
+    for i in 0..NODES {
+        let name = format!("gpu-{i:02}");
+        // Healthy nodes within half a percent of each other.
+        let gbps = 395.0 + (i % 3) as f64;
+        let mut cert = railguard_sim::certificates::certificate(
+            &profile,
+            Verdict::Certified,
+            Timestamp::now(),
+            gbps,
+            380.0,
+        );
+        if name == SLOW {
+            for r in cert.rails.iter_mut().filter(|r| r.hca == "mlx5_4") {
+                r.write_bw_host_gbps = Some(372.0);
+            }
+        }
+        let node = railguard_sim::certificates::node(&base, &name, Some(&cert), &[]);
+        nodes.create(&PostParams::default(), &node).await.unwrap();
+    }
+
+    // The chart's container, with the ServiceAccount's token for the in-cluster config.
+    let dir = tempfile::tempdir().unwrap();
+    let token = service_account_token(&admin, DEFAULT.namespace, account).await;
+    let kubeconfig = token_kubeconfig(&cp, &token, dir.path());
+    let container = &pod["containers"][0];
+    let port = free_port().unwrap();
+    let mut cmd = Command::new(&prober);
+    for a in container["args"].as_array().unwrap() {
+        cmd.arg(a.as_str().unwrap());
+    }
+    for e in container["env"].as_array().unwrap() {
+        cmd.env(e["name"].as_str().unwrap(), e["value"].as_str().unwrap());
+    }
+    cmd.env("RAILGUARD_METRICS_LISTEN", format!("127.0.0.1:{port}"))
+        .env("RAILGUARD_KUBECONFIG", &kubeconfig)
+        .env("RAILGUARD_LOG", "info")
+        .env("HOSTNAME", "railguard-fleet-0");
+    let mut controller = Daemon::spawn("railguard-fleet-rbac", &mut cmd, &logs);
+    let url = format!("http://127.0.0.1:{port}");
+    wait_ready(
+        &format!("{url}/readyz"),
+        "fleet controller",
+        &mut controller,
+        &logs,
+    )
+    .await;
+
+    // Its writes go through: the condition, the Event and status.fleet.
+    let condition = eventually(Duration::from_secs(90), "the slow node is marked", || {
+        let nodes = nodes.clone();
+        async move {
+            let n = nodes.get(SLOW).await?;
+            Ok(n.status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .into_iter()
+                .find(|c| c.type_ == keys::CONDITION_FLEET_OUTLIER && c.status == "True"))
+        }
+    })
+    .await
+    .unwrap();
+    let message = condition.message.unwrap_or_default();
+    assert!(message.contains("mlx5_4:1"), "{message}");
+    for i in (0..NODES)
+        .map(|i| format!("gpu-{i:02}"))
+        .filter(|n| n != SLOW)
+    {
+        let n = nodes.get(&i).await.unwrap();
+        let marked = n
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .any(|c| c.type_ == keys::CONDITION_FLEET_OUTLIER && c.status == "True");
+        assert!(!marked, "{i} is not an outlier");
+    }
+    let events: Api<Event> = Api::all(admin.clone());
+    let event = eventually(Duration::from_secs(30), "the outlier Event", || {
+        let events = events.clone();
+        async move {
+            Ok(events
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|e| e.involved_object.name.as_deref() == Some(SLOW)))
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        event.message.unwrap_or_default().contains("mlx5_4:1"),
+        "the Event names the rail"
+    );
+    let profiles: Api<FabricProfile> = Api::all(admin.clone());
+    let fleet = eventually(Duration::from_secs(30), "status.fleet", || {
+        let profiles = profiles.clone();
+        let name = profile_name.clone();
+        async move {
+            Ok(profiles
+                .get_status(&name)
+                .await?
+                .status
+                .and_then(|s| s.fleet)
+                .filter(|f| f.outliers == 1))
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(fleet.nodes, NODES as u32);
+    assert!(!fleet.baseline.is_empty());
+
+    // Nothing it asked for was refused.
+    controller.assert_running(&logs);
+    let log = std::fs::read_to_string(logs.join("railguard-fleet-rbac.log")).unwrap();
+    assert!(
+        !log.to_lowercase().contains("forbidden"),
+        "a request of the fleet controller was refused:\n{log}"
+    );
+
+    // Its metrics: every name the dashboard may use.
+    let exposition = reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let missing: Vec<&&str> = METRIC_NAMES
+        .iter()
+        .filter(|m| !exposes(&exposition, m))
+        .collect();
+    assert!(missing.is_empty(), "{missing:?} not in\n{exposition}");
+    assert!(
+        exposition.contains(&format!(
+            "railguard_fleet_outliers{{profile=\"{profile_name}\"}} 1"
+        )),
+        "{exposition}"
+    );
+
+    // And no more than that: no certificate, no Secret.
+    let sa = client_of(&kubeconfig).await;
+    let as_fleet: Api<Node> = Api::all(sa.clone());
+    let forged = json!({"metadata": {"labels": {keys::LABEL_FABRIC: "certified"}}});
+    match as_fleet
+        .patch(SLOW, &PatchParams::default(), &Patch::Merge(&forged))
+        .await
+    {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 403, "{e:?}"),
+        other => panic!("the fleet identity patched a Node's labels: {other:?}"),
+    }
+    match Api::<Secret>::namespaced(sa.clone(), DEFAULT.namespace)
+        .list(&ListParams::default())
+        .await
+    {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 403, "{e:?}"),
+        other => panic!("the fleet identity listed Secrets: {other:?}"),
+    }
+    // It can read what it watches.
+    let seen = as_fleet.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(seen.len(), NODES);
+}

@@ -866,17 +866,18 @@ fn fleet_controller_runs_once_for_every_profile_and_ships_the_dashboard_on_reque
     let dashboard: Json = serde_json::from_str(shipped).expect("the dashboard is JSON");
     assert_eq!(dashboard["uid"], "railguard-fleet");
 
-    // Another namespace for the ConfigMap (where the sidecar looks); off with the prober.
+    // Another namespace for the ConfigMap (where the sidecar looks), another sidecar label
+    // instead of the default one (null drops it); nothing with the prober off.
     let elsewhere = ValuesSet {
         label: "dashboard in monitoring",
-        values: "prober:\n  fleet:\n    dashboard: {enabled: true, namespace: monitoring}\n",
+        values: "prober:\n  fleet:\n    dashboard:\n      enabled: true\n      namespace: monitoring\n      labels: {grafana_dashboard: null, dashboards: fleet}\n",
         ..DEFAULT
     };
     let docs = render(&elsewhere);
-    assert_eq!(
-        find(&docs, "ConfigMap", "railguard-fleet-dashboard")["metadata"]["namespace"],
-        "monitoring"
-    );
+    let cm = find(&docs, "ConfigMap", "railguard-fleet-dashboard");
+    assert_eq!(cm["metadata"]["namespace"], "monitoring");
+    assert_eq!(cm["metadata"]["labels"]["dashboards"], "fleet");
+    assert!(cm["metadata"]["labels"].get("grafana_dashboard").is_none());
     for values in [
         "prober:\n  fleet:\n    enabled: false\n    dashboard: {enabled: true}\n",
         "prober:\n  enabled: false\n",

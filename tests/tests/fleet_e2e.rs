@@ -188,12 +188,21 @@ async fn the_fleet_controller_marks_a_slow_rail_that_passes_its_thresholds() -> 
         })
         .await?;
     assert_eq!(reason, "FleetOutlier");
-    assert!(
-        message.starts_with(
-            "rail mlx5_4:1 writeBwHost 326.4 Gb/s is 15.0% below the fleet median 384.0 Gb/s"
-        ),
-        "{message}"
-    );
+    // Host and GPU-memory bandwidth of the rail, each about 15% below (the simulated sweep
+    // measures a little under the model's figure, so the fleet median is near 380 Gb/s).
+    for kind in ["writeBwHost", "writeBwGpu"] {
+        let mark = format!("rail {SLOW_RAIL} {kind} ");
+        let at = message
+            .find(&mark)
+            .with_context(|| format!("{mark} in {message}"))?;
+        let words: Vec<&str> = message[at + mark.len()..].split_whitespace().collect();
+        // `<value> Gb/s is <p>% below the fleet median <median> Gb/s`
+        let below: f64 = words[3].trim_end_matches('%').parse()?;
+        assert!(
+            (14.0..=16.0).contains(&below) && words[4] == "below",
+            "{message}"
+        );
+    }
     assert!(
         message.ends_with("(profile h100-fleet, 10 certified nodes)"),
         "{message}"
@@ -238,7 +247,10 @@ async fn the_fleet_controller_marks_a_slow_rail_that_passes_its_thresholds() -> 
         .iter()
         .find(|b| b.measurement == format!("writeBwHost/{SLOW_RAIL}"))
         .context("the slow rail has a baseline")?;
-    assert_eq!((rail.median, rail.nodes), (384.0, 10), "{rail:?}");
+    assert!(
+        (360.0..=390.0).contains(&rail.median) && rail.nodes == 10,
+        "{rail:?}"
+    );
     assert_eq!(fleet.history.len(), 1);
     assert!(fleet.drift.is_empty(), "{:?}", fleet.drift);
 
@@ -260,7 +272,7 @@ async fn the_fleet_controller_marks_a_slow_rail_that_passes_its_thresholds() -> 
         })
         .context("the slow rail's relative bandwidth is exported")?;
     let value: f64 = relative.rsplit(' ').next().unwrap_or_default().parse()?;
-    assert!((value - 0.85).abs() < 1e-6, "{relative}");
+    assert!((0.84..=0.86).contains(&value), "{relative}");
 
     // The extender (as deployed: TLS, the scheduler's client certificate) scores the outlier
     // last for a multi-node job.
@@ -393,11 +405,8 @@ async fn the_fleet_controller_marks_a_slow_rail_that_passes_its_thresholds() -> 
         .lines()
         .find(|l| l.starts_with(SLOW))
         .context("the slow node's row")?;
-    assert!(row.contains("yes") && row.contains("85.0%"), "{row}");
-    assert!(
-        table.contains("rail mlx5_4:1 writeBwHost 326.4 Gb/s"),
-        "{table}"
-    );
+    assert!(row.contains("yes") && row.contains(" 85."), "{row}");
+    assert!(table.contains("rail mlx5_4:1 writeBwHost "), "{table}");
     let dom = chromium::dump_dom(&html)?;
     let cells: Vec<&str> = dom
         .match_indices("class=\"cell\"")

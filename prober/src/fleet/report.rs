@@ -31,8 +31,31 @@ pub fn rails(a: &FleetAnalysis) -> Vec<String> {
         .filter(|m| m.kind == MeasurementKind::WriteBwHost)
         .filter_map(|m| m.rail.clone())
         .collect();
-    out.sort();
+    out.sort_by(|a, b| natural_key(a).cmp(&natural_key(b)));
     out.dedup();
+    out
+}
+
+/// `mlx5_10:1` after `mlx5_9:1`: the text around each run of digits, and the run's value.
+fn natural_key(s: &str) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    let mut text = String::new();
+    let mut digits = String::new();
+    for c in s.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+        } else {
+            if !digits.is_empty() {
+                out.push((
+                    std::mem::take(&mut text),
+                    digits.parse().unwrap_or(u64::MAX),
+                ));
+                digits.clear();
+            }
+            text.push(c);
+        }
+    }
+    out.push((text, digits.parse().unwrap_or(0)));
     out
 }
 

@@ -319,3 +319,20 @@ fn the_condition_names_the_worst_marks_and_events_follow_transitions() {
         "profile h100 has no fleet baseline: 3 certified node(s), the baseline needs 8"
     );
 }
+
+#[test]
+fn rails_are_listed_in_natural_order() {
+    let mut n = node("a", 384.0, 360.0, 1);
+    for r in ["mlx5_10:1", "mlx5_2:1", "mlx5_1:2"] {
+        n.figures
+            .insert(Measurement::rail(MeasurementKind::WriteBwHost, r), 1.0);
+    }
+    let a = analyze_fleet("h100", &FleetSpec::default(), vec![n]);
+    let rails = report::rails(&a);
+    let pos = |r: &str| rails.iter().position(|x| x == r).expect(r);
+    assert!(pos("mlx5_0:1") < pos("mlx5_1:1"));
+    assert!(pos("mlx5_1:1") < pos("mlx5_1:2"));
+    assert!(pos("mlx5_2:1") < pos("mlx5_7:1"));
+    assert!(pos("mlx5_7:1") < pos("mlx5_10:1"));
+    assert_eq!(rails.len(), RAILS + 2);
+}

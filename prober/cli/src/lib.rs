@@ -16,6 +16,7 @@ pub mod daemon;
 pub mod discover;
 pub mod fleet;
 pub mod gpu_check;
+pub mod health;
 pub mod nccl_ranks;
 pub mod preflight;
 pub mod profile_source;

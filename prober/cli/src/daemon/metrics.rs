@@ -1,20 +1,15 @@
 //! The daemon's Prometheus metrics and its health endpoints.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
-use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use railguard_api::Certificate;
-use tokio_util::sync::CancellationToken;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RailLabels {
@@ -182,72 +177,18 @@ impl Metrics {
     }
 }
 
-/// Serves `/metrics`, `/healthz` (the loop made progress within its bound) and `/readyz` (a
-/// check finished) until `stop`.
-pub(crate) async fn serve_metrics(
-    listener: std::net::TcpListener,
-    metrics: Arc<Metrics>,
-    stop: CancellationToken,
-) -> anyhow::Result<()> {
-    let m1 = metrics.clone();
-    let m2 = metrics.clone();
-    let m3 = metrics.clone();
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let m = m1.clone();
-                async move {
-                    (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        m.encode(),
-                    )
-                }
-            }),
-        )
-        .route(
-            "/healthz",
-            get(move || {
-                let m = m3.clone();
-                async move {
-                    if m.alive() {
-                        (StatusCode::OK, "ok").into_response()
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "the check loop is stuck").into_response()
-                    }
-                }
-            }),
-        )
-        .route(
-            "/readyz",
-            get(move || {
-                let m = m2.clone();
-                async move {
-                    if m.ready.load(Ordering::Relaxed) {
-                        (StatusCode::OK, "ready").into_response()
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "no check finished yet").into_response()
-                    }
-                }
-            }),
-        );
-    let addr = listener.local_addr().context("metrics listener")?;
-    tracing::info!(%addr, "metrics and health listening");
-    // The listener every railguard binary uses: header-read timeout, connection cap.
-    let app = railguard_runtime::limit_requests(
-        app,
-        &railguard_runtime::RequestLimits {
-            timeout: Duration::from_secs(10),
-            max_in_flight: 16,
-        },
-    );
-    let limits = railguard_runtime::ServeLimits::default();
-    railguard_runtime::serve(listener, app, None, limits, stop.cancelled_owned())
-        .await
-        .context("metrics server failed")
+impl crate::health::Observed for Metrics {
+    fn encode(&self) -> String {
+        Metrics::encode(self)
+    }
+    fn alive(&self) -> bool {
+        Metrics::alive(self)
+    }
+    fn ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+    const STUCK: &'static str = "the check loop is stuck";
+    const NOT_READY: &'static str = "no check finished yet";
 }
 
 #[cfg(test)]

@@ -377,7 +377,7 @@ impl DaemonArgs {
         let stop = CancellationToken::new();
         // Health stays served while a check finishes after SIGTERM.
         let stop_serving = CancellationToken::new();
-        let server = tokio::spawn(metrics::serve_metrics(
+        let server = tokio::spawn(crate::health::serve(
             listener,
             metrics.clone(),
             stop_serving.clone(),

@@ -60,7 +60,7 @@ pub async fn run(client: Client, args: &FleetArgs) -> anyhow::Result<()> {
     })?;
     listener.set_nonblocking(true)?;
     let stop = CancellationToken::new();
-    let server = tokio::spawn(super::metrics::serve(
+    let server = tokio::spawn(crate::health::serve(
         listener,
         metrics.clone(),
         stop.clone(),

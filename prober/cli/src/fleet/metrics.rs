@@ -1,13 +1,9 @@
 //! The fleet controller's Prometheus metrics and health.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
-use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -15,7 +11,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use railguard_prober::fleet::{report, FleetAnalysis};
-use tokio_util::sync::CancellationToken;
 
 /// Every metric the controller exports, as scraped (counters with `_total`); the chart's
 /// Grafana dashboard is checked against this list.
@@ -239,76 +234,16 @@ impl FleetMetrics {
     }
 }
 
-/// Serves `/metrics`, `/healthz` (the loop turned within its bound) and `/readyz` (a
-/// recomputation succeeded) until `stop`.
-pub async fn serve(
-    listener: std::net::TcpListener,
-    metrics: Arc<FleetMetrics>,
-    stop: CancellationToken,
-) -> anyhow::Result<()> {
-    let (m1, m2, m3) = (metrics.clone(), metrics.clone(), metrics);
-    let app = axum::Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let m = m1.clone();
-                async move {
-                    (
-                        [(
-                            axum::http::header::CONTENT_TYPE,
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        m.encode(),
-                    )
-                }
-            }),
-        )
-        .route(
-            "/healthz",
-            get(move || {
-                let m = m2.clone();
-                async move {
-                    if m.alive() {
-                        (StatusCode::OK, "ok").into_response()
-                    } else {
-                        (StatusCode::SERVICE_UNAVAILABLE, "the fleet loop is stuck").into_response()
-                    }
-                }
-            }),
-        )
-        .route(
-            "/readyz",
-            get(move || {
-                let m = m3.clone();
-                async move {
-                    if m.ready.load(Ordering::Relaxed) {
-                        (StatusCode::OK, "ready").into_response()
-                    } else {
-                        (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "no recomputation finished yet",
-                        )
-                            .into_response()
-                    }
-                }
-            }),
-        );
-    let addr = listener.local_addr().context("metrics listener")?;
-    tracing::info!(%addr, "metrics and health listening");
-    let app = railguard_runtime::limit_requests(
-        app,
-        &railguard_runtime::RequestLimits {
-            timeout: Duration::from_secs(10),
-            max_in_flight: 16,
-        },
-    );
-    railguard_runtime::serve(
-        listener,
-        app,
-        None,
-        railguard_runtime::ServeLimits::default(),
-        stop.cancelled_owned(),
-    )
-    .await
-    .context("metrics server failed")
+impl crate::health::Observed for FleetMetrics {
+    fn encode(&self) -> String {
+        FleetMetrics::encode(self)
+    }
+    fn alive(&self) -> bool {
+        FleetMetrics::alive(self)
+    }
+    fn ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+    const STUCK: &'static str = "the fleet loop is stuck";
+    const NOT_READY: &'static str = "no recomputation finished yet";
 }

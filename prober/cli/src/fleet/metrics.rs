@@ -247,3 +247,70 @@ impl crate::health::Observed for FleetMetrics {
     const STUCK: &'static str = "the fleet loop is stuck";
     const NOT_READY: &'static str = "no recomputation finished yet";
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use railguard_api::fleet::FleetSpec;
+    use railguard_prober::fleet::{
+        analyze_fleet, Figures, FleetNode, Measurement, MeasurementKind,
+    };
+
+    fn fleet() -> Vec<FleetAnalysis> {
+        let nodes = (0..10)
+            .map(|i| {
+                let bw = if i == 3 { 320.0 } else { 384.0 };
+                FleetNode {
+                    name: format!("gpu-{i}"),
+                    state: "certified",
+                    certified: true,
+                    figures: Figures::from([(
+                        Measurement::rail(MeasurementKind::WriteBwHost, "mlx5_0:1"),
+                        bw,
+                    )]),
+                }
+            })
+            .collect();
+        vec![analyze_fleet("h100", &FleetSpec::default(), nodes)]
+    }
+
+    /// The names the dashboard is checked against are exactly the families exported.
+    #[test]
+    fn metric_names_are_the_exported_families() {
+        let m = FleetMetrics::new(Duration::from_secs(60));
+        m.publish(
+            &fleet(),
+            &[("h100".into(), "writeBwHost/mlx5_0:1".into(), 9.5)],
+        );
+        m.recomputed(Duration::from_millis(3), true);
+        let text = m.encode();
+        let mut exported: Vec<String> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .map(|n| {
+                if n == "railguard_fleet_recomputes" {
+                    format!("{n}_total")
+                } else {
+                    n.to_string()
+                }
+            })
+            .collect();
+        exported.sort();
+        let mut named: Vec<String> = METRIC_NAMES.iter().map(|s| s.to_string()).collect();
+        named.sort();
+        assert_eq!(exported, named, "{text}");
+        assert!(
+            text.contains("railguard_fleet_outliers{profile=\"h100\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("railguard_fleet_node_rail_relative{profile=\"h100\",node=\"gpu-3\",rail=\"mlx5_0:1\"} 0.8333"),
+            "{text}"
+        );
+        assert!(text.contains("railguard_fleet_drift_worse_percent{profile=\"h100\",measurement=\"writeBwHost/mlx5_0:1\"} 9.5"), "{text}");
+        // A recomputation replaces the series: a profile gone is gone from the metrics.
+        m.publish(&[], &[]);
+        assert!(!m.encode().contains("profile=\"h100\""));
+    }
+}

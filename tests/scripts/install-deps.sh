@@ -12,6 +12,8 @@ pkgs=(
   buildah busybox-static gcc libc6-dev
   # the fleet report's browser test (tests/src/chromium.rs: headless --dump-dom, --screenshot)
   chromium fonts-dejavu-core
+  # promtool, which checks the Grafana dashboard's PromQL (tests/tests/chart_dashboard.rs)
+  prometheus
 )
 missing=()
 for p in "${pkgs[@]}"; do

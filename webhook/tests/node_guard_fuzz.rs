@@ -42,11 +42,13 @@ const TOKENS: &[&str] = &[
     "\"authentication.kubernetes.io/pod-name\":[]",
     "\"authentication.kubernetes.io/pod-name\":[\"a\",\"b\"]",
     "\"username\":\"system:serviceaccount:railguard:railguard-campaign\"",
+    "\"username\":\"system:serviceaccount:railguard:railguard-fleet\"",
     "\"railguard.io/fabric\":\"certified\"",
     "\"railguard.io/profile\":",
     "\"railguard.io/certificate\":",
     "\"railguard.io/certificate\":\"{}\"",
     "\"type\":\"RailguardFabricReady\"",
+    "\"type\":\"RailguardFleetOutlier\"",
     "\"conditions\":",
     "\"labels\":null",
     "\\u0000",
@@ -58,6 +60,7 @@ fn policy() -> GuardPolicy {
         namespace: "railguard".into(),
         prober_service_account: "railguard-prober".into(),
         campaign_service_account: Some("railguard-campaign".into()),
+        fleet_service_account: Some("railguard-fleet".into()),
         allowed_groups: vec!["system:masters".into()],
     }
 }
@@ -114,6 +117,13 @@ fn seeds() -> Vec<Vec<u8>> {
     let tenant = json!({"username": "alice", "groups": ["system:authenticated"]});
     let kubelet = json!({"username": "system:node:gpu-a", "groups": ["system:nodes"]});
     let campaign = json!({"username": "system:serviceaccount:railguard:railguard-campaign"});
+    let fleet = json!({"username": "system:serviceaccount:railguard:railguard-fleet"});
+    let mut outlier = node(Some("certified"), Some("True"));
+    outlier["status"]["conditions"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "RailguardFleetOutlier", "status": "True",
+                     "reason": "Outlier", "message": "m"}));
     vec![
         review(
             "UPDATE",
@@ -149,6 +159,13 @@ fn seeds() -> Vec<Vec<u8>> {
             node(Some("degraded"), Some("False")),
             node(Some("certified"), Some("True")),
             None,
+        ),
+        review(
+            "UPDATE",
+            fleet,
+            outlier,
+            node(Some("certified"), Some("True")),
+            Some("status"),
         ),
     ]
 }
@@ -228,9 +245,10 @@ fn seeds_are_decided_as_the_contract_says() {
         })
         .collect();
     // The prober publishes; a tenant and a registering kubelet are refused; a kubelet
-    // changing railguard's condition is refused; the campaign records a finding.
+    // changing railguard's condition is refused; the campaign records a finding; the fleet
+    // controller marks an outlier.
     assert_eq!(
         outcomes,
-        ["allowed", "denied", "denied", "denied", "allowed"]
+        ["allowed", "denied", "denied", "denied", "allowed", "allowed"]
     );
 }

@@ -122,7 +122,8 @@ pub struct Cli {
     /// Node guard: the probers' ServiceAccount (in --namespace). Given, the webhook serves
     /// `POST /validate-nodes`, which lets only the prober of a node (its token bound to a
     /// prober pod on that node), the campaign coordinator and --node-guard-allowed-groups
-    /// change railguard's certification outputs on Nodes (cluster mode only).
+    /// change railguard's certification outputs on Nodes, and only the fleet controller and
+    /// those groups its outlier condition (cluster mode only).
     #[arg(
         long,
         env = "RAILGUARD_NODE_GUARD_PROBER_SERVICE_ACCOUNT",
@@ -147,6 +148,15 @@ pub struct Cli {
         requires = "node_guard_prober_service_account"
     )]
     pub node_guard_campaign_service_account: Option<String>,
+    /// Node guard: the fleet controller's ServiceAccount (in --namespace), allowed to set and
+    /// clear the RailguardFleetOutlier condition (and nothing else); unset, only
+    /// --node-guard-allowed-groups may change that condition.
+    #[arg(
+        long,
+        env = "RAILGUARD_NODE_GUARD_FLEET_SERVICE_ACCOUNT",
+        requires = "node_guard_prober_service_account"
+    )]
+    pub node_guard_fleet_service_account: Option<String>,
     /// Node guard: groups whose members may change any output (break-glass repair; comma
     /// list, empty for none). system:masters bypasses RBAC and may delete the webhook
     /// configuration anyway.

@@ -127,6 +127,7 @@ fn node_guard(
     tracing::info!(
         namespace = %policy.namespace, prober = %policy.prober_service_account,
         campaign = policy.campaign_service_account.as_deref().unwrap_or(""),
+        fleet = policy.fleet_service_account.as_deref().unwrap_or(""),
         allowed_groups = %policy.allowed_groups.join(","), selector,
         "node guard on: POST /validate-nodes"
     );

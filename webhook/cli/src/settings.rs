@@ -96,14 +96,18 @@ pub fn node_guard_policy(
     Ok(Some(GuardPolicy {
         namespace: namespace.to_string(),
         prober_service_account: prober.to_string(),
-        campaign_service_account: cli
-            .node_guard_campaign_service_account
-            .as_deref()
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_string),
+        campaign_service_account: service_account(&cli.node_guard_campaign_service_account),
+        fleet_service_account: service_account(&cli.node_guard_fleet_service_account),
         allowed_groups: clean_list(&cli.node_guard_allowed_groups),
     }))
+}
+
+/// A ServiceAccount name given on the command line; blank is none.
+fn service_account(flag: &Option<String>) -> Option<String> {
+    flag.as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
 }
 
 /// Limits of the running server (zero intervals and timeouts become one second).
@@ -229,6 +233,24 @@ mod tests {
             "--node-guard-campaign-service-account",
             " ",
         ]);
+        assert_eq!(
+            node_guard_policy(&guarded, Some("railguard"))
+                .unwrap()
+                .unwrap()
+                .fleet_service_account,
+            None
+        );
+        let fleet = cli(&[
+            "--node-guard-prober-service-account=rg-prober",
+            "--node-guard-prober-selector=app=prober",
+            "--node-guard-fleet-service-account= rg-fleet ",
+        ]);
+        let policy = node_guard_policy(&fleet, Some("ns")).unwrap().unwrap();
+        assert_eq!(policy.fleet_service_account.as_deref(), Some("rg-fleet"));
+        assert_eq!(
+            policy.fleet_user().as_deref(),
+            Some("system:serviceaccount:ns:rg-fleet")
+        );
         let policy = node_guard_policy(&guarded, Some("railguard"))
             .unwrap()
             .unwrap();

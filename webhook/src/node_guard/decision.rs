@@ -28,10 +28,24 @@ pub enum Output {
 }
 
 /// The outputs the guard protects: what the prober and the campaign publish and the
-/// extender, the webhook's injected affinity and operators read as the certification.
+/// extender, the webhook's injected affinity and operators read as the certification, and
+/// the fleet controller's outlier mark (with a profile's `spec.fleet.outliers: Filter`,
+/// whoever sets it takes a node out of scheduling, whoever clears it hides an outlier).
 /// Operator inputs under `railguard.io/` (`railguard.io/recertify`, pool labels that a
 /// profile's nodeSelector names, `railguard.io/peer-endpoint`) are not in it.
 pub const PROTECTED: &[Output] = &[
+    Output::Label(keys::LABEL_FABRIC),
+    Output::Label(keys::LABEL_PROFILE),
+    Output::Label(keys::LABEL_SIGNATURE),
+    Output::Annotation(keys::ANNOTATION_CERTIFICATE),
+    Output::Condition(keys::CONDITION_FABRIC_READY),
+    Output::Condition(keys::CONDITION_FLEET_OUTLIER),
+];
+
+/// The certification: what a node's own prober may change (everything protected but the
+/// fleet's outlier mark, which compares the node with the others and is not the node's to
+/// judge).
+pub(crate) const PROBER_MAY_CHANGE: &[Output] = &[
     Output::Label(keys::LABEL_FABRIC),
     Output::Label(keys::LABEL_PROFILE),
     Output::Label(keys::LABEL_SIGNATURE),
@@ -42,11 +56,15 @@ pub const PROTECTED: &[Output] = &[
 /// The outputs the campaign coordinator may change: its findings move the verdict (label,
 /// certificate, condition); the profile and the rail layout a node is certified for stay
 /// the prober's.
-const CAMPAIGN_MAY_CHANGE: &[Output] = &[
+pub(crate) const CAMPAIGN_MAY_CHANGE: &[Output] = &[
     Output::Label(keys::LABEL_FABRIC),
     Output::Annotation(keys::ANNOTATION_CERTIFICATE),
     Output::Condition(keys::CONDITION_FABRIC_READY),
 ];
+
+/// The outputs the fleet controller may change: its outlier mark, nothing of a
+/// certificate.
+pub(crate) const FLEET_MAY_CHANGE: &[Output] = &[Output::Condition(keys::CONDITION_FLEET_OUTLIER)];
 
 impl fmt::Display for Output {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -139,6 +157,8 @@ pub struct GuardPolicy {
     pub prober_service_account: String,
     /// The campaign coordinator's ServiceAccount, when a campaign is installed.
     pub campaign_service_account: Option<String>,
+    /// The fleet controller's ServiceAccount, when the fleet controller is installed.
+    pub fleet_service_account: Option<String>,
     /// Groups allowed to change any output (break-glass repair), e.g. `system:masters`.
     pub allowed_groups: Vec<String>,
 }
@@ -163,6 +183,18 @@ impl GuardPolicy {
         self.campaign_service_account
             .as_deref()
             .is_some_and(|sa| user.username == self.service_account_user(sa))
+    }
+
+    /// The fleet controller's user name, when one is configured.
+    pub fn fleet_user(&self) -> Option<String> {
+        self.fleet_service_account
+            .as_deref()
+            .map(|sa| self.service_account_user(sa))
+    }
+
+    /// Whether `user` is the fleet controller's service account.
+    pub fn is_fleet(&self, user: &UserInfo) -> bool {
+        self.fleet_user().is_some_and(|u| user.username == u)
     }
 }
 
@@ -193,6 +225,8 @@ pub enum Writer {
     OwnProber { pod: String },
     /// The campaign coordinator, recording findings.
     Campaign,
+    /// The fleet controller, marking (or clearing) an outlier.
+    Fleet,
     /// A member of an allowed (break-glass) group.
     AllowedGroup { group: String },
 }
@@ -203,6 +237,7 @@ impl Writer {
         match self {
             Writer::OwnProber { .. } => "prober",
             Writer::Campaign => "campaign",
+            Writer::Fleet => "fleet",
             Writer::AllowedGroup { .. } => "allowed-group",
         }
     }
@@ -220,18 +255,19 @@ pub enum Decision {
 /// Why a change was refused; the message reaches the requester (`kubectl`, the prober log).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Denial {
-    #[error(
-        "{user} may not change railguard's certification of node {node} ({changed}): only \
-         the node's own railguard prober ({prober} in a pod on {node}) and the campaign \
-         coordinator write it; operators ask for a new run with the {recertify} annotation"
-    )]
+    /// `writers` names who may write what was changed ([`writers`]).
+    #[error("{user} may not change railguard's outputs on node {node} ({changed}): {writers}")]
     NotAWriter {
         user: String,
         node: String,
         changed: String,
-        prober: String,
-        recertify: &'static str,
+        writers: String,
     },
+    #[error(
+        "the railguard prober may change only node {node}'s certification, not its \
+         {changed}: the fleet controller writes that, comparing the node with its fleet"
+    )]
+    ProberBeyondCertification { node: String, changed: String },
     #[error(
         "the prober's token names no pod ({EXTRA_POD_NAME}): only a service-account token \
          bound to the prober's pod (a projected serviceAccountToken volume) proves which \
@@ -277,9 +313,18 @@ pub enum Denial {
     CreatedCertified { changed: String },
     #[error(
         "the campaign coordinator may change only the fabric label, the certificate and \
-         the condition of node {node}, not its {changed}"
+         the RailguardFabricReady condition of node {node}, not its {changed}"
     )]
     CampaignBeyondFindings { node: String, changed: String },
+    #[error(
+        "the fleet controller may change only the {condition} condition of node {node}, \
+         not its {changed}"
+    )]
+    FleetBeyondOutlier {
+        node: String,
+        changed: String,
+        condition: &'static str,
+    },
     #[error(
         "the campaign coordinator records findings in node {node}'s existing certificate; \
          {problem}"
@@ -321,14 +366,16 @@ pub fn decide(
     }
     let listed = list(&changed);
     if change.old.is_none() {
-        // No prober or campaign creates Nodes: only a kubelet (--node-labels) or a tenant
+        // No prober, campaign or fleet controller creates Nodes: only a kubelet (--node-labels) or a tenant
         // would register one already certified.
         return Decision::Denied(Denial::CreatedCertified { changed: listed });
     }
     let verdict = if policy.is_prober(user) {
-        prober_change(change, policy, lookup)
+        prober_change(change, &changed, policy, lookup)
     } else if policy.is_campaign(user) {
         campaign_change(change, &changed)
+    } else if policy.is_fleet(user) {
+        fleet_change(change.node, &changed)
     } else {
         Err(Denial::NotAWriter {
             user: if user.username.is_empty() {
@@ -338,14 +385,47 @@ pub fn decide(
             },
             node: change.node.to_string(),
             changed: listed,
-            prober: policy.prober_user(),
-            recertify: keys::ANNOTATION_RECERTIFY,
+            writers: writers(&changed, change.node, policy),
         })
     };
     match verdict {
         Ok(writer) => Decision::Allowed(writer),
         Err(denial) => Decision::Denied(denial),
     }
+}
+
+/// Who writes the `changed` outputs of `node`, for a denial: the certification's writers,
+/// the fleet controller for its outlier mark, or both.
+fn writers(changed: &[Output], node: &str, policy: &GuardPolicy) -> String {
+    let mut parts = Vec::new();
+    if changed.iter().any(|o| PROBER_MAY_CHANGE.contains(o)) {
+        parts.push(format!(
+            "only the node's own railguard prober ({} in a pod on {node}) and the campaign \
+             coordinator write its certification; operators ask for a new run with the {} \
+             annotation",
+            policy.prober_user(),
+            keys::ANNOTATION_RECERTIFY
+        ));
+    }
+    if changed.iter().any(|o| FLEET_MAY_CHANGE.contains(o)) {
+        let fleet = policy
+            .fleet_user()
+            .unwrap_or_else(|| "none is configured".to_string());
+        parts.push(format!(
+            "only the fleet controller ({fleet}) writes the {} condition",
+            keys::CONDITION_FLEET_OUTLIER
+        ));
+    }
+    parts.join("; ")
+}
+
+/// The `changed` outputs that are not among `may_change`.
+fn beyond(changed: &[Output], may_change: &[Output]) -> Vec<Output> {
+    changed
+        .iter()
+        .copied()
+        .filter(|o| !may_change.contains(o))
+        .collect()
 }
 
 fn list(outputs: &[Output]) -> String {
@@ -366,11 +446,19 @@ fn single<'a>(user: &'a UserInfo, key: &str) -> Option<&'a str> {
 
 fn prober_change(
     change: NodeChange<'_>,
+    changed: &[Output],
     policy: &GuardPolicy,
     lookup: impl FnOnce(&str) -> PodLookup,
 ) -> Result<Writer, Denial> {
     let node = change.node;
     let user = change.user;
+    let beyond = beyond(changed, PROBER_MAY_CHANGE);
+    if !beyond.is_empty() {
+        return Err(Denial::ProberBeyondCertification {
+            node: node.to_string(),
+            changed: list(&beyond),
+        });
+    }
     let pod_name = single(user, EXTRA_POD_NAME).ok_or(Denial::ProberTokenNotBound)?;
     if let Some(token_node) = single(user, EXTRA_NODE_NAME) {
         if token_node != node {
@@ -430,11 +518,7 @@ fn prober_change(
 
 fn campaign_change(change: NodeChange<'_>, changed: &[Output]) -> Result<Writer, Denial> {
     let node = change.node;
-    let beyond: Vec<Output> = changed
-        .iter()
-        .copied()
-        .filter(|o| !CAMPAIGN_MAY_CHANGE.contains(o))
-        .collect();
+    let beyond = beyond(changed, CAMPAIGN_MAY_CHANGE);
     if !beyond.is_empty() {
         return Err(Denial::CampaignBeyondFindings {
             node: node.to_string(),
@@ -474,4 +558,16 @@ fn campaign_change(change: NodeChange<'_>, changed: &[Output]) -> Result<Writer,
         }
     }
     Ok(Writer::Campaign)
+}
+
+fn fleet_change(node: &str, changed: &[Output]) -> Result<Writer, Denial> {
+    let beyond = beyond(changed, FLEET_MAY_CHANGE);
+    if !beyond.is_empty() {
+        return Err(Denial::FleetBeyondOutlier {
+            node: node.to_string(),
+            changed: list(&beyond),
+            condition: keys::CONDITION_FLEET_OUTLIER,
+        });
+    }
+    Ok(Writer::Fleet)
 }

@@ -10,7 +10,9 @@
 //! **Protected outputs** ([`decision::PROTECTED`]): the labels `railguard.io/fabric`,
 //! `railguard.io/profile` and `railguard.io/signature`, the annotation
 //! `railguard.io/certificate` and the `RailguardFabricReady` condition — what the prober and
-//! the campaign publish and what the extender and the injected node affinity read. Every
+//! the campaign publish and what the extender and the injected node affinity read — and the
+//! fleet controller's `RailguardFleetOutlier` condition (under a profile's
+//! `spec.fleet.outliers: Filter` it takes a node out of scheduling). Every
 //! other key stays free, including railguard's operator inputs: `railguard.io/recertify`
 //! (ask for a run), `railguard.io/peer-endpoint` and pool labels a profile's nodeSelector
 //! names.
@@ -25,6 +27,8 @@
 //! - the campaign coordinator's service account: the fabric label, the certificate and the
 //!   condition of a node that has a certificate, keeping the certificate's profile,
 //!   signature and node (findings change a verdict, never what the node is certified for);
+//! - the fleet controller's service account: the `RailguardFleetOutlier` condition and
+//!   nothing else (the prober and the campaign may not change that one);
 //! - members of the allowed groups (`--node-guard-allowed-groups`, `system:masters` by
 //!   default: they bypass RBAC and can delete this webhook's configuration anyway, so
 //!   denying them would only slow down a repair);
@@ -54,7 +58,7 @@ pub struct NodeAdmission {
     pub response: ReviewResponse,
     /// `untouched`, `allowed`, `denied`, `ignored` (not a Node CREATE/UPDATE) or `malformed`.
     pub outcome: &'static str,
-    /// [`Writer::as_str`] of an allowed change; `prober`, `campaign` or `other` for a denial
+    /// [`Writer::as_str`] of an allowed change; `prober`, `campaign`, `fleet` or `other` for a denial
     /// (who asked); empty otherwise.
     pub writer: &'static str,
 }
@@ -130,6 +134,8 @@ pub fn admit_node(
         "prober"
     } else if policy.is_campaign(user) {
         "campaign"
+    } else if policy.is_fleet(user) {
+        "fleet"
     } else {
         "other"
     };

@@ -11,12 +11,14 @@ use crate::review::{self, UserInfo};
 const NS: &str = "railguard";
 const PROBER: &str = "railguard-prober";
 const CAMPAIGN: &str = "railguard-campaign";
+const FLEET: &str = "railguard-fleet";
 
 fn policy() -> GuardPolicy {
     GuardPolicy {
         namespace: NS.into(),
         prober_service_account: PROBER.into(),
         campaign_service_account: Some(CAMPAIGN.into()),
+        fleet_service_account: Some(FLEET.into()),
         allowed_groups: vec!["system:masters".into()],
     }
 }
@@ -44,6 +46,13 @@ fn prober(pod: &str) -> UserInfo {
 
 fn campaign() -> UserInfo {
     user(&format!("system:serviceaccount:{NS}:{CAMPAIGN}"), &[])
+}
+
+fn fleet() -> UserInfo {
+    user(
+        &format!("system:serviceaccount:{NS}:{FLEET}"),
+        &["system:serviceaccounts", "system:authenticated"],
+    )
 }
 
 fn pod_on(node: &str, pod: &str) -> PodLookup {
@@ -112,6 +121,23 @@ fn with_label(mut n: NodeView, k: &str, v: Option<&str>) -> NodeView {
     n
 }
 
+/// `n` with its RailguardFleetOutlier condition set to `status` (None: removed).
+fn with_outlier(mut n: NodeView, status: Option<&str>) -> NodeView {
+    let conditions = n
+        .status
+        .get_or_insert_with(Default::default)
+        .conditions
+        .get_or_insert_with(Vec::new);
+    conditions.retain(|c| c["type"] != keys::CONDITION_FLEET_OUTLIER);
+    if let Some(status) = status {
+        conditions.push(json!({
+            "type": keys::CONDITION_FLEET_OUTLIER, "status": status, "reason": "Outlier",
+            "message": "rail mlx5_3 host write 320 Gb/s, median 380 Gb/s",
+        }));
+    }
+    n
+}
+
 fn with_annotation(mut n: NodeView, k: &str, v: &str) -> NodeView {
     n.metadata
         .annotations
@@ -167,8 +193,15 @@ fn only_protected_outputs_count_as_changes() {
         changed_outputs(Some(&old), &no_condition),
         [Output::Condition(keys::CONDITION_FABRIC_READY)]
     );
+    let marked = with_outlier(old.clone(), Some("True"));
+    assert_eq!(
+        changed_outputs(Some(&old), &marked),
+        [Output::Condition(keys::CONDITION_FLEET_OUTLIER)]
+    );
+    assert!(changed_outputs(Some(&marked), &marked.clone()).is_empty());
     // A CREATE: everything present is a change.
-    assert_eq!(changed_outputs(None, &old).len(), PROTECTED.len());
+    assert_eq!(changed_outputs(None, &old), decision::PROBER_MAY_CHANGE);
+    assert_eq!(changed_outputs(None, &marked), PROTECTED);
     assert!(changed_outputs(None, &bare()).is_empty());
 }
 
@@ -436,6 +469,157 @@ fn the_campaign_records_findings_but_not_what_a_node_is_certified_for() {
     assert!(d.to_string().contains("does not parse"), "{d}");
 }
 
+#[test]
+fn every_protected_output_has_one_writer_besides_break_glass() {
+    // The prober's certification and the fleet's outlier mark split the protected outputs;
+    // the campaign's findings are part of the certification.
+    for o in PROTECTED {
+        let prober = decision::PROBER_MAY_CHANGE.contains(o);
+        let fleet = decision::FLEET_MAY_CHANGE.contains(o);
+        assert!(prober != fleet, "{o}");
+    }
+    for o in decision::PROBER_MAY_CHANGE
+        .iter()
+        .chain(decision::CAMPAIGN_MAY_CHANGE)
+        .chain(decision::FLEET_MAY_CHANGE)
+    {
+        assert!(PROTECTED.contains(o), "{o}");
+    }
+    assert!(decision::CAMPAIGN_MAY_CHANGE
+        .iter()
+        .all(|o| decision::PROBER_MAY_CHANGE.contains(o)));
+}
+
+#[test]
+fn the_fleet_controller_marks_and_clears_outliers_and_nothing_else() {
+    let old = certified();
+    let marked = with_outlier(old.clone(), Some("True"));
+    assert_eq!(
+        decide_update(&old, &marked, &fleet(), PodLookup::Missing),
+        Decision::Allowed(Writer::Fleet)
+    );
+    // Cleared: the status turns False, or the condition goes.
+    for cleared in [with_outlier(old.clone(), Some("False")), old.clone()] {
+        assert_eq!(
+            decide_update(&marked, &cleared, &fleet(), PodLookup::Missing),
+            Decision::Allowed(Writer::Fleet)
+        );
+    }
+    assert_eq!(Writer::Fleet.as_str(), "fleet");
+
+    // Not the certificate, the labels or the fabric condition, not even along with its own.
+    let failed = with_annotation(
+        with_label(marked.clone(), keys::LABEL_FABRIC, Some("failed")),
+        keys::ANNOTATION_CERTIFICATE,
+        &certificate("h100", "abc", "failed"),
+    );
+    let mut not_ready = old.clone();
+    not_ready.status = None;
+    for new in [
+        failed,
+        with_label(old.clone(), keys::LABEL_SIGNATURE, None),
+        not_ready,
+    ] {
+        let d = denial(decide_update(&old, &new, &fleet(), PodLookup::Missing));
+        assert!(matches!(d, Denial::FleetBeyondOutlier { .. }), "{d:?}");
+        let message = d.to_string();
+        assert!(
+            message.contains("only the RailguardFleetOutlier condition of node gpu-a"),
+            "{message}"
+        );
+        assert!(
+            !message.contains("condition RailguardFleetOutlier"),
+            "{message}"
+        );
+    }
+}
+
+#[test]
+fn only_the_fleet_controller_and_break_glass_change_the_outlier_mark() {
+    let old = certified();
+    let marked = with_outlier(old.clone(), Some("True"));
+    // The node's own prober (hiding its node's outlier mark or marking it): refused before
+    // its pod is even looked up.
+    for (before, after) in [(&old, &marked), (&marked, &old)] {
+        let d = denial(decide(
+            NodeChange {
+                node: "gpu-a",
+                old: Some(before),
+                new: after,
+                user: &prober("p-a"),
+            },
+            &policy(),
+            never,
+        ));
+        assert!(
+            matches!(d, Denial::ProberBeyondCertification { .. }),
+            "{d:?}"
+        );
+        assert!(
+            d.to_string()
+                .contains("not its condition RailguardFleetOutlier"),
+            "{d}"
+        );
+    }
+    let d = denial(decide_update(
+        &marked,
+        &old,
+        &campaign(),
+        PodLookup::Missing,
+    ));
+    assert!(matches!(d, Denial::CampaignBeyondFindings { .. }), "{d:?}");
+
+    let tenant = user("alice", &["system:authenticated"]);
+    let d = denial(decide_update(&old, &marked, &tenant, PodLookup::Missing));
+    assert!(matches!(d, Denial::NotAWriter { .. }), "{d:?}");
+    let message = d.to_string();
+    assert!(
+        message.contains(&format!(
+            "only the fleet controller (system:serviceaccount:{NS}:{FLEET}) writes the \
+             RailguardFleetOutlier condition"
+        )),
+        "{message}"
+    );
+    // Only the fleet's output changed: the certification's writers are not named.
+    assert!(!message.contains("prober"), "{message}");
+    // Both changed: both named.
+    let both = with_label(marked.clone(), keys::LABEL_FABRIC, Some("failed"));
+    let message = denial(decide_update(&old, &both, &tenant, PodLookup::Missing)).to_string();
+    assert!(
+        message.contains("own railguard prober") && message.contains("fleet controller"),
+        "{message}"
+    );
+
+    // The fleet's name in another namespace, or no fleet controller installed.
+    let elsewhere = user(&format!("system:serviceaccount:ml:{FLEET}"), &[]);
+    let d = denial(decide_update(&old, &marked, &elsewhere, PodLookup::Missing));
+    assert!(matches!(d, Denial::NotAWriter { .. }), "{d:?}");
+    let without = GuardPolicy {
+        fleet_service_account: None,
+        ..policy()
+    };
+    let change = NodeChange {
+        node: "gpu-a",
+        old: Some(&old),
+        new: &marked,
+        user: &fleet(),
+    };
+    let d = denial(decide(change, &without, never));
+    assert!(
+        d.to_string()
+            .contains("fleet controller (none is configured)"),
+        "{d}"
+    );
+
+    let admin = user("admin", &["system:masters"]);
+    assert_eq!(
+        decide_update(&marked, &old, &admin, PodLookup::Missing),
+        Decision::Allowed(Writer::AllowedGroup {
+            group: "system:masters".into()
+        })
+    );
+}
+
 fn review_body(operation: &str, object: Value, old: Value, who: &UserInfo) -> Vec<u8> {
     serde_json::to_vec(&json!({
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
@@ -523,6 +707,22 @@ fn reviews_are_answered_for_their_uid_with_the_reason() {
         no_cache,
     );
     assert_eq!((a.outcome, a.writer), ("allowed", "prober"));
+
+    // The fleet controller, marking an outlier and then labelling the node.
+    let mut marked = node_json(None);
+    marked["status"] = json!({"conditions": [
+        {"type": keys::CONDITION_FLEET_OUTLIER, "status": "True", "reason": "Outlier"}]});
+    let body = review_body("UPDATE", marked, node_json(None), &fleet());
+    let a = admit_node(&review::decode(&body).unwrap(), &policy(), never, no_cache);
+    assert_eq!((a.outcome, a.writer), ("allowed", "fleet"));
+    let body = review_body(
+        "UPDATE",
+        node_json(Some("certified")),
+        node_json(None),
+        &fleet(),
+    );
+    let a = admit_node(&review::decode(&body).unwrap(), &policy(), never, no_cache);
+    assert_eq!((a.outcome, a.writer), ("denied", "fleet"));
 }
 
 #[test]
@@ -617,7 +817,9 @@ fn cached_nodes_keep_only_the_outputs_and_compare_equal_to_the_review() {
         "status": {"conditions": [
             {"type": "Ready", "status": "True"},
             {"type": keys::CONDITION_FABRIC_READY, "status": "True", "reason": "Certified",
-             "message": "ok", "lastHeartbeatTime": "2026-01-01T00:00:00Z"}]},
+             "message": "ok", "lastHeartbeatTime": "2026-01-01T00:00:00Z"},
+            {"type": keys::CONDITION_FLEET_OUTLIER, "status": "True", "reason": "Outlier",
+             "message": "slow", "lastHeartbeatTime": "2026-01-01T00:00:00Z"}]},
     }))
     .unwrap();
     nodes::keep_outputs(&mut node);
@@ -625,7 +827,7 @@ fn cached_nodes_keep_only_the_outputs_and_compare_equal_to_the_review() {
     assert_eq!(node.metadata.annotations.as_ref().unwrap().len(), 1);
     assert!(node.spec.is_none());
     let conditions = node.status.as_ref().unwrap().conditions.as_ref().unwrap();
-    assert_eq!(conditions.len(), 1);
+    assert_eq!(conditions.len(), 2);
     let cached: NodeView = serde_json::from_value(serde_json::to_value(&node).unwrap()).unwrap();
     // The same outputs as the review's JSON, whose heartbeat moved on.
     let reviewed = node_view(json!({
@@ -634,7 +836,9 @@ fn cached_nodes_keep_only_the_outputs_and_compare_equal_to_the_review() {
             "annotations": {keys::ANNOTATION_CERTIFICATE: "{}"}},
         "status": {"conditions": [
             {"type": keys::CONDITION_FABRIC_READY, "status": "True", "reason": "Certified",
-             "message": "ok", "lastHeartbeatTime": "2026-01-02T00:00:00Z"}]},
+             "message": "ok", "lastHeartbeatTime": "2026-01-02T00:00:00Z"},
+            {"type": keys::CONDITION_FLEET_OUTLIER, "status": "True", "reason": "Outlier",
+             "message": "slow", "lastHeartbeatTime": "2026-01-02T00:00:00Z"}]},
     }));
     assert!(changed_outputs(Some(&cached), &reviewed).is_empty());
 }

@@ -1,7 +1,7 @@
 //! End-to-end: the node guard on a real kube-apiserver. The real `railguard-webhook` binary
 //! runs with the node guard flags the chart renders, registered through the chart's own
 //! ValidatingWebhookConfiguration (its `clientConfig` pointed at loopback). Requesters are
-//! real identities: the chart's prober and campaign ServiceAccounts and RBAC, prober Pods
+//! real identities: the chart's prober, campaign and fleet ServiceAccounts and RBAC, prober Pods
 //! bound to nodes (`spec.nodeName`, no kubelet needed) and tokens from the TokenRequest API
 //! bound to those pods; a tenant whose role may patch Nodes; a kubelet (`system:node:gpu-a`,
 //! impersonated by the admin).
@@ -9,7 +9,9 @@
 //! The attacks — a tenant labelling a node certified, a kubelet certifying its own Node or
 //! registering one certified, the prober of node B writing node A's certificate, a prober
 //! token not bound to a pod — are refused with the guard's reason; the node's own prober,
-//! the campaign's findings, `railguard.io/recertify` and every non-railguard change pass.
+//! the campaign's findings, `railguard.io/recertify` and every non-railguard change pass. The
+//! fleet controller's `RailguardFleetOutlier` condition is its own: it sets and clears it
+//! and may not touch a certificate; the prober, the campaign and a tenant may not set it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
@@ -329,13 +331,14 @@ async fn node_label(client: &Client, node: &str, key: &str) -> Option<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_a_nodes_own_prober_and_the_campaign_change_its_certification() {
+async fn only_a_nodes_own_prober_the_campaign_and_the_fleet_controller_write_their_outputs() {
     let cp = ControlPlane::start().await.expect("control plane");
     cp.apply_fabricprofile_crd().await.unwrap();
     let admin = cp.client();
     let docs = rendered();
 
-    // The chart's prober and campaign identities: ServiceAccounts, ClusterRoles, bindings.
+    // The chart's prober, campaign and fleet identities: ServiceAccounts, ClusterRoles,
+    // bindings.
     cp.create_namespace(NS, &labels(&[])).await.unwrap();
     let identities: Vec<Value> = docs
         .iter()
@@ -343,16 +346,19 @@ async fn only_a_nodes_own_prober_and_the_campaign_change_its_certification() {
             matches!(
                 d["kind"].as_str(),
                 Some("ServiceAccount" | "ClusterRole" | "ClusterRoleBinding")
-            ) && matches!(component(d), "prober" | "campaign")
+            ) && matches!(component(d), "prober" | "campaign" | "fleet")
         })
         .cloned()
         .collect();
-    assert_eq!(identities.len(), 6, "SA, role and binding of each");
+    assert_eq!(identities.len(), 9, "SA, role and binding of each");
     apply_objects(&admin, NS, &identities).await.unwrap();
     let prober_sa = one(&docs, "ServiceAccount", "prober")["metadata"]["name"]
         .as_str()
         .unwrap();
     let campaign_sa = one(&docs, "ServiceAccount", "campaign")["metadata"]["name"]
+        .as_str()
+        .unwrap();
+    let fleet_sa = one(&docs, "ServiceAccount", "fleet")["metadata"]["name"]
         .as_str()
         .unwrap();
 
@@ -370,6 +376,13 @@ async fn only_a_nodes_own_prober_and_the_campaign_change_its_certification() {
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                      "name": "node-labeller"},
          "subjects": [{"kind": "ServiceAccount", "name": "trainer", "namespace": "ml"}]},
+        // The chart's fleet role patches nodes/status only; widened here so that a refused
+        // certificate rewrite is the guard's refusal, not RBAC's.
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "node-labeller-fleet"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": "node-labeller"},
+         "subjects": [{"kind": "ServiceAccount", "name": fleet_sa, "namespace": NS}]},
     ]);
     apply_objects(&admin, "ml", tenant_rbac.as_array().unwrap())
         .await
@@ -404,6 +417,7 @@ async fn only_a_nodes_own_prober_and_the_campaign_change_its_certification() {
     let prober_b = token_client(&cp, &token(&admin, NS, prober_sa, Some(&pod_b)).await).await;
     let unbound = token_client(&cp, &token(&admin, NS, prober_sa, None).await).await;
     let campaign = token_client(&cp, &token(&admin, NS, campaign_sa, None).await).await;
+    let fleet = token_client(&cp, &token(&admin, NS, fleet_sa, None).await).await;
     let tenant = token_client(&cp, &token(&admin, "ml", "trainer", None).await).await;
     let kubelet = impersonating(&cp, "system:node:gpu-a", &["system:nodes"]).await;
 
@@ -569,6 +583,70 @@ async fn only_a_nodes_own_prober_and_the_campaign_change_its_certification() {
         .await
         .assert_ok("admin repairs");
 
+    // The fleet's outlier mark (under `outliers: Filter` it takes a node out of scheduling):
+    // not the node's prober's, not the campaign's, not a tenant's to set.
+    let outlier = keys::CONDITION_FLEET_OUTLIER;
+    condition(&prober_a, "gpu-a", outlier, "True")
+        .await
+        .assert_guarded(
+            "prober of gpu-a marks its node an outlier",
+            "not its condition RailguardFleetOutlier",
+        );
+    condition(&campaign, "gpu-a", outlier, "True")
+        .await
+        .assert_guarded(
+            "campaign marks an outlier",
+            "not its condition RailguardFleetOutlier",
+        );
+    condition(&tenant, "gpu-b", outlier, "True")
+        .await
+        .assert_guarded(
+            "tenant marks a node an outlier",
+            &format!("only the fleet controller (system:serviceaccount:{NS}:{fleet_sa})"),
+        );
+    // The fleet controller marks and clears it, and nothing else.
+    condition(&fleet, "gpu-a", outlier, "True")
+        .await
+        .assert_ok("fleet controller marks an outlier");
+    condition(&fleet, "gpu-a", outlier, "False")
+        .await
+        .assert_ok("fleet controller clears the mark");
+    let recertified = json!({"metadata": {"annotations": {
+        keys::ANNOTATION_CERTIFICATE: certificate("gpu-a", "certified")}}});
+    merge(&fleet, "gpu-a", recertified).await.assert_guarded(
+        "fleet controller rewrites a certificate",
+        "may change only the RailguardFleetOutlier condition",
+    );
+    condition(&fleet, "gpu-a", keys::CONDITION_FABRIC_READY, "True")
+        .await
+        .assert_guarded(
+            "fleet controller sets the fabric condition",
+            "not its condition RailguardFabricReady",
+        );
+    let conditions = Api::<Node>::all(admin.clone())
+        .get("gpu-a")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .conditions
+        .unwrap();
+    let status_of = |t: &str| {
+        conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .map(|c| c.status.clone())
+    };
+    assert_eq!(status_of(outlier).as_deref(), Some("False"));
+    assert_eq!(
+        status_of(keys::CONDITION_FABRIC_READY).as_deref(),
+        Some("False")
+    );
+    // Break-glass clears it too.
+    condition(&admin, "gpu-a", outlier, "True")
+        .await
+        .assert_ok("admin sets the mark");
+
     // Through every attack the webhook stays small (the issue's bound for the webhook).
     let status = std::fs::read_to_string(format!("/proc/{}/status", webhook.child.id())).unwrap();
     let rss_kib: u64 = status
@@ -590,6 +668,9 @@ async fn only_a_nodes_own_prober_and_the_campaign_change_its_certification() {
         r#"railguard_webhook_node_guard_decisions_total{outcome="denied",writer="prober"}"#,
         r#"railguard_webhook_node_guard_decisions_total{outcome="allowed",writer="prober"}"#,
         r#"railguard_webhook_node_guard_decisions_total{outcome="allowed",writer="campaign"}"#,
+        r#"railguard_webhook_node_guard_decisions_total{outcome="allowed",writer="fleet"}"#,
+        r#"railguard_webhook_node_guard_decisions_total{outcome="denied",writer="fleet"}"#,
+        r#"railguard_webhook_node_guard_decisions_total{outcome="denied",writer="campaign"}"#,
         r#"railguard_webhook_node_guard_decisions_total{outcome="allowed",writer="allowed-group"}"#,
         r#"railguard_webhook_node_guard_decisions_total{outcome="untouched",writer=""}"#,
     ] {
@@ -651,6 +732,27 @@ fn the_chart_registers_the_guard_with_a_tight_scope_and_can_turn_it_off() {
     let args = webhook_args(&docs);
     assert!(args.contains(&"--node-guard-config-name=railguard-webhook-node-guard".to_string()));
     assert!(args.contains(&"--node-guard-allowed-groups=system:masters".to_string()));
+    // The fleet controller's identity, when it is installed: the ServiceAccount it runs as.
+    let fleet_sa = one(&docs, "ServiceAccount", "fleet")["metadata"]["name"]
+        .as_str()
+        .unwrap();
+    let fleet_deployment = one(&docs, "Deployment", "fleet");
+    assert_eq!(
+        fleet_deployment["spec"]["template"]["spec"]["serviceAccountName"],
+        fleet_sa
+    );
+    assert!(
+        args.contains(&format!("--node-guard-fleet-service-account={fleet_sa}")),
+        "{args:?}"
+    );
+    let no_fleet = rendered_with(&ValuesSet {
+        label: "no fleet controller",
+        values: "prober:\n  fleet:\n    enabled: false\n",
+        ..DEFAULT
+    });
+    assert!(webhook_args(&no_fleet)
+        .iter()
+        .all(|a| !a.starts_with("--node-guard-fleet-service-account")));
     let role = named(&docs, "ClusterRole", "railguard-webhook").unwrap();
     assert!(role["rules"].as_array().unwrap().iter().any(|r| {
         r["resources"] == json!(["validatingwebhookconfigurations"])

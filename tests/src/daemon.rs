@@ -55,3 +55,40 @@ pub async fn wait_ready(url: &str, what: &str, daemon: &mut Daemon, log_dir: &Pa
     }
     panic!("{what} not ready at {url}; see {}", log_dir.display());
 }
+
+/// `railguard-extender` as the chart runs it: serving TLS with `tls`'s loopback pair and
+/// accepting only clients with a certificate from its CA (the scheduler's), against
+/// `kubeconfig`, with `extra` arguments. Returns the daemon, its HTTPS URL and the URL of
+/// its plain metrics and health port.
+pub fn spawn_extender(
+    bin: &Path,
+    kubeconfig: &Path,
+    tls: &crate::ServingCertificate,
+    log_dir: &Path,
+    extra: &[&str],
+) -> anyhow::Result<(Daemon, String, String)> {
+    let (cert, key) = tls.write_pair(log_dir)?;
+    let (ca, _, _) = tls.write_client(log_dir)?;
+    let (port, metrics) = (crate::free_port()?, crate::free_port()?);
+    let daemon = Daemon::spawn(
+        "railguard-extender",
+        Command::new(bin)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg(format!("--listen=127.0.0.1:{port}"))
+            .arg(format!("--metrics-listen=127.0.0.1:{metrics}"))
+            .arg("--tls-cert")
+            .arg(cert)
+            .arg("--tls-key")
+            .arg(key)
+            .arg("--tls-client-ca")
+            .arg(ca)
+            .args(extra),
+        log_dir,
+    );
+    Ok((
+        daemon,
+        format!("https://127.0.0.1:{port}"),
+        format!("http://127.0.0.1:{metrics}"),
+    ))
+}

@@ -948,6 +948,26 @@ pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 /// Polls `check` until it returns `Some`, or fails after `timeout` with `what`.
+/// Events about the object called `name` (in `default`, where Events about Nodes and other
+/// cluster-scoped objects live): (type, reason, message).
+pub async fn events_about(client: &Client, name: &str) -> Result<Vec<(String, String, String)>> {
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
+    Ok(events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .map(|e| {
+            (
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default(),
+            )
+        })
+        .collect())
+}
+
 pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> Result<T>
 where
     F: FnMut() -> Fut,

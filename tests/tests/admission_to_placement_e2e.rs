@@ -18,7 +18,7 @@ use kube::api::{Api, PostParams};
 use kube::Client;
 use railguard_api::{keys, Certificate, FabricProfile, Verdict};
 use railguard_sim::certificates as synth;
-use railguard_tests::daemon::{wait_ready, Daemon};
+use railguard_tests::daemon::{spawn_extender, wait_ready, Daemon};
 use railguard_tests::{
     eventually, failed_scheduling_messages, fixture_profile, free_port, gotmpl, labels, merge_json,
     pod_node, wait_bound, workspace_binary, ControlPlane, ServingCertificate,
@@ -221,27 +221,16 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
     // Both servers present one loopback certificate from a throwaway CA.
     let tls = ServingCertificate::loopback("railguard-e2e-ca").unwrap();
     let (cert_path, key_path) = tls.write_pair(&logs).unwrap();
-    let (ca_path, _, _) = tls.write_client(&logs).unwrap();
-    let (ext_port, ext_metrics) = (free_port().unwrap(), free_port().unwrap());
-    let mut extender = Daemon::spawn(
-        "railguard-extender",
-        Command::new(&extender_bin)
-            .arg("--kubeconfig")
-            .arg(cp.kubeconfig_path())
-            .arg(format!("--listen=127.0.0.1:{ext_port}"))
-            .arg(format!("--metrics-listen=127.0.0.1:{ext_metrics}"))
-            .arg("--tls-cert")
-            .arg(&cert_path)
-            .arg("--tls-key")
-            .arg(&key_path)
-            // As the chart runs it: only the scheduler, with its client certificate.
-            .arg("--tls-client-ca")
-            .arg(&ca_path)
-            // As the chart runs it for a 1.20 cluster (`reportUnresolvableAsFailed: auto`):
-            // this scheduler reads only FailedNodes.
-            .arg("--report-unresolvable-as-failed"),
+    // As the chart runs it for a 1.20 cluster (`reportUnresolvableAsFailed: auto`): this
+    // scheduler reads only FailedNodes.
+    let (mut extender, extender_url, extender_metrics) = spawn_extender(
+        &extender_bin,
+        cp.kubeconfig_path(),
+        &tls,
         &logs,
-    );
+        &["--report-unresolvable-as-failed"],
+    )
+    .unwrap();
     let (wh_port, wh_metrics) = (free_port().unwrap(), free_port().unwrap());
     let mut webhook = Daemon::spawn(
         "railguard-webhook",
@@ -259,7 +248,7 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
         &logs,
     );
     wait_ready(
-        &format!("http://127.0.0.1:{ext_metrics}/readyz"),
+        &format!("{extender_metrics}/readyz"),
         "railguard-extender",
         &mut extender,
         &logs,
@@ -274,7 +263,6 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
     .await;
     register_webhook(&client, wh_port, &tls.ca_pem).await;
 
-    let extender_url = format!("https://127.0.0.1:{ext_port}");
     cp.start_scheduler(&format!(
         "- urlPrefix: \"{extender_url}\"\n  filterVerb: filter\n  prioritizeVerb: prioritize\n  weight: 5\n  enableHTTPS: true\n  tlsConfig:\n    caData: {}\n    certData: {}\n    keyData: {}\n  nodeCacheCapable: true\n  ignorable: false\n",
         gotmpl::funcs::base64(tls.ca_pem.as_bytes()),
@@ -426,7 +414,7 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
     assert_eq!(pod_node(&client, "ops", "unmutated").await, None);
 
     // The extender counted the degraded node's rejections.
-    let metrics = reqwest::get(format!("http://127.0.0.1:{ext_metrics}/metrics"))
+    let metrics = reqwest::get(format!("{extender_metrics}/metrics"))
         .await
         .unwrap()
         .text()

@@ -13,14 +13,14 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::{Event, Node};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use kube::Client;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use railguard_api::{keys, FabricProfile};
-use railguard_tests::daemon::{wait_ready, Daemon};
+use railguard_tests::daemon::{spawn_extender, wait_ready, Daemon};
 use railguard_tests::sim_prober::{prober_bin_dir, Prober};
 use railguard_tests::{
-    chromium, eventually, fixture_profile, free_port, labels, ControlPlane, ServingCertificate,
+    chromium, events_about, eventually, fixture_profile, free_port, labels, ControlPlane,
+    ServingCertificate,
 };
 use serde_json::{json, Value};
 
@@ -61,25 +61,6 @@ async fn fleet_condition(
                 c.message.unwrap_or_default(),
             )
         }))
-}
-
-/// Events about `name`: (type, reason, message).
-async fn events_about(client: &Client, name: &str) -> Result<Vec<(String, String, String)>> {
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    Ok(events
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(name))
-        .map(|e| {
-            (
-                e.type_.unwrap_or_default(),
-                e.reason.unwrap_or_default(),
-                e.message.unwrap_or_default(),
-            )
-        })
-        .collect())
 }
 
 /// A worker of a multi-node job as the webhook leaves it.
@@ -277,26 +258,10 @@ async fn the_fleet_controller_marks_a_slow_rail_that_passes_its_thresholds() -> 
     // The extender (as deployed: TLS, the scheduler's client certificate) scores the outlier
     // last for a multi-node job.
     let tls = ServingCertificate::loopback("railguard-fleet-e2e-ca")?;
-    let (cert_path, key_path) = tls.write_pair(&logs)?;
-    let (ca_path, _, _) = tls.write_client(&logs)?;
-    let (ext_port, ext_metrics) = (free_port()?, free_port()?);
-    let mut extender = Daemon::spawn(
-        "railguard-extender",
-        Command::new(&extender_bin)
-            .arg("--kubeconfig")
-            .arg(cp.kubeconfig_path())
-            .arg(format!("--listen=127.0.0.1:{ext_port}"))
-            .arg(format!("--metrics-listen=127.0.0.1:{ext_metrics}"))
-            .arg("--tls-cert")
-            .arg(&cert_path)
-            .arg("--tls-key")
-            .arg(&key_path)
-            .arg("--tls-client-ca")
-            .arg(&ca_path),
-        &logs,
-    );
+    let (mut extender, extender_url, extender_metrics) =
+        spawn_extender(&extender_bin, cp.kubeconfig_path(), &tls, &logs, &[])?;
     wait_ready(
-        &format!("http://127.0.0.1:{ext_metrics}/readyz"),
+        &format!("{extender_metrics}/readyz"),
         "railguard-extender",
         &mut extender,
         &logs,
@@ -307,7 +272,6 @@ async fn the_fleet_controller_marks_a_slow_rail_that_passes_its_thresholds() -> 
         .add_root_certificate(reqwest::Certificate::from_pem(tls.ca_pem.as_bytes())?)
         .identity(reqwest::Identity::from_pem(identity.as_bytes())?)
         .build()?;
-    let extender_url = format!("https://127.0.0.1:{ext_port}");
     let args = json!({"Pod": job_pod(&profile), "Nodes": null, "NodeNames": names});
     let scores = eventually(
         Duration::from_secs(30),

@@ -6,11 +6,11 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use k8s_openapi::api::core::v1::{Event, Node};
-use kube::api::{Api, ListParams};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
 use railguard_api::{keys, profiles_from_yaml, Certificate, FabricState, NodeFabric};
 use railguard_tests::sim_prober::{h100_profile_file, prober_bin_dir, Prober};
-use railguard_tests::{eventually, free_port, labels, workspace_root, ControlPlane};
+use railguard_tests::{events_about, eventually, free_port, labels, workspace_root, ControlPlane};
 
 const RDMA: &str = "rdma/rdma_shared_device_a";
 
@@ -24,14 +24,10 @@ fn certificate(f: &NodeFabric) -> &Certificate {
 }
 
 async fn events_for(client: &kube::Client, node: &str) -> Result<Vec<(String, String)>> {
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    Ok(events
-        .list(&ListParams::default())
+    Ok(events_about(client, node)
         .await?
-        .items
         .into_iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some(node))
-        .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+        .map(|(_, reason, message)| (reason, message))
         .collect())
 }
 

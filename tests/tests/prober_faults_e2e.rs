@@ -52,23 +52,7 @@ fn profile() -> FabricProfile {
 
 /// The directory of the built binaries (tests/scripts/test-all.sh builds them first).
 fn bin_dir() -> PathBuf {
-    if let Ok(dir) = std::env::var("RAILGUARD_BIN_DIR") {
-        return PathBuf::from(dir);
-    }
-    let status = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
-        .args([
-            "build",
-            "-p",
-            "railguard-prober-cli",
-            "-p",
-            "railguard-sim",
-            "--bins",
-        ])
-        .current_dir(workspace_root())
-        .status()
-        .unwrap();
-    assert!(status.success(), "building the prober binaries failed");
-    workspace_root().join("target/debug")
+    railguard_tests::sim_prober::prober_bin_dir().unwrap()
 }
 
 fn certified(profile: &FabricProfile, node: &str, generation: u64) -> Certificate {

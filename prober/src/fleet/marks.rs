@@ -4,7 +4,7 @@
 
 use railguard_api::fleet::reason;
 
-use super::FleetAnalysis;
+use super::{FleetAnalysis, FleetNode};
 use crate::publish::NodeEvent;
 
 /// The most outlier marks a condition message names (the worst ones); the rest are counted.
@@ -19,9 +19,8 @@ pub struct WantedCondition {
     pub message: String,
 }
 
-/// The condition for `node` (a member of `analysis.nodes`).
-pub fn node_condition(analysis: &FleetAnalysis, node: &str) -> WantedCondition {
-    let member = analysis.nodes.iter().find(|n| n.name == node);
+/// The condition for `member` of `analysis.nodes`, or for a node outside the fleet (`None`).
+pub fn node_condition(analysis: &FleetAnalysis, member: Option<&FleetNode>) -> WantedCondition {
     if let Some(why) = &analysis.no_baseline {
         return WantedCondition {
             status: "Unknown",
@@ -49,6 +48,7 @@ pub fn node_condition(analysis: &FleetAnalysis, node: &str) -> WantedCondition {
             }
         }
     }
+    let node = member.map(|n| n.name.as_str()).unwrap_or_default();
     match analysis.outliers.get(node) {
         Some(marks) => {
             let mut message = marks

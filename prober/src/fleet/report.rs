@@ -61,17 +61,21 @@ fn natural_key(s: &str) -> Vec<(String, u64)> {
 
 /// The rows of a fleet, by node name.
 pub fn rows(a: &FleetAnalysis) -> Vec<NodeRow> {
-    let rails = rails(a);
+    // Each rail's key and baseline once, not per node.
+    let columns: Vec<(Measurement, Option<&super::Baseline>)> = rails(a)
+        .into_iter()
+        .map(|r| {
+            let m = Measurement::rail(MeasurementKind::WriteBwHost, r);
+            let b = a.baseline.get(&m);
+            (m, b)
+        })
+        .collect();
     a.nodes
         .iter()
         .map(|n| {
-            let relative = rails
+            let relative = columns
                 .iter()
-                .map(|r| {
-                    let m = Measurement::rail(MeasurementKind::WriteBwHost, r.as_str());
-                    let v = n.figures.get(&m)?;
-                    Some(a.baseline.get(&m)?.relative(*v))
-                })
+                .map(|(m, b)| Some((*b)?.relative(*n.figures.get(m)?)))
                 .collect();
             let worst_distance = n
                 .figures

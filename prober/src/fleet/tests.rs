@@ -269,7 +269,10 @@ fn the_table_names_the_outlier_and_its_rail() {
 
 #[test]
 fn the_condition_names_the_worst_marks_and_events_follow_transitions() {
-    use marks::{mark_event, node_condition};
+    use marks::mark_event;
+    let node_condition = |a: &FleetAnalysis, name: &str| {
+        marks::node_condition(a, a.nodes.iter().find(|n| n.name == name))
+    };
     let mut nodes = fleet(12, 384.0);
     *nodes[4].figures.get_mut(&host(2)).expect("rail") *= 0.85;
     nodes[7].certified = false;

@@ -21,7 +21,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use railguard_api::fleet::{reason, BaselineSnapshot, FleetStatus};
-use railguard_api::{keys, FabricProfile, NodeFabric, ProfileObject};
+use railguard_api::{keys, FabricProfile, ProfileObject};
 use railguard_prober::fleet::marks::{mark_event, node_condition, WantedCondition};
 use railguard_prober::fleet::{fleet_status, FleetAnalysis};
 use railguard_prober::publish::{event_object, NodeEvent, EVENT_NAMESPACE};
@@ -44,6 +44,8 @@ struct Memory {
     written: BTreeMap<String, FleetStatus>,
     /// Measurements already reported as drifting, per profile.
     drifting: BTreeMap<String, BTreeSet<String>>,
+    /// The Nodes decoded, reused while unchanged.
+    fabrics: super::FabricCache,
 }
 
 pub async fn run(client: Client, args: &FleetArgs) -> anyhow::Result<()> {
@@ -183,10 +185,9 @@ async fn recompute(
         .filter(|p| only.is_none_or(|n| n == p.name()))
         .collect();
     let nodes = nodes.state();
-    let fabrics: Vec<NodeFabric> = nodes
-        .iter()
-        .map(|n| NodeFabric::from_node(n, now))
-        .collect();
+    memory
+        .fabrics
+        .refresh(nodes.iter().map(|n| n.as_ref()), now);
     let by_name: BTreeMap<&str, &Node> = nodes
         .iter()
         .filter_map(|n| Some((n.metadata.name.as_deref()?, n.as_ref())))
@@ -195,7 +196,7 @@ async fn recompute(
     let mut drift_series = Vec::new();
     let mut first_error = None;
     for p in &profiles {
-        let analysis = super::analyze(p, fabrics.iter());
+        let analysis = super::analyze(p, memory.fabrics.fabrics());
         if let Err(e) = mark_nodes(client, &analysis, &by_name).await {
             first_error.get_or_insert(e);
         }
@@ -250,7 +251,7 @@ async fn mark_nodes(
         .iter()
         .filter_map(|member| {
             let node = *nodes.get(member.name.as_str())?;
-            let wanted = node_condition(analysis, &member.name);
+            let wanted = node_condition(analysis, Some(member));
             let now = carried(node);
             if now == Some((wanted.status, wanted.reason, wanted.message.as_str())) {
                 return None;

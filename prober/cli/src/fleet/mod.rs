@@ -11,7 +11,7 @@
 pub mod controller;
 pub mod metrics;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -155,6 +155,36 @@ fn select(profiles: Vec<FabricProfile>, only: Option<&str>) -> anyhow::Result<Ve
     Ok(chosen)
 }
 
+/// Decoded Nodes by name, kept while a Node's `resourceVersion` stays the same: decoding
+/// the certificate JSON is most of a recomputation, and between two of them few Nodes change.
+#[derive(Default)]
+pub struct FabricCache {
+    entries: HashMap<String, (Option<String>, NodeFabric)>,
+}
+
+impl FabricCache {
+    /// Makes the cache hold exactly `nodes`, decoding those that are new or changed (or whose
+    /// certificate has expired since it was decoded).
+    pub fn refresh<'a>(&mut self, nodes: impl Iterator<Item = &'a Node>, now: Timestamp) {
+        let mut old = std::mem::take(&mut self.entries);
+        for node in nodes {
+            let name = node.metadata.name.clone().unwrap_or_default();
+            let rv = node.metadata.resource_version.clone();
+            let kept = old.remove(&name).filter(|(seen, fabric)| {
+                rv.is_some()
+                    && *seen == rv
+                    && !matches!(&fabric.state, FabricState::Certified(c) if c.is_expired(now))
+            });
+            let entry = kept.unwrap_or_else(|| (rv, NodeFabric::from_node(node, now)));
+            self.entries.insert(name, entry);
+        }
+    }
+
+    pub fn fabrics(&self) -> impl Iterator<Item = &NodeFabric> {
+        self.entries.values().map(|(_, f)| f)
+    }
+}
+
 /// The profile a node belongs to: its label, else its certificate's.
 pub fn profile_of(n: &NodeFabric) -> Option<&str> {
     n.profile
@@ -276,5 +306,68 @@ impl ProfileView {
             split: a.split.iter().map(|(m, n)| (m.to_string(), *n)).collect(),
             drift: status.as_ref().map(|s| s.drift.clone()).unwrap_or_default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use railguard_api::Verdict;
+    use railguard_sim::certificates as synth;
+
+    fn node(name: &str, rv: &str, gbps: f64, profile: &FabricProfile) -> Node {
+        let issued = Timestamp::now() - jiff::SignedDuration::from_hours(1);
+        let cert = synth::certificate(profile, Verdict::Certified, issued, gbps, 360.0);
+        let mut n = synth::node(&Node::default(), name, Some(&cert), &[]);
+        n.metadata.resource_version = Some(rv.into());
+        n
+    }
+
+    fn bw(cache: &FabricCache, name: &str) -> Option<f64> {
+        let f = cache.fabrics().find(|f| f.name == name)?;
+        f.state.certificate()?.rails.first()?.write_bw_host_gbps
+    }
+
+    #[test]
+    fn the_cache_keeps_unchanged_nodes_and_follows_changes_and_deletions() {
+        let text = include_str!("../../../../api/fixtures/profiles/dgx-h100-ndr.yaml");
+        let profile = railguard_api::profiles_from_yaml(text).unwrap().remove(0);
+        let now = Timestamp::now();
+        let mut cache = FabricCache::default();
+        cache.refresh(
+            [
+                node("a", "1", 384.0, &profile),
+                node("b", "1", 384.0, &profile),
+            ]
+            .iter(),
+            now,
+        );
+        assert_eq!(cache.fabrics().count(), 2);
+        // Same resourceVersion: the decoded state is kept (even though the object differs).
+        cache.refresh(
+            [
+                node("a", "1", 100.0, &profile),
+                node("b", "2", 300.0, &profile),
+            ]
+            .iter(),
+            now,
+        );
+        assert_eq!(bw(&cache, "a"), Some(384.0));
+        assert_eq!(bw(&cache, "b"), Some(300.0));
+        // A node gone is gone; one without a resourceVersion is always decoded.
+        let mut c = node("c", "1", 200.0, &profile);
+        c.metadata.resource_version = None;
+        cache.refresh([c.clone()].iter(), now);
+        assert_eq!(cache.fabrics().count(), 1);
+        c.metadata.annotations = None;
+        c.metadata.labels = None;
+        cache.refresh([c].iter(), now);
+        assert_eq!(bw(&cache, "c"), None);
+        // A certificate that expired since it was decoded is decoded again.
+        let later = now + jiff::SignedDuration::from_hours(48);
+        cache.refresh([node("a", "1", 384.0, &profile)].iter(), now);
+        assert_eq!(cache.fabrics().next().unwrap().state.kind(), "certified");
+        cache.refresh([node("a", "1", 384.0, &profile)].iter(), later);
+        assert_eq!(cache.fabrics().next().unwrap().state.kind(), "expired");
     }
 }

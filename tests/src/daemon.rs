@@ -1,5 +1,7 @@
 //! Child processes of the end-to-end tests: railguard's real binaries, logging to a file,
 //! stopped when the test ends.
+// Test harness: a daemon that cannot start or be watched fails the test where it happens.
+#![allow(clippy::unwrap_used)]
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

@@ -31,7 +31,7 @@ pub fn rails(a: &FleetAnalysis) -> Vec<String> {
         .filter(|m| m.kind == MeasurementKind::WriteBwHost)
         .filter_map(|m| m.rail.clone())
         .collect();
-    out.sort_by(|a, b| natural_key(a).cmp(&natural_key(b)));
+    out.sort_by_key(|r| natural_key(r));
     out.dedup();
     out
 }

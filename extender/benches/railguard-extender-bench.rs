@@ -97,13 +97,7 @@ async fn main() -> BenchResult<()> {
     cluster.replace_nodes(nodes.iter().map(|n| NodeFabric::from_node(n, now)));
     cluster.pods.replace(Default::default());
     cluster.namespaces.replace(Default::default());
-    cluster.profiles.replace(
-        profiles
-            .iter()
-            .map(|p| (p.name().to_string(), Arc::new(p.clone())))
-            .collect(),
-    );
-    cluster.rebuild_profile_list();
+    cluster.replace_profiles(profiles.iter().cloned());
     let state = Arc::new(AppState {
         source: Source::Cluster(cluster),
         config: ExtenderConfig::default(),

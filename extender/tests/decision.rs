@@ -714,13 +714,7 @@ fn prechecked_verdicts_equal_the_pure_filter_over_generated_nodes() {
         .collect();
     // The same nodes through the cluster cache and its node index, as `/filter` reads them.
     let cluster = ClusterState::new(config.clone());
-    cluster.profiles.replace(
-        profiles
-            .iter()
-            .map(|p| (p.name().to_string(), Arc::new(p.clone())))
-            .collect(),
-    );
-    cluster.rebuild_profile_list();
+    cluster.replace_profiles(profiles.iter().cloned());
     cluster.replace_nodes(nodes.clone());
     let set = cluster.profile_set();
     let index = cluster.node_index();
@@ -897,13 +891,7 @@ fn cache_prechecks_follow_profile_changes() {
     assert_eq!(set.index_of("h100-ndr", &h100_sig), None);
 
     let load = |profiles: &[railguard_api::FabricProfile]| {
-        cluster.profiles.replace(
-            profiles
-                .iter()
-                .map(|p| (p.name().to_string(), std::sync::Arc::new(p.clone())))
-                .collect(),
-        );
-        cluster.rebuild_profile_list();
+        cluster.replace_profiles(profiles.iter().cloned());
         let set = cluster.profile_set();
         let i = set.index_of("h100-ndr", &h100_sig).unwrap();
         let cached = cluster.nodes.get("n-certified").unwrap();
@@ -936,13 +924,7 @@ fn cache_prechecks_follow_profile_changes() {
 fn node_index_follows_node_changes_and_is_never_used_stale() {
     let profiles = profiles();
     let cluster = ClusterState::new(ExtenderConfig::default());
-    cluster.profiles.replace(
-        profiles
-            .iter()
-            .map(|p| (p.name().to_string(), Arc::new(p.clone())))
-            .collect(),
-    );
-    cluster.rebuild_profile_list();
+    cluster.replace_profiles(profiles.iter().cloned());
     let nodes = six_nodes_at(&profiles, jiff::Timestamp::now());
     cluster.replace_nodes(nodes.clone());
     let set = cluster.profile_set();

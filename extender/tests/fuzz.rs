@@ -126,13 +126,7 @@ fn states() -> &'static (AppState, AppState) {
             "default".to_string(),
             Arc::new(BTreeMap::new()),
         )]));
-        cluster.profiles.replace(
-            profiles
-                .iter()
-                .map(|p| (p.name().to_string(), Arc::new(p.clone())))
-                .collect(),
-        );
-        cluster.rebuild_profile_list();
+        cluster.replace_profiles(profiles.iter().cloned());
         (
             state(Source::Standalone {
                 profiles: Arc::new(profiles),

@@ -108,13 +108,7 @@ fn synced_cluster() -> Arc<ClusterState> {
         "default".to_string(),
         Arc::new(BTreeMap::new()),
     )]));
-    cluster.profiles.replace(
-        profiles
-            .into_iter()
-            .map(|p| (p.name().to_string(), Arc::new(p)))
-            .collect(),
-    );
-    cluster.rebuild_profile_list();
+    cluster.replace_profiles(profiles);
     cluster
 }
 
@@ -487,13 +481,7 @@ fn cluster_of(
     let cluster = Arc::new(ClusterState::new(ExtenderConfig::default()));
     cluster.pods.replace(HashMap::new());
     cluster.namespaces.replace(HashMap::new());
-    cluster.profiles.replace(
-        profiles
-            .iter()
-            .map(|p| (p.name().to_string(), Arc::new(p.clone())))
-            .collect(),
-    );
-    cluster.rebuild_profile_list();
+    cluster.replace_profiles(profiles.iter().cloned());
     let now = jiff::Timestamp::now();
     cluster.replace_nodes(
         nodes

@@ -948,6 +948,34 @@ pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 /// Polls `check` until it returns `Some`, or fails after `timeout` with `what`.
+/// A token of ServiceAccount `namespace/name` (an hour), bound to `pod` when given, as the
+/// kubelet projects one into a pod.
+pub async fn service_account_token(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    pod: Option<&k8s_openapi::api::core::v1::Pod>,
+) -> Result<String> {
+    let bound = pod.map(|p| {
+        serde_json::json!({"kind": "Pod", "apiVersion": "v1",
+               "name": p.metadata.name, "uid": p.metadata.uid})
+    });
+    let request: k8s_openapi::api::authentication::v1::TokenRequest =
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"audiences": [], "expirationSeconds": 3600, "boundObjectRef": bound},
+        }))?;
+    let answer =
+        Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(client.clone(), namespace)
+            .create_token_request(name, &kube::api::PostParams::default(), &request)
+            .await
+            .with_context(|| format!("token for {namespace}/{name}"))?;
+    answer
+        .status
+        .map(|s| s.token)
+        .with_context(|| format!("the token request for {namespace}/{name} has no status"))
+}
+
 /// Events about the object called `name` (in `default`, where Events about Nodes and other
 /// cluster-scoped objects live): (type, reason, message).
 pub async fn events_about(client: &Client, name: &str) -> Result<Vec<(String, String, String)>> {

@@ -13,8 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{Event, Node, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Event, Node, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use railguard_api::{keys, FabricProfile, Verdict};
@@ -58,21 +57,6 @@ fn token_kubeconfig(cp: &ControlPlane, token: &str, dir: &std::path::Path) -> st
     let path = dir.join("fleet.kubeconfig");
     std::fs::write(&path, admin.replace(cp.admin_token(), token)).unwrap();
     path
-}
-
-async fn service_account_token(client: &Client, namespace: &str, name: &str) -> String {
-    let request: TokenRequest = serde_json::from_value(json!({
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"audiences": [], "expirationSeconds": 3600},
-    }))
-    .unwrap();
-    Api::<ServiceAccount>::namespaced(client.clone(), namespace)
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .unwrap_or_else(|e| panic!("token for {namespace}/{name}: {e}"))
-        .status
-        .unwrap()
-        .token
 }
 
 async fn client_of(kubeconfig: &std::path::Path) -> Client {
@@ -179,7 +163,9 @@ async fn the_fleet_controller_needs_no_more_than_the_charts_rbac() {
 
     // The chart's container, with the ServiceAccount's token for the in-cluster config.
     let dir = tempfile::tempdir().unwrap();
-    let token = service_account_token(&admin, DEFAULT.namespace, account).await;
+    let token = railguard_tests::service_account_token(&admin, DEFAULT.namespace, account, None)
+        .await
+        .unwrap();
     let kubeconfig = token_kubeconfig(&cp, &token, dir.path());
     let container = &pod["containers"][0];
     let port = free_port().unwrap();

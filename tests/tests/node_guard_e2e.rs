@@ -19,8 +19,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::ByteString;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -209,22 +208,9 @@ async fn config_client(kubeconfig: Kubeconfig) -> Client {
 
 /// A token of ServiceAccount `namespace/name`, bound to `pod` when given.
 async fn token(client: &Client, namespace: &str, name: &str, pod: Option<&Pod>) -> String {
-    let bound = pod.map(|p| {
-        json!({"kind": "Pod", "apiVersion": "v1",
-               "name": p.metadata.name, "uid": p.metadata.uid})
-    });
-    let request: TokenRequest = serde_json::from_value(json!({
-        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-        "spec": {"audiences": [], "expirationSeconds": 3600, "boundObjectRef": bound},
-    }))
-    .unwrap();
-    Api::<ServiceAccount>::namespaced(client.clone(), namespace)
-        .create_token_request(name, &PostParams::default(), &request)
+    railguard_tests::service_account_token(client, namespace, name, pod)
         .await
-        .unwrap_or_else(|e| panic!("token for {namespace}/{name}: {e}"))
-        .status
         .unwrap()
-        .token
 }
 
 /// A prober pod of the chart's DaemonSet, bound to `node` (no kubelet runs it).

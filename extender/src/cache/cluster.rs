@@ -108,12 +108,6 @@ impl ClusterState {
     /// and skipped, and the profile set is rebuilt.
     pub fn profile_objects_changed(&self, metrics: &Metrics) {
         let (valid, invalid) = partition(self.profile_objects.read().values().map(|o| o.as_ref()));
-        self.profiles.replace(
-            valid
-                .into_iter()
-                .map(|p| (p.name().to_string(), Arc::new(p)))
-                .collect(),
-        );
         let changes = self
             .invalid_profiles
             .lock()
@@ -121,6 +115,17 @@ impl ClusterState {
             .replace(invalid);
         InvalidProfiles::log(&changes, "extender");
         changes.record(&metrics.profiles_invalid);
+        self.replace_profiles(valid);
+    }
+
+    /// Replaces the valid profiles (and the profile list and prechecks derived from them).
+    pub fn replace_profiles(&self, profiles: impl IntoIterator<Item = FabricProfile>) {
+        self.profiles.replace(
+            profiles
+                .into_iter()
+                .map(|p| (p.name().to_string(), Arc::new(p)))
+                .collect(),
+        );
         self.rebuild_profile_list();
     }
 

@@ -8,6 +8,7 @@ use jiff::Timestamp;
 use railguard_api::certificate::HistoryEntry;
 use railguard_api::{FabricProfileSpec, LinkLayer, RailVerdict, Transport, Verdict};
 use railguard_prober::certify::evidence::{RUN_GDR_OFF, RUN_MAIN};
+use railguard_prober::certify::policy::assess_in_fleet;
 use railguard_prober::certify::record::{invasive_certificate, passive_certificate, Subject};
 use railguard_prober::certify::{
     assess, assess_passive, Evidence, NcclRunEvidence, PortReading, RailBench, ResourceExposure,
@@ -596,6 +597,42 @@ fn rail_bandwidth_regression_degrades_the_rail() {
     );
     // same software: no diff reason
     assert!(!a.reasons.iter().any(|r| r.starts_with("changed since")));
+}
+
+#[test]
+fn a_drop_the_whole_fleet_shares_is_said_and_not_held_against_the_node() {
+    // The node's busbw dropped 13.6% and rail mlx5_0:1 16.1% below its own history, after a
+    // driver roll-out; the fleet controller reports both as fleet drift.
+    let history = vec![
+        pass(1, 430.0, 460.0, "550.54"),
+        pass(2, 450.0, 470.0, "550.54"),
+        pass(3, 440.0, 465.0, "550.54"),
+    ];
+    let mut e = good();
+    e.software.insert("driver".into(), "560.28".into());
+    let drifting: std::collections::BTreeSet<String> = [
+        "busbwPlateau".to_string(),
+        "writeBwHost/mlx5_0:1".to_string(),
+    ]
+    .into();
+    let a = assess_in_fleet(&profile(), &e, &history, &drifting);
+    assert_eq!(a.verdict, Verdict::Certified, "{:?}", a.reasons);
+    assert!(!a.regressed);
+    assert_eq!(a.rails[0].verdict, RailVerdict::Healthy);
+    assert_eq!(
+        a.reasons,
+        vec![
+            "rail mlx5_0:1: RDMA write bandwidth (host memory) 390 Gb/s is 16.1% below this node's history median 465 Gb/s (tolerance 10%); the profile's whole fleet dropped on writeBwHost/mlx5_0:1 (fleet drift), so it is not held against this node".to_string(),
+            "NCCL busbw plateau 380 GB/s is 13.6% below this node's history median 440 GB/s (tolerance 10%); the profile's whole fleet dropped on busbwPlateau (fleet drift), so it is not held against this node".to_string(),
+        ]
+    );
+    // Drift on one measurement excuses only that one.
+    let only_busbw: std::collections::BTreeSet<String> = ["busbwPlateau".to_string()].into();
+    let a = assess_in_fleet(&profile(), &e, &history, &only_busbw);
+    assert_eq!(a.verdict, Verdict::Degraded);
+    assert_eq!(a.rails[0].verdict, RailVerdict::Degraded);
+    // Without a fleet, both drops are the node's.
+    assert_eq!(assess(&profile(), &e, &history).verdict, Verdict::Degraded);
 }
 
 #[test]

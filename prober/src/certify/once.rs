@@ -10,7 +10,7 @@ use railguard_api::{Certificate, FabricProfile, Verdict};
 
 use super::evidence::ResourceExposure;
 use super::matrix::{matrix_rows, render_matrix};
-use super::policy::{assess, assess_passive};
+use super::policy::{assess_in_fleet, assess_passive};
 use super::record::{invasive_certificate, passive_certificate, Subject};
 use super::run::{gather_invasive_with, gather_passive, GatherError, NodeSetup};
 use crate::progress::Progress;
@@ -125,7 +125,16 @@ pub async fn certify_with_state(
         .filter(|p| p.profile == profile_name)
         .map(|p| p.history.as_slice())
         .unwrap_or(&[]);
-    let assessment = assess(spec, &gathered.evidence, history);
+    // A drop the whole fleet shares is the fleet's (the fleet controller's drift), not this
+    // node's; unreadable, every drop counts against the node, as without a fleet.
+    let drifting = match &ctx.publisher {
+        Some(p) => p.fleet_drift(&profile_name).await.unwrap_or_else(|e| {
+            tracing::warn!(profile = %profile_name, error = %railguard_api::error::error_chain(&e), "cannot read the fleet's drift; regressions count against this node");
+            Default::default()
+        }),
+        None => Default::default(),
+    };
+    let assessment = assess_in_fleet(spec, &gathered.evidence, history, &drifting);
     let subject = Subject {
         node: &ctx.node,
         profile_name: &profile_name,

@@ -43,6 +43,26 @@ pub struct Assessment {
 struct Findings {
     failures: Vec<String>,
     regressions: Vec<String>,
+    /// Drops the whole fleet shares (fleet drift): said, not held against the node.
+    fleet_wide: Vec<String>,
+}
+
+/// Where a regression goes: the node's blame, or, when its profile's whole fleet drifted on
+/// that measurement (`status.fleet.drift`), a note that does not degrade the node.
+fn regressed_or_fleet_wide(
+    drifting: &BTreeSet<String>,
+    measurement: &crate::fleet::Measurement,
+    regression: String,
+    node_regressions: &mut Vec<String>,
+    fleet_wide: &mut Vec<String>,
+) {
+    if drifting.contains(&measurement.to_string()) {
+        fleet_wide.push(format!(
+            "{regression}; the profile's whole fleet dropped on {measurement} (fleet drift), so it is not held against this node"
+        ));
+    } else {
+        node_regressions.push(regression);
+    }
 }
 
 /// Passive checks of one rail: presence, state, link layer, rate, counter growth.
@@ -137,6 +157,19 @@ pub fn assess(
     evidence: &Evidence,
     history: &[HistoryEntry],
 ) -> Assessment {
+    assess_in_fleet(profile, evidence, history, &BTreeSet::new())
+}
+
+/// [`assess`], with the measurements on which the profile's fleet drifted (keys of
+/// `status.fleet.drift`, e.g. `writeBwHost/mlx5_0:1`): a drop below the node's own history
+/// that the whole fleet shares (a driver or firmware roll-out) does not degrade the node.
+pub fn assess_in_fleet(
+    profile: &FabricProfileSpec,
+    evidence: &Evidence,
+    history: &[HistoryEntry],
+    drifting: &BTreeSet<String>,
+) -> Assessment {
+    use crate::fleet::{Measurement, MeasurementKind};
     let t = &profile.thresholds;
     let watched = watched_counters(t);
     let medians = history_medians(history, profile.certification.history_depth as usize);
@@ -172,7 +205,13 @@ pub fn assess(
                                 tolerance,
                                 "Gb/s",
                             ) {
-                                regressions.push(r);
+                                regressed_or_fleet_wide(
+                                    drifting,
+                                    &Measurement::rail(MeasurementKind::WriteBwHost, &id),
+                                    r,
+                                    &mut regressions,
+                                    &mut node.fleet_wide,
+                                );
                             }
                         }
                     }
@@ -239,7 +278,7 @@ pub fn assess(
         });
     }
 
-    let nccl = nccl_checks(profile, &evidence.nccl, &medians, &mut node);
+    let nccl = nccl_checks(profile, &evidence.nccl, &medians, drifting, &mut node);
     let mut assessment = finish(node, rails, nccl, history, &evidence.software);
     assessment.findings = evidence.findings.clone();
     assessment
@@ -373,6 +412,7 @@ fn nccl_checks(
     profile: &FabricProfileSpec,
     runs: &[NcclRunEvidence],
     medians: &HistoryMedians,
+    drifting: &BTreeSet<String>,
     node: &mut Findings,
 ) -> Option<NcclResult> {
     let t = &profile.thresholds;
@@ -430,7 +470,15 @@ fn nccl_checks(
                     t.regression_tolerance_percent,
                     "GB/s",
                 ) {
-                    node.regressions.push(r);
+                    regressed_or_fleet_wide(
+                        drifting,
+                        &crate::fleet::Measurement::node(
+                            crate::fleet::MeasurementKind::BusbwPlateau,
+                        ),
+                        r,
+                        &mut node.regressions,
+                        &mut node.fleet_wide,
+                    );
                 }
             }
         }
@@ -541,6 +589,7 @@ fn finish(
     let regressed = !node.regressions.is_empty();
     let mut reasons = node.failures;
     reasons.extend(node.regressions);
+    reasons.extend(node.fleet_wide);
     if verdict != Verdict::Certified {
         if let Some(changes) = software_changes(history, software) {
             reasons.push(format!("changed since the last pass: {changes}"));

@@ -45,6 +45,12 @@ pub enum PublishError {
         #[source]
         source: kube::Error,
     },
+    #[error("cannot read FabricProfile {profile}")]
+    GetProfile {
+        profile: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("cannot record event on node {node}")]
     Event {
         node: String,
@@ -536,6 +542,26 @@ impl NodePublisher {
                 source,
             })?;
         Ok(())
+    }
+
+    /// The measurements on which profile `profile`'s fleet drifted (`status.fleet.drift`, as
+    /// the fleet controller wrote it); empty when it wrote none.
+    pub async fn fleet_drift(
+        &self,
+        profile: &str,
+    ) -> Result<std::collections::BTreeSet<String>, PublishError> {
+        let object = Api::<railguard_api::FabricProfile>::all(self.client.clone())
+            .get(profile)
+            .await
+            .map_err(|source| PublishError::GetProfile {
+                profile: profile.to_string(),
+                source,
+            })?;
+        Ok(object
+            .status
+            .and_then(|s| s.fleet)
+            .map(|f| f.drift.into_iter().map(|d| d.measurement).collect())
+            .unwrap_or_default())
     }
 
     /// Clears `railguard.io/recertify` after honouring it (a merge patch: the annotation

@@ -410,6 +410,35 @@ async fn the_fleet_controller_marks_a_slow_rail_that_passes_its_thresholds() -> 
             .any(|e| e.0 == "Normal" && e.1 == "FleetOutlierCleared"),
         "{events:?}"
     );
+
+    // A drop the whole fleet shares is not held against a node: with the profile reporting
+    // drift on the rail, a node that now measures 15% below its own history stays certified
+    // (without the drift its own-history check degrades it).
+    profiles
+        .patch_status(
+            "h100-fleet",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"fleet": {"drift": [{
+                "measurement": format!("writeBwHost/{SLOW_RAIL}"),
+                "reference": 378.6, "current": 322.5, "worsePercent": 14.8,
+            }]}}})),
+        )
+        .await?;
+    let (code, matrix) = prober.certify("gpu-03", "h100-slow-rail").await?;
+    assert_eq!(code, 0, "the fleet's drift is not this node's:\n{matrix}");
+    let cert =
+        railguard_api::NodeFabric::from_node(&nodes.get("gpu-03").await?, jiff::Timestamp::now());
+    let reasons = cert
+        .state
+        .certificate()
+        .context("gpu-03 has a certificate")?
+        .reasons
+        .join("\n");
+    assert!(
+        reasons.contains("history median")
+            && reasons.contains("(fleet drift), so it is not held against this node"),
+        "{reasons}"
+    );
     controller.assert_running(&logs);
     cp.check_alive()?;
     Ok(())

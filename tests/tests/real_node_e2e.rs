@@ -367,19 +367,19 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         ensure!(ca > 0, "webhook {} has no caBundle", w.name);
     }
 
-    // The prober certifies the node.
-    let cert = eventually(
+    // The prober certifies the node. Its condition goes through the status subresource
+    // right after the labels and annotation: wait for both, not the labels alone.
+    let (cond, cert) = eventually(
         Duration::from_secs(240),
-        "the prober's certificate",
+        "the prober's certificate and condition",
         || async {
-            let (label, _, cert) = fabric_state(&nodes).await?;
-            Ok((label.as_deref() == Some(keys::fabric::CERTIFIED))
-                .then_some(cert)
-                .flatten())
+            let (label, cond, cert) = fabric_state(&nodes).await?;
+            let published = label.as_deref() == Some(keys::fabric::CERTIFIED)
+                && cond.as_deref().is_some_and(|c| c.starts_with("True"));
+            Ok(published.then_some(cert.map(|c| (cond, c))).flatten())
         },
     )
     .await?;
-    let (_, cond, _) = fabric_state(&nodes).await?;
     ensure!(
         cond.as_deref().is_some_and(|c| c.starts_with("True")),
         "condition {:?}",
@@ -499,9 +499,12 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
             ),
         )
         .await?;
+    // Labels first, then the condition: wait until the condition no longer says True.
     let failed = eventually(Duration::from_secs(240), "the node failed", || async {
         let (label, cond, cert) = fabric_state(&nodes).await?;
-        Ok((label.as_deref() == Some(keys::fabric::FAILED)).then_some((cond, cert)))
+        let published = label.as_deref() == Some(keys::fabric::FAILED)
+            && cond.as_deref().is_some_and(|c| !c.starts_with("True"));
+        Ok(published.then_some((cond, cert)))
     })
     .await?;
     ensure!(

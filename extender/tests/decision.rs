@@ -12,7 +12,7 @@ use common::*;
 use jiff::SignedDuration;
 use railguard_api::fleet::OutlierAction;
 use railguard_api::{NodeFabric, RailVerdict, Verdict};
-use railguard_extender::cache::{Applier, CachedNode, Change, ClusterState};
+use railguard_extender::cache::{Applier, CachedNode, Change, ClusterState, NodeIndex};
 use railguard_extender::decision::{
     check_node, filter_by, prioritize_scores, topology_keys_for, JobTopology,
 };
@@ -973,4 +973,141 @@ fn node_index_follows_node_changes_and_is_never_used_stale() {
     assert!(!cluster
         .node_index()
         .is_current(cluster.nodes.version(), set.generation));
+}
+
+/// Every slot of `index` holds what a node index built afresh from the same cache holds:
+/// fabric, fleet mark and prechecks, and topology ids that are equal exactly where the
+/// label values are (ids themselves may differ: they are kept across changes).
+fn assert_index_matches_cache(index: &NodeIndex, cluster: &ClusterState, context: &str) {
+    let set = cluster.profile_set();
+    let nodes = cluster.nodes.read();
+    assert!(
+        index.is_current(cluster.nodes.version(), set.generation),
+        "{context}"
+    );
+    assert_eq!(index.len(), nodes.len(), "{context}");
+    let keys = index.topology_keys().to_vec();
+    let mut id_of_value: BTreeMap<(usize, &str), u32> = BTreeMap::new();
+    let mut value_of_id: BTreeMap<(usize, u32), &str> = BTreeMap::new();
+    for (name, cached) in nodes.iter() {
+        for p in 0..set.profiles.len() {
+            let slot = index.slot(name, Some(p));
+            assert!(
+                slot.fabric
+                    .is_some_and(|f| std::ptr::eq(f, &*cached.fabric)),
+                "{context}: {name} holds the cached fabric"
+            );
+            assert_eq!(slot.precheck, cached.precheck(&set, p), "{context}: {name}");
+            assert_eq!(
+                slot.fleet_outlier,
+                cached.fabric.fleet_outlier.is_some(),
+                "{context}: {name}"
+            );
+        }
+        let ids = index.slot(name, None).topology;
+        assert_eq!(ids.len(), keys.len(), "{context}: {name}");
+        for (k, (key, id)) in keys.iter().zip(ids).enumerate() {
+            let value = cached.fabric.labels.get(key).map(String::as_str);
+            assert_eq!(id.is_some(), value.is_some(), "{context}: {name} {key}");
+            if let (Some(id), Some(value)) = (*id, value) {
+                assert_eq!(
+                    *id_of_value.entry((k, value)).or_insert(id),
+                    id,
+                    "{context}"
+                );
+                assert_eq!(
+                    *value_of_id.entry((k, id)).or_insert(value),
+                    value,
+                    "{context}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn node_index_replaces_a_changed_nodes_slot_and_equals_a_rebuild() {
+    let profiles = profiles();
+    let cluster = ClusterState::new(ExtenderConfig::default());
+    cluster.replace_profiles(profiles.iter().cloned());
+    let mut g = Gen(0x1dec_0de5_7a7e_0001);
+    let nodes: Vec<NodeFabric> = (0..300)
+        .map(|i| random_node(&mut g, &profiles, i))
+        .collect();
+    cluster.replace_nodes(nodes);
+    let set = cluster.profile_set();
+    assert_index_matches_cache(&cluster.node_index(), &cluster, "listed");
+    let mut watch = Applier::default();
+    let (mut replaced, mut rebuilt) = (0, 0);
+    for step in 0..400 {
+        let before = cluster.node_index();
+        let i = g.below(320) as usize;
+        let name = format!("gen-{i}");
+        let value = match g.below(10) {
+            // Mostly the node as generated (new certificate, verdict, topology)...
+            0..=6 => Some(random_node(&mut g, &profiles, i)),
+            // ...sometimes a leaf no node had before...
+            7 | 8 => {
+                let mut node = random_node(&mut g, &profiles, i);
+                node.labels.insert(
+                    "network.topology.nvidia.com/leaf".into(),
+                    format!("leaf-new-{step}"),
+                );
+                Some(node)
+            }
+            // ...or the node deleted.
+            _ => None,
+        };
+        let existed = cluster.nodes.get(&name).is_some();
+        let change = value.map(|n| CachedNode::new(Arc::new(n), &set));
+        let applied = watch.apply(&cluster.nodes, Change::Changed(name.clone(), change));
+        cluster.node_changed(&applied);
+        let after = cluster.node_index();
+        let exists = cluster.nodes.get(&name).is_some();
+        // Only a node that stays (existed and exists) keeps the name table.
+        if existed && exists {
+            assert!(
+                after.shares_name_table(&before),
+                "step {step}: {name} replaced"
+            );
+            replaced += 1;
+        } else {
+            assert!(
+                !after.shares_name_table(&before),
+                "step {step}: {name} rebuilt"
+            );
+            rebuilt += 1;
+        }
+        assert_index_matches_cache(&after, &cluster, &format!("step {step}"));
+    }
+    assert!(
+        replaced > 200 && rebuilt > 30,
+        "{replaced} replaced, {rebuilt} rebuilt"
+    );
+
+    // Relabelled again and again, the ids of values gone pile up until a change rebuilds.
+    let mut shared = 0;
+    for round in 0..2000 {
+        let before = cluster.node_index();
+        let mut node = (*cluster.nodes.get("gen-1").unwrap().fabric).clone();
+        node.labels.insert(
+            "network.topology.nvidia.com/spine".into(),
+            format!("spine-{round}"),
+        );
+        let applied = watch.apply(
+            &cluster.nodes,
+            Change::Changed("gen-1".into(), Some(CachedNode::new(Arc::new(node), &set))),
+        );
+        cluster.node_changed(&applied);
+        shared += usize::from(cluster.node_index().shares_name_table(&before));
+    }
+    assert!(
+        (500..2000).contains(&shared),
+        "{shared} of 2000 replaced in place"
+    );
+    assert_index_matches_cache(&cluster.node_index(), &cluster, "relabelled");
+
+    // A profile change rebuilds, and the rebuild keeps matching the cache.
+    cluster.rebuild_profile_list();
+    assert_index_matches_cache(&cluster.node_index(), &cluster, "profiles changed");
 }

@@ -139,6 +139,16 @@ async fn post(r: &Running, path: &str, body: impl Into<reqwest::Body>) -> (u16, 
     (resp.status().as_u16(), resp.text().await.unwrap())
 }
 
+/// The Prometheus text the extender's health listener serves.
+async fn metrics_text(r: &Running) -> String {
+    reqwest::get(format!("{}/metrics", r.health))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn full_node_mode_returns_the_schedulers_own_node_objects() {
     let r = start(standalone()).await;
@@ -267,12 +277,7 @@ async fn cache_mode_filters_names_from_the_cache_and_returns_only_input_names() 
         .collect();
     assert_eq!(all.len(), 5, "every input node is answered exactly once");
 
-    let metrics = reqwest::get(format!("{}/metrics", r.health))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&r).await;
     assert!(
         metrics.contains("railguard_extender_nodes_rejected_total{reason=\"not_cached\"} 1"),
         "{metrics}"
@@ -536,12 +541,7 @@ async fn fleet_outliers_are_filtered_or_ranked_last_as_the_profile_says() {
                     .map(|v| v["metadata"]["name"].as_str().unwrap().to_string())
                     .collect(),
             };
-            let metrics = reqwest::get(format!("{}/metrics", r.health))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap();
+            let metrics = metrics_text(&r).await;
             let counted = "railguard_extender_nodes_rejected_total{reason=\"fleet_outlier\"} 1";
             match action {
                 OutlierAction::Score => {

@@ -9,7 +9,7 @@ use railguard_api::profile_list::{partition, ProfileObject};
 use railguard_api::{FabricProfile, NodeFabric};
 use railguard_runtime::InvalidProfiles;
 
-use crate::cache::{BoundPod, CachedNode, JobPlacements, NodeIndex, ProfileSet, Store};
+use crate::cache::{Applied, BoundPod, CachedNode, JobPlacements, NodeIndex, ProfileSet, Store};
 use crate::decision::ExtenderConfig;
 use crate::metrics::{CacheLabels, Metrics};
 
@@ -156,11 +156,60 @@ impl ClusterState {
         self.rebuild_node_index(&set);
     }
 
+    /// The node watch applied `applied`: an indexed node that changed replaces its own slot
+    /// in the node index when that was the only write since the index was made; anything
+    /// else (a node added or deleted, a relist, prechecks made for another profile set)
+    /// runs [`ClusterState::refresh_prechecks`].
+    pub fn node_changed(&self, applied: &Applied<CachedNode>) {
+        if let Applied::Changed {
+            old: Some(_),
+            new: Some(new),
+        } = applied
+        {
+            if self.replace_indexed_node(new) {
+                return;
+            }
+        }
+        self.refresh_prechecks();
+    }
+
+    fn replace_indexed_node(&self, new: &Arc<CachedNode>) -> bool {
+        let _serial = self
+            .refreshing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let set = self.profile_set();
+        let nodes = self.nodes.read();
+        let version = self.nodes.version();
+        let current = self.node_index();
+        // Exactly one write since the index, and it is this node's: it is still in the map.
+        let only_this_write = version
+            .checked_sub(1)
+            .is_some_and(|before| current.is_current(before, set.generation))
+            && new.generation == set.generation
+            && nodes
+                .get(&new.fabric.name)
+                .is_some_and(|n| Arc::ptr_eq(n, new));
+        let Some(index) = only_this_write
+            .then(|| current.with_node(new, version, &set))
+            .flatten()
+        else {
+            return false;
+        };
+        drop(nodes);
+        *self
+            .node_index
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::new(index);
+        true
+    }
+
     fn rebuild_node_index(&self, set: &ProfileSet) {
         let nodes = self.nodes.read();
         // Read under the lock: no write is in flight, so this version names `nodes` exactly.
         let version = self.nodes.version();
-        if self.node_index().is_current(version, set.generation) {
+        let previous = self.node_index();
+        if previous.is_current(version, set.generation) {
             return;
         }
         let index = Arc::new(NodeIndex::build(
@@ -168,6 +217,7 @@ impl ClusterState {
             version,
             set,
             self.topology_keys(set),
+            Some(&previous),
         ));
         drop(nodes);
         *self

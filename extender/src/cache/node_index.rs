@@ -17,15 +17,40 @@ use crate::decision::{NodeSlot, Precheck, TopologyInterner};
 /// each profile's prechecks are one contiguous array, so a lookup stays in a few hundred
 /// kilobytes that the CPU caches hold.
 ///
-/// Rebuilt whole after a node or profile change (cheap next to the watch event that caused
-/// it). Handlers use it only while [`NodeIndex::is_current`] says it reflects the node cache
-/// and the profile set they decide with; otherwise they read the node cache (same answers).
-#[derive(Debug, Default)]
+/// Built whole when nodes come or go or the profiles change, reusing the topology ids of
+/// every node whose fabric did not change ([`NodeIndex::build`]); a changed node that was
+/// already indexed (a kubelet status write, a new certificate) only replaces its own slot
+/// in a copy that shares the name table ([`NodeIndex::with_node`]). Handlers use it only
+/// while [`NodeIndex::is_current`] says it reflects the node cache and the profile set they
+/// decide with; otherwise they read the node cache (same answers).
+#[derive(Clone, Debug, Default)]
 pub struct NodeIndex {
     /// [`Store::version`] of the node cache this index was built from.
     nodes_version: u64,
     /// [`ProfileSet::generation`] of the prechecks.
     generation: u64,
+    /// Names to slots; shared by every index with the same node names.
+    slots: Arc<NameSlots>,
+    fabrics: Vec<Arc<NodeFabric>>,
+    /// Whether the fleet controller marked slot `i` an outlier: scoring reads this instead of
+    /// following each fabric.
+    fleet_outliers: Vec<bool>,
+    /// Profiles in the set the prechecks were made for.
+    profiles: usize,
+    /// `prechecks[profile * len + slot]`; `None` where the node's prechecks were made for an
+    /// older profile set (decisions then check its certificate instead).
+    prechecks: Vec<Option<Precheck>>,
+    /// Topology values to ids, for the keys behind every slot's ids: the extender's defaults
+    /// and every profile's own. Shared with the indexes built from this one, which reuse
+    /// the ids.
+    interner: Arc<TopologyInterner>,
+    /// `topology[slot * keys + k]`: the id of the slot's value for key `k`.
+    topology: Vec<Option<u32>>,
+}
+
+/// Node names laid out for lookups: every name back to back, and their slot numbers hashed.
+#[derive(Debug, Default)]
+struct NameSlots {
     /// Every node name, back to back.
     names: String,
     /// Slot `i`'s name is `names[ends[i - 1]..ends[i]]` (from 0 for slot 0).
@@ -36,67 +61,109 @@ pub struct NodeIndex {
     /// from kube-scheduler (requests), both trusted, so flooding resistance buys nothing and
     /// SipHash would cost more than the rest of a lookup.
     hasher: DefaultHashBuilder,
-    fabrics: Vec<Arc<NodeFabric>>,
-    /// Whether the fleet controller marked slot `i` an outlier: scoring reads this instead of
-    /// following each fabric.
-    fleet_outliers: Vec<bool>,
-    /// `prechecks[profile * len + slot]`; `None` where the node's prechecks were made for an
-    /// older profile set (decisions then check its certificate instead).
-    prechecks: Vec<Option<Precheck>>,
-    /// The topology keys interned below: the extender's defaults and every profile's own.
-    topology_keys: Vec<String>,
-    /// `topology[slot * topology_keys.len() + k]`: the id of the slot's value for key `k`.
-    topology: Vec<Option<u32>>,
 }
+
+impl NameSlots {
+    fn lookup(&self, name: &str) -> Option<usize> {
+        let hash = self.hasher.hash_one(name);
+        self.table
+            .find(hash, |&s| self.name(s as usize) == name)
+            .map(|&s| s as usize)
+    }
+
+    fn name(&self, slot: usize) -> &str {
+        let start = match slot {
+            0 => 0,
+            _ => self.ends.get(slot - 1).map_or(0, |&e| e as usize),
+        };
+        let end = self.ends.get(slot).map_or(start, |&e| e as usize);
+        self.names.get(start..end).unwrap_or_default()
+    }
+
+    /// Appends `name` as the next slot; `false` (nothing added) past 4 GiB of names.
+    fn push(&mut self, name: &str) -> bool {
+        let Ok(end) = u32::try_from(self.names.len() + name.len()) else {
+            return false;
+        };
+        let slot = self.ends.len() as u32;
+        self.names.push_str(name);
+        self.ends.push(end);
+        let hash = self.hasher.hash_one(name);
+        let (names, ends, hasher) = (&self.names, &self.ends, &self.hasher);
+        self.table.insert_unique(hash, slot, |&s| {
+            hasher.hash_one(name_at(names, ends, s as usize))
+        });
+        true
+    }
+}
+
+/// How many distinct topology values an index may hold per slot and key before a change
+/// rebuilds it instead: ids of values no node has any more are only dropped by a rebuild.
+const MAX_IDS_PER_SLOT_AND_KEY: usize = 2;
 
 impl NodeIndex {
     /// Indexes `nodes` (the node cache at `nodes_version`) for the profiles of `set`, with
-    /// their values of `topology_keys` interned.
+    /// their values of `topology_keys` interned. Where `previous` interned the same keys,
+    /// its ids are kept and every node whose fabric it already indexed keeps its ids without
+    /// its labels being read again.
     pub fn build(
         nodes: &HashMap<String, Arc<CachedNode>>,
         nodes_version: u64,
         set: &ProfileSet,
         topology_keys: Vec<String>,
+        previous: Option<&NodeIndex>,
     ) -> Self {
         let len = nodes.len();
+        let previous = previous.filter(|p| p.interner.keys() == topology_keys.as_slice());
+        let width = topology_keys.len();
         let mut index = NodeIndex {
             nodes_version,
             generation: set.generation,
+            slots: Arc::default(),
+            fabrics: Vec::with_capacity(len),
+            fleet_outliers: Vec::with_capacity(len),
+            profiles: set.profiles.len(),
+            prechecks: Vec::with_capacity(len * set.profiles.len()),
+            interner: match previous {
+                Some(p) => p.interner.clone(),
+                None => Arc::new(TopologyInterner::new(topology_keys)),
+            },
+            topology: Vec::with_capacity(len * width),
+        };
+        // Sorted, so slots (and the arena) follow name order whatever the map's order.
+        let mut entries: Vec<(&String, &Arc<CachedNode>)> = nodes.iter().collect();
+        entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let mut slots = NameSlots {
             names: String::with_capacity(nodes.keys().map(String::len).sum()),
             ends: Vec::with_capacity(len),
             table: HashTable::with_capacity(len),
             hasher: DefaultHashBuilder::default(),
-            fabrics: Vec::with_capacity(len),
-            fleet_outliers: Vec::with_capacity(len),
-            prechecks: Vec::with_capacity(len * set.profiles.len()),
-            topology: Vec::with_capacity(len * topology_keys.len()),
-            topology_keys: Vec::new(),
         };
-        let mut interner = TopologyInterner::new(topology_keys);
-        // Sorted, so slots (and the arena) follow name order whatever the map's order.
-        let mut entries: Vec<(&String, &Arc<CachedNode>)> = nodes.iter().collect();
-        entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
         for (name, cached) in &entries {
-            let Ok(end) = u32::try_from(index.names.len() + name.len()) else {
+            if !slots.push(name) {
                 // Over 4 GiB of names: leave the rest to the node cache path.
                 break;
-            };
-            let slot = index.ends.len() as u32;
-            index.names.push_str(name);
-            index.ends.push(end);
+            }
             index.fabrics.push(cached.fabric.clone());
             index
                 .fleet_outliers
                 .push(cached.fabric.fleet_outlier.is_some());
-            interner.intern_into(&cached.fabric.labels, &mut index.topology);
-            let hash = index.hasher.hash_one(name.as_str());
-            let (names, ends, hasher) = (&index.names, &index.ends, &index.hasher);
-            index.table.insert_unique(hash, slot, |&s| {
-                hasher.hash_one(name_at(names, ends, s as usize))
+            let kept = previous.and_then(|p| {
+                let slot = p.slots.lookup(name)?;
+                let same = p
+                    .fabrics
+                    .get(slot)
+                    .is_some_and(|f| Arc::ptr_eq(f, &cached.fabric));
+                same.then(|| p.topology(slot))
             });
+            match kept {
+                Some(ids) if ids.len() == width => index.topology.extend_from_slice(ids),
+                _ => Arc::make_mut(&mut index.interner)
+                    .intern_into(&cached.fabric.labels, &mut index.topology),
+            }
         }
-        index.topology_keys = interner.keys().to_vec();
-        let indexed = index.ends.len();
+        index.slots = Arc::new(slots);
+        let indexed = index.fabrics.len();
         for p in 0..set.profiles.len() {
             index.prechecks.extend(
                 entries[..indexed]
@@ -104,7 +171,58 @@ impl NodeIndex {
                     .map(|(_, cached)| cached.precheck(set, p).cloned()),
             );
         }
+        if index.interner.len() > MAX_IDS_PER_SLOT_AND_KEY * width * (indexed + 16) {
+            // Too many ids of values gone: start the ids afresh.
+            let keys = Arc::unwrap_or_clone(index.interner).into_keys();
+            return NodeIndex::build(nodes, nodes_version, set, keys, None);
+        }
         index
+    }
+
+    /// This index with the node in slot `cached.fabric.name` replaced by `cached` (the node
+    /// cache is now at `nodes_version`): a copy that shares the name table, so a node's
+    /// status write costs a few copies of flat arrays, not a rebuild. `None` where the node
+    /// is not indexed, `set` is not the profile set of this index, or the ids of values no
+    /// node has any more have piled up: then [`NodeIndex::build`] it.
+    pub fn with_node(
+        &self,
+        cached: &CachedNode,
+        nodes_version: u64,
+        set: &ProfileSet,
+    ) -> Option<NodeIndex> {
+        if set.generation != self.generation || set.profiles.len() != self.profiles {
+            return None;
+        }
+        let slot = self.slots.lookup(&cached.fabric.name)?;
+        let width = self.interner.keys().len();
+        if self.interner.len() + width > MAX_IDS_PER_SLOT_AND_KEY * width * (self.len() + 16) {
+            return None;
+        }
+        let mut index = self.clone();
+        index.nodes_version = nodes_version;
+        *index.fabrics.get_mut(slot)? = cached.fabric.clone();
+        *index.fleet_outliers.get_mut(slot)? = cached.fabric.fleet_outlier.is_some();
+        let len = index.len();
+        for p in 0..self.profiles {
+            *index.prechecks.get_mut(p * len + slot)? = cached.precheck(set, p).cloned();
+        }
+        let mut ids = Vec::with_capacity(width);
+        if !index.interner.known_ids(&cached.fabric.labels, &mut ids) {
+            // A value no node had: the interner is copied once for this index.
+            ids.clear();
+            Arc::make_mut(&mut index.interner).intern_into(&cached.fabric.labels, &mut ids);
+        }
+        index
+            .topology
+            .get_mut(slot * width..(slot + 1) * width)?
+            .copy_from_slice(&ids);
+        Some(index)
+    }
+
+    /// Whether this index and `other` share their name table: one was made from the other by
+    /// [`NodeIndex::with_node`], no rebuild between them.
+    pub fn shares_name_table(&self, other: &NodeIndex) -> bool {
+        Arc::ptr_eq(&self.slots, &other.slots)
     }
 
     /// Whether this index reflects the node cache at `nodes_version` and the profile set of
@@ -114,31 +232,26 @@ impl NodeIndex {
     }
 
     pub fn len(&self) -> usize {
-        self.ends.len()
+        self.fabrics.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.ends.is_empty()
+        self.fabrics.is_empty()
     }
 
     /// The slot of the node called `name`.
     pub fn lookup(&self, name: &str) -> Option<usize> {
-        let hash = self.hasher.hash_one(name);
-        self.table
-            .find(hash, |&s| {
-                name_at(&self.names, &self.ends, s as usize) == name
-            })
-            .map(|&s| s as usize)
+        self.slots.lookup(name)
     }
 
     /// The keys behind every slot's [`NodeIndex::topology`], in id order.
     pub fn topology_keys(&self) -> &[String] {
-        &self.topology_keys
+        self.interner.keys()
     }
 
     /// The interned topology values of `slot`, one per [`NodeIndex::topology_keys`].
     pub fn topology(&self, slot: usize) -> &[Option<u32>] {
-        let width = self.topology_keys.len();
+        let width = self.interner.keys().len();
         self.topology
             .get(slot * width..(slot + 1) * width)
             .unwrap_or_default()

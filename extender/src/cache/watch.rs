@@ -26,7 +26,7 @@ impl ClusterState {
                 let fabric = NodeFabric::from_node(n, Timestamp::now());
                 Some(CachedNode::new(Arc::new(fabric), &self.profile_set()))
             },
-            |_| self.refresh_prechecks(),
+            |applied| self.node_changed(applied),
         );
         let config = self.config.clone();
         let pods = watch(

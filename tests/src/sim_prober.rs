@@ -51,7 +51,20 @@ pub struct Prober<'a> {
 }
 
 impl Prober<'_> {
+    /// `railguard-prober SUB` for `node` simulated as `model`, through the prober's kubeconfig.
     pub fn command(&self, sub: &str, node: &str, model: &str) -> tokio::process::Command {
+        self.command_with(sub, node, model, self.kubeconfig)
+    }
+
+    /// [`Prober::command`] through `kubeconfig` instead: the same node under another identity
+    /// (one RBAC forbids something, say).
+    pub fn command_with(
+        &self,
+        sub: &str,
+        node: &str,
+        model: &str,
+        kubeconfig: &Path,
+    ) -> tokio::process::Command {
         let mut c = tokio::process::Command::new(self.bin.join("railguard-prober"));
         c.arg(sub)
             .args(["--node", node, "--sim", model])
@@ -64,20 +77,30 @@ impl Prober<'_> {
             .arg("--log-dir")
             .arg(self.work.join("logs"))
             .arg("--kubeconfig")
-            .arg(self.kubeconfig)
+            .arg(kubeconfig)
             .env("RAILGUARD_LOG", "info")
             .kill_on_drop(true);
         c
     }
 
-    /// `certify --publish`; returns the exit code and the printed matrix.
-    pub async fn certify(&self, node: &str, model: &str) -> Result<(i32, String)> {
-        let out = self
-            .command("certify", node, model)
+    /// `certify --publish` through `kubeconfig`, whatever it exits with: for tests of the
+    /// errors (exit 2) themselves.
+    pub async fn certify_output(
+        &self,
+        node: &str,
+        model: &str,
+        kubeconfig: &Path,
+    ) -> Result<std::process::Output> {
+        self.command_with("certify", node, model, kubeconfig)
             .arg("--publish")
             .output()
             .await
-            .context("running railguard-prober certify")?;
+            .context("running railguard-prober certify")
+    }
+
+    /// `certify --publish`; returns the exit code and the printed matrix.
+    pub async fn certify(&self, node: &str, model: &str) -> Result<(i32, String)> {
+        let out = self.certify_output(node, model, self.kubeconfig).await?;
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         if out.status.code() == Some(2) {
             bail!(

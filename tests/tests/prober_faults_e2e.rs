@@ -32,6 +32,7 @@ use railguard_prober::campaign::kube::write_findings;
 use railguard_prober::campaign::verdict::{NodeFindings, RailBlame};
 use railguard_prober::publish::merge::campaign_findings;
 use railguard_prober::publish::NodePublisher;
+use railguard_tests::sim_prober::{h100_profile_file, prober_bin_dir, Prober};
 use railguard_tests::{
     eventually, free_port, labels, workspace_root, ApiServerOptions, ControlPlane,
 };
@@ -39,20 +40,18 @@ use serde_json::json;
 
 const GPU_PRODUCT: (&str, &str) = ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3");
 const RDMA: &str = "rdma/rdma_shared_device_a";
-
-fn profile_path() -> PathBuf {
-    workspace_root().join("api/fixtures/profiles/dgx-h100-ndr.yaml")
-}
+/// The simulated machine every node of these tests is: it certifies against the profile.
+const MODEL: &str = "dgx-h100";
 
 fn profile() -> FabricProfile {
-    profiles_from_yaml(&std::fs::read_to_string(profile_path()).unwrap())
+    profiles_from_yaml(&std::fs::read_to_string(h100_profile_file()).unwrap())
         .unwrap()
         .remove(0)
 }
 
 /// The directory of the built binaries (tests/scripts/test-all.sh builds them first).
 fn bin_dir() -> PathBuf {
-    railguard_tests::sim_prober::prober_bin_dir().unwrap()
+    prober_bin_dir().unwrap()
 }
 
 fn certified(profile: &FabricProfile, node: &str, generation: u64) -> Certificate {
@@ -290,7 +289,7 @@ async fn a_coordinator_whose_lease_is_taken_writes_nothing_more() -> Result<()> 
         c.arg("campaign")
             .args(["--profile", "h100-ndr"])
             .arg("--profile-file")
-            .arg(profile_path())
+            .arg(h100_profile_file())
             .args([
                 "--lease-name",
                 "railguard-campaign",
@@ -431,57 +430,61 @@ async fn a_coordinator_whose_lease_is_taken_writes_nothing_more() -> Result<()> 
     Ok(())
 }
 
-struct Prober<'a> {
-    bin: PathBuf,
-    kubeconfig: &'a Path,
-    work: &'a Path,
+/// The real prober on simulated nodes under `work`, publishing to `cp`.
+fn sim_prober<'a>(cp: &'a ControlPlane, work: &'a Path) -> Prober<'a> {
+    Prober {
+        bin: bin_dir(),
+        kubeconfig: cp.kubeconfig_path(),
+        work,
+        profile_file: h100_profile_file(),
+    }
 }
 
-impl Prober<'_> {
-    fn command(&self, sub: &str, node: &str, kubeconfig: &Path) -> tokio::process::Command {
-        let mut c = tokio::process::Command::new(self.bin.join("railguard-prober"));
-        c.arg(sub)
-            .args(["--node", node, "--sim", "dgx-h100"])
-            .arg("--profile-file")
-            .arg(profile_path())
-            .arg("--models-dir")
-            .arg(workspace_root().join("prober/models"))
-            .arg("--sysfs-root")
-            .arg(self.work.join(format!("sysfs-{node}")))
-            .arg("--log-dir")
-            .arg(self.work.join("logs"))
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .env("RAILGUARD_LOG", "info")
-            .kill_on_drop(true);
-        c
-    }
+/// A GPU node `name` on `cp`, certified once by `certify --publish`.
+async fn certified_node(prober: &Prober<'_>, cp: &ControlPlane, name: &str) -> Result<()> {
+    cp.create_node(
+        name,
+        &labels(&[GPU_PRODUCT]),
+        &[(RDMA, "1k"), ("nvidia.com/gpu", "8")],
+    )
+    .await?;
+    let (code, stderr) = certify_with(prober, name, prober.kubeconfig).await?;
+    assert_eq!(code, 0, "{stderr}");
+    Ok(())
+}
 
-    /// A GPU node `name` on `cp`, certified once by `certify --publish`.
-    async fn certified_node(&self, cp: &ControlPlane, name: &str) -> Result<()> {
-        cp.create_node(
-            name,
-            &labels(&[GPU_PRODUCT]),
-            &[(RDMA, "1k"), ("nvidia.com/gpu", "8")],
-        )
-        .await?;
-        let (code, stderr) = self.certify_with(name, self.kubeconfig).await?;
-        assert_eq!(code, 0, "{stderr}");
-        Ok(())
-    }
+/// `certify --publish` with `kubeconfig`: the exit code and stderr.
+async fn certify_with(prober: &Prober<'_>, node: &str, kubeconfig: &Path) -> Result<(i32, String)> {
+    let out = prober.certify_output(node, MODEL, kubeconfig).await?;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
 
-    /// `certify --publish` with `kubeconfig`: the exit code and stderr.
-    async fn certify_with(&self, node: &str, kubeconfig: &Path) -> Result<(i32, String)> {
-        let out = self
-            .command("certify", node, kubeconfig)
-            .arg("--publish")
-            .output()
-            .await?;
-        Ok((
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        ))
+/// The Node as a certified node shows it: its fabric label and its condition.
+#[track_caller]
+fn assert_shows_certified(node: &Node) {
+    assert_eq!(
+        label(node, keys::LABEL_FABRIC),
+        Some(keys::fabric::CERTIFIED)
+    );
+    assert_eq!(
+        condition(node),
+        Some(("True".to_string(), "Certified".to_string()))
+    );
+}
+
+/// Sends SIGTERM to `child`, as the kubelet stops a pod.
+fn sigterm(child: &tokio::process::Child) -> Result<()> {
+    let pid = child.id().context("the child has exited")?;
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
+    if !status.success() {
+        bail!("kill -TERM {pid}: {status}");
     }
+    Ok(())
 }
 
 /// An all_reduce_perf that waits `secs` before running the stand-in: an invasive run that is
@@ -503,97 +506,72 @@ fn slow_all_reduce_perf(dir: &Path, bin: &Path, secs: u64) -> Result<PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sigterm_mid_run_publishes_or_restores_and_never_leaves_pending() -> Result<()> {
-    let bin = bin_dir();
     let cp = ControlPlane::start().await?;
     let nodes: Api<Node> = Api::all(cp.client());
     let work = tempfile::tempdir()?;
-    let prober = Prober {
-        bin: bin.clone(),
-        kubeconfig: cp.kubeconfig_path(),
-        work: work.path(),
-    };
+    let prober = sim_prober(&cp, work.path());
     let name = "gpu-t";
-    prober.certified_node(&cp, name).await?;
+    certified_node(&prober, &cp, name).await?;
 
-    let daemon = |nccl: &Path, grace: u64| -> Result<tokio::process::Child> {
-        prober
-            .command("daemon", name, prober.kubeconfig)
+    // The daemon with an all_reduce_perf that takes `nccl_secs`, sent SIGTERM once its run
+    // has marked the node pending; it must exit cleanly within `stop_within`. The Node then.
+    let interrupted_run = async |nccl_secs: u64,
+                                 grace: u64,
+                                 stop_within: Duration,
+                                 not_stopped: &'static str|
+           -> Result<(Certificate, Node)> {
+        let mut d = prober
+            .command("daemon", name, MODEL)
             .args(["--interval-secs", "3600", "--passive-interval-secs", "3600"])
             .args(["--poll-ms", "200", "--jitter-percent", "0"])
             .arg("--metrics-listen")
             .arg(format!("127.0.0.1:{}", free_port()?))
             .arg("--nccl-binary")
-            .arg(nccl)
+            .arg(slow_all_reduce_perf(work.path(), &prober.bin, nccl_secs)?)
             .arg("--shutdown-grace-secs")
             .arg(grace.to_string())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
-            .context("starting the daemon")
-    };
-    let pending = || async {
-        let node = nodes.get(name).await?;
-        Ok((label(&node, keys::LABEL_FABRIC) == Some(keys::fabric::PENDING)).then_some(()))
-    };
-    let term = |child: &tokio::process::Child| {
-        let pid = child.id().expect("daemon pid");
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
+            .context("starting the daemon")?;
+        eventually(
+            Duration::from_secs(60),
+            "the daemon's run marks the node pending",
+            || async {
+                let node = nodes.get(name).await?;
+                Ok((label(&node, keys::LABEL_FABRIC) == Some(keys::fabric::PENDING)).then_some(()))
+            },
+        )
+        .await?;
+        sigterm(&d)?;
+        let status = tokio::time::timeout(stop_within, d.wait())
+            .await
+            .context(not_stopped)??;
+        assert!(status.success(), "{status}");
+        node_certificate(&nodes, name).await
     };
 
     // 1. Within the grace period the run under way finishes and publishes.
-    let mut d = daemon(&slow_all_reduce_perf(work.path(), &bin, 4)?, 300)?;
-    eventually(
-        Duration::from_secs(60),
-        "the daemon's run marks the node pending",
-        pending,
-    )
-    .await?;
-    term(&d)?;
-    let status = tokio::time::timeout(Duration::from_secs(300), d.wait())
-        .await
-        .context("the daemon did not stop")??;
-    assert!(status.success(), "{status}");
-    let (cert, node) = node_certificate(&nodes, name).await?;
+    let (cert, node) =
+        interrupted_run(4, 300, Duration::from_secs(300), "the daemon did not stop").await?;
     assert_eq!(
         cert.generation, 2,
         "the interrupted run finished and published"
     );
     assert_eq!(cert.history.len(), 2);
     assert_eq!(cert.verdict, Verdict::Certified);
-    assert_eq!(
-        label(&node, keys::LABEL_FABRIC),
-        Some(keys::fabric::CERTIFIED)
-    );
-    assert_eq!(
-        condition(&node),
-        Some(("True".to_string(), "Certified".to_string()))
-    );
+    assert_shows_certified(&node);
 
     // 2. Past the grace period the run is abandoned; the Node is what its certificate says.
-    let mut d = daemon(&slow_all_reduce_perf(work.path(), &bin, 600)?, 1)?;
-    eventually(
+    let (after, node) = interrupted_run(
+        600,
+        1,
         Duration::from_secs(60),
-        "the daemon's run marks the node pending",
-        pending,
+        "the daemon did not stop within its grace period",
     )
     .await?;
-    term(&d)?;
-    let status = tokio::time::timeout(Duration::from_secs(60), d.wait())
-        .await
-        .context("the daemon did not stop within its grace period")??;
-    assert!(status.success(), "{status}");
-    let (after, node) = node_certificate(&nodes, name).await?;
     assert_eq!(after, cert, "the certificate survives unchanged");
-    assert_eq!(
-        label(&node, keys::LABEL_FABRIC),
-        Some(keys::fabric::CERTIFIED)
-    );
-    assert_eq!(
-        condition(&node),
-        Some(("True".to_string(), "Certified".to_string()))
-    );
+    assert_shows_certified(&node);
     Ok(())
 }
 
@@ -628,13 +606,9 @@ async fn a_node_read_that_fails_is_never_taken_for_no_certificate() -> Result<()
     let client = cp.client();
     let nodes: Api<Node> = Api::all(client.clone());
     let work = tempfile::tempdir()?;
-    let prober = Prober {
-        bin: bin_dir(),
-        kubeconfig: cp.kubeconfig_path(),
-        work: work.path(),
-    };
+    let prober = sim_prober(&cp, work.path());
     let name = "gpu-f";
-    prober.certified_node(&cp, name).await?;
+    certified_node(&prober, &cp, name).await?;
     let (before, _) = node_certificate(&nodes, name).await?;
     assert_eq!(before.history.len(), 1);
 
@@ -685,7 +659,7 @@ async fn a_node_read_that_fails_is_never_taken_for_no_certificate() -> Result<()
     )
     .await?;
 
-    let (code, stderr) = prober.certify_with(name, &forbidden).await?;
+    let (code, stderr) = certify_with(&prober, name, &forbidden).await?;
     assert_eq!(code, 2, "a failed read is an error:\n{stderr}");
     assert!(stderr.contains("cannot read node"), "{stderr}");
     let (after, node) = node_certificate(&nodes, name).await?;
@@ -697,7 +671,7 @@ async fn a_node_read_that_fails_is_never_taken_for_no_certificate() -> Result<()
     );
 
     // Allowed to read again, the next run continues the same history.
-    let (code, stderr) = prober.certify_with(name, cp.kubeconfig_path()).await?;
+    let (code, stderr) = certify_with(&prober, name, cp.kubeconfig_path()).await?;
     assert_eq!(code, 0, "{stderr}");
     let (next, _) = node_certificate(&nodes, name).await?;
     assert_eq!(next.generation, before.generation + 1);
@@ -719,13 +693,9 @@ async fn a_recertify_request_waits_for_busy_gpus_and_is_kept() -> Result<()> {
     let client = cp.client();
     let nodes: Api<Node> = Api::all(client.clone());
     let work = tempfile::tempdir()?;
-    let prober = Prober {
-        bin: bin_dir(),
-        kubeconfig: cp.kubeconfig_path(),
-        work: work.path(),
-    };
+    let prober = sim_prober(&cp, work.path());
     let name = "gpu-r";
-    prober.certified_node(&cp, name).await?;
+    certified_node(&prober, &cp, name).await?;
     let (before, _) = node_certificate(&nodes, name).await?;
 
     // A training pod holds the node's GPUs (bound, never run: no kubelet), and an operator
@@ -745,7 +715,7 @@ async fn a_recertify_request_waits_for_busy_gpus_and_is_kept() -> Result<()> {
         .await?;
 
     let mut d = prober
-        .command("daemon", name, cp.kubeconfig_path())
+        .command("daemon", name, MODEL)
         .args(["--interval-secs", "3600", "--passive-interval-secs", "1"])
         .args([
             "--window-ms",
@@ -814,10 +784,7 @@ async fn a_recertify_request_waits_for_busy_gpus_and_is_kept() -> Result<()> {
         Ok((cert.history.len() == before.history.len() + 1 && !asked).then_some(()))
     })
     .await?;
-    let pid = d.id().context("daemon pid")?;
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()?;
+    sigterm(&d)?;
     let status = tokio::time::timeout(Duration::from_secs(60), d.wait()).await??;
     assert!(status.success(), "{status}");
     Ok(())

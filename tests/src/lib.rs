@@ -1097,6 +1097,17 @@ impl ServingCertificate {
         Ok((ca, cert, key))
     }
 
+    /// An HTTPS client that trusts only this CA and presents the scheduler's client
+    /// certificate: how tests call the extender as kube-scheduler does.
+    pub fn scheduler_https_client(&self) -> Result<reqwest::Client> {
+        // reqwest takes the identity as one PEM: the certificate, then its key.
+        let identity = format!("{}{}", self.client_cert_pem, self.client_key_pem);
+        Ok(reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(self.ca_pem.as_bytes())?)
+            .identity(reqwest::Identity::from_pem(identity.as_bytes())?)
+            .build()?)
+    }
+
     /// Writes `tls.crt` and `tls.key` into `dir` and returns their paths.
     pub fn write_pair(&self, dir: &Path) -> Result<(PathBuf, PathBuf)> {
         let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));

@@ -306,12 +306,7 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
     // peer to be local to. Ask it directly (over HTTPS, trusting only the test CA) until the
     // node sharing worker 0's leaf outranks the better-provisioned node in the other leaf.
     // It requires a client certificate, as from the scheduler: the test presents the same.
-    let identity = format!("{}{}", tls.client_cert_pem, tls.client_key_pem);
-    let https = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(tls.ca_pem.as_bytes()).unwrap())
-        .identity(reqwest::Identity::from_pem(identity.as_bytes()).unwrap())
-        .build()
-        .unwrap();
+    let https = tls.scheduler_https_client().unwrap();
     let mut next = w0.clone();
     next.metadata.name = Some("llama-worker-1".into());
     next.spec.as_mut().unwrap().node_selector = None;

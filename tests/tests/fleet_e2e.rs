@@ -267,11 +267,7 @@ async fn the_fleet_controller_marks_a_slow_rail_that_passes_its_thresholds() -> 
         &logs,
     )
     .await;
-    let identity = format!("{}{}", tls.client_cert_pem, tls.client_key_pem);
-    let https = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(tls.ca_pem.as_bytes())?)
-        .identity(reqwest::Identity::from_pem(identity.as_bytes())?)
-        .build()?;
+    let https = tls.scheduler_https_client()?;
     let args = json!({"Pod": job_pod(&profile), "Nodes": null, "NodeNames": names});
     let scores = eventually(
         Duration::from_secs(30),

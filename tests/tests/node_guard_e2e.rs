@@ -301,6 +301,17 @@ async fn condition(client: &Client, node: &str, type_: &str, status: &str) -> An
     )
 }
 
+/// FabricReady=True on `node`, as its prober sets it once certified.
+async fn fabric_ready(client: &Client, node: &str) -> Answer {
+    condition(client, node, keys::CONDITION_FABRIC_READY, "True").await
+}
+
+/// A patch of the certificate annotation alone: `node` certified.
+fn certified_annotation(node: &str) -> Value {
+    json!({"metadata": {"annotations": {
+        keys::ANNOTATION_CERTIFICATE: certificate(node, "certified")}}})
+}
+
 fn certificate(node: &str, verdict: &str) -> String {
     json!({
         "version": 1, "generation": 1,
@@ -442,20 +453,17 @@ async fn only_a_nodes_own_prober_the_campaign_and_the_fleet_controller_write_the
             "user \"system:serviceaccount:ml:trainer\" may not change",
         );
     assert_eq!(node_label(&admin, "gpu-b", keys::LABEL_FABRIC).await, None);
-    let forged = json!({"metadata": {"annotations": {
-        keys::ANNOTATION_CERTIFICATE: certificate("gpu-b", "certified")}}});
+    let forged = certified_annotation("gpu-b");
     merge(&tenant, "gpu-b", forged.clone())
         .await
         .assert_guarded(
             "tenant forges a certificate",
             "annotation railguard.io/certificate",
         );
-    condition(&tenant, "gpu-b", keys::CONDITION_FABRIC_READY, "True")
-        .await
-        .assert_guarded(
-            "tenant sets the condition",
-            "condition RailguardFabricReady",
-        );
+    fabric_ready(&tenant, "gpu-b").await.assert_guarded(
+        "tenant sets the condition",
+        "condition RailguardFabricReady",
+    );
     // Its role works for everything else: the refusals above are the guard's, not RBAC's.
     label(&tenant, "gpu-b", "team", "ml")
         .await
@@ -475,7 +483,7 @@ async fn only_a_nodes_own_prober_the_campaign_and_the_fleet_controller_write_the
             "kubelet labels its node",
             "user \"system:node:gpu-a\" may not change",
         );
-    condition(&kubelet, "gpu-a", keys::CONDITION_FABRIC_READY, "True")
+    fabric_ready(&kubelet, "gpu-a")
         .await
         .assert_guarded("kubelet sets the condition", "may not change");
     label(&kubelet, "gpu-a", "topology.example.com/rack", "r1")
@@ -517,7 +525,7 @@ async fn only_a_nodes_own_prober_the_campaign_and_the_fleet_controller_write_the
     merge(&prober_b, "gpu-a", publish.clone())
         .await
         .assert_guarded("prober of gpu-b certifies gpu-a", "gpu-b, not gpu-a");
-    condition(&prober_b, "gpu-a", keys::CONDITION_FABRIC_READY, "True")
+    fabric_ready(&prober_b, "gpu-a")
         .await
         .assert_guarded("prober of gpu-b sets gpu-a's condition", "not gpu-a");
     merge(&unbound, "gpu-a", publish.clone())
@@ -529,7 +537,7 @@ async fn only_a_nodes_own_prober_the_campaign_and_the_fleet_controller_write_the
     merge(&prober_a, "gpu-a", publish)
         .await
         .assert_ok("prober of gpu-a certifies gpu-a");
-    condition(&prober_a, "gpu-a", keys::CONDITION_FABRIC_READY, "True")
+    fabric_ready(&prober_a, "gpu-a")
         .await
         .assert_ok("prober of gpu-a sets its condition");
     assert_eq!(
@@ -597,18 +605,16 @@ async fn only_a_nodes_own_prober_the_campaign_and_the_fleet_controller_write_the
     condition(&fleet, "gpu-a", outlier, "False")
         .await
         .assert_ok("fleet controller clears the mark");
-    let recertified = json!({"metadata": {"annotations": {
-        keys::ANNOTATION_CERTIFICATE: certificate("gpu-a", "certified")}}});
-    merge(&fleet, "gpu-a", recertified).await.assert_guarded(
-        "fleet controller rewrites a certificate",
-        "may change only the RailguardFleetOutlier condition",
-    );
-    condition(&fleet, "gpu-a", keys::CONDITION_FABRIC_READY, "True")
+    merge(&fleet, "gpu-a", certified_annotation("gpu-a"))
         .await
         .assert_guarded(
-            "fleet controller sets the fabric condition",
-            "not its condition RailguardFabricReady",
+            "fleet controller rewrites a certificate",
+            "may change only the RailguardFleetOutlier condition",
         );
+    fabric_ready(&fleet, "gpu-a").await.assert_guarded(
+        "fleet controller sets the fabric condition",
+        "not its condition RailguardFabricReady",
+    );
     let conditions = Api::<Node>::all(admin.clone())
         .get("gpu-a")
         .await

@@ -298,39 +298,39 @@ fn heatmap(a: &FleetAnalysis, rails: &[String], rows: &[NodeRow]) -> SVG {
                 title.push_str(m);
             }
             cells = cells.add(
-                Rectangle::new()
-                    .set("class", "cell")
-                    .set("x", x)
-                    .set("y", y)
-                    .set("width", cell_w - 1)
-                    .set(
-                        "height",
-                        cell_h.saturating_sub(u32::from(cell_h > 4)).max(1),
-                    )
-                    .set("fill", rel.map_or_else(|| NO_FIGURE.to_string(), colour))
-                    .set("data-node", row.node.as_str())
-                    .set("data-rail", rail.as_str())
-                    .set(
-                        "data-relative",
-                        rel.map_or_else(String::new, |r| format!("{r:.3}")),
-                    )
-                    .set("data-outlier", outlier)
-                    .add(Title::new(title)),
+                rect(
+                    "cell",
+                    (x, y),
+                    cell_w - 1,
+                    cell_h.saturating_sub(u32::from(cell_h > 4)).max(1),
+                )
+                .set("fill", rel.map_or_else(|| NO_FIGURE.to_string(), colour))
+                .set("data-node", row.node.as_str())
+                .set("data-rail", rail.as_str())
+                .set(
+                    "data-relative",
+                    rel.map_or_else(String::new, |r| format!("{r:.3}")),
+                )
+                .set("data-outlier", outlier)
+                .add(Title::new(title)),
             );
             if outlier {
                 // Drawn after every cell so no neighbour covers the outline.
-                outlines = outlines.add(
-                    Rectangle::new()
-                        .set("class", "outline")
-                        .set("x", x)
-                        .set("y", y)
-                        .set("width", cell_w - 1)
-                        .set("height", cell_h.max(2)),
-                );
+                outlines = outlines.add(rect("outline", (x, y), cell_w - 1, cell_h.max(2)));
             }
         }
     }
     doc.add(names).add(cells).add(outlines).add(flagged)
+}
+
+/// A rectangle of CSS `class` with its top left corner at `(x, y)`.
+fn rect(class: &str, (x, y): (u32, u32), width: u32, height: u32) -> Rectangle {
+    Rectangle::new()
+        .set("class", class)
+        .set("x", x)
+        .set("y", y)
+        .set("width", width)
+        .set("height", height)
 }
 
 fn legend(index: usize) -> SVG {
@@ -392,14 +392,7 @@ fn legend(index: usize) -> SVG {
             .set("fill", NO_FIGURE),
     )
     .add(Text::new("no figure").set("x", sx + 20).set("y", y0 + 10))
-    .add(
-        Rectangle::new()
-            .set("class", "outline")
-            .set("x", sx + 90)
-            .set("y", y0)
-            .set("width", 16)
-            .set("height", h),
-    )
+    .add(rect("outline", (sx + 90, y0), 16, h))
     .add(
         Text::new("outlier mark on the rail")
             .set("x", sx + 110)

@@ -48,17 +48,50 @@ impl PatchOp {
 }
 
 /// Builds a JSON pointer from unescaped tokens; `/` becomes `~1` and `~` becomes `~0`.
-pub fn pointer<'a>(tokens: impl IntoIterator<Item = &'a str>) -> PointerBuf {
-    PointerBuf::from_tokens(tokens)
+pub fn pointer<'a>(tokens: impl IntoIterator<Item = &'a str> + Clone) -> PointerBuf {
+    let mut text = String::with_capacity(POINTER_CAPACITY);
+    encode_tokens(&mut text, tokens.clone());
+    // One buffer written whole (`PointerBuf::push_back` grows its string token by token,
+    // the largest cost of small patches); it is valid by construction, and should parsing
+    // ever disagree the token-by-token form gives the same pointer.
+    PointerBuf::parse(text).unwrap_or_else(|_| PointerBuf::from_tokens(tokens))
 }
 
 /// A pointer below `base`.
-pub fn child<'a>(base: &PointerBuf, tokens: impl IntoIterator<Item = &'a str>) -> PointerBuf {
-    let mut p = base.clone();
-    for t in tokens {
-        p.push_back(t);
+pub fn child<'a>(
+    base: &PointerBuf,
+    tokens: impl IntoIterator<Item = &'a str> + Clone,
+) -> PointerBuf {
+    let mut text = String::with_capacity(base.as_str().len() + POINTER_CAPACITY);
+    text.push_str(base.as_str());
+    encode_tokens(&mut text, tokens.clone());
+    PointerBuf::parse(text).unwrap_or_else(|_| {
+        let mut p = base.clone();
+        for t in tokens {
+            p.push_back(t);
+        }
+        p
+    })
+}
+
+/// Room for the pointers railguard writes (`/spec/containers/0/securityContext/...`).
+const POINTER_CAPACITY: usize = 64;
+
+fn encode_tokens<'a>(out: &mut String, tokens: impl IntoIterator<Item = &'a str>) {
+    for token in tokens {
+        out.push('/');
+        if token.contains(['~', '/']) {
+            for c in token.chars() {
+                match c {
+                    '~' => out.push_str("~0"),
+                    '/' => out.push_str("~1"),
+                    c => out.push(c),
+                }
+            }
+        } else {
+            out.push_str(token);
+        }
     }
-    p
 }
 
 /// The operations as a `json_patch::Patch` (the tests apply it with a real implementation).
@@ -102,6 +135,28 @@ mod tests {
             q.as_str(),
             "/metadata/annotations/railguard.io~1profile/a~0b"
         );
+    }
+
+    #[test]
+    fn pointers_equal_the_token_by_token_form() {
+        let cases: [&[&str]; 6] = [
+            &[],
+            &[""],
+            &["spec", "containers", "0", "env", "-"],
+            &["~", "/", "~1", "/~0/", "a~b/c"],
+            &["ünïcode/ключ", "~~//"],
+            &["x"; 40],
+        ];
+        for tokens in cases {
+            let expected = PointerBuf::from_tokens(tokens.iter().copied());
+            assert_eq!(pointer(tokens.iter().copied()), expected, "{tokens:?}");
+            let base = pointer(["metadata", "a/b"]);
+            let mut below = base.clone();
+            for t in tokens {
+                below.push_back(*t);
+            }
+            assert_eq!(child(&base, tokens.iter().copied()), below, "{tokens:?}");
+        }
     }
 
     fn sample_ops() -> Vec<PatchOp> {

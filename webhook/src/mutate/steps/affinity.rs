@@ -2,6 +2,9 @@
 //! ANDed into every required nodeSelectorTerm the pod has (terms are ORed, so each needs
 //! it), so the pod lands only on nodes certified for its profile.
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use jsonptr::PointerBuf;
 use k8s_openapi::api::core::v1::{NodeSelectorRequirement, PodSpec};
 use railguard_api::keys;
@@ -55,60 +58,114 @@ fn push_requirements<'r>(
     }
 }
 
+/// The JSON values the affinity step adds for one profile, written once per profile: only
+/// pods that already carry required node selector terms need values built for them.
+#[derive(Debug)]
+struct AffinityTexts {
+    /// `{"matchExpressions": [...]}`: one nodeSelectorTerm with both requirements.
+    term: JsonText,
+    /// `{"nodeSelectorTerms": [term]}`.
+    selector: JsonText,
+    /// `{"requiredDuringSchedulingIgnoredDuringExecution": selector}`.
+    node_affinity: JsonText,
+    /// `{"nodeAffinity": node_affinity}`.
+    affinity: JsonText,
+}
+
+impl AffinityTexts {
+    fn new(profile: &str) -> Self {
+        let term = JsonText::object(|o| {
+            o.array("matchExpressions", |a| {
+                push_requirements(a, &required_expressions(profile))
+            });
+        });
+        let selector = JsonText::object(|o| {
+            o.array("nodeSelectorTerms", |a| {
+                a.json(&term);
+            });
+        });
+        let node_affinity = JsonText::object(|o| {
+            o.json("requiredDuringSchedulingIgnoredDuringExecution", &selector);
+        });
+        let affinity = JsonText::object(|o| {
+            o.json("nodeAffinity", &node_affinity);
+        });
+        AffinityTexts {
+            term,
+            selector,
+            node_affinity,
+            affinity,
+        }
+    }
+
+    /// The texts for `profile`, memoized per thread by name (they depend on nothing else).
+    fn of(profile: &str) -> Rc<AffinityTexts> {
+        const MEMO_SIZE: usize = 32;
+        thread_local! {
+            static MEMO: RefCell<Vec<(String, Rc<AffinityTexts>)>> = const { RefCell::new(Vec::new()) };
+        }
+        MEMO.with(|memo| {
+            if let Some((_, texts)) = memo.borrow().iter().find(|(name, _)| name == profile) {
+                return texts.clone();
+            }
+            let texts = Rc::new(AffinityTexts::new(profile));
+            let mut memo = memo.borrow_mut();
+            if memo.len() >= MEMO_SIZE {
+                memo.remove(0);
+            }
+            memo.push((profile.to_string(), texts.clone()));
+            texts
+        })
+    }
+}
+
 /// ANDs the certified-node requirement into every required nodeSelectorTerm (terms are
 /// ORed, so each needs it). Returns whether anything was added.
 fn affinity_ops(spec: &PodSpec, profile: &str, out: &mut Vec<PatchOp>) -> bool {
-    let wanted = required_expressions(profile);
-    let term = JsonText::object(|o| {
-        o.array("matchExpressions", |a| push_requirements(a, &wanted));
-    });
-    let selector = JsonText::object(|o| {
-        o.array("nodeSelectorTerms", |a| {
-            a.json(&term);
-        });
-    });
+    let texts = AffinityTexts::of(profile);
     let affinity = spec.affinity.as_ref();
     let node = affinity.and_then(|a| a.node_affinity.as_ref());
     let required = node.and_then(|n| {
         n.required_during_scheduling_ignored_during_execution
             .as_ref()
     });
-    let base: PointerBuf = pointer([
-        "spec",
-        "affinity",
-        "nodeAffinity",
-        "requiredDuringSchedulingIgnoredDuringExecution",
-    ]);
+    let base = || -> PointerBuf {
+        pointer([
+            "spec",
+            "affinity",
+            "nodeAffinity",
+            "requiredDuringSchedulingIgnoredDuringExecution",
+        ])
+    };
     match (affinity, node, required) {
         (None, _, _) => {
             out.push(PatchOp::add(
                 pointer(["spec", "affinity"]),
-                JsonText::object(|o| {
-                    o.object("nodeAffinity", |n| {
-                        n.json("requiredDuringSchedulingIgnoredDuringExecution", &selector);
-                    });
-                }),
+                texts.affinity.clone(),
             ));
             true
         }
         (Some(_), None, _) => {
             out.push(PatchOp::add(
                 pointer(["spec", "affinity", "nodeAffinity"]),
-                JsonText::object(|o| {
-                    o.json("requiredDuringSchedulingIgnoredDuringExecution", &selector);
-                }),
+                texts.node_affinity.clone(),
             ));
             true
         }
         (Some(_), Some(_), None) => {
-            out.push(PatchOp::add(base, selector));
+            out.push(PatchOp::add(base(), texts.selector.clone()));
             true
         }
         (Some(_), Some(_), Some(req)) if req.node_selector_terms.is_empty() => {
-            out.push(PatchOp::add(child(&base, ["nodeSelectorTerms", "-"]), term));
+            out.push(PatchOp::add(
+                child(&base(), ["nodeSelectorTerms", "-"]),
+                texts.term.clone(),
+            ));
             true
         }
         (Some(_), Some(_), Some(req)) => {
+            let wanted = required_expressions(profile);
+            let base = base();
             let mut added = false;
             for (t, existing) in req.node_selector_terms.iter().enumerate() {
                 let idx = t.to_string();

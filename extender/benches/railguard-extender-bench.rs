@@ -146,12 +146,10 @@ async fn main() -> BenchResult<()> {
         }
     }
     lookups.sort();
-    // What node and profile changes cost the watch task: the node index built from scratch
-    // (a relist, new topology keys), rebuilt reusing the previous index's topology ids (a
+    // What node and profile changes cost the watch task: the node index built (a relist, a
     // node added or removed, a profile change), and one indexed node's slot replaced (a
     // kubelet status write, a new certificate: most node events).
     let mut rebuilds = Vec::new();
-    let mut reuses = Vec::new();
     let mut replaces = Vec::new();
     if let Source::Cluster(cluster) = &state.source {
         let set = cluster.profile_set();
@@ -168,14 +166,9 @@ async fn main() -> BenchResult<()> {
         for _ in 0..(rounds / 20).max(5) {
             let nodes = cluster.nodes.read();
             let version = cluster.nodes.version();
-            let keys = cluster.config.topology_keys.clone();
             let t = Instant::now();
-            let index = NodeIndex::build(&nodes, version, &set, keys.clone(), None);
+            let index = NodeIndex::build(&nodes, version, &set);
             rebuilds.push(t.elapsed());
-            std::hint::black_box(index);
-            let t = Instant::now();
-            let index = NodeIndex::build(&nodes, version, &set, keys, Some(&previous));
-            reuses.push(t.elapsed());
             std::hint::black_box(index);
         }
         for _ in 0..rounds {
@@ -186,7 +179,6 @@ async fn main() -> BenchResult<()> {
         }
     }
     rebuilds.sort();
-    reuses.sort();
     replaces.sort();
     // `/prioritize` for a pod of a job already running on 1,000 of the nodes (gang locality
     // over the interned topology), decode + score + encode.
@@ -310,10 +302,9 @@ async fn main() -> BenchResult<()> {
         us(percentile(&prioritized, 0.99))
     );
     for (what, v) in [
-        ("built from scratch (relist, new topology keys)", &rebuilds),
         (
-            "rebuilt reusing the previous topology ids (node added or removed, profile change)",
-            &reuses,
+            "built whole (relist, node added or removed, profile change)",
+            &rebuilds,
         ),
         (
             "one indexed node replaced (status write, new certificate)",

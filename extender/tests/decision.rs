@@ -1085,28 +1085,6 @@ fn node_index_replaces_a_changed_nodes_slot_and_equals_a_rebuild() {
         "{replaced} replaced, {rebuilt} rebuilt"
     );
 
-    // Relabelled again and again, the ids of values gone pile up until a change rebuilds.
-    let mut shared = 0;
-    for round in 0..2000 {
-        let before = cluster.node_index();
-        let mut node = (*cluster.nodes.get("gen-1").unwrap().fabric).clone();
-        node.labels.insert(
-            "network.topology.nvidia.com/spine".into(),
-            format!("spine-{round}"),
-        );
-        let applied = watch.apply(
-            &cluster.nodes,
-            Change::Changed("gen-1".into(), Some(CachedNode::new(Arc::new(node), &set))),
-        );
-        cluster.node_changed(&applied);
-        shared += usize::from(cluster.node_index().shares_name_table(&before));
-    }
-    assert!(
-        (500..2000).contains(&shared),
-        "{shared} of 2000 replaced in place"
-    );
-    assert_index_matches_cache(&cluster.node_index(), &cluster, "relabelled");
-
     // A profile change rebuilds, and the rebuild keeps matching the cache.
     cluster.rebuild_profile_list();
     assert_index_matches_cache(&cluster.node_index(), &cluster, "profiles changed");

@@ -99,7 +99,11 @@ impl ClusterState {
         *self
             .profile_set
             .write()
-            .unwrap_or_else(PoisonError::into_inner) = Arc::new(ProfileSet::new(generation, list));
+            .unwrap_or_else(PoisonError::into_inner) = Arc::new(ProfileSet::new(
+            generation,
+            list,
+            &self.config.topology_keys,
+        ));
         self.refresh_prechecks();
     }
 
@@ -208,36 +212,15 @@ impl ClusterState {
         let nodes = self.nodes.read();
         // Read under the lock: no write is in flight, so this version names `nodes` exactly.
         let version = self.nodes.version();
-        let previous = self.node_index();
-        if previous.is_current(version, set.generation) {
+        if self.node_index().is_current(version, set.generation) {
             return;
         }
-        let index = Arc::new(NodeIndex::build(
-            &nodes,
-            version,
-            set,
-            self.topology_keys(set),
-            Some(&previous),
-        ));
+        let index = Arc::new(NodeIndex::build(&nodes, version, set));
         drop(nodes);
         *self
             .node_index
             .write()
             .unwrap_or_else(PoisonError::into_inner) = index;
-    }
-
-    /// Every topology key a decision may score on: the extender's defaults, then each
-    /// profile's own, once each.
-    fn topology_keys(&self, set: &ProfileSet) -> Vec<String> {
-        let mut keys = self.config.topology_keys.clone();
-        for profile in &set.profiles {
-            for key in &profile.spec.topology_keys {
-                if !keys.contains(key) {
-                    keys.push(key.clone());
-                }
-            }
-        }
-        keys
     }
 
     fn refresh_stale_prechecks(&self, set: &ProfileSet) {

@@ -1,5 +1,6 @@
 //! The node cache laid out for the filter path ([`NodeIndex`]).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 use railguard_api::NodeFabric;
 
 use crate::cache::{CachedNode, ProfileSet};
-use crate::decision::{NodeSlot, Precheck, TopologyInterner};
+use crate::decision::{NodeSlot, Precheck};
 
 /// The node cache laid out for the filter path. A `/filter` call looks up thousands of names;
 /// through the node map each lookup compares its key behind a heap pointer and then follows
@@ -17,8 +18,8 @@ use crate::decision::{NodeSlot, Precheck, TopologyInterner};
 /// each profile's prechecks are one contiguous array, so a lookup stays in a few hundred
 /// kilobytes that the CPU caches hold.
 ///
-/// Built whole when nodes come or go or the profiles change, reusing the topology ids of
-/// every node whose fabric did not change ([`NodeIndex::build`]); a changed node that was
+/// Built whole when nodes come or go or the profiles change ([`NodeIndex::build`]), copying
+/// each node's topology ids, interned when the node was cached; a changed node that was
 /// already indexed (a kubelet status write, a new certificate) only replaces its own slot
 /// in a copy that shares the name table ([`NodeIndex::with_node`]). Handlers use it only
 /// while [`NodeIndex::is_current`] says it reflects the node cache and the profile set they
@@ -40,10 +41,8 @@ pub struct NodeIndex {
     /// `prechecks[profile * len + slot]`; `None` where the node's prechecks were made for an
     /// older profile set (decisions then check its certificate instead).
     prechecks: Vec<Option<Precheck>>,
-    /// Topology values to ids, for the keys behind every slot's ids: the extender's defaults
-    /// and every profile's own. Shared with the indexes built from this one, which reuse
-    /// the ids.
-    interner: Arc<TopologyInterner>,
+    /// The keys behind every slot's topology ids ([`ProfileSet::topology_keys`]).
+    topology_keys: Vec<String>,
     /// `topology[slot * keys + k]`: the id of the slot's value for key `k`.
     topology: Vec<Option<u32>>,
 }
@@ -97,25 +96,15 @@ impl NameSlots {
     }
 }
 
-/// How many distinct topology values an index may hold per slot and key before a change
-/// rebuilds it instead: ids of values no node has any more are only dropped by a rebuild.
-const MAX_IDS_PER_SLOT_AND_KEY: usize = 2;
-
 impl NodeIndex {
-    /// Indexes `nodes` (the node cache at `nodes_version`) for the profiles of `set`, with
-    /// their values of `topology_keys` interned. Where `previous` interned the same keys,
-    /// its ids are kept and every node whose fabric it already indexed keeps its ids without
-    /// its labels being read again.
+    /// Indexes `nodes` (the node cache at `nodes_version`) for the profiles of `set`.
     pub fn build(
         nodes: &HashMap<String, Arc<CachedNode>>,
         nodes_version: u64,
         set: &ProfileSet,
-        topology_keys: Vec<String>,
-        previous: Option<&NodeIndex>,
     ) -> Self {
         let len = nodes.len();
-        let previous = previous.filter(|p| p.interner.keys() == topology_keys.as_slice());
-        let width = topology_keys.len();
+        let width = set.topology_keys().len();
         let mut index = NodeIndex {
             nodes_version,
             generation: set.generation,
@@ -124,10 +113,7 @@ impl NodeIndex {
             fleet_outliers: Vec::with_capacity(len),
             profiles: set.profiles.len(),
             prechecks: Vec::with_capacity(len * set.profiles.len()),
-            interner: match previous {
-                Some(p) => p.interner.clone(),
-                None => Arc::new(TopologyInterner::new(topology_keys)),
-            },
+            topology_keys: set.topology_keys().to_vec(),
             topology: Vec::with_capacity(len * width),
         };
         // Sorted, so slots (and the arena) follow name order whatever the map's order.
@@ -148,19 +134,7 @@ impl NodeIndex {
             index
                 .fleet_outliers
                 .push(cached.fabric.fleet_outlier.is_some());
-            let kept = previous.and_then(|p| {
-                let slot = p.slots.lookup(name)?;
-                let same = p
-                    .fabrics
-                    .get(slot)
-                    .is_some_and(|f| Arc::ptr_eq(f, &cached.fabric));
-                same.then(|| p.topology(slot))
-            });
-            match kept {
-                Some(ids) if ids.len() == width => index.topology.extend_from_slice(ids),
-                _ => Arc::make_mut(&mut index.interner)
-                    .intern_into(&cached.fabric.labels, &mut index.topology),
-            }
+            index.topology.extend_from_slice(&topology_of(cached, set));
         }
         index.slots = Arc::new(slots);
         let indexed = index.fabrics.len();
@@ -171,19 +145,14 @@ impl NodeIndex {
                     .map(|(_, cached)| cached.precheck(set, p).cloned()),
             );
         }
-        if index.interner.len() > MAX_IDS_PER_SLOT_AND_KEY * width * (indexed + 16) {
-            // Too many ids of values gone: start the ids afresh.
-            let keys = Arc::unwrap_or_clone(index.interner).into_keys();
-            return NodeIndex::build(nodes, nodes_version, set, keys, None);
-        }
         index
     }
 
     /// This index with the node in slot `cached.fabric.name` replaced by `cached` (the node
     /// cache is now at `nodes_version`): a copy that shares the name table, so a node's
     /// status write costs a few copies of flat arrays, not a rebuild. `None` where the node
-    /// is not indexed, `set` is not the profile set of this index, or the ids of values no
-    /// node has any more have piled up: then [`NodeIndex::build`] it.
+    /// is not indexed or `set` is not the profile set of this index: then
+    /// [`NodeIndex::build`] it.
     pub fn with_node(
         &self,
         cached: &CachedNode,
@@ -194,10 +163,7 @@ impl NodeIndex {
             return None;
         }
         let slot = self.slots.lookup(&cached.fabric.name)?;
-        let width = self.interner.keys().len();
-        if self.interner.len() + width > MAX_IDS_PER_SLOT_AND_KEY * width * (self.len() + 16) {
-            return None;
-        }
+        let width = self.topology_keys.len();
         let mut index = self.clone();
         index.nodes_version = nodes_version;
         *index.fabrics.get_mut(slot)? = cached.fabric.clone();
@@ -206,16 +172,11 @@ impl NodeIndex {
         for p in 0..self.profiles {
             *index.prechecks.get_mut(p * len + slot)? = cached.precheck(set, p).cloned();
         }
-        let mut ids = Vec::with_capacity(width);
-        if !index.interner.known_ids(&cached.fabric.labels, &mut ids) {
-            // A value no node had: the interner is copied once for this index.
-            ids.clear();
-            Arc::make_mut(&mut index.interner).intern_into(&cached.fabric.labels, &mut ids);
-        }
+        let ids = topology_of(cached, set);
         index
             .topology
             .get_mut(slot * width..(slot + 1) * width)?
-            .copy_from_slice(&ids);
+            .copy_from_slice(ids.get(..width)?);
         Some(index)
     }
 
@@ -246,12 +207,12 @@ impl NodeIndex {
 
     /// The keys behind every slot's [`NodeIndex::topology`], in id order.
     pub fn topology_keys(&self) -> &[String] {
-        self.interner.keys()
+        &self.topology_keys
     }
 
     /// The interned topology values of `slot`, one per [`NodeIndex::topology_keys`].
     pub fn topology(&self, slot: usize) -> &[Option<u32>] {
-        let width = self.interner.keys().len();
+        let width = self.topology_keys.len();
         self.topology
             .get(slot * width..(slot + 1) * width)
             .unwrap_or_default()
@@ -272,6 +233,16 @@ impl NodeIndex {
             },
             None => NodeSlot::new(name, None),
         }
+    }
+}
+
+/// `cached`'s topology ids in `set`: as cached, or interned now where the node was cached
+/// for an older set (its ids are that set's).
+fn topology_of<'c>(cached: &'c CachedNode, set: &ProfileSet) -> Cow<'c, [Option<u32>]> {
+    if cached.generation == set.generation && cached.topology.len() == set.topology_keys().len() {
+        Cow::Borrowed(&cached.topology)
+    } else {
+        Cow::Owned(set.intern_topology(&cached.fabric.labels))
     }
 }
 

@@ -16,6 +16,8 @@ pub struct CachedNode {
     pub generation: u64,
     /// One per profile of that set, in its order, each for the profile's own signature.
     pub prechecks: Vec<Precheck>,
+    /// The node's topology ids in that set ([`ProfileSet::intern_topology`]).
+    pub topology: Vec<Option<u32>>,
 }
 
 impl CachedNode {
@@ -26,10 +28,12 @@ impl CachedNode {
             .zip(&profiles.signatures)
             .map(|(p, s)| precheck(&fabric, p, s))
             .collect();
+        let topology = profiles.intern_topology(&fabric.labels);
         CachedNode {
             fabric,
             generation: profiles.generation,
             prechecks,
+            topology,
         }
     }
 

@@ -74,36 +74,6 @@ impl TopologyInterner {
         &self.keys
     }
 
-    /// Ids handed out, over every key.
-    pub fn len(&self) -> usize {
-        self.ids.iter().map(HashMap::len).sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The keys, dropping the ids.
-    pub fn into_keys(self) -> Vec<String> {
-        self.keys
-    }
-
-    /// Appends one id per key for a node's `labels` to `out`, as [`TopologyInterner::intern_into`]
-    /// would, where every value already has an id; `false` (with `out` partly written)
-    /// where one does not.
-    pub fn known_ids(&self, labels: &BTreeMap<String, String>, out: &mut Vec<Option<u32>>) -> bool {
-        for (key, ids) in self.keys.iter().zip(&self.ids) {
-            match labels.get(key) {
-                None => out.push(None),
-                Some(value) => match ids.get(value.as_str()) {
-                    Some(&id) => out.push(Some(id)),
-                    None => return false,
-                },
-            }
-        }
-        true
-    }
-
     /// Appends one id per key for a node's `labels` to `out` (`None` where it lacks the label).
     pub fn intern_into(&mut self, labels: &BTreeMap<String, String>, out: &mut Vec<Option<u32>>) {
         for (key, ids) in self.keys.iter().zip(&mut self.ids) {

@@ -7,6 +7,8 @@
 //! GPU + RDMA pod the webhook never saw is still held to the default profile, with the
 //! degraded node's reason in its FailedScheduling event (`--report-unresolvable-as-failed`).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: a failed setup fails the test loudly
+
 use std::process::Command;
 use std::time::Duration;
 
@@ -374,12 +376,11 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
         );
     let stored = create(&client, "ops", &raw).await;
     assert!(
-        stored
+        !stored
             .metadata
             .annotations
             .unwrap_or_default()
-            .get(keys::ANNOTATION_PROFILE)
-            .is_none(),
+            .contains_key(keys::ANNOTATION_PROFILE),
         "the webhook must not have seen namespace ops"
     );
     let mut plain: Pod = serde_json::from_value(json!({

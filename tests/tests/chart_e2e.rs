@@ -4,6 +4,8 @@
 //! installed, and always the same dry run through the kube client with `dryRun=All`).
 //! Where `helm` is on PATH, `helm lint` and `helm template` run too and must agree.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: a failed setup fails the test loudly
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
@@ -1454,11 +1456,7 @@ fn dockerfiles_build_the_binaries_the_chart_runs() {
             text.contains(&format!("ENTRYPOINT [\"/usr/local/bin/{bin}\"]")),
             "{component}: entrypoint"
         );
-        let last_user = text
-            .lines()
-            .filter(|l| l.starts_with("USER "))
-            .next_back()
-            .unwrap();
+        let last_user = text.lines().rfind(|l| l.starts_with("USER ")).unwrap();
         assert_eq!(last_user, "USER 65532:65532", "{component}: non-root");
         let exposed: Vec<&str> = text
             .lines()

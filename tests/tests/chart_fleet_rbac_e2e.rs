@@ -9,6 +9,8 @@
 //! and its `/metrics` exposes every name of `fleet::METRIC_NAMES`, the list the chart's
 //! Grafana dashboard is checked against (tests/tests/chart_dashboard.rs).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: a failed setup fails the test loudly
+
 use std::process::Command;
 use std::time::Duration;
 

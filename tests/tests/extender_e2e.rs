@@ -3,6 +3,8 @@
 //! extenders, in both nodeCacheCapable modes. Six fake nodes in the six fabric states; pods
 //! annotated as the webhook would; assertions on bindings and FailedScheduling events.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: a failed setup fails the test loudly
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -356,7 +358,7 @@ async fn scenario(node_cache_capable: bool) {
                 if let Some(node) = pod_node(&client, "train", "h100-b").await {
                     return Ok(Some(node));
                 }
-                if n % 25 == 0 {
+                if n.is_multiple_of(25) {
                     let patch = serde_json::json!({"metadata": {"annotations": {"railguard-tests/requeue": n.to_string()}}});
                     pods.patch("h100-b", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
                         .await?;

@@ -2,6 +2,8 @@
 //! simulated RDMA engine, the `all_reduce_perf_sim` child process) publishing certificates to
 //! a real kube-apiserver 1.20; what the extender reads (`NodeFabric::from_node`) follows.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: a failed setup fails the test loudly
+
 use std::process::Stdio;
 use std::time::Duration;
 

@@ -745,6 +745,8 @@ async fn webhook_and_extender_hold_under_load_rotation_and_an_apiserver_restart(
     eprintln!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let warm = Duration::from_secs(10).min(soak / 4);
     for (server, tally) in [&webhook, &extender].into_iter().zip(&tallies) {
+        // Scraped before the tally is locked: no guard is held across the await.
+        let metrics = metrics_text(server, "/metrics").await.unwrap_or_default();
         let t = tally.lock().unwrap();
         let samples = server.rss_kib.lock().unwrap().clone();
         let run_end = samples.last().map(|s| s.0).unwrap_or_default();
@@ -752,7 +754,6 @@ async fn webhook_and_extender_hold_under_load_rotation_and_an_apiserver_restart(
         let rss_start = mean_rss(&samples, warm, warm + fifth);
         let rss_end = mean_rss(&samples, run_end - fifth, run_end + Duration::from_secs(1));
         let peak = samples.iter().map(|s| s.1).max().unwrap_or(0);
-        let metrics = metrics_text(server, "/metrics").await.unwrap_or_default();
         let prefix = match server.name {
             "railguard-webhook" => "railguard_webhook",
             _ => "railguard_extender",

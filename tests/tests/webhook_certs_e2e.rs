@@ -2,6 +2,8 @@
 //! provisioning pass runs in-process; assertions are on the stored Secret, the written
 //! files and the MutatingWebhookConfiguration's caBundles.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: a failed setup fails the test loudly
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;

@@ -3,6 +3,8 @@
 //! loopback; pods created through the API server, assertions on the stored pods and on the
 //! warnings the API server returns to the client.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: a failed setup fails the test loudly
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;

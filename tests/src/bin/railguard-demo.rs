@@ -618,8 +618,8 @@ async fn print_fleet(client: &Client, s: &Style) -> Result<()> {
         .await?;
     let now = Timestamp::now();
     println!(
-        "  {:<9} {:<11} {:>8} {:>7}  {}",
-        "NODE", "VERDICT", "BUSBW", "RAILS", "REASON"
+        "  {:<9} {:<11} {:>8} {:>7}  REASON",
+        "NODE", "VERDICT", "BUSBW", "RAILS"
     );
     let mut rows: Vec<NodeFabric> = nodes
         .items

@@ -1,5 +1,7 @@
 //! Unit tests of the shared model: profile validation, signatures, certificates, NodeFabric.
 
+#![allow(clippy::unwrap_used, clippy::type_complexity)] // test fixtures: a bad one fails loudly; case tables are tuples
+
 use std::collections::BTreeMap;
 
 use jiff::{SignedDuration, Timestamp};

@@ -2,7 +2,7 @@
 # Runs every railguard test: installs prerequisites, prepares the real local control planes
 # (Kubernetes 1.20 and 1.37, built once and cached in ${XDG_CACHE_HOME:-$HOME/.cache}/railguard),
 # then the whole workspace's tests, end-to-end tests included, and the control-plane
-# end-to-end tests a second time against 1.37.
+# end-to-end tests a second time against 1.37; last, rustfmt and clippy (warnings as errors).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash tests/scripts/install-deps.sh
@@ -28,3 +28,10 @@ RAILGUARD_KUBE_VERSION=1.37 cargo test --workspace \
   --test admission_to_placement_e2e --test prober_e2e --test prober_faults_e2e --test campaign_e2e \
   --test chart_e2e --test node_guard_e2e --test invalid_profile_e2e --test campaign_identity_e2e \
   --test fleet_e2e --test chart_fleet_rbac_e2e "$@"
+
+# Formatting and lints over every target (tests and benches included), warnings as errors.
+if command -v rustup >/dev/null 2>&1; then
+  rustup component add clippy rustfmt >/dev/null 2>&1 || true
+fi
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings

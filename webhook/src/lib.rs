@@ -10,6 +10,7 @@ pub mod catalog;
 pub mod cert_sync;
 pub mod certs;
 pub mod config;
+pub mod decisions;
 pub mod error;
 pub mod json_text;
 pub mod metrics;

@@ -58,6 +58,8 @@ pub struct Metrics {
     pub profiles_invalid: railguard_runtime::InvalidProfileGauge,
     /// Node guard decisions (`/validate-nodes`) by outcome and writer.
     pub node_guard_decisions: Family<NodeGuardLabels, Counter>,
+    /// Pod decisions taken from the decision cache (`hit`) or made (`miss`).
+    pub decision_cache: Family<ResultLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -116,6 +118,12 @@ impl Metrics {
             "Node guard decisions on Node changes, by outcome and writer",
             node_guard_decisions.clone(),
         );
+        let decision_cache = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "decision_cache_lookups",
+            "Pod decisions answered from the decision cache (hit) or made (miss)",
+            decision_cache.clone(),
+        );
         Self {
             registry,
             admissions,
@@ -127,6 +135,7 @@ impl Metrics {
             profiles,
             profiles_invalid,
             node_guard_decisions,
+            decision_cache,
         }
     }
 

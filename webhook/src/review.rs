@@ -1,16 +1,20 @@
 //! `admission.k8s.io/v1` AdmissionReview in and out, and the admission decision around
 //! [`mutate()`](crate::mutate()) (request kind, operation, failure mode). No IO.
 
+use std::sync::Arc;
+
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Pod;
 use railguard_api::FabricProfile;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::catalog::ProfileSet;
 use crate::config::{FailureMode, NamespaceInfo, WebhookConfig};
+use crate::decisions::{DecisionCache, Lookup};
 use crate::error::DecodeError;
 use crate::json_text;
-use crate::mutate::{mutate, Warning, WarningKind};
+use crate::mutate::{mutate, Plan, Warning, WarningKind};
 use crate::patch::write_patch;
 
 /// Room for a full mutation's patch (an 8-GPU pod's is about 3 KiB), so writing it does not
@@ -139,13 +143,41 @@ pub fn decode(body: &[u8]) -> Result<AdmissionRequest<'_>, DecodeError> {
     })
 }
 
+/// A JSON-patch document and its base64 form, written once: a cached decision answers many
+/// reviews with the same patch. Dereferences to the JSON.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncodedPatch {
+    json: Vec<u8>,
+    base64: String,
+}
+
+impl EncodedPatch {
+    pub fn new(json: Vec<u8>) -> Self {
+        let base64 = base64::engine::general_purpose::STANDARD.encode(&json);
+        Self { json, base64 }
+    }
+
+    /// The patch as base64, the form the AdmissionReview carries.
+    pub fn base64(&self) -> &str {
+        &self.base64
+    }
+}
+
+impl std::ops::Deref for EncodedPatch {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.json
+    }
+}
+
 /// The AdmissionResponse railguard sends.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReviewResponse {
     pub uid: String,
     pub allowed: bool,
-    /// JSON-patch document (serialized JSON), if any.
-    pub patch: Option<Vec<u8>>,
+    /// JSON-patch document, if any.
+    pub patch: Option<Arc<EncodedPatch>>,
     pub warnings: Vec<String>,
     /// Denial message (HTTP-like code 403 in `status`).
     pub denial: Option<String>,
@@ -162,17 +194,13 @@ impl ReviewResponse {
         }
     }
 
-    /// The AdmissionReview JSON, written in one pass: the patch goes into the answer as
-    /// base64 directly, with no string in between. The bytes are those serde_json writes for
+    /// The AdmissionReview JSON, written in one pass. The bytes are those serde_json writes for
     /// the same fields in this order (`uid`, `allowed`, `patchType`, `patch`, `warnings`,
     /// `status`), absent ones left out.
     pub fn encode(&self) -> Vec<u8> {
         const HEAD: &str =
             r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"#;
-        let patch_len = self
-            .patch
-            .as_ref()
-            .map_or(0, |p| p.len().div_ceil(3) * 4 + 40);
+        let patch_len = self.patch.as_ref().map_or(0, |p| p.base64().len() + 40);
         let text_len: usize = self.warnings.iter().map(|w| w.len() + 3).sum::<usize>()
             + self.denial.as_ref().map_or(0, |d| d.len() + 60);
         let mut out =
@@ -186,8 +214,8 @@ impl ReviewResponse {
         });
         if let Some(patch) = &self.patch {
             out.push_str(r#","patchType":"JSONPatch","patch":""#);
-            // Base64 needs no escaping: encoded straight into the answer.
-            base64::engine::general_purpose::STANDARD.encode_string(patch, &mut out);
+            // Base64 needs no escaping.
+            out.push_str(patch.base64());
             out.push('"');
         }
         if !self.warnings.is_empty() {
@@ -214,6 +242,44 @@ pub struct Admission {
     pub warning_kinds: Vec<WarningKind>,
     /// An internal error, for the log.
     pub error: Option<String>,
+    /// Whether [`admit_cached`] found the decision held (None: no cache was asked).
+    pub cache: Option<Lookup>,
+}
+
+/// What [`mutate()`] decided for one pod, as the answer carries it: the part of an
+/// [`Admission`] that does not depend on the request's uid, so [`DecisionCache`] can hold it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// A [`Outcome`] name.
+    ///
+    /// [`Outcome`]: crate::Outcome
+    pub outcome: &'static str,
+    pub profile: Option<String>,
+    pub patch: Option<Arc<EncodedPatch>>,
+    pub warnings: Vec<String>,
+    pub warning_kinds: Vec<WarningKind>,
+    /// Set when the pod is denied.
+    pub denial: Option<String>,
+}
+
+impl Decision {
+    pub fn from_plan(mut plan: Plan) -> Self {
+        let warning_kinds = plan.warnings.iter().map(|w| w.kind).collect();
+        let warnings = plan.warnings.drain(..).map(|w| w.message).collect();
+        let patch = (plan.deny.is_none() && !plan.ops.is_empty()).then(|| {
+            let mut patch = String::with_capacity(PATCH_CAPACITY);
+            write_patch(&plan.ops, &mut patch);
+            Arc::new(EncodedPatch::new(patch.into_bytes()))
+        });
+        Self {
+            outcome: plan.outcome.as_str(),
+            profile: plan.profile,
+            patch,
+            warnings,
+            warning_kinds,
+            denial: plan.deny,
+        }
+    }
 }
 
 /// Decides a decoded request: only Pod CREATE is mutated; anything else is allowed as is
@@ -224,6 +290,37 @@ pub fn admit(
     profiles: &[FabricProfile],
     config: &WebhookConfig,
     failure_mode: FailureMode,
+) -> Admission {
+    admit_with(request, namespace, profiles, config, failure_mode, None)
+}
+
+/// [`admit`], with the pod's decision taken from `cache` when an equal pod was decided under
+/// the same namespace, `profiles` snapshot and `config` (the answer is the same either way).
+pub fn admit_cached(
+    request: &AdmissionRequest<'_>,
+    namespace: &NamespaceInfo,
+    profiles: &ProfileSet,
+    config: &WebhookConfig,
+    failure_mode: FailureMode,
+    cache: &DecisionCache,
+) -> Admission {
+    admit_with(
+        request,
+        namespace,
+        profiles,
+        config,
+        failure_mode,
+        Some((cache, profiles)),
+    )
+}
+
+fn admit_with(
+    request: &AdmissionRequest<'_>,
+    namespace: &NamespaceInfo,
+    profiles: &[FabricProfile],
+    config: &WebhookConfig,
+    failure_mode: FailureMode,
+    cache: Option<(&DecisionCache, &ProfileSet)>,
 ) -> Admission {
     let mut response = ReviewResponse::allow(request.uid.clone());
     let ignored = |response: ReviewResponse, warning: Option<Warning>| {
@@ -239,6 +336,7 @@ pub fn admit(
             profile: None,
             warning_kinds: kinds,
             error: None,
+            cache: None,
         }
     };
     if !request.is_pod() {
@@ -285,6 +383,7 @@ pub fn admit(
             profile: None,
             warning_kinds: vec![WarningKind::Internal],
             error: Some(message),
+            cache: None,
         }
     };
     let Some(raw) = request.object else {
@@ -294,26 +393,28 @@ pub fn admit(
         Ok(p) => p,
         Err(e) => return failed(format!("object is not a valid Pod: {e}"), response),
     };
-    let mut plan = match mutate(&pod, namespace, profiles, config) {
-        Ok(p) => p,
+    let decide = |pod: &Pod| mutate(pod, namespace, profiles, config).map(Decision::from_plan);
+    let decided = match cache {
+        Some((cache, set)) => cache
+            .decide(pod, raw.get().len(), namespace, set, config, decide)
+            .map(|(d, lookup)| (d, Some(lookup))),
+        None => decide(&pod).map(|d| (Arc::new(d), None)),
+    };
+    let (decision, lookup) = match decided {
+        Ok(d) => d,
         Err(e) => return failed(railguard_api::error::error_chain(&e), response),
     };
-    let warning_kinds = plan.warnings.iter().map(|w| w.kind).collect();
-    response.warnings = plan.warnings.drain(..).map(|w| w.message).collect();
-    if let Some(reason) = plan.deny.take() {
-        response.allowed = false;
-        response.denial = Some(reason);
-    } else if !plan.ops.is_empty() {
-        let mut patch = String::with_capacity(PATCH_CAPACITY);
-        write_patch(&plan.ops, &mut patch);
-        response.patch = Some(patch.into_bytes());
-    }
+    response.allowed = decision.denial.is_none();
+    response.denial.clone_from(&decision.denial);
+    response.warnings.clone_from(&decision.warnings);
+    response.patch.clone_from(&decision.patch);
     Admission {
         response,
-        outcome: plan.outcome.as_str(),
-        profile: plan.profile,
-        warning_kinds,
+        outcome: decision.outcome,
+        profile: decision.profile.clone(),
+        warning_kinds: decision.warning_kinds.clone(),
         error: None,
+        cache: lookup,
     }
 }
 
@@ -364,7 +465,7 @@ mod tests {
                 patch: r
                     .patch
                     .as_ref()
-                    .map(|p| base64::engine::general_purpose::STANDARD.encode(p)),
+                    .map(|p| base64::engine::general_purpose::STANDARD.encode(&p[..])),
                 warnings: &r.warnings,
                 status: r.denial.as_deref().map(|message| StatusWire {
                     code: 403,
@@ -384,7 +485,9 @@ mod tests {
         // Every patch length modulo 3 (base64 padding), empty included.
         for len in [0, 1, 2, 3, 4, 5, 3000, 3001, 3002] {
             let mut r = ReviewResponse::allow("u");
-            r.patch = Some((0..len).map(|i| (i * 7 % 256) as u8).collect());
+            r.patch = Some(Arc::new(EncodedPatch::new(
+                (0..len).map(|i| (i * 7 % 256) as u8).collect(),
+            )));
             r.warnings = vec!["container t: NCCL_IB_HCA=\"x\" kept\n".into(), "é…".into()];
             cases.push(r);
         }

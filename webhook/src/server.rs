@@ -17,7 +17,10 @@ use tokio::sync::watch;
 
 use crate::catalog::Catalog;
 use crate::config::{FailureMode, WebhookConfig};
-use crate::metrics::{AdmissionLabels, KindLabels, Metrics, ModeLabels, NodeGuardLabels};
+use crate::decisions::DecisionCache;
+use crate::metrics::{
+    AdmissionLabels, KindLabels, Metrics, ModeLabels, NodeGuardLabels, ResultLabels,
+};
 use crate::node_guard;
 use crate::review;
 use crate::tls::CertReloader;
@@ -28,6 +31,8 @@ pub struct AppState {
     pub config: WebhookConfig,
     pub failure_mode: FailureMode,
     pub metrics: Arc<Metrics>,
+    /// Recent decisions, so the pods of one job are decided once.
+    pub decisions: DecisionCache,
 }
 
 /// Limits and addresses of a running server.
@@ -212,14 +217,22 @@ async fn mutate_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Resp
     let ns_name = request.namespace.clone().unwrap_or_default();
     let namespace = state.catalog.namespace(&ns_name).await;
     let profiles = state.catalog.profiles();
-    let admission = review::admit(
+    let admission = review::admit_cached(
         &request,
         &namespace,
         &profiles,
         &state.config,
         state.failure_mode,
+        &state.decisions,
     );
     let m = &state.metrics;
+    if let Some(lookup) = admission.cache {
+        m.decision_cache
+            .get_or_create(&ResultLabels {
+                result: lookup.as_str().to_string(),
+            })
+            .inc();
+    }
     m.admissions
         .get_or_create(&AdmissionLabels {
             outcome: admission.outcome.to_string(),

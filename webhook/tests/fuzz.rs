@@ -12,14 +12,15 @@
 #[path = "../../api/tests/fuzz_support/mod.rs"]
 mod fuzz_support;
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use fuzz_support::{check_error, config, mutated, mutated_text, raw_bytes, raw_text};
 use k8s_openapi::api::core::v1::Pod;
 use proptest::prelude::*;
-use railguard_api::FabricProfile;
+use railguard_webhook::catalog::ProfileSet;
+use railguard_webhook::decisions::{CacheLimits, DecisionCache};
 use railguard_webhook::networks::{merge, NetworksAnnotation};
-use railguard_webhook::review::{admit, decode};
+use railguard_webhook::review::{admit, admit_cached, decode};
 use railguard_webhook::{FailureMode, NamespaceInfo, WebhookConfig};
 use serde_json::{json, Value};
 
@@ -117,21 +118,36 @@ fn seeds() -> Vec<Vec<u8>> {
 }
 
 /// The profiles, parsed once (not per case).
-fn profiles() -> &'static [FabricProfile] {
-    static PROFILES: OnceLock<Vec<FabricProfile>> = OnceLock::new();
+fn profiles() -> &'static ProfileSet {
+    static PROFILES: OnceLock<ProfileSet> = OnceLock::new();
     PROFILES.get_or_init(|| {
-        [H100, ROCE]
-            .iter()
-            .flat_map(|y| railguard_api::profiles_from_yaml(y).unwrap())
-            .collect()
+        Arc::new(
+            [H100, ROCE]
+                .iter()
+                .flat_map(|y| railguard_api::profiles_from_yaml(y).unwrap())
+                .collect(),
+        )
+    })
+}
+
+/// One decision cache for every case, as the server keeps one for every review; small, so
+/// entries are evicted and replaced as well as hit.
+fn cache() -> &'static DecisionCache {
+    static CACHE: OnceLock<DecisionCache> = OnceLock::new();
+    CACHE.get_or_init(|| {
+        DecisionCache::new(CacheLimits {
+            max_entries: 8,
+            ..CacheLimits::default()
+        })
     })
 }
 
 /// Decodes a body as the `/mutate` handler does and decides it; the answer is a valid
-/// AdmissionReview for the request's uid, and its patch applies to the pod and leaves a Pod.
+/// AdmissionReview for the request's uid, its patch applies to the pod and leaves a Pod, and
+/// deciding it through the decision cache answers the same.
 fn review_property(
     body: &[u8],
-    profiles: &[FabricProfile],
+    profiles: &ProfileSet,
     mode: FailureMode,
 ) -> Result<(), TestCaseError> {
     let request = match decode(body) {
@@ -146,6 +162,29 @@ fn review_property(
         profiles,
         &WebhookConfig::default(),
         mode,
+    );
+    let cached = admit_cached(
+        &request,
+        &namespace,
+        profiles,
+        &WebhookConfig::default(),
+        mode,
+        cache(),
+    );
+    prop_assert_eq!(&cached.response, &admission.response);
+    prop_assert_eq!(
+        (
+            cached.outcome,
+            &cached.profile,
+            &cached.warning_kinds,
+            &cached.error
+        ),
+        (
+            admission.outcome,
+            &admission.profile,
+            &admission.warning_kinds,
+            &admission.error
+        )
     );
     let response = &admission.response;
     prop_assert_eq!(&response.uid, &request.uid);
@@ -253,6 +292,9 @@ fn seeds_are_admitted() {
     for seed in seeds() {
         review_property(&seed, profiles, FailureMode::Closed).unwrap();
     }
+    // The compact and the pretty training seed are one pod: the second was answered from the
+    // decision cache, so the comparison above ran on a hit.
+    assert!(cache().counts().0 >= 1, "{:?}", cache().counts());
     // The training seed is configured (a patch), so the patch checks above ran on it.
     let training = seeds().remove(2);
     let request = decode(&training).unwrap();

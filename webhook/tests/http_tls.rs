@@ -11,6 +11,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Pod;
 use railguard_webhook::catalog::Catalog;
+use railguard_webhook::decisions::{CacheLimits, DecisionCache};
 use railguard_webhook::metrics::Metrics;
 use railguard_webhook::server::{self, AppState, RunningServer, ServeOptions};
 use railguard_webhook::tls::CertReloader;
@@ -111,6 +112,7 @@ async fn start_routes(
         config: WebhookConfig::default(),
         failure_mode,
         metrics: Arc::new(Metrics::new()),
+        decisions: DecisionCache::new(CacheLimits::default()),
     });
     let reloader = CertReloader::new(&volume.cert(), &volume.key()).unwrap();
     let opts = ServeOptions {
@@ -209,6 +211,21 @@ async fn recorded_review_and_gpu_review_round_trip_over_tls() {
             .as_deref()
             .is_some_and(|v| v.starts_with("=mlx5_0:1,"))));
 
+    // The next pod of the same job (another uid, managedFields a second later) is answered
+    // from the decision cache: the same patch for its own uid.
+    let mut next = review.clone();
+    next["request"]["uid"] = json!("0d5b9a8e-2f31-4c57-9e0b-6a7f3c2d1e40");
+    next["request"]["object"]["metadata"]["managedFields"][0]["time"] =
+        json!("2026-11-29T07:15:40Z");
+    let (status, body) = post(&c, srv.addr, "/mutate", serde_json::to_vec(&next).unwrap()).await;
+    assert_eq!(status, 200, "{body}");
+    let again: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        again["response"]["uid"],
+        "0d5b9a8e-2f31-4c57-9e0b-6a7f3c2d1e40"
+    );
+    assert_eq!(again["response"]["patch"], v["response"]["patch"]);
+
     // Production serves no benchmark endpoint.
     let (status, _) = post(&c, srv.addr, "/noop", serde_json::to_vec(&review).unwrap()).await;
     assert_eq!(status, 404);
@@ -230,13 +247,18 @@ async fn recorded_review_and_gpu_review_round_trip_over_tls() {
         .unwrap();
     assert!(
         metrics.contains(
-            r#"railguard_webhook_admissions_total{outcome="mutated",profile="h100-ndr"} 1"#
+            r#"railguard_webhook_admissions_total{outcome="mutated",profile="h100-ndr"} 2"#
         ),
         "{metrics}"
     );
     assert!(metrics
         .contains(r#"railguard_webhook_admissions_total{outcome="not-training",profile=""} 1"#));
-    assert!(metrics.contains("railguard_webhook_admission_duration_seconds_count 2"));
+    assert!(metrics.contains("railguard_webhook_admission_duration_seconds_count 3"));
+    assert!(
+        metrics.contains(r#"railguard_webhook_decision_cache_lookups_total{result="hit"} 1"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains(r#"railguard_webhook_decision_cache_lookups_total{result="miss"} 2"#));
     srv.shutdown().await.unwrap();
 }
 

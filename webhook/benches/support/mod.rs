@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use k8s_openapi::api::core::v1::Pod;
 use railguard_webhook::catalog::Catalog;
+use railguard_webhook::decisions::{CacheLimits, DecisionCache};
 use railguard_webhook::error::DecodeError;
 use railguard_webhook::metrics::Metrics;
 use railguard_webhook::review::{self, ReviewResponse};
@@ -38,15 +39,35 @@ pub fn review_body() -> Vec<u8> {
     serde_json::to_vec(&v).expect("review")
 }
 
+/// Environment knob of the benches: the decision cache's entries (the binary's
+/// `--decision-cache-entries`; 0 decides every review, as before the cache).
+pub const CACHE_ENTRIES_ENV: &str = "LOAD_DECISION_CACHE_ENTRIES";
+
 /// The webhook's state as the binary builds it in standalone mode, with `yaml`'s profiles.
 pub fn app_state(yaml: &str) -> Arc<AppState> {
     let profiles = railguard_api::profiles_from_yaml(yaml).expect("profiles parse");
+    let max_entries = std::env::var(CACHE_ENTRIES_ENV)
+        .map(|v| v.parse().expect("LOAD_DECISION_CACHE_ENTRIES: a count"))
+        .unwrap_or(CacheLimits::default().max_entries);
     Arc::new(AppState {
         catalog: Catalog::standalone(profiles),
         config: WebhookConfig::default(),
         failure_mode: FailureMode::Open,
         metrics: Arc::new(Metrics::new()),
+        decisions: DecisionCache::new(CacheLimits {
+            max_entries,
+            ..CacheLimits::default()
+        }),
     })
+}
+
+/// The review of [`review_body`] with the trainer's `MASTER_ADDR` set to `llama-master-<i>`:
+/// a different pod for each `i`, so no decision of one answers another.
+pub fn distinct_review_body(i: usize) -> Vec<u8> {
+    let mut v: serde_json::Value = serde_json::from_slice(&review_body()).expect("review");
+    v["request"]["object"]["spec"]["containers"][0]["env"][0]["value"] =
+        json!(format!("llama-master-{i}"));
+    serde_json::to_vec(&v).expect("review")
 }
 
 /// The library's admission routes plus the `/noop` baseline.
@@ -82,12 +103,13 @@ pub fn mutate_answer(body: &[u8], state: &AppState) -> Result<Vec<u8>, DecodeErr
     let request = review::decode(body)?;
     let namespace = NamespaceInfo::new(request.namespace.as_deref().unwrap_or_default());
     let profiles = state.catalog.profiles();
-    let admission = review::admit(
+    let admission = review::admit_cached(
         &request,
         &namespace,
         &profiles,
         &state.config,
         state.failure_mode,
+        &state.decisions,
     );
     Ok(admission.response.encode())
 }

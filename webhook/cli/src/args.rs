@@ -83,6 +83,10 @@ pub struct Cli {
     /// Per-request timeout, seconds.
     #[arg(long, env = "RAILGUARD_REQUEST_TIMEOUT_SECONDS", default_value_t = 10)]
     pub request_timeout_seconds: u64,
+    /// Pod decisions held, so the identical pods of a job or ReplicaSet are decided once
+    /// (at most 16 MiB whatever the count; 0 turns the cache off).
+    #[arg(long, env = "RAILGUARD_DECISION_CACHE_ENTRIES", default_value_t = 256)]
+    pub decision_cache_entries: usize,
     #[command(flatten)]
     pub serve: ServeArgs,
     /// How long shutdown waits for in-flight requests, seconds.

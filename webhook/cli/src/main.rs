@@ -11,6 +11,7 @@ use railguard_runtime::{error_line, StartupError, EXIT_ERROR};
 use railguard_webhook::catalog::Catalog;
 use railguard_webhook::cert_sync::{self, SelfSignedOptions};
 use railguard_webhook::certs::{time, CertSpec};
+use railguard_webhook::decisions::{CacheLimits, DecisionCache};
 use railguard_webhook::metrics::Metrics;
 use railguard_webhook::node_guard::nodes::NodeOutputs;
 use railguard_webhook::node_guard::probers::ProberPods;
@@ -90,6 +91,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         config,
         failure_mode: cli.failure_mode.into(),
         metrics,
+        decisions: DecisionCache::new(CacheLimits {
+            max_entries: cli.decision_cache_entries,
+            ..CacheLimits::default()
+        }),
     });
     let opts = settings::serve_options(&cli);
     let running =

@@ -1,0 +1,519 @@
+//! Recent admission decisions. The pods of one job or ReplicaSet come from one template, so at
+//! admission they are the same Pod but for `managedFields` (whose timestamps change every
+//! second); [`DecisionCache`] decides such a pod once and answers the rest of the job with the
+//! same patch, warnings and denial.
+//!
+//! A hit is exact, never approximate: the entry's Pod (without `managedFields`), namespace,
+//! profile snapshot and configuration must all equal the request's. [`mutate()`] is a pure
+//! function of exactly those (it reads `managedFields` only for whether metadata is empty,
+//! which the key keeps), so a hit returns what deciding again would return. The
+//! `decision_cache` tests and the webhook fuzz target hold answers through the cache equal to
+//! answers without it.
+//!
+//! [`mutate()`]: crate::mutate()
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::catalog::ProfileSet;
+use crate::config::{NamespaceInfo, WebhookConfig};
+use crate::review::Decision;
+
+/// How much the cache may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CacheLimits {
+    /// Most decisions held; 0 turns the cache off.
+    pub max_entries: usize,
+    /// Most bytes held, counted as the pods' JSON plus their patches.
+    pub max_bytes: usize,
+    /// Pods larger than this (JSON bytes) are decided every time, not held.
+    pub max_pod_bytes: usize,
+}
+
+impl Default for CacheLimits {
+    fn default() -> Self {
+        Self {
+            max_entries: 256,
+            max_bytes: 16 << 20,
+            max_pod_bytes: 256 << 10,
+        }
+    }
+}
+
+impl CacheLimits {
+    /// No cache: every pod is decided.
+    pub const OFF: CacheLimits = CacheLimits {
+        max_entries: 0,
+        max_bytes: 0,
+        max_pod_bytes: 0,
+    };
+}
+
+/// Recent decisions, keyed by everything [`mutate()`](crate::mutate()) reads.
+pub struct DecisionCache {
+    limits: CacheLimits,
+    held: Mutex<Held>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+/// The entries, valid for one profile snapshot and one configuration.
+#[derive(Default)]
+struct Held {
+    profiles: Option<ProfileSet>,
+    config: Option<WebhookConfig>,
+    entries: HashMap<u64, Arc<Entry>>,
+    /// Insertion order, oldest first (each key once).
+    order: VecDeque<u64>,
+    bytes: usize,
+}
+
+struct Entry {
+    /// The pod as decided, without `managedFields`.
+    pod: Pod,
+    /// `managedFields`: absent, empty or not (all `mutate()` can tell apart).
+    managed_fields: Option<bool>,
+    namespace: NamespaceInfo,
+    decision: Arc<Decision>,
+    bytes: usize,
+}
+
+impl Entry {
+    fn matches(&self, pod: &Pod, managed_fields: Option<bool>, namespace: &NamespaceInfo) -> bool {
+        self.managed_fields == managed_fields && self.namespace == *namespace && self.pod == *pod
+    }
+}
+
+/// Whether a decision came from the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    Hit,
+    Miss,
+}
+
+impl Lookup {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lookup::Hit => "hit",
+            Lookup::Miss => "miss",
+        }
+    }
+}
+
+impl DecisionCache {
+    pub fn new(limits: CacheLimits) -> Self {
+        Self {
+            limits,
+            held: Mutex::default(),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+
+    /// The decision for `pod` (whose JSON is `pod_bytes` long): the held one when an equal pod
+    /// was decided under the same namespace, profiles and configuration, else `decide(&pod)`'s,
+    /// which is then held (errors are not).
+    pub fn decide<E>(
+        &self,
+        mut pod: Pod,
+        pod_bytes: usize,
+        namespace: &NamespaceInfo,
+        profiles: &ProfileSet,
+        config: &WebhookConfig,
+        decide: impl FnOnce(&Pod) -> Result<Decision, E>,
+    ) -> Result<(Arc<Decision>, Lookup), E> {
+        if self.limits.max_entries == 0 || pod_bytes > self.limits.max_pod_bytes {
+            self.misses.fetch_add(1, Ordering::Relaxed);
+            return Ok((Arc::new(decide(&pod)?), Lookup::Miss));
+        }
+        let managed = pod.metadata.managed_fields.take();
+        let managed_shape = managed.as_ref().map(Vec::is_empty);
+        let key = shape_hash(&pod, namespace);
+        let candidate = self.lock_for(profiles, config).entries.get(&key).cloned();
+        // Compared outside the lock: a deep comparison of two pods is the longest step here.
+        if let Some(entry) = candidate.filter(|e| e.matches(&pod, managed_shape, namespace)) {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok((entry.decision.clone(), Lookup::Hit));
+        }
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        pod.metadata.managed_fields = managed;
+        let decision = Arc::new(decide(&pod)?);
+        pod.metadata.managed_fields = None;
+        let bytes = pod_bytes + decision.patch.as_ref().map_or(0, |p| p.len());
+        let entry = Arc::new(Entry {
+            pod,
+            managed_fields: managed_shape,
+            namespace: namespace.clone(),
+            decision: decision.clone(),
+            bytes,
+        });
+        self.insert(key, entry, profiles, config);
+        Ok((decision, Lookup::Miss))
+    }
+
+    /// Decisions answered from the cache, and decided, since start.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.hits.load(Ordering::Relaxed),
+            self.misses.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Decisions held now.
+    pub fn len(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        // The held state is consistent between statements; a panic elsewhere leaves it usable.
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The held entries, emptied first when the profiles or the configuration changed.
+    fn lock_for(
+        &self,
+        profiles: &ProfileSet,
+        config: &WebhookConfig,
+    ) -> std::sync::MutexGuard<'_, Held> {
+        let mut held = self.lock();
+        let same = held
+            .profiles
+            .as_ref()
+            .is_some_and(|p| Arc::ptr_eq(p, profiles))
+            && held.config.as_ref() == Some(config);
+        if !same {
+            *held = Held {
+                profiles: Some(profiles.clone()),
+                config: Some(config.clone()),
+                ..Held::default()
+            };
+        }
+        held
+    }
+
+    fn insert(&self, key: u64, entry: Arc<Entry>, profiles: &ProfileSet, config: &WebhookConfig) {
+        if entry.bytes > self.limits.max_bytes {
+            return;
+        }
+        let mut held = self.lock_for(profiles, config);
+        let added = entry.bytes;
+        match held.entries.insert(key, entry) {
+            Some(old) => held.bytes -= old.bytes,
+            None => held.order.push_back(key),
+        }
+        held.bytes += added;
+        while held.entries.len() > self.limits.max_entries || held.bytes > self.limits.max_bytes {
+            let Some(oldest) = held.order.pop_front() else {
+                break;
+            };
+            if let Some(old) = held.entries.remove(&oldest) {
+                held.bytes -= old.bytes;
+            }
+        }
+    }
+}
+
+/// A hash of the parts of a pod that tell one job's pods from another's; equality of the
+/// whole pod is checked on a hit, so this only has to be cheap and spread entries.
+fn shape_hash(pod: &Pod, namespace: &NamespaceInfo) -> u64 {
+    let mut h = DefaultHasher::new();
+    namespace.name.hash(&mut h);
+    let meta = &pod.metadata;
+    meta.name.hash(&mut h);
+    meta.generate_name.hash(&mut h);
+    meta.labels.hash(&mut h);
+    meta.annotations.hash(&mut h);
+    if let Some(spec) = &pod.spec {
+        spec.hostname.hash(&mut h);
+        for c in &spec.containers {
+            c.name.hash(&mut h);
+            c.image.hash(&mut h);
+            for e in c.env.iter().flatten() {
+                e.name.hash(&mut h);
+                e.value.hash(&mut h);
+            }
+        }
+    }
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::cell::Cell;
+
+    use serde_json::{json, Value};
+
+    use super::*;
+    use crate::error::MutateError;
+    use crate::mutate;
+    use crate::review::Decision;
+
+    const H100: &str = include_str!("../../api/fixtures/profiles/dgx-h100-ndr.yaml");
+    const ROCE: &str = include_str!("../../api/fixtures/profiles/roce-cloud.yaml");
+
+    fn profile_set() -> ProfileSet {
+        Arc::new(
+            [H100, ROCE]
+                .iter()
+                .flat_map(|y| railguard_api::profiles_from_yaml(y).unwrap())
+                .collect(),
+        )
+    }
+
+    /// A job's worker as kube-apiserver hands it to admission: a generated name still empty,
+    /// managedFields stamped with the second it arrived.
+    fn worker(second: u32) -> Value {
+        json!({
+            "metadata": {
+                "generateName": "llama-worker-",
+                "namespace": "ml",
+                "labels": {"job-name": "llama"},
+                "managedFields": [{
+                    "manager": "kube-controller-manager", "operation": "Update",
+                    "apiVersion": "v1", "time": format!("2026-12-02T06:00:{second:02}Z"),
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {}}
+                }]
+            },
+            "spec": {"containers": [{
+                "name": "pytorch", "image": "pytorch:2",
+                "env": [{"name": "MASTER_ADDR", "value": "llama-master-0"}],
+                "resources": {"limits": {"nvidia.com/gpu": "8"}}
+            }]}
+        })
+    }
+
+    fn pod(v: &Value) -> Pod {
+        serde_json::from_value(v.clone()).unwrap()
+    }
+
+    /// What deciding `pod` afresh gives.
+    fn fresh(pod: &Pod, ns: &NamespaceInfo, set: &ProfileSet, cfg: &WebhookConfig) -> Decision {
+        Decision::from_plan(mutate(pod, ns, set, cfg).unwrap())
+    }
+
+    /// Decides through `cache`, counting the calls to `mutate()`.
+    fn through(
+        cache: &DecisionCache,
+        v: &Value,
+        ns: &NamespaceInfo,
+        set: &ProfileSet,
+        cfg: &WebhookConfig,
+        calls: &Cell<usize>,
+    ) -> (Arc<Decision>, Lookup) {
+        let bytes = v.to_string().len();
+        cache
+            .decide(pod(v), bytes, ns, set, cfg, |p| {
+                calls.set(calls.get() + 1);
+                mutate(p, ns, set, cfg).map(Decision::from_plan)
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn a_jobs_pods_are_decided_once_and_answered_as_if_decided_each() {
+        let (cache, set, cfg) = (
+            DecisionCache::new(CacheLimits::default()),
+            profile_set(),
+            WebhookConfig::default(),
+        );
+        let ns = NamespaceInfo::new("ml");
+        let calls = Cell::new(0);
+        for second in 0..20 {
+            let v = worker(second);
+            let (decision, lookup) = through(&cache, &v, &ns, &set, &cfg, &calls);
+            assert_eq!(
+                lookup,
+                if second == 0 {
+                    Lookup::Miss
+                } else {
+                    Lookup::Hit
+                }
+            );
+            assert_eq!(*decision, fresh(&pod(&v), &ns, &set, &cfg));
+        }
+        assert!(cache
+            .decide::<MutateError>(pod(&worker(0)), 1, &ns, &set, &cfg, |_| unreachable!())
+            .is_ok());
+        assert_eq!(calls.get(), 1);
+        assert_eq!(cache.counts(), (20, 1));
+        let decision = through(&cache, &worker(3), &ns, &set, &cfg, &calls).0;
+        assert!(
+            decision.patch.is_some(),
+            "the worker is configured: {decision:?}"
+        );
+    }
+
+    #[test]
+    fn anything_the_decision_reads_that_differs_is_decided_again() {
+        let (cache, set, cfg) = (
+            DecisionCache::new(CacheLimits::default()),
+            profile_set(),
+            WebhookConfig::default(),
+        );
+        let ns = NamespaceInfo::new("ml");
+        let calls = Cell::new(0);
+        let base = worker(0);
+        through(&cache, &base, &ns, &set, &cfg, &calls);
+        let edits: [fn(&mut Value); 11] = [
+            |v| v["spec"]["containers"][0]["env"][0]["value"] = json!("llama-master-1"),
+            |v| v["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = json!("4"),
+            |v| v["spec"]["containers"][0]["image"] = json!("pytorch:3"),
+            |v| v["spec"]["hostname"] = json!("llama-3"),
+            |v| v["spec"]["volumes"] = json!([{"name": "dshm", "emptyDir": {"medium": "Memory"}}]),
+            |v| v["spec"]["securityContext"] = json!({"runAsUser": 1000}),
+            |v| v["metadata"]["annotations"] = json!({"railguard.io/skip": "shm"}),
+            |v| v["metadata"]["annotations"] = json!({"railguard.io/profile": "roce-cloud"}),
+            |v| v["metadata"]["labels"]["team"] = json!("b"),
+            |v| v["metadata"]["name"] = json!("llama-worker-0"),
+            |v| v["metadata"]["namespace"] = json!("ml2"),
+        ];
+        for (i, edit) in edits.iter().enumerate() {
+            let mut v = base.clone();
+            edit(&mut v);
+            let before = calls.get();
+            let (decision, lookup) = through(&cache, &v, &ns, &set, &cfg, &calls);
+            assert_eq!(
+                (lookup, calls.get()),
+                (Lookup::Miss, before + 1),
+                "edit {i}"
+            );
+            assert_eq!(*decision, fresh(&pod(&v), &ns, &set, &cfg), "edit {i}");
+        }
+        // The namespace's labels, the profile snapshot and the configuration are inputs too.
+        let labelled = NamespaceInfo::new("ml").with_label("railguard.io/exemptions", "allowed");
+        let other_set = profile_set();
+        let other_cfg = WebhookConfig {
+            gpu_resources: vec!["amd.com/gpu".into()],
+            ..WebhookConfig::default()
+        };
+        for (ns, set, cfg) in [
+            (&labelled, &set, &cfg),
+            (&ns, &other_set, &cfg),
+            (&ns, &other_set, &other_cfg),
+        ] {
+            let before = calls.get();
+            let (decision, lookup) = through(&cache, &base, ns, set, cfg, &calls);
+            assert_eq!((lookup, calls.get()), (Lookup::Miss, before + 1));
+            assert_eq!(*decision, fresh(&pod(&base), ns, set, cfg));
+        }
+    }
+
+    #[test]
+    fn managed_fields_alone_in_metadata_are_not_an_empty_metadata() {
+        // mutate() adds /metadata to a pod without metadata, but /metadata/annotations to one
+        // whose metadata holds only managedFields: the key keeps that apart.
+        let (cache, set, cfg) = (
+            DecisionCache::new(CacheLimits::default()),
+            profile_set(),
+            WebhookConfig::default(),
+        );
+        let ns = NamespaceInfo::new("ml");
+        let calls = Cell::new(0);
+        let mut managed_only = worker(0);
+        managed_only["metadata"] =
+            json!({"managedFields": managed_only["metadata"]["managedFields"]});
+        let mut bare = worker(0);
+        bare["metadata"] = json!({});
+        let mut emptied = worker(0);
+        emptied["metadata"] = json!({"managedFields": []});
+        for v in [&managed_only, &bare, &emptied] {
+            let (decision, lookup) = through(&cache, v, &ns, &set, &cfg, &calls);
+            assert_eq!(lookup, Lookup::Miss, "{v}");
+            assert_eq!(*decision, fresh(&pod(v), &ns, &set, &cfg));
+        }
+        assert_ne!(
+            fresh(&pod(&managed_only), &ns, &set, &cfg),
+            fresh(&pod(&bare), &ns, &set, &cfg)
+        );
+    }
+
+    #[test]
+    fn limits_bound_what_is_held() {
+        let (set, cfg, ns) = (
+            profile_set(),
+            WebhookConfig::default(),
+            NamespaceInfo::new("ml"),
+        );
+        let calls = Cell::new(0);
+        let job = |i: usize| {
+            let mut v = worker(0);
+            v["metadata"]["labels"]["job-name"] = json!(format!("job-{i}"));
+            v
+        };
+        let two = DecisionCache::new(CacheLimits {
+            max_entries: 2,
+            ..CacheLimits::default()
+        });
+        for i in 0..3 {
+            through(&two, &job(i), &ns, &set, &cfg, &calls);
+        }
+        assert_eq!(two.len(), 2);
+        assert_eq!(
+            through(&two, &job(2), &ns, &set, &cfg, &calls).1,
+            Lookup::Hit
+        );
+        assert_eq!(
+            through(&two, &job(0), &ns, &set, &cfg, &calls).1,
+            Lookup::Miss,
+            "oldest evicted"
+        );
+
+        let small = DecisionCache::new(CacheLimits {
+            max_pod_bytes: 100,
+            ..CacheLimits::default()
+        });
+        through(&small, &job(0), &ns, &set, &cfg, &calls);
+        assert!(small.is_empty(), "a pod over max_pod_bytes is not held");
+
+        let few_bytes = DecisionCache::new(CacheLimits {
+            max_bytes: 6000,
+            ..CacheLimits::default()
+        });
+        for i in 0..10 {
+            through(&few_bytes, &job(i), &ns, &set, &cfg, &calls);
+            assert!(few_bytes.lock().bytes <= 6000);
+        }
+        assert!((1..10).contains(&few_bytes.len()), "{}", few_bytes.len());
+
+        let off = DecisionCache::new(CacheLimits::OFF);
+        let before = calls.get();
+        for _ in 0..3 {
+            assert_eq!(
+                through(&off, &job(0), &ns, &set, &cfg, &calls).1,
+                Lookup::Miss
+            );
+        }
+        assert_eq!((calls.get() - before, off.len()), (3, 0));
+    }
+
+    #[test]
+    fn errors_are_not_held() {
+        let (cache, set, cfg, ns) = (
+            DecisionCache::new(CacheLimits::default()),
+            profile_set(),
+            WebhookConfig::default(),
+            NamespaceInfo::new("ml"),
+        );
+        let failing = |_: &Pod| Err::<Decision, _>(MutateError::NoSpec);
+        assert!(cache
+            .decide(pod(&worker(0)), 10, &ns, &set, &cfg, failing)
+            .is_err());
+        assert!(cache.is_empty());
+        let calls = Cell::new(0);
+        assert_eq!(
+            through(&cache, &worker(0), &ns, &set, &cfg, &calls).1,
+            Lookup::Miss
+        );
+    }
+}

@@ -324,10 +324,11 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
     .await
     .unwrap();
     // n-a1: 4 headroom points, no locality; n-b2: no headroom, 5 for sharing the leaf;
-    // n-b3: locality only (a node that does not pass earns no headroom).
+    // n-b3: locality only (a node that does not pass earns no headroom). The answer lowers
+    // every score by the lowest (n-a1's 4), which keeps the ranking and leaves n-a1 out.
     assert_eq!(
         scores,
-        vec![("n-a1".into(), 4), ("n-b2".into(), 5), ("n-b3".into(), 5)]
+        vec![("n-a1".into(), 0), ("n-b2".into(), 1), ("n-b3".into(), 1)]
     );
 
     // Worker 1 follows worker 0 into leaf b.

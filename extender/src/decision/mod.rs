@@ -12,7 +12,8 @@ pub use check::{check_node, precheck, Precheck};
 pub use config::ExtenderConfig;
 pub use filter::{filter, filter_by, FilterVerdicts, NodeSlot};
 pub use prioritize::{
-    prioritize, prioritize_scores, topology_keys_for, JobTopology, TopologyInterner,
+    prioritize, prioritize_scores, shift_lowest_to_zero, topology_keys_for, JobTopology,
+    TopologyInterner,
 };
 pub use rejection::{RejectReason, Rejection};
 pub use target::{in_pool, target_for, PodTarget, Unplaceable};

@@ -215,6 +215,23 @@ pub fn prioritize_scores(
     scores
 }
 
+/// The scores as the answer carries them: every one lowered by the lowest, so the candidates
+/// at the lowest score are left out of it. kube-scheduler adds `score × weight` to each node
+/// the answer names (nothing to one it does not) and takes the highest total, so lowering
+/// every candidate by the same amount keeps the ranking and the ties, and the answer is as
+/// short as the scores allow (for 1,000 candidates of equal headroom, empty instead of 1,000
+/// entries for kube-scheduler to decode).
+pub fn shift_lowest_to_zero(scores: &mut [i64]) {
+    let Some(&lowest) = scores.iter().min() else {
+        return;
+    };
+    if lowest > 0 {
+        for score in scores {
+            *score -= lowest;
+        }
+    }
+}
+
 /// When an outlier is among the candidates: outliers score 0 (left out of the answer, so
 /// kube-scheduler adds nothing for them) and every other candidate at least 1.
 fn outliers_last(nodes: &[NodeSlot<'_>], scores: &mut [i64]) {
@@ -306,6 +323,24 @@ mod tests {
     use railguard_api::FabricState;
 
     use super::*;
+
+    #[test]
+    fn shifting_keeps_every_difference_and_zeroes_the_lowest() {
+        let cases: [&[i64]; 5] = [&[], &[7], &[3, 5, 3, 10], &[0, 4, 9], &[10, 10, 10]];
+        for case in cases {
+            let mut shifted = case.to_vec();
+            shift_lowest_to_zero(&mut shifted);
+            if let Some(&lowest) = case.iter().min() {
+                assert_eq!(shifted.iter().min(), Some(&0), "{case:?}");
+                let offset = lowest.max(0);
+                for (before, after) in case.iter().zip(&shifted) {
+                    assert_eq!(before - after, offset, "{case:?} -> {shifted:?}");
+                }
+            } else {
+                assert!(shifted.is_empty());
+            }
+        }
+    }
 
     fn h100() -> FabricProfile {
         let text = include_str!("../../../api/fixtures/profiles/dgx-h100-ndr.yaml");

@@ -10,8 +10,8 @@ use railguard_api::{FabricProfile, NodeFabric};
 use crate::cache::NodeIndex;
 use crate::cache::{CachedNode, ClusterState, ProfileSet};
 use crate::decision::{
-    filter_by, prioritize, prioritize_scores, target_for, topology_keys_for, ExtenderConfig,
-    JobTopology, NodeSlot, PodTarget,
+    filter_by, prioritize, prioritize_scores, shift_lowest_to_zero, target_for, topology_keys_for,
+    ExtenderConfig, JobTopology, NodeSlot, PodTarget,
 };
 use crate::error::ExtenderError;
 use crate::metrics::ReasonLabels;
@@ -244,9 +244,10 @@ fn record_rejections(
     }
 }
 
-/// Answers a decoded `/prioritize` request: a score 1..=10 for every candidate that earns
-/// one, in input order. Candidates that score 0 are left out: kube-scheduler adds nothing for
-/// a host the list does not name, and a shorter list is less for it to decode.
+/// Answers a decoded `/prioritize` request: each candidate's score 0..=10, lowered by the
+/// lowest candidate's ([`shift_lowest_to_zero`]: the ranking stays), in input order.
+/// Candidates at 0 are left out: kube-scheduler adds nothing for a host the list does not
+/// name, and a shorter list is less for it to decode.
 pub fn answer_prioritize<'r>(
     state: &AppState,
     req: &'r Request<'_>,
@@ -282,8 +283,12 @@ pub fn answer_prioritize<'r>(
                 .iter()
                 .map(|f| NodeSlot::new(&f.name, Some(f)))
                 .collect();
-            Ok(by_labels(&slots)
+            let (hosts, mut scores): (Vec<String>, Vec<i64>) =
+                by_labels(&slots).into_iter().unzip();
+            shift_lowest_to_zero(&mut scores);
+            Ok(hosts
                 .into_iter()
+                .zip(scores)
                 .filter_map(|(host, score)| scored(Cow::Owned(host), score))
                 .collect())
         }
@@ -291,7 +296,7 @@ pub fn answer_prioritize<'r>(
             let Source::Cluster(cluster) = &state.source else {
                 return Err(ExtenderError::NamesWithoutCache);
             };
-            let scores = with_cached_slots(
+            let mut scores = with_cached_slots(
                 cluster,
                 names,
                 &profiles,
@@ -317,6 +322,7 @@ pub fn answer_prioritize<'r>(
                         .collect(),
                 },
             );
+            shift_lowest_to_zero(&mut scores);
             Ok(names
                 .iter()
                 .zip(scores)

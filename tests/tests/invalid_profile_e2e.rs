@@ -36,6 +36,7 @@ use railguard_tests::{
     eventually, fixture_profile, labels, workspace_root, ControlPlane, ServingCertificate,
 };
 use railguard_webhook::catalog::Catalog;
+use railguard_webhook::decisions::{CacheLimits, DecisionCache};
 use railguard_webhook::server::{self as webhook_server, AppState, ServeOptions};
 use railguard_webhook::tls::CertReloader;
 use railguard_webhook::{FailureMode, WebhookConfig};
@@ -225,6 +226,7 @@ async fn invalid_profiles_are_skipped_and_reported_and_the_valid_one_is_served()
         config: WebhookConfig::default(),
         failure_mode: FailureMode::Closed,
         metrics: webhook_metrics,
+        decisions: DecisionCache::new(CacheLimits::default()),
     });
     let reloader =
         CertReloader::new(&tmp.path().join("tls.crt"), &tmp.path().join("tls.key")).unwrap();

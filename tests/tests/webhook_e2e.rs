@@ -18,6 +18,7 @@ use railguard_api::profile::Enforcement;
 use railguard_api::{profiles_from_yaml, FabricProfile};
 use railguard_tests::{eventually, labels, workspace_root, ControlPlane, ServingCertificate};
 use railguard_webhook::catalog::Catalog;
+use railguard_webhook::decisions::{CacheLimits, DecisionCache};
 use railguard_webhook::metrics::Metrics;
 use railguard_webhook::server::{self, AppState, ServeOptions};
 use railguard_webhook::tls::CertReloader;
@@ -169,6 +170,7 @@ async fn webhook_configures_pods_created_through_the_api_server() {
         },
         failure_mode: FailureMode::Closed,
         metrics,
+        decisions: DecisionCache::new(CacheLimits::default()),
     });
     let reloader =
         CertReloader::new(&tmp.path().join("tls.crt"), &tmp.path().join("tls.key")).unwrap();

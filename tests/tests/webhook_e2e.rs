@@ -12,7 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::ByteString;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Client;
 use railguard_api::profile::Enforcement;
 use railguard_api::{profiles_from_yaml, FabricProfile};
@@ -498,6 +498,60 @@ async fn webhook_configures_pods_created_through_the_api_server() {
         "second-entry calls must be no-ops:\n{metrics}"
     );
     assert!(!metrics.contains("outcome=\"error\""), "{metrics}");
+
+    // A job's pods from one template (generateName: the API server names them after
+    // admission): the second is answered from the decision cache with the same
+    // configuration; once the profile changes, the next pod of the template gets the new one.
+    let mut template = gpu_pod("unused", 8, json!({}), json!([]));
+    let meta = template["metadata"].as_object_mut().unwrap();
+    meta.remove("name");
+    meta.insert("generateName".into(), json!("llama-worker-"));
+    let hits = || async {
+        let metrics = reqwest_text(&format!("http://{}/metrics", srv.metrics_addr)).await;
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("railguard_webhook_decision_cache_lookups_total{result=\"hit\"}")
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let hits_before = hits().await;
+    let first = create_pod(&client, "train", template.clone()).await.pod();
+    let second = create_pod(&client, "train", template.clone()).await.pod();
+    assert_ne!(first.metadata.name, second.metadata.name);
+    let trainer_env = |p: &Pod| env_of(&p.spec.as_ref().unwrap().containers[0]);
+    assert_eq!(trainer_env(&first), trainer_env(&second));
+    assert!(trainer_env(&first).contains_key("NCCL_IB_HCA"));
+    assert!(hits().await > hits_before, "the second pod was a cache hit");
+    profiles
+        .patch(
+            "h100-ndr",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"nccl": {"env": {"NCCL_IB_RETRY_CNT": "13"}}}})),
+        )
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(30),
+        "the webhook sees the new profile",
+        || async {
+            let seen = catalog.profiles().iter().any(|p| {
+                p.name() == "h100-ndr" && p.spec.nccl.env.contains_key("NCCL_IB_RETRY_CNT")
+            });
+            Ok(seen.then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    let third = create_pod(&client, "train", template).await.pod();
+    assert_eq!(
+        trainer_env(&third)
+            .get("NCCL_IB_RETRY_CNT")
+            .map(String::as_str),
+        Some("13"),
+        "a pod admitted after the profile change gets it, not the cached answer"
+    );
 
     srv.shutdown().await.unwrap();
 }

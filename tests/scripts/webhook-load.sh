@@ -8,10 +8,13 @@
 #   env LOAD_REQUESTS       requests per endpoint in the closed loop (default 20000)
 #       LOAD_PACED_SECONDS  length of each paced run (default 10)
 #       LOAD_RATES          paced total rates, req/s (default "1000 5000")
+#       LOAD_CLOSED_ROUNDS  closed-loop rounds per endpoint (default 2)
 #       HEY_VERSION         hey to install (default v0.1.5)
 #       CARGO_TARGET_DIR    as for cargo
-# Runs, each endpoint in turn (noop, mutate) so drift on the machine hits both alike:
-#   closed loop: 10 connections (hey's keep-alive), LOAD_REQUESTS requests
+# Runs, each endpoint in turn so drift on the machine hits both alike:
+#   closed loop: 10 connections (hey's keep-alive), LOAD_REQUESTS requests, LOAD_CLOSED_ROUNDS
+#     rounds in alternating order (noop, mutate; then mutate, noop; ...), so a steady drift
+#     of the machine's speed during the run weighs on both endpoints alike
 #   paced: 10 connections, RATE req/s in total (hey's -q is per connection: RATE/10 each)
 # Prints a table (req/s, p50, p99 per endpoint and run; the /mutate ÷ /noop throughput ratio
 # of the closed loop). Fails if any response is not 200 or hey reports errors.
@@ -26,6 +29,7 @@ cd "$repo"
 requests=${LOAD_REQUESTS:-20000}
 paced_secs=${LOAD_PACED_SECONDS:-10}
 rates=${LOAD_RATES:-"1000 5000"}
+closed_rounds=${LOAD_CLOSED_ROUNDS:-2}
 conns=10
 hey_version=${HEY_VERSION:-v0.1.5}
 gobin=${XDG_CACHE_HOME:-$HOME/.cache}/railguard/go/bin
@@ -97,11 +101,24 @@ for endpoint in noop mutate; do run_hey -n 2000 "$endpoint"; done
 
 rows=()
 declare -A rps
-runs=("closed|-n $requests")
+# Closed loop: rounds in alternating order; the ratio is over the sums of all rounds.
+rps[closed/noop]=0
+rps[closed/mutate]=0
+for round in $(seq 1 "$closed_rounds"); do
+  order="noop mutate"
+  [ $((round % 2)) -eq 0 ] && order="mutate noop"
+  for endpoint in $order; do
+    run_hey -n "$requests" "$endpoint"
+    read -r r p50 p99 <<<"$(stats)"
+    rps[closed/$endpoint]=$((rps[closed/$endpoint] + r))
+    rows+=("| /$endpoint | closed round $round, $conns conns | $r | $p50 | $p99 |")
+  done
+done
+runs=("closed|")
 for rate in $rates; do
   runs+=("paced $rate/s|-q $((rate / conns)) -z ${paced_secs}s")
 done
-for run in "${runs[@]}"; do
+for run in "${runs[@]:1}"; do
   label=${run%%|*}
   read -r -a args <<<"${run#*|}"
   for endpoint in noop mutate; do

@@ -6,9 +6,9 @@
 //! A hit is exact, never approximate: the entry's Pod (without `managedFields`), namespace,
 //! profile snapshot and configuration must all equal the request's. [`mutate()`] is a pure
 //! function of exactly those (it reads `managedFields` only for whether metadata is empty,
-//! which the key keeps), so a hit returns what deciding again would return. The
-//! `decision_cache` tests and the webhook fuzz target hold answers through the cache equal to
-//! answers without it.
+//! which the key keeps), so a hit returns what deciding again would return. This module's
+//! tests and the webhook fuzz target hold answers through the cache equal to answers without
+//! it.
 //!
 //! [`mutate()`]: crate::mutate()
 

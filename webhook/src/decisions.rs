@@ -302,52 +302,70 @@ mod tests {
         Decision::from_plan(mutate(pod, ns, set, cfg).unwrap())
     }
 
-    /// Decides through `cache`, counting the calls to `mutate()`.
-    fn through(
-        cache: &DecisionCache,
-        v: &Value,
-        ns: &NamespaceInfo,
-        set: &ProfileSet,
-        cfg: &WebhookConfig,
-        calls: &Cell<usize>,
-    ) -> (Arc<Decision>, Lookup) {
-        let bytes = v.to_string().len();
-        cache
-            .decide(pod(v), bytes, ns, set, cfg, |p| {
-                calls.set(calls.get() + 1);
-                mutate(p, ns, set, cfg).map(Decision::from_plan)
-            })
-            .unwrap()
+    /// A cache with the fixture profiles, the default configuration and namespace `ml`,
+    /// counting the calls to `mutate()` it makes.
+    struct Fixture {
+        cache: DecisionCache,
+        set: ProfileSet,
+        cfg: WebhookConfig,
+        ns: NamespaceInfo,
+        calls: Cell<usize>,
+    }
+
+    impl Fixture {
+        fn new(limits: CacheLimits) -> Self {
+            Self {
+                cache: DecisionCache::new(limits),
+                set: profile_set(),
+                cfg: WebhookConfig::default(),
+                ns: NamespaceInfo::new("ml"),
+                calls: Cell::new(0),
+            }
+        }
+
+        fn through(&self, v: &Value) -> (Arc<Decision>, Lookup) {
+            self.through_with(v, &self.ns, &self.set, &self.cfg)
+        }
+
+        /// Decides `v` through the cache under these inputs.
+        fn through_with(
+            &self,
+            v: &Value,
+            ns: &NamespaceInfo,
+            set: &ProfileSet,
+            cfg: &WebhookConfig,
+        ) -> (Arc<Decision>, Lookup) {
+            let bytes = v.to_string().len();
+            self.cache
+                .decide(pod(v), bytes, ns, set, cfg, |p| {
+                    self.calls.set(self.calls.get() + 1);
+                    mutate(p, ns, set, cfg).map(Decision::from_plan)
+                })
+                .unwrap()
+        }
+
+        fn fresh(&self, v: &Value) -> Decision {
+            fresh(&pod(v), &self.ns, &self.set, &self.cfg)
+        }
     }
 
     #[test]
     fn a_jobs_pods_are_decided_once_and_answered_as_if_decided_each() {
-        let (cache, set, cfg) = (
-            DecisionCache::new(CacheLimits::default()),
-            profile_set(),
-            WebhookConfig::default(),
-        );
-        let ns = NamespaceInfo::new("ml");
-        let calls = Cell::new(0);
+        let f = Fixture::new(CacheLimits::default());
         for second in 0..20 {
             let v = worker(second);
-            let (decision, lookup) = through(&cache, &v, &ns, &set, &cfg, &calls);
-            assert_eq!(
-                lookup,
-                if second == 0 {
-                    Lookup::Miss
-                } else {
-                    Lookup::Hit
-                }
-            );
-            assert_eq!(*decision, fresh(&pod(&v), &ns, &set, &cfg));
+            let (decision, lookup) = f.through(&v);
+            let expected = if second == 0 {
+                Lookup::Miss
+            } else {
+                Lookup::Hit
+            };
+            assert_eq!(lookup, expected);
+            assert_eq!(*decision, f.fresh(&v));
         }
-        assert!(cache
-            .decide::<MutateError>(pod(&worker(0)), 1, &ns, &set, &cfg, |_| unreachable!())
-            .is_ok());
-        assert_eq!(calls.get(), 1);
-        assert_eq!(cache.counts(), (20, 1));
-        let decision = through(&cache, &worker(3), &ns, &set, &cfg, &calls).0;
+        assert_eq!(f.calls.get(), 1);
+        assert_eq!(f.cache.counts(), (19, 1));
+        let decision = f.through(&worker(3)).0;
         assert!(
             decision.patch.is_some(),
             "the worker is configured: {decision:?}"
@@ -356,15 +374,9 @@ mod tests {
 
     #[test]
     fn anything_the_decision_reads_that_differs_is_decided_again() {
-        let (cache, set, cfg) = (
-            DecisionCache::new(CacheLimits::default()),
-            profile_set(),
-            WebhookConfig::default(),
-        );
-        let ns = NamespaceInfo::new("ml");
-        let calls = Cell::new(0);
+        let f = Fixture::new(CacheLimits::default());
         let base = worker(0);
-        through(&cache, &base, &ns, &set, &cfg, &calls);
+        f.through(&base);
         let edits: [fn(&mut Value); 11] = [
             |v| v["spec"]["containers"][0]["env"][0]["value"] = json!("llama-master-1"),
             |v| v["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = json!("4"),
@@ -381,14 +393,14 @@ mod tests {
         for (i, edit) in edits.iter().enumerate() {
             let mut v = base.clone();
             edit(&mut v);
-            let before = calls.get();
-            let (decision, lookup) = through(&cache, &v, &ns, &set, &cfg, &calls);
+            let before = f.calls.get();
+            let (decision, lookup) = f.through(&v);
             assert_eq!(
-                (lookup, calls.get()),
+                (lookup, f.calls.get()),
                 (Lookup::Miss, before + 1),
                 "edit {i}"
             );
-            assert_eq!(*decision, fresh(&pod(&v), &ns, &set, &cfg), "edit {i}");
+            assert_eq!(*decision, f.fresh(&v), "edit {i}");
         }
         // The namespace's labels, the profile snapshot and the configuration are inputs too.
         let labelled = NamespaceInfo::new("ml").with_label("railguard.io/exemptions", "allowed");
@@ -398,13 +410,13 @@ mod tests {
             ..WebhookConfig::default()
         };
         for (ns, set, cfg) in [
-            (&labelled, &set, &cfg),
-            (&ns, &other_set, &cfg),
-            (&ns, &other_set, &other_cfg),
+            (&labelled, &f.set, &f.cfg),
+            (&f.ns, &other_set, &f.cfg),
+            (&f.ns, &other_set, &other_cfg),
         ] {
-            let before = calls.get();
-            let (decision, lookup) = through(&cache, &base, ns, set, cfg, &calls);
-            assert_eq!((lookup, calls.get()), (Lookup::Miss, before + 1));
+            let before = f.calls.get();
+            let (decision, lookup) = f.through_with(&base, ns, set, cfg);
+            assert_eq!((lookup, f.calls.get()), (Lookup::Miss, before + 1));
             assert_eq!(*decision, fresh(&pod(&base), ns, set, cfg));
         }
     }
@@ -413,13 +425,7 @@ mod tests {
     fn managed_fields_alone_in_metadata_are_not_an_empty_metadata() {
         // mutate() adds /metadata to a pod without metadata, but /metadata/annotations to one
         // whose metadata holds only managedFields: the key keeps that apart.
-        let (cache, set, cfg) = (
-            DecisionCache::new(CacheLimits::default()),
-            profile_set(),
-            WebhookConfig::default(),
-        );
-        let ns = NamespaceInfo::new("ml");
-        let calls = Cell::new(0);
+        let f = Fixture::new(CacheLimits::default());
         let mut managed_only = worker(0);
         managed_only["metadata"] =
             json!({"managedFields": managed_only["metadata"]["managedFields"]});
@@ -428,92 +434,67 @@ mod tests {
         let mut emptied = worker(0);
         emptied["metadata"] = json!({"managedFields": []});
         for v in [&managed_only, &bare, &emptied] {
-            let (decision, lookup) = through(&cache, v, &ns, &set, &cfg, &calls);
+            let (decision, lookup) = f.through(v);
             assert_eq!(lookup, Lookup::Miss, "{v}");
-            assert_eq!(*decision, fresh(&pod(v), &ns, &set, &cfg));
+            assert_eq!(*decision, f.fresh(v));
         }
-        assert_ne!(
-            fresh(&pod(&managed_only), &ns, &set, &cfg),
-            fresh(&pod(&bare), &ns, &set, &cfg)
-        );
+        assert_ne!(f.fresh(&managed_only), f.fresh(&bare));
     }
 
     #[test]
     fn limits_bound_what_is_held() {
-        let (set, cfg, ns) = (
-            profile_set(),
-            WebhookConfig::default(),
-            NamespaceInfo::new("ml"),
-        );
-        let calls = Cell::new(0);
         let job = |i: usize| {
             let mut v = worker(0);
             v["metadata"]["labels"]["job-name"] = json!(format!("job-{i}"));
             v
         };
-        let two = DecisionCache::new(CacheLimits {
+        let two = Fixture::new(CacheLimits {
             max_entries: 2,
             ..CacheLimits::default()
         });
         for i in 0..3 {
-            through(&two, &job(i), &ns, &set, &cfg, &calls);
+            two.through(&job(i));
         }
-        assert_eq!(two.len(), 2);
-        assert_eq!(
-            through(&two, &job(2), &ns, &set, &cfg, &calls).1,
-            Lookup::Hit
-        );
-        assert_eq!(
-            through(&two, &job(0), &ns, &set, &cfg, &calls).1,
-            Lookup::Miss,
-            "oldest evicted"
-        );
+        assert_eq!(two.cache.len(), 2);
+        assert_eq!(two.through(&job(2)).1, Lookup::Hit);
+        assert_eq!(two.through(&job(0)).1, Lookup::Miss, "oldest evicted");
 
-        let small = DecisionCache::new(CacheLimits {
+        let small = Fixture::new(CacheLimits {
             max_pod_bytes: 100,
             ..CacheLimits::default()
         });
-        through(&small, &job(0), &ns, &set, &cfg, &calls);
-        assert!(small.is_empty(), "a pod over max_pod_bytes is not held");
+        small.through(&job(0));
+        assert!(
+            small.cache.is_empty(),
+            "a pod over max_pod_bytes is not held"
+        );
 
-        let few_bytes = DecisionCache::new(CacheLimits {
+        let few_bytes = Fixture::new(CacheLimits {
             max_bytes: 6000,
             ..CacheLimits::default()
         });
         for i in 0..10 {
-            through(&few_bytes, &job(i), &ns, &set, &cfg, &calls);
-            assert!(few_bytes.lock().bytes <= 6000);
+            few_bytes.through(&job(i));
+            assert!(few_bytes.cache.lock().bytes <= 6000);
         }
-        assert!((1..10).contains(&few_bytes.len()), "{}", few_bytes.len());
+        assert!((1..10).contains(&few_bytes.cache.len()));
 
-        let off = DecisionCache::new(CacheLimits::OFF);
-        let before = calls.get();
+        let off = Fixture::new(CacheLimits::OFF);
         for _ in 0..3 {
-            assert_eq!(
-                through(&off, &job(0), &ns, &set, &cfg, &calls).1,
-                Lookup::Miss
-            );
+            assert_eq!(off.through(&job(0)).1, Lookup::Miss);
         }
-        assert_eq!((calls.get() - before, off.len()), (3, 0));
+        assert_eq!((off.calls.get(), off.cache.len()), (3, 0));
     }
 
     #[test]
     fn errors_are_not_held() {
-        let (cache, set, cfg, ns) = (
-            DecisionCache::new(CacheLimits::default()),
-            profile_set(),
-            WebhookConfig::default(),
-            NamespaceInfo::new("ml"),
-        );
+        let f = Fixture::new(CacheLimits::default());
         let failing = |_: &Pod| Err::<Decision, _>(MutateError::NoSpec);
-        assert!(cache
-            .decide(pod(&worker(0)), 10, &ns, &set, &cfg, failing)
-            .is_err());
-        assert!(cache.is_empty());
-        let calls = Cell::new(0);
-        assert_eq!(
-            through(&cache, &worker(0), &ns, &set, &cfg, &calls).1,
-            Lookup::Miss
-        );
+        let held = f
+            .cache
+            .decide(pod(&worker(0)), 10, &f.ns, &f.set, &f.cfg, failing);
+        assert!(held.is_err());
+        assert!(f.cache.is_empty());
+        assert_eq!(f.through(&worker(0)).1, Lookup::Miss);
     }
 }

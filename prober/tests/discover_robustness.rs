@@ -208,7 +208,14 @@ fn junk_link_width_speed_counters_and_non_utf8_files_are_findings_with_path_and_
     let gpu2 = pci(root, &tree.addresses["gpu2"]);
     let ib = root.join("sys/class/infiniband");
     let port = ib.join("mlx5_0/ports/1");
+    let netdev = fs::read_dir(ib.join("mlx5_1/device/net"))
+        .expect("mlx5_1 has a netdev")
+        .next()
+        .expect("one netdev")
+        .expect("entry")
+        .path();
     let junk: Vec<(PathBuf, &[u8], &str)> = vec![
+        (netdev.join("dev_port"), b"first\n", "\"first\""),
         (gpu0.join("current_link_width"), b"sixteen\n", "\"sixteen\""),
         (gpu0.join("max_link_speed"), b"fast GT/s\n", "\"fast GT/s\""),
         (

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use railguard_api::LinkLayer;
 
-use super::pci::{is_pci_address, junk_file, read_parsed, read_text, read_trimmed};
+use super::pci::{is_pci_address, junk_file, read_parsed, read_text};
 use super::{DiscoverError, Finding, FindingKind, Hca, HcaPort, PciDevice, PortState, Severity};
 
 /// `400 Gb/sec (4X NDR)` -> 400.0; `2.5 Gb/sec (1X SDR)` -> 2.5.
@@ -170,7 +170,7 @@ fn read_port_dir(
             }
         },
     );
-    let netdev = netdev_for_port(hdir, port);
+    let netdev = netdev_for_port(hdir, port, &subject, problems);
     let fabric = super::fabric::read_port_fabric(root, hdir, &pdir, link_layer, netdev.as_deref());
     HcaPort {
         port,
@@ -187,14 +187,26 @@ fn read_port_dir(
 }
 
 /// The netdev under `device/net` whose `dev_port` (0-based) matches the port; with a single
-/// netdev and no `dev_port`, that one.
-fn netdev_for_port(hdir: &Path, port: u32) -> Option<String> {
+/// netdev and no readable `dev_port`, that one. A `dev_port` that is not a number is a
+/// [`junk_file`] finding.
+fn netdev_for_port(
+    hdir: &Path,
+    port: u32,
+    subject: &str,
+    problems: &mut Vec<Finding>,
+) -> Option<String> {
     let entries = fs::read_dir(hdir.join("device/net")).ok()?;
     let mut all: Vec<(String, Option<u32>)> = entries
         .flatten()
         .map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let dev_port = read_trimmed(&e.path().join("dev_port")).and_then(|s| s.parse().ok());
+            let dev_port = read_parsed(
+                &e.path().join("dev_port"),
+                subject,
+                "a port number",
+                problems,
+                |t| t.parse().map(Some).map_err(|_| ()),
+            );
             (name, dev_port)
         })
         .collect();

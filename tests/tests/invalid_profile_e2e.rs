@@ -484,36 +484,19 @@ async fn a_prober_whose_profile_is_invalid_waits_says_why_and_certifies_once_it_
     .unwrap();
 
     let work = tempfile::tempdir().unwrap();
-    let bin = std::path::PathBuf::from(
-        std::env::var("RAILGUARD_BIN_DIR")
-            .unwrap_or_else(|_| workspace_root().join("target/debug").display().to_string()),
-    );
     let metrics_port = railguard_tests::free_port().unwrap();
-    let mut daemon = tokio::process::Command::new(bin.join("railguard-prober"))
-        .args(["daemon", "--node", "gpu-a", "--sim", "dgx-h100"])
-        .arg("--models-dir")
-        .arg(workspace_root().join("prober/models"))
-        .arg("--sysfs-root")
-        .arg(work.path().join("sysfs"))
-        .arg("--log-dir")
-        .arg(work.path().join("logs"))
-        .arg("--kubeconfig")
-        .arg(cp.kubeconfig_path())
-        .args([
-            "--poll-ms",
-            "200",
-            "--interval-secs",
-            "3600",
-            "--jitter-percent",
-            "0",
-        ])
-        .arg("--metrics-listen")
-        .arg(format!("127.0.0.1:{metrics_port}"))
-        .env("RAILGUARD_LOG", "info")
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("starting the daemon");
+    let models = workspace_root().join("prober/models");
+    let mut daemon = spawn_daemon(
+        &cp,
+        &work,
+        metrics_port,
+        &[
+            "--sim".as_ref(),
+            "dgx-h100".as_ref(),
+            "--models-dir".as_ref(),
+            models.as_os_str(),
+        ],
+    );
 
     // It waits, says why on the Node and on its metrics port, and keeps /healthz up.
     let (_, _, message) = eventually(WAIT, "the Node says the profile is invalid", || async {
@@ -562,6 +545,137 @@ async fn a_prober_whose_profile_is_invalid_waits_says_why_and_certifies_once_it_
     .unwrap();
     let text = get_text(&format!("{metrics}/metrics")).await;
     assert!(!text.contains("profile=\"h100-ndr\""), "{text}");
+    assert!(daemon.try_wait().unwrap().is_none(), "the daemon exited");
+    daemon.start_kill().unwrap();
+}
+
+/// The built `railguard-prober`.
+fn prober_bin() -> std::path::PathBuf {
+    std::path::PathBuf::from(
+        std::env::var("RAILGUARD_BIN_DIR")
+            .unwrap_or_else(|_| workspace_root().join("target/debug").display().to_string()),
+    )
+    .join("railguard-prober")
+}
+
+/// `railguard-prober daemon` for node `gpu-a` against `cp`, its sysfs tree and logs in
+/// `work`, metrics on `metrics_port`, with `extra` arguments.
+fn spawn_daemon(
+    cp: &ControlPlane,
+    work: &tempfile::TempDir,
+    metrics_port: u16,
+    extra: &[&std::ffi::OsStr],
+) -> tokio::process::Child {
+    tokio::process::Command::new(prober_bin())
+        .args(["daemon", "--node", "gpu-a"])
+        .args(extra)
+        .arg("--sysfs-root")
+        .arg(work.path().join("sysfs"))
+        .arg("--log-dir")
+        .arg(work.path().join("logs"))
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig_path())
+        .args([
+            "--poll-ms",
+            "200",
+            "--interval-secs",
+            "3600",
+            "--jitter-percent",
+            "0",
+        ])
+        .arg("--metrics-listen")
+        .arg(format!("127.0.0.1:{metrics_port}"))
+        .env("RAILGUARD_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starting the daemon")
+}
+
+/// A profile edit that names an nccl-tests binary outside `--allowed-nccl-binaries` (on a
+/// node without `--sim`, where the check applies) does not stop the daemon: it waits with
+/// `RailguardFabricReady=Unknown`, reason `NcclBinaryNotAllowed`, and goes on once the
+/// profile is fixed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prober_whose_profile_names_a_binary_it_may_not_run_waits_and_goes_on_once_fixed() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let client = cp.client();
+    apply_crd(&client, &chart_crd()).await;
+    let h100 = fixture_profile("dgx-h100-ndr.yaml").unwrap();
+    let mut evil = serde_json::to_value(&h100).unwrap();
+    evil["spec"]["certification"]["ncclTests"] = json!({"binary": "/tmp/payload"});
+    create_raw(&client, &evil).await.unwrap();
+    let product = "nvidia.com/gpu.product";
+    let pool = h100.spec.node_selector[product].as_str();
+    cp.create_node(
+        "gpu-a",
+        &labels(&[(product, pool)]),
+        &[("nvidia.com/gpu", "8"), ("rdma/rdma_shared_device_a", "1")],
+    )
+    .await
+    .unwrap();
+
+    // The node's sysfs tree, written by the prober's own `sim-sysfs`; the daemon reads it as
+    // a real node's (no --sim, so no stand-in nccl-tests).
+    let work = tempfile::tempdir().unwrap();
+    let model = workspace_root().join("prober/models/dgx-h100.yaml");
+    let written = std::process::Command::new(prober_bin())
+        .arg("sim-sysfs")
+        .arg("--model")
+        .arg(&model)
+        .arg("--out")
+        .arg(work.path().join("sysfs"))
+        .output()
+        .unwrap();
+    assert!(written.status.success(), "{written:?}");
+    let metrics_port = railguard_tests::free_port().unwrap();
+    let mut daemon = spawn_daemon(&cp, &work, metrics_port, &[]);
+
+    let (_, _, message) = eventually(WAIT, "the Node says the binary is not allowed", || async {
+        Ok(node_condition(&client, "gpu-a")
+            .await
+            .filter(|(s, r, _)| s == "Unknown" && r == "NcclBinaryNotAllowed"))
+    })
+    .await
+    .unwrap();
+    assert!(
+        message.contains("names ncclTests.binary /tmp/payload, which this prober may not run")
+            && message.contains("--allowed-nccl-binaries"),
+        "{message}"
+    );
+    let health = reqwest::get(format!("http://127.0.0.1:{metrics_port}/healthz"))
+        .await
+        .unwrap();
+    assert!(health.status().is_success(), "{}", health.status());
+    assert!(daemon.try_wait().unwrap().is_none(), "the daemon exited");
+
+    // Fixed (the default binary again): the daemon starts checking the node. Without RDMA
+    // devices here the outcome is the daemon's own; what matters is that it left the wait.
+    raw_profiles(&client)
+        .patch(
+            "h100-ndr",
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(
+                    json!([{"op": "remove", "path": "/spec/certification/ncclTests/binary"}]),
+                )
+                .unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(120),
+        "the daemon leaves the wait",
+        || async {
+            Ok(node_condition(&client, "gpu-a")
+                .await
+                .filter(|(_, r, _)| r != "NcclBinaryNotAllowed")
+                .map(|_| ()))
+        },
+    )
+    .await
+    .unwrap();
     assert!(daemon.try_wait().unwrap().is_none(), "the daemon exited");
     daemon.start_kill().unwrap();
 }

@@ -186,18 +186,16 @@ impl NodeArgs {
             (None, None) => {
                 let spec = &profile.spec.certification.nccl_tests;
                 if !spec.binary_is_allowed(&self.allowed_nccl_binaries) {
-                    return Err(StartupError::new(
-                        format!(
-                            "FabricProfile {} names ncclTests.binary {}, which this prober may not run",
-                            profile.name(),
-                            spec.binary
-                        ),
-                        format!(
-                            "the allowed binaries are {} (--allowed-nccl-binaries)",
-                            self.allowed_nccl_binaries.join(", ")
-                        ),
-                        "fix the profile, or add the path to --allowed-nccl-binaries at install time (the chart's prober.allowedNcclBinaries)",
-                    )
+                    // A profile edit, not the install: the daemon waits for it to be fixed.
+                    return Err(UnusableProfile::binary_not_allowed(format!(
+                        "FabricProfile {} names ncclTests.binary {}, which this prober may not run: \
+                         the allowed binaries are {} (--allowed-nccl-binaries); fix the profile, \
+                         or add the path to --allowed-nccl-binaries at install time (the chart's \
+                         prober.allowedNcclBinaries)",
+                        profile.name(),
+                        spec.binary,
+                        self.allowed_nccl_binaries.join(", ")
+                    ))
                     .into());
                 }
                 PathBuf::from(&spec.binary)

@@ -4,12 +4,13 @@
 //! Profiles are listed as [`ProfileObject`]s, each decoded and validated on its own: one
 //! invalid profile (say a port past `u32`, or an `intervalSeconds` not below `ttlSeconds`)
 //! never hides the valid ones. When the profile this node needs is invalid (or no profile
-//! matches it), the error is an [`UnusableProfile`]:
+//! matches it, or it names an nccl-tests binary outside `--allowed-nccl-binaries`), the error
+//! is an [`UnusableProfile`]:
 //!
 //! - `railguard-prober certify` prints it and exits 2 (a configuration error);
 //! - `railguard-prober daemon` does not exit (no crash-loop): it sets the Node's
 //!   `RailguardFabricReady` condition to `Unknown` with reason `InvalidProfile` (or
-//!   `NoProfile`) and the message saying which profile and field, keeps `/healthz` and
+//!   `NoProfile`, or `NcclBinaryNotAllowed`) and the message saying which profile and field, keeps `/healthz` and
 //!   `/metrics` served (`railguard_prober_fabric_profiles_invalid{profile}`), looks again
 //!   every `--poll-ms`, and starts certifying as soon as the profile is fixed. The certificate
 //!   already on the Node is left as it is.
@@ -34,6 +35,8 @@ use crate::daemon::Metrics;
 pub const REASON_INVALID_PROFILE: &str = "InvalidProfile";
 /// Condition reason: no valid profile matches this node (and none is default).
 pub const REASON_NO_PROFILE: &str = "NoProfile";
+/// Condition reason: the profile names an nccl-tests binary this prober may not run.
+pub const REASON_NCCL_BINARY_NOT_ALLOWED: &str = "NcclBinaryNotAllowed";
 
 /// The profile this node needs cannot be used; `reason` is the condition reason.
 #[derive(Debug)]
@@ -58,6 +61,15 @@ impl UnusableProfile {
             reason: REASON_INVALID_PROFILE,
             message,
             invalid: invalid.to_vec(),
+        }
+    }
+
+    /// The profile is valid but names `ncclTests.binary` outside the install-time allow list.
+    pub fn binary_not_allowed(message: String) -> Self {
+        UnusableProfile {
+            reason: REASON_NCCL_BINARY_NOT_ALLOWED,
+            message,
+            invalid: Vec::new(),
         }
     }
 

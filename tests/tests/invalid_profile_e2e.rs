@@ -227,6 +227,7 @@ async fn invalid_profiles_are_skipped_and_reported_and_the_valid_one_is_served()
         failure_mode: FailureMode::Closed,
         metrics: webhook_metrics,
         decisions: DecisionCache::new(CacheLimits::default()),
+        node_guard: None,
     });
     let reloader =
         CertReloader::new(&tmp.path().join("tls.crt"), &tmp.path().join("tls.key")).unwrap();

@@ -143,9 +143,11 @@ async fn start_webhook(cp: &ControlPlane, guard_args: &[String], dir: &Path) -> 
         addr,
         metrics,
     };
-    let healthz = format!("http://{}/healthz", webhook.metrics);
-    eventually(Duration::from_secs(60), "webhook listening", || async {
-        Ok(reqwest::get(&healthz).await.ok().map(|_| ()))
+    // Ready only once the catalog and the node guard's caches have listed.
+    let readyz = format!("http://{}/readyz", webhook.metrics);
+    eventually(Duration::from_secs(60), "webhook ready", || async {
+        let status = reqwest::get(&readyz).await.ok().map(|r| r.status().as_u16());
+        Ok((status == Some(200)).then_some(()))
     })
     .await
     .unwrap();

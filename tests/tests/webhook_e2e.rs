@@ -171,6 +171,7 @@ async fn webhook_configures_pods_created_through_the_api_server() {
         failure_mode: FailureMode::Closed,
         metrics,
         decisions: DecisionCache::new(CacheLimits::default()),
+        node_guard: None,
     });
     let reloader =
         CertReloader::new(&tmp.path().join("tls.crt"), &tmp.path().join("tls.key")).unwrap();

@@ -33,6 +33,9 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Recent decisions, so the pods of one job are decided once.
     pub decisions: DecisionCache,
+    /// The node guard, when it is served: `/readyz` waits for its caches too, so no Node
+    /// review reaches a replica that cannot yet tell who may write what.
+    pub node_guard: Option<Arc<NodeGuardState>>,
 }
 
 /// Limits and addresses of a running server.
@@ -269,11 +272,19 @@ async fn mutate_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Resp
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
-    if state.catalog.is_ready() {
-        "ready".into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced\n").into_response()
+    if !state.catalog.is_ready() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "caches not synced\n").into_response();
     }
+    if let Some(guard) = &state.node_guard {
+        if !(guard.probers.is_synced() && guard.nodes.is_synced()) {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "node guard caches not synced\n",
+            )
+                .into_response();
+        }
+    }
+    "ready".into_response()
 }
 
 async fn metrics_handler(State(state): State<Arc<AppState>>) -> Response {

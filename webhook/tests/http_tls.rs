@@ -13,7 +13,10 @@ use k8s_openapi::api::core::v1::Pod;
 use railguard_webhook::catalog::Catalog;
 use railguard_webhook::decisions::{CacheLimits, DecisionCache};
 use railguard_webhook::metrics::Metrics;
-use railguard_webhook::server::{self, AppState, RunningServer, ServeOptions};
+use railguard_webhook::node_guard::nodes::NodeOutputs;
+use railguard_webhook::node_guard::probers::ProberPods;
+use railguard_webhook::node_guard::GuardPolicy;
+use railguard_webhook::server::{self, AppState, NodeGuardState, RunningServer, ServeOptions};
 use railguard_webhook::tls::CertReloader;
 use railguard_webhook::{FailureMode, WebhookConfig};
 use serde_json::{json, Value};
@@ -97,13 +100,14 @@ impl SecretVolume {
 }
 
 async fn start(volume: &SecretVolume, failure_mode: FailureMode) -> RunningServer {
-    start_routes(volume, failure_mode, server::admission_routes()).await
+    start_routes(volume, failure_mode, server::admission_routes(), None).await
 }
 
 async fn start_routes(
     volume: &SecretVolume,
     failure_mode: FailureMode,
     routes: axum::Router<Arc<AppState>>,
+    node_guard: Option<Arc<NodeGuardState>>,
 ) -> RunningServer {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let profiles = railguard_api::profiles_from_yaml(&PROFILES.join("\n---\n")).unwrap();
@@ -113,6 +117,7 @@ async fn start_routes(
         failure_mode,
         metrics: Arc::new(Metrics::new()),
         decisions: DecisionCache::new(CacheLimits::default()),
+        node_guard,
     });
     let reloader = CertReloader::new(&volume.cert(), &volume.key()).unwrap();
     let opts = ServeOptions {
@@ -620,7 +625,7 @@ async fn extra_routes_share_the_tls_listener_and_the_limits() {
         "/extra",
         axum::routing::post(|_body: axum::body::Bytes| async { "extra" }),
     );
-    let srv = start_routes(&volume, FailureMode::Open, routes).await;
+    let srv = start_routes(&volume, FailureMode::Open, routes, None).await;
     let c = client(&ca.pem());
     assert_eq!(
         post(&c, srv.addr, "/extra", Vec::new()).await,
@@ -630,5 +635,39 @@ async fn extra_routes_share_the_tls_listener_and_the_limits() {
     assert_eq!(status, 413);
     let (status, body) = post(&c, srv.addr, "/mutate", SAMPLE.as_bytes().to_vec()).await;
     assert_eq!(status, 200, "{body}");
+    srv.shutdown().await.unwrap();
+}
+
+/// With the node guard served, `/readyz` waits for its caches as well as the catalog's: a
+/// replica whose prober-pod and Node watches have not listed (here: an API server that is
+/// not there) is not ready, so no Node review reaches it.
+#[tokio::test]
+async fn readyz_waits_for_the_node_guard_caches() {
+    let ca = Ca::new("railguard-test-ca");
+    let (cert, key) = ca.serving_pair();
+    let volume = SecretVolume::new(&cert, &key);
+    let nowhere = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+    let client = kube::Client::try_from(nowhere).unwrap();
+    let guard = Arc::new(NodeGuardState {
+        policy: GuardPolicy {
+            namespace: "railguard-system".into(),
+            prober_service_account: "railguard-prober".into(),
+            campaign_service_account: None,
+            fleet_service_account: None,
+            allowed_groups: vec!["system:masters".into()],
+        },
+        probers: ProberPods::watch(client.clone(), "railguard-system", "app=prober"),
+        nodes: NodeOutputs::watch(client),
+        metrics: Arc::new(Metrics::new()),
+    });
+    let routes = server::admission_routes().merge(server::node_guard_routes(guard.clone()));
+    let srv = start_routes(&volume, FailureMode::Open, routes, Some(guard)).await;
+    let readyz = format!("http://{}/readyz", srv.metrics_addr);
+    for _ in 0..3 {
+        let r = reqwest::get(&readyz).await.unwrap();
+        assert_eq!(r.status().as_u16(), 503);
+        assert_eq!(r.text().await.unwrap(), "node guard caches not synced\n");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     srv.shutdown().await.unwrap();
 }

@@ -58,6 +58,7 @@ pub fn app_state(yaml: &str) -> Arc<AppState> {
             max_entries,
             ..CacheLimits::default()
         }),
+        node_guard: None,
     })
 }
 

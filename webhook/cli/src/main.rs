@@ -60,6 +60,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
 
     let metrics = Arc::new(Metrics::new());
     let mut routes = server::admission_routes();
+    let mut guard = None;
     let catalog = match &cli.profiles {
         Some(path) => {
             let profiles = railguard_runtime::read_profiles(path, "--profiles")?;
@@ -70,8 +71,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         None => {
             let client = kube_client(cli.kubeconfig.as_deref()).await?;
             if let Some(policy) = guard_policy {
-                let guard = node_guard(&cli, policy, client.clone(), &metrics);
-                routes = routes.merge(server::node_guard_routes(guard));
+                let state = node_guard(&cli, policy, client.clone(), &metrics);
+                routes = routes.merge(server::node_guard_routes(state.clone()));
+                guard = Some(state);
             }
             Catalog::cluster(client, metrics.clone())
         }
@@ -95,6 +97,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             max_entries: cli.decision_cache_entries,
             ..CacheLimits::default()
         }),
+        node_guard: guard,
     });
     let opts = settings::serve_options(&cli);
     let running =

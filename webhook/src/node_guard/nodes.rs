@@ -43,6 +43,12 @@ impl NodeOutputs {
         Self { store }
     }
 
+    /// Whether the Node watch has listed once (before, a missing Node means nothing).
+    pub fn is_synced(&self) -> bool {
+        // `wait_until_ready` resolves at once when ready; polling it once tells.
+        futures::FutureExt::now_or_never(self.store.wait_until_ready()).is_some_and(|r| r.is_ok())
+    }
+
     /// The cached outputs of Node `name`, None when the cache does not hold it.
     pub fn view(&self, name: &str) -> Option<NodeView> {
         let node = self.store.get(&ObjectRef::new(name))?;

@@ -146,7 +146,10 @@ async fn start_webhook(cp: &ControlPlane, guard_args: &[String], dir: &Path) -> 
     // Ready only once the catalog and the node guard's caches have listed.
     let readyz = format!("http://{}/readyz", webhook.metrics);
     eventually(Duration::from_secs(60), "webhook ready", || async {
-        let status = reqwest::get(&readyz).await.ok().map(|r| r.status().as_u16());
+        let status = reqwest::get(&readyz)
+            .await
+            .ok()
+            .map(|r| r.status().as_u16());
         Ok((status == Some(200)).then_some(()))
     })
     .await

@@ -465,24 +465,13 @@ async fn node_condition(client: &Client, node: &str) -> Option<(String, String, 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prober_whose_profile_is_invalid_waits_says_why_and_certifies_once_it_is_fixed() {
-    let cp = ControlPlane::start().await.expect("control plane");
-    let client = cp.client();
-    apply_crd(&client, &chart_crd()).await;
-    let h100 = fixture_profile("dgx-h100-ndr.yaml").unwrap();
     // The node's only profile, broken by an edit the schema accepts.
-    let mut broken = serde_json::to_value(&h100).unwrap();
-    broken["spec"]["certification"]["ttlSeconds"] = 3600.into();
-    broken["spec"]["certification"]["intervalSeconds"] = 7200.into();
-    create_raw(&client, &broken).await.unwrap();
-    let product = "nvidia.com/gpu.product";
-    let pool = h100.spec.node_selector[product].as_str();
-    cp.create_node(
-        "gpu-a",
-        &labels(&[(product, pool)]),
-        &[("nvidia.com/gpu", "8"), ("rdma/rdma_shared_device_a", "1")],
-    )
-    .await
-    .unwrap();
+    let cp = one_node_with_profile(|p| {
+        p["spec"]["certification"]["ttlSeconds"] = 3600.into();
+        p["spec"]["certification"]["intervalSeconds"] = 7200.into();
+    })
+    .await;
+    let client = cp.client();
 
     let work = tempfile::tempdir().unwrap();
     let metrics_port = railguard_tests::free_port().unwrap();
@@ -500,13 +489,7 @@ async fn a_prober_whose_profile_is_invalid_waits_says_why_and_certifies_once_it_
     );
 
     // It waits, says why on the Node and on its metrics port, and keeps /healthz up.
-    let (_, _, message) = eventually(WAIT, "the Node says the profile is invalid", || async {
-        Ok(node_condition(&client, "gpu-a")
-            .await
-            .filter(|(s, r, _)| s == "Unknown" && r == "InvalidProfile"))
-    })
-    .await
-    .unwrap();
+    let message = waiting_message(&client, "InvalidProfile").await;
     assert!(
         message.contains("FabricProfile \"h100-ndr\" is invalid")
             && message.contains("spec.certification.intervalSeconds"),
@@ -521,9 +504,7 @@ async fn a_prober_whose_profile_is_invalid_waits_says_why_and_certifies_once_it_
     })
     .await
     .unwrap();
-    let health = reqwest::get(format!("{metrics}/healthz")).await.unwrap();
-    assert!(health.status().is_success(), "{}", health.status());
-    assert!(daemon.try_wait().unwrap().is_none(), "the daemon exited");
+    assert_still_serving(&mut daemon, metrics_port).await;
 
     // Fixed: the daemon starts and certifies the node.
     raw_profiles(&client)
@@ -548,6 +529,51 @@ async fn a_prober_whose_profile_is_invalid_waits_says_why_and_certifies_once_it_
     assert!(!text.contains("profile=\"h100-ndr\""), "{text}");
     assert!(daemon.try_wait().unwrap().is_none(), "the daemon exited");
     daemon.start_kill().unwrap();
+}
+
+/// A control plane with the chart's CRD, the H100 profile as `edit` leaves it (created raw,
+/// so the schema alone judges it) and GPU node `gpu-a` in its pool.
+async fn one_node_with_profile(edit: impl FnOnce(&mut Value)) -> ControlPlane {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let client = cp.client();
+    apply_crd(&client, &chart_crd()).await;
+    let h100 = fixture_profile("dgx-h100-ndr.yaml").unwrap();
+    let mut profile = serde_json::to_value(&h100).unwrap();
+    edit(&mut profile);
+    create_raw(&client, &profile).await.unwrap();
+    let product = "nvidia.com/gpu.product";
+    let pool = h100.spec.node_selector[product].as_str();
+    cp.create_node(
+        "gpu-a",
+        &labels(&[(product, pool)]),
+        &[("nvidia.com/gpu", "8"), ("rdma/rdma_shared_device_a", "1")],
+    )
+    .await
+    .unwrap();
+    cp
+}
+
+/// The message of `gpu-a`'s `RailguardFabricReady` once it is `Unknown` with `reason` (the
+/// daemon waiting for its profile to be fixed).
+async fn waiting_message(client: &Client, reason: &str) -> String {
+    let what = format!("the Node says the prober waits ({reason})");
+    let (_, _, message) = eventually(WAIT, &what, || async {
+        Ok(node_condition(client, "gpu-a")
+            .await
+            .filter(|(s, r, _)| s == "Unknown" && r == reason))
+    })
+    .await
+    .unwrap();
+    message
+}
+
+/// The waiting daemon did not exit and keeps `/healthz` up.
+async fn assert_still_serving(daemon: &mut tokio::process::Child, metrics_port: u16) {
+    let health = reqwest::get(format!("http://127.0.0.1:{metrics_port}/healthz"))
+        .await
+        .unwrap();
+    assert!(health.status().is_success(), "{}", health.status());
+    assert!(daemon.try_wait().unwrap().is_none(), "the daemon exited");
 }
 
 /// The built `railguard-prober`.
@@ -599,22 +625,11 @@ fn spawn_daemon(
 /// profile is fixed.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_prober_whose_profile_names_a_binary_it_may_not_run_waits_and_goes_on_once_fixed() {
-    let cp = ControlPlane::start().await.expect("control plane");
+    let cp = one_node_with_profile(|p| {
+        p["spec"]["certification"]["ncclTests"] = json!({"binary": "/tmp/payload"});
+    })
+    .await;
     let client = cp.client();
-    apply_crd(&client, &chart_crd()).await;
-    let h100 = fixture_profile("dgx-h100-ndr.yaml").unwrap();
-    let mut evil = serde_json::to_value(&h100).unwrap();
-    evil["spec"]["certification"]["ncclTests"] = json!({"binary": "/tmp/payload"});
-    create_raw(&client, &evil).await.unwrap();
-    let product = "nvidia.com/gpu.product";
-    let pool = h100.spec.node_selector[product].as_str();
-    cp.create_node(
-        "gpu-a",
-        &labels(&[(product, pool)]),
-        &[("nvidia.com/gpu", "8"), ("rdma/rdma_shared_device_a", "1")],
-    )
-    .await
-    .unwrap();
 
     // The node's sysfs tree, written by the prober's own `sim-sysfs`; the daemon reads it as
     // a real node's (no --sim, so no stand-in nccl-tests).
@@ -632,23 +647,13 @@ async fn a_prober_whose_profile_names_a_binary_it_may_not_run_waits_and_goes_on_
     let metrics_port = railguard_tests::free_port().unwrap();
     let mut daemon = spawn_daemon(&cp, &work, metrics_port, &[]);
 
-    let (_, _, message) = eventually(WAIT, "the Node says the binary is not allowed", || async {
-        Ok(node_condition(&client, "gpu-a")
-            .await
-            .filter(|(s, r, _)| s == "Unknown" && r == "NcclBinaryNotAllowed"))
-    })
-    .await
-    .unwrap();
+    let message = waiting_message(&client, "NcclBinaryNotAllowed").await;
     assert!(
         message.contains("names ncclTests.binary /tmp/payload, which this prober may not run")
             && message.contains("--allowed-nccl-binaries"),
         "{message}"
     );
-    let health = reqwest::get(format!("http://127.0.0.1:{metrics_port}/healthz"))
-        .await
-        .unwrap();
-    assert!(health.status().is_success(), "{}", health.status());
-    assert!(daemon.try_wait().unwrap().is_none(), "the daemon exited");
+    assert_still_serving(&mut daemon, metrics_port).await;
 
     // Fixed (the default binary again): the daemon starts checking the node. Without RDMA
     // devices here the outcome is the daemon's own; what matters is that it left the wait.

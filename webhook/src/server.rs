@@ -91,6 +91,13 @@ pub struct NodeGuardState {
     pub metrics: Arc<Metrics>,
 }
 
+impl NodeGuardState {
+    /// Whether both of the guard's caches have listed.
+    pub fn is_synced(&self) -> bool {
+        self.probers.is_synced() && self.nodes.is_synced()
+    }
+}
+
 /// How long a prober's request waits for the first list of prober pods (the webhook just
 /// started) before it is denied as not yet known; under the configuration's timeout.
 const PROBER_CACHE_WAIT: Duration = Duration::from_secs(2);
@@ -276,7 +283,7 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
         return (StatusCode::SERVICE_UNAVAILABLE, "caches not synced\n").into_response();
     }
     if let Some(guard) = &state.node_guard {
-        if !(guard.probers.is_synced() && guard.nodes.is_synced()) {
+        if !guard.is_synced() {
             return (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "node guard caches not synced\n",

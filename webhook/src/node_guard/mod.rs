@@ -171,5 +171,15 @@ fn parse(raw: Option<&RawValue>, what: &str) -> Result<Option<NodeView>, String>
         .map_err(|e| format!("{what} is not a Node: {e}"))
 }
 
+/// Whether a reflector `store` has completed its first list: `wait_until_ready` resolves
+/// at once when it has, so polling it once tells.
+fn store_synced<K>(store: &kube::runtime::reflector::Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
+}
+
 #[cfg(test)]
 mod tests;

@@ -45,8 +45,7 @@ impl NodeOutputs {
 
     /// Whether the Node watch has listed once (before, a missing Node means nothing).
     pub fn is_synced(&self) -> bool {
-        // `wait_until_ready` resolves at once when ready; polling it once tells.
-        futures::FutureExt::now_or_never(self.store.wait_until_ready()).is_some_and(|r| r.is_ok())
+        super::store_synced(&self.store)
     }
 
     /// The cached outputs of Node `name`, None when the cache does not hold it.

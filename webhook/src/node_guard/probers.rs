@@ -70,8 +70,7 @@ impl ProberPods {
 
     /// Whether the first list has completed.
     pub fn is_synced(&self) -> bool {
-        // `wait_until_ready` resolves at once when ready; polling it once tells.
-        futures::FutureExt::now_or_never(self.store.wait_until_ready()).is_some_and(|r| r.is_ok())
+        super::store_synced(&self.store)
     }
 
     /// Waits up to `timeout` for the first list (a request arriving right after start-up).

@@ -168,9 +168,11 @@ fn local_busy_rail_is_not_queued() {
 fn silent_peer_times_out_with_the_configured_limit() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
+    // The peer holds the connection, silent, until the client has given up.
+    let (gave_up, wait) = std::sync::mpsc::channel::<()>();
     let h = thread::spawn(move || {
         let (s, _) = listener.accept().unwrap();
-        thread::sleep(Duration::from_millis(1500));
+        let _ = wait.recv();
         drop(s);
     });
     let mut c = cfg("a", "prof", TOKEN);
@@ -183,6 +185,7 @@ fn silent_peer_times_out_with_the_configured_limit() {
         &small_request("mlx5_0"),
     )
     .unwrap_err();
+    gave_up.send(()).unwrap();
     assert!(
         matches!(
             err,

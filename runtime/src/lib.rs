@@ -22,7 +22,7 @@ mod tls_reload;
 
 pub use client::kube_client;
 pub use error::{describe_io, error_chain, error_line, StartupError};
-pub use listen::bind;
+pub use listen::{bind, logged_listen_addr};
 pub use logging::{
     filter_directives, init_logging, init_logging_with, use_ansi, LogFormat, LOG_FILTER_VARS,
 };

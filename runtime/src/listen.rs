@@ -3,12 +3,14 @@
 
 use std::fmt::Display;
 use std::io;
-use std::net::{TcpListener, ToSocketAddrs};
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 
 use crate::error::{describe_io, StartupError};
 
 /// Binds `addr` for `purpose` (`admission requests`, `metrics`), set by `flag`. The listener
-/// is non-blocking, ready for `tokio::net::TcpListener::from_std` or axum-server.
+/// is non-blocking, ready for `tokio::net::TcpListener::from_std` or axum-server. Logs the
+/// bound address (`listening`, with `purpose`, `flag` and `addr`): with port 0 the kernel
+/// chooses the port, and that line is how an operator or a test learns it.
 pub fn bind<A: ToSocketAddrs + Display>(
     addr: A,
     purpose: &str,
@@ -17,7 +19,31 @@ pub fn bind<A: ToSocketAddrs + Display>(
     let failed = |e: &io::Error| listen_error(&addr, purpose, flag, e);
     let listener = TcpListener::bind(&addr).map_err(|e| failed(&e))?;
     listener.set_nonblocking(true).map_err(|e| failed(&e))?;
+    let bound = listener.local_addr().map_err(|e| failed(&e))?;
+    tracing::info!(purpose, flag, addr = %bound, "listening");
     Ok(listener)
+}
+
+/// The address that the `listening` line of [`bind`] gives for `flag`, found in `log` (the
+/// lines a railguard binary wrote, text or JSON format); `None` while there is none. How a
+/// supervisor or a test learns the port the kernel chose for port 0.
+pub fn logged_listen_addr(log: &str, flag: &str) -> Option<SocketAddr> {
+    log.lines().find_map(|line| {
+        let line = line.trim();
+        if line.starts_with('{') {
+            let v: serde_json::Value = serde_json::from_str(line).ok()?;
+            let fields = &v["fields"];
+            (fields["message"] == "listening" && fields["flag"] == flag)
+                .then(|| fields["addr"].as_str()?.parse().ok())
+                .flatten()
+        } else if line.contains(" listening ") && line.contains(&format!("flag=\"{flag}\"")) {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix("addr="))
+                .and_then(|a| a.trim_matches('"').parse().ok())
+        } else {
+            None
+        }
+    })
 }
 
 fn listen_error(addr: &dyn Display, purpose: &str, flag: &str, e: &io::Error) -> StartupError {
@@ -58,6 +84,60 @@ mod tests {
             "{line}"
         );
         assert!(bind("127.0.0.1:0", "metrics", "--metrics-listen").is_ok());
+    }
+
+    /// What `bind` logs, through the subscriber every binary installs, in both formats.
+    fn logged_by_bind(json: bool) -> (String, SocketAddr, SocketAddr) {
+        #[derive(Clone, Default)]
+        struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl io::Write for Buffer {
+            fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+                self.0
+                    .lock()
+                    .map_err(|_| io::ErrorKind::Other)?
+                    .extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer::default();
+        let writer = buffer.clone();
+        let builder = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false);
+        let run = || {
+            let a = bind("127.0.0.1:0", "admission requests", "--listen").unwrap();
+            let m = bind("127.0.0.1:0", "metrics and health", "--metrics-listen").unwrap();
+            (a.local_addr().unwrap(), m.local_addr().unwrap())
+        };
+        let (a, m) = if json {
+            tracing::subscriber::with_default(builder.json().finish(), run)
+        } else {
+            tracing::subscriber::with_default(builder.finish(), run)
+        };
+        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        (text, a, m)
+    }
+
+    #[test]
+    fn the_listening_line_gives_back_each_bound_port_in_text_and_json() {
+        for json in [false, true] {
+            let (log, a, m) = logged_by_bind(json);
+            assert_ne!(a.port(), 0);
+            assert_eq!(logged_listen_addr(&log, "--listen"), Some(a), "{log}");
+            assert_eq!(
+                logged_listen_addr(&log, "--metrics-listen"),
+                Some(m),
+                "{log}"
+            );
+            assert_eq!(logged_listen_addr(&log, "--peer-listen"), None, "{log}");
+        }
+        assert_eq!(
+            logged_listen_addr("x: listening flag=\"--listen\" addr=junk", "--listen"),
+            None
+        );
     }
 
     #[test]

@@ -18,12 +18,12 @@ pub mod daemon;
 pub mod gotmpl;
 pub mod install;
 pub mod node;
+pub mod ports;
 pub mod sim_prober;
 
 pub use node::RealNode;
 
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -188,12 +188,6 @@ pub fn workspace_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-/// A free TCP port on 127.0.0.1 (released before return; the race is acceptable in tests).
-pub fn free_port() -> Result<u16> {
-    let l = TcpListener::bind("127.0.0.1:0").context("binding a loopback port")?;
-    Ok(l.local_addr()?.port())
-}
-
 /// Where a control plane keeps its files: a temp dir for tests, a fixed dir for the demo.
 enum Workdir {
     Temp(tempfile::TempDir),
@@ -248,6 +242,8 @@ pub struct ControlPlane {
     keep_logs: bool,
     /// How kube-apiserver was started, to start it again ([`ControlPlane::restart_apiserver`]).
     apiserver_command: Option<(std::ffi::OsString, Vec<std::ffi::OsString>)>,
+    /// The ports of the servers started, reserved until the control plane is dropped.
+    ports: Vec<ports::PortLease>,
 }
 
 impl std::fmt::Debug for ControlPlane {
@@ -313,6 +309,7 @@ impl ControlPlane {
             ca_pem: String::new(),
             keep_logs: false,
             apiserver_command: None,
+            ports: Vec::new(),
         };
         match cp.boot(opts).await {
             Ok(()) => Ok(cp),
@@ -389,107 +386,162 @@ impl ControlPlane {
         }
         std::fs::write(d.join("tokens.csv"), tokens)?;
 
-        let etcd_port = free_port()?;
-        let etcd_peer = free_port()?;
-        let api_port = free_port()?;
-        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         // 1.20: Debian's etcd 3.4 from PATH; the modern release: the etcd built beside it.
         let etcd = match self.version {
             KubeVersion::V1_20 => PathBuf::from("etcd"),
             KubeVersion::V1_37 => self.bin.join("etcd"),
         };
-        self.procs.push(spawn(
-            "etcd",
-            Command::new(etcd)
-                .arg("--data-dir")
-                .arg(d.join("etcd"))
-                .arg(format!("--listen-client-urls={etcd_url}"))
-                .arg(format!("--advertise-client-urls={etcd_url}"))
-                .arg(format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"))
-                .arg(format!(
-                    "--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"
-                ))
-                .arg(format!(
-                    "--initial-cluster=default=http://127.0.0.1:{etcd_peer}"
-                ))
-                .arg("--log-level=warn"),
-            &d,
-        )?);
+        let etcd_dir = d.join("etcd");
+        let etcd_ports = self
+            .spawn_on_ports("etcd", 2, ETCD_START_TIMEOUT, |p| {
+                let etcd_url = format!("http://127.0.0.1:{}", p[0]);
+                let peer_url = format!("http://127.0.0.1:{}", p[1]);
+                // A start that failed may have written a member with the old peer URL.
+                let _ = std::fs::remove_dir_all(&etcd_dir);
+                let mut cmd = Command::new(&etcd);
+                cmd.arg("--data-dir")
+                    .arg(&etcd_dir)
+                    .arg(format!("--listen-client-urls={etcd_url}"))
+                    .arg(format!("--advertise-client-urls={etcd_url}"))
+                    .arg(format!("--listen-peer-urls={peer_url}"))
+                    .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+                    .arg(format!("--initial-cluster=default={peer_url}"))
+                    // The data is thrown away with the test: an fsync per write waiting on
+                    // a disk shared with parallel builds and tests is what once made etcd
+                    // answer "request timed out" (fleet_e2e), not anything under test.
+                    .arg("--unsafe-no-fsync")
+                    .arg("--log-level=warn");
+                cmd
+            })
+            .await
+            .context("etcd did not start")?;
+        let etcd_url = format!("http://127.0.0.1:{}", etcd_ports[0]);
         let host = match address {
             std::net::IpAddr::V6(a) => format!("[{a}]"),
             a => a.to_string(),
         };
-        let server = format!("https://{host}:{api_port}");
-        let mut api = Command::new(self.bin.join("kube-apiserver"));
-        api.arg(format!("--etcd-servers={etcd_url}"))
-            .arg(format!("--bind-address={address}"))
-            .arg(format!("--advertise-address={address}"))
-            .arg(format!("--secure-port={api_port}"));
-        match self.version {
-            // The insecure port is gone from 1.24 on (and with it the flag).
-            KubeVersion::V1_20 => {
-                api.arg("--insecure-port=0");
+        let version = self.version;
+        let bin = self.bin.clone();
+        let build_api = |api_port: u16| {
+            let mut api = Command::new(bin.join("kube-apiserver"));
+            api.arg(format!("--etcd-servers={etcd_url}"))
+                .arg(format!("--bind-address={address}"))
+                .arg(format!("--advertise-address={address}"))
+                .arg(format!("--secure-port={api_port}"));
+            match version {
+                // The insecure port is gone from 1.24 on (and with it the flag).
+                KubeVersion::V1_20 => {
+                    api.arg("--insecure-port=0");
+                }
+                // The modern endpoint reconciler refuses a loopback advertise address ("may
+                // not be in the loopback range"); without one the `kubernetes` Service has no
+                // endpoints, which only in-cluster clients (a real node's pods) would miss.
+                KubeVersion::V1_37 if address.is_loopback() => {
+                    api.arg("--endpoint-reconciler-type=none");
+                }
+                KubeVersion::V1_37 => {}
             }
-            // The modern endpoint reconciler refuses a loopback advertise address ("may not
-            // be in the loopback range"); without one the `kubernetes` Service has no
-            // endpoints, which only in-cluster clients (a real node's pods) would miss.
-            KubeVersion::V1_37 if address.is_loopback() => {
-                api.arg("--endpoint-reconciler-type=none");
-            }
-            KubeVersion::V1_37 => {}
-        }
-        api.arg(format!("--cert-dir={}", d.join("certs").display()))
-            .arg(format!(
-                "--tls-cert-file={}",
-                d.join("apiserver.crt").display()
-            ))
-            .arg(format!(
-                "--tls-private-key-file={}",
-                d.join("apiserver.key").display()
-            ))
-            .arg(format!("--client-ca-file={}", d.join("ca.crt").display()))
-            .arg(format!(
-                "--token-auth-file={}",
-                d.join("tokens.csv").display()
-            ))
-            .arg(format!(
-                "--kubelet-client-certificate={}",
-                d.join("kubelet-client.crt").display()
-            ))
-            .arg(format!(
-                "--kubelet-client-key={}",
-                d.join("kubelet-client.key").display()
-            ))
-            .arg("--authorization-mode=Node,RBAC")
-            .arg("--service-account-issuer=https://kubernetes.default.svc")
-            .arg(format!(
-                "--service-account-key-file={}",
-                d.join("sa.pub").display()
-            ))
-            .arg(format!(
-                "--service-account-signing-key-file={}",
-                d.join("sa.key").display()
-            ))
-            .arg("--service-cluster-ip-range=10.96.0.0/24")
-            .arg("--allow-privileged=true")
-            .arg("--enable-priority-and-fairness=false")
-            .arg("--v=1")
-            .args(&opts.extra_args);
-        self.server = server;
-        self.token = token;
-        self.ca_pem = ca.pem();
-        wait_for_tcp(etcd_port, ETCD_START_TIMEOUT).context("etcd did not start")?;
+            api.arg(format!("--cert-dir={}", d.join("certs").display()))
+                .arg(format!(
+                    "--tls-cert-file={}",
+                    d.join("apiserver.crt").display()
+                ))
+                .arg(format!(
+                    "--tls-private-key-file={}",
+                    d.join("apiserver.key").display()
+                ))
+                .arg(format!("--client-ca-file={}", d.join("ca.crt").display()))
+                .arg(format!(
+                    "--token-auth-file={}",
+                    d.join("tokens.csv").display()
+                ))
+                .arg(format!(
+                    "--kubelet-client-certificate={}",
+                    d.join("kubelet-client.crt").display()
+                ))
+                .arg(format!(
+                    "--kubelet-client-key={}",
+                    d.join("kubelet-client.key").display()
+                ))
+                .arg("--authorization-mode=Node,RBAC")
+                .arg("--service-account-issuer=https://kubernetes.default.svc")
+                .arg(format!(
+                    "--service-account-key-file={}",
+                    d.join("sa.pub").display()
+                ))
+                .arg(format!(
+                    "--service-account-signing-key-file={}",
+                    d.join("sa.key").display()
+                ))
+                .arg("--service-cluster-ip-range=10.96.0.0/24")
+                .arg("--allow-privileged=true")
+                .arg("--enable-priority-and-fairness=false")
+                .arg("--v=1")
+                .args(&opts.extra_args);
+            api
+        };
+        let api_ports = self
+            .spawn_on_ports("kube-apiserver", 1, APISERVER_START_TIMEOUT, |p| {
+                build_api(p[0])
+            })
+            .await
+            .context("kube-apiserver did not start")?;
+        let api = build_api(api_ports[0]);
         self.apiserver_command = Some((
             api.get_program().to_owned(),
             api.get_args().map(|a| a.to_owned()).collect(),
         ));
-        self.procs.push(spawn("kube-apiserver", &mut api, &d)?);
+        self.server = format!("https://{host}:{}", api_ports[0]);
+        self.token = token;
+        self.ca_pem = ca.pem();
         self.write_kubeconfig()?;
         let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)?;
         let config =
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
         self.client = Client::try_from(config)?;
         self.wait_ready(APISERVER_START_TIMEOUT).await
+    }
+
+    /// Starts `name` on `count` leased ports (`command` builds it for them) and waits until
+    /// the process itself listens on all of them. A port another process took first makes it
+    /// exit with "address already in use": then it starts again on new ports, at most
+    /// [`ports::PORT_ATTEMPTS`] times, each retry logged. The leases stay with `self`.
+    async fn spawn_on_ports(
+        &mut self,
+        name: &'static str,
+        count: usize,
+        timeout: Duration,
+        mut command: impl FnMut(&[u16]) -> Command,
+    ) -> Result<Vec<u16>> {
+        let d = self.dir.path().to_path_buf();
+        let log = d.join(format!("{name}.log"));
+        for attempt in 1..=ports::PORT_ATTEMPTS {
+            let leases = ports::lease_ports(count)?;
+            let numbers: Vec<u16> = leases.iter().map(ports::PortLease::port).collect();
+            let mut proc = spawn(name, &mut command(&numbers), &d)?;
+            match ports::wait_bound(&mut proc.child, &numbers, &log, timeout).await {
+                Ok(ports::Bound::Listening) => {
+                    self.procs.push(proc);
+                    self.ports.extend(leases);
+                    return Ok(numbers);
+                }
+                Ok(ports::Bound::PortInUse(line)) => {
+                    ports::log_port_retry(name, attempt, &numbers, &line);
+                }
+                Ok(ports::Bound::Exited(status)) => {
+                    bail!("{name} exited with {status}; see {}", log.display())
+                }
+                Err(e) => {
+                    terminate(&mut proc.child);
+                    return Err(e.context(format!("{name} did not listen")));
+                }
+            }
+        }
+        bail!(
+            "{name} found its ports in use {} times in a row; see {}",
+            ports::PORT_ATTEMPTS,
+            log.display()
+        )
     }
 
     fn write_kubeconfig(&self) -> Result<()> {
@@ -621,73 +673,80 @@ impl ControlPlane {
         let d = self.dir.path().to_path_buf();
         let extenders: serde_yaml_ng::Value =
             serde_yaml_ng::from_str(extenders_yaml).context("extenders YAML")?;
-        let mut config = json!({
+        let config = json!({
             "kind": "KubeSchedulerConfiguration",
             "clientConnection": { "kubeconfig": self.kubeconfig.display().to_string(), "qps": 500, "burst": 1000 },
             "leaderElection": { "leaderElect": false },
             "extenders": extenders,
         });
-        let mut cmd = Command::new(self.bin.join("kube-scheduler"));
         let path = d.join("scheduler-config.yaml");
-        cmd.arg(format!("--config={}", path.display()));
-        let mut healthz_port = None;
-        match self.version {
-            KubeVersion::V1_20 => {
-                merge_json(
-                    &mut config,
-                    json!({
-                        "apiVersion": "kubescheduler.config.k8s.io/v1beta1",
-                        // With --config, 1.20 ignores --port=0 and would bind 0.0.0.0:10251;
-                        // keep each scheduler on its own free loopback port so several can
-                        // run side by side.
-                        "healthzBindAddress": format!("127.0.0.1:{}", free_port()?),
-                        "metricsBindAddress": format!("127.0.0.1:{}", free_port()?),
-                    }),
-                );
-                cmd.arg("--port=0").arg("--secure-port=0");
-            }
-            KubeVersion::V1_37 => {
-                // v1 has no healthz/metricsBindAddress (nor the insecure port, nor --port):
-                // healthz and metrics are served on the secure port, here a free loopback
-                // one, authenticated and authorized through the API server.
-                merge_json(
-                    &mut config,
-                    json!({ "apiVersion": "kubescheduler.config.k8s.io/v1" }),
-                );
-                let port = free_port()?;
-                healthz_port = Some(port);
-                cmd.arg("--bind-address=127.0.0.1")
-                    .arg(format!("--secure-port={port}"))
-                    .arg(format!(
-                        "--cert-dir={}",
-                        d.join("scheduler-certs").display()
-                    ))
-                    .arg(format!(
-                        "--authentication-kubeconfig={}",
-                        self.kubeconfig.display()
-                    ))
-                    .arg(format!(
-                        "--authorization-kubeconfig={}",
-                        self.kubeconfig.display()
-                    ));
-            }
-        }
-        std::fs::write(&path, serde_yaml_ng::to_string(&config)?)?;
-        cmd.arg("--v=2");
-        let p = spawn("kube-scheduler", &mut cmd, &d)?;
-        self.procs.push(p);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        if let Some(port) = healthz_port {
-            // Serving means the configuration was accepted and the informers are starting.
-            let start = Instant::now();
-            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-                self.check_alive()?;
-                if start.elapsed() > SCHEDULER_START_TIMEOUT {
-                    bail!("kube-scheduler serves nothing on 127.0.0.1:{port} after {SCHEDULER_START_TIMEOUT:?}");
+        let version = self.version;
+        let bin = self.bin.clone();
+        let kubeconfig = self.kubeconfig.clone();
+        // 1.20 serves healthz and metrics on two plain ports, v1 both on its secure port.
+        let count = match version {
+            KubeVersion::V1_20 => 2,
+            KubeVersion::V1_37 => 1,
+        };
+        let mut config_error = None;
+        self.spawn_on_ports("kube-scheduler", count, SCHEDULER_START_TIMEOUT, |p| {
+            let mut config = config.clone();
+            let mut cmd = Command::new(bin.join("kube-scheduler"));
+            cmd.arg(format!("--config={}", path.display()));
+            match version {
+                KubeVersion::V1_20 => {
+                    merge_json(
+                        &mut config,
+                        json!({
+                            "apiVersion": "kubescheduler.config.k8s.io/v1beta1",
+                            // With --config, 1.20 ignores --port=0 and would bind
+                            // 0.0.0.0:10251; keep each scheduler on its own loopback ports so
+                            // several can run side by side.
+                            "healthzBindAddress": format!("127.0.0.1:{}", p[0]),
+                            "metricsBindAddress": format!("127.0.0.1:{}", p[1]),
+                        }),
+                    );
+                    cmd.arg("--port=0").arg("--secure-port=0");
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                KubeVersion::V1_37 => {
+                    // v1 has no healthz/metricsBindAddress (nor the insecure port, nor
+                    // --port): healthz and metrics are served on the secure port,
+                    // authenticated and authorized through the API server. Serving means
+                    // the configuration was accepted and the informers are starting.
+                    merge_json(
+                        &mut config,
+                        json!({ "apiVersion": "kubescheduler.config.k8s.io/v1" }),
+                    );
+                    cmd.arg("--bind-address=127.0.0.1")
+                        .arg(format!("--secure-port={}", p[0]))
+                        .arg(format!(
+                            "--cert-dir={}",
+                            d.join("scheduler-certs").display()
+                        ))
+                        .arg(format!(
+                            "--authentication-kubeconfig={}",
+                            kubeconfig.display()
+                        ))
+                        .arg(format!(
+                            "--authorization-kubeconfig={}",
+                            kubeconfig.display()
+                        ));
+                }
             }
-        }
+            let written = serde_yaml_ng::to_string(&config)
+                .map_err(anyhow::Error::from)
+                .and_then(|y| Ok(std::fs::write(&path, y)?));
+            if let Err(e) = written {
+                config_error.get_or_insert(e);
+            }
+            cmd.arg("--v=2");
+            cmd
+        })
+        .await
+        .map_err(|e| match config_error.take() {
+            Some(c) => c.context("writing the scheduler configuration"),
+            None => e,
+        })?;
         self.check_alive()
     }
 
@@ -913,17 +972,6 @@ fn terminate(child: &mut Child) {
     let _ = child.wait();
 }
 
-fn wait_for_tcp(port: u16, timeout: Duration) -> Result<()> {
-    let start = Instant::now();
-    while start.elapsed() < timeout {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    bail!("nothing listens on 127.0.0.1:{port} after {timeout:?}")
-}
-
 fn placeholder_client() -> Result<Client> {
     // A client that is replaced before use; building it needs no IO.
     let config = kube::Config::new("https://127.0.0.1:1".parse()?);
@@ -947,7 +995,6 @@ pub fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Polls `check` until it returns `Some`, or fails after `timeout` with `what`.
 /// A token of ServiceAccount `namespace/name` (an hour), bound to `pod` when given, as the
 /// kubelet projects one into a pod.
 pub async fn service_account_token(
@@ -996,18 +1043,55 @@ pub async fn events_about(client: &Client, name: &str) -> Result<Vec<(String, St
         .collect())
 }
 
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> Result<T>
+/// What one poll of [`eventually`] saw: the value it waits for, or not yet.
+pub trait Observation {
+    type Value;
+    /// The value, or what was seen instead (`None`: nothing worth saying).
+    fn observed(self) -> std::result::Result<Self::Value, Option<String>>;
+}
+
+impl<T> Observation for Option<T> {
+    type Value = T;
+    fn observed(self) -> std::result::Result<T, Option<String>> {
+        self.ok_or(None)
+    }
+}
+
+/// A poll that saw something other than the awaited state; [`eventually`] prints the last one
+/// when it times out.
+#[derive(Clone, Debug)]
+pub struct NotYet(pub String);
+
+impl<T> Observation for std::result::Result<T, NotYet> {
+    type Value = T;
+    fn observed(self) -> std::result::Result<T, Option<String>> {
+        self.map_err(|n| Some(n.0))
+    }
+}
+
+/// Polls `check` until it returns the awaited value (`Some(v)` or `Ok(v)`), or fails after
+/// `timeout` naming `what` and, where the check said it (`Err(NotYet(..))`), what it last saw.
+/// An error of the check itself fails at once.
+pub async fn eventually<O, F, Fut>(timeout: Duration, what: &str, mut check: F) -> Result<O::Value>
 where
+    O: Observation,
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<Option<T>>>,
+    Fut: std::future::Future<Output = Result<O>>,
 {
     let start = Instant::now();
+    let mut last = None;
     loop {
-        if let Some(v) = check().await? {
-            return Ok(v);
+        match check().await?.observed() {
+            Ok(v) => return Ok(v),
+            Err(seen) => last = seen.or(last),
         }
         if start.elapsed() > timeout {
-            bail!("timed out after {timeout:?} waiting for {what}");
+            match &last {
+                Some(seen) => {
+                    bail!("timed out after {timeout:?} waiting for {what}; last seen: {seen}")
+                }
+                None => bail!("timed out after {timeout:?} waiting for {what}"),
+            }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -1182,7 +1266,30 @@ pub async fn wait_bound(client: &Client, ns: &str, name: &str) -> Result<String>
     eventually(
         Duration::from_secs(60),
         &format!("pod {ns}/{name} bound"),
-        || async { Ok(pod_node(client, ns, name).await) },
+        || async {
+            let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), ns);
+            let pod = match pods.get(name).await {
+                Ok(p) => p,
+                Err(e) => return Ok(Err(NotYet(format!("reading it failed: {e}")))),
+            };
+            Ok(match pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+                Some(node) => Ok(node),
+                None => Err(NotYet(format!(
+                    "unbound, conditions {:?}",
+                    pod.status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|c| format!(
+                            "{}={} {}",
+                            c.type_,
+                            c.status,
+                            c.message.clone().unwrap_or_default()
+                        ))
+                        .collect::<Vec<_>>()
+                ))),
+            })
+        },
     )
     .await
 }

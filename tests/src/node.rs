@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use crate::{eventually, free_port, workspace_root, ApiServerOptions, ControlPlane, KubeVersion};
+use crate::{eventually, workspace_root, ApiServerOptions, ControlPlane, KubeVersion};
 
 /// Name the node registers under (the Node authorizer ties the kubelet's identity to it).
 pub const REAL_NODE_NAME: &str = "railguard-node";
@@ -302,7 +302,9 @@ impl RealNode {
                 dir.join("kcm-flexvolume").display()
             ))
             .arg("--bind-address=127.0.0.1")
-            .arg(format!("--secure-port={}", free_port()?))
+            // Nothing here reads the controller-manager's health port: serve none, so no
+            // port is chosen at all (0 turns secure serving off; it is not `Required`).
+            .arg("--secure-port=0")
             .arg("--port=0")
             .arg("--v=1");
         self.spawn("kube-controller-manager", &mut kcm, &dir, false)?;

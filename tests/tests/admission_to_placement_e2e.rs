@@ -20,10 +20,10 @@ use kube::api::{Api, PostParams};
 use kube::Client;
 use railguard_api::{keys, Certificate, FabricProfile, Verdict};
 use railguard_sim::certificates as synth;
-use railguard_tests::daemon::{spawn_extender, wait_ready, Daemon};
+use railguard_tests::daemon::{spawn_extender, wait_ready, Daemon, ANY_LOOPBACK_PORT};
 use railguard_tests::{
-    eventually, failed_scheduling_messages, fixture_profile, free_port, gotmpl, labels, merge_json,
-    pod_node, wait_bound, workspace_binary, ControlPlane, ServingCertificate,
+    eventually, failed_scheduling_messages, fixture_profile, gotmpl, labels, merge_json, pod_node,
+    wait_bound, workspace_binary, ControlPlane, ServingCertificate,
 };
 use serde_json::{json, Value};
 
@@ -232,15 +232,15 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
         &logs,
         &["--report-unresolvable-as-failed"],
     )
+    .await
     .unwrap();
-    let (wh_port, wh_metrics) = (free_port().unwrap(), free_port().unwrap());
     let mut webhook = Daemon::spawn(
         "railguard-webhook",
         Command::new(&webhook_bin)
             .arg("--kubeconfig")
             .arg(cp.kubeconfig_path())
-            .arg(format!("--listen=127.0.0.1:{wh_port}"))
-            .arg(format!("--metrics-listen=127.0.0.1:{wh_metrics}"))
+            .arg(format!("--listen={ANY_LOOPBACK_PORT}"))
+            .arg(format!("--metrics-listen={ANY_LOOPBACK_PORT}"))
             .arg("--tls-cert")
             .arg(&cert_path)
             .arg("--tls-key")
@@ -249,6 +249,8 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
             .arg("--excluded-namespaces=kube-system,ops"),
         &logs,
     );
+    let wh_port = webhook.listen_addr("--listen").await.port();
+    let wh_metrics = webhook.listen_addr("--metrics-listen").await.port();
     wait_ready(
         &format!("{extender_metrics}/readyz"),
         "railguard-extender",

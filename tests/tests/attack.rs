@@ -16,9 +16,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use railguard_tests::{
-    free_port, tls_connector, workspace_binary, workspace_root, ServingCertificate,
-};
+use railguard_tests::daemon::ANY_LOOPBACK_PORT;
+use railguard_tests::ports::logged_listen_addr;
+use railguard_tests::{tls_connector, workspace_binary, workspace_root, ServingCertificate};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -28,6 +28,8 @@ const LEGIT_WITHIN: Duration = Duration::from_secs(1);
 const HEAD_TIMEOUT_S: u64 = 2;
 const REQUEST_TIMEOUT_S: u64 = 5;
 const MAX_CONNECTIONS: usize = 64;
+/// How long a server may take to bind its listeners.
+const LISTEN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A server process under attack; killed on drop.
 struct Target {
@@ -76,25 +78,23 @@ async fn start(
     dir: &Path,
 ) -> Target {
     let bin = workspace_binary(package, name).unwrap();
-    let (addr, metrics): (SocketAddr, SocketAddr) = (
-        format!("127.0.0.1:{}", free_port().unwrap())
-            .parse()
-            .unwrap(),
-        format!("127.0.0.1:{}", free_port().unwrap())
-            .parse()
-            .unwrap(),
-    );
     let log = dir.join(format!("{name}.log"));
     let out = std::fs::File::create(&log).unwrap();
-    let child = Command::new(bin)
+    let mut child = Command::new(bin)
         .args(args)
         .args(limits_args())
-        .arg(format!("--listen={addr}"))
-        .arg(format!("--metrics-listen={metrics}"))
+        .arg(format!("--listen={ANY_LOOPBACK_PORT}"))
+        .arg(format!("--metrics-listen={ANY_LOOPBACK_PORT}"))
         .stdin(Stdio::null())
         .stdout(out.try_clone().unwrap())
         .stderr(out)
         .spawn()
+        .unwrap();
+    let addr = logged_listen_addr(&mut child, &log, "--listen", LISTEN_TIMEOUT)
+        .await
+        .unwrap();
+    let metrics = logged_listen_addr(&mut child, &log, "--metrics-listen", LISTEN_TIMEOUT)
+        .await
         .unwrap();
     let peak_rss_kib = Arc::new(AtomicU64::new(0));
     let sampling = Arc::new(AtomicBool::new(true));

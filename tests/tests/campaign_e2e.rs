@@ -10,10 +10,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -22,6 +21,7 @@ use railguard_api::{
     keys, profiles_from_yaml, Certificate, FabricProfile, FabricState, NodeFabric, RailVerdict,
     Verdict,
 };
+use railguard_tests::ports::logged_listen_addr;
 use railguard_tests::{labels, workspace_root, ControlPlane};
 use serde_json::json;
 
@@ -54,11 +54,6 @@ fn prober_bin() -> PathBuf {
         .join("railguard-prober");
     assert!(bin.is_file(), "{} is missing", bin.display());
     bin
-}
-
-fn free_addr(ip: &str) -> String {
-    let l = TcpListener::bind(format!("{ip}:0")).unwrap();
-    format!("{ip}:{}", l.local_addr().unwrap().port())
 }
 
 struct Proc(Child);
@@ -113,7 +108,6 @@ async fn campaign_names_the_culprits_in_certificates_and_keeps_healthy_nodes_cer
     let names: Vec<String> = (0..9).map(|i| format!("node-{i}")).collect();
     let mut endpoints = Vec::new();
     for (i, name) in names.iter().enumerate() {
-        let addr = free_addr(&format!("127.0.0.{}", 50 + i));
         cp.create_node(
             name,
             &labels(&[("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3")]),
@@ -145,6 +139,34 @@ async fn campaign_names_the_culprits_in_certificates_and_keeps_healthy_nodes_cer
             )
             .await
             .unwrap();
+        let model = if i == 2 {
+            "h100-rate-downshift.yaml"
+        } else {
+            "dgx-h100.yaml"
+        };
+        // Port 0 on the node's own loopback address; the endpoint logs the port it got.
+        let listen = format!("127.0.0.{}:0", 50 + i);
+        let log = cp.log_dir().join(format!("endpoint-{name}.log"));
+        let mut cmd = Command::new(&bin);
+        cmd.arg("peer-endpoint")
+            .args(["--node", name, "--profile", "h100-ndr", "--listen", &listen])
+            .arg("--token-file")
+            .arg(if i == 8 { &wrong_token } else { &token_file })
+            .arg("--sim")
+            .arg(models.join(model))
+            .arg("--kubeconfig")
+            .arg(cp.kubeconfig_path())
+            .env("RAILGUARD_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        if i == 4 {
+            cmd.args(["--sim-link", "node-5=dead@mlx5_0"]);
+        }
+        let mut child = Proc(cmd.spawn().unwrap());
+        let addr = logged_listen_addr(&mut child.0, &log, "--listen", Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("endpoint {name} did not start: {e:#}"))
+            .to_string();
         // Where the node's peer endpoint listens (set by whoever deploys the endpoint).
         nodes
             .patch(
@@ -157,37 +179,6 @@ async fn campaign_names_the_culprits_in_certificates_and_keeps_healthy_nodes_cer
             )
             .await
             .unwrap();
-        let model = if i == 2 {
-            "h100-rate-downshift.yaml"
-        } else {
-            "dgx-h100.yaml"
-        };
-        let mut cmd = Command::new(&bin);
-        cmd.arg("peer-endpoint")
-            .args(["--node", name, "--profile", "h100-ndr", "--listen", &addr])
-            .arg("--token-file")
-            .arg(if i == 8 { &wrong_token } else { &token_file })
-            .arg("--sim")
-            .arg(models.join(model))
-            .arg("--kubeconfig")
-            .arg(cp.kubeconfig_path())
-            .env("RAILGUARD_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::File::create(cp.log_dir().join(format!("endpoint-{name}.log"))).unwrap(),
-            );
-        if i == 4 {
-            cmd.args(["--sim-link", "node-5=dead@mlx5_0"]);
-        }
-        let child = Proc(cmd.spawn().unwrap());
-        let started = Instant::now();
-        while TcpStream::connect(&addr).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "endpoint {name} did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
         endpoints.push(Some(child));
     }
     // (c) node-7 dies.

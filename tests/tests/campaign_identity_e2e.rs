@@ -7,10 +7,9 @@
 //! holder of the shared token can neither act as the coordinator nor pose as a peer.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
@@ -20,6 +19,7 @@ use railguard_prober::campaign::endpoint::request;
 use railguard_prober::campaign::wire::{AcceptPeerRequest, ControlRequest};
 use railguard_prober::rdma::peer::{run_write_test_initiator, PairKey, PeerTestRequest};
 use railguard_prober::rdma::{PeerConfig, RailLocks};
+use railguard_tests::ports::logged_listen_addr;
 use railguard_tests::{labels, workspace_root, ControlPlane};
 use serde_json::json;
 
@@ -32,11 +32,6 @@ fn prober_bin() -> PathBuf {
         .unwrap_or_else(|_| {
             railguard_tests::workspace_binary("railguard-prober-cli", "railguard-prober").unwrap()
         })
-}
-
-fn free_addr(ip: &str) -> String {
-    let l = TcpListener::bind(format!("{ip}:0")).unwrap();
-    format!("{ip}:{}", l.local_addr().unwrap().port())
 }
 
 struct Proc(Child);
@@ -99,17 +94,6 @@ async fn prober_pod_token(client: &kube::Client, node: &str) -> String {
         .token
 }
 
-fn wait_listening(addr: &str, what: &str) {
-    let started = Instant::now();
-    while TcpStream::connect(addr).is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "{what} did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endpoint_claiming_another_node_is_refused_and_the_shared_token_speaks_for_nobody() {
     let bin = prober_bin();
@@ -135,7 +119,6 @@ async fn an_endpoint_claiming_another_node_is_refused_and_the_shared_token_speak
     let nodes: Api<Node> = Api::all(client.clone());
     let names: Vec<String> = (0..4).map(|i| format!("node-{i}")).collect();
     let mut tokens = Vec::new();
-    let mut addrs = Vec::new();
     for name in &names {
         cp.create_node(
             name,
@@ -144,22 +127,10 @@ async fn an_endpoint_claiming_another_node_is_refused_and_the_shared_token_speak
         )
         .await
         .unwrap();
-        let addr = free_addr(&format!("127.0.0.{}", 120 + addrs.len()));
-        nodes
-            .patch(
-                name,
-                &PatchParams::apply("railguard-tests").force(),
-                &Patch::Apply(&json!({
-                    "apiVersion": "v1", "kind": "Node",
-                    "metadata": { "name": name, "annotations": { "railguard.io/peer-endpoint": addr } },
-                })),
-            )
-            .await
-            .unwrap();
-        addrs.push(addr);
         tokens.push(prober_pod_token(&client, name).await);
     }
     let mut endpoints = Vec::new();
+    let mut addrs = Vec::new();
     for (i, name) in names.iter().enumerate() {
         // node-3's endpoint holds the token of the pod on node-1.
         let identity = dir.path().join(format!("identity-{name}"));
@@ -172,7 +143,8 @@ async fn an_endpoint_claiming_another_node_is_refused_and_the_shared_token_speak
                 "--profile",
                 "h100-ndr",
                 "--listen",
-                &addrs[i],
+                // Port 0 on the node's own loopback address; the endpoint logs its port.
+                &format!("127.0.0.{}:0", 120 + i),
             ])
             .arg("--token-file")
             .arg(&token_file)
@@ -191,8 +163,26 @@ async fn an_endpoint_claiming_another_node_is_refused_and_the_shared_token_speak
             .stderr(log_file(cp.log_dir(), name))
             .spawn()
             .unwrap();
-        endpoints.push(Proc(child));
-        wait_listening(&addrs[i], name);
+        let mut endpoint = Proc(child);
+        let log = cp.log_dir().join(format!("endpoint-id-{name}.log"));
+        let addr = logged_listen_addr(&mut endpoint.0, &log, "--listen", Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|e| panic!("{name} did not start: {e:#}"))
+            .to_string();
+        // Where the node's peer endpoint listens (set by whoever deploys the endpoint).
+        nodes
+            .patch(
+                name,
+                &PatchParams::apply("railguard-tests").force(),
+                &Patch::Apply(&json!({
+                    "apiVersion": "v1", "kind": "Node",
+                    "metadata": { "name": name, "annotations": { "railguard.io/peer-endpoint": addr } },
+                })),
+            )
+            .await
+            .unwrap();
+        addrs.push(addr);
+        endpoints.push(endpoint);
     }
 
     let out = Command::new(&bin)

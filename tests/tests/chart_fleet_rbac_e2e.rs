@@ -21,11 +21,11 @@ use kube::Client;
 use railguard_api::{keys, FabricProfile, Verdict};
 use railguard_prober_cli::fleet::METRIC_NAMES;
 use railguard_tests::chart_values::DEFAULT;
-use railguard_tests::daemon::{wait_ready, Daemon};
+use railguard_tests::daemon::{wait_ready, Daemon, ANY_LOOPBACK_PORT};
 use railguard_tests::gotmpl::{Chart, KUBE_1_20_API_VERSIONS};
 use railguard_tests::install::apply_objects;
 use railguard_tests::{
-    eventually, fixture_profile, free_port, labels, workspace_binary, workspace_root, ControlPlane,
+    eventually, fixture_profile, labels, workspace_binary, workspace_root, ControlPlane,
 };
 use serde_json::{json, Value};
 
@@ -170,7 +170,6 @@ async fn the_fleet_controller_needs_no_more_than_the_charts_rbac() {
         .unwrap();
     let kubeconfig = token_kubeconfig(&cp, &token, dir.path());
     let container = &pod["containers"][0];
-    let port = free_port().unwrap();
     let mut cmd = Command::new(&prober);
     for a in container["args"].as_array().unwrap() {
         cmd.arg(a.as_str().unwrap());
@@ -178,12 +177,15 @@ async fn the_fleet_controller_needs_no_more_than_the_charts_rbac() {
     for e in container["env"].as_array().unwrap() {
         cmd.env(e["name"].as_str().unwrap(), e["value"].as_str().unwrap());
     }
-    cmd.env("RAILGUARD_METRICS_LISTEN", format!("127.0.0.1:{port}"))
+    cmd.env("RAILGUARD_METRICS_LISTEN", ANY_LOOPBACK_PORT)
         .env("RAILGUARD_KUBECONFIG", &kubeconfig)
         .env("RAILGUARD_LOG", "info")
         .env("HOSTNAME", "railguard-fleet-0");
     let mut controller = Daemon::spawn("railguard-fleet-rbac", &mut cmd, &logs);
-    let url = format!("http://127.0.0.1:{port}");
+    let url = format!(
+        "http://{}",
+        controller.listen_addr("--metrics-listen").await
+    );
     wait_ready(
         &format!("{url}/readyz"),
         "fleet controller",

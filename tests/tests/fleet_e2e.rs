@@ -16,11 +16,10 @@ use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use railguard_api::{keys, FabricProfile};
-use railguard_tests::daemon::{spawn_extender, wait_ready, Daemon};
+use railguard_tests::daemon::{spawn_extender, wait_ready, Daemon, ANY_LOOPBACK_PORT};
 use railguard_tests::sim_prober::{prober_bin_dir, Prober};
 use railguard_tests::{
-    chromium, events_about, eventually, fixture_profile, free_port, labels, ControlPlane,
-    ServingCertificate,
+    chromium, events_about, eventually, fixture_profile, labels, ControlPlane, ServingCertificate,
 };
 use serde_json::{json, Value};
 
@@ -132,7 +131,6 @@ async fn the_fleet_controller_marks_a_slow_rail_that_passes_its_thresholds() -> 
     }
 
     // The controller, as the chart runs it (flags from its env), with short intervals.
-    let metrics_port = free_port()?;
     let mut controller = Daemon::spawn(
         "railguard-fleet",
         Command::new(bin.join("railguard-prober"))
@@ -141,14 +139,14 @@ async fn the_fleet_controller_marks_a_slow_rail_that_passes_its_thresholds() -> 
             .env("RAILGUARD_KUBECONFIG", cp.kubeconfig_path())
             .env("RAILGUARD_FLEET_INTERVAL_SECS", "3")
             .env("RAILGUARD_FLEET_SETTLE_SECS", "1")
-            .env(
-                "RAILGUARD_METRICS_LISTEN",
-                format!("127.0.0.1:{metrics_port}"),
-            )
+            .env("RAILGUARD_METRICS_LISTEN", ANY_LOOPBACK_PORT)
             .env("RAILGUARD_LOG", "info"),
         &logs,
     );
-    let metrics_url = format!("http://127.0.0.1:{metrics_port}");
+    let metrics_url = format!(
+        "http://{}",
+        controller.listen_addr("--metrics-listen").await
+    );
     wait_ready(
         &format!("{metrics_url}/readyz"),
         "fleet controller",
@@ -259,7 +257,7 @@ async fn the_fleet_controller_marks_a_slow_rail_that_passes_its_thresholds() -> 
     // last for a multi-node job.
     let tls = ServingCertificate::loopback("railguard-fleet-e2e-ca")?;
     let (mut extender, extender_url, extender_metrics) =
-        spawn_extender(&extender_bin, cp.kubeconfig_path(), &tls, &logs, &[])?;
+        spawn_extender(&extender_bin, cp.kubeconfig_path(), &tls, &logs, &[]).await?;
     wait_ready(
         &format!("{extender_metrics}/readyz"),
         "railguard-extender",

@@ -32,6 +32,7 @@ use railguard_extender::cache::ClusterState;
 use railguard_extender::server::{self as extender_server, AppState as ExtenderState, Source};
 use railguard_extender::ExtenderConfig;
 use railguard_sim::certificates as synth;
+use railguard_tests::daemon::ANY_LOOPBACK_PORT;
 use railguard_tests::{
     eventually, fixture_profile, labels, workspace_root, ControlPlane, ServingCertificate,
 };
@@ -474,19 +475,18 @@ async fn a_prober_whose_profile_is_invalid_waits_says_why_and_certifies_once_it_
     let client = cp.client();
 
     let work = tempfile::tempdir().unwrap();
-    let metrics_port = railguard_tests::free_port().unwrap();
     let models = workspace_root().join("prober/models");
-    let mut daemon = spawn_daemon(
+    let (mut daemon, metrics_port) = spawn_daemon(
         &cp,
         &work,
-        metrics_port,
         &[
             "--sim".as_ref(),
             "dgx-h100".as_ref(),
             "--models-dir".as_ref(),
             models.as_os_str(),
         ],
-    );
+    )
+    .await;
 
     // It waits, says why on the Node and on its metrics port, and keeps /healthz up.
     let message = waiting_message(&client, "InvalidProfile").await;
@@ -586,14 +586,15 @@ fn prober_bin() -> std::path::PathBuf {
 }
 
 /// `railguard-prober daemon` for node `gpu-a` against `cp`, its sysfs tree and logs in
-/// `work`, metrics on `metrics_port`, with `extra` arguments.
-fn spawn_daemon(
+/// `work` (its own log in `work/daemon.log`), with `extra` arguments; returns it and its
+/// metrics port (port 0 given, read back from its log).
+async fn spawn_daemon(
     cp: &ControlPlane,
     work: &tempfile::TempDir,
-    metrics_port: u16,
     extra: &[&std::ffi::OsStr],
-) -> tokio::process::Child {
-    tokio::process::Command::new(prober_bin())
+) -> (tokio::process::Child, u16) {
+    let log = work.path().join("daemon.log");
+    let mut child = tokio::process::Command::new(prober_bin())
         .args(["daemon", "--node", "gpu-a"])
         .args(extra)
         .arg("--sysfs-root")
@@ -611,12 +612,22 @@ fn spawn_daemon(
             "0",
         ])
         .arg("--metrics-listen")
-        .arg(format!("127.0.0.1:{metrics_port}"))
+        .arg(ANY_LOOPBACK_PORT)
         .env("RAILGUARD_LOG", "info")
         .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .kill_on_drop(true)
         .spawn()
-        .expect("starting the daemon")
+        .expect("starting the daemon");
+    let metrics = railguard_tests::ports::logged_listen_addr(
+        &mut child,
+        &log,
+        "--metrics-listen",
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    (child, metrics.port())
 }
 
 /// A profile edit that names an nccl-tests binary outside `--allowed-nccl-binaries` (on a
@@ -644,8 +655,7 @@ async fn a_prober_whose_profile_names_a_binary_it_may_not_run_waits_and_goes_on_
         .output()
         .unwrap();
     assert!(written.status.success(), "{written:?}");
-    let metrics_port = railguard_tests::free_port().unwrap();
-    let mut daemon = spawn_daemon(&cp, &work, metrics_port, &[]);
+    let (mut daemon, metrics_port) = spawn_daemon(&cp, &work, &[]).await;
 
     let message = waiting_message(&client, "NcclBinaryNotAllowed").await;
     assert!(

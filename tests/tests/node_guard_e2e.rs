@@ -26,11 +26,12 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 use railguard_api::keys;
 use railguard_tests::chart_values::{ValuesSet, DEFAULT};
+use railguard_tests::daemon::ANY_LOOPBACK_PORT;
 use railguard_tests::gotmpl::{Chart, KUBE_1_20_API_VERSIONS};
 use railguard_tests::install::apply_objects;
+use railguard_tests::ports::logged_listen_addr;
 use railguard_tests::{
-    eventually, free_port, labels, workspace_binary, workspace_root, ControlPlane,
-    ServingCertificate,
+    eventually, labels, workspace_binary, workspace_root, ControlPlane, ServingCertificate,
 };
 use serde_json::{json, Value};
 
@@ -119,16 +120,14 @@ async fn start_webhook(cp: &ControlPlane, guard_args: &[String], dir: &Path) -> 
     tls.write_pair(dir).unwrap();
     std::fs::write(dir.join("ca.crt"), &tls.ca_pem).unwrap();
     let bin = workspace_binary("railguard-webhook-cli", "railguard-webhook").unwrap();
-    let addr = format!("127.0.0.1:{}", free_port().unwrap());
-    let metrics = format!("127.0.0.1:{}", free_port().unwrap());
     let log = dir.join("webhook.log");
     let out = std::fs::File::create(&log).unwrap();
-    let child = Command::new(bin)
+    let mut child = Command::new(bin)
         .arg(format!("--kubeconfig={}", cp.kubeconfig_path().display()))
         .arg(format!("--tls-cert={}", dir.join("tls.crt").display()))
         .arg(format!("--tls-key={}", dir.join("tls.key").display()))
-        .arg(format!("--listen={addr}"))
-        .arg(format!("--metrics-listen={metrics}"))
+        .arg(format!("--listen={ANY_LOOPBACK_PORT}"))
+        .arg(format!("--metrics-listen={ANY_LOOPBACK_PORT}"))
         .arg(format!("--namespace={NS}"))
         .args(guard_args)
         .env("RAILGUARD_LOG", "info,railguard_webhook=debug")
@@ -137,6 +136,15 @@ async fn start_webhook(cp: &ControlPlane, guard_args: &[String], dir: &Path) -> 
         .stderr(out)
         .spawn()
         .unwrap();
+    let listen_timeout = Duration::from_secs(60);
+    let addr = logged_listen_addr(&mut child, &log, "--listen", listen_timeout)
+        .await
+        .unwrap()
+        .to_string();
+    let metrics = logged_listen_addr(&mut child, &log, "--metrics-listen", listen_timeout)
+        .await
+        .unwrap()
+        .to_string();
     let webhook = Webhook {
         child,
         log,

@@ -11,8 +11,10 @@ use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use railguard_api::{keys, profiles_from_yaml, Certificate, FabricState, NodeFabric};
+use railguard_tests::daemon::ANY_LOOPBACK_PORT;
+use railguard_tests::ports::logged_listen_addr;
 use railguard_tests::sim_prober::{h100_profile_file, prober_bin_dir, Prober};
-use railguard_tests::{events_about, eventually, free_port, labels, workspace_root, ControlPlane};
+use railguard_tests::{events_about, eventually, labels, workspace_root, ControlPlane};
 
 const RDMA: &str = "rdma/rdma_shared_device_a";
 
@@ -196,7 +198,7 @@ async fn simulated_nodes_certify_fail_on_faults_and_flip_on_passive_counters() -
 
     // 3. The daemon on gpu-c: its first invasive run certifies, then counters grow on one
     //    rail and a passive check fails the node without another invasive run.
-    let metrics_port = free_port()?;
+    let daemon_log = prober.work.join("daemon-gpu-c.log");
     let mut daemon = prober
         .command("daemon", "gpu-c", "dgx-h100")
         .args([
@@ -212,11 +214,19 @@ async fn simulated_nodes_certify_fail_on_faults_and_flip_on_passive_counters() -
             "0",
         ])
         .arg("--metrics-listen")
-        .arg(format!("127.0.0.1:{metrics_port}"))
+        .arg(ANY_LOOPBACK_PORT)
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(std::fs::File::create(&daemon_log)?)
         .spawn()
         .context("starting the daemon")?;
+    let metrics_port = logged_listen_addr(
+        &mut daemon,
+        &daemon_log,
+        "--metrics-listen",
+        Duration::from_secs(60),
+    )
+    .await?
+    .port();
     let certified = eventually(
         Duration::from_secs(60),
         "gpu-c recertified by the daemon",

@@ -32,10 +32,10 @@ use railguard_prober::campaign::kube::write_findings;
 use railguard_prober::campaign::verdict::{NodeFindings, RailBlame};
 use railguard_prober::publish::merge::campaign_findings;
 use railguard_prober::publish::NodePublisher;
+use railguard_tests::daemon::ANY_LOOPBACK_PORT;
+use railguard_tests::ports::logged_listen_addr;
 use railguard_tests::sim_prober::{h100_profile_file, prober_bin_dir, Prober};
-use railguard_tests::{
-    eventually, free_port, labels, workspace_root, ApiServerOptions, ControlPlane,
-};
+use railguard_tests::{eventually, labels, workspace_root, ApiServerOptions, ControlPlane};
 use serde_json::json;
 
 const GPU_PRODUCT: (&str, &str) = ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3");
@@ -380,14 +380,13 @@ async fn a_coordinator_whose_lease_is_taken_writes_nothing_more() -> Result<()> 
         .await?;
     let mut answering = Vec::new();
     let mut live = Vec::new();
+    let endpoint_logs = tempfile::tempdir()?;
     for n in names {
-        let addr = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-            l.local_addr()?.to_string()
-        };
-        let child = tokio::process::Command::new(&bin)
+        let log = endpoint_logs.path().join(format!("{n}.log"));
+        let mut child = tokio::process::Command::new(&bin)
             .arg("peer-endpoint")
-            .args(["--node", n, "--profile", "h100-ndr", "--listen", &addr])
+            .args(["--node", n, "--profile", "h100-ndr", "--listen"])
+            .arg(ANY_LOOPBACK_PORT)
             .arg("--token-file")
             .arg(&token)
             .arg("--sim")
@@ -395,15 +394,12 @@ async fn a_coordinator_whose_lease_is_taken_writes_nothing_more() -> Result<()> 
             .arg("--kubeconfig")
             .arg(cp.kubeconfig_path())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
             .kill_on_drop(true)
             .spawn()?;
+        let addr =
+            logged_listen_addr(&mut child, &log, "--listen", Duration::from_secs(30)).await?;
         live.push(child);
-        eventually(Duration::from_secs(30), "the peer endpoint listens", || {
-            let addr = addr.clone();
-            async move { Ok(tokio::net::TcpStream::connect(&addr).await.ok().map(|_| ())) }
-        })
-        .await?;
         answering.push(format!("{n}={addr}"));
     }
     let out = tokio::time::timeout(
@@ -525,7 +521,7 @@ async fn sigterm_mid_run_publishes_or_restores_and_never_leaves_pending() -> Res
             .args(["--interval-secs", "3600", "--passive-interval-secs", "3600"])
             .args(["--poll-ms", "200", "--jitter-percent", "0"])
             .arg("--metrics-listen")
-            .arg(format!("127.0.0.1:{}", free_port()?))
+            .arg(ANY_LOOPBACK_PORT)
             .arg("--nccl-binary")
             .arg(slow_all_reduce_perf(work.path(), &prober.bin, nccl_secs)?)
             .arg("--shutdown-grace-secs")
@@ -726,10 +722,17 @@ async fn a_recertify_request_waits_for_busy_gpus_and_is_kept() -> Result<()> {
             "0",
         ])
         .arg("--metrics-listen")
-        .arg(format!("127.0.0.1:{}", free_port()?))
+        .arg(ANY_LOOPBACK_PORT)
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(std::fs::File::create(work.path().join("daemon.log"))?)
         .spawn()?;
+    let metrics = logged_listen_addr(
+        &mut d,
+        &work.path().join("daemon.log"),
+        "--metrics-listen",
+        Duration::from_secs(60),
+    )
+    .await?;
     let events: Api<Event> = Api::namespaced(client.clone(), "default");
     let deferred = eventually(
         Duration::from_secs(60),
@@ -751,8 +754,26 @@ async fn a_recertify_request_waits_for_busy_gpus_and_is_kept() -> Result<()> {
         deferred.message.unwrap_or_default().contains("ml/train-0"),
         "the event names the pod"
     );
-    // Several retries later: no invasive run, the request is kept.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Several retries later (the daemon counts each deferral): no invasive run, the request
+    // is kept.
+    let deferrals = "railguard_prober_runs_total{kind=\"invasive\",outcome=\"deferred-gpu-pods\"}";
+    eventually(
+        Duration::from_secs(60),
+        "three deferred retries",
+        || async {
+            let text = reqwest::get(format!("http://{metrics}/metrics"))
+                .await?
+                .text()
+                .await?;
+            let count = text
+                .lines()
+                .find_map(|l| l.strip_prefix(deferrals))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0);
+            Ok((count >= 3.0).then_some(()))
+        },
+    )
+    .await?;
     let (cert, node) = node_certificate(&nodes, name).await?;
     assert_eq!(cert.history.len(), before.history.len(), "no invasive run");
     assert_ne!(

@@ -25,9 +25,9 @@ use jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, PostParams};
 use railguard_api::{FabricProfile, Verdict};
 use railguard_sim::certificates as synth;
-use railguard_tests::{
-    fixture_profile, free_port, labels, tls_connector, workspace_binary, ControlPlane,
-};
+use railguard_tests::daemon::ANY_LOOPBACK_PORT;
+use railguard_tests::ports::logged_listen_addr;
+use railguard_tests::{fixture_profile, labels, tls_connector, workspace_binary, ControlPlane};
 use rustls::pki_types::ServerName;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -39,6 +39,8 @@ const REQUEST_DEADLINE: Duration = Duration::from_secs(5);
 const REQUESTS_PER_CONNECTION: usize = 50;
 const CLIENTS_PER_SERVER: usize = 4;
 const RSS_LIMIT_KIB: u64 = 300 * 1024;
+/// How long a server may take to bind its listeners.
+const LISTEN_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -173,23 +175,23 @@ async fn start_server(
     dir: &Path,
 ) -> Server {
     let bin = workspace_binary(package, name).unwrap();
-    let addr: SocketAddr = format!("127.0.0.1:{}", free_port().unwrap())
-        .parse()
-        .unwrap();
-    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port().unwrap())
-        .parse()
-        .unwrap();
     let log = dir.join(format!("{name}.log"));
     let out = std::fs::File::create(&log).unwrap();
-    let child = Command::new(bin)
+    let mut child = Command::new(bin)
         .args(&args)
-        .arg(format!("--listen={addr}"))
-        .arg(format!("--metrics-listen={metrics}"))
+        .arg(format!("--listen={ANY_LOOPBACK_PORT}"))
+        .arg(format!("--metrics-listen={ANY_LOOPBACK_PORT}"))
         .arg("--cert-poll-seconds=1")
         .stdin(Stdio::null())
         .stdout(out.try_clone().unwrap())
         .stderr(out)
         .spawn()
+        .unwrap();
+    let addr = logged_listen_addr(&mut child, &log, "--listen", LISTEN_TIMEOUT)
+        .await
+        .unwrap();
+    let metrics = logged_listen_addr(&mut child, &log, "--metrics-listen", LISTEN_TIMEOUT)
+        .await
         .unwrap();
     let rss = Arc::new(Mutex::new(Vec::new()));
     let sampling = Arc::new(AtomicBool::new(true));

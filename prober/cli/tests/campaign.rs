@@ -39,7 +39,7 @@ async fn campaign(nodes: &[CampaignNode]) -> CampaignReport {
 async fn degraded_rail_bad_link_and_dead_node_are_localized() {
     let dir = tempfile::tempdir().unwrap();
     let names: Vec<String> = (0..8).map(|i| format!("node-{i}")).collect();
-    let addrs: Vec<String> = (0..8).map(|i| addr(i as u8)).collect();
+    let mut addrs = Vec::new();
     let mut endpoints = Vec::new();
     for (i, name) in names.iter().enumerate() {
         let mut s = spec(name);
@@ -50,7 +50,9 @@ async fn degraded_rail_bad_link_and_dead_node_are_localized() {
             4 => s.extra = vec!["--sim-link".into(), "node-5=dead@mlx5_0".into()],
             _ => {}
         }
-        endpoints.push(Some(start(dir.path(), &s, &addrs[i])));
+        let e = start(dir.path(), &s, &listen_on(i as u8));
+        addrs.push(e.addr.clone());
+        endpoints.push(Some(e));
     }
     // (c) node-7 dies before the campaign.
     endpoints[7] = None;
@@ -112,8 +114,10 @@ async fn degraded_rail_bad_link_and_dead_node_are_localized() {
 
 /// A scripted side-channel peer: authenticates correctly, then misbehaves. It also answers
 /// the coordinator's control connections by hanging up.
-fn rogue(listen: &str, node: &'static str, behaviour: &'static str) {
+/// A rogue peer on `listen` (port 0); returns where it listens.
+fn rogue(listen: &str, node: &'static str, behaviour: &'static str) -> String {
     let listener = TcpListener::bind(listen).unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
     thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(s) = stream else { continue };
@@ -146,6 +150,7 @@ fn rogue(listen: &str, node: &'static str, behaviour: &'static str) {
             });
         }
     });
+    addr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -154,30 +159,39 @@ async fn bad_peers_get_clear_errors_and_blame_nobody() {
     let names = [
         "node-0", "node-1", "node-2", "node-3", "node-4", "node-5", "node-6", "node-7",
     ];
-    let addrs: Vec<String> = (0..8).map(|i| addr(20 + i as u8)).collect();
+    let mut addrs = Vec::new();
     let mut endpoints = Vec::new();
     for (i, name) in names.iter().enumerate() {
-        match i {
-            1 => endpoints.push(start(
+        let listen = listen_on(20 + i as u8);
+        let endpoint = match i {
+            1 => start(
                 dir.path(),
                 &Spec {
                     profile: "other-profile",
                     ..spec(name)
                 },
-                &addrs[i],
-            )),
-            3 => endpoints.push(start(
+                &listen,
+            ),
+            3 => start(
                 dir.path(),
                 &Spec {
                     token: "a-wrong-token-of-enough-bytes",
                     ..spec(name)
                 },
-                &addrs[i],
-            )),
-            5 => rogue(&addrs[i], "node-5", "disconnect"),
-            7 => rogue(&addrs[i], "node-7", "wrong-hca"),
-            _ => endpoints.push(start(dir.path(), &spec(name), &addrs[i])),
-        }
+                &listen,
+            ),
+            5 => {
+                addrs.push(rogue(&listen, "node-5", "disconnect"));
+                continue;
+            }
+            7 => {
+                addrs.push(rogue(&listen, "node-7", "wrong-hca"));
+                continue;
+            }
+            _ => start(dir.path(), &spec(name), &listen),
+        };
+        addrs.push(endpoint.addr.clone());
+        endpoints.push(endpoint);
     }
     let nodes: Vec<CampaignNode> = names
         .iter()
@@ -226,8 +240,8 @@ async fn bad_peers_get_clear_errors_and_blame_nobody() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endpoint_refuses_wrong_token_other_profile_and_self_tests() {
     let dir = tempfile::tempdir().unwrap();
-    let a = addr(40);
-    let _e = start(dir.path(), &spec("node-a"), &a);
+    let e = start(dir.path(), &spec("node-a"), &listen_on(40));
+    let a = e.addr.clone();
     let t = Duration::from_secs(5);
     // Status with the right token names the node and its devices.
     match request(

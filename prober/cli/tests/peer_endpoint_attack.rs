@@ -88,11 +88,11 @@ async fn slowloris(from: String, to: String, stop_after: Duration) -> Option<Dur
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slow_handshakes_and_floods_neither_hold_threads_nor_starve_a_real_test() {
     let dir = tempfile::tempdir().unwrap();
-    let (a_addr, b_addr) = (addr(70), addr(71));
-    let _a = start(dir.path(), &spec("node-a"), &a_addr);
+    let a = start(dir.path(), &spec("node-a"), &listen_on(70));
     let mut b_spec = spec("node-b");
     b_spec.extra = vec!["--peer-handshake-timeout-seconds".into(), "3".into()];
-    let b = start(dir.path(), &b_spec, &b_addr);
+    let b = start(dir.path(), &b_spec, &listen_on(71));
+    let (a_addr, b_addr) = (a.addr.clone(), b.addr.clone());
     let idle_threads = b.threads();
 
     // 300 slow clients from two addresses: at most 32 of each get a handshake slot, whose
@@ -207,7 +207,6 @@ async fn slow_handshakes_and_floods_neither_hold_threads_nor_starve_a_real_test(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_test_starved_by_a_saturated_endpoint_is_inconclusive_and_blames_nobody() {
     let dir = tempfile::tempdir().unwrap();
-    let addrs: Vec<String> = (0..3).map(|i| addr(80 + i)).collect();
     let names = ["node-0", "node-1", "node-2"];
     let mut eps = Vec::new();
     for (i, name) in names.iter().enumerate() {
@@ -225,8 +224,9 @@ async fn a_test_starved_by_a_saturated_endpoint_is_inconclusive_and_blames_nobod
             .map(String::from)
             .to_vec();
         }
-        eps.push(start(dir.path(), &s, &addrs[i]));
+        eps.push(start(dir.path(), &s, &listen_on(80 + i as u8)));
     }
+    let addrs: Vec<String> = eps.iter().map(|e| e.addr.clone()).collect();
     // An attacker holds node-1's four handshake slots with slow clients.
     let done = Arc::new(AtomicUsize::new(0));
     let mut slow = Vec::new();
@@ -368,8 +368,8 @@ async fn recording_proxy(upstream: String) -> (String, tokio::task::JoinHandle<V
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pair_key_never_crosses_the_wire_in_the_clear() {
     let dir = tempfile::tempdir().unwrap();
-    let a_addr = addr(91);
-    let _a = start(dir.path(), &spec("node-a"), &a_addr);
+    let a = start(dir.path(), &spec("node-a"), &listen_on(91));
+    let a_addr = a.addr.clone();
     let (proxy, recorded) = recording_proxy(a_addr).await;
     let key = railguard_prober::rdma::peer::PairKey::random().to_hex();
     let announce =
@@ -398,8 +398,8 @@ async fn a_pair_key_never_crosses_the_wire_in_the_clear() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_control_request_altered_in_flight_is_rejected() {
     let dir = tempfile::tempdir().unwrap();
-    let a_addr = addr(90);
-    let a = start(dir.path(), &spec("node-a"), &a_addr);
+    let a = start(dir.path(), &spec("node-a"), &listen_on(90));
+    let a_addr = a.addr.clone();
     let proxy = flipping_proxy(a_addr.clone()).await;
     let e = request(
         &proxy,

@@ -18,7 +18,8 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use kube::Client;
 use railguard_api::{FabricProfile, FabricState, NodeFabric};
-use railguard_tests::{free_port, labels, workspace_root, ControlPlane, ServingCertificate};
+use railguard_tests::daemon::ANY_LOOPBACK_PORT;
+use railguard_tests::{labels, workspace_root, ControlPlane, ServingCertificate};
 use serde_json::{json, Value};
 
 #[derive(Parser, Debug)]
@@ -117,6 +118,13 @@ impl Children {
         let pid = child.id();
         self.procs.push((name.to_string(), child));
         Ok(pid)
+    }
+
+    /// Where the last child spawned listens for `flag` (given port 0), from its log.
+    async fn listen_addr(&mut self, log_dir: &Path, flag: &str) -> Result<std::net::SocketAddr> {
+        let (name, child) = self.procs.last_mut().context("nothing was started")?;
+        let log = log_dir.join(format!("{name}.log"));
+        railguard_tests::ports::logged_listen_addr(child, &log, flag, Duration::from_secs(60)).await
     }
 
     fn check_alive(&mut self, log_dir: &Path) -> Result<()> {
@@ -308,19 +316,22 @@ async fn run(args: &Args, dir: &Path, s: &Style) -> Result<()> {
     record_pids(dir, &pids)?;
 
     s.step("Starting railguard-extender and kube-scheduler with the extender (nodeCacheCapable)");
-    let ext_port = free_port()?;
-    let ext_metrics = free_port()?;
     pids.push(
         children.spawn(
             "railguard-extender",
             Command::new(bin("railguard-extender")?)
-                .arg(format!("--listen=127.0.0.1:{ext_port}"))
-                .arg(format!("--metrics-listen=127.0.0.1:{ext_metrics}"))
+                .arg(format!("--listen={ANY_LOOPBACK_PORT}"))
+                .arg(format!("--metrics-listen={ANY_LOOPBACK_PORT}"))
                 .arg(format!("--kubeconfig={}", cp.kubeconfig_path().display())),
             &log_dir,
         )?,
     );
     record_pids(dir, &pids)?;
+    let ext_port = children.listen_addr(&log_dir, "--listen").await?.port();
+    let ext_metrics = children
+        .listen_addr(&log_dir, "--metrics-listen")
+        .await?
+        .port();
     wait_http_ok(
         &format!("http://127.0.0.1:{ext_metrics}/readyz"),
         Duration::from_secs(30),
@@ -341,14 +352,12 @@ async fn run(args: &Args, dir: &Path, s: &Style) -> Result<()> {
     let tls = ServingCertificate::loopback("railguard-demo-ca")?;
     std::fs::write(dir.join("webhook.crt"), &tls.cert_pem)?;
     std::fs::write(dir.join("webhook.key"), &tls.key_pem)?;
-    let wh_port = free_port()?;
-    let wh_metrics = free_port()?;
     pids.push(
         children.spawn(
             "railguard-webhook",
             Command::new(bin("railguard-webhook")?)
-                .arg(format!("--listen=127.0.0.1:{wh_port}"))
-                .arg(format!("--metrics-listen=127.0.0.1:{wh_metrics}"))
+                .arg(format!("--listen={ANY_LOOPBACK_PORT}"))
+                .arg(format!("--metrics-listen={ANY_LOOPBACK_PORT}"))
                 .arg(format!("--tls-cert={}", dir.join("webhook.crt").display()))
                 .arg(format!("--tls-key={}", dir.join("webhook.key").display()))
                 .arg(format!("--kubeconfig={}", cp.kubeconfig_path().display())),
@@ -356,6 +365,11 @@ async fn run(args: &Args, dir: &Path, s: &Style) -> Result<()> {
         )?,
     );
     record_pids(dir, &pids)?;
+    let wh_port = children.listen_addr(&log_dir, "--listen").await?.port();
+    let wh_metrics = children
+        .listen_addr(&log_dir, "--metrics-listen")
+        .await?
+        .port();
     wait_http_ok(
         &format!("http://127.0.0.1:{wh_metrics}/readyz"),
         Duration::from_secs(30),

@@ -28,7 +28,8 @@ use kube::runtime::watcher;
 use kube::Client;
 use railguard_api::{profiles_from_yaml, FabricProfile, Verdict};
 use railguard_sim::certificates as synth;
-use railguard_tests::{control_plane_binaries, free_port, workspace_root, ControlPlane};
+use railguard_tests::daemon::ANY_LOOPBACK_PORT;
+use railguard_tests::{control_plane_binaries, ports, workspace_root, ControlPlane};
 use serde_json::json;
 
 const MANAGER: &str = "railguard-scheduler-bench";
@@ -405,7 +406,7 @@ async fn measure(
     }
 
     let filter_before = extender.histograms().await?;
-    let mut scheduler = Scheduler::start(cp, scheduler_bin, extender, args, mode, ns)?;
+    let mut scheduler = Scheduler::start(cp, scheduler_bin, extender, args, mode, ns).await?;
     let started = Instant::now();
     let profiling = (args.profile_seconds > 0).then(|| {
         let extender_pid = (mode != Mode::None).then(|| extender.child.id());
@@ -585,26 +586,28 @@ struct Extender {
 
 impl Extender {
     async fn start(bin: &Path, cp: &ControlPlane) -> Result<Extender> {
-        let port = free_port()?;
-        let metrics_port = free_port()?;
         let log_path = cp.log_dir().join("railguard-extender.log");
         let log = std::fs::File::create(&log_path)?;
-        let child = Command::new(bin)
+        let mut child = Command::new(bin)
             .arg("--kubeconfig")
             .arg(cp.kubeconfig_path())
             .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
+            .arg(ANY_LOOPBACK_PORT)
             .arg("--metrics-listen")
-            .arg(format!("127.0.0.1:{metrics_port}"))
+            .arg(ANY_LOOPBACK_PORT)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
+        let listen = Duration::from_secs(60);
+        let addr = ports::logged_listen_addr(&mut child, &log_path, "--listen", listen).await?;
+        let metrics =
+            ports::logged_listen_addr(&mut child, &log_path, "--metrics-listen", listen).await?;
         let mut ext = Extender {
             child,
-            url: format!("http://127.0.0.1:{port}"),
-            metrics_url: format!("http://127.0.0.1:{metrics_port}"),
+            url: format!("http://{addr}"),
+            metrics_url: format!("http://{metrics}"),
             http: reqwest::Client::new(),
         };
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -731,10 +734,12 @@ struct Scheduler {
     child: Child,
     log: PathBuf,
     metrics_url: String,
+    /// Its healthz and metrics ports, reserved while it runs.
+    _ports: Vec<ports::PortLease>,
 }
 
 impl Scheduler {
-    fn start(
+    async fn start(
         cp: &ControlPlane,
         bin: &Path,
         extender: &Extender,
@@ -754,37 +759,58 @@ impl Scheduler {
                 "ignorable": false,
             }]),
         };
-        let metrics_port = free_port()?;
-        let config = json!({
-            "apiVersion": "kubescheduler.config.k8s.io/v1beta1",
-            "kind": "KubeSchedulerConfiguration",
-            "clientConnection": {
-                "kubeconfig": cp.kubeconfig_path().display().to_string(),
-                "qps": args.scheduler_qps, "burst": args.scheduler_qps,
-            },
-            "leaderElection": {"leaderElect": false},
-            "healthzBindAddress": format!("127.0.0.1:{}", free_port()?),
-            "metricsBindAddress": format!("127.0.0.1:{metrics_port}"),
-            "extenders": extenders,
-        });
         let path = cp.log_dir().join(format!("scheduler-{tag}.yaml"));
-        std::fs::write(&path, serde_yaml_ng::to_string(&config)?)?;
         let log = cp.log_dir().join(format!("kube-scheduler-{tag}.log"));
-        let file = std::fs::File::create(&log)?;
-        let child = Command::new(bin)
-            .arg(format!("--config={}", path.display()))
-            .arg("--secure-port=0")
-            .arg(format!("--v={}", args.scheduler_v))
-            .stdin(Stdio::null())
-            .stdout(file.try_clone()?)
-            .stderr(file)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        Ok(Scheduler {
-            child,
-            log,
-            metrics_url: format!("http://127.0.0.1:{metrics_port}/metrics"),
-        })
+        // Its two plain ports come on the command line: leased, and the start retried on new
+        // ones if another process bound one first.
+        for attempt in 1..=ports::PORT_ATTEMPTS {
+            let leases = ports::lease_ports(2)?;
+            let numbers: Vec<u16> = leases.iter().map(ports::PortLease::port).collect();
+            let config = json!({
+                "apiVersion": "kubescheduler.config.k8s.io/v1beta1",
+                "kind": "KubeSchedulerConfiguration",
+                "clientConnection": {
+                    "kubeconfig": cp.kubeconfig_path().display().to_string(),
+                    "qps": args.scheduler_qps, "burst": args.scheduler_qps,
+                },
+                "leaderElection": {"leaderElect": false},
+                "healthzBindAddress": format!("127.0.0.1:{}", numbers[0]),
+                "metricsBindAddress": format!("127.0.0.1:{}", numbers[1]),
+                "extenders": extenders,
+            });
+            std::fs::write(&path, serde_yaml_ng::to_string(&config)?)?;
+            let file = std::fs::File::create(&log)?;
+            let mut child = Command::new(bin)
+                .arg(format!("--config={}", path.display()))
+                .arg("--secure-port=0")
+                .arg(format!("--v={}", args.scheduler_v))
+                .stdin(Stdio::null())
+                .stdout(file.try_clone()?)
+                .stderr(file)
+                .spawn()
+                .with_context(|| format!("starting {}", bin.display()))?;
+            match ports::wait_bound(&mut child, &numbers, &log, Duration::from_secs(120)).await? {
+                ports::Bound::Listening => {
+                    return Ok(Scheduler {
+                        child,
+                        log,
+                        metrics_url: format!("http://127.0.0.1:{}/metrics", numbers[1]),
+                        _ports: leases,
+                    })
+                }
+                ports::Bound::PortInUse(line) => {
+                    ports::log_port_retry("kube-scheduler", attempt, &numbers, &line)
+                }
+                ports::Bound::Exited(status) => {
+                    bail!("kube-scheduler exited with {status}; see {}", log.display())
+                }
+            }
+        }
+        bail!(
+            "kube-scheduler found its ports in use {} times; see {}",
+            ports::PORT_ATTEMPTS,
+            log.display()
+        )
     }
 
     /// Mean scheduling-algorithm time (filter + score, extender calls included).

@@ -54,13 +54,11 @@ pub async fn run(client: Client, args: &FleetArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(FleetMetrics::new(
         interval * 3 + settle + Duration::from_secs(60),
     ));
-    let listener = std::net::TcpListener::bind(args.metrics_listen).with_context(|| {
-        format!(
-            "cannot listen on {} (--metrics-listen)",
-            args.metrics_listen
-        )
-    })?;
-    listener.set_nonblocking(true)?;
+    let listener = railguard_runtime::bind(
+        args.metrics_listen,
+        "metrics and health",
+        "--metrics-listen",
+    )?;
     let stop = CancellationToken::new();
     let server = tokio::spawn(crate::health::serve(
         listener,

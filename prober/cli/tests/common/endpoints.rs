@@ -2,7 +2,6 @@
 //! campaign tests (included with `#[path]`).
 #![allow(dead_code)]
 
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
@@ -22,18 +21,44 @@ pub fn profile() -> FabricProfile {
     railguard_api::profiles_from_yaml(&text).unwrap().remove(0)
 }
 
-/// A loopback address and a port free on it right now.
-pub fn addr(i: u8) -> String {
-    let ip = format!("127.0.0.{}", 10 + i);
-    let l = TcpListener::bind(format!("{ip}:0")).unwrap();
-    let port = l.local_addr().unwrap().port();
-    format!("{ip}:{port}")
+/// Where simulated node `i` listens: its own loopback address, port 0 (the kernel picks the
+/// port when the endpoint binds; [`start`] reads it back, so no other process can take it in
+/// between).
+pub fn listen_on(i: u8) -> String {
+    format!("127.0.0.{}:0", 10 + i)
+}
+
+/// Waits until the process logging to `log` says where its `flag` listener is (the line
+/// `railguard_runtime::bind` writes); fails at once if it exits, and after `timeout` with the
+/// log's end.
+pub fn wait_listen_addr(child: &mut Child, log: &Path, flag: &str, timeout: Duration) -> String {
+    let started = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(addr) = railguard_runtime::logged_listen_addr(&text, flag) {
+            return addr.to_string();
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "{} exited with {status} before listening:\n{text}",
+                log.display()
+            );
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "no listening line for {flag} in {} after {timeout:?}:\n{text}",
+            log.display()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// A running endpoint, killed when dropped.
 pub struct Endpoint {
     pub child: Child,
     pub log: PathBuf,
+    /// Where it listens.
+    pub addr: String,
 }
 
 impl Endpoint {
@@ -83,7 +108,7 @@ pub fn start(dir: &Path, s: &Spec<'_>, listen: &str) -> Endpoint {
     std::fs::write(&token_file, format!("{}\n", s.token)).unwrap();
     let log_path = dir.join(format!("{}.log", s.node));
     let log = std::fs::File::create(&log_path).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_railguard-prober"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_railguard-prober"))
         .arg("peer-endpoint")
         .args(["--node", s.node, "--profile", s.profile, "--listen", listen])
         .arg("--token-file")
@@ -97,17 +122,10 @@ pub fn start(dir: &Path, s: &Spec<'_>, listen: &str) -> Endpoint {
         .stderr(log)
         .spawn()
         .unwrap();
-    let started = Instant::now();
-    while TcpStream::connect(listen).is_err() {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "endpoint {} did not start",
-            s.node
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
+    let addr = wait_listen_addr(&mut child, &log_path, "--listen", Duration::from_secs(20));
     Endpoint {
         child,
         log: log_path,
+        addr,
     }
 }

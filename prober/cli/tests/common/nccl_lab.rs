@@ -2,10 +2,9 @@
 //! `railguard-prober peer-endpoint` processes on loopback over the CUDA and NCCL doubles.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use railguard_api::profile::NcclPairSpec;
 use railguard_api::FabricProfile;
@@ -44,10 +43,13 @@ pub(crate) fn profile() -> FabricProfile {
     p
 }
 
-pub(crate) fn addr(i: u8) -> String {
-    let ip = format!("127.0.0.{}", 60 + i);
-    let l = TcpListener::bind(format!("{ip}:0")).unwrap();
-    format!("{ip}:{}", l.local_addr().unwrap().port())
+// The endpoint harness of the campaign tests: its port-0 listen address read back from the log.
+#[path = "endpoints.rs"]
+mod endpoints;
+
+/// Where lab node `i` listens: its own loopback address, port 0 (read back when it starts).
+pub(crate) fn listen_on(i: u8) -> String {
+    format!("127.0.0.{}:0", 60 + i)
 }
 
 pub(crate) struct Endpoint {
@@ -84,11 +86,12 @@ impl Lab {
         nccl: Option<&Path>,
     ) -> Endpoint {
         let dir = self.dir.path();
-        let listen = addr(i);
+        let listen = listen_on(i);
         let token_file = dir.join("token");
         std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
         let logs = dir.join(format!("{node}-nccl"));
-        let log = std::fs::File::create(dir.join(format!("{node}.log"))).unwrap();
+        let log_path = dir.join(format!("{node}.log"));
+        let log = std::fs::File::create(&log_path).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_railguard-prober"));
         cmd.arg("peer-endpoint")
             .args(["--node", node, "--profile", "h100-ndr", "--listen", &listen])
@@ -110,20 +113,14 @@ impl Lab {
         for (k, v) in env {
             cmd.env(k, v);
         }
-        let child = cmd.spawn().unwrap();
-        let started = Instant::now();
-        while TcpStream::connect(&listen).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "endpoint {node} did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let mut child = cmd.spawn().unwrap();
+        let endpoint =
+            endpoints::wait_listen_addr(&mut child, &log_path, "--listen", Duration::from_secs(20));
         Endpoint {
             child,
             node: CampaignNode {
                 name: node.to_string(),
-                endpoint: listen,
+                endpoint,
             },
             logs,
         }

@@ -162,3 +162,53 @@ fn the_search_finds_the_old_patterns_and_spares_listeners_that_are_handed_on() {
     let held = "fn taken() -> (TcpListener, String) {\n    let l = TcpListener::bind(\"127.0.0.1:0\").unwrap();\n    let addr = l.local_addr().unwrap().to_string();\n    (l, addr)\n}\n";
     assert!(bind_then_close(p, held).is_empty());
 }
+
+/// etcd (the control planes' first server) started on `client` and `peer`, logging to `log`.
+fn etcd(client: u16, peer: u16, dir: &Path, log: &Path) -> std::process::Child {
+    let out = std::fs::File::create(log).unwrap();
+    std::process::Command::new("etcd")
+        .arg("--data-dir")
+        .arg(dir.join("etcd"))
+        .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
+        .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+        .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+        .arg(format!(
+            "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+        ))
+        .arg(format!("--initial-cluster=default=http://127.0.0.1:{peer}"))
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap()
+}
+
+/// The retry's two outcomes, with the real etcd: a port another process holds is seen as
+/// "in use" (start again), leased free ports as listening by that very process.
+#[tokio::test]
+async fn a_taken_port_is_told_apart_from_a_bound_one() {
+    use railguard_tests::ports::{lease_ports, wait_bound, Bound};
+    let dir = tempfile::tempdir().unwrap();
+    let leases = lease_ports(3).unwrap();
+    let (taken, peer, other) = (leases[0].port(), leases[1].port(), leases[2].port());
+    let holder = std::net::TcpListener::bind(("127.0.0.1", taken)).unwrap();
+    let log = dir.path().join("taken.log");
+    let mut child = etcd(taken, peer, dir.path(), &log);
+    let timeout = std::time::Duration::from_secs(60);
+    match wait_bound(&mut child, &[taken, peer], &log, timeout)
+        .await
+        .unwrap()
+    {
+        Bound::PortInUse(line) => assert!(line.contains("address already in use"), "{line}"),
+        other => panic!("etcd on a held port: {other:?}"),
+    }
+    drop(holder);
+
+    let log = dir.path().join("free.log");
+    let _ = std::fs::remove_dir_all(dir.path().join("etcd"));
+    let mut child = etcd(other, peer, dir.path(), &log);
+    let bound = wait_bound(&mut child, &[other, peer], &log, timeout).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(matches!(bound, Ok(Bound::Listening)), "{bound:?}");
+}

@@ -25,5 +25,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# pip, which downloads the nvidia-nccl-cu12 wheel (tests/scripts/nccl-wheel.sh); a machine
+# whose python3 has none gets Debian's (`pip download` needs no virtual environment).
+if ! python3 -m pip --version >/dev/null 2>&1; then
+  echo "[install-deps] installing python3-pip" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends python3 python3-pip >/dev/null
+fi
 # The prober's Soft-RoCE VM test (qemu, busybox, rdma-core userspace).
 sh "$(dirname "$0")/../../prober/vm/install-deps.sh"

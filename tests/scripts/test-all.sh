@@ -10,6 +10,9 @@ export RAILGUARD_KUBE_BIN_DIR="$(bash tests/scripts/control-plane.sh)"
 # A modern control plane beside the 1.20 floor (Kubernetes 1.37 and its etcd, built from
 # the Go module proxy and cached the same way).
 export RAILGUARD_KUBE_MODERN_BIN_DIR="$(bash tests/scripts/control-plane-modern.sh)"
+# The real NCCL (the PyPI wheel nvidia-nccl-cu12, pinned and sha256-checked, cached the same
+# way) that the NCCL environment plugin is tested inside (nccl-env/tests/real_nccl.rs).
+export RAILGUARD_NCCL_LIB_DIR="$(bash tests/scripts/nccl-wheel.sh | tail -1)"
 # A one-off build gains nothing from incremental state, which would double the disk it needs.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 # Build every binary and test once, in one invocation so that both share one feature set

@@ -560,11 +560,13 @@ impl ControlPlane {
         loop {
             self.check_alive()?;
             // The default namespace exists once the bootstrap controllers have run.
-            if namespaces.get("default").await.is_ok() && self.apis_registered().await {
-                return Ok(());
-            }
+            let last = match namespaces.get("default").await {
+                Ok(_) if self.apis_registered().await => return Ok(()),
+                Ok(_) => "the default namespace, not every API group yet".to_string(),
+                Err(e) => format!("reading the default namespace: {e}"),
+            };
             if start.elapsed() > timeout {
-                bail!("kube-apiserver not ready after {timeout:?}");
+                bail!("kube-apiserver not ready after {timeout:?}; last seen: {last}");
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }

@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use crate::{eventually, workspace_root, ApiServerOptions, ControlPlane, KubeVersion};
+use crate::{eventually, workspace_root, ApiServerOptions, ControlPlane, KubeVersion, NotYet};
 
 /// Name the node registers under (the Node authorizer ties the kubelet's identity to it).
 pub const REAL_NODE_NAME: &str = "railguard-node";
@@ -391,9 +391,27 @@ impl RealNode {
 
         let nodes: Api<Node> = Api::all(self.client());
         let start = Instant::now();
+        let mut last = String::from("no Node yet");
         loop {
             self.check_alive()?;
-            let ready = nodes.get(REAL_NODE_NAME).await.ok().is_some_and(|n| {
+            let seen = nodes.get(REAL_NODE_NAME).await.ok();
+            if let Some(n) = &seen {
+                last = format!(
+                    "conditions {:?}, taints {:?}",
+                    n.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .map(|cs| cs
+                            .iter()
+                            .map(|c| format!("{}={}", c.type_, c.status))
+                            .collect::<Vec<_>>()),
+                    n.spec
+                        .as_ref()
+                        .and_then(|s| s.taints.as_ref())
+                        .map(|ts| ts.iter().map(|t| t.key.clone()).collect::<Vec<_>>())
+                );
+            }
+            let ready = seen.is_some_and(|n| {
                 let ready = n
                     .status
                     .and_then(|s| s.conditions)
@@ -407,7 +425,7 @@ impl RealNode {
                 break;
             }
             if start.elapsed() > NODE_READY_TIMEOUT {
-                bail!("node {REAL_NODE_NAME} not Ready and untainted after {NODE_READY_TIMEOUT:?}");
+                bail!("node {REAL_NODE_NAME} not Ready and untainted after {NODE_READY_TIMEOUT:?}; last seen: {last}");
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
@@ -531,10 +549,14 @@ impl RealNode {
             || async {
                 let n = nodes.get(REAL_NODE_NAME).await?;
                 let alloc = n.status.and_then(|s| s.allocatable).unwrap_or_default();
-                Ok(resources
+                let copied = resources
                     .iter()
-                    .all(|(k, v)| alloc.get(*k).is_some_and(|q| q.0 == *v))
-                    .then_some(()))
+                    .all(|(k, v)| alloc.get(*k).is_some_and(|q| q.0 == *v));
+                Ok(if copied {
+                    Ok(())
+                } else {
+                    Err(NotYet(format!("allocatable {alloc:?}")))
+                })
             },
         )
         .await

@@ -98,7 +98,61 @@ pub struct NcclSettings {
     /// Other NCCL variables to inject, e.g. `NCCL_IB_QPS_PER_CONNECTION`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// How the settings reach the training process: `Env` (the webhook injects the
+    /// variables at admission) or `Plugin` (railguard's NCCL environment plugin answers them
+    /// at run time from the node's certificate).
+    #[serde(default, skip_serializing_if = "NcclDelivery::is_env")]
+    pub delivery: NcclDelivery,
+    /// `Plugin` only: the plugin's values replace the ones the container sets itself.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub enforce: bool,
+    /// `Plugin` only: what the plugin does on a node whose certificate or rails are unusable.
+    #[serde(default, skip_serializing_if = "OnUnhealthy::is_warn")]
+    pub on_unhealthy: OnUnhealthy,
+    /// `Plugin` only: every node of a job answers the same number of rails (the fleet's
+    /// consistent rail count).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub consistent_rails: bool,
 }
+
+/// How a profile's NCCL settings reach the training process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum NcclDelivery {
+    /// The webhook injects `NCCL_IB_HCA`, `NCCL_SOCKET_IFNAME`, `NCCL_CROSS_NIC` and `env`
+    /// into the containers: the profile's values, the same on every node.
+    #[default]
+    Env,
+    /// The webhook injects `NCCL_ENV_PLUGIN` and mounts `libnccl-env-railguard.so` and the
+    /// node file the prober writes; the plugin answers from what was certified on the node
+    /// the pod runs on (docs/nccl-env-plugin.md).
+    Plugin,
+}
+
+impl NcclDelivery {
+    fn is_env(&self) -> bool {
+        *self == NcclDelivery::Env
+    }
+}
+
+/// What the NCCL environment plugin does when the node is unhealthy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum OnUnhealthy {
+    /// Warn and answer nothing: NCCL sees the process environment.
+    #[default]
+    Warn,
+    /// Warn and fail NCCL's initialisation, so the job stops at start.
+    Fail,
+}
+
+impl OnUnhealthy {
+    fn is_warn(&self) -> bool {
+        *self == OnUnhealthy::Warn
+    }
+}
+
+/// Variables the NCCL environment plugin computes from the node's rails: with
+/// `delivery: Plugin` a profile may not set them (the plugin would refuse its node file).
+pub const PLUGIN_COMPUTED_ENV: [&str; 2] = ["NCCL_IB_HCA", "NCCL_IB_GID_INDEX"];
 
 /// How many RDMA device resources a training container requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -752,6 +806,38 @@ impl FabricProfileSpec {
                     format!("spec.nccl.env.{k}"),
                     "only NCCL_* variables belong here".into(),
                 );
+            } else if self.nccl.delivery == NcclDelivery::Plugin
+                && PLUGIN_COMPUTED_ENV.contains(&k.as_str())
+            {
+                push(
+                    format!("spec.nccl.env.{k}"),
+                    "with delivery Plugin the plugin computes it from the node's rails".into(),
+                );
+            }
+        }
+        match self.nccl.delivery {
+            // The plugin derives NCCL_IB_HCA from the node's healthy rails; a fixed list
+            // would be silently ignored.
+            NcclDelivery::Plugin if self.nccl.ib_hca.is_some() => push(
+                "spec.nccl.ibHca".into(),
+                "with delivery Plugin the plugin computes NCCL_IB_HCA from the node's rails".into(),
+            ),
+            NcclDelivery::Plugin => {}
+            // Only the plugin reads these; under Env they would do nothing.
+            NcclDelivery::Env => {
+                for (set, field) in [
+                    (self.nccl.enforce, "enforce"),
+                    (self.nccl.on_unhealthy != OnUnhealthy::Warn, "onUnhealthy"),
+                    (self.nccl.consistent_rails, "consistentRails"),
+                ] {
+                    if set {
+                        push(
+                            format!("spec.nccl.{field}"),
+                            "only the NCCL environment plugin reads it: set delivery: Plugin"
+                                .into(),
+                        );
+                    }
+                }
             }
         }
         if let Some(rdma) = &self.rdma {

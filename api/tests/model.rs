@@ -131,6 +131,61 @@ fn validation_names_each_broken_field() {
     );
 }
 
+#[test]
+fn nccl_delivery_defaults_to_env_and_plugin_fields_belong_to_plugin() {
+    use railguard_api::profile::{NcclDelivery, OnUnhealthy};
+    // Every existing profile reads as Env and writes back without the new fields.
+    let p = h100();
+    assert_eq!(p.spec.nccl.delivery, NcclDelivery::Env);
+    assert!(!p.spec.nccl.enforce && !p.spec.nccl.consistent_rails);
+    assert_eq!(p.spec.nccl.on_unhealthy, OnUnhealthy::Warn);
+    let written = serde_json::to_value(&p.spec.nccl).unwrap();
+    for field in ["delivery", "enforce", "onUnhealthy", "consistentRails"] {
+        assert!(written.get(field).is_none(), "{field} in {written}");
+    }
+
+    let mut p = h100();
+    p.spec.nccl = serde_json::from_value(serde_json::json!({
+        "socketIfname": "=eth0", "delivery": "Plugin", "enforce": true,
+        "onUnhealthy": "Fail", "consistentRails": true,
+        "env": {"NCCL_IB_QPS_PER_CONNECTION": "2"}
+    }))
+    .unwrap();
+    assert_eq!(invalid_fields(&p), Vec::<String>::new());
+    assert_eq!(p.spec.nccl.delivery, NcclDelivery::Plugin);
+    assert_eq!(p.spec.nccl.on_unhealthy, OnUnhealthy::Fail);
+
+    // The plugin computes NCCL_IB_HCA and NCCL_IB_GID_INDEX itself.
+    let mut q = p.clone();
+    q.spec.nccl.ib_hca = Some("=mlx5_0:1".into());
+    q.spec
+        .nccl
+        .env
+        .insert("NCCL_IB_GID_INDEX".into(), "3".into());
+    assert_eq!(
+        invalid_fields(&q),
+        vec!["spec.nccl.env.NCCL_IB_GID_INDEX", "spec.nccl.ibHca"]
+    );
+
+    // Under Env nothing reads the plugin's fields.
+    let mut q = p.clone();
+    q.spec.nccl.delivery = NcclDelivery::Env;
+    assert_eq!(
+        invalid_fields(&q),
+        vec![
+            "spec.nccl.enforce",
+            "spec.nccl.onUnhealthy",
+            "spec.nccl.consistentRails"
+        ]
+    );
+    assert!(
+        serde_json::from_value::<railguard_api::profile::NcclSettings>(
+            serde_json::json!({"delivery": "plugin"})
+        )
+        .is_err()
+    );
+}
+
 /// The bounds the CRD schema declares are the bounds `validate()` enforces, so a profile the
 /// apiserver accepts is never one the webhook, extender or prober cannot read.
 #[test]

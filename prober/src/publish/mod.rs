@@ -10,8 +10,10 @@
 //! ([`merge`]), never overwritten. An API error is an error, never "no certificate".
 
 pub mod merge;
+pub mod nccl_node_file;
 mod state;
 
+pub use nccl_node_file::{nccl_node_file, write_if_changed, NodeFacts, RailFacts, WriteFileError};
 pub use state::{ConditionSeen, NodeState};
 
 use std::collections::BTreeMap;

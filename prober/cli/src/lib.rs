@@ -17,6 +17,7 @@ pub mod discover;
 pub mod fleet;
 pub mod gpu_check;
 pub mod health;
+pub mod nccl_env;
 pub mod nccl_ranks;
 pub mod preflight;
 pub mod profile_source;
@@ -33,6 +34,7 @@ use crate::daemon::DaemonArgs;
 use crate::discover::{AffinityArgs, DiscoverArgs, EmitProfileArgs};
 use crate::fleet::FleetArgs;
 use crate::gpu_check::GpuCheckArgs;
+use crate::nccl_env::NcclEnvArgs;
 use crate::nccl_ranks::NcclRanksArgs;
 use crate::preflight::PreflightArgs;
 use crate::sim::SimSysfsArgs;
@@ -182,6 +184,18 @@ Example:
 
 Exit status: 0 every check passed, 1 a check failed, 2 error.")]
     Preflight(PreflightArgs),
+    /// What the NCCL environment plugin answers in this container: NAME=value lines from the
+    /// node file, this container's RDMA devices and this process' GPUs.
+    #[command(after_help = "\
+Examples:
+  kubectl exec train-0 -- railguard-prober nccl-env
+  railguard-prober nccl-env --config /run/railguard/nccl.json --json
+
+Warnings and the plugin's info lines go to stderr.
+
+Exit status: 0 answered, 1 unhealthy (failed, pending or expired certificate, or no rail
+usable here), 2 the node file or sysfs cannot be read.")]
+    NcclEnv(NcclEnvArgs),
 }
 
 /// Whether a subcommand's result passes (exit status 0) or fails (exit status 1: a failed
@@ -247,6 +261,7 @@ impl Command {
             Command::EmitProfile(a) => a.run().map(Outcome::pass),
             Command::SimSysfs(a) => a.run().map(Outcome::pass),
             Command::Preflight(a) => a.run(),
+            Command::NcclEnv(a) => a.run(),
             Command::Analyze(a) => a.run(),
             Command::Campaign(a) => block_on(a.run()),
             Command::PeerEndpoint(a) => block_on(a.run()).map(|()| Outcome::default()),

@@ -13,12 +13,13 @@
 pub mod metrics;
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::Args;
+use clap::{Args, ValueHint};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use railguard_prober::campaign::kube::gpu_pods_of;
@@ -26,7 +27,9 @@ use railguard_prober::certify::once::certify_with_state;
 use railguard_prober::certify::run::invasive_steps;
 use railguard_prober::certify::{passive_once, NodeContext, PassiveOutcome};
 use railguard_prober::progress::NoProgress;
-use railguard_prober::publish::{NodeEvent, NodePublisher, NodeState};
+use railguard_prober::publish::{
+    nccl_node_file, write_if_changed, NodeEvent, NodeFacts, NodePublisher, NodeState,
+};
 use tokio_util::sync::CancellationToken;
 
 pub use metrics::Metrics;
@@ -69,6 +72,23 @@ pub struct DaemonArgs {
     /// pod's terminationGracePeriodSeconds above this).
     #[arg(long, env = "RAILGUARD_SHUTDOWN_GRACE_SECS", default_value_t = 60)]
     pub shutdown_grace_secs: u64,
+    /// Write the NCCL environment plugin's node file here after every step, from the Node's
+    /// certificate (atomically, only when it changed; e.g. /run/railguard/nccl.json on a
+    /// hostPath); unset: no node file.
+    #[arg(long, env = "RAILGUARD_NCCL_CONFIG_FILE", value_hint = ValueHint::FilePath)]
+    pub nccl_config_file: Option<PathBuf>,
+    /// At start, copy the NCCL environment plugin into this directory as
+    /// libnccl-env-railguard.so (atomically, when it differs); unset: not installed.
+    #[arg(long, env = "RAILGUARD_NCCL_PLUGIN_INSTALL_DIR", value_hint = ValueHint::DirPath)]
+    pub nccl_plugin_install_dir: Option<PathBuf>,
+    /// The plugin library to install (the prober image's).
+    #[arg(
+        long,
+        env = "RAILGUARD_NCCL_PLUGIN_SOURCE",
+        default_value = "/usr/lib/railguard/libnccl-env-railguard.so",
+        value_hint = ValueHint::FilePath
+    )]
+    pub nccl_plugin_source: PathBuf,
 }
 
 /// What the loop does about an invasive run now.
@@ -163,6 +183,67 @@ struct Loop {
     metrics: Arc<Metrics>,
     /// An invasive run has marked the Node pending and not yet published (or restored).
     invasive_in_flight: AtomicBool,
+    /// `--nccl-config-file`.
+    nccl_node_file: Option<NcclNodeFileSink>,
+}
+
+/// Where the NCCL plugin's node file goes, and what it says about this machine.
+struct NcclNodeFileSink {
+    path: PathBuf,
+    /// The daemon's start: a node without a certificate is `pending`, expired since then (a
+    /// fixed instant, so the file does not change every step).
+    started: jiff::Timestamp,
+    /// Where the rails are (PCI address, netdev), discovered once: they do not move while
+    /// the daemon runs. Retried each step while discovery fails.
+    facts: Mutex<Option<NodeFacts>>,
+}
+
+impl NcclNodeFileSink {
+    fn facts(&self, ctx: &NodeContext) -> NodeFacts {
+        let mut cached = self.facts.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = cached.as_ref() {
+            return f.clone();
+        }
+        match railguard_prober::discover::discover(&ctx.setup.sysfs_root, ctx.setup.use_nvml) {
+            Ok(d) => {
+                let f = NodeFacts::of(&d);
+                *cached = Some(f.clone());
+                f
+            }
+            Err(e) => {
+                // The rails are still named (from the certificate), only not located.
+                tracing::warn!(error = %railguard_runtime::error_chain(&e), "cannot discover the rails' PCI addresses and netdevs for the NCCL node file; retrying next step");
+                NodeFacts::default()
+            }
+        }
+    }
+}
+
+/// The name NCCL's loader opens for `NCCL_ENV_PLUGIN=railguard`.
+pub const NCCL_PLUGIN_FILE_NAME: &str = "libnccl-env-railguard.so";
+
+/// Copies the plugin library into `dir` as [`NCCL_PLUGIN_FILE_NAME`] when it differs (temp
+/// file and rename: a process that has the old one mapped keeps its inode). A missing source
+/// is a warning, never fatal: the daemon certifies without it. Returns the installed path.
+pub fn install_nccl_plugin(source: &Path, dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+    let bytes = match std::fs::read(source) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(source = %source.display(), dir = %dir.display(), error = %e, "cannot read the NCCL environment plugin (--nccl-plugin-source); it is not installed into --nccl-plugin-install-dir");
+            return Ok(None);
+        }
+    };
+    std::fs::create_dir_all(dir).with_context(|| {
+        format!(
+            "cannot create {} (--nccl-plugin-install-dir)",
+            dir.display()
+        )
+    })?;
+    let dest = dir.join(NCCL_PLUGIN_FILE_NAME);
+    if write_if_changed(&dest, &bytes, 0o755)? {
+        tracing::info!(source = %source.display(), path = %dest.display(), "NCCL environment plugin installed");
+    }
+    Ok(Some(dest))
 }
 
 /// When the next checks are due.
@@ -247,12 +328,66 @@ impl Loop {
         (interval, passive_every)
     }
 
-    /// One step: read the Node, then an invasive run, or a passive check, when due.
+    /// One step: read the Node, then an invasive run, or a passive check, when due; then the
+    /// NCCL plugin's node file from the certificate the step leaves on the Node.
     async fn step(&self, client: &kube::Client, plan: &mut Schedule) -> anyhow::Result<()> {
+        // The Node is read once per step; the step's writes read it again before writing,
+        // and keep `state` current.
+        let mut state = self.publisher.read_state().await?;
+        let result = self.checks(client, plan, &mut state).await;
+        // Whatever the checks did (a failed publish leaves the Node's certificate as it was).
+        self.sync_nccl_node_file(&state);
+        result
+    }
+
+    /// The node file from the Node's certificate, rewritten only when it changed. A failure
+    /// is logged with the path and tried again next step: never fatal, the plugin keeps the
+    /// last file (and judges its expiry itself).
+    fn sync_nccl_node_file(&self, state: &NodeState) {
+        let Some(sink) = &self.nccl_node_file else {
+            return;
+        };
+        let facts = sink.facts(&self.ctx);
+        let file = nccl_node_file(
+            &self.ctx.node,
+            state.certificate.as_ref(),
+            &self.ctx.profile,
+            &facts,
+            sink.started,
+        );
+        let mut text = file.to_json();
+        text.push('\n');
+        // Never a file the plugin would reject (it would answer nothing at all).
+        if let Err(e) = railguard_nccl_env::NodeFile::parse(&text) {
+            tracing::warn!(path = %sink.path.display(), error = %railguard_runtime::error_chain(&e), "NCCL node file not written: the plugin would reject it");
+            return;
+        }
+        if let Some(dir) = sink.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if let Err(e) = std::fs::create_dir_all(dir) {
+                tracing::warn!(path = %sink.path.display(), error = %e, "cannot create the NCCL node file's directory; retrying next step");
+                return;
+            }
+        }
+        match write_if_changed(&sink.path, text.as_bytes(), 0o644) {
+            Ok(true) => {
+                tracing::info!(path = %sink.path.display(), generation = file.certificate.generation, verdict = ?file.certificate.verdict, healthy_rails = file.rails.iter().filter(|r| r.health == railguard_nccl_env::RailHealth::Healthy).count(), "NCCL node file written");
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(path = %sink.path.display(), error = %railguard_runtime::error_chain(&e), "cannot write the NCCL node file; retrying next step");
+            }
+        }
+    }
+
+    /// An invasive run, or a passive check, when due.
+    async fn checks(
+        &self,
+        client: &kube::Client,
+        plan: &mut Schedule,
+        state: &mut NodeState,
+    ) -> anyhow::Result<()> {
         let (interval, passive_every) = self.intervals();
         let jitter = self.args.jitter_percent;
-        // The Node is read once per step; the step's writes read it again before writing.
-        let mut state = self.publisher.read_state().await?;
         let recertify = state.recertify_requested;
         if !recertify {
             plan.deferral_reported = false;
@@ -268,7 +403,7 @@ impl Loop {
         match invasive_decision(due, requested, &pods) {
             InvasiveDecision::Run => {
                 tracing::info!(node = %self.ctx.node, recertify, "invasive certification");
-                self.invasive(&mut state, recertify).await?;
+                self.invasive(state, recertify).await?;
                 plan.deferral_reported = false;
                 plan.next_invasive = Instant::now() + jittered(interval, jitter);
                 plan.next_passive = Instant::now() + jittered(passive_every, jitter);
@@ -282,7 +417,7 @@ impl Loop {
                     self.metrics.run("invasive", "deferred-gpu-pods");
                     if !plan.deferral_reported {
                         let ev = recertify_deferred_event(&pods, passive_every);
-                        self.publisher.record_event(&state, &ev).await?;
+                        self.publisher.record_event(state, &ev).await?;
                         plan.deferral_reported = true;
                     }
                 }
@@ -294,7 +429,7 @@ impl Loop {
             InvasiveDecision::NotDue => {}
         }
         if Instant::now() >= plan.next_passive {
-            self.passive(&mut state).await?;
+            self.passive(state).await?;
             plan.next_passive = Instant::now() + jittered(passive_every, jitter);
         }
         Ok(())
@@ -366,6 +501,12 @@ impl DaemonArgs {
             "metrics and health",
             "--metrics-listen",
         )?;
+        if let Some(dir) = &self.nccl_plugin_install_dir {
+            // Before anything waits (the profile): training pods may need it at once.
+            if let Err(e) = install_nccl_plugin(&self.nccl_plugin_source, dir) {
+                tracing::warn!(error = %format!("{e:#}"), "NCCL environment plugin not installed");
+            }
+        }
         let client = self
             .node
             .client(true)
@@ -414,6 +555,11 @@ impl DaemonArgs {
             args: self.clone(),
             metrics,
             invasive_in_flight: AtomicBool::new(false),
+            nccl_node_file: self.nccl_config_file.clone().map(|path| NcclNodeFileSink {
+                path,
+                started: jiff::Timestamp::now(),
+                facts: Mutex::new(None),
+            }),
         };
         l.run(client, stop.clone()).await;
         stop.cancel();

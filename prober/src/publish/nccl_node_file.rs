@@ -14,6 +14,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use jiff::Timestamp;
+use railguard_api::profile::OnUnhealthy;
 use railguard_api::{Certificate, FabricProfile, RailVerdict, Verdict};
 use railguard_nccl_env as nccl_env;
 
@@ -83,8 +84,10 @@ impl NodeFacts {
 ///   The plugin computes `NCCL_IB_HCA` and `NCCL_IB_GID_INDEX` itself, so the profile's are
 ///   left out, as is anything the node file format rejects (a value that is not a number
 ///   where one is needed, a name that is not `NCCL_*`): the webhook still injects those.
-///   `enforce`, `onUnhealthy` and `consistentRails` keep the format's defaults until the
-///   profile has them.
+///   `enforce`, `onUnhealthy` and `consistentRails` are the profile's (`spec.nccl`).
+/// - `fleet.consistentRailCount` (with `consistentRails`): the profile's rail count, until
+///   the fleet controller publishes the fleet's own count: every node answers all of the
+///   profile's rails, and one with fewer usable rails is unhealthy.
 pub fn nccl_node_file(
     node: &str,
     certificate: Option<&Certificate>,
@@ -108,8 +111,8 @@ pub fn nccl_node_file(
                 },
                 rails: Vec::new(),
                 gpus: Vec::new(),
+                fleet: fleet_view(profile, &nccl),
                 nccl,
-                fleet: None,
             }
         }
     };
@@ -175,9 +178,22 @@ pub fn nccl_node_file(
         },
         rails,
         gpus,
+        fleet: fleet_view(profile, &nccl),
         nccl,
-        fleet: None,
     }
+}
+
+/// `consistentRails` needs a count (see [`nccl_node_file`]); without one it is off.
+fn fleet_view(
+    profile: &FabricProfile,
+    nccl: &nccl_env::NcclProfile,
+) -> Option<nccl_env::FleetView> {
+    let count = u32::try_from(profile.spec.rails.len())
+        .ok()
+        .filter(|n| *n > 0)?;
+    nccl.consistent_rails.then_some(nccl_env::FleetView {
+        consistent_rail_count: count,
+    })
 }
 
 /// The profile's NCCL settings in the node file's terms (see [`nccl_node_file`]).
@@ -185,6 +201,13 @@ fn nccl_profile(profile: &FabricProfile) -> nccl_env::NcclProfile {
     let settings = &profile.spec.nccl;
     let mut out = nccl_env::NcclProfile {
         socket_ifname: settings.socket_ifname.clone(),
+        enforce: settings.enforce,
+        on_unhealthy: match settings.on_unhealthy {
+            OnUnhealthy::Warn => nccl_env::OnUnhealthy::Warn,
+            OnUnhealthy::Fail => nccl_env::OnUnhealthy::Fail,
+        },
+        // Off without a count to hold the nodes to (a profile without rails).
+        consistent_rails: settings.consistent_rails && !profile.spec.rails.is_empty(),
         ..nccl_env::NcclProfile::default()
     };
     if let Some(x) = settings.cross_nic {
@@ -480,6 +503,17 @@ mod tests {
         assert_eq!(env, ["NCCL_CROSS_NIC=1", "NCCL_IB_QPS_PER_CONNECTION=2"]);
         assert!(!f.nccl.enforce && !f.nccl.consistent_rails);
         assert_eq!(f.nccl.on_unhealthy, nccl_env::OnUnhealthy::Warn);
+        assert_eq!(f.fleet, None);
+        // The plugin's policy, from the profile.
+        let p = profile(serde_json::json!({"delivery": "Plugin", "enforce": true,
+            "onUnhealthy": "Fail", "consistentRails": true}));
+        let f = file(None, &p);
+        assert!(f.nccl.enforce && f.nccl.consistent_rails);
+        assert_eq!(f.nccl.on_unhealthy, nccl_env::OnUnhealthy::Fail);
+        assert_eq!(
+            f.fleet.map(|v| v.consistent_rail_count),
+            Some(u32::try_from(p.spec.rails.len()).unwrap())
+        );
         // socketIfname outranks the same variable in env.
         let p = profile(serde_json::json!({"socketIfname": "=eth0",
             "env": {"NCCL_SOCKET_IFNAME": "=eth1"}}));

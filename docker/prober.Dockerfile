@@ -44,7 +44,9 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked -p railguard-prober-cli --bin railguard-prober \
- && install -D -m 0755 target/release/railguard-prober /out/railguard-prober
+ && cargo build --release --locked -p railguard-nccl-env --lib \
+ && install -D -m 0755 target/release/railguard-prober /out/railguard-prober \
+ && install -D -m 0644 target/release/librailguard_nccl_env.so /out/libnccl-env-railguard.so
 
 # Default image. The DaemonSet runs it as root only for IPC_LOCK (an added capability is not
 # effective for a non-root user); the campaign coordinator runs it as 65532.
@@ -54,6 +56,10 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --uid 65532 --user-group --no-create-home --shell /usr/sbin/nologin railguard
 COPY --from=build /out/railguard-prober /usr/local/bin/railguard-prober
+# The NCCL environment plugin, under the name NCCL's loader opens (NCCL_ENV_PLUGIN=railguard):
+# the daemon copies it onto the node (--nccl-plugin-source, --nccl-plugin-install-dir) for
+# training containers to mount. Built on bookworm: it needs glibc 2.36 or newer there.
+COPY --from=build /out/libnccl-env-railguard.so /usr/lib/railguard/libnccl-env-railguard.so
 USER 65532:65532
 EXPOSE 7470 9100
 ENTRYPOINT ["/usr/local/bin/railguard-prober"]
@@ -87,6 +93,7 @@ RUN apt-get update \
  && useradd --uid 65532 --user-group --no-create-home --shell /usr/sbin/nologin railguard
 COPY --from=nccl-build /out/bin/ /usr/local/bin/
 COPY --from=build /out/railguard-prober /usr/local/bin/railguard-prober
+COPY --from=build /out/libnccl-env-railguard.so /usr/lib/railguard/libnccl-env-railguard.so
 USER 65532:65532
 EXPOSE 7470 9100
 ENTRYPOINT ["/usr/local/bin/railguard-prober"]

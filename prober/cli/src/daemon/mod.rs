@@ -240,7 +240,8 @@ pub fn install_nccl_plugin(source: &Path, dir: &Path) -> anyhow::Result<Option<P
         )
     })?;
     let dest = dir.join(NCCL_PLUGIN_FILE_NAME);
-    if write_if_changed(&dest, &bytes, 0o755)? {
+    // Writable by its owner only; dlopen needs no execute bit.
+    if write_if_changed(&dest, &bytes, 0o644)? {
         tracing::info!(source = %source.display(), path = %dest.display(), "NCCL environment plugin installed");
     }
     Ok(Some(dest))

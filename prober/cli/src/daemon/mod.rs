@@ -629,6 +629,31 @@ mod tests {
     }
 
     #[test]
+    fn the_plugin_is_installed_when_it_differs_and_a_missing_source_is_no_error() {
+        #![allow(clippy::unwrap_used)]
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let source = tmp.path().join("plugin.so");
+        let dir = tmp.path().join("node/lib");
+        assert_eq!(install_nccl_plugin(&source, &dir).unwrap(), None);
+        std::fs::write(&source, b"v1").unwrap();
+        let dest = install_nccl_plugin(&source, &dir).unwrap().unwrap();
+        assert_eq!(dest, dir.join(NCCL_PLUGIN_FILE_NAME));
+        let first = std::fs::metadata(&dest).unwrap();
+        install_nccl_plugin(&source, &dir).unwrap();
+        assert_eq!(std::fs::metadata(&dest).unwrap().ino(), first.ino());
+        // A process with the old library open (mapped) keeps it.
+        let mut held = std::fs::File::open(&dest).unwrap();
+        std::fs::write(&source, b"v2").unwrap();
+        install_nccl_plugin(&source, &dir).unwrap();
+        assert_ne!(std::fs::metadata(&dest).unwrap().ino(), first.ino());
+        assert_eq!(std::fs::read(&dest).unwrap(), b"v2");
+        let mut old = Vec::new();
+        std::io::Read::read_to_end(&mut held, &mut old).unwrap();
+        assert_eq!(old, b"v1");
+    }
+
+    #[test]
     fn jitter_stays_within_the_spread() {
         for _ in 0..100 {
             let j = jittered(Duration::from_secs(100), 10);

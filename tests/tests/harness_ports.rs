@@ -9,6 +9,8 @@
 //! address (so it is dropped and the port handed on), a bind chained straight into
 //! `local_addr()`, and any helper named like the old `free_port`/`free_addr`.
 
+#![allow(clippy::unwrap_used)] // a test: a failure stops it where it happens
+
 use std::path::{Path, PathBuf};
 
 use railguard_tests::workspace_root;

@@ -240,8 +240,13 @@ railguard_image() {
     extra=("$bin_dir/all_reduce_perf_sim")
     need_file "${extra[0]}" "cargo build -p railguard-sim --bin all_reduce_perf_sim"
   fi
+  local plugin="$bin_dir/librailguard_nccl_env.so" inputs=()
+  if [ "$component" = prober ]; then
+    need_file "$plugin" "cargo build -p railguard-nccl-env (the NCCL environment plugin)"
+    inputs=("$plugin")
+  fi
   listed+=("$ref $ar")
-  if fresh "$ar" "$src" "$dockerfile" "${extra[@]}"; then
+  if fresh "$ar" "$src" "$dockerfile" "${extra[@]}" "${inputs[@]}"; then
     printf '%-38s up to date %s\n' "$ref" "$ar"
     return
   fi
@@ -266,6 +271,14 @@ railguard_image() {
     copy_libs "$root" "${providers[@]}"
     if [ -d /etc/libibverbs.d ]; then mkdir -p "$root/etc"; cp -a /etc/libibverbs.d "$root/etc/"; fi
     for p in "${extra[@]}"; do install_bin "$root" "$p" "$(dirname "$dest")/$(basename "$p")"; done
+    # The NCCL environment plugin where the Dockerfile's COPY puts libnccl-env-railguard.so.
+    local plugin_dest
+    plugin_dest="$(sed -n 's/^copy=//p' <<<"$meta" | awk '{ n = split($1, s, "/") } s[n] == "libnccl-env-railguard.so" { print $2; exit }')"
+    [ -n "$plugin_dest" ] || die "$dockerfile: no COPY of libnccl-env-railguard.so in its runtime stage"
+    mkdir -p "$root/$(dirname "$plugin_dest")"
+    strip --strip-debug -o "$root/$plugin_dest" "$plugin"
+    chmod 0644 "$root/$plugin_dest"
+    copy_libs "$root" "$plugin"
     args+=(--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
   else
     # distroless cc-debian12:nonroot

@@ -15,10 +15,11 @@ export RAILGUARD_KUBE_MODERN_BIN_DIR="$(bash tests/scripts/control-plane-modern.
 export RAILGUARD_NCCL_LIB_DIR="$(bash tests/scripts/nccl-wheel.sh | tail -1)"
 # A one-off build gains nothing from incremental state, which would double the disk it needs.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
-# Build every binary and test once, in one invocation so that both share one feature set
-# (binaries built apart from the tests would be compiled twice); end-to-end tests run the
-# binaries as real child processes.
-cargo build --workspace --bins --tests
+# Build every library (the NCCL env plugin is a cdylib the prober image carries), binary and
+# test once, in one invocation so that all share one feature set (binaries built apart from
+# the tests would be compiled twice); end-to-end tests run the binaries as real child
+# processes.
+cargo build --workspace --lib --bins --tests
 target="${CARGO_TARGET_DIR:-$PWD/target}"
 export RAILGUARD_BIN_DIR="$target/debug" RAILGUARD_PROBER_BIN="$target/debug/railguard-prober"
 cargo test --workspace "$@"

@@ -574,6 +574,33 @@ fn check_prober_rootfs(rootfs: &Path, ctx: &str) -> Result<()> {
     Ok(())
 }
 
+/// The NCCL environment plugin where the Dockerfile puts it: a shared object exporting NCCL's
+/// entry points, whose libraries the image's loader resolves.
+fn check_nccl_plugin(rootfs: &Path, ctx: &str) -> Result<()> {
+    let name = "libnccl-env-railguard.so";
+    let dest = dockerfile_stage("prober")?
+        .copy_destination(name)
+        .ok_or_else(|| anyhow!("docker/prober.Dockerfile copies no {name}"))?;
+    let bytes = std::fs::read(rootfs.join(dest.trim_start_matches('/')))
+        .with_context(|| format!("{ctx}: {dest}"))?;
+    ensure!(bytes.starts_with(b"\x7fELF"), "{ctx}: {dest} is not an ELF file");
+    for symbol in [&b"ncclEnvPlugin_v2"[..], &b"ncclEnvPlugin_v1"[..]] {
+        ensure!(
+            bytes.windows(symbol.len()).any(|w| w == symbol),
+            "{ctx}: {dest} names no {}",
+            String::from_utf8_lossy(symbol)
+        );
+    }
+    let out = chroot(rootfs, &["/lib64/ld-linux-x86-64.so.2", "--list", &dest])?;
+    let listed = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success() && !listed.contains("not found"),
+        "{ctx}: the loader --list {dest}: {}\n{listed}",
+        out.status
+    );
+    Ok(())
+}
+
 #[test]
 fn images_match_their_dockerfiles_and_their_binaries_run() -> Result<()> {
     ensure!(
@@ -667,6 +694,7 @@ fn images_match_their_dockerfiles_and_their_binaries_run() -> Result<()> {
         )?;
         if component == "prober" {
             check_prober_rootfs(&image.rootfs, &reference)?;
+            check_nccl_plugin(&image.rootfs, &reference)?;
         }
         let sim = image.rootfs.join("usr/local/bin/all_reduce_perf_sim");
         if short == "prober-sim" {

@@ -99,6 +99,10 @@ pub mod env {
     pub const NCCL_SOCKET_IFNAME: &str = "NCCL_SOCKET_IFNAME";
     /// The profile's cross-NIC setting.
     pub const NCCL_CROSS_NIC: &str = "NCCL_CROSS_NIC";
+    /// NCCL's own: the environment plugin NCCL loads (`delivery: Plugin` profiles).
+    pub const NCCL_ENV_PLUGIN: &str = "NCCL_ENV_PLUGIN";
+    /// The node file railguard's NCCL environment plugin reads (`delivery: Plugin`).
+    pub const NCCL_CONFIG: &str = "RAILGUARD_NCCL_CONFIG";
     /// The FabricProfile the pod is held to.
     pub const PROFILE: &str = "RAILGUARD_PROFILE";
     /// The rail-layout signature of that profile.

@@ -13,7 +13,17 @@ pub struct WebhookConfig {
     pub excluded_namespaces: Vec<String>,
     /// Image of `railguard-prober` for the optional preflight init container.
     pub prober_image: Option<String>,
+    /// Where `libnccl-env-railguard.so` is on every node (and, mounted at the same path, in
+    /// the containers of `delivery: Plugin` profiles).
+    pub nccl_plugin_path: String,
+    /// Where the prober writes the node file the plugin reads (same path in the containers).
+    pub nccl_config_path: String,
 }
+
+/// Default of [`WebhookConfig::nccl_plugin_path`] (chart value `ncclPlugin.hostDir`).
+pub const DEFAULT_NCCL_PLUGIN_PATH: &str = "/opt/railguard/nccl/libnccl-env-railguard.so";
+/// Default of [`WebhookConfig::nccl_config_path`] (chart value `ncclPlugin.configDir`).
+pub const DEFAULT_NCCL_CONFIG_PATH: &str = "/run/railguard/nccl.json";
 
 impl Default for WebhookConfig {
     fn default() -> Self {
@@ -24,6 +34,8 @@ impl Default for WebhookConfig {
                 .collect(),
             excluded_namespaces: vec!["kube-system".to_string()],
             prober_image: None,
+            nccl_plugin_path: DEFAULT_NCCL_PLUGIN_PATH.to_string(),
+            nccl_config_path: DEFAULT_NCCL_CONFIG_PATH.to_string(),
         }
     }
 }

@@ -13,6 +13,10 @@ pub enum MutateError {
         #[source]
         source: serde_json::Error,
     },
+    /// A `delivery: Plugin` path of the configuration has no directory to mount (the CLI
+    /// refuses such flags; the core does not mount `/` or a relative path either way).
+    #[error("{what} {path:?} is not an absolute file path below a directory")]
+    NcclPath { what: &'static str, path: String },
 }
 
 /// The request body is not an `admission.k8s.io/v1` AdmissionReview (answered with HTTP 400).

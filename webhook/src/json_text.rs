@@ -170,6 +170,12 @@ impl Object<'_> {
         self
     }
 
+    /// A boolean member.
+    pub fn bool(&mut self, key: &str, value: bool) -> &mut Self {
+        self.key(key).push_str(if value { "true" } else { "false" });
+        self
+    }
+
     /// A member written already.
     pub fn json(&mut self, key: &str, value: &JsonText) -> &mut Self {
         self.key(key).push_str(value.as_str());

@@ -25,7 +25,9 @@ pub mod selection;
 pub mod server;
 pub mod tls;
 
-pub use config::{FailureMode, NamespaceInfo, WebhookConfig};
+pub use config::{
+    FailureMode, NamespaceInfo, WebhookConfig, DEFAULT_NCCL_CONFIG_PATH, DEFAULT_NCCL_PLUGIN_PATH,
+};
 pub use error::{
     CertError, CertSpecError, CertSyncError, DecodeError, MutateError, NetworksError, TlsError,
 };

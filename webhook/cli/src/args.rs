@@ -77,6 +77,24 @@ pub struct Cli {
     /// railguard-prober image for the optional preflight init container.
     #[arg(long, env = "RAILGUARD_PROBER_IMAGE")]
     pub prober_image: Option<String>,
+    /// Where `libnccl-env-railguard.so` is on every node: pods of `delivery: Plugin`
+    /// profiles get `NCCL_ENV_PLUGIN` set to it and its directory mounted read-only at the
+    /// same path (the prober installs it there; chart value `ncclPlugin.hostDir`).
+    #[arg(
+        long,
+        env = "RAILGUARD_NCCL_PLUGIN_PATH",
+        default_value = railguard_webhook::DEFAULT_NCCL_PLUGIN_PATH
+    )]
+    pub nccl_plugin_path: String,
+    /// Where the prober writes the plugin's node file on every node: `delivery: Plugin` pods
+    /// get `RAILGUARD_NCCL_CONFIG` set to it and its directory mounted read-only at the same
+    /// path (chart value `ncclPlugin.configDir`).
+    #[arg(
+        long,
+        env = "RAILGUARD_NCCL_CONFIG_PATH",
+        default_value = railguard_webhook::DEFAULT_NCCL_CONFIG_PATH
+    )]
+    pub nccl_config_path: String,
     /// Largest request body accepted, bytes.
     #[arg(long, env = "RAILGUARD_MAX_BODY_BYTES", default_value_t = 6 << 20)]
     pub max_body_bytes: usize,

@@ -56,7 +56,30 @@ pub fn webhook_config(
         gpu_resources,
         excluded_namespaces,
         prober_image: cli.prober_image.clone().filter(|s| !s.trim().is_empty()),
+        nccl_plugin_path: host_file("--nccl-plugin-path", &cli.nccl_plugin_path)?,
+        nccl_config_path: host_file("--nccl-config-path", &cli.nccl_config_path)?,
     })
+}
+
+/// A file on every node whose directory the webhook mounts into pods: absolute, plain
+/// components, and not directly under `/` (the host's root is never mounted).
+fn host_file(flag: &str, value: &str) -> Result<String, StartupError> {
+    let path = value.trim();
+    let parts: Vec<&str> = path.split('/').skip(1).collect();
+    let plain = path.starts_with('/')
+        && parts.len() >= 2
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && *p != "." && *p != "..");
+    if plain {
+        Ok(path.to_string())
+    } else {
+        Err(StartupError::new(
+            format!("invalid {flag}"),
+            format!("{value:?} is not an absolute file path below a directory"),
+            "give the file's path on the nodes, e.g. /opt/railguard/nccl/libnccl-env-railguard.so",
+        ))
+    }
 }
 
 /// The node guard's policy, when `--node-guard-prober-service-account` enables it: the
@@ -217,6 +240,29 @@ mod tests {
         let config = webhook_config(&cli(&["--prober-image", " "]), None).unwrap();
         assert_eq!(config.prober_image, None);
         assert_eq!(config.gpu_resources, ["nvidia.com/gpu"]);
+    }
+
+    #[test]
+    fn nccl_paths_default_to_the_charts_and_must_be_files_below_a_directory() {
+        let config = webhook_config(&cli(&[]), None).unwrap();
+        assert_eq!(
+            config.nccl_plugin_path,
+            "/opt/railguard/nccl/libnccl-env-railguard.so"
+        );
+        assert_eq!(config.nccl_config_path, "/run/railguard/nccl.json");
+        let config = webhook_config(&cli(&["--nccl-config-path", "/var/run/rg/n.json"]), None);
+        assert_eq!(config.unwrap().nccl_config_path, "/var/run/rg/n.json");
+        for bad in [
+            "nccl.json",
+            "/nccl.json",
+            "/run/../nccl.json",
+            "/run//nccl.json",
+        ] {
+            let e = webhook_config(&cli(&["--nccl-config-path", bad]), None).unwrap_err();
+            assert!(e.to_string().contains("--nccl-config-path"), "{bad}: {e}");
+        }
+        let e = webhook_config(&cli(&["--nccl-plugin-path", "/x.so"]), None).unwrap_err();
+        assert!(e.to_string().contains("--nccl-plugin-path"), "{e}");
     }
 
     #[test]

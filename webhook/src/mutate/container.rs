@@ -116,8 +116,20 @@ impl Shadow {
 
     /// Mounts volume `name` at `path`.
     pub(crate) fn add_mount(&mut self, name: &str, path: &str, ops: &mut Vec<PatchOp>) {
+        self.mount(name, path, false, ops);
+    }
+
+    /// Mounts volume `name` at `path`, read-only.
+    pub(crate) fn add_read_only_mount(&mut self, name: &str, path: &str, ops: &mut Vec<PatchOp>) {
+        self.mount(name, path, true, ops);
+    }
+
+    fn mount(&mut self, name: &str, path: &str, read_only: bool, ops: &mut Vec<PatchOp>) {
         let mount = |o: &mut Object<'_>| {
             o.str("name", name).str("mountPath", path);
+            if read_only {
+                o.bool("readOnly", true);
+            }
         };
         ops.push(match &self.container.volume_mounts {
             None => PatchOp::add(
@@ -137,6 +149,7 @@ impl Shadow {
             .push(VolumeMount {
                 name: name.to_string(),
                 mount_path: path.to_string(),
+                read_only: read_only.then_some(true),
                 ..Default::default()
             });
     }

@@ -12,7 +12,8 @@ use railguard_api::FabricProfile;
 
 use crate::config::{NamespaceInfo, WebhookConfig};
 use crate::error::MutateError;
-use crate::json_text::JsonText;
+use crate::json_text::{JsonText, Object};
+use crate::patch::{pointer, PatchOp};
 
 mod container;
 mod gates;
@@ -23,6 +24,10 @@ pub use plan::{Mutation, Outcome, Plan, Warning, WarningKind, MAX_WARNING_CHARS}
 
 /// Name of the memory-backed volume railguard mounts at `/dev/shm`.
 pub const SHM_VOLUME: &str = "railguard-shm";
+/// Name of the hostPath volume of the NCCL environment plugin's directory.
+pub const NCCL_PLUGIN_VOLUME: &str = "railguard-nccl-plugin";
+/// Name of the hostPath volume of the directory of the plugin's node file.
+pub const NCCL_CONFIG_VOLUME: &str = "railguard-nccl-config";
 /// Name of the preflight init container.
 pub const PREFLIGHT_CONTAINER: &str = "railguard-preflight";
 
@@ -60,6 +65,9 @@ pub(crate) struct Draft {
     /// Annotation values to set, written by the last step.
     pub(crate) annotations: BTreeMap<String, String>,
     pub(crate) done: BTreeSet<Mutation>,
+    /// Whether `/spec/volumes` exists in the pod as patched so far (its own, or one an
+    /// earlier step created): a second `add /spec/volumes` would replace the first one's.
+    volumes_exist: bool,
 }
 
 impl Draft {
@@ -73,7 +81,25 @@ impl Draft {
                 .collect(),
             annotations: BTreeMap::new(),
             done: BTreeSet::new(),
+            volumes_exist: ctx.spec.volumes.is_some(),
         }
+    }
+
+    /// Adds a pod volume that `write` writes: every step adds volumes here, so the first one
+    /// creates the array and the others append to it.
+    pub(crate) fn add_volume(&mut self, write: impl FnOnce(&mut Object<'_>)) {
+        let op = if self.volumes_exist {
+            PatchOp::add(pointer(["spec", "volumes", "-"]), JsonText::object(write))
+        } else {
+            PatchOp::add(
+                pointer(["spec", "volumes"]),
+                JsonText::array(|a| {
+                    a.object(write);
+                }),
+            )
+        };
+        self.volumes_exist = true;
+        self.plan.ops.push(op);
     }
 
     fn finish(mut self) -> Plan {

@@ -1073,3 +1073,95 @@ fn a_profile_ib_hca_wins_over_the_one_its_rails_give() {
     let hca = env.iter().find(|e| e.name == "NCCL_IB_HCA").unwrap();
     assert_eq!(hca.value.as_deref(), Some("=mlx5_0:1"));
 }
+
+/// The profiles with `h100-ndr` delivering its NCCL settings through the plugin.
+fn plugin_profiles() -> Vec<FabricProfile> {
+    let mut set = profiles();
+    for p in &mut set {
+        if p.name() == "h100-ndr" {
+            p.spec.nccl.delivery = railguard_api::profile::NcclDelivery::Plugin;
+        }
+    }
+    set
+}
+
+/// The pod's volumes as (name, JSON).
+fn volumes_of(p: &Pod) -> Vec<(String, Value)> {
+    p.spec
+        .as_ref()
+        .unwrap()
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| (v.name.clone(), serde_json::to_value(v).unwrap()))
+        .collect()
+}
+
+#[test]
+fn a_plugin_profile_gets_the_plugin_its_node_file_and_shm_in_one_volume_list() {
+    // Without volumes of its own (the first volume creates the list, the others append)
+    // and with one (every volume appends); `run` checks nothing is overwritten and that a
+    // second pass (reinvocation) patches nothing.
+    let mut with_volume = pytorch_worker();
+    with_volume.spec.as_mut().unwrap().volumes = Some(vec![serde_json::from_value(
+        json!({"name": "data", "persistentVolumeClaim": {"claimName": "d"}}),
+    )
+    .unwrap()]);
+    for (p, before) in [(pytorch_worker(), vec![]), (with_volume, vec!["data"])] {
+        let (plan, out) = run(&p, &ns("ml"), &plugin_profiles());
+        assert!(plan.mutations.contains(&Mutation::NcclEnv));
+        assert!(plan.mutations.contains(&Mutation::Shm));
+        let volumes = volumes_of(&out);
+        let names: Vec<&str> = volumes.iter().map(|(n, _)| n.as_str()).collect();
+        let mut want = before.clone();
+        want.extend([NCCL_PLUGIN_VOLUME, NCCL_CONFIG_VOLUME, SHM_VOLUME]);
+        assert_eq!(names, want);
+        assert_eq!(
+            volumes[before.len()].1,
+            json!({"name": NCCL_PLUGIN_VOLUME,
+                   "hostPath": {"path": "/opt/railguard/nccl", "type": "Directory"}})
+        );
+        assert_eq!(
+            volumes[before.len() + 1].1,
+            json!({"name": NCCL_CONFIG_VOLUME,
+                   "hostPath": {"path": "/run/railguard", "type": "DirectoryOrCreate"}})
+        );
+        let c = &out.spec.as_ref().unwrap().containers[0];
+        let env = env_of(c);
+        assert_eq!(
+            env.get("NCCL_ENV_PLUGIN").map(String::as_str),
+            Some("/opt/railguard/nccl/libnccl-env-railguard.so")
+        );
+        assert_eq!(
+            env.get("RAILGUARD_NCCL_CONFIG").map(String::as_str),
+            Some("/run/railguard/nccl.json")
+        );
+        for var in ["NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "NCCL_CROSS_NIC"] {
+            assert!(!env.contains_key(var), "{var} is the plugin's to answer");
+        }
+        let mounts: Vec<(String, String, Option<bool>)> = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| (m.name.clone(), m.mount_path.clone(), m.read_only))
+            .collect();
+        for (volume, path) in [
+            (NCCL_PLUGIN_VOLUME, "/opt/railguard/nccl"),
+            (NCCL_CONFIG_VOLUME, "/run/railguard"),
+        ] {
+            assert!(
+                mounts.contains(&(volume.to_string(), path.to_string(), Some(true))),
+                "{mounts:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn env_delivery_injects_no_plugin() {
+    let (_, out) = run(&pytorch_worker(), &ns("ml"), &profiles());
+    let env = env_of(&out.spec.as_ref().unwrap().containers[0]);
+    assert!(env.contains_key("NCCL_IB_HCA") && !env.contains_key("NCCL_ENV_PLUGIN"));
+    let names: Vec<String> = volumes_of(&out).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, [SHM_VOLUME]);
+}

@@ -1,21 +1,34 @@
-//! `nccl-env`: the profile's NCCL variables (`NCCL_IB_HCA` in the exact-match form,
-//! `NCCL_SOCKET_IFNAME`, `NCCL_CROSS_NIC`, then the profile's own list) in every target
-//! container. A variable the user set stays; a contradiction is warned about.
+//! `nccl-env`: the profile's NCCL settings in every target container. A variable the user
+//! set stays; a contradiction is warned about.
+//!
+//! - `delivery: Env`: the variables (`NCCL_IB_HCA` in the exact-match form,
+//!   `NCCL_SOCKET_IFNAME`, `NCCL_CROSS_NIC`, then the profile's own list).
+//! - `delivery: Plugin`: `NCCL_ENV_PLUGIN` (railguard's NCCL environment plugin) and
+//!   `RAILGUARD_NCCL_CONFIG` (the node file the prober writes), and read-only hostPath
+//!   mounts of both directories at their host paths; the plugin answers the NCCL variables
+//!   at run time from what was certified on the node the pod lands on.
+
+use std::path::Path;
 
 use k8s_openapi::api::core::v1::EnvVar;
 use railguard_api::keys::env;
-use railguard_api::profile::parse_ib_hca;
+use railguard_api::profile::{parse_ib_hca, NcclDelivery};
 use railguard_api::FabricProfile;
 
 use crate::error::MutateError;
-use crate::mutate::container::{env_var, find_env};
-use crate::mutate::{Ctx, Draft, Mutation, WarningKind};
+use crate::mutate::container::{env_var, find_env, Shadow};
+use crate::mutate::{
+    Ctx, Draft, Mutation, Plan, WarningKind, NCCL_CONFIG_VOLUME, NCCL_PLUGIN_VOLUME,
+};
 
 pub(crate) fn nccl_env(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateError> {
     if ctx.skip.contains(&Mutation::NcclEnv) {
         return Ok(());
     }
-    let desired = profile_env(ctx.profile, &ctx.ib_hca);
+    let desired = match ctx.profile.spec.nccl.delivery {
+        NcclDelivery::Env => profile_env(ctx.profile, &ctx.ib_hca),
+        NcclDelivery::Plugin => plugin_env(ctx),
+    };
     for shadow in &mut draft.containers {
         let mut missing = Vec::new();
         for (var, value) in &desired {
@@ -34,7 +47,120 @@ pub(crate) fn nccl_env(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateErr
         }
         shadow.add_env(missing, &mut draft.plan.ops);
     }
+    if ctx.profile.spec.nccl.delivery == NcclDelivery::Plugin {
+        plugin_mounts(ctx, draft)?;
+    }
     Ok(())
+}
+
+/// What a `delivery: Plugin` container gets: which plugin NCCL loads, which node file it reads.
+fn plugin_env(ctx: &Ctx<'_>) -> Vec<(String, String)> {
+    vec![
+        (
+            env::NCCL_ENV_PLUGIN.to_string(),
+            ctx.config.nccl_plugin_path.clone(),
+        ),
+        (
+            env::NCCL_CONFIG.to_string(),
+            ctx.config.nccl_config_path.clone(),
+        ),
+    ]
+}
+
+/// A hostPath directory the plugin needs in the container, mounted read-only at its host
+/// path (so the paths of [`plugin_env`] hold inside the container too).
+struct HostDir<'a> {
+    volume: &'static str,
+    path: &'a str,
+    /// `Directory`: the plugin must be installed (a pod without it does not start, instead
+    /// of running without the plugin); `DirectoryOrCreate`: the prober may not have written
+    /// the node file yet, which the plugin reports itself.
+    host_path_type: &'static str,
+}
+
+/// The directory of `file`: absolute and not `/` (never the host's root).
+fn parent_dir<'a>(what: &'static str, file: &'a str) -> Result<&'a str, MutateError> {
+    Path::new(file)
+        .parent()
+        .filter(|d| d.is_absolute() && d.parent().is_some())
+        .and_then(Path::to_str)
+        .ok_or_else(|| MutateError::NcclPath {
+            what,
+            path: file.to_string(),
+        })
+}
+
+/// The plugin's and the node file's directories in every target container, and their
+/// volumes in the pod (added once; kept when the pod has them, e.g. on reinvocation).
+fn plugin_mounts(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateError> {
+    let plugin_dir = parent_dir("--nccl-plugin-path", &ctx.config.nccl_plugin_path)?;
+    let config_dir = parent_dir("--nccl-config-path", &ctx.config.nccl_config_path)?;
+    let mut dirs = vec![HostDir {
+        volume: NCCL_PLUGIN_VOLUME,
+        path: plugin_dir,
+        host_path_type: "Directory",
+    }];
+    // Two mounts at one path would make the pod invalid; one directory serves both.
+    if config_dir != plugin_dir {
+        dirs.push(HostDir {
+            volume: NCCL_CONFIG_VOLUME,
+            path: config_dir,
+            host_path_type: "DirectoryOrCreate",
+        });
+    }
+    for dir in &dirs {
+        let mut mounted = false;
+        for shadow in &mut draft.containers {
+            if mount_dir(shadow, dir, &mut draft.plan) {
+                mounted = true;
+            }
+        }
+        if mounted {
+            draft.done.insert(Mutation::NcclEnv);
+        }
+        let in_pod = ctx
+            .spec
+            .volumes
+            .iter()
+            .flatten()
+            .any(|v| v.name == dir.volume);
+        if mounted && !in_pod {
+            draft.add_volume(|o| {
+                o.str("name", dir.volume).object("hostPath", |h| {
+                    h.str("path", dir.path).str("type", dir.host_path_type);
+                });
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Mounts `dir` in the container unless something is mounted at its path already (ours on
+/// reinvocation; the user's is kept, with a warning). Whether it added the mount.
+fn mount_dir(shadow: &mut Shadow, dir: &HostDir<'_>, plan: &mut Plan) -> bool {
+    let at_path = shadow
+        .container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path.trim_end_matches('/') == dir.path);
+    match at_path {
+        Some(m) if m.name == dir.volume => false,
+        Some(m) => {
+            plan.warn(
+                WarningKind::EnvConflict,
+                format!(
+                    "container {}: volume {} is mounted at {}; kept, the NCCL plugin may not load",
+                    shadow.container.name, m.name, dir.path
+                ),
+            );
+            false
+        }
+        None => {
+            shadow.add_read_only_mount(dir.volume, dir.path, &mut plan.ops);
+            true
+        }
+    }
 }
 
 /// The env the profile injects, in a stable order; `ib_hca` is its `NCCL_IB_HCA`.
@@ -176,6 +302,95 @@ mod tests {
             Some([("railguard.io/skip".to_string(), "nccl-env".to_string())].into());
         let ns = NamespaceInfo::new("ml").with_label("railguard.io/exemptions", "allowed");
         let (profiles, config) = (vec![profile(H100)], WebhookConfig::default());
+        let (ctx, mut draft) = open(&p, &ns, &profiles, &config);
+        nccl_env(&ctx, &mut draft).unwrap();
+        assert!(draft.plan.ops.is_empty() && draft.done.is_empty());
+    }
+
+    fn plugin_profile() -> FabricProfile {
+        let mut h = profile(H100);
+        h.spec.nccl.delivery = NcclDelivery::Plugin;
+        h
+    }
+
+    #[test]
+    fn a_user_nccl_env_plugin_stays_with_a_warning() {
+        let p = pod_of(
+            json!([{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "8"}},
+            "env": [{"name": "NCCL_ENV_PLUGIN", "value": "/opt/mine/libnccl-env-mine.so"}]}]),
+        );
+        let (profiles, ns, config) = (
+            vec![plugin_profile()],
+            NamespaceInfo::new("ml"),
+            WebhookConfig::default(),
+        );
+        let (ctx, mut draft) = open(&p, &ns, &profiles, &config);
+        nccl_env(&ctx, &mut draft).unwrap();
+        let out = env(&apply_ops(&p, &draft.plan.ops), 0);
+        assert_eq!(
+            out[..2],
+            [
+                (
+                    env::NCCL_ENV_PLUGIN.to_string(),
+                    "/opt/mine/libnccl-env-mine.so".to_string()
+                ),
+                (
+                    env::NCCL_CONFIG.to_string(),
+                    "/run/railguard/nccl.json".to_string()
+                ),
+            ]
+        );
+        assert_eq!(draft.plan.warnings.len(), 1, "{:?}", draft.plan.warnings);
+        assert!(draft.plan.warnings[0]
+            .message
+            .contains("NCCL_ENV_PLUGIN=/opt/mine/libnccl-env-mine.so kept"));
+    }
+
+    #[test]
+    fn the_configured_paths_are_used_and_one_directory_is_mounted_once() {
+        let p = pod_of(json!([{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]));
+        let (profiles, ns) = (vec![plugin_profile()], NamespaceInfo::new("ml"));
+        let config = WebhookConfig {
+            nccl_plugin_path: "/var/lib/railguard/libnccl-env-railguard.so".into(),
+            nccl_config_path: "/var/lib/railguard/nccl.json".into(),
+            ..WebhookConfig::default()
+        };
+        let (ctx, mut draft) = open(&p, &ns, &profiles, &config);
+        nccl_env(&ctx, &mut draft).unwrap();
+        let out = apply_ops(&p, &draft.plan.ops);
+        let spec = out.spec.as_ref().unwrap();
+        let volumes = spec.volumes.as_ref().unwrap();
+        assert_eq!(volumes.len(), 1);
+        assert_eq!(
+            volumes[0].host_path.as_ref().unwrap().path,
+            "/var/lib/railguard"
+        );
+        assert_eq!(spec.containers[0].volume_mounts.as_ref().unwrap().len(), 1);
+
+        for bad in ["libnccl-env-railguard.so", "/libnccl-env-railguard.so"] {
+            let config = WebhookConfig {
+                nccl_plugin_path: bad.into(),
+                ..WebhookConfig::default()
+            };
+            let (ctx, mut draft) = open(&p, &ns, &profiles, &config);
+            assert!(
+                matches!(
+                    nccl_env(&ctx, &mut draft),
+                    Err(MutateError::NcclPath { .. })
+                ),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_plugin_profile_is_skipped_where_allowed() {
+        let mut p =
+            pod_of(json!([{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]));
+        p.metadata.annotations =
+            Some([("railguard.io/skip".to_string(), "nccl-env".to_string())].into());
+        let ns = NamespaceInfo::new("ml").with_label("railguard.io/exemptions", "allowed");
+        let (profiles, config) = (vec![plugin_profile()], WebhookConfig::default());
         let (ctx, mut draft) = open(&p, &ns, &profiles, &config);
         nccl_env(&ctx, &mut draft).unwrap();
         assert!(draft.plan.ops.is_empty() && draft.done.is_empty());

@@ -6,10 +6,8 @@
 use railguard_api::keys::env;
 
 use crate::error::MutateError;
-use crate::json_text::{JsonText, Object};
 use crate::mutate::container::{dev_shm_mount, env_var, find_env};
 use crate::mutate::{Ctx, Draft, Mutation, SHM_VOLUME};
-use crate::patch::{pointer, PatchOp};
 
 const MOUNT_PATH: &str = "/dev/shm";
 
@@ -52,22 +50,13 @@ pub(crate) fn shm(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateError> {
         }
     }
     if mounted && existing.is_none() {
-        let volume = |o: &mut Object<'_>| {
+        draft.add_volume(|o| {
             o.str("name", SHM_VOLUME).object("emptyDir", |e| {
                 e.str("medium", "Memory");
                 if let Some(size) = &size {
                     e.str("sizeLimit", size);
                 }
             });
-        };
-        draft.plan.ops.push(match &ctx.spec.volumes {
-            None => PatchOp::add(
-                pointer(["spec", "volumes"]),
-                JsonText::array(|a| {
-                    a.object(volume);
-                }),
-            ),
-            Some(_) => PatchOp::add(pointer(["spec", "volumes", "-"]), JsonText::object(volume)),
         });
     }
     Ok(())

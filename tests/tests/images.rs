@@ -583,7 +583,10 @@ fn check_nccl_plugin(rootfs: &Path, ctx: &str) -> Result<()> {
         .ok_or_else(|| anyhow!("docker/prober.Dockerfile copies no {name}"))?;
     let bytes = std::fs::read(rootfs.join(dest.trim_start_matches('/')))
         .with_context(|| format!("{ctx}: {dest}"))?;
-    ensure!(bytes.starts_with(b"\x7fELF"), "{ctx}: {dest} is not an ELF file");
+    ensure!(
+        bytes.starts_with(b"\x7fELF"),
+        "{ctx}: {dest} is not an ELF file"
+    );
     for symbol in [&b"ncclEnvPlugin_v2"[..], &b"ncclEnvPlugin_v1"[..]] {
         ensure!(
             bytes.windows(symbol.len()).any(|w| w == symbol),

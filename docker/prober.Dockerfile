@@ -44,9 +44,9 @@ COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked -p railguard-prober-cli --bin railguard-prober \
- && cargo build --release --locked -p railguard-nccl-env --lib \
+ && cargo build --release --locked -p railguard-nccl-env-plugin --lib \
  && install -D -m 0755 target/release/railguard-prober /out/railguard-prober \
- && install -D -m 0644 target/release/librailguard_nccl_env.so /out/libnccl-env-railguard.so
+ && install -D -m 0644 target/release/librailguard_nccl_env_plugin.so /out/libnccl-env-railguard.so
 
 # Default image. The DaemonSet runs it as root only for IPC_LOCK (an added capability is not
 # effective for a non-root user); the campaign coordinator runs it as 65532.

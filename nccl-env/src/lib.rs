@@ -1,15 +1,19 @@
-//! railguard's NCCL environment plugin: NCCL asks it for every variable it reads, and it
-//! answers `NCCL_IB_HCA` (and the profile's NCCL settings) from what the prober certified
+//! The rules of railguard's NCCL environment plugin (the library NCCL loads is the
+//! `railguard-nccl-env-plugin` crate, `nccl-env/plugin/`, a thin C ABI over this one): NCCL
+//! asks the plugin for every variable it reads, and it answers `NCCL_IB_HCA` (and the profile's NCCL settings) from what the prober certified
 //! about this node, restricted to what this container and this process can actually use.
 //!
 //! # Loading
 //!
 //! NCCL ≥ 2.28.7 loads an environment plugin named by `NCCL_ENV_PLUGIN`: an absolute path,
 //! or a name `<n>` it opens as `libnccl-env-<n>.so` from the library path (NVIDIA/nccl
-//! `plugins/env/README.md`, `src/plugin/plugin_open.cc`). Cargo builds this crate's cdylib as
-//! `librailguard_nccl_env.so`; the install step (and the integration test) copies it to
-//! `libnccl-env-railguard.so`, so `NCCL_ENV_PLUGIN=railguard` or the absolute path finds it.
-//! The library exports `ncclEnvPlugin_v2` (NCCL passes its logger) and `ncclEnvPlugin_v1`.
+//! `plugins/env/README.md`, `src/plugin/plugin_open.cc`). Cargo builds the plugin crate's
+//! cdylib as `librailguard_nccl_env_plugin.so`; the install step (and the integration test)
+//! copies it to `libnccl-env-railguard.so`, so `NCCL_ENV_PLUGIN=railguard` or the absolute
+//! path finds it. The library exports `ncclEnvPlugin_v2` (NCCL passes its logger) and
+//! `ncclEnvPlugin_v1`. The rules live in this plain library (no cdylib here: a crate that is
+//! both cdylib and rlib gets an unhashed rlib name, and two builds of it in one target
+//! directory overwrite each other under the crates linked against the first).
 //!
 //! # What it answers
 //!
@@ -88,7 +92,6 @@
 //! The same format, with the rules above, is in `docs/nccl-env-plugin.md`.
 
 mod answer;
-mod ffi;
 mod gpus;
 mod node_file;
 mod shell;

@@ -240,9 +240,9 @@ railguard_image() {
     extra=("$bin_dir/all_reduce_perf_sim")
     need_file "${extra[0]}" "cargo build -p railguard-sim --bin all_reduce_perf_sim"
   fi
-  local plugin="$bin_dir/librailguard_nccl_env.so" inputs=()
+  local plugin="$bin_dir/librailguard_nccl_env_plugin.so" inputs=()
   if [ "$component" = prober ]; then
-    need_file "$plugin" "cargo build -p railguard-nccl-env (the NCCL environment plugin)"
+    need_file "$plugin" "cargo build -p railguard-nccl-env-plugin (the NCCL environment plugin)"
     inputs=("$plugin")
   fi
   listed+=("$ref $ar")

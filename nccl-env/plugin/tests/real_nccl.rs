@@ -80,7 +80,7 @@ fn plugin() -> &'static Path {
         // This binary is <target>/<profile>/deps/real_nccl-<hash>; the cdylib sits beside it.
         let exe = std::env::current_exe().unwrap();
         let deps = exe.parent().unwrap();
-        let built = deps.join("librailguard_nccl_env.so");
+        let built = deps.join("librailguard_nccl_env_plugin.so");
         assert!(built.is_file(), "the cdylib {} is missing", built.display());
         let dir = deps.parent().unwrap().join("nccl-env-plugin");
         std::fs::create_dir_all(&dir).unwrap();

@@ -33,8 +33,8 @@ use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
-use crate::answer::{Answers, Level};
-use crate::shell::{answers_for_process, route, Route};
+use railguard_nccl_env::{answers_for_process, route, Route};
+use railguard_nccl_env::{Answers, Level};
 
 /// `ncclResult_t` (`nccl.h`).
 type NcclResult = c_int;

@@ -704,6 +704,21 @@ fn pod_spec(obj: &Json) -> Option<&Json> {
     spec.is_object().then_some(spec)
 }
 
+/// Every object the chart renders with `set` for a 1.20 cluster, as JSON.
+fn rendered_objects(chart: &Chart, set: &ValuesSet) -> Vec<Json> {
+    let api_versions: Vec<String> = KUBE_1_20_API_VERSIONS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    set.render(chart, &api_versions, "v1.20.2")
+        .unwrap_or_else(|e| panic!("{}: does not render: {e}", set.label))
+        .documents()
+        .unwrap()
+        .into_iter()
+        .map(|(_, d)| serde_json::to_value(d).unwrap())
+        .collect()
+}
+
 /// Every problem of every container the chart renders with `set`, and how many containers.
 fn contract_problems(chart: &Chart, set: &ValuesSet) -> (Vec<String>, usize) {
     let api_versions: Vec<String> = KUBE_1_20_API_VERSIONS
@@ -787,16 +802,8 @@ fn every_container_of_every_values_set_parses_with_its_binarys_own_clap_definiti
 #[test]
 fn the_fleet_controller_is_checked_against_the_fleet_subcommand() {
     let chart = Chart::load(workspace_root().join("charts/railguard")).expect("chart loads");
-    let api_versions: Vec<String> = KUBE_1_20_API_VERSIONS
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let rendered = DEFAULT.render(&chart, &api_versions, "v1.20.2").unwrap();
-    let deployment = rendered
-        .documents()
-        .unwrap()
+    let deployment = rendered_objects(&chart, &DEFAULT)
         .into_iter()
-        .map(|(_, d)| serde_json::to_value(d).unwrap())
         .find(|d: &Json| d["kind"] == "Deployment" && d["metadata"]["name"] == "railguard-fleet")
         .expect("the fleet controller's Deployment");
     let spec = pod_spec(&deployment).unwrap();
@@ -1287,4 +1294,70 @@ fn the_process_environment_is_not_read() {
     for sub in cmd.get_subcommands() {
         assert!(sub.get_arguments().all(|a| a.get_env().is_none()));
     }
+}
+
+/// The webhook mounts the NCCL plugin and its node file from where the prober daemon puts
+/// them: `--nccl-plugin-path` is `libnccl-env-railguard.so` in the daemon's
+/// `RAILGUARD_NCCL_PLUGIN_INSTALL_DIR`, `--nccl-config-path` is its
+/// `RAILGUARD_NCCL_CONFIG_FILE`, in every values set and with the directories moved.
+#[test]
+fn the_webhooks_nccl_paths_are_where_the_prober_installs_and_writes() {
+    let chart = Chart::load(workspace_root().join("charts/railguard")).expect("chart loads");
+    let moved = ValuesSet {
+        label: "ncclPlugin moved",
+        values: "ncclPlugin: {hostDir: /var/lib/rg/nccl-plugin, configDir: /var/run/rg}\n",
+        ..DEFAULT
+    };
+    let mut checked = 0;
+    for set in ALL_SETS.into_iter().chain([&moved]) {
+        let docs = rendered_objects(&chart, set);
+        let webhook = docs
+            .iter()
+            .find(|d| {
+                d["kind"] == "Deployment"
+                    && d["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"
+            })
+            .expect("the webhook's Deployment");
+        let args =
+            Container::from_json(&pod_spec(webhook).unwrap()["containers"][0], set.namespace).args;
+        let flag = |name: &str| {
+            args.iter()
+                .find_map(|a| a.strip_prefix(&format!("--{name}=")).map(str::to_string))
+                .unwrap_or_else(|| panic!("{}: the webhook has no --{name}", set.label))
+        };
+        let (plugin_path, config_path) = (flag("nccl-plugin-path"), flag("nccl-config-path"));
+        let daemons: Vec<Container> = docs
+            .iter()
+            .filter(|d| d["kind"] == "DaemonSet")
+            .filter_map(pod_spec)
+            .flat_map(|s| s["containers"].as_array().cloned().unwrap_or_default())
+            .map(|c| Container::from_json(&c, set.namespace))
+            .filter(|c| c.args.first().is_some_and(|a| a == "daemon"))
+            .collect();
+        assert!(!daemons.is_empty(), "{}: no prober daemon", set.label);
+        for d in daemons {
+            let env = d.env_map();
+            let install_dir = &env["RAILGUARD_NCCL_PLUGIN_INSTALL_DIR"];
+            assert_eq!(
+                plugin_path,
+                format!("{install_dir}/libnccl-env-railguard.so"),
+                "{}: --nccl-plugin-path and the prober's install dir drifted apart",
+                set.label
+            );
+            assert_eq!(
+                config_path, env["RAILGUARD_NCCL_CONFIG_FILE"],
+                "{}: --nccl-config-path and the prober's node file drifted apart",
+                set.label
+            );
+            checked += 1;
+        }
+        if set.label == moved.label {
+            assert_eq!(
+                plugin_path,
+                "/var/lib/rg/nccl-plugin/libnccl-env-railguard.so"
+            );
+            assert_eq!(config_path, "/var/run/rg/nccl.json");
+        }
+    }
+    assert!(checked > ALL_SETS.len(), "{checked} daemons checked");
 }

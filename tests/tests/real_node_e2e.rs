@@ -101,7 +101,7 @@ fn gpu_libraries(bins: &Path, sim_node: &Path, dir: &Path) -> Result<()> {
 }
 
 /// The chart's objects for this node, as JSON.
-fn render_chart(sim_node: &Path, gpu_libs: &Path) -> Result<Vec<Value>> {
+fn render_chart(sim_node: &Path, gpu_libs: &Path, nccl_dirs: (&Path, &Path)) -> Result<Vec<Value>> {
     let chart = Chart::load(workspace_root().join("charts/railguard"))?;
     let values = std::fs::read_to_string(workspace_root().join("tests/values/real-node.yaml"))?;
     let opts = RenderOptions::new(RELEASE, NAMESPACE)
@@ -110,6 +110,12 @@ fn render_chart(sim_node: &Path, gpu_libs: &Path) -> Result<Vec<Value>> {
             "prober: {{simulation: {{hostPath: {:?}}}, gpuLibraries: {{hostPath: {:?}}}}}",
             sim_node.display().to_string(),
             gpu_libs.display().to_string()
+        ))?
+        // The plugin and the node file in the test's own directory, not the host's /opt, /run.
+        .with_values_yaml(&format!(
+            "ncclPlugin: {{hostDir: {:?}, configDir: {:?}}}",
+            nccl_dirs.0.display().to_string(),
+            nccl_dirs.1.display().to_string()
         ))?;
     let rendered = chart.render(&opts)?;
     let mut objects = Vec::new();
@@ -165,6 +171,54 @@ fn training_pod(name: &str, annotations: &[(&str, &str)], gpus: Option<u32>) -> 
             }],
         },
     }))?)
+}
+
+/// A training pod of a `delivery: Plugin` profile that runs `railguard-prober nccl-env` (the
+/// prober image), once per container start, seeing `visible_gpus` and the node's simulated
+/// RDMA devices as its own (`--sysfs-root`: the container has no HCA here). It restarts
+/// after each run, so every run is a new process in the same pod, with the pod's mounts and
+/// environment, as a new NCCL process would be.
+fn plugin_pod(name: &str, sim_node: &Path, visible_gpus: &[u64]) -> Result<Pod> {
+    let visible: Vec<String> = visible_gpus.iter().map(u64::to_string).collect();
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "trainer"}},
+        "spec": {
+            "schedulerName": "railguard-scheduler",
+            "terminationGracePeriodSeconds": 1,
+            "restartPolicy": "Always",
+            "containers": [{
+                "name": "trainer",
+                "image": "localhost/railguard-prober-sim:dev",
+                "imagePullPolicy": "Never",
+                "args": ["nccl-env", "--sysfs-root", "/sim"],
+                "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": visible.join(",")}],
+                // The simulated tree is in the test's private directory.
+                "securityContext": {"runAsUser": 0},
+                "resources": {"limits": {"nvidia.com/gpu": "2"}},
+                "volumeMounts": [{"name": "sim", "mountPath": "/sim", "readOnly": true}],
+            }],
+            "volumes": [{"name": "sim", "hostPath": {"path": sim_node.display().to_string(), "type": "Directory"}}],
+        },
+    }))?)
+}
+
+/// The `NCCL_IB_HCA` a run of [`plugin_pod`] printed, as a set of `hca:port`, and the log.
+async fn plugin_answer(pods: &Api<Pod>, name: &str) -> Result<(Option<Vec<String>>, String)> {
+    let text = pods
+        .logs(name, &LogParams::default())
+        .await
+        .unwrap_or_default();
+    let hca = env_line(&text, "NCCL_IB_HCA").map(|v| {
+        let mut rails: Vec<String> = v
+            .trim_start_matches('=')
+            .split(',')
+            .map(str::to_string)
+            .collect();
+        rails.sort();
+        rails
+    });
+    Ok((hca, text))
 }
 
 async fn wait_running(pods: &Api<Pod>, name: &str, timeout: Duration) -> Result<Pod> {
@@ -338,7 +392,8 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     create_namespace(&client, NAMESPACE, &[]).await?;
     create_namespace(&client, TRAINING, &[("railguard.io/exemptions", "allowed")]).await?;
     node.control_plane().apply_fabricprofile_crd().await?;
-    let objects = render_chart(&sim_node, &gpu_libs)?;
+    let (plugin_dir, config_dir) = (dir.join("nccl-plugin"), dir.join("nccl-config"));
+    let objects = render_chart(&sim_node, &gpu_libs, (&plugin_dir, &config_dir))?;
     let t_install = Instant::now();
     apply_objects(&client, NAMESPACE, &objects).await?;
     wait_workloads_ready(&client, NAMESPACE, &objects, Duration::from_secs(300)).await?;
@@ -486,6 +541,121 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     );
     pods.delete("trainer-0", &DeleteParams::default()).await?;
 
+    // delivery: Plugin. The prober installed the plugin and writes the node file; a pod of
+    // the profile gets NCCL_ENV_PLUGIN, the node file's path and both directories mounted
+    // instead of NCCL_IB_HCA, and the plugin's rules in it answer the healthy rails that
+    // serve the GPUs it sees.
+    ensure!(
+        plugin_dir.join("libnccl-env-railguard.so").is_file(),
+        "the prober did not install the plugin into {}",
+        plugin_dir.display()
+    );
+    let profiles: Api<FabricProfile> = Api::all(client.clone());
+    profiles
+        .patch(
+            PROFILE,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"nccl": {"delivery": "Plugin"}}})),
+        )
+        .await
+        .context("switching the profile to delivery: Plugin")?;
+    // The pod sees two GPUs: one the fault rail serves, and one another rail serves.
+    let gpu_rails: Vec<(u64, String)> = cert["gpus"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|g| {
+            Some((
+                g["gpu"].as_u64()?,
+                format!(
+                    "{}:{}",
+                    g["preferredHca"].as_str()?,
+                    g["port"].as_u64().unwrap_or(1)
+                ),
+            ))
+        })
+        .collect();
+    let on_fault = gpu_rails
+        .iter()
+        .find(|(_, r)| r.starts_with(&format!("{FAULT_RAIL}:")))
+        .with_context(|| format!("no GPU served by {FAULT_RAIL}: {gpu_rails:?}"))?;
+    let elsewhere = gpu_rails
+        .iter()
+        .find(|(_, r)| *r != on_fault.1)
+        .with_context(|| format!("every GPU served by {FAULT_RAIL}: {gpu_rails:?}"))?;
+    let visible = [on_fault.0, elsewhere.0];
+    let mut served = vec![on_fault.1.clone(), elsewhere.1.clone()];
+    served.sort();
+    // The webhook sees the edit through its watch: a dry-run create shows when.
+    let probe = plugin_pod("plugin-probe", &sim_node, &visible)?;
+    eventually(
+        Duration::from_secs(60),
+        "the webhook's Plugin delivery",
+        || async {
+            let p = pods
+                .create(
+                    &PostParams {
+                        dry_run: true,
+                        ..Default::default()
+                    },
+                    &probe,
+                )
+                .await?;
+            let env: Vec<String> = p
+                .spec
+                .iter()
+                .flat_map(|s| &s.containers)
+                .flat_map(|c| c.env.iter().flatten())
+                .map(|e| e.name.clone())
+                .collect();
+            Ok(if env.iter().any(|e| e == "NCCL_ENV_PLUGIN") {
+                Ok(())
+            } else {
+                Err(railguard_tests::NotYet(format!("env {env:?}")))
+            })
+        },
+    )
+    .await?;
+    pods.create(
+        &PostParams::default(),
+        &plugin_pod("plugin-0", &sim_node, &visible)?,
+    )
+    .await
+    .context("creating plugin-0")?;
+    // restartPolicy Always: the phase stays Running between runs.
+    wait_running(&pods, "plugin-0", Duration::from_secs(120)).await?;
+    let answered = eventually(Duration::from_secs(120), "plugin-0's answer", || async {
+        let (hca, text) = plugin_answer(&pods, "plugin-0").await?;
+        Ok(hca.ok_or_else(|| railguard_tests::NotYet(format!("log {text:?}"))))
+    })
+    .await?;
+    ensure!(
+        answered == served,
+        "plugin-0 answered NCCL_IB_HCA {answered:?}; the rails serving GPUs {visible:?} are {served:?}"
+    );
+    let hook = pods.get("plugin-0").await?;
+    let c = &hook.spec.as_ref().context("plugin-0 spec")?.containers[0];
+    let env_of = |n: &str| {
+        c.env
+            .iter()
+            .flatten()
+            .find(|e| e.name == n)
+            .and_then(|e| e.value.clone())
+    };
+    ensure!(
+        env_of("NCCL_IB_HCA").is_none()
+            && env_of("NCCL_ENV_PLUGIN").as_deref()
+                == Some(
+                    plugin_dir
+                        .join("libnccl-env-railguard.so")
+                        .display()
+                        .to_string()
+                        .as_str()
+                ),
+        "plugin-0's env: {:?}",
+        c.env
+    );
+
     // A port goes down: the prober fails the node.
     let port = sim_node.join(format!("sys/class/infiniband/{FAULT_RAIL}/ports/1"));
     std::fs::write(port.join("state"), "1: DOWN\n")?;
@@ -520,6 +690,25 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         reasons.contains(FAULT_RAIL),
         "certificate reasons {reasons}"
     );
+    // The next run in plugin-0 (a new process in the same pod) reads the rewritten node
+    // file: the failed node's rails are no longer answered, and it says why.
+    // kubelet restarts the finished container after a back-off that doubles from 10 s up
+    // to 5 min: the next run comes within one back-off.
+    let unhealthy = eventually(
+        Duration::from_secs(330),
+        "plugin-0 without the failed node's rails",
+        || async {
+            let (hca, text) = plugin_answer(&pods, "plugin-0").await?;
+            Ok(match hca {
+                // The run in between may see the invasive run's `pending`.
+                None if text.contains("is failed") => Ok(text),
+                _ => Err(railguard_tests::NotYet(format!("log {text:?}"))),
+            })
+        },
+    )
+    .await?;
+    eprintln!("plugin-0 after the fault: {}", unhealthy.trim());
+    pods.delete("plugin-0", &DeleteParams::default()).await?;
 
     // New training pods stay Pending; the extender says why for one that skipped the
     // injected affinity (its namespace allows exemptions); a CPU pod still runs.

@@ -207,6 +207,11 @@ pub struct FleetStatus {
     pub split: Vec<FleetSplit>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<BaselineSnapshot>,
+    /// The fewest healthy rails any certified node of the profile has (absent without a
+    /// certified node): what `spec.nccl.consistentRails` answers on every node, so one job
+    /// never mixes nodes that give NCCL different rail counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consistent_rail_count: Option<u32>,
 }
 
 /// How many outlier names `status.fleet.outlierNodes` lists.

@@ -232,6 +232,9 @@ async fn the_fleet_controller_marks_a_slow_rail_that_passes_its_thresholds() -> 
     );
     assert_eq!(fleet.history.len(), 1);
     assert!(fleet.drift.is_empty(), "{:?}", fleet.drift);
+    // Every certified node has all 8 rails healthy (a slow rail is still healthy): what
+    // `nccl.consistentRails` answers on each of them.
+    assert_eq!(fleet.consistent_rail_count, Some(8), "{fleet:?}");
 
     // Metrics: the outlier count and the slow rail at 85% of the median.
     let scraped = reqwest::get(format!("{metrics_url}/metrics"))

@@ -58,6 +58,7 @@ fn fleet() -> Vec<FleetNode> {
                 state: "certified",
                 certified: true,
                 figures,
+                healthy_rails: RAILS,
             }
         })
         .collect()

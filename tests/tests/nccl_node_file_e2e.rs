@@ -6,13 +6,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: a failed setup fails the test loudly
 
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use railguard_api::FabricProfile;
 use railguard_tests::daemon::ANY_LOOPBACK_PORT;
 use railguard_tests::sim_prober::{h100_profile_file, prober_bin_dir, Prober};
-use railguard_tests::{eventually, labels, ControlPlane};
+use railguard_tests::{eventually, fixture_profile, labels, ControlPlane};
+use serde_json::json;
 
 const RDMA: &str = "rdma/rdma_shared_device_a";
 
@@ -24,6 +28,66 @@ fn read(path: &std::path::Path) -> Option<serde_json::Value> {
 
 fn rails(f: &serde_json::Value) -> Vec<serde_json::Value> {
     f["rails"].as_array().cloned().unwrap_or_default()
+}
+
+/// `railguard-prober nccl-env` over the node file and the node's own sysfs (a container
+/// given every rail and GPU), with no NCCL or GPU variable of this process.
+fn nccl_env(
+    bin: &Path,
+    node_file: &Path,
+    sysfs: &Path,
+    extra: &[&str],
+) -> Result<std::process::Output> {
+    std::process::Command::new(bin.join("railguard-prober"))
+        .arg("nccl-env")
+        .arg("--config")
+        .arg(node_file)
+        .arg("--sysfs-root")
+        .arg(sysfs)
+        .args(extra)
+        .env_remove("NVIDIA_VISIBLE_DEVICES")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("NCCL_IB_HCA")
+        .output()
+        .context("running nccl-env")
+}
+
+/// The daemon on simulated `node`, checking passively every second, writing the node file
+/// and installing the plugin from `plugin_source`; its log goes to `log`.
+fn spawn_daemon(
+    prober: &Prober<'_>,
+    node: &str,
+    node_file: &Path,
+    plugin_dir: &Path,
+    plugin_source: &Path,
+    log: &Path,
+) -> Result<tokio::process::Child> {
+    prober
+        .command("daemon", node, "dgx-h100")
+        .args([
+            "--passive-interval-secs",
+            "1",
+            "--interval-secs",
+            "3600",
+            "--window-ms",
+            "700",
+            "--poll-ms",
+            "200",
+            "--jitter-percent",
+            "0",
+        ])
+        .arg("--metrics-listen")
+        .arg(ANY_LOOPBACK_PORT)
+        .arg("--nccl-config-file")
+        .arg(node_file)
+        .arg("--nccl-plugin-install-dir")
+        .arg(plugin_dir)
+        .arg("--nccl-plugin-source")
+        .arg(plugin_source)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log)?)
+        .spawn()
+        .context("starting the daemon")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -49,32 +113,14 @@ async fn the_daemon_writes_the_node_file_and_a_failed_rail_leaves_it() -> Result
     let plugin_source = work.path().join("libnccl-env-railguard.so");
     std::fs::write(&plugin_source, b"a stand-in library")?;
     let log = work.path().join("daemon.log");
-    let mut daemon = prober
-        .command("daemon", "gpu-n", "dgx-h100")
-        .args([
-            "--passive-interval-secs",
-            "1",
-            "--interval-secs",
-            "3600",
-            "--window-ms",
-            "700",
-            "--poll-ms",
-            "200",
-            "--jitter-percent",
-            "0",
-        ])
-        .arg("--metrics-listen")
-        .arg(ANY_LOOPBACK_PORT)
-        .arg("--nccl-config-file")
-        .arg(&node_file)
-        .arg("--nccl-plugin-install-dir")
-        .arg(&plugin_dir)
-        .arg("--nccl-plugin-source")
-        .arg(&plugin_source)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()
-        .context("starting the daemon")?;
+    let mut daemon = spawn_daemon(
+        &prober,
+        "gpu-n",
+        &node_file,
+        &plugin_dir,
+        &plugin_source,
+        &log,
+    )?;
 
     let certified = eventually(
         Duration::from_secs(120),
@@ -107,16 +153,7 @@ async fn the_daemon_writes_the_node_file_and_a_failed_rail_leaves_it() -> Result
 
     // What the plugin answers over the node's own devices (a container given every rail).
     let sysfs = work.path().join("sysfs-gpu-n");
-    let out = std::process::Command::new(bin.join("railguard-prober"))
-        .arg("nccl-env")
-        .arg("--config")
-        .arg(&node_file)
-        .arg("--sysfs-root")
-        .arg(&sysfs)
-        .env_remove("NVIDIA_VISIBLE_DEVICES")
-        .env_remove("CUDA_VISIBLE_DEVICES")
-        .env_remove("NCCL_IB_HCA")
-        .output()?;
+    let out = nccl_env(&bin, &node_file, &sysfs, &[])?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),
@@ -149,16 +186,7 @@ async fn the_daemon_writes_the_node_file_and_a_failed_rail_leaves_it() -> Result
     .await?;
     let generation = |f: &serde_json::Value| f["certificate"]["generation"].as_u64();
     assert!(generation(&failed) > generation(&certified), "{failed}");
-    let out = std::process::Command::new(bin.join("railguard-prober"))
-        .arg("nccl-env")
-        .arg("--config")
-        .arg(&node_file)
-        .arg("--sysfs-root")
-        .arg(&sysfs)
-        .arg("--json")
-        .env_remove("NVIDIA_VISIBLE_DEVICES")
-        .env_remove("CUDA_VISIBLE_DEVICES")
-        .output()?;
+    let out = nccl_env(&bin, &node_file, &sysfs, &["--json"])?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     // A failed certificate: the plugin answers nothing, and says so.
     assert_eq!(out.status.code(), Some(1), "{v}");
@@ -171,5 +199,127 @@ async fn the_daemon_writes_the_node_file_and_a_failed_rail_leaves_it() -> Result
         .status()?;
     let status = tokio::time::timeout(Duration::from_secs(20), daemon.wait()).await??;
     assert!(status.success(), "daemon exit: {status}");
+    Ok(())
+}
+
+/// `nccl.consistentRails`: the daemon reads the fleet controller's
+/// `status.fleet.consistentRailCount` off the FabricProfile and writes it into the node file,
+/// and the plugin's rules then answer that many rails on this 8-rail node; when the fleet's
+/// count changes, the next node file follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_fleets_rail_count_reaches_the_node_file() -> Result<()> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let bin = prober_bin_dir()?;
+    let cp = ControlPlane::start().await?;
+    cp.apply_fabricprofile_crd().await?;
+    let work = tempfile::tempdir()?;
+    let mut profile = fixture_profile("dgx-h100-ndr.yaml")?;
+    profile.spec.nccl.delivery = railguard_api::profile::NcclDelivery::Plugin;
+    profile.spec.nccl.consistent_rails = true;
+    let profile_file = work.path().join("profile.yaml");
+    std::fs::write(&profile_file, serde_yaml_ng::to_string(&profile)?)?;
+    let client = cp.client();
+    let profiles: Api<FabricProfile> = Api::all(client.clone());
+    profiles.create(&PostParams::default(), &profile).await?;
+    // What the fleet controller writes when the fewest healthy rails of a certified node of
+    // the profile is 6 (fleet_e2e runs the real controller).
+    let set_count = |n: u32| {
+        let profiles = profiles.clone();
+        let name = profile.name().to_string();
+        async move {
+            profiles
+                .patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"fleet": {
+                        "nodes": 3, "outliers": 0, "consistentRailCount": n}}})),
+                )
+                .await
+        }
+    };
+    set_count(6).await?;
+    let prober = Prober {
+        bin: bin.clone(),
+        kubeconfig: cp.kubeconfig_path(),
+        work: work.path(),
+        profile_file,
+    };
+    cp.create_node(
+        "gpu-c",
+        &labels(&[("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3")]),
+        &[(RDMA, "1k"), ("nvidia.com/gpu", "8")],
+    )
+    .await?;
+    let node_file = work.path().join("run/railguard/nccl.json");
+    let plugin_source = work.path().join("libnccl-env-railguard.so");
+    std::fs::write(&plugin_source, b"a stand-in library")?;
+    let log = work.path().join("daemon.log");
+    let mut daemon = spawn_daemon(
+        &prober,
+        "gpu-c",
+        &node_file,
+        &work.path().join("opt/railguard/lib"),
+        &plugin_source,
+        &log,
+    )?;
+    let with_count = |n: u64| {
+        let node_file = node_file.clone();
+        move || {
+            let node_file = node_file.clone();
+            async move {
+                Ok(read(&node_file).filter(|f| {
+                    f["certificate"]["verdict"] == "certified"
+                        && f["fleet"]["consistentRailCount"] == n
+                }))
+            }
+        }
+    };
+    let file = eventually(
+        Duration::from_secs(120),
+        "a certified node file with the fleet's 6 rails",
+        with_count(6),
+    )
+    .await
+    .with_context(|| std::fs::read_to_string(&log).unwrap_or_default())?;
+    assert_eq!(file["nccl"]["consistentRails"], true, "{file}");
+    assert_eq!(rails(&file).len(), 8, "{file}");
+
+    let sysfs = work.path().join("sysfs-gpu-c");
+    let answered = |out: &std::process::Output| -> Vec<String> {
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        v["variables"]["NCCL_IB_HCA"]
+            .as_str()
+            .unwrap_or_default()
+            .trim_start_matches('=')
+            .split(',')
+            .filter(|r| !r.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    let out = nccl_env(&bin, &node_file, &sysfs, &["--json"])?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert_eq!(answered(&out).len(), 6, "{text}");
+    assert!(text.contains("like the rest of the fleet"), "{text}");
+
+    // The fleet heals to 8: the next steps write 8, and every rail is answered.
+    set_count(8).await?;
+    eventually(
+        Duration::from_secs(60),
+        "the node file with the fleet's 8 rails",
+        with_count(8),
+    )
+    .await
+    .with_context(|| std::fs::read_to_string(&log).unwrap_or_default())?;
+    let out = nccl_env(&bin, &node_file, &sysfs, &["--json"])?;
+    assert_eq!(
+        answered(&out).len(),
+        8,
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    daemon.start_kill()?;
+    daemon.wait().await?;
     Ok(())
 }

@@ -489,6 +489,7 @@ mod tests {
             pci_bus_id: format!("0000:{:02x}:00.0", 0x10 + index),
             numa,
             name: None,
+            uuid: None,
         }
     }
 

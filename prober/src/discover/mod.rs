@@ -52,6 +52,9 @@ pub struct Gpu {
     /// Product name from NVML, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// `GPU-…` UUID from NVML, when known: what `NVIDIA_VISIBLE_DEVICES` names a GPU by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
 }
 
 /// Port state as the kernel reports it (`4: ACTIVE` -> `Active`).

@@ -13,6 +13,9 @@ pub struct NvmlGpu {
     /// Normalized to sysfs form, e.g. `0000:1b:00.0`.
     pub pci_bus_id: String,
     pub name: Option<String>,
+    /// `GPU-…` UUID (`nvmlDeviceGetUUID`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
     /// Active NVLinks.
     pub nvlinks_active: u32,
     /// NVML indices of GPUs this one can reach peer-to-peer (read and write OK).
@@ -100,6 +103,7 @@ pub fn nvml_gpus() -> Result<NvmlReport, NvmlError> {
             index,
             pci_bus_id: normalize_bus_id(&bus.bus_id),
             name: d.name().ok(),
+            uuid: d.uuid().ok(),
             nvlinks_active: u32::try_from(nvlinks_active).unwrap_or(0),
             p2p_peers,
         });
@@ -132,6 +136,7 @@ pub(crate) fn apply_nvml_order(gpus: &mut [Gpu], report: &NvmlReport) -> bool {
         };
         g.index = n.index;
         g.name = n.name.clone();
+        g.uuid = n.uuid.clone();
     }
     renumbered.sort_by_key(|g| g.index);
     gpus.clone_from_slice(&renumbered);
@@ -154,6 +159,7 @@ mod tests {
             pci_bus_id: bus.into(),
             numa: Some(0),
             name: None,
+            uuid: None,
         }
     }
 
@@ -164,6 +170,7 @@ mod tests {
             index: i,
             pci_bus_id: bus.into(),
             name: Some("H100".into()),
+            uuid: Some(format!("GPU-{i}")),
             nvlinks_active: 18,
             p2p_peers: vec![],
         };
@@ -174,6 +181,11 @@ mod tests {
         assert!(apply_nvml_order(&mut gpus, &report));
         assert_eq!(gpus[0].pci_bus_id, "0000:43:00.0");
         assert_eq!(gpus[1].pci_bus_id, "0000:1b:00.0");
+        // The UUID goes with the GPU (matched by PCI address), not with its old index.
+        assert_eq!(
+            (gpus[0].uuid.as_deref(), gpus[1].uuid.as_deref()),
+            (Some("GPU-0"), Some("GPU-1"))
+        );
         let partial = NvmlReport {
             driver_version: None,
             gpus: vec![nv(0, "0000:43:00.0")],

@@ -497,6 +497,7 @@ pub(crate) fn read_inventory(root: &Path, use_nvml: bool) -> Result<Inventory, D
             pci_bus_id: d.address.clone(),
             numa: d.numa,
             name: None,
+            uuid: None,
         })
         .collect();
     let mut index_order = IndexOrder::Pci;

@@ -31,6 +31,7 @@ fn node(name: &str, rails: usize, seed: usize) -> FleetNode {
         state: "certified",
         certified: true,
         figures,
+        healthy_rails: rails,
     }
 }
 

@@ -153,6 +153,18 @@ pub struct FleetNode {
     /// Only certified nodes make and are held to the baseline.
     pub certified: bool,
     pub figures: Figures,
+    /// Rails its certificate calls healthy (0 without a certificate).
+    pub healthy_rails: usize,
+}
+
+impl FleetNode {
+    /// Rails `cert` calls healthy.
+    pub fn healthy_rails_of(cert: &Certificate) -> usize {
+        cert.rails
+            .iter()
+            .filter(|r| r.verdict == railguard_api::RailVerdict::Healthy)
+            .count()
+    }
 }
 
 /// The baseline of one measurement.
@@ -246,6 +258,9 @@ pub struct FleetAnalysis {
     pub split: Vec<(Measurement, usize)>,
     /// Every node of the profile, by name.
     pub nodes: Vec<FleetNode>,
+    /// The fewest healthy rails of a certified node (`None` without one): the rail count
+    /// every node of a job can give NCCL ([`FleetStatus::consistent_rail_count`]).
+    pub consistent_rail_count: Option<usize>,
 }
 
 impl FleetAnalysis {
@@ -290,6 +305,13 @@ pub fn baseline_of(values: &mut [f64], min_spread_percent: f64) -> Option<Baseli
 /// certified node's figures against it.
 pub fn analyze_fleet(profile: &str, spec: &FleetSpec, nodes: Vec<FleetNode>) -> FleetAnalysis {
     let certified = nodes.iter().filter(|n| n.certified).count();
+    // Only certified nodes take jobs (the extender turns the others away), so they alone
+    // bound what a job's nodes can all give; no baseline is needed for that.
+    let consistent_rail_count = nodes
+        .iter()
+        .filter(|n| n.certified)
+        .map(|n| n.healthy_rails)
+        .min();
     let mut out = FleetAnalysis {
         profile: profile.to_string(),
         certified,
@@ -298,6 +320,7 @@ pub fn analyze_fleet(profile: &str, spec: &FleetSpec, nodes: Vec<FleetNode>) -> 
         outliers: BTreeMap::new(),
         split: Vec::new(),
         nodes: Vec::new(),
+        consistent_rail_count,
     };
     let min_nodes = usize::try_from(spec.min_nodes).unwrap_or(usize::MAX);
     if certified < min_nodes {
@@ -493,6 +516,9 @@ pub fn fleet_status(
             })
             .collect(),
         history: record_snapshot(spec, history, analysis, now),
+        consistent_rail_count: analysis
+            .consistent_rail_count
+            .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
     }
 }
 

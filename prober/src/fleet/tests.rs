@@ -35,6 +35,7 @@ fn node(name: &str, bw: f64, busbw: f64, seed: u64) -> FleetNode {
         state: "certified",
         certified: true,
         figures,
+        healthy_rails: RAILS,
     }
 }
 
@@ -338,4 +339,32 @@ fn rails_are_listed_in_natural_order() {
     assert!(pos("mlx5_2:1") < pos("mlx5_7:1"));
     assert!(pos("mlx5_7:1") < pos("mlx5_10:1"));
     assert_eq!(rails.len(), RAILS + 2);
+}
+
+#[test]
+fn the_consistent_rail_count_is_the_fewest_healthy_rails_of_a_certified_node() {
+    let t0 = Timestamp::from_second(1_800_000_000).expect("time");
+    let spec = FleetSpec::default();
+    let mut nodes = fleet(3, 384.0);
+    nodes[1].healthy_rails = 7;
+    // A node that takes no jobs does not lower what the job's nodes can all give.
+    nodes[2].certified = false;
+    nodes[2].state = "failed";
+    nodes[2].healthy_rails = 2;
+    // Fewer nodes than a baseline needs: the count is still published.
+    let a = analyze_fleet("h100", &spec, nodes);
+    assert!(a.no_baseline.is_some());
+    assert_eq!(a.consistent_rail_count, Some(7));
+    let status = fleet_status(&spec, &a, &[], t0);
+    assert_eq!(status.consistent_rail_count, Some(7));
+    let json = serde_json::to_value(&status).expect("json");
+    assert_eq!(json["consistentRailCount"], 7);
+    // Without a certified node there is no count at all, not a zero.
+    let mut none = fleet(2, 384.0);
+    for n in &mut none {
+        n.certified = false;
+    }
+    let status = fleet_status(&spec, &analyze_fleet("h100", &spec, none), &[], t0);
+    assert_eq!(status.consistent_rail_count, None);
+    assert!(serde_json::to_value(&status).expect("json")["consistentRailCount"].is_null());
 }

@@ -63,7 +63,11 @@ impl NodeFacts {
             .collect();
         NodeFacts {
             rails,
-            gpu_uuids: BTreeMap::new(),
+            gpu_uuids: discovery
+                .gpus
+                .iter()
+                .filter_map(|g| Some((g.index, g.uuid.clone()?)))
+                .collect(),
         }
     }
 }
@@ -85,13 +89,17 @@ impl NodeFacts {
 ///   left out, as is anything the node file format rejects (a value that is not a number
 ///   where one is needed, a name that is not `NCCL_*`): the webhook still injects those.
 ///   `enforce`, `onUnhealthy` and `consistentRails` are the profile's (`spec.nccl`).
-/// - `fleet.consistentRailCount` (with `consistentRails`): the profile's rail count, until
-///   the fleet controller publishes the fleet's own count: every node answers all of the
-///   profile's rails, and one with fewer usable rails is unhealthy.
+/// - `fleet.consistentRailCount` (with `consistentRails`): `fleet_rail_count`, the fleet
+///   controller's `status.fleet.consistentRailCount` (the fewest healthy rails of a
+///   certified node of the profile) as the daemon last read it; before the controller has
+///   published one (or for a count of 0, which the plugin cannot hold nodes to), the
+///   profile's rail count: every node answers all of the profile's rails, and one with
+///   fewer usable rails is unhealthy.
 pub fn nccl_node_file(
     node: &str,
     certificate: Option<&Certificate>,
     profile: &FabricProfile,
+    fleet_rail_count: Option<u32>,
     facts: &NodeFacts,
     now: Timestamp,
 ) -> nccl_env::NodeFile {
@@ -111,7 +119,7 @@ pub fn nccl_node_file(
                 },
                 rails: Vec::new(),
                 gpus: Vec::new(),
-                fleet: fleet_view(profile, &nccl),
+                fleet: fleet_view(profile, fleet_rail_count, &nccl),
                 nccl,
             }
         }
@@ -178,7 +186,7 @@ pub fn nccl_node_file(
         },
         rails,
         gpus,
-        fleet: fleet_view(profile, &nccl),
+        fleet: fleet_view(profile, fleet_rail_count, &nccl),
         nccl,
     }
 }
@@ -186,10 +194,12 @@ pub fn nccl_node_file(
 /// `consistentRails` needs a count (see [`nccl_node_file`]); without one it is off.
 fn fleet_view(
     profile: &FabricProfile,
+    fleet_rail_count: Option<u32>,
     nccl: &nccl_env::NcclProfile,
 ) -> Option<nccl_env::FleetView> {
-    let count = u32::try_from(profile.spec.rails.len())
-        .ok()
+    let count = fleet_rail_count
+        .filter(|n| *n > 0)
+        .or_else(|| u32::try_from(profile.spec.rails.len()).ok())
         .filter(|n| *n > 0)?;
     nccl.consistent_rails.then_some(nccl_env::FleetView {
         consistent_rail_count: count,
@@ -377,7 +387,7 @@ mod tests {
     }
 
     fn file(c: Option<&Certificate>, p: &FabricProfile) -> nccl_env::NodeFile {
-        let f = nccl_node_file("gpu-a1", c, p, &facts(), now());
+        let f = nccl_node_file("gpu-a1", c, p, None, &facts(), now());
         // What is written is always what the plugin accepts.
         assert_eq!(nccl_env::NodeFile::parse(&f.to_json()).unwrap(), f);
         f
@@ -510,6 +520,14 @@ mod tests {
         let f = file(None, &p);
         assert!(f.nccl.enforce && f.nccl.consistent_rails);
         assert_eq!(f.nccl.on_unhealthy, nccl_env::OnUnhealthy::Fail);
+        assert_eq!(
+            f.fleet.map(|v| v.consistent_rail_count),
+            Some(u32::try_from(p.spec.rails.len()).unwrap())
+        );
+        // The fleet controller's count, once published, is what every node answers.
+        let f = nccl_node_file("gpu-a1", None, &p, Some(3), &facts(), now());
+        assert_eq!(f.fleet.map(|v| v.consistent_rail_count), Some(3));
+        let f = nccl_node_file("gpu-a1", None, &p, Some(0), &facts(), now());
         assert_eq!(
             f.fleet.map(|v| v.consistent_rail_count),
             Some(u32::try_from(p.spec.rails.len()).unwrap())

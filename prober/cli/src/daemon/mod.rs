@@ -196,9 +196,37 @@ struct NcclNodeFileSink {
     /// Where the rails are (PCI address, netdev), discovered once: they do not move while
     /// the daemon runs. Retried each step while discovery fails.
     facts: Mutex<Option<NodeFacts>>,
+    /// The profile's `status.fleet.consistentRailCount` as last read (`nccl.consistentRails`
+    /// only): kept when a read fails, so one failed GET does not change what nodes answer.
+    fleet_rail_count: Mutex<Option<u32>>,
 }
 
 impl NcclNodeFileSink {
+    /// Reads the fleet controller's rail count for `profile` (one GET per step, off any
+    /// request path). A failed read keeps the last count, logged.
+    async fn refresh_fleet_rail_count(&self, client: &kube::Client, profile: &str) {
+        let api = kube::Api::<railguard_api::FabricProfile>::all(client.clone());
+        match api.get_opt(profile).await {
+            Ok(p) => {
+                let count = p
+                    .and_then(|p| p.status)
+                    .and_then(|s| s.fleet)
+                    .and_then(|f| f.consistent_rail_count);
+                let mut last = self
+                    .fleet_rail_count
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                if *last != count {
+                    tracing::info!(profile, consistent_rail_count = ?count, "fleet rail count for the NCCL node file");
+                    *last = count;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(profile, error = %railguard_runtime::error_chain(&e), "cannot read the profile's fleet rail count; keeping the last one");
+            }
+        }
+    }
+
     fn facts(&self, ctx: &NodeContext) -> NodeFacts {
         let mut cached = self.facts.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = cached.as_ref() {
@@ -337,6 +365,12 @@ impl Loop {
         let mut state = self.publisher.read_state().await?;
         let result = self.checks(client, plan, &mut state).await;
         // Whatever the checks did (a failed publish leaves the Node's certificate as it was).
+        if let Some(sink) = &self.nccl_node_file {
+            if self.ctx.profile.spec.nccl.consistent_rails {
+                sink.refresh_fleet_rail_count(client, self.ctx.profile.name())
+                    .await;
+            }
+        }
         self.sync_nccl_node_file(&state);
         result
     }
@@ -349,10 +383,15 @@ impl Loop {
             return;
         };
         let facts = sink.facts(&self.ctx);
+        let fleet_rail_count = *sink
+            .fleet_rail_count
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let file = nccl_node_file(
             &self.ctx.node,
             state.certificate.as_ref(),
             &self.ctx.profile,
+            fleet_rail_count,
             &facts,
             sink.started,
         );
@@ -560,6 +599,7 @@ impl DaemonArgs {
                 path,
                 started: jiff::Timestamp::now(),
                 facts: Mutex::new(None),
+                fleet_rail_count: Mutex::new(None),
             }),
         };
         l.run(client, stop.clone()).await;

@@ -268,6 +268,7 @@ mod tests {
                         Measurement::rail(MeasurementKind::WriteBwHost, "mlx5_0:1"),
                         bw,
                     )]),
+                    healthy_rails: 1,
                 }
             })
             .collect();

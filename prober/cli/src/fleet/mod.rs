@@ -203,6 +203,7 @@ pub fn fleet_node(n: &NodeFabric) -> FleetNode {
             .certificate()
             .map(fleet::measurements)
             .unwrap_or_default(),
+        healthy_rails: n.state.certificate().map_or(0, FleetNode::healthy_rails_of),
     }
 }
 

@@ -73,6 +73,8 @@ fn h100_rails() -> Vec<String> {
 fn dgx_h100_matches_the_h100_ndr_profile() {
     let (_dir, d) = discover_model("dgx-h100");
     assert_eq!(d.gpus.len(), 8);
+    // InfiniBand: NCCL never reads a GID index there, so none is chosen.
+    assert!(d.rails.iter().all(|r| r.gid_index.is_none()));
     let pref = preferred(&d);
     for (i, (hca, port, path)) in pref.iter().enumerate() {
         assert_eq!(hca, H100_RAILS[i], "GPU{i}");
@@ -188,6 +190,9 @@ fn roce_cloud_pix_pairs_with_netdevs_and_dma_buf() {
         .rails
         .iter()
         .all(|r| r.link_layer == Some(LinkLayer::Roce)));
+    // mlx5's table (v1, v2 link-local; v1, v2 IPv4): NCCL's choice is the IPv4 v2 entry.
+    let gids: Vec<Option<u32>> = d.rails.iter().map(|r| r.gid_index).collect();
+    assert_eq!(gids, vec![Some(3); 8]);
     let profile = api_profile("roce-cloud.yaml");
     assert_eq!(d.signature(), profile.spec.signature());
     let emitted = profile_for(&d, "roce-cloud", &ProfileDefaults::default());

@@ -394,6 +394,15 @@ pub(crate) fn analyze(inv: &Inventory) -> Discovery {
                     rate_gbps: p.rate_gbps,
                     gpus,
                     netdev: p.netdev.clone(),
+                    gid_index: match p.link_layer {
+                        Some(railguard_api::LinkLayer::Roce) => p
+                            .fabric
+                            .gids
+                            .as_deref()
+                            .and_then(super::gid::table_of)
+                            .and_then(|t| super::gid::nccl_roce_gid_index(&t)),
+                        _ => None,
+                    },
                 });
             }
         }

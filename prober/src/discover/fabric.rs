@@ -804,6 +804,7 @@ mod tests {
             rate_gbps: Some(400.0),
             gpus: vec![0],
             netdev: netdev.map(str::to_string),
+            gid_index: None,
         };
         (vec![hca], vec![rail])
     }

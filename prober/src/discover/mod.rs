@@ -10,6 +10,7 @@
 mod affinity;
 mod error;
 mod fabric;
+pub mod gid;
 mod ib;
 mod nvml;
 mod pci;
@@ -223,6 +224,11 @@ pub struct Rail {
     pub rate_gbps: Option<f64>,
     pub gpus: Vec<u32>,
     pub netdev: Option<String>,
+    /// RoCE: the GID index NCCL chooses on this port ([`gid::nccl_roce_gid_index`]), which
+    /// the RDMA tests run on too; `None` on InfiniBand (NCCL uses index 0 there) or when the
+    /// GID table is unreadable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid_index: Option<u32>,
 }
 
 /// A NIC port and its role.

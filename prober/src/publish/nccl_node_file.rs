@@ -55,9 +55,13 @@ impl NodeFacts {
                     port: p.port,
                     pci_address: h.pci_bus_id.clone(),
                     netdev: p.netdev.clone(),
-                    // The RDMA tests pick their GID themselves and the certificate does not
-                    // record it: nothing is proven, so NCCL keeps choosing.
-                    gid_index: None,
+                    // NCCL's own choice on this RoCE port, the GID the RDMA tests ran on:
+                    // proven on every rail the certificate calls healthy.
+                    gid_index: discovery
+                        .rails
+                        .iter()
+                        .find(|r| r.hca == h.name && r.port == p.port)
+                        .and_then(|r| r.gid_index),
                 })
             })
             .collect();

@@ -51,7 +51,7 @@ const RETRY_CNT: u8 = 7;
 /// Real verbs. Configuration is plain data; no device is touched until a call.
 #[derive(Debug, Clone)]
 pub struct VerbsEngine {
-    /// GID table index to use; `None` picks the port's IPv4-mapped RoCE GID, else index 0.
+    /// GID table index to use; `None` uses the one NCCL would (see `choose_gid`).
     pub gid_index: Option<u32>,
     /// How long one completion may take before the test is abandoned.
     pub completion_timeout: Duration,
@@ -463,7 +463,14 @@ impl VerbsEndpoint {
             });
         }
         let ethernet = u32::from(attr.link_layer) == ffi::IBV_LINK_LAYER_ETHERNET;
-        let (gid_index, gid) = choose_gid(&ctx, port_num, attr.gid_tbl_len, engine.gid_index)?;
+        let (gid_index, gid) = choose_gid(
+            &ctx,
+            hca,
+            port_num,
+            ethernet,
+            attr.gid_tbl_len,
+            engine.gid_index,
+        )?;
 
         // SAFETY: ctx is open.
         let pd = unsafe { ffi::ibv_alloc_pd(ctx.0) };
@@ -703,12 +710,19 @@ impl VerbsEndpoint {
     }
 }
 
+/// The GID the test runs on: `wanted`, else the one NCCL would use on this port
+/// ([`crate::discover::gid`]: on RoCE NCCL's `ncclIbGetGidIndex` over the whole table, the
+/// RoCE version of each slot read from sysfs as NCCL reads it; on InfiniBand index 0, or 1
+/// when that GID carries a routable FLID, as NCCL's `NCCL_IB_ROUTABLE_FLID_GID_INDEX`).
 fn choose_gid(
     ctx: &Context,
+    hca: &str,
     port: u8,
+    ethernet: bool,
     table_len: c_int,
     wanted: Option<u32>,
 ) -> Result<(u32, [u8; 16]), RdmaError> {
+    use crate::discover::gid::{nccl_roce_gid_index, roce_version_of_type, GidSlot};
     let query = |index: c_int| -> Result<[u8; 16], RdmaError> {
         let mut gid = ffi::ibv_gid::default();
         // SAFETY: ctx is open; gid is a valid out-pointer.
@@ -727,19 +741,33 @@ fn choose_gid(
         }
         return Ok((index, query(index as c_int)?));
     }
-    // Prefer an IPv4-mapped GID (RoCE v2 over IPv4 routes like the netdev); else index 0.
-    let mut first = None;
-    for index in 0..table_len.clamp(0, 256) {
-        let Ok(gid) = query(index) else { continue };
-        if gid == [0u8; 16] {
-            continue;
+    if !ethernet {
+        // The FLID is bytes 4-5 of the GID (NCCL's ncclIbExtractFlid).
+        if table_len > 1 {
+            if let Ok(gid) = query(1) {
+                if gid[4..6] != [0, 0] {
+                    return Ok((1, gid));
+                }
+            }
         }
-        if gid[..10] == [0u8; 10] && gid[10..12] == [0xff, 0xff] {
-            return Ok((index as u32, gid));
-        }
-        first.get_or_insert((index as u32, gid));
+        return Ok((0, query(0)?));
     }
-    Ok(first.unwrap_or((0, [0u8; 16])))
+    let types = format!("/sys/class/infiniband/{hca}/ports/{port}/gid_attrs/types");
+    let table: Vec<GidSlot> = (0..table_len.clamp(0, 256))
+        .map(|index| match query(index) {
+            Ok(gid) => GidSlot {
+                gid,
+                roce_version: std::fs::read_to_string(format!("{types}/{index}"))
+                    .ok()
+                    .and_then(|t| roce_version_of_type(&t)),
+            },
+            // A slot the device will not answer is as good as unused.
+            Err(_) => GidSlot::UNUSED,
+        })
+        .collect();
+    let index = nccl_roce_gid_index(&table).unwrap_or(0);
+    let gid = table.get(index as usize).map_or([0u8; 16], |slot| slot.gid);
+    Ok((index, gid))
 }
 
 fn parse_gid(s: &str) -> Result<[u8; 16], RdmaError> {

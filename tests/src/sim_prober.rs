@@ -56,6 +56,29 @@ impl Prober<'_> {
         self.command_with(sub, node, model, self.kubeconfig)
     }
 
+    /// `railguard-prober daemon` on `node` that checks passively every second (700 ms
+    /// windows), leaves invasive runs to its first step (an hour apart), polls every 200 ms
+    /// without jitter and serves metrics on a port of its own choosing (read back from its
+    /// log).
+    pub fn passive_daemon(&self, node: &str, model: &str) -> tokio::process::Command {
+        let mut c = self.command("daemon", node, model);
+        c.args([
+            "--passive-interval-secs",
+            "1",
+            "--interval-secs",
+            "3600",
+            "--window-ms",
+            "700",
+            "--poll-ms",
+            "200",
+            "--jitter-percent",
+            "0",
+        ])
+        .arg("--metrics-listen")
+        .arg(crate::daemon::ANY_LOOPBACK_PORT);
+        c
+    }
+
     /// [`Prober::command`] through `kubeconfig` instead: the same node under another identity
     /// (one RBAC forbids something, say).
     pub fn command_with(

@@ -13,7 +13,6 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use railguard_api::FabricProfile;
-use railguard_tests::daemon::ANY_LOOPBACK_PORT;
 use railguard_tests::sim_prober::{h100_profile_file, prober_bin_dir, Prober};
 use railguard_tests::{eventually, fixture_profile, labels, ControlPlane};
 use serde_json::json;
@@ -63,21 +62,7 @@ fn spawn_daemon(
     log: &Path,
 ) -> Result<tokio::process::Child> {
     prober
-        .command("daemon", node, "dgx-h100")
-        .args([
-            "--passive-interval-secs",
-            "1",
-            "--interval-secs",
-            "3600",
-            "--window-ms",
-            "700",
-            "--poll-ms",
-            "200",
-            "--jitter-percent",
-            "0",
-        ])
-        .arg("--metrics-listen")
-        .arg(ANY_LOOPBACK_PORT)
+        .passive_daemon(node, "dgx-h100")
         .arg("--nccl-config-file")
         .arg(node_file)
         .arg("--nccl-plugin-install-dir")

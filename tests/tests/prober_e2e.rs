@@ -11,7 +11,6 @@ use anyhow::{bail, Context, Result};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use railguard_api::{keys, profiles_from_yaml, Certificate, FabricState, NodeFabric};
-use railguard_tests::daemon::ANY_LOOPBACK_PORT;
 use railguard_tests::ports::logged_listen_addr;
 use railguard_tests::sim_prober::{h100_profile_file, prober_bin_dir, Prober};
 use railguard_tests::{events_about, eventually, labels, workspace_root, ControlPlane};
@@ -200,21 +199,7 @@ async fn simulated_nodes_certify_fail_on_faults_and_flip_on_passive_counters() -
     //    rail and a passive check fails the node without another invasive run.
     let daemon_log = prober.work.join("daemon-gpu-c.log");
     let mut daemon = prober
-        .command("daemon", "gpu-c", "dgx-h100")
-        .args([
-            "--passive-interval-secs",
-            "1",
-            "--interval-secs",
-            "3600",
-            "--window-ms",
-            "700",
-            "--poll-ms",
-            "200",
-            "--jitter-percent",
-            "0",
-        ])
-        .arg("--metrics-listen")
-        .arg(ANY_LOOPBACK_PORT)
+        .passive_daemon("gpu-c", "dgx-h100")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&daemon_log)?)
         .spawn()

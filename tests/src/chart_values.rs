@@ -146,3 +146,43 @@ pub const ALL_SETS: [&ValuesSet; 8] = [
     &PCI_CONFIG_SPACE,
     &FLEET_DASHBOARD,
 ];
+
+/// What Helm takes as `.Capabilities.APIVersions` from the server behind `client`: every
+/// group/version it serves and every group/version/kind.
+pub async fn server_api_versions(client: &kube::Client) -> anyhow::Result<Vec<String>> {
+    let discovery = kube::discovery::Discovery::new(client.clone())
+        .run()
+        .await?;
+    let mut out = Vec::new();
+    for group in discovery.groups() {
+        for ver in group.versions() {
+            let gv = if group.name().is_empty() {
+                ver.to_string()
+            } else {
+                format!("{}/{ver}", group.name())
+            };
+            for (res, _) in group.versioned_resources(ver) {
+                out.push(format!("{gv}/{}", res.kind));
+            }
+            out.push(gv);
+        }
+    }
+    Ok(out)
+}
+
+/// The chart's objects as JSON, rendered with `set` for the server behind `client`: its
+/// API versions and its own version (`gitVersion`), as `helm template` against it would.
+pub async fn render_for_server(
+    chart: &Chart,
+    set: &ValuesSet,
+    client: &kube::Client,
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    let api_versions = server_api_versions(client).await?;
+    let version = client.apiserver_version().await?.git_version;
+    let rendered = set.render(chart, &api_versions, &version)?;
+    rendered
+        .documents()?
+        .into_iter()
+        .map(|(_, d)| Ok(serde_json::to_value(d)?))
+        .collect()
+}

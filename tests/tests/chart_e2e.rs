@@ -386,6 +386,33 @@ fn secondary_scheduler_points_at_the_extender_and_fails_closed() {
         c["image"], "registry.k8s.io/kube-scheduler:v1.20.2",
         "matches the cluster"
     );
+    // Managed clusters report versions no registry has as a tag: the upstream release is
+    // the default, and an explicit tag wins.
+    for (server, tag) in [
+        ("v1.30.4-eks-a737599", "v1.30.4"),
+        ("v1.31.1-gke.1146000", "v1.31.1"),
+        ("v1.30.4+k3s1", "v1.30.4"),
+        ("1.29.3", "v1.29.3"),
+    ] {
+        let docs = render_with(&DEFAULT, &kube_1_20(), server).unwrap();
+        let dep = find(&docs, "Deployment", "railguard-scheduler");
+        assert_eq!(
+            dep["spec"]["template"]["spec"]["containers"][0]["image"],
+            format!("registry.k8s.io/kube-scheduler:{tag}"),
+            "{server}"
+        );
+    }
+    let pinned = ValuesSet {
+        label: "pinned scheduler tag",
+        values: "scheduler: {image: {tag: v1.30.9}}\n",
+        ..DEFAULT
+    };
+    let docs = render_with(&pinned, &kube_1_20(), "v1.30.4-eks-a737599").unwrap();
+    assert_eq!(
+        find(&docs, "Deployment", "railguard-scheduler")["spec"]["template"]["spec"]["containers"]
+            [0]["image"],
+        "registry.k8s.io/kube-scheduler:v1.30.9"
+    );
     assert!(
         strs(&c["command"]).contains(&"--config=/etc/railguard-scheduler/config.yaml".to_string())
     );
@@ -1076,28 +1103,6 @@ fn cert_manager_crds() -> Vec<Json> {
         .collect()
 }
 
-async fn server_api_versions(client: &kube::Client) -> Vec<String> {
-    let discovery = Discovery::new(client.clone())
-        .run()
-        .await
-        .expect("discovery");
-    let mut out = Vec::new();
-    for group in discovery.groups() {
-        for ver in group.versions() {
-            let gv = if group.name().is_empty() {
-                ver.to_string()
-            } else {
-                format!("{}/{ver}", group.name())
-            };
-            for (res, _) in group.versioned_resources(ver) {
-                out.push(format!("{gv}/{}", res.kind));
-            }
-            out.push(gv);
-        }
-    }
-    out
-}
-
 fn kubectl_available() -> bool {
     Command::new("kubectl")
         .arg("version")
@@ -1278,7 +1283,9 @@ async fn every_rendered_object_passes_a_server_side_dry_run() {
             .expect("namespace");
     }
     // The renderer's Capabilities are the server's own (group/versions and kinds).
-    let api_versions = server_api_versions(&client).await;
+    let api_versions = railguard_tests::chart_values::server_api_versions(&client)
+        .await
+        .expect("discovery");
     let version = cp.kube_version();
     let kube_version = match version {
         KubeVersion::V1_20 => "v1.20.2",

@@ -25,7 +25,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 use railguard_api::keys;
-use railguard_tests::chart_values::{ValuesSet, DEFAULT};
+use railguard_tests::chart_values::{render_for_server, ValuesSet, DEFAULT};
 use railguard_tests::daemon::ANY_LOOPBACK_PORT;
 use railguard_tests::gotmpl::{Chart, KUBE_1_20_API_VERSIONS};
 use railguard_tests::install::apply_objects;
@@ -60,6 +60,15 @@ impl Drop for Webhook {
 /// The chart's objects (default values) as JSON.
 fn rendered() -> Vec<Value> {
     rendered_with(&DEFAULT)
+}
+
+/// The chart's objects (default values) as `helm template` renders them against `cp`: on
+/// 1.30+ servers the guard's registration carries its matchConditions.
+async fn rendered_for(cp: &ControlPlane) -> Vec<Value> {
+    let chart = Chart::load(workspace_root().join("charts/railguard")).unwrap();
+    render_for_server(&chart, &DEFAULT, &cp.client())
+        .await
+        .unwrap()
 }
 
 fn rendered_with(set: &ValuesSet) -> Vec<Value> {
@@ -345,7 +354,7 @@ async fn only_a_nodes_own_prober_the_campaign_and_the_fleet_controller_write_the
     let cp = ControlPlane::start().await.expect("control plane");
     cp.apply_fabricprofile_crd().await.unwrap();
     let admin = cp.client();
-    let docs = rendered();
+    let docs = rendered_for(&cp).await;
 
     // The chart's prober, campaign and fleet identities: ServiceAccounts, ClusterRoles,
     // bindings.
@@ -677,9 +686,28 @@ async fn only_a_nodes_own_prober_the_campaign_and_the_fleet_controller_write_the
         r#"railguard_webhook_node_guard_decisions_total{outcome="denied",writer="fleet"}"#,
         r#"railguard_webhook_node_guard_decisions_total{outcome="denied",writer="campaign"}"#,
         r#"railguard_webhook_node_guard_decisions_total{outcome="allowed",writer="allowed-group"}"#,
-        r#"railguard_webhook_node_guard_decisions_total{outcome="untouched",writer=""}"#,
     ] {
         assert!(text.contains(series), "{series} missing from:\n{text}");
+    }
+    // Writes that change no output: on 1.30+ the server's matchConditions keep them from the
+    // guard altogether; older servers send them, and the guard lets them through untouched.
+    let untouched =
+        r#"railguard_webhook_node_guard_decisions_total{outcome="untouched",writer=""}"#;
+    let untouched_count = text
+        .lines()
+        .find_map(|l| l.strip_prefix(untouched))
+        .map(|v| v.trim().parse::<f64>().unwrap());
+    if cp.kube_version().minor() >= 30 {
+        assert!(
+            untouched_count.unwrap_or(0.0) == 0.0,
+            "writes that change no output reached the guard on {}:\n{text}",
+            cp.kube_version()
+        );
+    } else {
+        assert!(
+            untouched_count.unwrap_or(0.0) > 0.0,
+            "{untouched} missing from:\n{text}"
+        );
     }
 }
 
@@ -895,4 +923,186 @@ async fn self_managed_certificates_trust_the_ca_in_the_node_guard_configuration(
     );
     let third = cert_sync::sync_once(&client, &opts, now).await.unwrap();
     assert_eq!(third.bundles_patched, 0, "nothing left to patch");
+}
+
+/// With railguard down (the webhook process gone, the chart's registration with
+/// `failurePolicy: Fail` left in place): on a server with matchConditions (1.30+) only the
+/// writes that change railguard's outputs are sent to the guard, so a Node is still
+/// registered, cordoned and tainted, and a forged certification is still refused. On 1.20
+/// every guarded Node write is refused during the outage (the chart's documented price).
+/// The matchConditions the chart renders for 1.30+ servers name every output the guard
+/// protects (`decision::PROTECTED`): a new protected output the expression missed would be
+/// written past the guard unseen. 1.20 renders none.
+#[test]
+fn the_guards_match_conditions_name_every_protected_output() {
+    use railguard_webhook::node_guard::decision::{Output, PROTECTED};
+    let chart = Chart::load(workspace_root().join("charts/railguard")).unwrap();
+    let mut versions: Vec<String> = KUBE_1_20_API_VERSIONS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    versions.push("admissionregistration.k8s.io/v1".into());
+    for (server, filtered) in [
+        ("v1.20.2", false),
+        ("v1.29.9", false),
+        ("v1.30.0", true),
+        ("v1.37.2", true),
+    ] {
+        let docs: Vec<Value> = DEFAULT
+            .render(&chart, &versions, server)
+            .unwrap()
+            .documents()
+            .unwrap()
+            .into_iter()
+            .map(|(_, v)| serde_json::to_value(v).unwrap())
+            .collect();
+        let guard = one(&docs, "ValidatingWebhookConfiguration", "webhook");
+        for hook in guard["webhooks"].as_array().unwrap() {
+            let conditions = hook["matchConditions"].as_array();
+            assert_eq!(conditions.is_some(), filtered, "{server}: {hook}");
+            let Some(conditions) = conditions else {
+                continue;
+            };
+            assert_eq!(conditions.len(), 1, "{hook}");
+            let expr = conditions[0]["expression"].as_str().unwrap();
+            for output in PROTECTED {
+                let named = match output {
+                    Output::Label(k) => format!("'{k}' in object.metadata.labels"),
+                    Output::Annotation(k) => format!("'{k}' in object.metadata.annotations"),
+                    Output::Condition(t) => format!("c.type == '{t}'"),
+                };
+                assert!(
+                    expr.contains(&named),
+                    "{server}: {output:?} is not in {expr}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_railguard_down_node_operations_work_and_certifications_stay_guarded() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    // The webhook is ready only once its profile catalog has listed.
+    cp.apply_fabricprofile_crd().await.unwrap();
+    let client = cp.client();
+    cp.create_namespace(NS, &labels(&[])).await.unwrap();
+    let docs = rendered_for(&cp).await;
+    let guard = one(&docs, "ValidatingWebhookConfiguration", "webhook");
+    let filtered = cp.kube_version().minor() >= 30;
+    for hook in guard["webhooks"].as_array().unwrap() {
+        assert_eq!(
+            hook["matchConditions"].is_array(),
+            filtered,
+            "{}: matchConditions on {}",
+            hook["name"],
+            cp.kube_version()
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    cp.create_node("gpu-a", &labels(&[]), &[]).await.unwrap();
+    // An operator who may write Nodes but is not in an allowed group (the admin is in
+    // system:masters, which the guard lets change anything).
+    let rbac = json!([
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "node-operator"},
+         "rules": [{"apiGroups": [""], "resources": ["nodes"],
+                    "verbs": ["get", "create", "patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "node-operator"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": "node-operator"},
+         "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "ops"}]},
+    ]);
+    apply_objects(&client, NS, rbac.as_array().unwrap())
+        .await
+        .unwrap();
+    let admin = client;
+    let client = impersonating(&cp, "ops", &[]).await;
+    // The authorizer sees the new binding through its own watch.
+    eventually(Duration::from_secs(30), "ops may read Nodes", || async {
+        Ok(Api::<Node>::all(client.clone()).get("gpu-a").await.ok())
+    })
+    .await
+    .unwrap();
+    {
+        let webhook = start_webhook(&cp, &chart_node_guard_args(&docs), dir.path()).await;
+        register(&admin, &docs, &webhook, dir.path()).await;
+        // Up: a forged label is the guard's refusal.
+        label(&client, "gpu-a", keys::LABEL_FABRIC, "certified")
+            .await
+            .assert_guarded(
+                "a forged label while the guard is up",
+                "label railguard.io/fabric",
+            );
+        // Dropped: the process is killed, nothing answers at its address.
+    }
+
+    let nodes = Api::<Node>::all(client.clone());
+    let fresh: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-new"}}))
+    .unwrap();
+    let register_new = Answer::of(nodes.create(&PostParams::default(), &fresh).await);
+    let cordon = merge(&client, "gpu-a", json!({"spec": {"unschedulable": true}})).await;
+    let taint = merge(
+        &client,
+        "gpu-a",
+        json!({"spec": {"taints": [{"key": "example.com/maintenance", "effect": "NoSchedule"}]}}),
+    )
+    .await;
+    let relabel = label(&client, "gpu-a", "example.com/pool", "a").await;
+    if filtered {
+        register_new.assert_ok("registering a Node with railguard down");
+        cordon.assert_ok("cordoning with railguard down");
+        taint.assert_ok("tainting with railguard down");
+        relabel.assert_ok("an unrelated label with railguard down");
+    } else {
+        for (what, answer) in [
+            ("registering", &register_new),
+            ("cordoning", &cordon),
+            ("tainting", &taint),
+        ] {
+            assert!(
+                matches!(answer, Answer::Refused { message, .. } if message.contains("node-guard.railguard.io")),
+                "{what} on {} with the guard down: {answer:?}",
+                cp.kube_version()
+            );
+        }
+    }
+    // Forgeries still reach the guard, which is down: failurePolicy Fail refuses them.
+    for (what, answer) in [
+        (
+            "a forged label",
+            label(&client, "gpu-a", keys::LABEL_FABRIC, "certified").await,
+        ),
+        (
+            "a forged certificate",
+            merge(
+                &client,
+                "gpu-a",
+                json!({"metadata": {"annotations": {keys::ANNOTATION_CERTIFICATE: certificate("gpu-a", "certified")}}}),
+            )
+            .await,
+        ),
+        (
+            "a forged profile label",
+            label(&client, "gpu-a", keys::LABEL_PROFILE, "h100-ndr").await,
+        ),
+    ] {
+        assert!(
+            matches!(&answer, Answer::Refused { message, .. } if message.contains("nodes.node-guard.railguard.io")),
+            "{what} with the guard down: {answer:?}"
+        );
+    }
+    assert_eq!(node_label(&client, "gpu-a", keys::LABEL_FABRIC).await, None);
+    // A Node registered already certified is a forgery too.
+    let forged: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "gpu-forged", "labels": {keys::LABEL_FABRIC: "certified"}}}))
+    .unwrap();
+    let answer = Answer::of(nodes.create(&PostParams::default(), &forged).await);
+    assert!(
+        matches!(&answer, Answer::Refused { message, .. } if message.contains("nodes.node-guard.railguard.io")),
+        "registering a certified Node with the guard down: {answer:?}"
+    );
 }

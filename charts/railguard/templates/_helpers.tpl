@@ -67,6 +67,51 @@ batch/v1beta1
 {{- end -}}
 {{- end -}}
 
+{{/* kube-scheduler's image tag: scheduler.image.tag, else the upstream release of the
+     cluster's version without a distribution's suffix: v1.30.4-eks-a737599,
+     v1.31.1-gke.1146000 and v1.30.4+k3s1 run registry.k8s.io/kube-scheduler:v1.30.4, v1.31.1,
+     v1.30.4; no registry has the raw strings. */}}
+{{- define "railguard.schedulerImageTag" -}}
+{{- if .Values.scheduler.image.tag -}}
+{{- .Values.scheduler.image.tag -}}
+{{- else -}}
+{{- $release := index (splitList "+" .Capabilities.KubeVersion.Version) 0 -}}
+{{- printf "v%s" (trimPrefix "v" (index (splitList "-" $release) 0)) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The node guard's matchConditions (admissionregistration.k8s.io/v1, GA in 1.30): the
+     API server calls the guard only for a Node write that changes one of railguard's
+     protected outputs (webhook/src/node_guard/decision.rs PROTECTED: three labels, the
+     certificate annotation, two conditions by status, reason and message), so every other
+     Node write (cordon, taints, a kubelet registering or reporting) never waits on
+     railguard and keeps working while it is down. A CREATE (oldObject null) is sent when it
+     carries any of them. Over-matching only costs a call; the guard decides. */}}
+{{- define "railguard.nodeGuardMatchExpression" -}}
+{{- $terms := list -}}
+{{- range $field := list (dict "path" "labels" "keys" (list "railguard.io/fabric" "railguard.io/profile" "railguard.io/signature")) (dict "path" "annotations" "keys" (list "railguard.io/certificate")) -}}
+{{- range $key := $field.keys -}}
+{{- $new := printf "(has(object.metadata.%s) && '%s' in object.metadata.%s)" $field.path $key $field.path -}}
+{{- $old := printf "(oldObject != null && has(oldObject.metadata.%s) && '%s' in oldObject.metadata.%s)" $field.path $key $field.path -}}
+{{- $terms = append $terms (printf "%s != %s || (%s && object.metadata.%s['%s'] != oldObject.metadata.%s['%s'])" $new $old $new $field.path $key $field.path $key) -}}
+{{- end -}}
+{{- end -}}
+{{- range $type := list "RailguardFabricReady" "RailguardFleetOutlier" -}}
+{{- $entries := printf ".status.conditions.filter(c, c.type == '%s').map(c, c.status + '/' + (has(c.reason) ? 'r:' + c.reason : '-') + '/' + (has(c.message) ? 'm:' + c.message : '-'))" $type -}}
+{{- $new := "(has(object.status) && has(object.status.conditions))" -}}
+{{- $old := "(oldObject != null && has(oldObject.status) && has(oldObject.status.conditions))" -}}
+{{- $terms = append $terms (printf "%s != %s || (%s && object%s != oldObject%s)" $new $old $new $entries $entries) -}}
+{{- end -}}
+{{- join " || " $terms -}}
+{{- end -}}
+
+{{/* Non-empty when the cluster serves webhook matchConditions (1.30+). */}}
+{{- define "railguard.serverHasMatchConditions" -}}
+{{- if ge (include "railguard.kubeMinor" . | int) 30 -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/* kube-scheduler's minor version as an int ("20+" on some distributions is 20). */}}
 {{- define "railguard.kubeMinor" -}}
 {{- trimSuffix "+" .Capabilities.KubeVersion.Minor | int -}}

@@ -1028,6 +1028,30 @@ async fn with_railguard_down_node_operations_work_and_certifications_stay_guarde
     {
         let webhook = start_webhook(&cp, &chart_node_guard_args(&docs), dir.path()).await;
         register(&admin, &docs, &webhook, dir.path()).await;
+        // The API server picks the configuration up asynchronously; a dry run (the guard
+        // has no side effects, so it is called for one) shows when, and writes nothing.
+        let forged = json!({"metadata": {"labels": {keys::LABEL_FABRIC: "certified"}}});
+        eventually(
+            Duration::from_secs(30),
+            "the API server calls the node guard",
+            || async {
+                let pp = PatchParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    dry_run: true,
+                    ..PatchParams::default()
+                };
+                let answer = Answer::of(
+                    Api::<Node>::all(client.clone())
+                        .patch("gpu-a", &pp, &Patch::Merge(&forged))
+                        .await,
+                );
+                Ok(matches!(&answer, Answer::Refused { message, .. }
+                    if message.contains("railguard node guard"))
+                .then_some(()))
+            },
+        )
+        .await
+        .unwrap();
         // Up: a forged label is the guard's refusal.
         label(&client, "gpu-a", keys::LABEL_FABRIC, "certified")
             .await

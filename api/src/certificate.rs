@@ -220,9 +220,20 @@ pub struct GpuAffinity {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NcclResult {
-    /// Stable large-message bus bandwidth, GB/s.
+    /// Stable large-message bus bandwidth of the NCCL loopback (one rank per GPU, P2P, SHM
+    /// and NVLS off: every byte through the NICs), GB/s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub busbw_plateau_gbps: Option<f64>,
+    /// Ranks of the loopback run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<u32>,
+    /// Plateau of the optional NVLink run (P2P on), GB/s.
+    #[serde(
+        default,
+        rename = "nvlinkBusbwGBps",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub nvlink_busbw_gbps: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub algbw_gbps: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

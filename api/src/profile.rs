@@ -201,9 +201,20 @@ pub struct Thresholds {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub max_latency_us: Option<f64>,
-    /// Minimum NCCL all_reduce bus bandwidth plateau, GB/s (nccl-tests units).
+    /// Minimum bus bandwidth plateau, GB/s (nccl-tests units), of the node's NCCL loopback:
+    /// one rank per GPU with P2P, SHM and NVLS off, so every byte goes GPU → NIC → NIC → GPU.
+    /// It is bounded by one rail's line rate (NDR 400 Gb/s: 50 GB/s), not by NVLink.
     #[schemars(range(min = 0))]
     pub busbw_plateau_gbps: f64,
+    /// Minimum busbw plateau of the optional NVLink run (`ncclTests.nvlinkRun`: P2P on), GB/s;
+    /// absent: the run is recorded, not judged.
+    #[serde(
+        default,
+        rename = "nvlinkBusbwGBps",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(range(min = 0))]
+    pub nvlink_busbw_gbps: Option<f64>,
     /// Allowed growth of each error counter over a check window; unlisted counters allow 0.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub counter_growth: BTreeMap<String, u64>,
@@ -459,6 +470,9 @@ pub struct NcclTestsSpec {
     #[schemars(pattern(r"^(/[A-Za-z0-9_.+-]+)+$"), length(max = 256))]
     pub binary: String,
     /// Arguments to `all_reduce_perf` (flags and plain values; never run through a shell).
+    /// Without `-g`/`--ngpus` the prober adds `-g <the node's GPU count>`: one process, one
+    /// rank per GPU. Arguments that make one rank (`-g 1` with one thread) are refused, since
+    /// one rank moves no byte (nccl-tests `src/common.cu`: nranks = nProcs × nThreads × nGpus).
     #[serde(default = "default_nccl_args")]
     #[schemars(inner(pattern(r"^[A-Za-z0-9_.=:,+-]{1,64}$")), length(max = 64))]
     pub args: Vec<String>,
@@ -474,6 +488,10 @@ pub struct NcclTestsSpec {
     /// Also run socket-only for comparison.
     #[serde(default)]
     pub socket_comparison: bool,
+    /// Also run with NVLink (P2P, SHM and NVLS as NCCL defaults them): separate evidence of the
+    /// node's GPU interconnect, judged against `thresholds.nvlinkBusbwGBps` when set.
+    #[serde(default)]
+    pub nvlink_run: bool,
 }
 
 impl Default for NcclTestsSpec {
@@ -485,6 +503,7 @@ impl Default for NcclTestsSpec {
             expect_gdr: true,
             gdr_negative_control: false,
             socket_comparison: false,
+            nvlink_run: false,
         }
     }
 }
@@ -497,7 +516,103 @@ pub const MAX_HISTORY_DEPTH: u32 = 100;
 /// Most arguments `ncclTests.args` may hold.
 pub const MAX_NCCL_ARGS: usize = 64;
 
+/// The ranks an `all_reduce_perf` command line asks for in its one process: `-t`/`--nthreads`
+/// threads of `-g`/`--ngpus` GPUs each (nccl-tests `src/common.cu`: both default to 1, and
+/// nranks = nProcs × nThreads × nGpus; getopt_long also takes `-g8` and `--ngpus=8`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankRequest {
+    pub threads: u32,
+    /// `None`: the arguments name no GPU count (the prober adds `-g <node GPUs>`).
+    pub gpus: Option<u32>,
+}
+
+impl RankRequest {
+    /// Ranks of the process; `None` while the GPU count is left to the prober.
+    pub fn ranks(&self) -> Option<u64> {
+        self.gpus.map(|g| u64::from(g) * u64::from(self.threads))
+    }
+}
+
+/// Reads `-t` and `-g` from nccl-tests arguments (the last occurrence wins, as with getopt).
+pub fn rank_request(args: &[String]) -> Result<RankRequest, String> {
+    let mut req = RankRequest {
+        threads: 1,
+        gpus: None,
+    };
+    let mut i = 0;
+    while i < args.len() {
+        let a = args[i].as_str();
+        let (which, inline) = if let Some(v) = a.strip_prefix("--ngpus") {
+            ('g', v)
+        } else if let Some(v) = a.strip_prefix("--nthreads") {
+            ('t', v)
+        } else if let Some(v) = a.strip_prefix("-g") {
+            ('g', v)
+        } else if let Some(v) = a.strip_prefix("-t") {
+            ('t', v)
+        } else {
+            i += 1;
+            continue;
+        };
+        let value = if a.starts_with("--") {
+            match inline.strip_prefix('=') {
+                Some(v) => v.to_string(),
+                None if inline.is_empty() => {
+                    i += 1;
+                    args.get(i).cloned().ok_or(format!("{a} needs a value"))?
+                }
+                // `--ngpusx` is another option; leave it to the tool.
+                None => {
+                    i += 1;
+                    continue;
+                }
+            }
+        } else if inline.is_empty() {
+            i += 1;
+            args.get(i).cloned().ok_or(format!("{a} needs a value"))?
+        } else {
+            inline.to_string()
+        };
+        let n: u32 = value
+            .parse()
+            .map_err(|_| format!("{a} takes a whole number, got {value:?}"))?;
+        if n == 0 {
+            return Err(format!("{a} must be at least 1"));
+        }
+        match which {
+            'g' => req.gpus = Some(n),
+            _ => req.threads = n,
+        }
+        i += 1;
+    }
+    Ok(req)
+}
+
 impl NcclTestsSpec {
+    /// The arguments the prober runs on a node with `node_gpus` GPUs: the profile's, plus
+    /// `-g <node_gpus>` where they name no GPU count.
+    pub fn args_for_node(&self, node_gpus: u32) -> Vec<String> {
+        let mut args = self.args.clone();
+        if matches!(rank_request(&args), Ok(RankRequest { gpus: None, .. })) {
+            args.push("-g".into());
+            args.push(node_gpus.max(1).to_string());
+        }
+        args
+    }
+
+    /// Why these arguments cannot measure the fabric, if they cannot.
+    pub fn rank_problem(&self) -> Option<String> {
+        match rank_request(&self.args) {
+            Err(e) => Some(e),
+            Ok(r) if r.ranks().is_some_and(|n| n < 2) => Some(format!(
+                "asks all_reduce_perf for 1 rank (-t {} -g {} in one process): one rank moves no byte, so busbw is 0 and no NIC is used; leave -g out and the prober runs one rank per GPU of the node",
+                r.threads,
+                r.gpus.unwrap_or(1)
+            )),
+            Ok(_) => None,
+        }
+    }
+
     /// Whether `binary` is one of the install-time allowed paths (compared exactly: the
     /// path is validated to be absolute and free of `..`).
     pub fn binary_is_allowed(&self, allowed: &[String]) -> bool {
@@ -531,7 +646,7 @@ fn default_nccl_binary() -> String {
 }
 fn default_nccl_args() -> Vec<String> {
     [
-        "-b", "8M", "-e", "8G", "-f", "2", "-g", "1", "-w", "5", "-n", "20", "-c", "1",
+        "-b", "8M", "-e", "8G", "-f", "2", "-w", "5", "-n", "20", "-c", "1",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -886,6 +1001,9 @@ impl FabricProfileSpec {
             t.busbw_plateau_gbps,
             true,
         );
+        if let Some(v) = t.nvlink_busbw_gbps {
+            check_number(&mut numeric, "spec.thresholds.nvlinkBusbwGBps", v, true);
+        }
         check_number(
             &mut numeric,
             "spec.thresholds.regressionTolerancePercent",
@@ -966,6 +1084,12 @@ impl FabricProfileSpec {
                     ),
                 });
             }
+        }
+        if let Some(message) = c.nccl_tests.rank_problem() {
+            problems.push(FieldProblem {
+                field: "spec.certification.ncclTests.args".into(),
+                message,
+            });
         }
         if let Some(pair) = &c.nccl_pair {
             pair.problems(&mut problems);

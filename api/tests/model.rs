@@ -231,6 +231,60 @@ fn validation_enforces_the_crd_schema_bounds() {
 /// The prober runs `ncclTests.binary` as root on every node of the profile: only plain
 /// absolute paths and plain arguments get through, whatever the schema let by.
 #[test]
+fn one_rank_nccl_tests_arguments_are_refused_with_the_reason() {
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    // nccl-tests defaults: one thread of one GPU; getopt_long's forms.
+    use railguard_api::profile::{rank_request, RankRequest};
+    assert_eq!(
+        rank_request(&args(&["-b", "8M"])),
+        Ok(RankRequest {
+            threads: 1,
+            gpus: None
+        })
+    );
+    for (a, t, g) in [
+        (vec!["-g", "8"], 1, 8),
+        (vec!["-g8"], 1, 8),
+        (vec!["--ngpus=4", "-t", "2"], 2, 4),
+        (vec!["--ngpus", "2", "--nthreads=4"], 4, 2),
+        (vec!["-g", "1", "-g", "8"], 1, 8),
+    ] {
+        let r = rank_request(&args(&a)).unwrap();
+        assert_eq!((r.threads, r.gpus), (t, Some(g)), "{a:?}");
+    }
+    assert!(rank_request(&args(&["-g"])).is_err());
+    assert!(rank_request(&args(&["-g", "x"])).is_err());
+    assert!(rank_request(&args(&["-g", "0"])).is_err());
+
+    let mut p = h100();
+    let spec = &p.spec.certification.nccl_tests;
+    assert!(
+        !spec.args.iter().any(|a| a == "-g"),
+        "the default names no GPU count"
+    );
+    let on_node = spec.args_for_node(8);
+    assert_eq!(&on_node[on_node.len() - 2..], ["-g", "8"]);
+    assert_eq!(spec.args_for_node(0).last().map(String::as_str), Some("1"));
+
+    // The defect the old default had: one process, -g 1, one rank.
+    p.spec.certification.nccl_tests.args = args(&["-b", "8M", "-e", "8G", "-g", "1"]);
+    assert_eq!(
+        invalid_fields(&p),
+        vec!["spec.certification.ncclTests.args"]
+    );
+    let err = p.validate().unwrap_err().to_string();
+    assert!(err.contains("one rank moves no byte"), "{err}");
+    assert_eq!(
+        p.spec.certification.nccl_tests.args_for_node(8),
+        p.spec.certification.nccl_tests.args,
+        "a profile's own -g is kept"
+    );
+    // Two threads of one GPU are two ranks: allowed.
+    p.spec.certification.nccl_tests.args = args(&["-g", "1", "-t", "2"]);
+    assert!(p.validate().is_ok());
+}
+
+#[test]
 fn nccl_tests_binary_and_args_are_constrained() {
     for bad in [
         "all_reduce_perf",

@@ -326,9 +326,9 @@ fn signature_thresholds_and_missing_rails_are_checked_on_certified_nodes() {
             "railguard: rail mlx5_3:1 of profile h100-ndr is missing",
         ),
         (
-            Box::new(|c| c.nccl.as_mut().unwrap().busbw_plateau_gbps = Some(300.0)),
+            Box::new(|c| c.nccl.as_mut().unwrap().busbw_plateau_gbps = Some(30.0)),
             RejectReason::BusbwBelowThreshold,
-            "railguard: NCCL busbw plateau 300 GB/s, profile h100-ndr needs 360",
+            "railguard: NCCL busbw plateau 30 GB/s, profile h100-ndr needs 40",
         ),
         (
             Box::new(|c| c.rails[0].latency_us = Some(9.0)),

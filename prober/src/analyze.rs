@@ -39,6 +39,25 @@ pub enum AnalyzeVerdict {
     Unknown,
 }
 
+/// The busbw bar of a run over `nodes` nodes, and what it is derived from. The profile's
+/// threshold is the one-node loopback's, where every ring hop crosses one rail; across nodes
+/// NCCL's rings leave each node through every rail at once, so the bar is the rail count
+/// times that.
+fn plateau_bar(p: &FabricProfileSpec, nodes: Option<u32>) -> (f64, String) {
+    let t = p.thresholds.busbw_plateau_gbps;
+    match nodes {
+        Some(n) if n > 1 && !p.rails.is_empty() => (
+            t * p.rails.len() as f64,
+            format!(
+                " (a {n}-node run: {} rails x the loopback's {} GB/s)",
+                p.rails.len(),
+                fmt_num(t)
+            ),
+        ),
+        _ => (t, String::new()),
+    }
+}
+
 /// Analyzes what the inputs showed, against a profile's thresholds when given.
 ///
 /// Rules that need no threshold (`#wrong > 0`, socket fallback, NCCL errors) fail even
@@ -78,12 +97,12 @@ pub fn analyze(obs: &NcclObservation, profile: Option<&FabricProfileSpec>) -> An
     match profile {
         None => missing.push("no profile given: no thresholds to judge against".to_string()),
         Some(p) => {
-            let t = &p.thresholds;
+            let (want, basis) = plateau_bar(p, obs.nodes());
             match plateau {
-                Some(b) if b < t.busbw_plateau_gbps => fails.push(format!(
-                    "NCCL busbw plateau {} GB/s, expected at least {} GB/s",
+                Some(b) if b < want => fails.push(format!(
+                    "NCCL busbw plateau {} GB/s, expected at least {} GB/s{basis}",
                     fmt_num(b),
-                    fmt_num(t.busbw_plateau_gbps)
+                    fmt_num(want)
                 )),
                 Some(_) => {}
                 None => missing.push("no nccl-tests table (busbw plateau unknown)".to_string()),

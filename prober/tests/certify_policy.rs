@@ -446,7 +446,82 @@ fn low_plateau_fails() {
     ))];
     failed_with(
         &e,
-        "NCCL busbw plateau 250 GB/s, expected at least 360 GB/s",
+        "NCCL loopback busbw plateau 250 GB/s, expected at least 360 GB/s",
+    );
+}
+
+/// A real `all_reduce_perf -g 1` run (prober/fixtures/nccl-tests/gtx1660-...): one rank, busbw
+/// 0, no network channel. Not certified, with the reason.
+#[test]
+fn a_one_rank_run_is_not_certified() {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/nccl-tests/gtx1660-1x1-allreduce-g1-one-rank.txt");
+    let text = std::fs::read_to_string(p).unwrap();
+    let mut e = good();
+    e.nccl = vec![main_run(
+        NcclObservation::from_texts([text.as_str()]).unwrap(),
+    )];
+    failed_with(
+        &e,
+        "NCCL ran 1 rank: one rank moves no byte (busbw 0) and uses no NIC; the loopback needs one rank per GPU (ncclTests.args without -g)",
+    );
+    failed_with(
+        &e,
+        "NCCL loopback busbw plateau 0 GB/s, expected at least 360 GB/s",
+    );
+}
+
+/// With P2P on, NCCL connects the GPUs of one node over NVLink: the NICs carried nothing, even
+/// though NCCL opened them at init (`Using network IB`).
+#[test]
+fn a_loopback_over_p2p_or_shm_is_not_certified() {
+    let mut e = good();
+    let l = log("IB", true, &["mlx5_0", "mlx5_1"])
+        .replace(" [send] via NET/IB/0/GDRDMA", " via P2P/direct pointer");
+    e.nccl = vec![main_run(observation(380.0, 0, &l))];
+    failed_with(
+        &e,
+        "NCCL loopback connected GPUs through P2P/direct instead of the NICs: NCCL_P2P_DISABLE/NCCL_SHM_DISABLE did not take effect",
+    );
+    // No channel lines at all, only NCCL's init: no evidence the NICs carried the run.
+    let init_only: String = log("IB", true, &["mlx5_0", "mlx5_1"])
+        .lines()
+        .filter(|l| !l.contains("Channel"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    e.nccl = vec![main_run(observation(380.0, 0, &init_only))];
+    failed_with(
+        &e,
+        "NCCL log shows no channel through the network: the loopback did not cross a NIC",
+    );
+}
+
+#[test]
+fn the_nvlink_run_is_judged_only_against_its_own_threshold() {
+    use railguard_prober::certify::evidence::RUN_NVLINK;
+    let mut e = good();
+    let nvlink = |busbw: f64| NcclRunEvidence {
+        label: RUN_NVLINK.into(),
+        env: vec![],
+        outcome: Ok(observation(
+            busbw,
+            0,
+            &log("IB", true, &["mlx5_0", "mlx5_1"]),
+        )),
+    };
+    e.nccl.push(nvlink(300.0));
+    let mut p = profile();
+    let a = assess(&p, &e, &[]);
+    assert_eq!(a.verdict, Verdict::Certified, "{:?}", a.reasons);
+    assert_eq!(a.nccl.as_ref().unwrap().nvlink_busbw_gbps, Some(300.0));
+    p.thresholds.nvlink_busbw_gbps = Some(450.0);
+    let a = assess(&p, &e, &[]);
+    assert!(
+        a.reasons.contains(
+            &"NCCL NVLink run busbw plateau 300 GB/s, expected at least 450 GB/s".to_string()
+        ),
+        "{:?}",
+        a.reasons
     );
 }
 

@@ -120,8 +120,14 @@ impl Default for PlatformModel {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NcclBehaviour {
-    /// Large-message bus bandwidth plateau, GB/s.
+    /// Large-message busbw plateau of the node's NCCL loopback (P2P and SHM off: every ring
+    /// hop leaves one GPU's NIC and enters the next GPU's), GB/s: about one rail's line rate
+    /// (NDR 400 Gb/s = 50 GB/s; public single-node figures for GPUs without NVLink over IB NDR
+    /// read 40-50 GB/s).
     pub busbw_gbps: f64,
+    /// Plateau with P2P on (NVLink/NVSwitch), GB/s: 8x H100 SXM5 reads 460-480 in public
+    /// nccl-tests figures; 8x A100 SXM4 232 (prober/fixtures/nccl-tests/superbench-a100-1x8...).
+    pub nvlink_busbw_gbps: f64,
     /// Inter-node transport NCCL reports (`IB` or `Socket` for a fallback).
     pub transport: Transport,
     /// GPUDirect RDMA in use (`GDRDMA` in the NCCL log).
@@ -134,7 +140,8 @@ pub struct NcclBehaviour {
 impl Default for NcclBehaviour {
     fn default() -> Self {
         Self {
-            busbw_gbps: 370.0,
+            busbw_gbps: 46.5,
+            nvlink_busbw_gbps: 470.0,
             transport: Transport::Ib,
             gdr: true,
             wrong: 0,

@@ -110,8 +110,20 @@ pub struct NcclRunEvidence {
     pub outcome: Result<NcclObservation, String>,
 }
 
-/// Label of the run that certifies.
+/// Label of the run that certifies: the node's NCCL loopback, one rank per GPU with
+/// [`LOOPBACK_ENV`], so every byte goes GPU → NIC → NIC → GPU.
 pub const RUN_MAIN: &str = "main";
+/// Optional evidence of the GPU interconnect: P2P, SHM and NVLS as NCCL defaults them.
+pub const RUN_NVLINK: &str = "nvlink";
+/// What makes a one-node NCCL run cross the NICs: NCCL tries P2P, then SHM, then NET between
+/// two GPUs (`src/transport.cc`); with P2P and SHM off the GPUs' path is NET
+/// (`src/graph/paths.cc`), and NVLS (NVLink SHARP, `src/transport/nvls.cc`, default on where
+/// NVSwitch supports it) would reduce in the switch instead.
+pub const LOOPBACK_ENV: [(&str, &str); 3] = [
+    ("NCCL_P2P_DISABLE", "1"),
+    ("NCCL_SHM_DISABLE", "1"),
+    ("NCCL_NVLS_ENABLE", "0"),
+];
 /// Negative control: GPUDirect disabled (`NCCL_NET_GDR_LEVEL=LOC`), must be slower.
 pub const RUN_GDR_OFF: &str = "gdr-off";
 /// Comparison: sockets only (`NCCL_IB_DISABLE=1`).

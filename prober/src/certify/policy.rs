@@ -18,6 +18,7 @@ use railguard_api::{
 
 use super::evidence::{
     watched_counters, Evidence, NcclRunEvidence, PortReading, RailBench, RUN_GDR_OFF, RUN_MAIN,
+    RUN_NVLINK,
 };
 use super::history::{history_medians, software_changes, HistoryMedians};
 use crate::nccl::round2;
@@ -430,7 +431,29 @@ fn nccl_checks(
             return None;
         }
     };
-    let result = obs.to_result();
+    let mut result = obs.to_result();
+    if let Some(n) = obs.ranks() {
+        if n < 2 {
+            node.failures.push(format!(
+                "NCCL ran {n} rank: one rank moves no byte (busbw 0) and uses no NIC; the loopback needs one rank per GPU (ncclTests.args without -g)"
+            ));
+        }
+    }
+    if !obs.log.intra_node.is_empty() {
+        let via: Vec<&str> = obs.log.intra_node.iter().map(String::as_str).collect();
+        node.failures.push(format!(
+            "NCCL loopback connected GPUs through {} instead of the NICs: NCCL_P2P_DISABLE/NCCL_SHM_DISABLE did not take effect",
+            via.join(", ")
+        ));
+    } else if obs.log.nccl_lines > 0
+        && obs.log.net_channels == 0
+        && obs.log.net == Some(Transport::Ib)
+    {
+        node.failures.push(
+            "NCCL log shows no channel through the network: the loopback did not cross a NIC"
+                .to_string(),
+        );
+    }
     if let Some(w) = obs.wrong() {
         if w > 0 {
             node.failures.push(format!(
@@ -483,7 +506,7 @@ fn nccl_checks(
             }
         }
         Some(p) => node.failures.push(format!(
-            "NCCL busbw plateau {} GB/s, expected at least {} GB/s",
+            "NCCL loopback busbw plateau {} GB/s, expected at least {} GB/s",
             fmt_num(round2(p)),
             fmt_num(t.busbw_plateau_gbps)
         )),
@@ -510,6 +533,28 @@ fn nccl_checks(
                 "NCCL did not use the profile's rails {}",
                 join(&unused)
             ));
+        }
+    }
+    if let Some(nvlink) = runs.iter().find(|r| r.label == RUN_NVLINK) {
+        match (&nvlink.outcome, t.nvlink_busbw_gbps) {
+            (Ok(o), want) => {
+                let got = o.busbw_plateau_gbps();
+                result.nvlink_busbw_gbps = got.map(round2);
+                match (got, want) {
+                    (Some(p), Some(w)) if p < w => node.failures.push(format!(
+                        "NCCL NVLink run busbw plateau {} GB/s, expected at least {} GB/s",
+                        fmt_num(round2(p)),
+                        fmt_num(w)
+                    )),
+                    (None, Some(_)) => node
+                        .failures
+                        .push("NCCL NVLink run output has no busbw plateau".to_string()),
+                    _ => {}
+                }
+            }
+            (Err(e), Some(_)) => node.failures.push(format!("NCCL NVLink run failed: {e}")),
+            // Recorded only: no threshold to judge it by.
+            (Err(_), None) => {}
         }
     }
     if let Some(off) = runs.iter().find(|r| r.label == RUN_GDR_OFF) {

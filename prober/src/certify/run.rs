@@ -11,8 +11,8 @@ use std::time::Duration;
 use railguard_api::{FabricProfileSpec, GpuAffinity};
 
 use super::evidence::{
-    Evidence, FarGpuBench, NcclRunEvidence, PortReading, RailBench, ResourceExposure, RUN_GDR_OFF,
-    RUN_MAIN, RUN_SOCKET,
+    Evidence, FarGpuBench, NcclRunEvidence, PortReading, RailBench, ResourceExposure, LOOPBACK_ENV,
+    RUN_GDR_OFF, RUN_MAIN, RUN_NVLINK, RUN_SOCKET,
 };
 use crate::discover::{self, DiscoverError, Discovery};
 use crate::nccl::{run_nccl_test, NcclRunSpec};
@@ -293,12 +293,41 @@ fn bench_rail(
     out
 }
 
-/// The NCCL runs the profile asks for: main, then the optional GDR-off control and the
-/// socket comparison. Returns the runs and the binary's digest. Each run is one step of
-/// `progress`.
+/// The NCCL runs the profile asks for, with their distinguishing environment: the loopback
+/// (main), then the optional GDR-off control and socket comparison (both loopbacks too), then
+/// the optional NVLink run.
+pub fn nccl_plan(
+    spec: &railguard_api::profile::NcclTestsSpec,
+) -> Vec<(&'static str, Vec<(String, String)>)> {
+    let loopback: Vec<(String, String)> = LOOPBACK_ENV
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+        .collect();
+    let with = |extra: (&str, &str)| {
+        let mut env = loopback.clone();
+        env.push((extra.0.to_string(), extra.1.to_string()));
+        env
+    };
+    let mut plan = vec![(RUN_MAIN, loopback.clone())];
+    if spec.gdr_negative_control {
+        plan.push((RUN_GDR_OFF, with(("NCCL_NET_GDR_LEVEL", "LOC"))));
+    }
+    if spec.socket_comparison {
+        plan.push((RUN_SOCKET, with(("NCCL_IB_DISABLE", "1"))));
+    }
+    if spec.nvlink_run {
+        plan.push((RUN_NVLINK, vec![]));
+    }
+    plan
+}
+
+/// The NCCL runs of [`nccl_plan`] on a node with `node_gpus` GPUs (one rank per GPU unless the
+/// profile's arguments say otherwise). Returns the runs and the binary's digest. Each run is
+/// one step of `progress`.
 pub async fn nccl_runs(
     setup: &NodeSetup,
     profile: &FabricProfileSpec,
+    node_gpus: u32,
     progress: &dyn Progress,
 ) -> (Vec<NcclRunEvidence>, Option<String>) {
     let spec = &profile.certification.nccl_tests;
@@ -310,16 +339,8 @@ pub async fn nccl_runs(
     if spec.force_ring {
         base_env.push(("NCCL_ALGO".into(), "Ring".into()));
     }
-    let mut plan: Vec<(&str, Vec<(String, String)>)> = vec![(RUN_MAIN, vec![])];
-    if spec.gdr_negative_control {
-        plan.push((
-            RUN_GDR_OFF,
-            vec![("NCCL_NET_GDR_LEVEL".into(), "LOC".into())],
-        ));
-    }
-    if spec.socket_comparison {
-        plan.push((RUN_SOCKET, vec![("NCCL_IB_DISABLE".into(), "1".into())]));
-    }
+    let plan = nccl_plan(spec);
+    let args = spec.args_for_node(node_gpus);
     let mut runs = Vec::new();
     let mut digest = None;
     let total = plan.len();
@@ -338,7 +359,7 @@ pub async fn nccl_runs(
         let run = NcclRunSpec {
             label: label.to_string(),
             binary: setup.nccl_binary.clone(),
-            args: spec.args.clone(),
+            args: args.clone(),
             env,
             log_dir: setup.log_dir.clone(),
             timeout: setup.nccl_timeout,
@@ -380,7 +401,7 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 /// The steps of one invasive window: one per rail, one per NCCL run.
 pub fn invasive_steps(profile: &FabricProfileSpec) -> u64 {
     let spec = &profile.certification.nccl_tests;
-    let runs = 1 + u64::from(spec.gdr_negative_control) + u64::from(spec.socket_comparison);
+    let runs = nccl_plan(spec).len() as u64;
     profile.rails.len() as u64 + runs
 }
 
@@ -407,7 +428,8 @@ pub async fn gather_invasive_with(
     let first = discover_node(setup)?;
     let before = port_readings(&first);
     let benches = bench_rails(setup.engine.clone(), profile, &first.gpus, progress.clone()).await;
-    let (nccl, digest) = nccl_runs(setup, profile, progress.as_ref()).await;
+    let node_gpus = u32::try_from(first.gpus.len()).unwrap_or(u32::MAX);
+    let (nccl, digest) = nccl_runs(setup, profile, node_gpus, progress.as_ref()).await;
     progress.step("reading ports again");
     let last = discover_node(setup)?;
     let mut software = software_baseline(&last, profile, setup.software.as_ref());

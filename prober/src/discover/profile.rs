@@ -102,9 +102,10 @@ pub fn profile_for(d: &Discovery, name: &str, defaults: &ProfileDefaults) -> Fab
     let rails = d.rail_specs();
     let rate = most_common(rails.iter().map(|r| r.rate_gbps)).unwrap_or(0);
     let share = defaults.threshold_share;
-    // nccl-tests busbw is GB/s: all rails together move (sum of rates)/8 GB/s per node.
-    let total_gbytes = rails.iter().map(|r| f64::from(r.rate_gbps)).sum::<f64>() / 8.0;
-    let busbw = (total_gbytes * share).round();
+    // The loopback's ring sends every hop out of one GPU's NIC into the next GPU's, so its
+    // busbw (GB/s) is bounded by one rail: the slowest rate / 8.
+    let slowest = rails.iter().map(|r| r.rate_gbps).min().unwrap_or(0);
+    let busbw = (f64::from(slowest) / 8.0 * share).round();
     let spec = FabricProfileSpec {
         node_selector: BTreeMap::new(),
         default: false,
@@ -123,6 +124,7 @@ pub fn profile_for(d: &Discovery, name: &str, defaults: &ProfileDefaults) -> Fab
             write_bw_gpu_gbps: Some((f64::from(rate) * (share - 0.025)).round()),
             max_latency_us: Some(5.0),
             busbw_plateau_gbps: busbw,
+            nvlink_busbw_gbps: None,
             counter_growth: BTreeMap::new(),
             regression_tolerance_percent: 10.0,
         },

@@ -51,6 +51,8 @@ pub struct DebugLogReport {
     pub hca_link_layers: BTreeMap<String, String>,
     /// Intra-node transports seen on channels, e.g. `P2P/IPC`, `SHM`.
     pub intra_node: BTreeSet<String>,
+    /// Channel connections through a network (`via NET/...`), any plugin.
+    pub net_channels: usize,
     /// `DMA-BUF is available on GPU device N` seen.
     pub dmabuf: bool,
     pub ranks: Option<u32>,
@@ -305,6 +307,7 @@ impl Scan {
 
     fn finish(mut self) -> DebugLogReport {
         let r = &mut self.report;
+        r.net_channels = self.ch_ib + self.ch_socket + self.ch_plugin;
         r.net = if self.ch_socket > 0 {
             Some(Transport::Socket)
         } else if self.ch_ib > 0 {

@@ -87,6 +87,8 @@ impl NcclObservation {
     pub fn to_result(&self) -> NcclResult {
         NcclResult {
             busbw_plateau_gbps: self.busbw_plateau_gbps().map(round2),
+            ranks: self.ranks(),
+            nvlink_busbw_gbps: None,
             algbw_gbps: self
                 .perf
                 .as_ref()

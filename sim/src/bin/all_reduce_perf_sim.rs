@@ -6,25 +6,35 @@
 //!
 //! Environment: `RAILGUARD_SIM_ROOT` (required), `RAILGUARD_SIM_HOSTNAME`, and the NCCL
 //! variables a real run honours: `NCCL_DEBUG`, `NCCL_DEBUG_FILE` (`%h`, `%p`), `NCCL_IB_HCA`,
-//! `NCCL_NET_GDR_LEVEL` (`LOC` disables GPUDirect), `NCCL_IB_DISABLE` (`1` forces sockets).
+//! `NCCL_NET_GDR_LEVEL` (`LOC` disables GPUDirect), `NCCL_IB_DISABLE` (`1` forces sockets),
+//! `NCCL_P2P_DISABLE` and `NCCL_SHM_DISABLE` (`1`: the GPUs connect through the NICs).
+//!
+//! Like the real tool run without MPI it is one process of `-t` threads × `-g` GPUs (both
+//! default 1: nccl-tests `src/common.cu`), all on this host; more GPUs than the node has
+//! fail as nccl-tests fails (`src/util.cu`, `writeDeviceReport`: "Invalid number of GPUs",
+//! exit status 5, `testNotImplemented`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
-use railguard_api::profile::parse_ib_hca;
+use railguard_api::profile::{parse_ib_hca, rank_request};
 use railguard_api::Transport;
-use railguard_sim::standin::{parse_size, StandinRun};
+use railguard_sim::standin::{parse_size, peer_path, PeerPath, StandinRun};
 use railguard_sim::{bump_counters, ModelPortState, NodeModel, SIM_MODEL_PATH};
 
 /// Socket transport tops out far below any RDMA rail.
 const SOCKET_BUSBW_GBPS: f64 = 11.5;
 /// Share of the plateau left when GPUDirect RDMA is off (bounce through host memory).
 const NO_GDR_SHARE: f64 = 0.55;
+/// SHM between GPUs of one host bounces through host memory.
+const SHM_BUSBW_GBPS: f64 = 20.0;
+/// nccl-tests' `testNotImplemented`, its status for more GPUs than the node has.
+const EXIT_TOO_MANY_GPUS: u8 = 5;
 
 fn main() -> ExitCode {
     match run() {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("all_reduce_perf_sim: {e:#}");
             ExitCode::from(2)
@@ -32,7 +42,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn run() -> anyhow::Result<()> {
+fn run() -> anyhow::Result<ExitCode> {
     let root = PathBuf::from(
         std::env::var("RAILGUARD_SIM_ROOT").context("RAILGUARD_SIM_ROOT is not set")?,
     );
@@ -47,8 +57,19 @@ fn run() -> anyhow::Result<()> {
     let mut factor = 2u64;
     let mut warmup = 5u32;
     let mut iters = 20u32;
-    let mut args = std::env::args().skip(1);
+    let all: Vec<String> = std::env::args().skip(1).collect();
+    let ranks_asked = rank_request(&all).map_err(anyhow::Error::msg)?;
+    let mut args = all.into_iter();
     while let Some(flag) = args.next() {
+        // `-g8`, `--ngpus=8`: read by rank_request above.
+        let inline = ["-g", "-t"]
+            .iter()
+            .any(|f| flag.starts_with(f) && flag.len() > 2)
+            || flag.starts_with("--ngpus=")
+            || flag.starts_with("--nthreads=");
+        if inline {
+            continue;
+        }
         let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "-b" | "--minbytes" => {
@@ -108,6 +129,8 @@ fn run() -> anyhow::Result<()> {
     };
     let platform_gdr = model.platform.nvidia_peermem || model.platform.open_kernel_module;
     let gdr = behaviour.gdr && platform_gdr && !gdr_off && transport != Transport::Socket;
+    // Loopback: each GPU's ring hop goes out of its own NIC, so the plateau is one rail's
+    // (the model's busbw_gbps); a missing rail puts two GPUs on one NIC.
     let mut busbw = behaviour.busbw_gbps * (hcas.len() as f64 / requested).min(1.0);
     if transport == Transport::Socket {
         busbw = busbw.min(SOCKET_BUSBW_GBPS);
@@ -115,11 +138,29 @@ fn run() -> anyhow::Result<()> {
         busbw *= NO_GDR_SHARE;
     }
     let host = std::env::var("RAILGUARD_SIM_HOSTNAME").unwrap_or_else(|_| model.name.clone());
+    let threads = ranks_asked.threads;
+    let gpus_per_thread = ranks_asked.gpus.unwrap_or(1);
+    let ranks = threads * gpus_per_thread;
+    let available = u32::try_from(model.gpus().len()).unwrap_or(u32::MAX);
+    if ranks > available {
+        eprintln!("Invalid number of GPUs: {ranks} requested but only {available} were found.");
+        eprintln!("Please check the number of processes and GPUs per process.");
+        return Ok(ExitCode::from(EXIT_TOO_MANY_GPUS));
+    }
+    let set = |k: &str| std::env::var(k).is_ok_and(|v| v.trim() == "1");
+    let path = peer_path(ranks, set("NCCL_P2P_DISABLE"), set("NCCL_SHM_DISABLE"));
+    let busbw = match path {
+        PeerPath::Alone => 0.0,
+        PeerPath::P2p => behaviour.nvlink_busbw_gbps,
+        PeerPath::Shm => SHM_BUSBW_GBPS,
+        PeerPath::Net => busbw,
+    };
     let pid = std::process::id();
     let run = StandinRun {
-        peer: format!("{host}-peer"),
         host: host.clone(),
-        gpus_per_node: u32::try_from(model.gpus().len().max(1)).unwrap_or(1),
+        threads,
+        gpus_per_thread,
+        path,
         busbw_gbps: busbw.max(0.01),
         transport,
         gdr,
@@ -148,7 +189,9 @@ fn run() -> anyhow::Result<()> {
         }
     }
     // The traffic of the run is what makes a bad port's error counters grow.
-    bump_counters(&model, &root).context("cannot grow counters in the simulated sysfs")?;
+    if path == PeerPath::Net {
+        bump_counters(&model, &root).context("cannot grow counters in the simulated sysfs")?;
+    }
     print!("{}", run.stdout());
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }

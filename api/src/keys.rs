@@ -99,6 +99,10 @@ pub mod env {
     pub const NCCL_SOCKET_IFNAME: &str = "NCCL_SOCKET_IFNAME";
     /// The profile's cross-NIC setting.
     pub const NCCL_CROSS_NIC: &str = "NCCL_CROSS_NIC";
+    /// The profile's RoCE traffic class (`rdma.trafficClass`).
+    pub const NCCL_IB_TC: &str = "NCCL_IB_TC";
+    /// The profile's InfiniBand service level (`rdma.serviceLevel`).
+    pub const NCCL_IB_SL: &str = "NCCL_IB_SL";
     /// NCCL's own: the environment plugin NCCL loads (`delivery: Plugin` profiles).
     pub const NCCL_ENV_PLUGIN: &str = "NCCL_ENV_PLUGIN";
     /// The node file railguard's NCCL environment plugin reads (`delivery: Plugin`).

@@ -172,7 +172,19 @@ pub struct RdmaResource {
     /// Extended resource name, e.g. `rdma/rdma_shared_device_a` or `nvidia.com/hostdev`.
     pub resource_name: String,
     pub count_mode: RdmaCountMode,
+    /// RoCE traffic class: the GRH traffic class byte (DSCP << 2, e.g. 106 for DSCP 26) of the
+    /// fabric's lossless class. railguard's RDMA tests send in it and training containers get
+    /// it as `NCCL_IB_TC`; absent: 0, NCCL's default (`src/transport/net_ib/connect.cc`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic_class: Option<u8>,
+    /// InfiniBand service level (0-15) of the tests, injected as `NCCL_IB_SL`; absent: 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 15))]
+    pub service_level: Option<u8>,
 }
+
+/// Highest InfiniBand service level (the SL field is 4 bits).
+pub const MAX_SERVICE_LEVEL: u8 = 15;
 
 impl RdmaResource {
     /// How many of the resource a container with `gpus` GPUs asks for, on a profile of
@@ -956,6 +968,12 @@ impl FabricProfileSpec {
             }
         }
         if let Some(rdma) = &self.rdma {
+            if let Some(sl) = rdma.service_level.filter(|sl| *sl > MAX_SERVICE_LEVEL) {
+                push(
+                    "spec.rdma.serviceLevel".into(),
+                    format!("{sl} is not an InfiniBand service level (0-{MAX_SERVICE_LEVEL})"),
+                );
+            }
             if !is_extended_resource_name(&rdma.resource_name) {
                 push(
                     "spec.rdma.resourceName".into(),

@@ -231,6 +231,21 @@ fn validation_enforces_the_crd_schema_bounds() {
 /// The prober runs `ncclTests.binary` as root on every node of the profile: only plain
 /// absolute paths and plain arguments get through, whatever the schema let by.
 #[test]
+fn the_fabric_class_is_a_traffic_class_byte_and_a_four_bit_service_level() {
+    let mut p = h100();
+    let rdma = p.spec.rdma.as_mut().unwrap();
+    rdma.traffic_class = Some(255);
+    rdma.service_level = Some(15);
+    assert!(p.validate().is_ok());
+    p.spec.rdma.as_mut().unwrap().service_level = Some(16);
+    assert_eq!(invalid_fields(&p), vec!["spec.rdma.serviceLevel"]);
+    let yaml =
+        "trafficClass: 106\nserviceLevel: 3\nresourceName: rdma/x\ncountMode: SharedDevice\n";
+    let r: railguard_api::profile::RdmaResource = serde_yaml_ng::from_str(yaml).unwrap();
+    assert_eq!((r.traffic_class, r.service_level), (Some(106), Some(3)));
+}
+
+#[test]
 fn one_rank_nccl_tests_arguments_are_refused_with_the_reason() {
     let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     // nccl-tests defaults: one thread of one GPU; getopt_long's forms.

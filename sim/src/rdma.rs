@@ -14,7 +14,7 @@ use railguard_prober::rdma::gpu_memory::{registration_order, GpuBuffer};
 use railguard_prober::rdma::{
     loopback_via_endpoints, GpuMemory, GpuRegistrationReport, MemoryKind, PeerRdmaEngine, QpInfo,
     RailBenchRequest, RailBenchResult, RdmaEndpoint, RdmaEngine, RdmaError, RegistrationAttempt,
-    RegistrationPath, SizePoint,
+    RegistrationPath, SizePoint, TrafficClass,
 };
 
 /// Status code and text of `IBV_WC_RETRY_EXC_ERR`, what a real HCA reports for a dead wire.
@@ -357,7 +357,7 @@ impl RdmaEndpoint for SimEndpoint {
         }
     }
 
-    fn connect(&mut self, remote: &QpInfo) -> Result<(), RdmaError> {
+    fn connect(&mut self, remote: &QpInfo, _class: TrafficClass) -> Result<(), RdmaError> {
         let Some(peer) = sim_info(remote) else {
             return Err(RdmaError::InvalidRequest {
                 reason: "a simulated endpoint can only connect to a simulated peer".into(),
@@ -502,9 +502,9 @@ mod tests {
         let mut ea = a.open_endpoint(hca, 1, MemoryKind::Host, buf)?;
         let mut eb = b.open_endpoint(hca, 1, MemoryKind::Host, buf)?;
         let ia = ea.info();
-        eb.connect(&ia)?;
+        eb.connect(&ia, TrafficClass::default())?;
         let ib = eb.info();
-        ea.connect(&ib)?;
+        ea.connect(&ib, TrafficClass::default())?;
         ea.write_sweep(&ib, &sizes, 10)
     }
 

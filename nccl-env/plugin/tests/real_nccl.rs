@@ -51,7 +51,7 @@ fn nccl_lib_dir() -> &'static Path {
             Some(d) => PathBuf::from(d),
             None => {
                 let script =
-                    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/scripts/nccl-wheel.sh");
+                    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/scripts/nccl-wheel.sh");
                 let out = Command::new("bash").arg(&script).output().unwrap();
                 assert!(
                     out.status.success(),

@@ -141,7 +141,7 @@ fn rogue(listen: &str, node: &'static str, behaviour: &'static str) -> String {
                         .unwrap();
                     let mut info = ep.info();
                     info.hca = "mlx5_99".into();
-                    let _ = ep.connect(&info);
+                    let _ = ep.connect(&info, railguard_prober::rdma::TrafficClass::default());
                     let _ = s.send(&Message::Accept { responder: info }, "accept", T);
                     let _ = s.recv("done", T);
                 }
@@ -305,6 +305,7 @@ async fn endpoint_refuses_wrong_token_other_profile_and_self_tests() {
             memory: MemoryKind::Host,
             sizes: vec![8, 4096],
             iterations: 2,
+            class: Default::default(),
             allow_gpu_pods: false,
             timeout_ms: 5000,
             pair_key: None,

@@ -43,6 +43,7 @@ fn run_test(peer_node: &str, peer_addr: &str) -> ControlRequest {
         memory: MemoryKind::Host,
         sizes: vec![8, 4096, 1 << 20],
         iterations: 10,
+        class: s.class,
         allow_gpu_pods: false,
         timeout_ms: 20_000,
         pair_key: None,

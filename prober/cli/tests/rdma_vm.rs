@@ -238,7 +238,8 @@ fn verbs_engine_on_soft_roce_vms() {
             "$IP addr add 169.254.10.2/24 dev eth0\n\
              $RDMA link add rxe0 type rxe netdev eth0\n\
              {vmtest} loopback --hca rxe0\n\
-             {vmtest} connect --node vm-b --peer-addr 169.254.10.1:18515 --label peer --expect-node vm-a --sizes {PEER_SIZES}\n\
+             {vmtest} loopback --hca rxe0 --traffic-class 106 --service-level 3 --label lossless-class\n\
+             {vmtest} connect --node vm-b --peer-addr 169.254.10.1:18515 --label peer --expect-node vm-a --sizes {PEER_SIZES} --traffic-class 106\n\
              {vmtest} connect --node vm-b --peer-addr 169.254.10.1:18515 --label peer-gpu --gpu 0 --sizes {PEER_SIZES}\n\
              RAILGUARD_PEER_TOKEN=not-the-shared-token {vmtest} connect --node vm-b --peer-addr 169.254.10.1:18515 --label bad-token\n\
              {vmtest} connect --node vm-b --peer-addr 169.254.10.1:18515 --label peer-gone --sizes 4096 --iterations 200 --completion-timeout-ms 3000"
@@ -319,6 +320,13 @@ fn verbs_engine_on_soft_roce_vms() {
         assert_eq!(lb["hca"], "rxe0");
     }
 
+    // A profile's lossless class (rdma.trafficClass 106 = DSCP 26, serviceLevel 3) on the
+    // address vector: rxe takes it and the sweep completes.
+    let class = rb
+        .get("lossless-class")
+        .unwrap_or_else(|| panic!("no lossless-class loopback{context}"));
+    assert_sweep("loopback in the profile's traffic class", class, SIZES);
+
     // A wrong rkey is NAKed by the target and surfaces as a clean error completion.
     let wr = &ra["wrong-rkey"];
     assert_eq!(wr["kind"], "work-completion", "{context}");
@@ -395,7 +403,8 @@ fn verbs_engine_on_soft_roce_vms() {
     let unknown = unavailable("gpu-unknown");
     assert!(unknown.contains("there is no GPU 5"), "{unknown}");
 
-    // Device to device, over the authenticated side channel.
+    // Device to device, over the authenticated side channel, in traffic class 106 (the
+    // responder takes the initiator's class from the test request, as NCCL's accept side does).
     let peer = rb
         .get("peer")
         .unwrap_or_else(|| panic!("no peer result{context}"));

@@ -713,6 +713,7 @@ async fn run_test(cfg: &EndpointConfig, req: RunTestRequest) -> ControlResponse 
             sizes: req.sizes.clone(),
             iterations: req.iterations,
             expect_node: Some(req.peer_node.clone()),
+            class: req.class,
         };
         let mut peer_cfg = base.clone();
         peer_cfg.test_timeout = peer_cfg.test_timeout.min(timeout);

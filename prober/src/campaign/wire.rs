@@ -36,7 +36,7 @@ use tokio_util::codec::Framed;
 
 use super::CampaignError;
 use crate::rdma::peer::channel::{FrameCodec, FrameError, FrameFormat};
-use crate::rdma::MemoryKind;
+use crate::rdma::{MemoryKind, TrafficClass};
 
 pub const CONTROL_MAGIC: &[u8; 4] = b"RGCT";
 /// 2: frames after the challenge are sealed; pair keys and node identity.
@@ -80,6 +80,9 @@ pub struct RunTestRequest {
     pub memory: MemoryKind,
     pub sizes: Vec<usize>,
     pub iterations: u32,
+    /// Service level and traffic class of the tests (the profile's; absent: 0).
+    #[serde(default, skip_serializing_if = "TrafficClass::is_default")]
+    pub class: TrafficClass,
     /// Run even while GPU pods are on the node.
     #[serde(default)]
     pub allow_gpu_pods: bool,
@@ -417,6 +420,7 @@ mod tests {
                 memory: MemoryKind::Host,
                 sizes: vec![8, 4096],
                 iterations: 10,
+                class: Default::default(),
                 allow_gpu_pods: false,
                 timeout_ms: 1000,
                 pair_key: None,

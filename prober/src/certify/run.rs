@@ -193,6 +193,7 @@ pub async fn bench_rails(
     gpus: &[discover::Gpu],
     progress: Arc<dyn Progress>,
 ) -> Vec<RailBench> {
+    let class = crate::rdma::TrafficClass::of_profile(profile);
     let rails: Vec<(String, u32, Option<RailGpus>)> = profile
         .rails
         .iter()
@@ -205,7 +206,16 @@ pub async fn bench_rails(
             .enumerate()
             .map(|(i, (hca, port, gpu))| {
                 let label = format!("RDMA {}/{total} {hca}:{port}", i + 1);
-                let bench = bench_rail(engine.as_ref(), &hca, port, gpu, &label, progress.as_ref());
+                let bench = bench_rail(
+                    engine.as_ref(),
+                    RailBenchRequest {
+                        class,
+                        ..RailBenchRequest::host(&hca, port)
+                    },
+                    gpu,
+                    &label,
+                    progress.as_ref(),
+                );
                 progress.step_done();
                 bench
             })
@@ -227,21 +237,21 @@ pub async fn bench_rails(
     }
 }
 
+/// One rail's loopback benchmarks; `host` is its host-memory request (rail, sweep, class).
 fn bench_rail(
     engine: &dyn RdmaEngine,
-    hca: &str,
-    port: u32,
+    host: RailBenchRequest,
     gpu: Option<RailGpus>,
     label: &str,
     progress: &dyn Progress,
 ) -> RailBench {
     let mut out = RailBench {
-        hca: hca.to_string(),
-        port,
+        hca: host.hca.clone(),
+        port: host.port,
         ..RailBench::default()
     };
     progress.step(&format!("{label} host memory"));
-    match engine.loopback(&RailBenchRequest::host(hca, port)) {
+    match engine.loopback(&host) {
         Ok(r) => {
             out.write_bw_host_gbps = Some(r.peak_bw_gbps);
             out.latency_us = Some(r.small_msg_latency_us);
@@ -257,7 +267,7 @@ fn bench_rail(
     progress.step(&format!("{label} GPU {near} memory"));
     let gpu_request = |gpu: u32| RailBenchRequest {
         memory: MemoryKind::Gpu { gpu },
-        ..RailBenchRequest::host(hca, port)
+        ..host.clone()
     };
     match engine.loopback(&gpu_request(near)) {
         Ok(r) => {

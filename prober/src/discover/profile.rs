@@ -114,6 +114,8 @@ pub fn profile_for(d: &Discovery, name: &str, defaults: &ProfileDefaults) -> Fab
         rdma: Some(RdmaResource {
             resource_name: defaults.rdma_resource.clone(),
             count_mode: RdmaCountMode::SharedDevice,
+            traffic_class: None,
+            service_level: None,
         }),
         networks: Vec::new(),
         shm_size: Some(defaults.shm_size.clone()),

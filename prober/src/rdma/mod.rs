@@ -37,6 +37,35 @@ impl std::fmt::Display for MemoryKind {
     }
 }
 
+/// The class an RDMA test sends in: the InfiniBand service level and the RoCE GRH traffic
+/// class on the QP's address vector, as NCCL sets them (`src/transport/net_ib/connect.cc`:
+/// `ah_attr.sl` and `ah_attr.grh.traffic_class` from `NCCL_IB_SL`/`NCCL_IB_TC`, default 0,
+/// and the accepting side takes the connecting side's values). A test in class 0 on a fabric
+/// whose lossless class is another never sees that class's PFC/ECN behaviour.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TrafficClass {
+    #[serde(default)]
+    pub service_level: u8,
+    #[serde(default)]
+    pub traffic_class: u8,
+}
+
+impl TrafficClass {
+    /// The profile's `rdma.serviceLevel` and `rdma.trafficClass` (0 where unset).
+    pub fn of_profile(spec: &railguard_api::FabricProfileSpec) -> TrafficClass {
+        let rdma = spec.rdma.as_ref();
+        TrafficClass {
+            service_level: rdma.and_then(|r| r.service_level).unwrap_or(0),
+            traffic_class: rdma.and_then(|r| r.traffic_class).unwrap_or(0),
+        }
+    }
+
+    pub fn is_default(&self) -> bool {
+        *self == TrafficClass::default()
+    }
+}
+
 /// One rail benchmark: RDMA WRITE over an RC QP for each message size.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RailBenchRequest {
@@ -47,6 +76,9 @@ pub struct RailBenchRequest {
     pub sizes: Vec<usize>,
     /// Writes per size for the bandwidth run (the latency run uses up to as many).
     pub iterations: u32,
+    /// Service level and traffic class of the QPs.
+    #[serde(default, skip_serializing_if = "TrafficClass::is_default")]
+    pub class: TrafficClass,
 }
 
 /// Largest message a request may ask for; bigger buffers are never needed to reach line rate.
@@ -63,12 +95,20 @@ impl RailBenchRequest {
             memory: MemoryKind::Host,
             sizes: default_sizes(),
             iterations: 1000,
+            class: TrafficClass::default(),
         }
     }
 
     /// Rejects requests no engine should try: empty sweep, zero or absurd sizes/iterations.
     pub fn validate(&self) -> Result<(), RdmaError> {
         let invalid = |reason: String| Err(RdmaError::InvalidRequest { reason });
+        if self.class.service_level > railguard_api::profile::MAX_SERVICE_LEVEL {
+            return invalid(format!(
+                "service level {} is not 0-{}",
+                self.class.service_level,
+                railguard_api::profile::MAX_SERVICE_LEVEL
+            ));
+        }
         if self.hca.trim().is_empty() {
             return invalid("hca name is empty".into());
         }
@@ -283,8 +323,8 @@ pub struct QpInfo {
 pub trait RdmaEndpoint: Send {
     /// What the peer needs to connect to this endpoint and write into its buffer.
     fn info(&self) -> QpInfo;
-    /// Moves the QP to ready-to-send against `remote`.
-    fn connect(&mut self, remote: &QpInfo) -> Result<(), RdmaError>;
+    /// Moves the QP to ready-to-send against `remote`, sending in `class`.
+    fn connect(&mut self, remote: &QpInfo, class: TrafficClass) -> Result<(), RdmaError>;
     /// RDMA WRITE sweep from this endpoint's buffer into `remote`'s buffer (after `connect`).
     fn write_sweep(
         &mut self,
@@ -321,9 +361,9 @@ pub fn loopback_via_endpoints(
     let mut sender = engine.open_endpoint(&req.hca, req.port, req.memory, buffer)?;
     let mut receiver = engine.open_endpoint(&req.hca, req.port, req.memory, buffer)?;
     // Same order as the peer protocol: the receiving side connects first, then answers.
-    receiver.connect(&sender.info())?;
+    receiver.connect(&sender.info(), req.class)?;
     let r_info = receiver.info();
-    sender.connect(&r_info)?;
+    sender.connect(&r_info, req.class)?;
     let points = sender.write_sweep(&r_info, &req.sizes, req.iterations)?;
     let mut result = RailBenchResult::from_points(&req.hca, req.port, req.memory, points);
     result.registration = sender.registration();

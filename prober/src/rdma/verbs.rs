@@ -34,7 +34,7 @@ use super::gpu_memory::{
 };
 use super::{
     loopback_via_endpoints, MemoryKind, PeerRdmaEngine, QpInfo, RailBenchRequest, RailBenchResult,
-    RdmaEndpoint, RdmaEngine, RdmaError, SizePoint,
+    RdmaEndpoint, RdmaEngine, RdmaError, SizePoint, TrafficClass,
 };
 
 /// Outstanding writes per QP during the bandwidth run (perftest's default tx depth is 128).
@@ -805,7 +805,7 @@ impl RdmaEndpoint for VerbsEndpoint {
         }
     }
 
-    fn connect(&mut self, remote: &QpInfo) -> Result<(), RdmaError> {
+    fn connect(&mut self, remote: &QpInfo, class: TrafficClass) -> Result<(), RdmaError> {
         if !(ffi::IBV_MTU_256..=ffi::IBV_MTU_4096).contains(&remote.mtu) {
             return Err(RdmaError::InvalidRequest {
                 reason: format!("remote path MTU code {} is not 1..=5", remote.mtu),
@@ -815,7 +815,7 @@ impl RdmaEndpoint for VerbsEndpoint {
         let global = self.ethernet || remote.lid == 0 || self.lid == 0;
         let mut ah = ffi::ibv_ah_attr {
             dlid: remote.lid,
-            sl: 0,
+            sl: class.service_level,
             src_path_bits: 0,
             port_num: self.port as u8,
             is_global: u8::from(global),
@@ -825,6 +825,7 @@ impl RdmaEndpoint for VerbsEndpoint {
             ah.grh.dgid.raw = dgid;
             ah.grh.sgid_index = self.gid_index as u8;
             ah.grh.hop_limit = 64;
+            ah.grh.traffic_class = class.traffic_class;
         }
         let mut rtr = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTR,

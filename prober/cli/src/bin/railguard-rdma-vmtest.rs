@@ -13,7 +13,7 @@ use railguard_prober::rdma::peer::{authenticate_initiator, Message, SideChannel}
 use railguard_prober::rdma::{
     run_write_test_initiator, run_write_test_responder, GpuMemory, MemoryKind, PeerConfig,
     PeerRdmaEngine, PeerTestRequest, RailBenchRequest, RailLocks, RdmaEngine, RdmaError,
-    VerbsEngine,
+    TrafficClass, VerbsEngine,
 };
 use serde_json::json;
 
@@ -73,6 +73,12 @@ struct Sweep {
     sizes: Vec<usize>,
     #[arg(long, env = "RAILGUARD_ITERATIONS", default_value_t = 10)]
     iterations: u32,
+    /// GRH traffic class of the QPs (a profile's `rdma.trafficClass`).
+    #[arg(long, env = "RAILGUARD_TRAFFIC_CLASS", default_value_t = 0)]
+    traffic_class: u8,
+    /// Service level of the QPs (a profile's `rdma.serviceLevel`).
+    #[arg(long, env = "RAILGUARD_SERVICE_LEVEL", default_value_t = 0)]
+    service_level: u8,
     /// How long one completion may take before the test gives up, milliseconds.
     #[arg(
         long,
@@ -162,6 +168,14 @@ fn bench(sweep: &Sweep) -> RailBenchRequest {
         memory: MemoryKind::Host,
         sizes: sweep.sizes.clone(),
         iterations: sweep.iterations,
+        class: class(sweep),
+    }
+}
+
+fn class(sweep: &Sweep) -> TrafficClass {
+    TrafficClass {
+        service_level: sweep.service_level,
+        traffic_class: sweep.traffic_class,
     }
 }
 
@@ -230,6 +244,7 @@ fn main() -> anyhow::Result<()> {
                     sizes: sweep.sizes.clone(),
                     iterations: sweep.iterations,
                     expect_node: None,
+                    class: class(&sweep),
                 }
             };
             let deadline = Instant::now() + Duration::from_secs(wait_secs);
@@ -259,9 +274,9 @@ fn wrong_rkey(engine: &VerbsEngine, sweep: &Sweep) -> serde_json::Value {
         let mut sender = engine.open_endpoint(&sweep.hca, sweep.port, MemoryKind::Host, buffer)?;
         let mut receiver =
             engine.open_endpoint(&sweep.hca, sweep.port, MemoryKind::Host, buffer)?;
-        receiver.connect(&sender.info())?;
+        receiver.connect(&sender.info(), TrafficClass::default())?;
         let mut target = receiver.info();
-        sender.connect(&target)?;
+        sender.connect(&target, TrafficClass::default())?;
         target.rkey ^= 0x00ff_ff00;
         sender.write_sweep(&target, &[4096], 4).map(|_| ())
     };
@@ -312,6 +327,7 @@ fn vanish(stream: TcpStream, cfg: &PeerConfig, engine: &VerbsEngine) -> Result<(
         port,
         sizes,
         initiator,
+        class,
         ..
     } = ch.recv("test request", cfg.io_timeout)?
     else {
@@ -322,7 +338,7 @@ fn vanish(stream: TcpStream, cfg: &PeerConfig, engine: &VerbsEngine) -> Result<(
     };
     let buffer = sizes.iter().copied().max().unwrap_or(4096);
     let mut endpoint = engine.open_endpoint(&hca, port, MemoryKind::Host, buffer)?;
-    endpoint.connect(&initiator)?;
+    endpoint.connect(&initiator, class)?;
     ch.send(
         &Message::Accept {
             responder: endpoint.info(),

@@ -33,7 +33,7 @@ use super::wire::{
 use super::CampaignError;
 use crate::progress::{NoProgress, Progress};
 use crate::rdma::peer::PairKey;
-use crate::rdma::MemoryKind;
+use crate::rdma::{MemoryKind, TrafficClass};
 
 /// A node taking part, with its endpoint address.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -58,6 +58,9 @@ pub struct CampaignSettings {
     pub memory: MemoryKind,
     pub sizes: Vec<usize>,
     pub iterations: u32,
+    /// The profile's service level and traffic class, so the pair tests cross the fabric in
+    /// the class jobs use.
+    pub class: TrafficClass,
     pub allow_gpu_pods: bool,
     /// Limit for one pair test (all rails).
     pub test_timeout: Duration,
@@ -121,6 +124,7 @@ impl CampaignSettings {
             memory: MemoryKind::Host,
             sizes: vec![8, 4096, 65536, 1 << 20, 8 << 20],
             iterations: 200,
+            class: TrafficClass::of_profile(&profile.spec),
             allow_gpu_pods: false,
             test_timeout: Duration::from_secs(120),
             io_timeout: Duration::from_secs(10),
@@ -535,6 +539,7 @@ async fn run_pair(
         memory: settings.memory,
         sizes: settings.sizes.clone(),
         iterations: settings.iterations,
+        class: settings.class,
         allow_gpu_pods: settings.allow_gpu_pods,
         timeout_ms: settings.test_timeout.as_millis() as u64,
         pair_key,

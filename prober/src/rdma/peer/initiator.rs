@@ -53,6 +53,7 @@ pub fn run_write_test_initiator(
             sizes: req.sizes.clone(),
             iterations: req.iterations,
             initiator: endpoint.info(),
+            class: req.class,
         },
         "test request",
         t,
@@ -68,7 +69,7 @@ pub fn run_write_test_initiator(
         other => return Err(unexpected(peer, "accept", &other)),
     };
     check_remote_qp(peer, &remote, req, buffer)?;
-    endpoint.connect(&remote)?;
+    endpoint.connect(&remote, req.class)?;
 
     let sweep = endpoint
         .write_sweep(&remote, &req.sizes, req.iterations)

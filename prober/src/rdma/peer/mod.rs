@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::{MemoryKind, RailBenchRequest, RailBenchResult, RdmaError};
+use super::{MemoryKind, RailBenchRequest, RailBenchResult, RdmaError, TrafficClass};
 
 pub use auth::{
     answer_hello, authenticate_initiator, proof_with, AuthenticatedPeer, PendingInitiator,
@@ -238,6 +238,9 @@ pub struct PeerTestRequest {
     /// When set, the peer must identify as this node.
     #[serde(default)]
     pub expect_node: Option<String>,
+    /// Class of both QPs: the responder takes the initiator's, as NCCL's accepting side does.
+    #[serde(default)]
+    pub class: TrafficClass,
 }
 
 impl PeerTestRequest {
@@ -252,6 +255,7 @@ impl PeerTestRequest {
             sizes: bench.sizes,
             iterations: bench.iterations,
             expect_node: None,
+            class: TrafficClass::default(),
         }
     }
 
@@ -262,6 +266,7 @@ impl PeerTestRequest {
             memory,
             sizes: self.sizes.clone(),
             iterations: self.iterations,
+            class: self.class,
         }
     }
 }

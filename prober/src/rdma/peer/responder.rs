@@ -44,17 +44,19 @@ pub fn serve_authenticated(
         profile: peer_profile,
     } = initiator;
 
-    let (hca, port, memory, sizes, iterations, initiator) = match ch.recv("test request", t)? {
-        Message::TestRequest {
-            hca,
-            port,
-            memory,
-            sizes,
-            iterations,
-            initiator,
-        } => (hca, port, memory, sizes, iterations, initiator),
-        other => return Err(unexpected(peer, "test request", &other)),
-    };
+    let (hca, port, memory, sizes, iterations, initiator, class) =
+        match ch.recv("test request", t)? {
+            Message::TestRequest {
+                hca,
+                port,
+                memory,
+                sizes,
+                iterations,
+                initiator,
+                class,
+            } => (hca, port, memory, sizes, iterations, initiator, class),
+            other => return Err(unexpected(peer, "test request", &other)),
+        };
     let served = |status| ServedTest {
         peer_node: peer_node.clone(),
         hca: hca.clone(),
@@ -84,6 +86,7 @@ pub fn serve_authenticated(
         memory,
         sizes: sizes.clone(),
         iterations,
+        class,
     };
     if let Err(e) = bench.validate() {
         return refuse(e.to_string());
@@ -105,7 +108,7 @@ pub fn serve_authenticated(
         Ok(ep) => ep,
         Err(e) => return refuse(format!("{} on node {}", e, cfg.node)),
     };
-    if let Err(e) = endpoint.connect(&initiator) {
+    if let Err(e) = endpoint.connect(&initiator, class) {
         return refuse(e.to_string());
     }
     ch.send(

@@ -8,7 +8,7 @@ use tokio_util::bytes::BytesMut;
 use tokio_util::codec::Encoder;
 
 use super::channel::{FrameCodec, FrameError, FrameFormat};
-use crate::rdma::{MemoryKind, QpInfo, RdmaError};
+use crate::rdma::{MemoryKind, QpInfo, RdmaError, TrafficClass};
 
 pub const MAGIC: &[u8; 4] = b"RGRP";
 /// 2: every frame after hello and challenge is sealed ([`channel::Session`](super::channel::Session)).
@@ -48,6 +48,9 @@ pub enum Message {
         sizes: Vec<usize>,
         iterations: u32,
         initiator: QpInfo,
+        /// Service level and traffic class of both QPs (absent: 0, from older initiators).
+        #[serde(default)]
+        class: TrafficClass,
     },
     Accept {
         responder: QpInfo,

@@ -25,10 +25,12 @@ pub(crate) fn nccl_env(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateErr
     if ctx.skip.contains(&Mutation::NcclEnv) {
         return Ok(());
     }
-    let desired = match ctx.profile.spec.nccl.delivery {
+    let mut desired = match ctx.profile.spec.nccl.delivery {
         NcclDelivery::Env => profile_env(ctx.profile, &ctx.ib_hca),
         NcclDelivery::Plugin => plugin_env(ctx),
     };
+    // The fabric class is the profile's, the same on every node: injected in both modes.
+    desired.extend(fabric_class_env(ctx.profile));
     for shadow in &mut draft.containers {
         let mut missing = Vec::new();
         for (var, value) in &desired {
@@ -161,6 +163,21 @@ fn mount_dir(shadow: &mut Shadow, dir: &HostDir<'_>, plan: &mut Plan) -> bool {
             true
         }
     }
+}
+
+/// `NCCL_IB_TC` and `NCCL_IB_SL` from the profile's `rdma.trafficClass`/`serviceLevel`: the
+/// class railguard's RDMA tests measured in, so jobs ride the same (lossless) class.
+fn fabric_class_env(profile: &FabricProfile) -> Vec<(String, String)> {
+    let Some(rdma) = &profile.spec.rdma else {
+        return Vec::new();
+    };
+    [
+        (env::NCCL_IB_TC, rdma.traffic_class),
+        (env::NCCL_IB_SL, rdma.service_level),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.map(|v| (k.to_string(), v.to_string())))
+    .collect()
 }
 
 /// The env the profile injects, in a stable order; `ib_hca` is its `NCCL_IB_HCA`.
@@ -305,6 +322,43 @@ mod tests {
         let (ctx, mut draft) = open(&p, &ns, &profiles, &config);
         nccl_env(&ctx, &mut draft).unwrap();
         assert!(draft.plan.ops.is_empty() && draft.done.is_empty());
+    }
+
+    #[test]
+    fn the_fabric_class_reaches_the_container_in_both_deliveries() {
+        let p = pod_of(json!([{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]));
+        let (ns, config) = (NamespaceInfo::new("ml"), WebhookConfig::default());
+        for plugin in [false, true] {
+            let mut h = if plugin {
+                plugin_profile()
+            } else {
+                profile(H100)
+            };
+            let (ctx, mut draft) = open(&p, &ns, std::slice::from_ref(&h), &config);
+            nccl_env(&ctx, &mut draft).unwrap();
+            let names: Vec<String> = env(&apply_ops(&p, &draft.plan.ops), 0)
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect();
+            assert!(!names
+                .iter()
+                .any(|n| n == env::NCCL_IB_TC || n == env::NCCL_IB_SL));
+
+            let rdma = h.spec.rdma.as_mut().unwrap();
+            rdma.traffic_class = Some(106);
+            rdma.service_level = Some(3);
+            let (ctx, mut draft) = open(&p, &ns, std::slice::from_ref(&h), &config);
+            nccl_env(&ctx, &mut draft).unwrap();
+            let out = env(&apply_ops(&p, &draft.plan.ops), 0);
+            assert!(
+                out.contains(&(env::NCCL_IB_TC.to_string(), "106".to_string())),
+                "{out:?}"
+            );
+            assert!(
+                out.contains(&(env::NCCL_IB_SL.to_string(), "3".to_string())),
+                "{out:?}"
+            );
+        }
     }
 
     fn plugin_profile() -> FabricProfile {

@@ -94,7 +94,8 @@ impl RailBenchRequest {
             port,
             memory: MemoryKind::Host,
             sizes: default_sizes(),
-            iterations: 1000,
+            // perftest's DEF_ITERS_WB: ib_write_bw's iterations (src/perftest_parameters.h).
+            iterations: 5000,
             class: TrafficClass::default(),
         }
     }
@@ -256,6 +257,15 @@ pub enum RdmaError {
     },
     #[error("rail {hca}:{port} is busy with another test")]
     Busy { hca: String, port: u32 },
+    #[error(
+        "RDMA WRITE on {hca}:{port} completed, but {wrong} of {bytes} bytes at the target differ from the source"
+    )]
+    DataMismatch {
+        hca: String,
+        port: u32,
+        wrong: usize,
+        bytes: usize,
+    },
 }
 
 impl RdmaError {
@@ -278,6 +288,7 @@ impl RdmaError {
             RdmaError::PeerRefused { .. } => "peer-refused",
             RdmaError::PeerTimeout { .. } => "peer-timeout",
             RdmaError::Busy { .. } => "busy",
+            RdmaError::DataMismatch { .. } => "data-mismatch",
         }
     }
 }
@@ -336,6 +347,17 @@ pub trait RdmaEndpoint: Send {
     fn registration(&self) -> Option<GpuRegistrationReport> {
         None
     }
+    /// The first `len` bytes of a host-memory buffer, to check what a write delivered;
+    /// `None` where the engine cannot read its buffer (GPU memory, a simulated endpoint).
+    fn host_bytes(&self, _len: usize) -> Option<Vec<u8>> {
+        None
+    }
+}
+
+/// How many of `dst`'s bytes differ from `src` (all of the longer tail when lengths differ).
+pub fn differing_bytes(src: &[u8], dst: &[u8]) -> usize {
+    let common = src.iter().zip(dst).filter(|(a, b)| a != b).count();
+    common + src.len().abs_diff(dst.len())
 }
 
 /// An engine that can also open endpoints for a two-node test.
@@ -365,6 +387,21 @@ pub fn loopback_via_endpoints(
     let r_info = receiver.info();
     sender.connect(&r_info, req.class)?;
     let points = sender.write_sweep(&r_info, &req.sizes, req.iterations)?;
+    // The last size was written last: its bytes must be at the target (perftest reports
+    // bandwidth only; a write that completes without delivering is a failed rail).
+    if let Some(&last) = req.sizes.last() {
+        if let (Some(src), Some(dst)) = (sender.host_bytes(last), receiver.host_bytes(last)) {
+            let wrong = differing_bytes(&src, &dst);
+            if wrong > 0 {
+                return Err(RdmaError::DataMismatch {
+                    hca: req.hca.clone(),
+                    port: req.port,
+                    wrong,
+                    bytes: last,
+                });
+            }
+        }
+    }
     let mut result = RailBenchResult::from_points(&req.hca, req.port, req.memory, points);
     result.registration = sender.registration();
     Ok(result)
@@ -373,6 +410,110 @@ pub fn loopback_via_endpoints(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Endpoints whose writes "complete" and whose target holds `target` afterwards.
+    struct FakeEngine {
+        target: Vec<u8>,
+    }
+    struct FakeEndpoint {
+        bytes: Vec<u8>,
+    }
+    impl RdmaEndpoint for FakeEndpoint {
+        fn info(&self) -> QpInfo {
+            QpInfo {
+                hca: "mlx5_0".into(),
+                port: 1,
+                qpn: 1,
+                psn: 0,
+                lid: 1,
+                gid: "0".repeat(32),
+                gid_index: 0,
+                rkey: 1,
+                addr: 0,
+                len: 1 << 20,
+                mtu: 5,
+                sim: None,
+            }
+        }
+        fn connect(&mut self, _: &QpInfo, _: TrafficClass) -> Result<(), RdmaError> {
+            Ok(())
+        }
+        fn write_sweep(
+            &mut self,
+            _: &QpInfo,
+            sizes: &[usize],
+            _: u32,
+        ) -> Result<Vec<SizePoint>, RdmaError> {
+            Ok(sizes
+                .iter()
+                .map(|&bytes| SizePoint {
+                    bytes,
+                    bw_gbps: 1.0,
+                    lat_us: 1.0,
+                })
+                .collect())
+        }
+        fn host_bytes(&self, len: usize) -> Option<Vec<u8>> {
+            self.bytes.get(..len).map(<[u8]>::to_vec)
+        }
+    }
+    impl RdmaEngine for FakeEngine {
+        fn loopback(&self, req: &RailBenchRequest) -> Result<RailBenchResult, RdmaError> {
+            loopback_via_endpoints(self, req)
+        }
+        fn devices(&self) -> Result<Vec<String>, RdmaError> {
+            Ok(vec![])
+        }
+    }
+    impl PeerRdmaEngine for FakeEngine {
+        fn open_endpoint(
+            &self,
+            _: &str,
+            _: u32,
+            _: MemoryKind,
+            _: usize,
+        ) -> Result<Box<dyn RdmaEndpoint>, RdmaError> {
+            // The sender opens first and holds the source pattern.
+            static OPENED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let n = OPENED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(Box::new(FakeEndpoint {
+                bytes: if n.is_multiple_of(2) {
+                    vec![7u8; 1 << 20]
+                } else {
+                    self.target.clone()
+                },
+            }))
+        }
+    }
+
+    #[test]
+    fn a_write_that_does_not_deliver_its_bytes_fails_the_rail() {
+        let req = RailBenchRequest {
+            sizes: vec![4096, 1 << 20],
+            iterations: 1,
+            ..RailBenchRequest::host("mlx5_0", 1)
+        };
+        let mut target = vec![7u8; 1 << 20];
+        target[100] = 0;
+        target[5000] = 1;
+        let e = FakeEngine { target }.loopback(&req).unwrap_err();
+        assert_eq!(e.kind(), "data-mismatch");
+        assert_eq!(
+            e.to_string(),
+            "RDMA WRITE on mlx5_0:1 completed, but 2 of 1048576 bytes at the target differ from the source"
+        );
+        assert!(FakeEngine {
+            target: vec![7u8; 1 << 20]
+        }
+        .loopback(&req)
+        .is_ok());
+        assert_eq!(differing_bytes(&[1, 2, 3], &[1, 2]), 1);
+        assert_eq!(
+            RailBenchRequest::host("mlx5_0", 1).iterations,
+            5000,
+            "ib_write_bw's"
+        );
+    }
 
     #[test]
     fn default_sweep_is_small_message_then_4k_to_8m() {

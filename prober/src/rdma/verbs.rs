@@ -37,8 +37,13 @@ use super::{
     RdmaEndpoint, RdmaEngine, RdmaError, SizePoint, TrafficClass,
 };
 
-/// Outstanding writes per QP during the bandwidth run (perftest's default tx depth is 128).
-const TX_DEPTH: u32 = 64;
+/// Outstanding writes per QP during the bandwidth run: perftest's `DEF_TX_BW`
+/// (`src/perftest_parameters.h`).
+const TX_DEPTH: u32 = 128;
+/// One write in this many is signaled: perftest's `DEF_CQ_MOD` (never above the tx depth,
+/// `src/perftest_parameters.c`). A completion then stands for every write before it (RC
+/// completes in order), so the CPU polls one CQE per 100 writes as `ib_write_bw` does.
+const CQ_MOD: u32 = 100;
 /// Latency is averaged over at most this many writes per size.
 const MAX_LATENCY_ITERS: u32 = 1000;
 /// From this size on, the latency run takes at most 10 samples.
@@ -299,9 +304,18 @@ fn verbs_err(op: &'static str, rc: c_int) -> RdmaError {
     RdmaError::Verbs { op, errno }
 }
 
-/// Registers a new host buffer of `len` bytes.
+/// Registers a new host buffer of `len` bytes, filled with a pattern of its own (so a target
+/// buffer never holds the source's bytes before a write lands).
 fn register_host(pd: &Pd, len: usize, access: c_int) -> Result<(Mr, Buffer), RdmaError> {
-    let mut buf = vec![0xa5u8; len];
+    let mut buf = vec![0u8; len];
+    let mut x: u64 = rand::random::<u64>() | 1;
+    for b in buf.iter_mut() {
+        // xorshift64: cheap, and two buffers' streams never line up in practice.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
     // SAFETY: buf is a live allocation of buf.len() bytes that is neither moved nor resized
     // while registered (it is owned by the endpoint and dropped after the MR).
     let mr = unsafe { ffi::ibv_reg_mr(pd.0, buf.as_mut_ptr() as *mut c_void, buf.len(), access) };
@@ -576,8 +590,15 @@ impl VerbsEndpoint {
         unsafe { ((*self.mr.0).lkey, (*self.mr.0).rkey) }
     }
 
-    /// Posts one signaled RDMA WRITE of `len` bytes from the start of our buffer.
-    fn post_write(&mut self, remote: &QpInfo, len: usize, wr_id: u64) -> Result<(), RdmaError> {
+    /// Posts one RDMA WRITE of `len` bytes from the start of our buffer; `signaled` asks for
+    /// its completion (the QP is created with `sq_sig_all = 0`).
+    fn post_write(
+        &mut self,
+        remote: &QpInfo,
+        len: usize,
+        wr_id: u64,
+        signaled: bool,
+    ) -> Result<(), RdmaError> {
         let (lkey, _) = self.keys();
         let mut sge = ffi::ibv_sge {
             addr: self.buf.addr(),
@@ -590,7 +611,11 @@ impl VerbsEndpoint {
             sg_list: &mut sge,
             num_sge: 1,
             opcode: ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-            send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            send_flags: if signaled {
+                ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
+            } else {
+                0
+            },
             ..Default::default()
         };
         wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
@@ -671,11 +696,14 @@ impl VerbsEndpoint {
         iterations: u32,
     ) -> Result<SizePoint, RdmaError> {
         let mut wcs = vec![ffi::ibv_wc::default(); TX_DEPTH as usize];
-        // Warm-up: the first write of a size pays for page walks and cache misses.
-        for _ in 0..1 {
-            self.post_write(remote, bytes, 0)?;
-            self.poll(1, &mut wcs)?;
+        // Warm-up as perftest's --perform_warm_up (`src/perftest_resources.c`, `perform_warm_up`):
+        // a tx depth of writes, the last one signaled, before anything is timed; never more
+        // writes than the run itself makes (a 10-write sweep on Soft-RoCE stays short).
+        let warmup = TX_DEPTH.min(iterations.max(1));
+        for i in 0..warmup {
+            self.post_write(remote, bytes, u64::from(i), i + 1 == warmup)?;
         }
+        self.poll(1, &mut wcs)?;
 
         // Latency matters for small messages; large ones only need a few samples.
         let lat_cap = if bytes >= LARGE_MESSAGE_BYTES {
@@ -686,19 +714,25 @@ impl VerbsEndpoint {
         let lat_iters = iterations.clamp(1, lat_cap);
         let start = Instant::now();
         for i in 0..lat_iters {
-            self.post_write(remote, bytes, u64::from(i))?;
+            self.post_write(remote, bytes, u64::from(i), true)?;
             self.poll(1, &mut wcs)?;
         }
         let lat_us = start.elapsed().as_secs_f64() * 1e6 / f64::from(lat_iters);
 
+        // perftest's run_iter_bw: at most tx depth writes outstanding, every cq_mod-th and the
+        // last one signaled; a completion's wr_id is the index of the write it finishes.
+        let cq_mod = CQ_MOD.min(TX_DEPTH);
         let (mut posted, mut done) = (0u32, 0u32);
         let start = Instant::now();
         while done < iterations {
             while posted < iterations && posted - done < TX_DEPTH {
-                self.post_write(remote, bytes, u64::from(posted))?;
+                let signaled = (posted + 1) % cq_mod == 0 || posted + 1 == iterations;
+                self.post_write(remote, bytes, u64::from(posted), signaled)?;
                 posted += 1;
             }
-            done += self.poll((posted - done) as usize, &mut wcs)? as u32;
+            let n = self.poll(1, &mut wcs)?;
+            let last = wcs[..n].iter().map(|wc| wc.wr_id()).max().unwrap_or(0);
+            done = done.max(u32::try_from(last).unwrap_or(u32::MAX).saturating_add(1));
         }
         let secs = start.elapsed().as_secs_f64().max(1e-9);
         let bw_gbps = bytes as f64 * 8.0 * f64::from(iterations) / secs / 1e9;
@@ -795,6 +829,13 @@ impl RdmaEndpoint for VerbsEndpoint {
             len: self.buf.len() as u64,
             mtu: self.active_mtu,
             sim: None,
+        }
+    }
+
+    fn host_bytes(&self, len: usize) -> Option<Vec<u8>> {
+        match &self.buf {
+            Buffer::Host(v) => v.get(..len).map(<[u8]>::to_vec),
+            Buffer::Gpu { .. } => None,
         }
     }
 

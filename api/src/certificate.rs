@@ -301,6 +301,10 @@ pub struct Certificate {
     pub passive_checked_at: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<HistoryEntry>,
+    /// Made by a simulated RDMA engine and the stand-in `all_reduce_perf` (`--sim`), not by
+    /// measuring hardware.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub simulated: bool,
     /// Fields written by newer versions, kept on round trips.
     #[serde(flatten)]
     pub extra: BTreeMap<String, serde_json::Value>,

@@ -94,7 +94,18 @@ impl NodeFabric {
             .annotations
             .as_ref()
             .and_then(|a| a.get(keys::ANNOTATION_CERTIFICATE));
-        let state = interpret(&labels, annotation.map(String::as_str), now);
+        let mut state = interpret(&labels, annotation.map(String::as_str), now);
+        // A certificate counts only on the Node it names: copied elsewhere it proves nothing.
+        if let Some(named) = state.certificate().and_then(|c| c.node.clone()) {
+            if named != name {
+                state = FabricState::Unreadable {
+                    reason: format!(
+                        "annotation {} is the certificate of node {named}, not {name}",
+                        keys::ANNOTATION_CERTIFICATE
+                    ),
+                };
+            }
+        }
         let fleet_outlier = node
             .status
             .as_ref()

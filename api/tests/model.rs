@@ -424,6 +424,7 @@ fn certificate(now: Timestamp, verdict: Verdict, ttl_secs: i64) -> Certificate {
         software: BTreeMap::from([("driver".to_string(), "550.54.15".to_string())]),
         passive_checked_at: None,
         history: vec![],
+        simulated: false,
         extra: BTreeMap::new(),
     }
 }
@@ -496,6 +497,41 @@ fn node(labels: &[(&str, &str)], cert: Option<&str>) -> Node {
         )]));
     }
     n
+}
+
+#[test]
+fn a_certificate_counts_only_on_the_node_it_names() {
+    let issued = Timestamp::from_second(1_800_000_000).unwrap();
+    let during = issued + SignedDuration::from_secs(60);
+    let mut cert = certificate(issued, Verdict::Certified, 3600);
+    let labels = [
+        ("railguard.io/fabric", "certified"),
+        ("railguard.io/profile", "h100-ndr"),
+        ("railguard.io/signature", cert.signature.as_str()),
+    ]
+    .map(|(k, v)| (k, v.to_string()));
+    let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let on = |c: &Certificate| {
+        NodeFabric::from_node(&node(&labels, Some(&c.to_annotation().unwrap())), during).state
+    };
+    assert_eq!(on(&cert).kind(), "certified", "gpu-1's own");
+    cert.node = Some("gpu-7".into());
+    match on(&cert) {
+        FabricState::Unreadable { reason } => assert_eq!(
+            reason,
+            "annotation railguard.io/certificate is the certificate of node gpu-7, not gpu-1"
+        ),
+        other => panic!("copied certificate accepted: {other}"),
+    }
+    cert.node = None;
+    assert_eq!(
+        on(&cert).kind(),
+        "certified",
+        "older certificates name no node"
+    );
+    cert.simulated = true;
+    let back = Certificate::from_annotation(&cert.to_annotation().unwrap()).unwrap();
+    assert!(back.simulated, "the simulated mark survives the annotation");
 }
 
 #[test]

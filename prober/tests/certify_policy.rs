@@ -782,6 +782,7 @@ fn certificate_record_keeps_history_and_expiry_from_the_invasive_pass() {
         profile: &p,
         signature: None,
         gpus: vec![],
+        simulated: false,
     };
     let e = good();
     let t0 = Timestamp::from_second(1_700_000_000).unwrap();

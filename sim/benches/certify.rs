@@ -103,6 +103,7 @@ fn main() {
                             log_dir: tmp.join("logs"),
                             nccl_timeout: Duration::from_secs(60),
                             software: Arc::new(ModelSoftware::new(&root, model.software.clone())),
+                            simulated: true,
                         };
                         let mut verdict = String::new();
                         let t = best_of(5, || {
@@ -115,6 +116,7 @@ fn main() {
                                     profile: &profile.spec,
                                     signature: g.evidence.layout_signature.clone(),
                                     gpus: g.gpus.clone(),
+                                    simulated: true,
                                 };
                                 let c = invasive_certificate(
                                     &subject,

@@ -64,6 +64,7 @@ pub fn certificate(
         software: BTreeMap::new(),
         passive_checked_at: None,
         history: Vec::new(),
+        simulated: false,
         extra: BTreeMap::new(),
     }
 }

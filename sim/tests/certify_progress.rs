@@ -39,6 +39,7 @@ async fn each_rail_and_nccl_run_is_a_step() {
         log_dir: dir.path().join("logs"),
         nccl_timeout: Duration::from_secs(120),
         software: Arc::new(ModelSoftware::new(&root, model.software.clone())),
+        simulated: true,
     };
     let profile = profile();
     let progress = Arc::new(RecordingProgress::default());

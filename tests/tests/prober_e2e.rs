@@ -88,6 +88,7 @@ async fn simulated_nodes_certify_fail_on_faults_and_flip_on_passive_counters() -
         // The loopback of the default profile: one rank per GPU, every byte through a NIC.
         assert!(nccl.busbw_plateau_gbps.unwrap() >= profile.spec.thresholds.busbw_plateau_gbps);
         assert_eq!(nccl.ranks, Some(8));
+        assert!(c.simulated, "made with --sim: the certificate says so");
         assert_eq!(nccl.gdr, Some(true));
         assert_eq!(
             c.software.get("driver").map(String::as_str),

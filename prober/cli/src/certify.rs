@@ -46,6 +46,10 @@ pub struct NodeArgs {
     /// `railguard-sim/model.yaml` (test and demo only). Faults written into the tree are seen.
     #[arg(long, env = "RAILGUARD_SIM_ROOT", value_hint = ValueHint::DirPath, conflicts_with = "sysfs_root")]
     pub sim_root: Option<PathBuf>,
+    /// Run `--sim`/`--sim-root` even on a machine whose /sys/class/infiniband lists RDMA
+    /// devices (a simulated certificate must never stand for real hardware by accident).
+    #[arg(long, env = "RAILGUARD_SIM_ON_RDMA_HOST")]
+    pub sim_on_rdma_host: bool,
     /// Where node models live (for `--sim NAME`).
     #[arg(long, env = "RAILGUARD_MODELS_DIR", value_hint = ValueHint::DirPath)]
     pub models_dir: Option<PathBuf>,
@@ -82,6 +86,25 @@ pub struct NodeArgs {
     /// Kill an NCCL run after this many seconds.
     #[arg(long, env = "RAILGUARD_NCCL_TIMEOUT_SECS", default_value_t = 1800)]
     pub nccl_timeout_secs: u64,
+}
+
+/// Refuses simulation where `class_dir` (`/sys/class/infiniband`) lists RDMA devices.
+pub fn refuse_sim_on_rdma_host(class_dir: &std::path::Path) -> anyhow::Result<()> {
+    let mut devices: Vec<String> = match std::fs::read_dir(class_dir) {
+        Ok(entries) => entries
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect(),
+        Err(_) => return Ok(()),
+    };
+    if devices.is_empty() {
+        return Ok(());
+    }
+    devices.sort();
+    anyhow::bail!(
+        "refusing --sim on a machine with RDMA devices ({}): a simulated certificate must not stand for this node's hardware; pass --sim-on-rdma-host to simulate anyway",
+        devices.join(", ")
+    )
 }
 
 /// `railguard-prober certify [--sim MODEL] [--publish] [--json]`
@@ -130,6 +153,9 @@ impl NodeArgs {
     /// model's sysfs tree is (re)written first.
     pub async fn context(&self, client: Option<Client>) -> anyhow::Result<NodeContext> {
         let node = self.node_name()?;
+        if (self.sim.is_some() || self.sim_root.is_some()) && !self.sim_on_rdma_host {
+            refuse_sim_on_rdma_host(std::path::Path::new("/sys/class/infiniband"))?;
+        }
         let sim = match (&self.sim, &self.sim_root) {
             (_, Some(root)) => Some(SimulatedNode::from_tree(root)?),
             (Some(name), None) => {
@@ -210,6 +236,7 @@ impl NodeArgs {
             log_dir: self.log_dir.join(&node),
             nccl_timeout: Duration::from_secs(self.nccl_timeout_secs),
             software,
+            simulated: sim.is_some(),
         };
         let publisher = client.map(|c| NodePublisher::new(c, node.clone()));
         Ok(NodeContext {
@@ -329,5 +356,28 @@ impl CertifyArgs {
             out.matrix
         };
         Ok(Outcome::new(text, status))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::refuse_sim_on_rdma_host;
+
+    #[test]
+    fn simulation_is_refused_where_rdma_devices_exist() {
+        let dir = tempfile::tempdir().unwrap();
+        let class = dir.path().join("infiniband");
+        assert!(
+            refuse_sim_on_rdma_host(&class).is_ok(),
+            "no class directory"
+        );
+        std::fs::create_dir(&class).unwrap();
+        assert!(refuse_sim_on_rdma_host(&class).is_ok(), "no devices");
+        std::fs::create_dir(class.join("mlx5_0")).unwrap();
+        std::fs::create_dir(class.join("mlx5_1")).unwrap();
+        let e = refuse_sim_on_rdma_host(&class).unwrap_err().to_string();
+        assert!(e.contains("RDMA devices (mlx5_0, mlx5_1)"), "{e}");
+        assert!(e.contains("--sim-on-rdma-host"), "{e}");
     }
 }

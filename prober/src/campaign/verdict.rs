@@ -188,6 +188,7 @@ mod tests {
             software: BTreeMap::from([("driver".into(), "550".into())]),
             passive_checked_at: None,
             history: vec![],
+            simulated: false,
             extra: BTreeMap::from([("future".into(), serde_json::json!(1))]),
         }
     }

@@ -141,6 +141,7 @@ pub async fn certify_with_state(
         profile: spec,
         signature: gathered.evidence.layout_signature.clone(),
         gpus: gathered.gpus.clone(),
+        simulated: ctx.setup.simulated,
     };
     let cert = invasive_certificate(
         &subject,
@@ -197,6 +198,7 @@ pub async fn passive_once(
         profile: spec,
         signature: gathered.evidence.layout_signature.clone(),
         gpus: gathered.gpus,
+        simulated: ctx.setup.simulated,
     };
     let cert = passive_certificate(&subject, &assessment, previous.as_ref(), Timestamp::now());
     let cert = publisher.publish(state, &cert, false).await?;

@@ -17,6 +17,8 @@ pub struct Subject<'a> {
     /// Signature of the node's discovered layout; the profile's when discovery gave none.
     pub signature: Option<String>,
     pub gpus: Vec<GpuAffinity>,
+    /// Evidence from simulated engines (see [`railguard_api::Certificate::simulated`]).
+    pub simulated: bool,
 }
 
 impl Subject<'_> {
@@ -61,6 +63,7 @@ pub fn invasive_certificate(
         history.drain(..history.len() - depth);
     }
     Certificate {
+        simulated: subject.simulated,
         version: CERTIFICATE_VERSION,
         generation: previous.map(|p| p.generation + 1).unwrap_or(1),
         issued_at: now,
@@ -101,6 +104,7 @@ pub fn passive_certificate(
             c.findings = assessment.findings.clone();
             c.passive_checked_at = Some(now);
             c.node = Some(subject.node.to_string());
+            c.simulated |= subject.simulated;
             c
         }
         None => Certificate {
@@ -121,6 +125,7 @@ pub fn passive_certificate(
             software: BTreeMap::new(),
             passive_checked_at: Some(now),
             history: Vec::new(),
+            simulated: subject.simulated,
             extra: BTreeMap::new(),
         },
     }

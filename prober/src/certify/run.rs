@@ -44,6 +44,8 @@ pub struct NodeSetup {
     pub nccl_timeout: Duration,
     /// Software versions discovery does not read (CUDA, OFED).
     pub software: Arc<dyn SoftwareSource>,
+    /// The engine and NCCL binary are simulations: certificates say `simulated: true`.
+    pub simulated: bool,
 }
 
 /// Software versions the sysfs readers do not cover: the CUDA version the driver supports and

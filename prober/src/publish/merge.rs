@@ -143,6 +143,7 @@ mod tests {
             software: BTreeMap::new(),
             passive_checked_at: None,
             history: vec![],
+            simulated: false,
             extra: BTreeMap::new(),
         }
     }

@@ -600,6 +600,7 @@ fn placeholder(profile: &str, signature: &str) -> Certificate {
         software: BTreeMap::new(),
         passive_checked_at: None,
         history: Vec::new(),
+        simulated: false,
         extra: BTreeMap::new(),
     }
 }

@@ -56,6 +56,13 @@ pub const ANNOTATION_SIGNATURE: &str = "railguard.io/signature";
 /// Pod output: comma list of the mutations the webhook applied.
 pub const ANNOTATION_MUTATIONS: &str = "railguard.io/mutations";
 
+/// Pod output in Audit mode: what railguard would have done (profile, mutations or denial,
+/// and the JSON patch), recorded instead of applied.
+pub const ANNOTATION_AUDIT: &str = "railguard.io/audit";
+/// Namespace and pod label that opts pods into railguard's admission (chart default scope,
+/// `webhook.optIn`): `"true"`.
+pub const LABEL_INJECT: &str = "railguard.io/inject";
+
 /// The parts of a mutation a pod may skip with [`ANNOTATION_SKIP`].
 pub const SKIP_PARTS: &[&str] = &["shm", "ipc-lock", "nccl-env", "rdma", "network", "affinity"];
 

@@ -679,10 +679,35 @@ pub enum Enforcement {
     Deny,
 }
 
+/// Whether admission applies what it decides or only records it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum AdmissionMode {
+    /// Admit every pod unchanged: the patch railguard would apply (or the denial it would
+    /// give) goes into the `railguard.io/audit` annotation and a warning, so an operator can
+    /// review real traffic before enforcing.
+    Audit,
+    /// Apply the patch, deny what the policy denies.
+    #[default]
+    Enforce,
+}
+
+impl AdmissionMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdmissionMode::Audit => "Audit",
+            AdmissionMode::Enforce => "Enforce",
+        }
+    }
+}
+
 /// Admission policy of the profile.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionPolicy {
+    /// Audit or Enforce for this profile's pods; unset follows the webhook's `--mode`
+    /// (chart `webhook.mode`). Lets one profile enforce while the others still audit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<AdmissionMode>,
     /// Unsafe NCCL settings found on a pod (NCCL_DEBUG, GDR_LEVEL=SYS, ...).
     #[serde(default)]
     pub unsafe_nccl: Enforcement,

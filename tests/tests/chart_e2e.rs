@@ -151,7 +151,25 @@ fn default_values_render_the_webhook_configuration_the_issue_asks_for() {
     assert_eq!(exprs[0]["key"], "kubernetes.io/metadata.name");
     assert_eq!(exprs[0]["operator"], "NotIn");
     assert_eq!(strs(&exprs[0]["values"]), ["kube-system", "railguard"]);
+    // Opt-in by default: pods of namespaces labelled railguard.io/inject=true, and pods so
+    // labelled in any other namespace.
+    assert_eq!(
+        exprs[1],
+        json!({"key": "railguard.io/inject", "operator": "In", "values": ["true"]})
+    );
     assert!(w.get("objectSelector").is_none());
+    let w2 = &mwc["webhooks"][1];
+    assert_eq!(w2["name"], "opted-in-pods.webhook.railguard.io");
+    assert_eq!(
+        w2["namespaceSelector"]["matchExpressions"][1],
+        json!({"key": "railguard.io/inject", "operator": "NotIn", "values": ["true"]})
+    );
+    assert_eq!(
+        w2["objectSelector"],
+        json!({"matchLabels": {"railguard.io/inject": "true"}})
+    );
+    assert_eq!(w2["clientConfig"], w["clientConfig"]);
+    assert_eq!(mwc["webhooks"].as_array().unwrap().len(), 2);
 
     // Deployment: two replicas spread over nodes, probes on the metrics port.
     let dep = find(&docs, "Deployment", "railguard-webhook");
@@ -181,6 +199,7 @@ fn default_values_render_the_webhook_configuration_the_issue_asks_for() {
         "--tls-cert=/etc/railguard/tls/tls.crt",
         "--tls-key=/etc/railguard/tls/tls.key",
         "--failure-mode=open",
+        "--mode=Audit",
         "--excluded-namespaces=kube-system,railguard",
         "--self-signed-secret=railguard-webhook-tls",
         "--webhook-config-name=railguard-webhook",
@@ -204,6 +223,123 @@ fn default_values_render_the_webhook_configuration_the_issue_asks_for() {
     let pdb = find(&docs, "PodDisruptionBudget", "railguard-webhook");
     assert_eq!(pdb["apiVersion"], "policy/v1beta1");
     assert_eq!(pdb["spec"]["minAvailable"], 1);
+}
+
+/// The webhook's configuration as the binary builds it from the Deployment's arguments.
+fn webhook_config_of(docs: &[Doc]) -> railguard_webhook::WebhookConfig {
+    use clap::Parser;
+    let dep = find(docs, "Deployment", "railguard-webhook");
+    let mut argv = vec!["railguard-webhook".to_string()];
+    argv.extend(container_args(
+        &dep["spec"]["template"]["spec"]["containers"][0],
+    ));
+    let cli = railguard_webhook_cli::Cli::try_parse_from(argv).unwrap();
+    railguard_webhook_cli::settings::webhook_config(&cli, Some("railguard")).unwrap()
+}
+
+/// Whether an entry of the MutatingWebhookConfiguration sends a pod with `pod` labels in a
+/// namespace with `ns` labels (its selectors are ANDed; the entries ORed).
+fn entries_send(mwc: &Json, ns: &BTreeMap<String, String>, pod: &BTreeMap<String, String>) -> bool {
+    use railguard_api::selector::LabelSelector;
+    let matches = |sel: &Json, labels: &BTreeMap<String, String>| {
+        sel.is_null()
+            || serde_json::from_value::<LabelSelector>(sel.clone())
+                .unwrap()
+                .matches(labels)
+    };
+    mwc["webhooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|w| matches(&w["namespaceSelector"], ns) && matches(&w["objectSelector"], pod))
+}
+
+#[test]
+fn the_charts_opt_in_entries_and_the_webhooks_scope_agree() {
+    let label = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let kueue = ValuesSet {
+        values: r#"
+webhook:
+  optIn:
+    enabled: true
+    namespaceLabel: {key: team.example/gpu, value: enabled}
+    podSelector:
+      matchExpressions: [{key: kueue.x-k8s.io/queue-name, operator: Exists}]
+  objectSelector:
+    matchExpressions: [{key: railguard.io/opt-out, operator: DoesNotExist}]
+"#,
+        ..DEFAULT
+    };
+    let everyone = ValuesSet {
+        values: "webhook: {mode: Enforce, optIn: {enabled: false}}",
+        ..DEFAULT
+    };
+    for set in [&DEFAULT, &kueue, &everyone] {
+        let docs = render(set);
+        let config = webhook_config_of(&docs);
+        let mwc = find(&docs, "MutatingWebhookConfiguration", "railguard-webhook");
+        for ns_name in ["ml", "research"] {
+            for ns_extra in [
+                vec![],
+                vec![("railguard.io/inject", "true")],
+                vec![("railguard.io/inject", "false")],
+                vec![("team.example/gpu", "enabled")],
+            ] {
+                let mut ns = label(&ns_extra);
+                ns.insert("kubernetes.io/metadata.name".into(), ns_name.into());
+                for pod in [
+                    label(&[]),
+                    label(&[("railguard.io/inject", "true")]),
+                    label(&[("kueue.x-k8s.io/queue-name", "team-a")]),
+                    label(&[
+                        ("kueue.x-k8s.io/queue-name", "team-a"),
+                        ("railguard.io/opt-out", ""),
+                    ]),
+                ] {
+                    let sent = entries_send(mwc, &ns, &pod);
+                    let opted_out = pod.contains_key("railguard.io/opt-out");
+                    // The API server may send more than the scope only where the user's own
+                    // objectSelector filters (the webhook never sees those pods).
+                    assert_eq!(
+                        sent,
+                        config.scope.admits(&ns, &pod)
+                            && !(opted_out && set.values.contains("opt-out")),
+                        "{}: namespace {ns:?}, pod {pod:?}",
+                        set.values
+                    );
+                }
+            }
+        }
+    }
+    let mode = |set: &ValuesSet| webhook_config_of(&render(set)).mode;
+    use railguard_api::profile::AdmissionMode;
+    assert_eq!(
+        mode(&DEFAULT),
+        AdmissionMode::Audit,
+        "the chart starts in Audit"
+    );
+    assert_eq!(
+        mode(&everyone),
+        AdmissionMode::Enforce,
+        "one value enforces"
+    );
+    assert!(!webhook_config_of(&render(&everyone)).scope.is_opt_in());
+    assert_eq!(
+        find(
+            &render(&everyone),
+            "MutatingWebhookConfiguration",
+            "railguard-webhook"
+        )["webhooks"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
 }
 
 #[test]

@@ -880,7 +880,10 @@ async fn self_managed_certificates_trust_the_ca_in_the_node_guard_configuration(
     // Deployment): the pass says so, so it is repeated soon.
     let first = cert_sync::sync_once(&client, &opts, now).await.unwrap();
     assert!(first.webhook_config_missing, "{first:?}");
-    assert_eq!(first.bundles_patched, 1, "the mutating entry");
+    assert_eq!(
+        first.bundles_patched, 2,
+        "both mutating entries (opted in by namespace, by pod)"
+    );
 
     create_rendered::<ValidatingWebhookConfiguration>(
         &client,
@@ -914,11 +917,15 @@ async fn self_managed_certificates_trust_the_ca_in_the_node_guard_configuration(
             .map(|w| w.client_config.ca_bundle),
     );
     assert_eq!(guard_bundles.len(), 2);
+    assert_eq!(mutating_bundles.len(), 2);
     assert!(guard_bundles
         .iter()
         .all(|b| b.contains("BEGIN CERTIFICATE")));
     assert!(
-        guard_bundles.iter().all(|b| b == &mutating_bundles[0]),
+        guard_bundles
+            .iter()
+            .chain(&mutating_bundles)
+            .all(|b| b == &mutating_bundles[0]),
         "the same CA as the mutating webhook"
     );
     let third = cert_sync::sync_once(&client, &opts, now).await.unwrap();

@@ -41,6 +41,8 @@ use serde_json::{json, Value};
 const RELEASE: &str = "railguard";
 const NAMESPACE: &str = "railguard";
 const TRAINING: &str = "training";
+/// A namespace that has not opted in: its GPU pods are never sent to the webhook.
+const INFERENCE: &str = "inference";
 const PROFILE: &str = "h100-ndr";
 const TESTBOX: &str = "localhost/railguard-testbox:dev";
 /// The rail the fault takes down (a rail of the h100-ndr profile).
@@ -390,7 +392,17 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     // Install: namespaces, CRD, every rendered object; wait for the workloads.
     create_namespace(&client, "kube-system", &[]).await?;
     create_namespace(&client, NAMESPACE, &[]).await?;
-    create_namespace(&client, TRAINING, &[("railguard.io/exemptions", "allowed")]).await?;
+    // The chart's default scope is opt-in: the training namespace carries the label.
+    create_namespace(
+        &client,
+        TRAINING,
+        &[
+            ("railguard.io/exemptions", "allowed"),
+            (keys::LABEL_INJECT, "true"),
+        ],
+    )
+    .await?;
+    create_namespace(&client, INFERENCE, &[]).await?;
     node.control_plane().apply_fabricprofile_crd().await?;
     let (plugin_dir, config_dir) = (dir.join("nccl-plugin"), dir.join("nccl-config"));
     let objects = render_chart(&sim_node, &gpu_libs, (&plugin_dir, &config_dir))?;
@@ -480,6 +492,27 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         mutated(&p),
         "trainer-0 was not mutated: {:?}",
         p.metadata.annotations
+    );
+    // The same pod where nobody opted in: admitted as submitted (a dry run returns the
+    // object every admission webhook made of it).
+    let untouched = Api::<Pod>::namespaced(client.clone(), INFERENCE)
+        .create(
+            &PostParams {
+                dry_run: true,
+                ..Default::default()
+            },
+            &training_pod("server-0", &[], Some(1))?,
+        )
+        .await
+        .context("dry-run pod in a namespace that did not opt in")?;
+    ensure!(
+        !mutated(&untouched)
+            && untouched
+                .spec
+                .as_ref()
+                .is_some_and(|s| s.affinity.is_none()),
+        "a GPU pod outside the opt-in scope was changed: {:?}",
+        untouched.metadata.annotations
     );
     let profile: FabricProfile = Api::<FabricProfile>::all(client.clone())
         .get(PROFILE)

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::ByteString;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Client;
-use railguard_api::profile::Enforcement;
+use railguard_api::profile::{AdmissionMode, Enforcement};
 use railguard_api::{profiles_from_yaml, FabricProfile};
 use railguard_tests::{eventually, labels, workspace_root, ControlPlane, ServingCertificate};
 use railguard_webhook::catalog::Catalog;
@@ -138,7 +138,18 @@ async fn webhook_configures_pods_created_through_the_api_server() {
     strict.spec.default = false;
     strict.spec.node_selector = BTreeMap::from([("railguard.io/pool".into(), "strict".into())]);
     strict.spec.policy.unsafe_nccl = Enforcement::Deny;
-    for p in [h100.clone(), fixture_profile("roce-cloud.yaml"), strict] {
+    // A pool still in Audit while the webhook enforces (a profile's own policy.mode).
+    let mut audited = h100.clone();
+    audited.metadata.name = Some("h100-audit".into());
+    audited.spec.default = false;
+    audited.spec.node_selector = BTreeMap::from([("railguard.io/pool".into(), "audit".into())]);
+    audited.spec.policy.mode = Some(AdmissionMode::Audit);
+    for p in [
+        h100.clone(),
+        fixture_profile("roce-cloud.yaml"),
+        strict,
+        audited,
+    ] {
         profiles.create(&PostParams::default(), &p).await.unwrap();
     }
     for (ns, l) in [
@@ -181,7 +192,7 @@ async fn webhook_configures_pods_created_through_the_api_server() {
     let readyz = format!("http://{}/readyz", srv.metrics_addr);
     eventually(Duration::from_secs(30), "webhook caches synced", || async {
         let ready = reqwest_status(&readyz).await == Some(200);
-        Ok((ready && catalog.profiles().len() == 3).then_some(()))
+        Ok((ready && catalog.profiles().len() == 4).then_some(()))
     })
     .await
     .unwrap();
@@ -486,6 +497,65 @@ async fn webhook_configures_pods_created_through_the_api_server() {
     let pod = create_pod(&client, "train", launcher).await.pod();
     assert_eq!(annotation(&pod, "railguard.io/profile"), None);
     assert_eq!(pod.spec.as_ref().unwrap().containers[0].env, None);
+
+    // Audit: the pod is stored as submitted but for the record of what railguard would
+    // have applied; the client is told. The second entry finds the record in place.
+    let mut audit_pod = gpu_pod("audited-0", 8, json!({}), json!([]));
+    audit_pod["spec"]["nodeSelector"] = json!({"railguard.io/pool": "audit"});
+    let c = create_pod(&client, "train", audit_pod.clone()).await;
+    let pod = c.pod();
+    let spec = pod.spec.as_ref().unwrap();
+    assert_eq!(spec.containers[0].env, None, "nothing applied in Audit");
+    assert!(caps(&spec.containers[0]).is_empty() && !has_shm(&pod));
+    assert!(spec.affinity.is_none());
+    assert_eq!(annotation(&pod, "railguard.io/profile"), None);
+    let record: Value =
+        serde_json::from_str(&annotation(&pod, "railguard.io/audit").expect("audit record"))
+            .unwrap();
+    assert_eq!(record["profile"], "h100-audit");
+    assert_eq!(record["would"], "mutate");
+    // The recorded patch is what Enforce would have applied to the pod as admission saw it
+    // (the stored pod without the record; the API server defaults requests from limits
+    // before it calls a mutating webhook).
+    let patch: json_patch::Patch = serde_json::from_value(record["patch"].clone()).unwrap();
+    let mut submitted = serde_json::to_value(&pod).unwrap();
+    let notes = submitted["metadata"]["annotations"]
+        .as_object_mut()
+        .unwrap();
+    notes.remove("railguard.io/audit");
+    if notes.is_empty() {
+        submitted["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("annotations");
+    }
+    json_patch::patch(&mut submitted, &patch).unwrap();
+    let would: Pod = serde_json::from_value(submitted).unwrap();
+    assert_eq!(
+        env_of(&would.spec.as_ref().unwrap().containers[0])["NCCL_IB_HCA"],
+        h100.spec.nccl_ib_hca()
+    );
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("audit: profile h100-audit would apply nccl-env,")),
+        "{:?}",
+        c.warnings
+    );
+    // A pod that asks for another GPU product is not forced onto the default H100 profile.
+    let mut h200 = gpu_pod("h200-0", 8, json!({}), json!([]));
+    h200["spec"]["nodeSelector"] = json!({"nvidia.com/gpu.product": "NVIDIA-H200"});
+    let c = create_pod(&client, "train", h200).await;
+    let pod = c.pod();
+    assert_eq!(pod.spec.as_ref().unwrap().containers[0].env, None);
+    assert!(pod.spec.as_ref().unwrap().affinity.is_none());
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("rules out default profile h100-ndr")),
+        "{:?}",
+        c.warnings
+    );
 
     // Every configured pod went through both entries: the second call changed nothing.
     let metrics = reqwest_text(&format!("http://{}/metrics", srv.metrics_addr)).await;

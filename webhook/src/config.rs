@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 
 use railguard_api::keys;
+use railguard_api::profile::AdmissionMode;
+use railguard_api::selector::LabelSelector;
 
 /// What the webhook operator configured (flags), as plain data.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,6 +20,42 @@ pub struct WebhookConfig {
     pub nccl_plugin_path: String,
     /// Where the prober writes the node file the plugin reads (same path in the containers).
     pub nccl_config_path: String,
+    /// Audit or Enforce, for profiles that do not set their own `policy.mode`.
+    pub mode: AdmissionMode,
+    /// Which pods railguard's admission is for (all GPU pods when unrestricted).
+    pub scope: Scope,
+}
+
+/// The pods railguard configures: when either selector is set, only pods in a namespace the
+/// namespace selector matches or whose own labels the pod selector matches (the chart's
+/// default: the label `railguard.io/inject=true` on either). Pods outside are admitted
+/// untouched, as if the webhook had not been called.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Scope {
+    pub namespaces: Option<LabelSelector>,
+    pub pods: Option<LabelSelector>,
+}
+
+impl Scope {
+    /// Whether the scope is restricted at all.
+    pub fn is_opt_in(&self) -> bool {
+        self.namespaces.is_some() || self.pods.is_some()
+    }
+
+    /// Whether a pod with `pod_labels` in a namespace with `namespace_labels` is in scope.
+    pub fn admits(
+        &self,
+        namespace_labels: &BTreeMap<String, String>,
+        pod_labels: &BTreeMap<String, String>,
+    ) -> bool {
+        if !self.is_opt_in() {
+            return true;
+        }
+        let by = |selector: &Option<LabelSelector>, labels| {
+            selector.as_ref().is_some_and(|s| s.matches(labels))
+        };
+        by(&self.namespaces, namespace_labels) || by(&self.pods, pod_labels)
+    }
 }
 
 /// Default of [`WebhookConfig::nccl_plugin_path`] (chart value `ncclPlugin.hostDir`).
@@ -36,6 +74,8 @@ impl Default for WebhookConfig {
             prober_image: None,
             nccl_plugin_path: DEFAULT_NCCL_PLUGIN_PATH.to_string(),
             nccl_config_path: DEFAULT_NCCL_CONFIG_PATH.to_string(),
+            mode: AdmissionMode::Enforce,
+            scope: Scope::default(),
         }
     }
 }

@@ -109,6 +109,48 @@ pub fn pod_selects(spec: &PodSpec, pool: &BTreeMap<String, String>) -> bool {
     })
 }
 
+/// The pool label key on which the pod's own placement excludes the pool (a nodeSelector
+/// value other than the pool's, or required node affinity whose every term rejects the
+/// pool's value): the pod asks for other nodes than the profile's, so the profile's
+/// configuration and affinity would make it unschedulable. None when nothing contradicts.
+pub fn pod_excludes<'p>(spec: &PodSpec, pool: &'p BTreeMap<String, String>) -> Option<&'p str> {
+    if let Some(sel) = &spec.node_selector {
+        for (k, v) in sel {
+            if let Some((key, pv)) = pool.get_key_value(k) {
+                if pv != v {
+                    return Some(key);
+                }
+            }
+        }
+    }
+    let terms = spec
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|na| {
+            na.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default();
+    let mut first = None;
+    for term in terms {
+        let rejecting = term.match_expressions.iter().flatten().find_map(|e| {
+            pool.get_key_value(&e.key)
+                .filter(|(_, v)| !requirement_accepts(e, Some(v)))
+                .map(|(k, _)| k.as_str())
+        });
+        match rejecting {
+            // One term that admits the pool's nodes: the pod can land there.
+            None => return None,
+            Some(key) => {
+                first.get_or_insert(key);
+            }
+        }
+    }
+    first
+}
+
 enum TermVerdict {
     Rejects,
     Accepts { names_pool: bool },
@@ -226,6 +268,47 @@ mod tests {
         assert!(!pod_selects(&spec, &pool()));
         let spec = with_terms(vec![vec![("nvidia.com/gpu.product", "Exists", vec![])]]);
         assert!(pod_selects(&spec, &pool()));
+    }
+
+    #[test]
+    fn a_pod_that_asks_for_another_product_excludes_the_pool() {
+        let mut spec = PodSpec::default();
+        assert_eq!(
+            pod_excludes(&spec, &pool()),
+            None,
+            "no placement of its own"
+        );
+        spec.node_selector = Some(BTreeMap::from([(
+            "nvidia.com/gpu.product".into(),
+            "H200".into(),
+        )]));
+        assert_eq!(pod_excludes(&spec, &pool()), Some("nvidia.com/gpu.product"));
+        spec.node_selector = Some(BTreeMap::from([("zone".into(), "a".into())]));
+        assert_eq!(pod_excludes(&spec, &pool()), None, "other keys say nothing");
+        let spec = with_terms(vec![
+            vec![("nvidia.com/gpu.product", "In", vec!["B200"])],
+            vec![("nvidia.com/gpu.product", "NotIn", vec!["H100"])],
+        ]);
+        assert_eq!(
+            pod_excludes(&spec, &pool()),
+            Some("nvidia.com/gpu.product"),
+            "every term rejects the pool"
+        );
+        let spec = with_terms(vec![
+            vec![("nvidia.com/gpu.product", "In", vec!["B200"])],
+            vec![("zone", "In", vec!["a"])],
+        ]);
+        assert_eq!(
+            pod_excludes(&spec, &pool()),
+            None,
+            "a term on other keys admits the pool's nodes"
+        );
+        let spec = with_terms(vec![vec![(
+            "nvidia.com/gpu.product",
+            "In",
+            vec!["H100", "H200"],
+        )]]);
+        assert_eq!(pod_excludes(&spec, &pool()), None);
     }
 
     #[test]

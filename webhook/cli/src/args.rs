@@ -55,6 +55,29 @@ pub struct Cli {
     /// `closed` denies.
     #[arg(long, env = "RAILGUARD_FAILURE_MODE", value_enum, default_value_t = FailureMode::Open)]
     pub failure_mode: FailureMode,
+    /// `audit`: admit every pod unchanged, recording the patch (or denial) railguard would
+    /// apply in the `railguard.io/audit` annotation, a warning and the `audit-mutate` /
+    /// `audit-deny` admission outcomes; `enforce`: apply it. A profile's `policy.mode`
+    /// overrides this for its pods. Case-insensitive (the chart passes `Audit`/`Enforce`).
+    #[arg(
+        long,
+        env = "RAILGUARD_MODE",
+        value_enum,
+        ignore_case = true,
+        default_value_t = AdmissionMode::Enforce
+    )]
+    pub mode: AdmissionMode,
+    /// Opt-in scope: only pods in namespaces whose labels this selector matches (or pods that
+    /// --opt-in-pod-selector matches) are configured; the rest are admitted untouched. A
+    /// Kubernetes LabelSelector as JSON, e.g. `{"matchLabels":{"railguard.io/inject":"true"}}`.
+    /// Unset with --opt-in-pod-selector unset too: every GPU pod.
+    #[arg(long, env = "RAILGUARD_OPT_IN_NAMESPACE_SELECTOR")]
+    pub opt_in_namespace_selector: Option<String>,
+    /// Opt-in scope: pods whose own labels this selector matches are configured in any
+    /// namespace not excluded (JSON LabelSelector; with Kueue:
+    /// `{"matchExpressions":[{"key":"kueue.x-k8s.io/queue-name","operator":"Exists"}]}`).
+    #[arg(long, env = "RAILGUARD_OPT_IN_POD_SELECTOR")]
+    pub opt_in_pod_selector: Option<String>,
     /// Resource names that make a container a GPU container (comma list).
     #[arg(
         long,
@@ -213,6 +236,25 @@ impl Cli {
             LogFormat::Json
         } else {
             self.log_format
+        }
+    }
+}
+
+/// `--mode`: the command-line face of [`railguard_api::profile::AdmissionMode`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum AdmissionMode {
+    /// Record what would be done; change nothing.
+    Audit,
+    /// Apply it.
+    #[default]
+    Enforce,
+}
+
+impl From<AdmissionMode> for railguard_api::profile::AdmissionMode {
+    fn from(mode: AdmissionMode) -> Self {
+        match mode {
+            AdmissionMode::Audit => Self::Audit,
+            AdmissionMode::Enforce => Self::Enforce,
         }
     }
 }

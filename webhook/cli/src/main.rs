@@ -55,6 +55,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         std::fs::read_to_string(SA_NAMESPACE_FILE).ok()
     });
     let config = settings::webhook_config(&cli, own.as_deref())?;
+    tracing::info!(
+        mode = config.mode.as_str(),
+        opt_in = config.scope.is_opt_in(),
+        "admission: {} (profiles may set their own policy.mode)",
+        match config.mode {
+            railguard_api::profile::AdmissionMode::Audit =>
+                "audit, pods are admitted unchanged and railguard.io/audit records the patch",
+            railguard_api::profile::AdmissionMode::Enforce => "enforce",
+        }
+    );
 
     let guard_policy = settings::node_guard_policy(&cli, own.as_deref())?;
 

@@ -5,7 +5,9 @@
 use std::path::Path;
 use std::time::Duration;
 
+use railguard_api::selector::LabelSelector;
 use railguard_runtime::StartupError;
+use railguard_webhook::config::Scope;
 use railguard_webhook::node_guard::GuardPolicy;
 use railguard_webhook::server::ServeOptions;
 use railguard_webhook::{TlsError, WebhookConfig};
@@ -58,7 +60,33 @@ pub fn webhook_config(
         prober_image: cli.prober_image.clone().filter(|s| !s.trim().is_empty()),
         nccl_plugin_path: host_file("--nccl-plugin-path", &cli.nccl_plugin_path)?,
         nccl_config_path: host_file("--nccl-config-path", &cli.nccl_config_path)?,
+        mode: cli.mode.into(),
+        scope: Scope {
+            namespaces: opt_in_selector(
+                "--opt-in-namespace-selector",
+                cli.opt_in_namespace_selector.as_deref(),
+            )?,
+            pods: opt_in_selector("--opt-in-pod-selector", cli.opt_in_pod_selector.as_deref())?,
+        },
     })
+}
+
+/// An opt-in selector flag: a JSON LabelSelector Kubernetes would accept; blank is unset.
+fn opt_in_selector(flag: &str, value: Option<&str>) -> Result<Option<LabelSelector>, StartupError> {
+    let Some(text) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    let invalid = |why: String| {
+        StartupError::new(
+            format!("invalid {flag}"),
+            why,
+            r#"give a LabelSelector as JSON, e.g. {"matchLabels":{"railguard.io/inject":"true"}}"#,
+        )
+    };
+    let selector: LabelSelector = serde_json::from_str(text)
+        .map_err(|e| invalid(format!("{text:?} is not a LabelSelector: {e}")))?;
+    selector.validate().map_err(invalid)?;
+    Ok(Some(selector))
 }
 
 /// A file on every node whose directory the webhook mounts into pods: absolute, plain
@@ -219,6 +247,62 @@ mod tests {
             config.excluded_namespaces,
             ["kube-system", "railguard", "ops"]
         );
+    }
+
+    #[test]
+    fn mode_and_opt_in_scope_come_from_their_flags() {
+        use railguard_api::profile::AdmissionMode;
+        let config = webhook_config(&cli(&[]), None).unwrap();
+        assert_eq!(config.mode, AdmissionMode::Enforce);
+        assert!(!config.scope.is_opt_in(), "every GPU pod by default");
+        let c = cli(&[
+            "--mode=Audit",
+            r#"--opt-in-namespace-selector={"matchLabels":{"railguard.io/inject":"true"}}"#,
+            r#"--opt-in-pod-selector={"matchExpressions":[{"key":"kueue.x-k8s.io/queue-name","operator":"Exists"}]}"#,
+        ]);
+        let config = webhook_config(&c, None).unwrap();
+        assert_eq!(config.mode, AdmissionMode::Audit);
+        let labels = |k: &str, v: &str| std::collections::BTreeMap::from([(k.into(), v.into())]);
+        let none = Default::default();
+        assert!(config
+            .scope
+            .admits(&labels("railguard.io/inject", "true"), &none));
+        assert!(config
+            .scope
+            .admits(&none, &labels("kueue.x-k8s.io/queue-name", "q")));
+        assert!(!config.scope.admits(&none, &none));
+        assert_eq!(
+            cli(&["--mode", "enforce"]).mode,
+            crate::args::AdmissionMode::Enforce
+        );
+        assert!(Cli::try_parse_from([
+            "railguard-webhook",
+            "--tls-cert",
+            "c",
+            "--tls-key",
+            "k",
+            "--mode",
+            "report"
+        ])
+        .is_err());
+        for (flag, bad, why) in [
+            (
+                "--opt-in-pod-selector",
+                "railguard.io/inject=true",
+                "is not a LabelSelector",
+            ),
+            (
+                "--opt-in-namespace-selector",
+                r#"{"matchExpressions":[{"key":"k","operator":"In"}]}"#,
+                "needs values",
+            ),
+        ] {
+            let e = webhook_config(&cli(&[&format!("{flag}={bad}")]), None).unwrap_err();
+            let text = e.to_string();
+            assert!(text.contains(flag) && text.contains(why), "{text}");
+        }
+        let blank = webhook_config(&cli(&["--opt-in-pod-selector= "]), None).unwrap();
+        assert!(!blank.scope.is_opt_in());
     }
 
     #[test]

@@ -71,6 +71,26 @@ pub(super) fn open<'a>(
     };
 
     let profile = match selection::choose(pod, spec, profiles) {
+        // The default profile is for pods that say nothing about their nodes: one whose own
+        // placement asks for another pool (an H200 pod under an H100 default) is not forced
+        // onto it.
+        Ok((p, selection::Choice::Default)) => {
+            match selection::pod_excludes(spec, &p.spec.node_selector) {
+                Some(key) => {
+                    plan.warn(
+                        WarningKind::ProfileMismatch,
+                        format!(
+                            "pod's own {key} rules out default profile {}: not configured \
+                             (set railguard.io/profile)",
+                            p.name()
+                        ),
+                    );
+                    plan.outcome = Outcome::NoProfile;
+                    return Gate::Closed(plan);
+                }
+                None => p,
+            }
+        }
         Ok((p, _)) => p,
         Err(why) => {
             plan.outcome = if inject_false {

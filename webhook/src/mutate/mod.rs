@@ -8,13 +8,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
-use railguard_api::FabricProfile;
+use railguard_api::profile::AdmissionMode;
+use railguard_api::{keys, FabricProfile};
 
 use crate::config::{NamespaceInfo, WebhookConfig};
 use crate::error::MutateError;
 use crate::json_text::{JsonText, Object};
 use crate::patch::{pointer, PatchOp};
 
+mod audit;
 mod container;
 mod gates;
 mod plan;
@@ -124,16 +126,67 @@ pub fn mutate(
     if config.excluded_namespaces.contains(&namespace.name) {
         return Ok(Plan::new(Outcome::Excluded));
     }
-    let spec = pod.spec.as_ref().ok_or(MutateError::NoSpec)?;
-    let (ctx, plan) = match gates::open(pod, spec, namespace, profiles, config) {
-        gates::Gate::Open(ctx, plan) => (ctx, plan),
-        gates::Gate::Closed(plan) => return Ok(plan),
-    };
-    let mut draft = Draft::new(&ctx, plan);
-    for step in steps::ALL {
-        step(&ctx, &mut draft)?;
+    if !config.scope.admits(
+        &namespace.labels,
+        pod.metadata.labels.as_ref().unwrap_or(&NO_LABELS),
+    ) {
+        return Ok(Plan::new(Outcome::OutOfScope));
     }
-    Ok(draft.finish())
+    // A pod audited before (reinvocation, a re-created copy) is decided as if it were not,
+    // so its record comes out the same and is left alone.
+    let audited = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(keys::ANNOTATION_AUDIT));
+    let (plan, mode) = if audited {
+        let mut bare = pod.clone();
+        if let Some(a) = bare.metadata.annotations.as_mut() {
+            a.remove(keys::ANNOTATION_AUDIT);
+            if a.is_empty() {
+                bare.metadata.annotations = None;
+            }
+        }
+        decide(&bare, namespace, profiles, config)?
+    } else {
+        decide(pod, namespace, profiles, config)?
+    };
+    audit::apply_mode(plan, mode, &pod.metadata)
+}
+
+/// The decision under Enforce, and the mode that applies to it.
+fn decide(
+    pod: &Pod,
+    namespace: &NamespaceInfo,
+    profiles: &[FabricProfile],
+    config: &WebhookConfig,
+) -> Result<(Plan, AdmissionMode), MutateError> {
+    let spec = pod.spec.as_ref().ok_or(MutateError::NoSpec)?;
+    Ok(match gates::open(pod, spec, namespace, profiles, config) {
+        gates::Gate::Open(ctx, plan) => {
+            let mode = mode_of(ctx.profile, config);
+            let mut draft = Draft::new(&ctx, plan);
+            for step in steps::ALL {
+                step(&ctx, &mut draft)?;
+            }
+            (draft.finish(), mode)
+        }
+        gates::Gate::Closed(plan) => {
+            let mode = plan
+                .profile
+                .as_deref()
+                .and_then(|name| profiles.iter().find(|p| p.name() == name))
+                .map_or(config.mode, |p| mode_of(p, config));
+            (plan, mode)
+        }
+    })
+}
+
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+
+/// The profile's own admission mode, else the webhook's.
+fn mode_of(profile: &FabricProfile, config: &WebhookConfig) -> AdmissionMode {
+    profile.spec.policy.mode.unwrap_or(config.mode)
 }
 
 fn to_json<T: serde::Serialize>(v: &T, what: &'static str) -> Result<JsonText, MutateError> {

@@ -58,6 +58,8 @@ impl Mutation {
 pub enum Outcome {
     /// The namespace is excluded.
     Excluded,
+    /// Opt-in scope: neither the namespace nor the pod carries the opt-in label.
+    OutOfScope,
     /// No GPU container and no `inject: "true"`.
     NotTraining,
     /// `inject: "false"` honored.
@@ -68,18 +70,25 @@ pub enum Outcome {
     Unchanged,
     Mutated,
     Denied,
+    /// Audit mode: admitted unchanged; the patch it would have applied is recorded.
+    AuditMutate,
+    /// Audit mode: admitted unchanged; the denial it would have given is recorded.
+    AuditDeny,
 }
 
 impl Outcome {
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Excluded => "excluded",
+            Outcome::OutOfScope => "out-of-scope",
             Outcome::NotTraining => "not-training",
             Outcome::OptedOut => "opted-out",
             Outcome::NoProfile => "no-profile",
             Outcome::Unchanged => "unchanged",
             Outcome::Mutated => "mutated",
             Outcome::Denied => "denied",
+            Outcome::AuditMutate => "audit-mutate",
+            Outcome::AuditDeny => "audit-deny",
         }
     }
 }
@@ -97,6 +106,10 @@ pub enum WarningKind {
     Preflight,
     NotPod,
     Internal,
+    /// Audit mode: what would have happened.
+    Audit,
+    /// The default profile's node pool contradicts the pod's own placement.
+    ProfileMismatch,
 }
 
 impl WarningKind {
@@ -112,6 +125,8 @@ impl WarningKind {
             WarningKind::Preflight => "preflight",
             WarningKind::NotPod => "not-pod",
             WarningKind::Internal => "internal",
+            WarningKind::Audit => "audit",
+            WarningKind::ProfileMismatch => "profile-mismatch",
         }
     }
 }

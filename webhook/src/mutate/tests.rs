@@ -4,11 +4,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, ResourceRequirements, SecurityContext};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use railguard_api::profile::{Enforcement, RdmaCountMode};
+use railguard_api::profile::{AdmissionMode, Enforcement, RdmaCountMode};
 use railguard_api::FabricProfile;
 use serde_json::{json, Value};
 
-use super::fixtures::{pod, profile, A100, H100, ROCE};
+use super::fixtures::{pod, pod_of, profile, A100, H100, ROCE};
 use super::gates::rail_layout;
 use super::*;
 use crate::patch::PatchOp;
@@ -1164,4 +1164,222 @@ fn env_delivery_injects_no_plugin() {
     assert!(env.contains_key("NCCL_IB_HCA") && !env.contains_key("NCCL_ENV_PLUGIN"));
     let names: Vec<String> = volumes_of(&out).into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, [SHM_VOLUME]);
+}
+
+fn audit_cfg() -> WebhookConfig {
+    WebhookConfig {
+        mode: AdmissionMode::Audit,
+        ..cfg()
+    }
+}
+
+/// The pod after `plan`, and the audit record it carries.
+fn audited(p: &Pod, plan: &Plan) -> (Pod, Value) {
+    let out = apply(p, plan);
+    let record = annotation(&out, railguard_api::keys::ANNOTATION_AUDIT)
+        .map(|v| serde_json::from_str(v).unwrap())
+        .unwrap_or(Value::Null);
+    (out, record)
+}
+
+#[test]
+fn audit_admits_unchanged_but_for_the_record_of_the_patch_it_would_apply() {
+    let p = pytorch_worker();
+    let enforced = mutate(&p, &ns("ml"), &profiles(), &cfg()).unwrap();
+    assert_eq!(enforced.outcome, Outcome::Mutated);
+
+    let plan = mutate(&p, &ns("ml"), &profiles(), &audit_cfg()).unwrap();
+    assert_eq!(plan.outcome, Outcome::AuditMutate);
+    assert_eq!(plan.outcome.as_str(), "audit-mutate");
+    assert_eq!(plan.profile.as_deref(), Some("h100-ndr"));
+    assert!(plan.mutations.is_empty() && plan.deny.is_none());
+    let (out, record) = audited(&p, &plan);
+    // Only the annotation changed: the pod minus it is the submitted pod.
+    let mut bare = out.clone();
+    bare.metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .remove(railguard_api::keys::ANNOTATION_AUDIT);
+    bare.metadata.annotations = bare.metadata.annotations.filter(|a| !a.is_empty());
+    assert_eq!(bare, p);
+    assert_eq!(record["mode"], "Audit");
+    assert_eq!(record["would"], "mutate");
+    assert_eq!(record["profile"], "h100-ndr");
+    let listed: Vec<&str> = enforced.mutations.iter().map(|m| m.as_str()).collect();
+    assert_eq!(record["mutations"], json!(listed));
+    // The recorded patch is the one Enforce applies, and it applies to the submitted pod.
+    assert_eq!(
+        record["patch"],
+        serde_json::to_value(enforced.patch()).unwrap()
+    );
+    let from_record: json_patch::Patch = serde_json::from_value(record["patch"].clone()).unwrap();
+    let mut doc = serde_json::to_value(&p).unwrap();
+    json_patch::patch(&mut doc, &from_record).unwrap();
+    assert_eq!(doc, serde_json::to_value(apply(&p, &enforced)).unwrap());
+    let audit: Vec<&Warning> = plan
+        .warnings
+        .iter()
+        .filter(|w| w.kind == WarningKind::Audit)
+        .collect();
+    assert_eq!(audit.len(), 1, "{:?}", plan.warnings);
+    assert!(
+        audit[0]
+            .message
+            .starts_with("audit: profile h100-ndr would apply nccl-env,"),
+        "{}",
+        audit[0].message
+    );
+    // Audited again (reinvocation, a re-created copy): the same record, nothing to patch.
+    let again = mutate(&out, &ns("ml"), &profiles(), &audit_cfg()).unwrap();
+    assert_eq!(again.outcome, Outcome::AuditMutate);
+    assert!(again.ops.is_empty(), "{:?}", again.ops);
+}
+
+#[test]
+fn audit_admits_what_enforce_denies_and_records_the_reason() {
+    let mut p = pytorch_worker();
+    p.spec.as_mut().unwrap().containers[0]
+        .env
+        .as_mut()
+        .unwrap()
+        .push(EnvVar {
+            name: "NCCL_NET_GDR_LEVEL".into(),
+            value: Some("SYS".into()),
+            value_from: None,
+        });
+    let mut strict = profile(H100);
+    strict.spec.policy.unsafe_nccl = Enforcement::Deny;
+    let plan = mutate(&p, &ns("ml"), &[strict], &audit_cfg()).unwrap();
+    assert_eq!(plan.outcome, Outcome::AuditDeny);
+    assert!(plan.deny.is_none(), "admitted");
+    let (_, record) = audited(&p, &plan);
+    assert_eq!(record["would"], "deny");
+    assert!(record.get("patch").is_none(), "{record}");
+    assert!(record["deny"]
+        .as_str()
+        .unwrap()
+        .starts_with("profile h100-ndr denies unsafe NCCL settings:"));
+    assert!(plan
+        .warnings
+        .iter()
+        .any(|w| w.kind == WarningKind::Audit && w.message.contains("would deny")));
+    assert!(plan
+        .warnings
+        .iter()
+        .any(|w| w.kind == WarningKind::UnsafeNccl));
+}
+
+#[test]
+fn a_profile_mode_overrides_the_webhook_mode_both_ways() {
+    let p = pytorch_worker();
+    let mut enforcing = profile(H100);
+    enforcing.spec.policy.mode = Some(AdmissionMode::Enforce);
+    let plan = mutate(&p, &ns("ml"), &[enforcing], &audit_cfg()).unwrap();
+    assert_eq!(plan.outcome, Outcome::Mutated);
+    let mut auditing = profile(H100);
+    auditing.spec.policy.mode = Some(AdmissionMode::Audit);
+    let plan = mutate(&p, &ns("ml"), &[auditing], &cfg()).unwrap();
+    assert_eq!(plan.outcome, Outcome::AuditMutate);
+}
+
+#[test]
+fn audit_leaves_pods_it_would_not_change_alone() {
+    let config = audit_cfg();
+    let (enforced, configured) = run(&pytorch_worker(), &ns("ml"), &profiles());
+    assert_eq!(enforced.outcome, Outcome::Mutated);
+    let plan = mutate(&configured, &ns("ml"), &profiles(), &config).unwrap();
+    assert_eq!(plan.outcome, Outcome::Unchanged);
+    let cpu = pod_of(json!([{"name": "web", "image": "nginx"}]));
+    let plan = mutate(&cpu, &ns("ml"), &profiles(), &config).unwrap();
+    assert_eq!(plan.outcome, Outcome::NotTraining);
+    assert!(plan.ops.is_empty() && plan.warnings.is_empty());
+}
+
+#[test]
+fn an_opt_in_scope_admits_pods_by_namespace_or_pod_label_only() {
+    use railguard_api::selector::{LabelSelector, LabelSelectorRequirement, SelectorOperator};
+    let inject = LabelSelector {
+        match_labels: BTreeMap::from([("railguard.io/inject".to_string(), "true".to_string())]),
+        ..Default::default()
+    };
+    // The Kueue pattern: every pod Kueue admits carries its queue's name.
+    let queued = LabelSelector {
+        match_expressions: vec![LabelSelectorRequirement {
+            key: "kueue.x-k8s.io/queue-name".into(),
+            operator: SelectorOperator::Exists,
+            values: vec![],
+        }],
+        ..Default::default()
+    };
+    let config = WebhookConfig {
+        scope: crate::config::Scope {
+            namespaces: Some(inject),
+            pods: Some(queued),
+        },
+        ..cfg()
+    };
+    let plain = pytorch_worker();
+    let plan = mutate(&plain, &ns("ml"), &profiles(), &config).unwrap();
+    assert_eq!(plan.outcome, Outcome::OutOfScope);
+    assert!(plan.ops.is_empty() && plan.warnings.is_empty());
+    let opted = ns("ml").with_label("railguard.io/inject", "true");
+    let plan = mutate(&plain, &opted, &profiles(), &config).unwrap();
+    assert_eq!(plan.outcome, Outcome::Mutated);
+    let other = ns("ml").with_label("railguard.io/inject", "false");
+    assert_eq!(
+        mutate(&plain, &other, &profiles(), &config)
+            .unwrap()
+            .outcome,
+        Outcome::OutOfScope
+    );
+    let mut queued_pod = pytorch_worker();
+    queued_pod
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("kueue.x-k8s.io/queue-name".into(), "training".into());
+    let plan = mutate(&queued_pod, &ns("ml"), &profiles(), &config).unwrap();
+    assert_eq!(plan.outcome, Outcome::Mutated);
+    // Excluded namespaces stay excluded whatever their labels.
+    let system = ns("kube-system").with_label("railguard.io/inject", "true");
+    assert_eq!(
+        mutate(&plain, &system, &profiles(), &config)
+            .unwrap()
+            .outcome,
+        Outcome::Excluded
+    );
+}
+
+#[test]
+fn a_pod_that_asks_for_another_gpu_product_is_not_forced_onto_the_default_profile() {
+    let mut p = pytorch_worker();
+    p.spec.as_mut().unwrap().node_selector = Some(BTreeMap::from([(
+        "nvidia.com/gpu.product".to_string(),
+        "NVIDIA-H200".to_string(),
+    )]));
+    let plan = mutate(&p, &ns("ml"), &profiles(), &cfg()).unwrap();
+    assert_eq!(plan.outcome, Outcome::NoProfile);
+    assert!(plan.ops.is_empty(), "{:?}", plan.ops);
+    let w: Vec<&Warning> = plan
+        .warnings
+        .iter()
+        .filter(|w| w.kind == WarningKind::ProfileMismatch)
+        .collect();
+    assert_eq!(w.len(), 1, "{:?}", plan.warnings);
+    assert!(
+        w[0].message.contains("nvidia.com/gpu.product")
+            && w[0].message.contains("h100-ndr")
+            && w[0].message.contains("railguard.io/profile"),
+        "{}",
+        w[0].message
+    );
+    // Naming the profile is an explicit choice: it applies.
+    p.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("railguard.io/profile".into(), "h100-ndr".into());
+    let plan = mutate(&p, &ns("ml"), &profiles(), &cfg()).unwrap();
+    assert_eq!(plan.outcome, Outcome::Mutated);
 }

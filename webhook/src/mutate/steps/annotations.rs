@@ -2,8 +2,9 @@
 //! `railguard.io/mutations` (what earlier admissions applied plus this one's steps), with
 //! what the steps before asked to set (the merged networks). A value already right is left.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use railguard_api::keys;
 
 use crate::error::MutateError;
@@ -42,38 +43,54 @@ pub(crate) fn annotations(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), Mutate
         return Ok(());
     }
     let changes = std::mem::take(&mut draft.annotations);
+    draft
+        .plan
+        .ops
+        .extend(annotation_ops(&ctx.pod.metadata, &changes));
+    Ok(())
+}
+
+/// The operations that set `changes` on an object with `metadata`, however much of
+/// `/metadata/annotations` it has.
+pub(crate) fn annotation_ops(
+    metadata: &ObjectMeta,
+    changes: &BTreeMap<String, String>,
+) -> Vec<PatchOp> {
+    if changes.is_empty() {
+        return Vec::new();
+    }
     // The map in key order, as serde writes a BTreeMap.
     let map = |o: &mut Object<'_>| {
-        for (k, v) in &changes {
+        for (k, v) in changes {
             o.str(k, v);
         }
     };
-    match &ctx.pod.metadata.annotations {
+    match &metadata.annotations {
         // An object with no metadata at all (or an empty one) has no `/metadata` to add
         // under: the whole map goes in at once (`add` replaces an empty `{}` too).
-        None if ctx.pod.metadata == Default::default() => draft.plan.ops.push(PatchOp::add(
+        None if *metadata == ObjectMeta::default() => vec![PatchOp::add(
             pointer(["metadata"]),
             JsonText::object(|o| {
                 o.object("annotations", map);
             }),
-        )),
-        None => draft.plan.ops.push(PatchOp::add(
+        )],
+        None => vec![PatchOp::add(
             pointer(["metadata", "annotations"]),
             JsonText::object(map),
-        )),
-        Some(existing) => {
-            for (k, v) in &changes {
+        )],
+        Some(existing) => changes
+            .iter()
+            .map(|(k, v)| {
                 let path = pointer(["metadata", "annotations", k.as_str()]);
                 let value = JsonText::string(v);
-                draft.plan.ops.push(if existing.contains_key(k) {
+                if existing.contains_key(k) {
                     PatchOp::Replace { path, value }
                 } else {
                     PatchOp::add(path, value)
-                });
-            }
-        }
+                }
+            })
+            .collect(),
     }
-    Ok(())
 }
 
 #[cfg(test)]

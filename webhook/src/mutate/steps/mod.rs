@@ -14,6 +14,8 @@ mod preflight;
 mod rdma;
 mod shm;
 
+pub(crate) use annotations::annotation_ops;
+
 /// A step of the configuration.
 pub(crate) type Step = fn(&Ctx<'_>, &mut Draft) -> Result<(), MutateError>;
 

@@ -340,6 +340,17 @@ impl Certificate {
     }
 
     /// Whether the certificate has expired at `now`.
+    /// The `railguard.io/fabric` label this certificate stands for at `now`: its verdict,
+    /// except that a certification past `expiresAt` is `pending` (it awaits renewal, and
+    /// every selector on `certified` stops matching). The prober, the campaign and the
+    /// fleet controller all write this, so none of them undoes another's label.
+    pub fn fabric_label(&self, now: Timestamp) -> &'static str {
+        match self.verdict {
+            Verdict::Certified if self.is_expired(now) => crate::keys::fabric::PENDING,
+            v => v.as_label(),
+        }
+    }
+
     pub fn is_expired(&self, now: Timestamp) -> bool {
         now >= self.expires_at
     }

@@ -71,6 +71,18 @@ pub const ANNOTATION_MULTUS_NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
 /// Pod Security Admission enforce label on namespaces.
 pub const LABEL_POD_SECURITY_ENFORCE: &str = "pod-security.kubernetes.io/enforce";
 
+/// The NoSchedule taint the fleet controller keeps on unhealthy nodes of a profile with
+/// `certification.taints`; its value is the reason (see [`taint_reason`]).
+pub const TAINT_FABRIC_UNHEALTHY: &str = "railguard.io/fabric-unhealthy";
+
+/// Values of [`TAINT_FABRIC_UNHEALTHY`].
+pub mod taint_reason {
+    pub const FAILED: &str = "failed";
+    pub const DEGRADED: &str = "degraded";
+    pub const EXPIRED: &str = "expired";
+    pub const OUTLIER: &str = "outlier";
+}
+
 /// Label values of [`LABEL_FABRIC`].
 pub mod fabric {
     pub const CERTIFIED: &str = "certified";

@@ -274,6 +274,13 @@ pub struct CertificationSpec {
     /// prober through NCCL's C API; absent: campaigns run none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nccl_pair: Option<NcclPairSpec>,
+    /// Keep the NoSchedule taint `railguard.io/fabric-unhealthy` on the profile's nodes that
+    /// are failed, degraded, expired or (with `fleet.outliers: Filter`) fleet outliers, so
+    /// every scheduler (the default one, Kueue, KAI, Volcano, Karpenter) keeps pods without a
+    /// toleration off them; the fleet controller writes it and removes it when a passing
+    /// certificate lands.
+    #[serde(default)]
+    pub taints: bool,
 }
 
 /// Largest message of an NCCL pair sweep (16 GiB, past every real plateau).
@@ -454,6 +461,7 @@ impl Default for CertificationSpec {
             gpu_registration: GpuRegistration::default(),
             fatal_findings: default_fatal_findings(),
             nccl_pair: None,
+            taints: false,
         }
     }
 }

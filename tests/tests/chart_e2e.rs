@@ -406,7 +406,11 @@ fn rbac_is_least_privilege_per_component() {
     // The fleet controller reads certificates and profiles and writes only its condition,
     // Events and the profiles' status.fleet.
     let fleet = find(&docs, "ClusterRole", "railguard-fleet");
-    assert_eq!(verbs(fleet, "", "nodes"), set(&["get", "list", "watch"]));
+    // patch: the fabric-unhealthy taint and an expired certification's pending label.
+    assert_eq!(
+        verbs(fleet, "", "nodes"),
+        set(&["get", "list", "watch", "patch"])
+    );
     assert_eq!(verbs(fleet, "", "nodes/status"), set(&["patch"]));
     for group in ["", "events.k8s.io"] {
         assert_eq!(verbs(fleet, group, "events"), set(&["create", "patch"]));
@@ -723,6 +727,17 @@ fn roce_set_with_custom_namespaces_uses_the_profile_for_rdma_and_shm() {
 
     // One DaemonSet, for the RoCE pool: the profile's selector, RDMA resource and shm size.
     let ds = all(&docs, "DaemonSet");
+    // The prober runs on nodes railguard tainted (it renews what lifts the taint), with the
+    // values' tolerations after it.
+    for d in &ds {
+        let tolerations = &d["spec"]["template"]["spec"]["tolerations"];
+        assert_eq!(
+            tolerations[0],
+            json!({"key": railguard_api::keys::TAINT_FABRIC_UNHEALTHY, "operator": "Exists", "effect": "NoSchedule"}),
+            "{tolerations}"
+        );
+        assert_eq!(tolerations[1]["key"], "nvidia.com/gpu", "{tolerations}");
+    }
     assert_eq!(ds.len(), 1);
     let pod = &ds[0]["spec"]["template"]["spec"];
     assert_eq!(

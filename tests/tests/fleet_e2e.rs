@@ -440,3 +440,225 @@ async fn the_fleet_controller_marks_a_slow_rail_that_passes_its_thresholds() -> 
     cp.check_alive()?;
     Ok(())
 }
+
+/// The railguard taint on a Node: its value, if it carries one.
+async fn railguard_taint(nodes: &Api<Node>, name: &str) -> Result<Option<String>> {
+    let n = nodes.get(name).await?;
+    Ok(n.spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|t| t.key == keys::TAINT_FABRIC_UNHEALTHY)
+        .map(|t| format!("{}:{}", t.value.unwrap_or_default(), t.effect)))
+}
+
+/// A training pod as a user writes it for the default scheduler: 8 GPUs, no railguard
+/// affinity, no toleration, not seen by the webhook.
+const TRAINING: &str = "training";
+
+fn plain_training_pod(name: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": TRAINING},
+        "spec": {"containers": [{
+            "name": "trainer", "image": "registry.invalid/trainer:1",
+            "resources": {"limits": {"nvidia.com/gpu": "8"}},
+        }]},
+    })
+}
+
+/// Expiry and health as taints (issue #29): with `certification.taints`, the real fleet
+/// controller keeps `railguard.io/fabric-unhealthy:NoSchedule` on the failed, degraded and
+/// expired nodes (flipping the expired one's label to `pending`), and the real default
+/// kube-scheduler, with no extender and no railguard affinity, keeps a plain 8-GPU pod off
+/// them; a passing certificate lifts the taint and the waiting pod lands there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unhealthy_nodes_are_tainted_and_the_default_scheduler_keeps_pods_off_them() -> Result<()> {
+    use railguard_api::{Certificate, Verdict};
+    let bin = prober_bin_dir()?;
+    let mut cp = ControlPlane::start().await?;
+    cp.apply_fabricprofile_crd().await?;
+    let client = cp.client();
+    let logs = cp.log_dir().to_path_buf();
+    let mut profile = fixture_profile("dgx-h100-ndr.yaml")?;
+    profile.metadata.name = Some("h100-taints".into());
+    profile.spec.certification.taints = true;
+    Api::<FabricProfile>::all(client.clone())
+        .create(&PostParams::default(), &profile)
+        .await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let now = jiff::Timestamp::now();
+    let cert = |node: &str, verdict: Verdict, expires_in_hours: i64| -> Certificate {
+        let mut c = railguard_sim::certificates::certificate(&profile, verdict, now, 384.0, 0.0);
+        c.expires_at = now + jiff::SignedDuration::from_hours(expires_in_hours);
+        c.node = Some(node.to_string());
+        if verdict != Verdict::Certified {
+            c.reasons = vec![format!("rail mlx5_3:1 is {verdict} (test)")];
+        }
+        c
+    };
+    let states = [
+        ("gpu-ok", cert("gpu-ok", Verdict::Certified, 6)),
+        ("gpu-failed", cert("gpu-failed", Verdict::Failed, 6)),
+        ("gpu-degraded", cert("gpu-degraded", Verdict::Degraded, 6)),
+        ("gpu-expired", {
+            let mut c = cert("gpu-expired", Verdict::Certified, -1);
+            c.issued_at = now - jiff::SignedDuration::from_hours(25);
+            c
+        }),
+    ];
+    for (name, c) in &states {
+        cp.create_node(name, &labels(&[]), &[("nvidia.com/gpu", "8")])
+            .await?;
+        cp.publish_certificate(name, c).await?;
+    }
+
+    let mut controller = Daemon::spawn(
+        "railguard-fleet",
+        Command::new(bin.join("railguard-prober"))
+            .arg("fleet")
+            .env("RAILGUARD_FLEET_WATCH", "true")
+            .env("RAILGUARD_KUBECONFIG", cp.kubeconfig_path())
+            .env("RAILGUARD_FLEET_INTERVAL_SECS", "3")
+            .env("RAILGUARD_FLEET_SETTLE_SECS", "1")
+            .env("RAILGUARD_METRICS_LISTEN", ANY_LOOPBACK_PORT)
+            .env("RAILGUARD_LOG", "info"),
+        &logs,
+    );
+    let metrics_url = format!(
+        "http://{}",
+        controller.listen_addr("--metrics-listen").await
+    );
+    wait_ready(
+        &format!("{metrics_url}/readyz"),
+        "fleet controller",
+        &mut controller,
+        &logs,
+    )
+    .await;
+
+    for (name, want) in [
+        ("gpu-failed", "failed:NoSchedule"),
+        ("gpu-degraded", "degraded:NoSchedule"),
+        ("gpu-expired", "expired:NoSchedule"),
+    ] {
+        eventually(
+            Duration::from_secs(60),
+            &format!("{name} tainted {want}"),
+            || {
+                let nodes = nodes.clone();
+                async move {
+                    let seen = railguard_taint(&nodes, name).await?;
+                    Ok(match seen.as_deref() {
+                        Some(s) if s == want => Ok(()),
+                        other => Err(railguard_tests::NotYet(format!("{other:?}"))),
+                    })
+                }
+            },
+        )
+        .await?;
+    }
+    assert_eq!(railguard_taint(&nodes, "gpu-ok").await?, None);
+    // The expired node's label no longer says certified (selectors on it stop matching);
+    // its certificate is left as the prober wrote it.
+    let expired = nodes.get("gpu-expired").await?;
+    let label = |n: &Node, k: &str| n.metadata.labels.as_ref().and_then(|l| l.get(k)).cloned();
+    assert_eq!(
+        label(&expired, keys::LABEL_FABRIC).as_deref(),
+        Some("pending")
+    );
+    let on_node = Certificate::from_annotation(
+        &expired.metadata.annotations.clone().unwrap_or_default()[keys::ANNOTATION_CERTIFICATE],
+    )?;
+    assert_eq!(on_node, states[3].1);
+    let events = events_about(&client, "gpu-expired").await?;
+    for reason in ["CertificationExpired", "FabricUnhealthyTainted"] {
+        assert!(
+            events.iter().any(|(_, r, _)| r == reason),
+            "{reason} in {events:?}"
+        );
+    }
+    let scraped = reqwest::get(format!("{metrics_url}/metrics"))
+        .await?
+        .text()
+        .await?;
+    for reason in ["failed", "degraded", "expired"] {
+        let series = format!(
+            "railguard_fleet_tainted_nodes{{profile=\"h100-taints\",reason=\"{reason}\"}} 1"
+        );
+        assert!(scraped.contains(&series), "{series} in:\n{scraped}");
+    }
+
+    // The default scheduler alone: the first pod goes to the one healthy node, the second
+    // waits, refused for the taint.
+    cp.create_namespace(TRAINING, &labels(&[])).await?;
+    cp.start_scheduler("[]").await?;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), TRAINING);
+    for name in ["train-a", "train-b"] {
+        pods.create(
+            &PostParams::default(),
+            &serde_json::from_value(plain_training_pod(name))?,
+        )
+        .await?;
+    }
+    let (placed, node) = eventually(Duration::from_secs(60), "a pod bound", || {
+        let client = client.clone();
+        async move {
+            for name in ["train-a", "train-b"] {
+                if let Some(node) = railguard_tests::pod_node(&client, TRAINING, name).await {
+                    return Ok(Some((name, node)));
+                }
+            }
+            Ok(None)
+        }
+    })
+    .await?;
+    assert_eq!(node, "gpu-ok", "only the healthy node takes a pod");
+    let waiting = if placed == "train-a" {
+        "train-b"
+    } else {
+        "train-a"
+    };
+    eventually(
+        Duration::from_secs(30),
+        "the waiting pod's FailedScheduling event",
+        || {
+            let client = client.clone();
+            async move {
+                let m =
+                    railguard_tests::failed_scheduling_messages(&client, TRAINING, waiting).await?;
+                // 1.20 names the taint ("had taint {railguard.io/fabric-unhealthy: failed},
+                // that the pod didn't tolerate"), 1.37 only counts ("had untolerated
+                // taint(s)"): the three tainted nodes either way.
+                let ours = |m: &&String| {
+                    m.contains("3 node(s) had untolerated taint")
+                        || (m.contains(keys::TAINT_FABRIC_UNHEALTHY)
+                            && m.contains("didn't tolerate"))
+                };
+                Ok(match m.iter().find(ours) {
+                    Some(m) => Ok(m.clone()),
+                    None => Err(railguard_tests::NotYet(format!("{m:?}"))),
+                })
+            }
+        },
+    )
+    .await?;
+    assert_eq!(
+        railguard_tests::pod_node(&client, TRAINING, waiting).await,
+        None
+    );
+
+    // The failed node recertifies: the taint goes, the waiting pod lands there.
+    cp.publish_certificate("gpu-failed", &cert("gpu-failed", Verdict::Certified, 6))
+        .await?;
+    let landed = railguard_tests::wait_bound(&client, TRAINING, waiting).await?;
+    assert_eq!(landed, "gpu-failed");
+    assert_eq!(railguard_taint(&nodes, "gpu-failed").await?, None);
+    let events = events_about(&client, "gpu-failed").await?;
+    assert!(
+        events.iter().any(|(_, r, _)| r == "FabricUnhealthyCleared"),
+        "{events:?}"
+    );
+    controller.assert_running(&logs);
+    Ok(())
+}

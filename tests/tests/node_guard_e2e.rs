@@ -395,8 +395,8 @@ async fn only_a_nodes_own_prober_the_campaign_and_the_fleet_controller_write_the
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                      "name": "node-labeller"},
          "subjects": [{"kind": "ServiceAccount", "name": "trainer", "namespace": "ml"}]},
-        // The chart's fleet role patches nodes/status only; widened here so that a refused
-        // certificate rewrite is the guard's refusal, not RBAC's.
+        // The chart's fleet role may patch Nodes (taints, the expiry label); bound here to
+        // the tenants' role too, so that every refusal below is the guard's, not RBAC's.
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
          "metadata": {"name": "node-labeller-fleet"},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
@@ -660,6 +660,43 @@ async fn only_a_nodes_own_prober_the_campaign_and_the_fleet_controller_write_the
     condition(&admin, "gpu-a", outlier, "True")
         .await
         .assert_ok("admin sets the mark");
+
+    // The fleet controller's one label change: an expired certification to pending. With
+    // gpu-b's certificate valid (2036) it is refused; once an expired one is on the node it
+    // is allowed, and never back.
+    let expired = json!({"metadata": {
+        "labels": {keys::LABEL_FABRIC: "certified", keys::LABEL_PROFILE: "h100-ndr",
+                   keys::LABEL_SIGNATURE: "sig-1"},
+        "annotations": {keys::ANNOTATION_CERTIFICATE: json!({
+            "version": 1, "generation": 1,
+            "issuedAt": "2026-01-01T00:00:00Z", "expiresAt": "2026-01-02T00:00:00Z",
+            "profile": "h100-ndr", "signature": "sig-1", "node": "gpu-b", "verdict": "certified",
+            "reasons": [], "rails": [], "gpus": [],
+        }).to_string()}}});
+    merge(&admin, "gpu-b", certified_annotation("gpu-b"))
+        .await
+        .assert_ok("admin certifies gpu-b");
+    label(&admin, "gpu-b", keys::LABEL_FABRIC, "certified")
+        .await
+        .assert_ok("admin labels gpu-b certified");
+    label(&fleet, "gpu-b", keys::LABEL_FABRIC, "pending")
+        .await
+        .assert_guarded(
+            "fleet controller takes a valid certification away",
+            "expires at 2036-01-01T00:00:00Z",
+        );
+    merge(&admin, "gpu-b", expired)
+        .await
+        .assert_ok("admin puts an expired certificate on gpu-b");
+    label(&fleet, "gpu-b", keys::LABEL_FABRIC, "pending")
+        .await
+        .assert_ok("fleet controller flips an expired certification to pending");
+    label(&fleet, "gpu-b", keys::LABEL_FABRIC, "certified")
+        .await
+        .assert_guarded(
+            "fleet controller certifies a node",
+            "this changes it from pending to certified",
+        );
 
     // Through every attack the webhook stays small (the bound for the webhook).
     let status = std::fs::read_to_string(format!("/proc/{}/status", webhook.child.id())).unwrap();

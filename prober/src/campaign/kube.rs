@@ -243,6 +243,7 @@ pub async fn write_findings(
                 .and_then(|l| l.get(keys::LABEL_FABRIC))
                 .map(String::as_str),
             &cert,
+            jiff::Timestamp::now(),
         );
         let labels: BTreeMap<&str, &str> = BTreeMap::from([
             (keys::LABEL_FABRIC, fabric),

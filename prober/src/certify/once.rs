@@ -11,7 +11,7 @@ use railguard_api::{Certificate, FabricProfile, Verdict};
 use super::evidence::ResourceExposure;
 use super::matrix::{matrix_rows, render_matrix};
 use super::policy::{assess_in_fleet, assess_passive};
-use super::record::{invasive_certificate, passive_certificate, Subject};
+use super::record::{invasive_certificate, passive_certificate, passive_is_news, Subject};
 use super::run::{gather_invasive_with, gather_passive, GatherError, NodeSetup};
 use crate::progress::Progress;
 use crate::publish::{NodePublisher, NodeState, PublishError};
@@ -49,6 +49,8 @@ pub struct CertifyOutcome {
 pub enum PassiveOutcome {
     /// No certificate yet and nothing failed: only an invasive run can certify.
     NothingToPublish,
+    /// The check found what the certificate on the Node already says: nothing written.
+    Unchanged,
     /// The updated certificate, published.
     Published(Box<Certificate>),
 }
@@ -200,7 +202,13 @@ pub async fn passive_once(
         gpus: gathered.gpus,
         simulated: ctx.setup.simulated,
     };
-    let cert = passive_certificate(&subject, &assessment, previous.as_ref(), Timestamp::now());
+    let now = Timestamp::now();
+    let cert = passive_certificate(&subject, &assessment, previous.as_ref(), now);
+    if let Some(prev) = &previous {
+        if !passive_is_news(prev, &cert, state.fabric_label.as_deref(), now) {
+            return Ok(PassiveOutcome::Unchanged);
+        }
+    }
     let cert = publisher.publish(state, &cert, false).await?;
     if cert.verdict == Verdict::Failed {
         tracing::warn!(node = %ctx.node, reasons = ?cert.reasons, "passive check failed the node");

@@ -10,6 +10,7 @@
 pub mod html;
 pub mod marks;
 pub mod report;
+pub mod upkeep;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -83,12 +83,17 @@ pub fn carry_campaign(cert: &mut Certificate, on_node: Option<&Certificate>) {
 }
 
 /// The fabric label the campaign writes: a node that its prober marked `pending` stays
-/// pending (its run decides, and no job may land mid-test); otherwise the merged verdict.
-pub fn campaign_fabric_label<'a>(current: Option<&str>, merged: &'a Certificate) -> &'a str {
+/// pending (its run decides, and no job may land mid-test); otherwise the merged verdict
+/// as of `now` (an expired certification stays `pending`, [`Certificate::fabric_label`]).
+pub fn campaign_fabric_label(
+    current: Option<&str>,
+    merged: &Certificate,
+    now: jiff::Timestamp,
+) -> &'static str {
     if current == Some(keys::fabric::PENDING) {
         keys::fabric::PENDING
     } else {
-        merged.verdict.as_label()
+        merged.fabric_label(now)
     }
 }
 
@@ -288,13 +293,31 @@ mod tests {
         let mut c = cert("p", 1);
         merge_findings(&mut c, &blaming_mlx5_1());
         assert_eq!(
-            campaign_fabric_label(Some(keys::fabric::PENDING), &c),
+            campaign_fabric_label(Some(keys::fabric::PENDING), &c, c.issued_at),
             keys::fabric::PENDING
         );
         assert_eq!(
-            campaign_fabric_label(Some(keys::fabric::CERTIFIED), &c),
+            campaign_fabric_label(Some(keys::fabric::CERTIFIED), &c, c.issued_at),
             keys::fabric::FAILED
         );
-        assert_eq!(campaign_fabric_label(None, &c), keys::fabric::FAILED);
+        assert_eq!(
+            campaign_fabric_label(None, &c, c.issued_at),
+            keys::fabric::FAILED
+        );
+    }
+
+    #[test]
+    fn an_expired_certification_is_labelled_pending_by_the_campaign_too() {
+        let mut c = cert("p", 1);
+        c.expires_at = c.issued_at + jiff::SignedDuration::from_hours(24);
+        assert_eq!(c.verdict, railguard_api::Verdict::Certified);
+        assert_eq!(
+            campaign_fabric_label(Some(keys::fabric::CERTIFIED), &c, c.issued_at),
+            keys::fabric::CERTIFIED
+        );
+        assert_eq!(
+            campaign_fabric_label(Some(keys::fabric::CERTIFIED), &c, c.expires_at),
+            keys::fabric::PENDING
+        );
     }
 }

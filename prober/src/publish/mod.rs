@@ -384,6 +384,7 @@ impl NodePublisher {
                     .unwrap_or_else(|| placeholder(profile, signature))
             };
             *state = fresh;
+            state.fabric_label = state::fabric_label_of(&written);
             let annotation = annotation_of(&written).unwrap_or_default().to_string();
             self.set_condition(state, written, &annotation, &pending)
                 .await?;
@@ -408,7 +409,7 @@ impl NodePublisher {
             let annotation = annotation_of(&node).filter(|_| fresh.certificate.is_some());
             let labels = match &fresh.certificate {
                 Some(c) => BTreeMap::from([
-                    (keys::LABEL_FABRIC, c.verdict.as_label()),
+                    (keys::LABEL_FABRIC, c.fabric_label(Timestamp::now())),
                     (keys::LABEL_PROFILE, c.profile.as_str()),
                     (keys::LABEL_SIGNATURE, c.signature.as_str()),
                 ]),
@@ -423,6 +424,7 @@ impl NodePublisher {
                 continue;
             };
             *state = fresh;
+            state.fabric_label = state::fabric_label_of(&written);
             let cert = state.certificate.clone();
             let condition = match &cert {
                 Some(c) => condition_for(c),
@@ -472,7 +474,7 @@ impl NodePublisher {
                 .to_annotation()
                 .map_err(|source| PublishError::Encode { source })?;
             let labels = BTreeMap::from([
-                (keys::LABEL_FABRIC, merged.verdict.as_label()),
+                (keys::LABEL_FABRIC, merged.fabric_label(Timestamp::now())),
                 (keys::LABEL_PROFILE, merged.profile.as_str()),
                 (keys::LABEL_SIGNATURE, merged.signature.as_str()),
             ]);
@@ -485,6 +487,7 @@ impl NodePublisher {
             };
             let previous = fresh.certificate.clone();
             *state = fresh;
+            state.fabric_label = state::fabric_label_of(&written);
             self.set_condition(state, written, &annotation, &merged)
                 .await?;
             if let Some(ev) = event_for(&merged, previous.as_ref(), invasive) {

@@ -31,6 +31,8 @@ pub struct NodeState {
     pub uid: Option<String>,
     /// `railguard.io/recertify` is set (non-empty).
     pub recertify_requested: bool,
+    /// The `railguard.io/fabric` label.
+    pub fabric_label: Option<String>,
 }
 
 impl NodeState {
@@ -66,6 +68,7 @@ impl NodeState {
             recertify_requested: annotations
                 .and_then(|a| a.get(keys::ANNOTATION_RECERTIFY))
                 .is_some_and(|v| !v.trim().is_empty()),
+            fabric_label: fabric_label_of(node),
         }
     }
 
@@ -76,6 +79,15 @@ impl NodeState {
             allocatable: self.allocatable.get(resource).cloned(),
         }
     }
+}
+
+/// The Node's `railguard.io/fabric` label.
+pub fn fabric_label_of(node: &Node) -> Option<String> {
+    node.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(keys::LABEL_FABRIC))
+        .cloned()
 }
 
 #[cfg(test)]

@@ -63,8 +63,12 @@ pub(crate) const CAMPAIGN_MAY_CHANGE: &[Output] = &[
 ];
 
 /// The outputs the fleet controller may change: its outlier mark, nothing of a
-/// certificate.
-pub(crate) const FLEET_MAY_CHANGE: &[Output] = &[Output::Condition(keys::CONDITION_FLEET_OUTLIER)];
+/// certificate, and the fabric label only to take an expired certification out of
+/// service ([`fleet_change`]).
+pub(crate) const FLEET_MAY_CHANGE: &[Output] = &[
+    Output::Condition(keys::CONDITION_FLEET_OUTLIER),
+    Output::Label(keys::LABEL_FABRIC),
+];
 
 impl fmt::Display for Output {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -326,6 +330,15 @@ pub enum Denial {
         condition: &'static str,
     },
     #[error(
+        "the fleet controller may change node {node}'s {label} label only from certified to \
+         pending when its certificate has expired: {problem}"
+    )]
+    FleetLabelNotExpiry {
+        node: String,
+        label: &'static str,
+        problem: String,
+    },
+    #[error(
         "the campaign coordinator records findings in node {node}'s existing certificate; \
          {problem}"
     )]
@@ -341,6 +354,8 @@ pub struct NodeChange<'a> {
     pub old: Option<&'a NodeView>,
     pub new: &'a NodeView,
     pub user: &'a UserInfo,
+    /// When the API server asked (a certificate's expiry is judged against it).
+    pub now: jiff::Timestamp,
 }
 
 /// Decides one change. `lookup` is asked for a prober pod by name (the pod the prober's
@@ -375,7 +390,7 @@ pub fn decide(
     } else if policy.is_campaign(user) {
         campaign_change(change, &changed)
     } else if policy.is_fleet(user) {
-        fleet_change(change.node, &changed)
+        fleet_change(change, &changed)
     } else {
         Err(Denial::NotAWriter {
             user: if user.username.is_empty() {
@@ -407,7 +422,7 @@ fn writers(changed: &[Output], node: &str, policy: &GuardPolicy) -> String {
             keys::ANNOTATION_RECERTIFY
         ));
     }
-    if changed.iter().any(|o| FLEET_MAY_CHANGE.contains(o)) {
+    if changed.contains(&Output::Condition(keys::CONDITION_FLEET_OUTLIER)) {
         let fleet = policy
             .fleet_user()
             .unwrap_or_else(|| "none is configured".to_string());
@@ -560,7 +575,8 @@ fn campaign_change(change: NodeChange<'_>, changed: &[Output]) -> Result<Writer,
     Ok(Writer::Campaign)
 }
 
-fn fleet_change(node: &str, changed: &[Output]) -> Result<Writer, Denial> {
+fn fleet_change(change: NodeChange<'_>, changed: &[Output]) -> Result<Writer, Denial> {
+    let node = change.node;
     let beyond = beyond(changed, FLEET_MAY_CHANGE);
     if !beyond.is_empty() {
         return Err(Denial::FleetBeyondOutlier {
@@ -569,5 +585,44 @@ fn fleet_change(node: &str, changed: &[Output]) -> Result<Writer, Denial> {
             condition: keys::CONDITION_FLEET_OUTLIER,
         });
     }
+    if changed.contains(&Output::Label(keys::LABEL_FABRIC)) {
+        expiry_flip(change).map_err(|problem| Denial::FleetLabelNotExpiry {
+            node: node.to_string(),
+            label: keys::LABEL_FABRIC,
+            problem,
+        })?;
+    }
     Ok(Writer::Fleet)
+}
+
+/// The one label change the fleet controller makes: `certified` to `pending` on a node
+/// whose certificate (left as it is, so its verdict stays certified) expired before `now`.
+/// Anything else would let the controller certify or fail a node, which is the prober's.
+fn expiry_flip(change: NodeChange<'_>) -> Result<(), String> {
+    let before = change.old.and_then(|v| v.label(keys::LABEL_FABRIC));
+    let after = change.new.label(keys::LABEL_FABRIC);
+    if before != Some(keys::fabric::CERTIFIED) || after != Some(keys::fabric::PENDING) {
+        return Err(format!(
+            "this changes it from {} to {}",
+            before.unwrap_or("(none)"),
+            after.unwrap_or("(none)")
+        ));
+    }
+    let raw = change
+        .new
+        .annotation(keys::ANNOTATION_CERTIFICATE)
+        .ok_or_else(|| "the node has no certificate".to_string())?;
+    let cert = Certificate::from_annotation(raw).map_err(|e| {
+        format!(
+            "its certificate does not parse: {}",
+            railguard_api::error::error_chain(&e)
+        )
+    })?;
+    if cert.fabric_label(change.now) != keys::fabric::PENDING {
+        return Err(format!(
+            "its {} certificate expires at {}",
+            cert.verdict, cert.expires_at
+        ));
+    }
+    Ok(())
 }

@@ -129,6 +129,7 @@ pub fn admit_node(
         old: old.as_ref(),
         new: &new,
         user,
+        now: jiff::Timestamp::now(),
     };
     let asked_by = if policy.is_prober(user) {
         "prober"

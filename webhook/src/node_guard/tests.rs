@@ -152,8 +152,14 @@ fn decide_update(old: &NodeView, new: &NodeView, who: &UserInfo, pods: PodLookup
         old: Some(old),
         new,
         user: who,
+        now: before_expiry(),
     };
     decide(change, &policy(), |_| pods)
+}
+
+/// Within the test certificates' validity (they expire 2026-01-02).
+fn before_expiry() -> jiff::Timestamp {
+    "2026-01-01T12:00:00Z".parse().unwrap()
 }
 
 fn no_cache(_: &str) -> Option<NodeView> {
@@ -219,6 +225,7 @@ fn anyone_may_change_what_is_not_railguard_certification() {
             old: Some(&old),
             new: &new,
             user: &who,
+            now: before_expiry(),
         };
         assert_eq!(decide(change, &policy(), never), Decision::Untouched);
     }
@@ -367,6 +374,7 @@ fn allowed_groups_may_repair_anything_and_nothing_else_creates_certified_nodes()
         old: None,
         new: &certified(),
         user: &admin,
+        now: before_expiry(),
     };
     assert_eq!(
         decide(change, &policy(), never),
@@ -384,6 +392,7 @@ fn allowed_groups_may_repair_anything_and_nothing_else_creates_certified_nodes()
             old: None,
             new: &certified(),
             user: &who,
+            now: before_expiry(),
         };
         let d = denial(decide(change, &policy(), never));
         assert!(matches!(d, Denial::CreatedCertified { .. }), "{d:?}");
@@ -400,6 +409,7 @@ fn allowed_groups_may_repair_anything_and_nothing_else_creates_certified_nodes()
         old: Some(&old),
         new: &new,
         user: &admin,
+        now: before_expiry(),
     };
     assert!(matches!(
         decide(change, &strict, never),
@@ -472,11 +482,13 @@ fn the_campaign_records_findings_but_not_what_a_node_is_certified_for() {
 #[test]
 fn every_protected_output_has_one_writer_besides_break_glass() {
     // The prober's certification and the fleet's outlier mark split the protected outputs;
-    // the campaign's findings are part of the certification.
+    // the campaign's findings are part of the certification. The one overlap is the fabric
+    // label, which the fleet controller may only flip to pending on expiry (tested above).
+    let shared = decision::Output::Label(keys::LABEL_FABRIC);
     for o in PROTECTED {
         let prober = decision::PROBER_MAY_CHANGE.contains(o);
         let fleet = decision::FLEET_MAY_CHANGE.contains(o);
-        assert!(prober != fleet, "{o}");
+        assert!(prober != fleet || (*o == shared && prober), "{o}");
     }
     for o in decision::PROBER_MAY_CHANGE
         .iter()
@@ -547,6 +559,7 @@ fn only_the_fleet_controller_and_break_glass_change_the_outlier_mark() {
                 old: Some(before),
                 new: after,
                 user: &prober("p-a"),
+                now: before_expiry(),
             },
             &policy(),
             never,
@@ -603,6 +616,7 @@ fn only_the_fleet_controller_and_break_glass_change_the_outlier_mark() {
         old: Some(&old),
         new: &marked,
         user: &fleet(),
+        now: before_expiry(),
     };
     let d = denial(decide(change, &without, never));
     assert!(
@@ -856,4 +870,67 @@ impl TapLabel for Value {
         self["metadata"]["labels"][k] = json!(v);
         self
     }
+}
+
+#[test]
+fn the_fleet_controller_may_only_take_an_expired_certification_out_of_service() {
+    let old = certified();
+    let pending = with_label(old.clone(), keys::LABEL_FABRIC, Some("pending"));
+    fn at(now: &str, old: &NodeView, new: &NodeView) -> Decision {
+        decide(
+            NodeChange {
+                node: "gpu-a",
+                old: Some(old),
+                new,
+                user: &fleet(),
+                now: now.parse().unwrap(),
+            },
+            &policy(),
+            never,
+        )
+    }
+    let after_expiry = |old: &NodeView, new: &NodeView| at("2026-01-02T00:00:01Z", old, new);
+    assert_eq!(
+        after_expiry(&old, &pending),
+        Decision::Allowed(Writer::Fleet)
+    );
+    // Before expiry the same flip would take a valid certification away.
+    let d = denial(at("2026-01-01T23:59:59Z", &old, &pending));
+    assert!(matches!(d, Denial::FleetLabelNotExpiry { .. }), "{d:?}");
+    assert!(
+        d.to_string().contains("expires at 2026-01-02T00:00:00Z"),
+        "{d}"
+    );
+    // Never to certified, failed or away, and never with the certificate changed.
+    for value in [Some("failed"), Some("degraded"), None] {
+        let d = denial(after_expiry(
+            &old,
+            &with_label(old.clone(), keys::LABEL_FABRIC, value),
+        ));
+        assert!(matches!(d, Denial::FleetLabelNotExpiry { .. }), "{d:?}");
+    }
+    let d = denial(after_expiry(&pending, &old));
+    assert!(d.to_string().contains("from pending to certified"), "{d}");
+    let rewritten = with_annotation(
+        pending.clone(),
+        keys::ANNOTATION_CERTIFICATE,
+        &certificate("h100", "abc", "failed"),
+    );
+    let d = denial(after_expiry(&old, &rewritten));
+    assert!(matches!(d, Denial::FleetBeyondOutlier { .. }), "{d:?}");
+    // A degraded certificate's label is the prober's, expired or not.
+    let degraded = with_annotation(
+        with_label(old.clone(), keys::LABEL_FABRIC, Some("degraded")),
+        keys::ANNOTATION_CERTIFICATE,
+        &certificate("h100", "abc", "degraded"),
+    );
+    let d = denial(after_expiry(
+        &degraded,
+        &with_label(degraded.clone(), keys::LABEL_FABRIC, Some("pending")),
+    ));
+    assert!(d.to_string().contains("from degraded to pending"), "{d}");
+    // Anybody else flipping it is refused as before.
+    let tenant = user("alice", &["system:authenticated"]);
+    let d = denial(decide_update(&old, &pending, &tenant, PodLookup::Missing));
+    assert!(matches!(d, Denial::NotAWriter { .. }), "{d:?}");
 }

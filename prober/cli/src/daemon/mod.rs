@@ -340,6 +340,7 @@ impl Loop {
         match passive_once(&self.ctx, state, window).await? {
             // Nothing to update: only an invasive run can certify.
             PassiveOutcome::NothingToPublish => self.metrics.run("passive", "nothing-to-publish"),
+            PassiveOutcome::Unchanged => self.metrics.run("passive", "unchanged"),
             PassiveOutcome::Published(cert) => self.metrics.record(&cert, "passive"),
         }
         Ok(())

@@ -3,10 +3,14 @@
 //! every `--interval-secs`, recomputes every profile's fleet from the caches. It then writes
 //! only what differs from what the objects carry: the `RailguardFleetOutlier` condition
 //! (and an Event when a node becomes or stops being an outlier), and `status.fleet` of the
-//! profile (and a `FleetDrift` Event when a measurement starts drifting).
+//! profile (and a `FleetDrift` Event when a measurement starts drifting), and each node's
+//! upkeep (`railguard_prober::fleet::upkeep`): an expired certification's label flipped to
+//! `pending`, and the `railguard.io/fabric-unhealthy` taint of profiles that ask for it.
 //!
-//! Every write is derived from cluster state, so two controllers briefly running side by side
-//! (a rolling update) write the same thing; no lease is needed.
+//! Every write is derived from cluster state, and the chart runs one replica with the
+//! `Recreate` strategy; two controllers side by side would still write the same thing (the
+//! taint patch carries the Node's resourceVersion, so one of two racing writes is refused
+//! and retried on the next recomputation).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -20,12 +24,17 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
+use railguard_api::fleet::OutlierAction;
 use railguard_api::fleet::{reason, BaselineSnapshot, FleetStatus};
-use railguard_api::{keys, FabricProfile, ProfileObject};
+use railguard_api::{keys, FabricProfile, NodeFabric, ProfileObject};
 use railguard_prober::fleet::marks::{mark_event, node_condition, WantedCondition};
+use railguard_prober::fleet::upkeep::{
+    node_upkeep, railguard_taint, upkeep_events, upkeep_patch, NodeUpkeep, TaintWanted,
+    UpkeepPolicy,
+};
 use railguard_prober::fleet::{fleet_status, FleetAnalysis};
 use railguard_prober::publish::{event_object, NodeEvent, EVENT_NAMESPACE};
-use serde_json::json;
+use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -192,10 +201,20 @@ async fn recompute(
         .collect();
     let mut analyses = Vec::new();
     let mut drift_series = Vec::new();
+    let mut tainted = BTreeMap::new();
     let mut first_error = None;
     for p in &profiles {
         let analysis = super::analyze(p, memory.fabrics.fabrics());
         if let Err(e) = mark_nodes(client, &analysis, &by_name).await {
+            first_error.get_or_insert(e);
+        }
+        let plans = upkeep_plans(p, &analysis, memory.fabrics.fabrics(), now);
+        for (_, u) in &plans {
+            if let TaintWanted::Set(reason) = u.taint {
+                *tainted.entry((p.name().to_string(), reason)).or_insert(0) += 1;
+            }
+        }
+        if let Err(e) = upkeep_nodes(client, plans, &by_name).await {
             first_error.get_or_insert(e);
         }
         match write_status(client, p, &analysis, memory, now).await {
@@ -215,10 +234,104 @@ async fn recompute(
         analyses.push(analysis);
     }
     metrics.publish(&analyses, &drift_series);
+    metrics.publish_taints(&tainted);
     match first_error {
         Some(e) => Err(e),
         None => Ok(profiles.len()),
     }
+}
+
+/// The upkeep of every node of `profile` (those labelled for it or certified for it), with
+/// each node's state for messages.
+fn upkeep_plans<'a>(
+    profile: &FabricProfile,
+    analysis: &FleetAnalysis,
+    fabrics: impl Iterator<Item = &'a NodeFabric>,
+    now: Timestamp,
+) -> Vec<(String, NodeUpkeep)> {
+    let policy = UpkeepPolicy {
+        taints: profile.spec.certification.taints,
+        filter_outliers: profile.spec.fleet.outliers == OutlierAction::Filter,
+    };
+    fabrics
+        .filter(|f| super::profile_of(f) == Some(profile.name()))
+        .map(|f| {
+            let u = node_upkeep(f, policy, analysis.is_outlier(&f.name), now);
+            (f.name.clone(), u)
+        })
+        .collect()
+}
+
+/// Writes each planned upkeep the Node does not carry yet (one merge patch each, label and
+/// taints together, refused by the API server if the Node changed since the cache saw it;
+/// the next recomputation retries), with its Events.
+async fn upkeep_nodes(
+    client: &Client,
+    plans: Vec<(String, NodeUpkeep)>,
+    nodes: &BTreeMap<&str, &Node>,
+) -> anyhow::Result<()> {
+    let writes: Vec<(&Node, NodeUpkeep, Value)> = plans
+        .into_iter()
+        .filter_map(|(name, u)| {
+            let node = *nodes.get(name.as_str())?;
+            let taints = node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_deref())
+                .unwrap_or_default();
+            let patch = upkeep_patch(u, taints, node.metadata.resource_version.as_deref())?;
+            Some((node, u, patch))
+        })
+        .collect();
+    futures::stream::iter(writes)
+        .map(|(node, u, patch)| write_upkeep(client, node, u, patch))
+        .buffer_unordered(WRITE_CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+async fn write_upkeep(
+    client: &Client,
+    node: &Node,
+    upkeep: NodeUpkeep,
+    patch: Value,
+) -> anyhow::Result<()> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let before = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .and_then(railguard_taint)
+        .and_then(|t| t.value.clone());
+    let pp = PatchParams {
+        field_manager: Some(keys::FLEET_FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    Api::<Node>::all(client.clone())
+        .patch(&name, &pp, &Patch::Merge(&patch))
+        .await
+        .with_context(|| {
+            format!(
+                "cannot write the {} taint or the expiry label on node {name}",
+                keys::TAINT_FABRIC_UNHEALTHY
+            )
+        })?;
+    let state = NodeFabric::from_node(node, Timestamp::now()).state.kind();
+    for ev in upkeep_events(upkeep, before.as_deref(), state) {
+        let involved = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(name.clone()),
+            uid: node.metadata.uid.clone(),
+            ..ObjectReference::default()
+        };
+        record(client, involved, &ev)
+            .await
+            .with_context(|| format!("cannot record event {} on node {name}", ev.reason))?;
+        tracing::info!(node = %name, reason = ev.reason, message = %ev.message, "node upkeep");
+    }
+    Ok(())
 }
 
 /// The fleet condition a Node carries now: status, reason, message.

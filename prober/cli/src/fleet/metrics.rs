@@ -24,6 +24,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "railguard_fleet_node_rail_relative",
     "railguard_fleet_recompute_seconds",
     "railguard_fleet_recomputes_total",
+    "railguard_fleet_tainted_nodes",
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -47,6 +48,11 @@ struct RailLabels {
     rail: String,
 }
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaintLabels {
+    profile: String,
+    reason: String,
+}
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     outcome: &'static str,
 }
@@ -64,6 +70,7 @@ pub struct FleetMetrics {
     relative: Family<RailLabels, FloatGauge>,
     recompute: Histogram,
     recomputes: Family<OutcomeLabels, Counter>,
+    tainted: Family<TaintLabels, Gauge>,
     /// The families above are replaced as a whole per recomputation; a scrape waits for it.
     update: Mutex<()>,
     ready: AtomicBool,
@@ -84,6 +91,7 @@ impl FleetMetrics {
             relative: Family::default(),
             recompute: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             recomputes: Family::default(),
+            tainted: Family::default(),
             update: Mutex::new(()),
             ready: AtomicBool::new(false),
             alive_at: Mutex::new(Instant::now()),
@@ -135,7 +143,29 @@ impl FleetMetrics {
             "Recomputations by outcome (ok, error)",
             m.recomputes.clone(),
         );
+        registry.register(
+            "railguard_fleet_tainted_nodes",
+            "Nodes of the profile that should carry the railguard.io/fabric-unhealthy taint, by reason (failed, degraded, expired, outlier)",
+            m.tainted.clone(),
+        );
         FleetMetrics { registry, ..m }
+    }
+
+    /// Replaces the taint series: nodes by profile and reason.
+    pub fn publish_taints(
+        &self,
+        counts: &std::collections::BTreeMap<(String, &'static str), usize>,
+    ) {
+        let _guard = self.update.lock().unwrap_or_else(|p| p.into_inner());
+        self.tainted.clear();
+        for ((profile, reason), n) in counts {
+            self.tainted
+                .get_or_create(&TaintLabels {
+                    profile: profile.clone(),
+                    reason: (*reason).to_string(),
+                })
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
     }
 
     /// Replaces the per-profile and per-node series with those of `analyses`.

@@ -1,0 +1,418 @@
+//! What the fleet controller keeps on a Node besides its outlier mark, so that schedulers
+//! other than railguard's extender see railguard's verdicts: an expired certification's
+//! `railguard.io/fabric` label flipped to `pending` (every selector on `certified`, the
+//! webhook's injected affinity included, stops matching) and, for profiles with
+//! `certification.taints`, the NoSchedule taint `railguard.io/fabric-unhealthy` that the
+//! default scheduler, Kueue, KAI, Volcano and Karpenter all honour.
+//!
+//! Pure: [`node_upkeep`] decides from the decoded Node, [`upkeep_patch`] turns the decision
+//! into one merge patch (label and taints together, guarded by the resourceVersion it was
+//! decided on) or nothing when the Node already carries it.
+
+use k8s_openapi::api::core::v1::Taint;
+use railguard_api::keys::{self, taint_reason};
+use railguard_api::{FabricState, NodeFabric, Verdict};
+use serde_json::{json, Value};
+
+use crate::publish::NodeEvent;
+
+/// The taint's effect: new pods stay away, running jobs are left alone (a job that lands
+/// on a node whose certification lapses mid-run is the job's to judge, not ours to evict).
+pub const TAINT_EFFECT: &str = "NoSchedule";
+
+/// What the controller wants for the railguard taint of one node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaintWanted {
+    /// Tainted, the value saying why ([`taint_reason`]).
+    Set(&'static str),
+    /// Not tainted: a passing certificate, or a profile without `certification.taints`.
+    Clear,
+    /// Left as it is: a certification is running (`pending`) or the node's metadata is
+    /// unreadable; the next verdict decides.
+    Keep,
+}
+
+/// The decision for one node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeUpkeep {
+    /// Flip `railguard.io/fabric` from `certified` to `pending`: the certificate expired.
+    pub expire_label: bool,
+    pub taint: TaintWanted,
+}
+
+/// The node's profile settings the decision needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UpkeepPolicy {
+    /// `certification.taints`.
+    pub taints: bool,
+    /// `fleet.outliers: Filter`: outliers are out of scheduling, so tainted too.
+    pub filter_outliers: bool,
+}
+
+/// Decides one node of a profile at `now`. `outlier`: the fleet analysis marks it an
+/// outlier now.
+pub fn node_upkeep(
+    fabric: &NodeFabric,
+    policy: UpkeepPolicy,
+    outlier: bool,
+    now: jiff::Timestamp,
+) -> NodeUpkeep {
+    let expire_label = matches!(fabric.state, FabricState::Expired { .. })
+        && fabric.labels.get(keys::LABEL_FABRIC).map(String::as_str)
+            == Some(keys::fabric::CERTIFIED);
+    let taint = if !policy.taints {
+        TaintWanted::Clear
+    } else {
+        match &fabric.state {
+            FabricState::Failed(_) => TaintWanted::Set(taint_reason::FAILED),
+            FabricState::Degraded(_) => TaintWanted::Set(taint_reason::DEGRADED),
+            FabricState::Expired { .. } => TaintWanted::Set(taint_reason::EXPIRED),
+            // Pending after the expiry flip: still expired until a run passes.
+            FabricState::Pending {
+                previous: Some(previous),
+            } if previous.verdict == Verdict::Certified && previous.is_expired(now) => {
+                TaintWanted::Set(taint_reason::EXPIRED)
+            }
+            FabricState::Certified(_) if outlier && policy.filter_outliers => {
+                TaintWanted::Set(taint_reason::OUTLIER)
+            }
+            FabricState::Certified(_) | FabricState::Absent => TaintWanted::Clear,
+            FabricState::Pending { .. } | FabricState::Unreadable { .. } => TaintWanted::Keep,
+        }
+    };
+    NodeUpkeep {
+        expire_label,
+        taint,
+    }
+}
+
+/// The railguard taint among `taints`.
+pub fn railguard_taint(taints: &[Taint]) -> Option<&Taint> {
+    taints
+        .iter()
+        .find(|t| t.key == keys::TAINT_FABRIC_UNHEALTHY)
+}
+
+/// The merge patch that gives the Node (at `resource_version`, carrying `taints`) what
+/// `upkeep` wants, or `None` when it already does. Other taints stay in their order; the
+/// resourceVersion makes the API server refuse the patch (409) if the Node changed since it
+/// was read, since a merge patch replaces the whole taint list.
+pub fn upkeep_patch(
+    upkeep: NodeUpkeep,
+    taints: &[Taint],
+    resource_version: Option<&str>,
+) -> Option<Value> {
+    let ours = railguard_taint(taints);
+    let wanted_taints: Option<Vec<Taint>> = match upkeep.taint {
+        TaintWanted::Keep => None,
+        TaintWanted::Clear if ours.is_none() => None,
+        TaintWanted::Set(reason)
+            if ours.is_some_and(|t| {
+                t.value.as_deref() == Some(reason) && t.effect == TAINT_EFFECT
+            }) =>
+        {
+            None
+        }
+        TaintWanted::Clear => Some(others(taints)),
+        TaintWanted::Set(reason) => {
+            let mut t = others(taints);
+            t.push(Taint {
+                key: keys::TAINT_FABRIC_UNHEALTHY.to_string(),
+                value: Some(reason.to_string()),
+                effect: TAINT_EFFECT.to_string(),
+                time_added: None,
+            });
+            Some(t)
+        }
+    };
+    if wanted_taints.is_none() && !upkeep.expire_label {
+        return None;
+    }
+    let mut metadata = json!({ "resourceVersion": resource_version });
+    if upkeep.expire_label {
+        metadata["labels"] = json!({ keys::LABEL_FABRIC: keys::fabric::PENDING });
+    }
+    let mut patch = json!({ "metadata": metadata });
+    if let Some(t) = wanted_taints {
+        patch["spec"] = json!({ "taints": if t.is_empty() { Value::Null } else { json!(t) } });
+    }
+    Some(patch)
+}
+
+fn others(taints: &[Taint]) -> Vec<Taint> {
+    taints
+        .iter()
+        .filter(|t| t.key != keys::TAINT_FABRIC_UNHEALTHY)
+        .cloned()
+        .collect()
+}
+
+/// The Events a write of `upkeep` deserves on a node that carried `before` (its railguard
+/// taint's value): the expiry, a taint set or changed, a taint lifted.
+pub fn upkeep_events(upkeep: NodeUpkeep, before: Option<&str>, state: &str) -> Vec<NodeEvent> {
+    let mut events = Vec::new();
+    if upkeep.expire_label {
+        events.push(NodeEvent {
+            reason: "CertificationExpired",
+            kind: "Warning",
+            message: format!(
+                "the certification expired: {}={} until the prober's next run passes",
+                keys::LABEL_FABRIC,
+                keys::fabric::PENDING
+            ),
+        });
+    }
+    match (upkeep.taint, before) {
+        (TaintWanted::Set(reason), b) if b != Some(reason) => events.push(NodeEvent {
+            reason: "FabricUnhealthyTainted",
+            kind: "Warning",
+            message: format!(
+                "tainted {}={reason}:{TAINT_EFFECT} ({state}): pods without a toleration are \
+                 kept off the node until a passing certificate lands",
+                keys::TAINT_FABRIC_UNHEALTHY
+            ),
+        }),
+        (TaintWanted::Clear, Some(_)) => events.push(NodeEvent {
+            reason: "FabricUnhealthyCleared",
+            kind: "Normal",
+            message: format!("taint {} removed ({state})", keys::TAINT_FABRIC_UNHEALTHY),
+        }),
+        _ => {}
+    }
+    events
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use k8s_openapi::api::core::v1::Node;
+
+    const ISSUED: &str = "2026-01-01T00:00:00Z";
+    const EXPIRES: &str = "2026-01-02T00:00:00Z";
+
+    fn before_expiry() -> jiff::Timestamp {
+        "2026-01-01T12:00:00Z".parse().unwrap()
+    }
+    fn after_expiry() -> jiff::Timestamp {
+        "2026-01-02T00:00:01Z".parse().unwrap()
+    }
+
+    fn fabric(label: Option<&str>, verdict: Option<&str>, now: jiff::Timestamp) -> NodeFabric {
+        let mut labels = serde_json::Map::new();
+        if let Some(l) = label {
+            labels.insert(keys::LABEL_FABRIC.into(), l.into());
+        }
+        let mut annotations = serde_json::Map::new();
+        if let Some(v) = verdict {
+            let cert = json!({
+                "version": 1, "generation": 3, "issuedAt": ISSUED, "expiresAt": EXPIRES,
+                "profile": "h100", "signature": "abc", "node": "gpu-a", "verdict": v,
+                "reasons": [], "rails": [], "gpus": []
+            });
+            annotations.insert(keys::ANNOTATION_CERTIFICATE.into(), cert.to_string().into());
+        }
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "gpu-a", "labels": labels, "annotations": annotations}
+        }))
+        .unwrap();
+        NodeFabric::from_node(&node, now)
+    }
+
+    const TAINTS: UpkeepPolicy = UpkeepPolicy {
+        taints: true,
+        filter_outliers: true,
+    };
+
+    fn taint(key: &str, value: &str, effect: &str) -> Taint {
+        Taint {
+            key: key.into(),
+            value: Some(value.into()),
+            effect: effect.into(),
+            time_added: None,
+        }
+    }
+
+    #[test]
+    fn each_unhealthy_state_gets_its_reason_and_a_passing_certificate_none() {
+        let now = before_expiry();
+        let cases = [
+            (
+                Some("failed"),
+                Some("failed"),
+                TaintWanted::Set(taint_reason::FAILED),
+            ),
+            (
+                Some("degraded"),
+                Some("degraded"),
+                TaintWanted::Set(taint_reason::DEGRADED),
+            ),
+            (Some("certified"), Some("certified"), TaintWanted::Clear),
+            // A run in progress (the prober's pending mark over a valid certificate): the
+            // next verdict decides.
+            (Some("pending"), Some("certified"), TaintWanted::Keep),
+            (Some("pending"), Some("failed"), TaintWanted::Keep),
+            (Some("pending"), None, TaintWanted::Keep),
+            (None, None, TaintWanted::Clear),
+            // Label and certificate disagree: unreadable, left alone.
+            (Some("certified"), Some("failed"), TaintWanted::Keep),
+        ];
+        for (label, verdict, want) in cases {
+            let u = node_upkeep(&fabric(label, verdict, now), TAINTS, false, now);
+            assert_eq!(u.taint, want, "{label:?} {verdict:?}");
+            assert!(!u.expire_label, "{label:?} {verdict:?}");
+        }
+    }
+
+    #[test]
+    fn an_expired_certification_is_flipped_to_pending_and_stays_tainted_until_renewed() {
+        let now = after_expiry();
+        let expired = fabric(Some("certified"), Some("certified"), now);
+        assert!(matches!(expired.state, FabricState::Expired { .. }));
+        let u = node_upkeep(&expired, TAINTS, false, now);
+        assert_eq!(
+            u,
+            NodeUpkeep {
+                expire_label: true,
+                taint: TaintWanted::Set(taint_reason::EXPIRED)
+            }
+        );
+        // After the flip: pending over the expired certificate, still expired.
+        let flipped = fabric(Some("pending"), Some("certified"), now);
+        let u = node_upkeep(&flipped, TAINTS, false, now);
+        assert!(!u.expire_label);
+        assert_eq!(u.taint, TaintWanted::Set(taint_reason::EXPIRED));
+        // Without taints the label still flips: expiry is not opt-in.
+        let off = UpkeepPolicy {
+            taints: false,
+            filter_outliers: true,
+        };
+        let u = node_upkeep(&expired, off, false, now);
+        assert!(u.expire_label);
+        assert_eq!(u.taint, TaintWanted::Clear);
+        // An expired degraded or failed certificate keeps its label (the prober's).
+        for v in ["degraded", "failed"] {
+            let u = node_upkeep(&fabric(Some(v), Some(v), now), TAINTS, false, now);
+            assert!(!u.expire_label, "{v}");
+        }
+        // No label, an expired certificate: nothing to flip (the guard allows only
+        // certified to pending).
+        assert!(
+            !node_upkeep(&fabric(None, Some("certified"), now), TAINTS, false, now).expire_label
+        );
+    }
+
+    #[test]
+    fn outliers_are_tainted_only_where_the_profile_filters_them() {
+        let now = before_expiry();
+        let certified = fabric(Some("certified"), Some("certified"), now);
+        let u = node_upkeep(&certified, TAINTS, true, now);
+        assert_eq!(u.taint, TaintWanted::Set(taint_reason::OUTLIER));
+        let score = UpkeepPolicy {
+            taints: true,
+            filter_outliers: false,
+        };
+        assert_eq!(
+            node_upkeep(&certified, score, true, now).taint,
+            TaintWanted::Clear
+        );
+    }
+
+    #[test]
+    fn the_patch_keeps_other_taints_and_is_guarded_by_the_resource_version() {
+        let gpu = taint("nvidia.com/gpu", "present", "NoSchedule");
+        let set = NodeUpkeep {
+            expire_label: false,
+            taint: TaintWanted::Set(taint_reason::FAILED),
+        };
+        let p = upkeep_patch(set, std::slice::from_ref(&gpu), Some("42")).unwrap();
+        assert_eq!(
+            p,
+            json!({
+                "metadata": {"resourceVersion": "42"},
+                "spec": {"taints": [
+                    {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+                    {"key": "railguard.io/fabric-unhealthy", "value": "failed", "effect": "NoSchedule"},
+                ]}
+            })
+        );
+        // Already carried: nothing to write.
+        let ours = taint(keys::TAINT_FABRIC_UNHEALTHY, "failed", "NoSchedule");
+        assert_eq!(
+            upkeep_patch(set, &[gpu.clone(), ours.clone()], Some("43")),
+            None
+        );
+        // A new reason replaces the value in place of the old taint.
+        let expired = NodeUpkeep {
+            expire_label: true,
+            taint: TaintWanted::Set(taint_reason::EXPIRED),
+        };
+        let p = upkeep_patch(expired, &[ours.clone(), gpu.clone()], Some("44")).unwrap();
+        assert_eq!(p["metadata"]["labels"][keys::LABEL_FABRIC], "pending");
+        let taints = p["spec"]["taints"].as_array().unwrap();
+        assert_eq!(taints.len(), 2);
+        assert_eq!(taints[1]["value"], "expired");
+        // Cleared: the others stay; the last one gone removes the list.
+        let clear = NodeUpkeep {
+            expire_label: false,
+            taint: TaintWanted::Clear,
+        };
+        let p = upkeep_patch(clear, &[ours.clone(), gpu.clone()], Some("45")).unwrap();
+        assert_eq!(p["spec"]["taints"].as_array().unwrap().len(), 1);
+        let p = upkeep_patch(clear, std::slice::from_ref(&ours), Some("46")).unwrap();
+        assert_eq!(p["spec"]["taints"], Value::Null);
+        assert_eq!(upkeep_patch(clear, &[gpu], Some("47")), None);
+        // Keep writes nothing, unless the label flips.
+        let keep = NodeUpkeep {
+            expire_label: false,
+            taint: TaintWanted::Keep,
+        };
+        assert_eq!(
+            upkeep_patch(keep, std::slice::from_ref(&ours), Some("48")),
+            None
+        );
+        let p = upkeep_patch(
+            NodeUpkeep {
+                expire_label: true,
+                ..keep
+            },
+            &[ours],
+            Some("49"),
+        )
+        .unwrap();
+        assert!(p.get("spec").is_none(), "{p}");
+    }
+
+    #[test]
+    fn events_say_what_changed() {
+        let set = NodeUpkeep {
+            expire_label: true,
+            taint: TaintWanted::Set(taint_reason::EXPIRED),
+        };
+        let ev = upkeep_events(set, None, "expired");
+        let reasons: Vec<_> = ev.iter().map(|e| e.reason).collect();
+        assert_eq!(reasons, ["CertificationExpired", "FabricUnhealthyTainted"]);
+        assert!(ev[1]
+            .message
+            .contains("railguard.io/fabric-unhealthy=expired:NoSchedule"));
+        assert!(upkeep_events(
+            NodeUpkeep {
+                expire_label: false,
+                ..set
+            },
+            Some("expired"),
+            "expired"
+        )
+        .is_empty());
+        let cleared = upkeep_events(
+            NodeUpkeep {
+                expire_label: false,
+                taint: TaintWanted::Clear,
+            },
+            Some("failed"),
+            "certified",
+        );
+        assert_eq!(cleared[0].reason, "FabricUnhealthyCleared");
+        assert_eq!(cleared[0].kind, "Normal");
+    }
+}

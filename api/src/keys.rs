@@ -71,6 +71,10 @@ pub const ANNOTATION_MULTUS_NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
 /// Pod Security Admission enforce label on namespaces.
 pub const LABEL_POD_SECURITY_ENFORCE: &str = "pod-security.kubernetes.io/enforce";
 
+/// Node label an operator sets for a maintenance window (any value but `false`): the prober
+/// starts no invasive test there, a requested one too (it is kept until the label goes).
+pub const LABEL_MAINTENANCE: &str = "railguard.io/maintenance";
+
 /// The NoSchedule taint the fleet controller keeps on unhealthy nodes of a profile with
 /// `certification.taints`; its value is the reason (see [`taint_reason`]).
 pub const TAINT_FABRIC_UNHEALTHY: &str = "railguard.io/fabric-unhealthy";
@@ -81,6 +85,8 @@ pub mod taint_reason {
     pub const DEGRADED: &str = "degraded";
     pub const EXPIRED: &str = "expired";
     pub const OUTLIER: &str = "outlier";
+    /// Put by the node's prober for the length of an invasive run.
+    pub const TESTING: &str = "testing";
 }
 
 /// Label values of [`LABEL_FABRIC`].

@@ -62,6 +62,20 @@ pub fn holds_gpu(pod: &Pod, gpu_resources: &[String]) -> bool {
     !is_finished(pod) && requests_gpu(pod, gpu_resources)
 }
 
+/// Whether the pod holds (or will hold) devices an invasive test would disturb: not
+/// finished, and asking for one of `resources` (the GPUs and the profile's RDMA resource, so
+/// a storage client on the same HCAs counts) or holding any DRA claim (a GPU or NIC
+/// allocated through `resource.k8s.io` shows up as `spec.resourceClaims`, not as a
+/// resource request).
+pub fn holds_devices(pod: &Pod, resources: &[String]) -> bool {
+    let claims = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.resource_claims.as_ref())
+        .is_some_and(|c| !c.is_empty());
+    !is_finished(pod) && (claims || requests_gpu(pod, resources))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -156,5 +170,34 @@ mod tests {
         assert_eq!(container_gpu_count(c, &both), 6);
         assert_eq!(container_resource_count(c, "nvidia.com/gpu"), 4);
         assert_eq!(container_resource_count(c, "rdma/x"), 0);
+    }
+
+    #[test]
+    fn rdma_users_and_dra_claims_hold_devices_too() {
+        let resources = vec!["nvidia.com/gpu".to_string(), "rdma/hca".to_string()];
+        let rdma = pod(serde_json::json!({
+            "metadata": {"name": "storage"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"rdma/hca": "1"}}}]}
+        }));
+        assert!(holds_devices(&rdma, &resources));
+        assert!(!holds_gpu(&rdma, &gpu()));
+        let claim = pod(serde_json::json!({
+            "metadata": {"name": "dra"},
+            "spec": {"containers": [{"name": "c"}],
+                     "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "eight"}]}
+        }));
+        assert!(holds_devices(&claim, &resources));
+        let done = pod(serde_json::json!({
+            "metadata": {"name": "dra"},
+            "spec": {"containers": [{"name": "c"}],
+                     "resourceClaims": [{"name": "gpus", "resourceClaimName": "x"}]},
+            "status": {"phase": "Succeeded"}
+        }));
+        assert!(!holds_devices(&done, &resources));
+        let cpu = pod(serde_json::json!({
+            "metadata": {"name": "cpu"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "1"}}}]}
+        }));
+        assert!(!holds_devices(&cpu, &resources));
     }
 }

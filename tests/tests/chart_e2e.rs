@@ -393,7 +393,12 @@ fn rbac_is_least_privilege_per_component() {
     // Its own Node only, which RBAC cannot say: the node guard enforces it
     // (tests/tests/node_guard_e2e.rs).
     let prober = find(&docs, "ClusterRole", "railguard-prober");
-    assert_eq!(verbs(prober, "", "nodes"), set(&["get", "patch"]));
+    // list and watch: it watches its own Node (a field selector on its name) instead of
+    // polling it.
+    assert_eq!(
+        verbs(prober, "", "nodes"),
+        set(&["get", "list", "watch", "patch"])
+    );
     assert_eq!(verbs(prober, "", "nodes/status"), set(&["patch"]));
     assert_eq!(verbs(prober, "", "events"), set(&["create", "patch"]));
     assert_eq!(verbs(prober, "", "pods"), set(&["list"]));
@@ -1675,6 +1680,12 @@ fn prober_reads_host_sys_and_proc_and_capabilities_follow_the_values() {
     let daemon = &pod["containers"][0];
     assert_eq!(env_of(daemon)["RAILGUARD_SYSFS_ROOT"], "/host");
     assert_eq!(env_of(daemon)["RAILGUARD_PROFILE"], "h100-ndr");
+    // The daemon's own pod holds the rails' RDMA devices: named so it is not a job in use
+    // (the kubelet expands the two downward-API variables before it).
+    assert_eq!(
+        env_of(daemon)["RAILGUARD_OWN_POD"],
+        "$(POD_NAMESPACE)/$(POD_NAME)"
+    );
     let m = mounts_of(daemon);
     assert_eq!(m["/host/sys"], true);
     assert_eq!(m["/host/proc"], true);

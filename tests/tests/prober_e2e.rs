@@ -198,8 +198,18 @@ async fn simulated_nodes_certify_fail_on_faults_and_flip_on_passive_counters() -
         rejection.message
     );
 
-    // 3. The daemon on gpu-c: its first invasive run certifies, then counters grow on one
-    //    rail and a passive check fails the node without another invasive run.
+    // 3. The daemon on gpu-c: its certificate from step 1 is valid, so it does not retest at
+    //    start; the operator asks for a run (railguard.io/recertify), which certifies, then
+    //    counters grow on one rail and a passive check fails the node without another
+    //    invasive run.
+    nodes
+        .patch(
+            "gpu-c",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                keys::ANNOTATION_RECERTIFY: "e2e"}}})),
+        )
+        .await?;
     let daemon_log = prober.work.join("daemon-gpu-c.log");
     let mut daemon = prober
         .passive_daemon("gpu-c", "dgx-h100")
@@ -227,6 +237,12 @@ async fn simulated_nodes_certify_fail_on_faults_and_flip_on_passive_counters() -
         },
     )
     .await?;
+    // The run came from the request, not from the start.
+    let log = std::fs::read_to_string(&daemon_log)?;
+    assert!(
+        log.contains("no invasive run at start"),
+        "the daemon retested a node with a valid certificate at start:\n{log}"
+    );
     let counter = work
         .path()
         .join("sysfs-gpu-c/sys/class/infiniband/mlx5_4/ports/1/counters/symbol_error");

@@ -516,6 +516,16 @@ async fn sigterm_mid_run_publishes_or_restores_and_never_leaves_pending() -> Res
                                  stop_within: Duration,
                                  not_stopped: &'static str|
            -> Result<(Certificate, Node)> {
+        // The certificate on the node is valid, so the daemon would not retest at start:
+        // ask for a run.
+        nodes
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                    keys::ANNOTATION_RECERTIFY: "e2e"}}})),
+            )
+            .await?;
         let mut d = prober
             .command("daemon", name, MODEL)
             .args(["--interval-secs", "3600", "--passive-interval-secs", "3600"])

@@ -495,10 +495,16 @@ impl CampaignArgs {
             })
             .collect::<Result<_, _>>()?;
         let mut nodes = Vec::new();
+        // The GPUs and the profile's RDMA resource: a node whose HCAs serve a storage client
+        // is in use too.
+        let mut in_use_resources = self.gpu_resources.clone();
+        if let Some(r) = &profile.spec.rdma {
+            in_use_resources.push(r.resource_name.clone());
+        }
         let gpu_check = |node: &str| GpuPodSource::Kube {
             client: client.clone(),
             node: node.to_string(),
-            resources: self.gpu_resources.clone(),
+            resources: in_use_resources.clone(),
         };
         for node in profile_nodes(&client, &profile).await? {
             let Some(name) = node.metadata.name.clone() else {
@@ -512,6 +518,10 @@ impl CampaignArgs {
                 warn!(node = %name, "no endpoint (annotation, InternalIP or --endpoint); skipped");
                 continue;
             };
+            if let Some(why) = railguard_prober::publish::unavailable_for_tests(&node) {
+                warn!(node = %name, reason = %why, "the node is out of service for tests; skipped");
+                continue;
+            }
             if !self.allow_gpu_pods {
                 let pods = gpu_check(&name).gpu_pods().await?;
                 if !pods.is_empty() {

@@ -115,11 +115,11 @@ impl GpuPodSource {
     }
 }
 
-/// `namespace/name` of the pods among `pods` that hold a GPU of `resources`
-/// ([`railguard_api::pod::holds_gpu`]).
+/// `namespace/name` of the pods among `pods` that hold one of `resources` or a DRA claim
+/// ([`railguard_api::pod::holds_devices`]): an invasive test would disturb them.
 pub fn gpu_pods_of(pods: &[Pod], resources: &[String]) -> Vec<String> {
     pods.iter()
-        .filter(|p| railguard_api::pod::holds_gpu(p, resources))
+        .filter(|p| railguard_api::pod::holds_devices(p, resources))
         .map(|p| {
             format!(
                 "{}/{}",

@@ -182,6 +182,46 @@ pub fn upkeep_events(upkeep: NodeUpkeep, before: Option<&str>, state: &str) -> V
     events
 }
 
+/// Where an invasive run of a profile with `certification.taints` stands, for the node's
+/// prober: its taint repels every scheduler's pods for the run, not only railguard-aware
+/// ones (the `pending` label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunTaint {
+    /// The run starts: tainted `testing`, unless already tainted for another reason.
+    Testing,
+    /// The run ended with this verdict: the `testing` taint becomes what the fleet
+    /// controller would keep (`failed`, `degraded`) or goes (certified, or the node restored
+    /// to its certificate, `pending`). A taint of another reason is the fleet controller's.
+    Ended(Verdict),
+}
+
+/// The merge patch for `run` on a Node carrying `taints`, or `None` when there is nothing to
+/// change ([`upkeep_patch`] writes it).
+pub fn run_taint_patch(
+    run: RunTaint,
+    taints: &[Taint],
+    resource_version: Option<&str>,
+) -> Option<Value> {
+    let ours = railguard_taint(taints).and_then(|t| t.value.as_deref());
+    let taint = match (run, ours) {
+        (RunTaint::Testing, None) => TaintWanted::Set(taint_reason::TESTING),
+        (RunTaint::Ended(v), Some(taint_reason::TESTING)) => match v {
+            Verdict::Failed => TaintWanted::Set(taint_reason::FAILED),
+            Verdict::Degraded => TaintWanted::Set(taint_reason::DEGRADED),
+            Verdict::Certified | Verdict::Pending => TaintWanted::Clear,
+        },
+        _ => return None,
+    };
+    upkeep_patch(
+        NodeUpkeep {
+            expire_label: false,
+            taint,
+        },
+        taints,
+        resource_version,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -414,5 +454,58 @@ mod tests {
         );
         assert_eq!(cleared[0].reason, "FabricUnhealthyCleared");
         assert_eq!(cleared[0].kind, "Normal");
+    }
+
+    #[test]
+    fn an_invasive_run_is_tainted_testing_and_leaves_the_verdicts_taint() {
+        let gpu = taint("nvidia.com/gpu", "present", "NoSchedule");
+        let testing = taint(keys::TAINT_FABRIC_UNHEALTHY, "testing", "NoSchedule");
+        let failed = taint(keys::TAINT_FABRIC_UNHEALTHY, "failed", "NoSchedule");
+        let p = run_taint_patch(RunTaint::Testing, std::slice::from_ref(&gpu), Some("1")).unwrap();
+        assert_eq!(p["spec"]["taints"][1]["value"], "testing");
+        assert_eq!(p["metadata"]["resourceVersion"], "1");
+        // Already tainted (failed, expired): it repels already, and stays the fleet's.
+        assert_eq!(
+            run_taint_patch(RunTaint::Testing, std::slice::from_ref(&failed), Some("2")),
+            None
+        );
+        let ended = |v| {
+            run_taint_patch(
+                RunTaint::Ended(v),
+                &[gpu.clone(), testing.clone()],
+                Some("3"),
+            )
+        };
+        assert_eq!(
+            ended(Verdict::Certified).unwrap()["spec"]["taints"]
+                .as_array()
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(
+            ended(Verdict::Pending).unwrap()["spec"]["taints"]
+                .as_array()
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(
+            ended(Verdict::Failed).unwrap()["spec"]["taints"][1]["value"],
+            "failed"
+        );
+        assert_eq!(
+            ended(Verdict::Degraded).unwrap()["spec"]["taints"][1]["value"],
+            "degraded"
+        );
+        // Not ours to lift: another reason, or none.
+        assert_eq!(
+            run_taint_patch(RunTaint::Ended(Verdict::Certified), &[failed], Some("4")),
+            None
+        );
+        assert_eq!(
+            run_taint_patch(RunTaint::Ended(Verdict::Certified), &[gpu], Some("5")),
+            None
+        );
     }
 }

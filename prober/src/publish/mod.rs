@@ -14,7 +14,7 @@ pub mod nccl_node_file;
 mod state;
 
 pub use nccl_node_file::{nccl_node_file, write_if_changed, NodeFacts, RailFacts, WriteFileError};
-pub use state::{ConditionSeen, NodeState};
+pub use state::{unavailable_for_tests, ConditionSeen, NodeState};
 
 use std::collections::BTreeMap;
 
@@ -63,6 +63,15 @@ pub enum PublishError {
     Encode {
         #[source]
         source: railguard_api::CertificateError,
+    },
+    #[error(
+        "cannot write the {} taint on node {node}",
+        keys::TAINT_FABRIC_UNHEALTHY
+    )]
+    Taint {
+        node: String,
+        #[source]
+        source: kube::Error,
     },
     #[error("node {node} kept changing while writing ({attempts} attempts)")]
     KeptChanging { node: String, attempts: usize },
@@ -353,6 +362,48 @@ impl NodePublisher {
             node: self.node.clone(),
             attempts: WRITE_ATTEMPTS,
         }
+    }
+
+    /// Writes the run's taint (`crate::fleet::upkeep::run_taint_patch`): a merge patch with
+    /// the read's resourceVersion, read again after a conflict.
+    pub async fn set_run_taint(
+        &self,
+        run: crate::fleet::upkeep::RunTaint,
+    ) -> Result<(), PublishError> {
+        for attempt in 0..WRITE_ATTEMPTS {
+            let node = self.get_node().await?;
+            let taints = node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_deref())
+                .unwrap_or_default();
+            let Some(patch) = crate::fleet::upkeep::run_taint_patch(
+                run,
+                taints,
+                node.metadata.resource_version.as_deref(),
+            ) else {
+                return Ok(());
+            };
+            let pp = PatchParams {
+                field_manager: Some(keys::PROBER_FIELD_MANAGER.into()),
+                ..PatchParams::default()
+            };
+            match self
+                .nodes()
+                .patch(&self.node, &pp, &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if is_conflict(&e) => after_conflict(attempt).await,
+                Err(source) => {
+                    return Err(PublishError::Taint {
+                        node: self.node.clone(),
+                        source,
+                    })
+                }
+            }
+        }
+        Err(self.kept_changing())
     }
 
     /// Marks the node `pending` while an invasive run is under way, keeping the certificate

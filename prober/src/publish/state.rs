@@ -33,6 +33,8 @@ pub struct NodeState {
     pub recertify_requested: bool,
     /// The `railguard.io/fabric` label.
     pub fabric_label: Option<String>,
+    /// Why no invasive test may start here now ([`unavailable_for_tests`]).
+    pub unavailable_for_tests: Option<String>,
 }
 
 impl NodeState {
@@ -69,6 +71,7 @@ impl NodeState {
                 .and_then(|a| a.get(keys::ANNOTATION_RECERTIFY))
                 .is_some_and(|v| !v.trim().is_empty()),
             fabric_label: fabric_label_of(node),
+            unavailable_for_tests: unavailable_for_tests(node),
         }
     }
 
@@ -79,6 +82,32 @@ impl NodeState {
             allocatable: self.allocatable.get(resource).cloned(),
         }
     }
+}
+
+/// Pure: why `node` is out of service for invasive tests, if it is: cordoned (which a
+/// drain starts with: `kubectl drain` cordons, then evicts) or in a maintenance window (the
+/// label `railguard.io/maintenance`, any value but `false`, set by whoever plans the window).
+pub fn unavailable_for_tests(node: &Node) -> Option<String> {
+    let spec = node.spec.as_ref();
+    let cordoned = spec.and_then(|s| s.unschedulable).unwrap_or(false)
+        || spec.and_then(|s| s.taints.as_ref()).is_some_and(|t| {
+            t.iter()
+                .any(|t| t.key == "node.kubernetes.io/unschedulable")
+        });
+    if cordoned {
+        return Some("cordoned (spec.unschedulable; a drain starts so)".to_string());
+    }
+    node.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(keys::LABEL_MAINTENANCE))
+        .filter(|v| v.trim() != "false")
+        .map(|v| {
+            format!(
+                "in a maintenance window (label {}={v})",
+                keys::LABEL_MAINTENANCE
+            )
+        })
 }
 
 /// The Node's `railguard.io/fabric` label.
@@ -119,5 +148,34 @@ mod tests {
         assert_eq!(c.status, "True");
         assert!(c.last_transition.is_some());
         assert!(!NodeState::of(&Node::default()).recertify_requested);
+    }
+
+    #[test]
+    fn cordoned_draining_and_maintenance_nodes_are_out_of_service_for_tests() {
+        let node = |v: serde_json::Value| -> Node { serde_json::from_value(v).unwrap() };
+        assert_eq!(unavailable_for_tests(&Node::default()), None);
+        let cordoned = node(serde_json::json!({"spec": {"unschedulable": true}}));
+        assert!(unavailable_for_tests(&cordoned)
+            .unwrap()
+            .contains("cordoned"));
+        // The taint the node lifecycle controller mirrors a cordon with.
+        let tainted = node(serde_json::json!({"spec": {"taints": [
+            {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]}}));
+        assert!(unavailable_for_tests(&tainted)
+            .unwrap()
+            .contains("cordoned"));
+        let window = node(serde_json::json!({"metadata": {"labels": {
+            keys::LABEL_MAINTENANCE: "2026-12-05T02:00Z"}}}));
+        assert_eq!(
+            unavailable_for_tests(&window).as_deref(),
+            Some("in a maintenance window (label railguard.io/maintenance=2026-12-05T02:00Z)")
+        );
+        let over = node(serde_json::json!({"metadata": {"labels": {
+            keys::LABEL_MAINTENANCE: "false"}}}));
+        assert_eq!(unavailable_for_tests(&over), None);
+        assert_eq!(
+            NodeState::of(&cordoned).unavailable_for_tests,
+            unavailable_for_tests(&cordoned)
+        );
     }
 }

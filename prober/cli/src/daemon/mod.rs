@@ -26,6 +26,7 @@ use railguard_prober::campaign::kube::gpu_pods_of;
 use railguard_prober::certify::once::certify_with_state;
 use railguard_prober::certify::run::invasive_steps;
 use railguard_prober::certify::{passive_once, NodeContext, PassiveOutcome};
+use railguard_prober::fleet::upkeep::RunTaint;
 use railguard_prober::progress::NoProgress;
 use railguard_prober::publish::{
     nccl_node_file, write_if_changed, NodeEvent, NodeFacts, NodePublisher, NodeState,
@@ -89,6 +90,10 @@ pub struct DaemonArgs {
         value_hint = ValueHint::FilePath
     )]
     pub nccl_plugin_source: PathBuf,
+    /// This daemon's own pod, `namespace/name` (the chart sets it from the downward API):
+    /// it holds the profile's RDMA devices itself, so it never counts as a pod in use.
+    #[arg(long, env = "RAILGUARD_OWN_POD")]
+    pub own_pod: Option<String>,
 }
 
 /// What the loop does about an invasive run now.
@@ -102,14 +107,30 @@ pub enum InvasiveDecision {
     /// no invasive test while they may be using the GPUs and rails. A request stays on the
     /// Node and is retried.
     Defer { requested: bool, pods: Vec<String> },
+    /// Due or requested, but the node is out of service for tests (cordoned, draining, in a
+    /// maintenance window): `reason` says which. A request stays and is retried.
+    Unavailable { requested: bool, reason: String },
 }
 
 /// Pure: whether to run an invasive certification, given whether one is `due`, whether the
-/// Node asks for one (`recertify`) and the GPU pods on the node (listed only when one of them
-/// holds). A request never overrides busy GPUs.
-pub fn invasive_decision(due: bool, recertify: bool, gpu_pods: &[String]) -> InvasiveDecision {
+/// Node asks for one (`recertify`), why the node is out of service for tests (`unavailable`,
+/// [`railguard_prober::publish::NodeState::unavailable_for_tests`]) and the pods holding
+/// its GPUs, RDMA devices or DRA claims (listed only when one of them holds). A request
+/// never overrides either.
+pub fn invasive_decision(
+    due: bool,
+    recertify: bool,
+    gpu_pods: &[String],
+    unavailable: Option<&str>,
+) -> InvasiveDecision {
     if !due && !recertify {
         return InvasiveDecision::NotDue;
+    }
+    if let Some(reason) = unavailable {
+        return InvasiveDecision::Unavailable {
+            requested: recertify,
+            reason: reason.to_string(),
+        };
     }
     if gpu_pods.is_empty() {
         InvasiveDecision::Run
@@ -142,6 +163,56 @@ pub fn recertify_deferred_event(pods: &[String], retry_in: Duration) -> NodeEven
             retry_in.as_secs().max(1)
         ),
     }
+}
+
+/// Pure: the Event for a requested run held back because the node is out of service for
+/// tests, posted once per request.
+pub fn recertify_unavailable_event(reason: &str, retry_in: Duration) -> NodeEvent {
+    NodeEvent {
+        reason: "RecertifyDeferred",
+        kind: "Normal",
+        message: format!(
+            "{} is kept: the node is {reason}; an invasive run starts once it is back in service (checked every {} s)",
+            railguard_api::keys::ANNOTATION_RECERTIFY,
+            retry_in.as_secs().max(1)
+        ),
+    }
+}
+
+/// Pure: how long after the daemon's start the first invasive run is due. A certificate
+/// this node's prober issued for `profile` that is still valid at `now` is not redone at
+/// every restart (a rollout of the DaemonSet would otherwise retest the whole fleet): the
+/// run is due `interval` after it was issued, and never later than its expiry.
+pub fn first_invasive_in(
+    cert: Option<&railguard_api::Certificate>,
+    node: &str,
+    profile: &str,
+    interval: Duration,
+    now: jiff::Timestamp,
+) -> Duration {
+    let Some(c) = cert else {
+        return Duration::ZERO;
+    };
+    let ours = c.node.as_deref() == Some(node) && c.profile == profile;
+    if !ours || c.verdict != railguard_api::Verdict::Certified || c.is_expired(now) {
+        return Duration::ZERO;
+    }
+    let interval = jiff::SignedDuration::try_from(interval).unwrap_or(jiff::SignedDuration::MAX);
+    let due = c
+        .issued_at
+        .checked_add(interval)
+        .unwrap_or(c.expires_at)
+        .min(c.expires_at);
+    Duration::try_from(now.duration_until(due)).unwrap_or(Duration::ZERO)
+}
+
+/// Pure: `namespace/name` of the pods on the node an invasive run would disturb
+/// ([`gpu_pods_of`]), less the daemon's own pod (`own`, `namespace/name`), which holds the
+/// rails' RDMA devices for the tests themselves.
+pub fn pods_in_use(pods: &[Pod], resources: &[String], own: Option<&str>) -> Vec<String> {
+    let mut in_use = gpu_pods_of(pods, resources);
+    in_use.retain(|p| Some(p.as_str()) != own);
+    in_use
 }
 
 /// Adds up to `percent` of random spread to a duration.
@@ -185,6 +256,9 @@ struct Loop {
     invasive_in_flight: AtomicBool,
     /// `--nccl-config-file`.
     nccl_node_file: Option<NcclNodeFileSink>,
+    /// This node, watched (a field selector on its name): each step reads it here instead of
+    /// a GET every poll (2,000 nodes polling every 10 s are 200 requests a second).
+    node_cache: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Node>,
 }
 
 /// Where the NCCL plugin's node file goes, and what it says about this machine.
@@ -247,6 +321,34 @@ impl NcclNodeFileSink {
     }
 }
 
+/// A reflector over this one Node (`metadata.name` field selector), driven by a task the
+/// caller aborts at shutdown. Watch errors are logged and retried with backoff; meanwhile
+/// the store keeps the last Node seen.
+fn watch_own_node(
+    client: &kube::Client,
+    node: &str,
+) -> (
+    kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Node>,
+    tokio::task::JoinHandle<()>,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{reflector, watcher, WatchStreamExt};
+    let (store, writer) = reflector::store();
+    let api = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone());
+    let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
+    let node = node.to_string();
+    let task = tokio::spawn(async move {
+        let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
+        futures::pin_mut!(stream);
+        while let Some(event) = stream.next().await {
+            if let Err(e) = event {
+                tracing::warn!(node = %node, error = %e, "watch of the node failed; retrying (steps GET it meanwhile only before the watch has listed)");
+            }
+        }
+    });
+    (store, task)
+}
+
 /// The name NCCL's loader opens for `NCCL_ENV_PLUGIN=railguard`.
 pub const NCCL_PLUGIN_FILE_NAME: &str = "libnccl-env-railguard.so";
 
@@ -277,7 +379,8 @@ pub fn install_nccl_plugin(source: &Path, dir: &Path) -> anyhow::Result<Option<P
 
 /// When the next checks are due.
 struct Schedule {
-    next_invasive: Instant,
+    /// None until the first step has read the Node ([`first_invasive_in`]).
+    next_invasive: Option<Instant>,
     next_passive: Instant,
     /// A requested run held back by GPU pods is looked at again then.
     next_recertify_check: Instant,
@@ -293,10 +396,24 @@ impl Loop {
             .list(&lp)
             .await
             .context("cannot list pods on the node")?;
-        Ok(gpu_pods_of(&list.items, &self.args.gpu_resources))
+        // The GPUs, and the profile's RDMA resource (a storage client on the same HCAs).
+        let mut resources = self.args.gpu_resources.clone();
+        if let Some(r) = &self.ctx.profile.spec.rdma {
+            resources.push(r.resource_name.clone());
+        }
+        Ok(pods_in_use(
+            &list.items,
+            &resources,
+            self.args.own_pod.as_deref(),
+        ))
     }
 
     async fn invasive(&self, state: &mut NodeState, recertify: bool) -> anyhow::Result<()> {
+        let tainting = self.ctx.profile.spec.certification.taints;
+        if tainting {
+            // Every scheduler's pods stay off for the run, not only railguard-aware ones.
+            self.publisher.set_run_taint(RunTaint::Testing).await?;
+        }
         self.invasive_in_flight.store(true, Ordering::SeqCst);
         let run = certify_with_state(&self.ctx, Some(state), true, Arc::new(NoProgress)).await;
         let out = match run {
@@ -308,6 +425,11 @@ impl Loop {
             }
         };
         self.invasive_in_flight.store(false, Ordering::SeqCst);
+        if tainting {
+            self.publisher
+                .set_run_taint(RunTaint::Ended(out.certificate.verdict))
+                .await?;
+        }
         self.metrics.record(&out.certificate, "invasive");
         if recertify {
             self.publisher.clear_recertify().await?;
@@ -327,6 +449,14 @@ impl Loop {
         {
             Ok(cert) => {
                 self.invasive_in_flight.store(false, Ordering::SeqCst);
+                if spec.certification.taints {
+                    let verdict = cert
+                        .as_ref()
+                        .map_or(railguard_api::Verdict::Pending, |c| c.verdict);
+                    if let Err(e) = self.publisher.set_run_taint(RunTaint::Ended(verdict)).await {
+                        tracing::warn!(node = %self.ctx.node, error = %railguard_runtime::error_chain(&e), "interrupted run: cannot lift the testing taint");
+                    }
+                }
                 tracing::info!(node = %self.ctx.node, verdict = %cert.as_ref().map(|c| c.verdict.as_label()).unwrap_or("none"), "interrupted run: node restored from its certificate");
             }
             Err(e) => {
@@ -363,7 +493,14 @@ impl Loop {
     async fn step(&self, client: &kube::Client, plan: &mut Schedule) -> anyhow::Result<()> {
         // The Node is read once per step; the step's writes read it again before writing,
         // and keep `state` current.
-        let mut state = self.publisher.read_state().await?;
+        let cached = self
+            .node_cache
+            .get(&kube::runtime::reflector::ObjectRef::new(&self.ctx.node));
+        let mut state = match cached {
+            Some(node) => NodeState::of(&node),
+            // Until the watch has listed (or while it relists): a GET.
+            None => self.publisher.read_state().await?,
+        };
         let result = self.checks(client, plan, &mut state).await;
         // Whatever the checks did (a failed publish leaves the Node's certificate as it was).
         if let Some(sink) = &self.nccl_node_file {
@@ -434,19 +571,33 @@ impl Loop {
             plan.deferral_reported = false;
         }
         let now = Instant::now();
-        let due = now >= plan.next_invasive;
+        let next_invasive = *plan.next_invasive.get_or_insert_with(|| {
+            let wait = first_invasive_in(
+                state.certificate.as_ref(),
+                &self.ctx.node,
+                self.ctx.profile.name(),
+                interval,
+                jiff::Timestamp::now(),
+            );
+            if !wait.is_zero() {
+                tracing::info!(node = %self.ctx.node, due_in_s = wait.as_secs(), "the certificate on the node is valid; no invasive run at start");
+            }
+            now + wait
+        });
+        let due = now >= next_invasive;
         let requested = recertify && now >= plan.next_recertify_check;
-        let pods = if due || requested {
+        let unavailable = state.unavailable_for_tests.as_deref();
+        let pods = if (due || requested) && unavailable.is_none() {
             self.gpu_pods(client).await?
         } else {
             Vec::new()
         };
-        match invasive_decision(due, requested, &pods) {
+        match invasive_decision(due, requested, &pods, unavailable) {
             InvasiveDecision::Run => {
                 tracing::info!(node = %self.ctx.node, recertify, "invasive certification");
                 self.invasive(state, recertify).await?;
                 plan.deferral_reported = false;
-                plan.next_invasive = Instant::now() + jittered(interval, jitter);
+                plan.next_invasive = Some(Instant::now() + jittered(interval, jitter));
                 plan.next_passive = Instant::now() + jittered(passive_every, jitter);
                 return Ok(());
             }
@@ -464,8 +615,24 @@ impl Loop {
                 }
                 if due {
                     tracing::info!(node = %self.ctx.node, "invasive run due but a GPU pod is on the node; deferring");
-                    plan.next_invasive = Instant::now() + retry;
+                    plan.next_invasive = Some(Instant::now() + retry);
                 }
+            }
+            InvasiveDecision::Unavailable { requested, reason } => {
+                let retry = jittered(passive_every, jitter);
+                if requested {
+                    plan.next_recertify_check = Instant::now() + retry;
+                    self.metrics.run("invasive", "deferred-node-unavailable");
+                    if !plan.deferral_reported {
+                        let ev = recertify_unavailable_event(&reason, passive_every);
+                        self.publisher.record_event(state, &ev).await?;
+                        plan.deferral_reported = true;
+                    }
+                }
+                if due {
+                    plan.next_invasive = Some(Instant::now() + retry);
+                }
+                tracing::info!(node = %self.ctx.node, reason = %reason, requested, "invasive run held back: the node is out of service for tests");
             }
             InvasiveDecision::NotDue => {}
         }
@@ -481,7 +648,7 @@ impl Loop {
         let poll = Duration::from_millis(self.args.poll_ms.max(100));
         let grace = Duration::from_secs(self.args.shutdown_grace_secs);
         let mut plan = Schedule {
-            next_invasive: Instant::now(),
+            next_invasive: None,
             next_passive: Instant::now() + jittered(passive_every, self.args.jitter_percent),
             next_recertify_check: Instant::now(),
             deferral_reported: false,
@@ -590,7 +757,9 @@ impl DaemonArgs {
             .clone()
             .context("the daemon needs a cluster client")?;
         tracing::info!(node = %ctx.node, profile = ctx.profile.name(), "daemon started");
+        let (node_cache, node_watch) = watch_own_node(&client, &ctx.node);
         let l = Loop {
+            node_cache,
             ctx,
             publisher,
             args: self.clone(),
@@ -604,6 +773,7 @@ impl DaemonArgs {
             }),
         };
         l.run(client, stop.clone()).await;
+        node_watch.abort();
         stop.cancel();
         stop_serving.cancel();
         signals.abort();
@@ -629,29 +799,137 @@ mod tests {
     fn busy_gpus_hold_back_every_invasive_run_a_requested_one_too() {
         let busy = vec!["ml/train-0".to_string()];
         assert_eq!(
-            invasive_decision(false, false, &busy),
+            invasive_decision(false, false, &busy, None),
             InvasiveDecision::NotDue
         );
         assert_eq!(
-            invasive_decision(false, false, &[]),
+            invasive_decision(false, false, &[], None),
             InvasiveDecision::NotDue
         );
-        assert_eq!(invasive_decision(true, false, &[]), InvasiveDecision::Run);
-        assert_eq!(invasive_decision(false, true, &[]), InvasiveDecision::Run);
         assert_eq!(
-            invasive_decision(false, true, &busy),
+            invasive_decision(true, false, &[], None),
+            InvasiveDecision::Run
+        );
+        assert_eq!(
+            invasive_decision(false, true, &[], None),
+            InvasiveDecision::Run
+        );
+        assert_eq!(
+            invasive_decision(false, true, &busy, None),
             InvasiveDecision::Defer {
                 requested: true,
                 pods: busy.clone()
             }
         );
         assert_eq!(
-            invasive_decision(true, false, &busy),
+            invasive_decision(true, false, &busy, None),
             InvasiveDecision::Defer {
                 requested: false,
                 pods: busy.clone()
             }
         );
+    }
+
+    #[test]
+    fn the_daemons_own_pod_holding_the_rdma_devices_is_not_a_job_in_use() {
+        let pod = |ns: &str, name: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"namespace": ns, "name": name},
+                "spec": {"containers": [{"name": "c",
+                    "resources": {"limits": {"rdma/hca": "8"}}}]}
+            }))
+            .unwrap()
+        };
+        let pods = vec![pod("railguard", "prober-x1"), pod("storage", "client")];
+        let resources = vec!["nvidia.com/gpu".to_string(), "rdma/hca".to_string()];
+        assert_eq!(
+            pods_in_use(&pods, &resources, Some("railguard/prober-x1")),
+            vec!["storage/client".to_string()]
+        );
+        assert_eq!(pods_in_use(&pods, &resources, None).len(), 2);
+    }
+
+    #[test]
+    fn a_node_out_of_service_holds_back_every_run_before_its_pods_are_looked_at() {
+        let cordoned = Some("cordoned (spec.unschedulable)");
+        assert_eq!(
+            invasive_decision(true, true, &[], cordoned),
+            InvasiveDecision::Unavailable {
+                requested: true,
+                reason: "cordoned (spec.unschedulable)".into()
+            }
+        );
+        assert_eq!(
+            invasive_decision(false, false, &[], cordoned),
+            InvasiveDecision::NotDue
+        );
+        let ev =
+            recertify_unavailable_event("cordoned (spec.unschedulable)", Duration::from_secs(60));
+        assert!(
+            ev.message.contains("the node is cordoned"),
+            "{}",
+            ev.message
+        );
+    }
+
+    #[test]
+    fn a_restart_with_a_valid_certificate_does_not_retest() {
+        let mut c = railguard_api::Certificate::from_annotation(
+            &serde_json::json!({
+                "version": 1, "generation": 2,
+                "issuedAt": "2026-01-01T00:00:00Z", "expiresAt": "2026-01-02T00:00:00Z",
+                "profile": "h100", "signature": "v1-abc", "node": "gpu-a",
+                "verdict": "certified", "reasons": [], "rails": [], "gpus": [],
+            })
+            .to_string(),
+        )
+        .unwrap();
+        let six_hours = Duration::from_secs(6 * 3600);
+        let at = |t: &str| t.parse::<jiff::Timestamp>().unwrap();
+        let wait = |c: &railguard_api::Certificate, now: &str| {
+            first_invasive_in(Some(c), "gpu-a", "h100", six_hours, at(now))
+        };
+        // Issued at midnight, every six hours: at 02:00 the next run is four hours away.
+        assert_eq!(
+            wait(&c, "2026-01-01T02:00:00Z"),
+            Duration::from_secs(4 * 3600)
+        );
+        assert_eq!(wait(&c, "2026-01-01T07:00:00Z"), Duration::ZERO);
+        // Another node's or another profile's certificate, a failed one, an expired one,
+        // none: test now.
+        assert_eq!(
+            first_invasive_in(
+                Some(&c),
+                "gpu-b",
+                "h100",
+                six_hours,
+                at("2026-01-01T02:00:00Z")
+            ),
+            Duration::ZERO
+        );
+        assert_eq!(
+            first_invasive_in(
+                Some(&c),
+                "gpu-a",
+                "b200",
+                six_hours,
+                at("2026-01-01T02:00:00Z")
+            ),
+            Duration::ZERO
+        );
+        assert_eq!(
+            first_invasive_in(None, "gpu-a", "h100", six_hours, at("2026-01-01T02:00:00Z")),
+            Duration::ZERO
+        );
+        assert_eq!(wait(&c, "2026-01-02T00:00:00Z"), Duration::ZERO);
+        // An interval past the expiry: due at the expiry.
+        let long = Duration::from_secs(48 * 3600);
+        assert_eq!(
+            first_invasive_in(Some(&c), "gpu-a", "h100", long, at("2026-01-01T23:00:00Z")),
+            Duration::from_secs(3600)
+        );
+        c.verdict = railguard_api::Verdict::Failed;
+        assert_eq!(wait(&c, "2026-01-01T02:00:00Z"), Duration::ZERO);
     }
 
     #[test]

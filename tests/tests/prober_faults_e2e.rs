@@ -13,6 +13,8 @@
 //!   "no certificate": the certificate, its generation and its history stay.
 //! - A `railguard.io/recertify` request on a node whose GPUs a pod holds runs nothing
 //!   invasive: it is kept, an Event says why, and it is honoured once the pod is gone.
+//! - Nor does one on a node that is cordoned, in a maintenance window or used by a pod of the
+//!   profile's RDMA resource; once it is free the run goes, tainted `testing` meanwhile.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -815,6 +817,195 @@ async fn a_recertify_request_waits_for_busy_gpus_and_is_kept() -> Result<()> {
         Ok((cert.history.len() == before.history.len() + 1 && !asked).then_some(()))
     })
     .await?;
+    sigterm(&d)?;
+    let status = tokio::time::timeout(Duration::from_secs(60), d.wait()).await??;
+    assert!(status.success(), "{status}");
+    Ok(())
+}
+
+/// The value of `metric` (a whole series name with its labels) at the daemon's `/metrics`.
+async fn metric_value(metrics: std::net::SocketAddr, metric: &str) -> Result<f64> {
+    let text = reqwest::get(format!("http://{metrics}/metrics"))
+        .await?
+        .text()
+        .await?;
+    Ok(text
+        .lines()
+        .find_map(|l| l.strip_prefix(metric))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0))
+}
+
+/// Our taint's value on `node`, if it carries it.
+fn railguard_taint(node: &Node) -> Option<String> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .and_then(|t| {
+            t.iter()
+                .find(|t| t.key == keys::TAINT_FABRIC_UNHEALTHY)
+                .map(|t| t.value.clone().unwrap_or_default())
+        })
+}
+
+/// A requested run on a node out of service (cordoned, then in a maintenance window) and
+/// then in use by a storage client of the profile's RDMA resource starts nothing invasive,
+/// read through the daemon's watch of its Node; once the node is back and free the run goes,
+/// with the node tainted `testing` for its length (a profile with `certification.taints`)
+/// and the taint lifted when it certifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn invasive_runs_wait_for_a_node_in_service_and_free_and_taint_it_while_they_run(
+) -> Result<()> {
+    use k8s_openapi::api::core::v1::{Event, Pod};
+    let cp = ControlPlane::start().await?;
+    let client = cp.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let work = tempfile::tempdir()?;
+    let mut tainting = profile();
+    tainting.spec.certification.taints = true;
+    let profile_file = work.path().join("profile-taints.yaml");
+    std::fs::write(&profile_file, serde_yaml_ng::to_string(&tainting)?)?;
+    let prober = Prober {
+        profile_file,
+        ..sim_prober(&cp, work.path())
+    };
+    let name = "gpu-m";
+    certified_node(&prober, &cp, name).await?;
+    let (before, _) = node_certificate(&nodes, name).await?;
+
+    // Cordoned and in a maintenance window, a storage client on the HCAs, and a request.
+    cp.create_namespace("storage", &labels(&[])).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "storage");
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "lustre-client"},
+        "spec": {"nodeName": name, "containers": [{"name": "c", "image": "lustre",
+            "resources": {"limits": {RDMA: "1"}}}]},
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let out_of_service = json!({
+        "spec": {"unschedulable": true},
+        "metadata": {"labels": {keys::LABEL_MAINTENANCE: "window-42"},
+                     "annotations": {keys::ANNOTATION_RECERTIFY: "now"}},
+    });
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&out_of_service))
+        .await?;
+
+    let log_path = work.path().join("daemon.log");
+    let mut d = prober
+        .command("daemon", name, MODEL)
+        .args(["--interval-secs", "3600", "--passive-interval-secs", "1"])
+        .args([
+            "--window-ms",
+            "100",
+            "--poll-ms",
+            "200",
+            "--jitter-percent",
+            "0",
+        ])
+        .arg("--metrics-listen")
+        .arg(ANY_LOOPBACK_PORT)
+        .arg("--nccl-binary")
+        .arg(slow_all_reduce_perf(work.path(), &prober.bin, 3)?)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path)?)
+        .spawn()?;
+    let metrics =
+        logged_listen_addr(&mut d, &log_path, "--metrics-listen", Duration::from_secs(60)).await?;
+    let unavailable =
+        "railguard_prober_runs_total{kind=\"invasive\",outcome=\"deferred-node-unavailable\"}";
+    let in_use = "railguard_prober_runs_total{kind=\"invasive\",outcome=\"deferred-gpu-pods\"}";
+
+    // 1. Cordoned: held back, once said in an Event.
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let deferred = eventually(
+        Duration::from_secs(60),
+        "a RecertifyDeferred event",
+        || async {
+            Ok(events
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.involved_object.name.as_deref() == Some(name)
+                        && e.reason.as_deref() == Some("RecertifyDeferred")
+                }))
+        },
+    )
+    .await?;
+    let message = deferred.message.unwrap_or_default();
+    assert!(message.contains("the node is cordoned"), "{message}");
+
+    // 2. Uncordoned, still in the window: held back for that, seen through the watch.
+    let uncordon = json!({"spec": {"unschedulable": null}});
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&uncordon))
+        .await?;
+    eventually(
+        Duration::from_secs(60),
+        "held back for the maintenance window",
+        || async {
+            let log = std::fs::read_to_string(&log_path)?;
+            Ok(log
+                .contains("in a maintenance window (label railguard.io/maintenance=window-42)")
+                .then_some(()))
+        },
+    )
+    .await?;
+    assert!(metric_value(metrics, unavailable).await? >= 2.0);
+    assert_eq!(metric_value(metrics, in_use).await?, 0.0);
+
+    // 3. The window ends; the storage client still uses the profile's RDMA resource.
+    let window_over = json!({"metadata": {"labels": {keys::LABEL_MAINTENANCE: null}}});
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&window_over))
+        .await?;
+    eventually(
+        Duration::from_secs(60),
+        "held back for the RDMA user",
+        || async { Ok((metric_value(metrics, in_use).await? >= 2.0).then_some(())) },
+    )
+    .await?;
+    let (cert, node) = node_certificate(&nodes, name).await?;
+    assert_eq!(cert.history.len(), before.history.len(), "no invasive run");
+    assert_eq!(railguard_taint(&node), None, "no testing taint before a run");
+    assert!(node
+        .metadata
+        .annotations
+        .unwrap_or_default()
+        .contains_key(keys::ANNOTATION_RECERTIFY));
+
+    // 4. Free: the run goes, tainted `testing` while the (slowed) NCCL step runs.
+    pods.delete(
+        "lustre-client",
+        &kube::api::DeleteParams::default().grace_period(0),
+    )
+    .await?;
+    eventually(
+        Duration::from_secs(60),
+        "the testing taint during the run",
+        || async {
+            let node = nodes.get(name).await?;
+            Ok((railguard_taint(&node).as_deref() == Some(keys::taint_reason::TESTING))
+                .then_some(()))
+        },
+    )
+    .await?;
+    let node = eventually(Duration::from_secs(90), "the requested run", || async {
+        let (cert, node) = node_certificate(&nodes, name).await?;
+        let asked = node
+            .metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .contains_key(keys::ANNOTATION_RECERTIFY);
+        Ok((cert.history.len() == before.history.len() + 1 && !asked).then_some(node))
+    })
+    .await?;
+    assert_shows_certified(&node);
+    assert_eq!(railguard_taint(&node), None, "lifted when it certified");
     sigterm(&d)?;
     let status = tokio::time::timeout(Duration::from_secs(60), d.wait()).await??;
     assert!(status.success(), "{status}");

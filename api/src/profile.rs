@@ -281,6 +281,20 @@ pub struct CertificationSpec {
     /// certificate lands.
     #[serde(default)]
     pub taints: bool,
+    /// At most this many of the profile's nodes run an invasive test at once, cluster-wide:
+    /// each run first takes one of as many `coordination.k8s.io` Leases
+    /// ([`FabricProfile::invasive_slot_leases`]) and waits while all are held. Size it so
+    /// that nodes × run length ÷ this stays under `intervalSeconds`.
+    #[serde(default = "default_max_concurrent_invasive")]
+    #[schemars(range(min = 1, max = MAX_CONCURRENT_INVASIVE))]
+    pub max_concurrent_invasive: u32,
+}
+
+/// Most invasive slots a profile may ask for (one Lease each).
+pub const MAX_CONCURRENT_INVASIVE: u32 = 256;
+
+fn default_max_concurrent_invasive() -> u32 {
+    4
 }
 
 /// Largest message of an NCCL pair sweep (16 GiB, past every real plateau).
@@ -462,6 +476,7 @@ impl Default for CertificationSpec {
             fatal_findings: default_fatal_findings(),
             nccl_pair: None,
             taints: false,
+            max_concurrent_invasive: default_max_concurrent_invasive(),
         }
     }
 }
@@ -1090,6 +1105,12 @@ impl FabricProfileSpec {
                 });
             }
         }
+        if c.max_concurrent_invasive == 0 || c.max_concurrent_invasive > MAX_CONCURRENT_INVASIVE {
+            problems.push(FieldProblem {
+                field: "spec.certification.maxConcurrentInvasive".into(),
+                message: format!("must be between 1 and {MAX_CONCURRENT_INVASIVE}"),
+            });
+        }
         if c.history_depth == 0 || c.history_depth > MAX_HISTORY_DEPTH {
             problems.push(FieldProblem {
                 field: "spec.certification.historyDepth".into(),
@@ -1199,6 +1220,15 @@ impl FabricProfile {
     /// The profile's name (cluster-scoped, so unique).
     pub fn name(&self) -> &str {
         self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// The Leases an invasive run of this profile's nodes takes one of
+    /// (`certification.maxConcurrentInvasive` of them, in the prober's namespace): the
+    /// chart's RBAC names exactly these.
+    pub fn invasive_slot_leases(&self) -> Vec<String> {
+        (0..self.spec.certification.max_concurrent_invasive)
+            .map(|i| format!("railguard-invasive-{}-{i}", self.name()))
+            .collect()
     }
 
     /// Validates metadata and spec.

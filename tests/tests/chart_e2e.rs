@@ -1782,3 +1782,43 @@ async fn dry_run_rejects_a_newer_clusters_chart(
         );
     }
 }
+
+/// The prober may take and renew exactly the invasive-slot Leases the binary names for each
+/// rendered profile (`FabricProfile::invasive_slot_leases`), with the default cap and a
+/// profile's own, and nothing else in the namespace.
+#[test]
+fn the_probers_lease_role_names_the_slots_the_binary_takes() {
+    const OWN_CAP: ValuesSet = ValuesSet {
+        label: "roce-cloud with maxConcurrentInvasive 2",
+        values: "fabricProfiles:\n  roce-cloud:\n    enabled: true\n    spec:\n      certification:\n        maxConcurrentInvasive: 2\n",
+        ..DEFAULT
+    };
+    for (set, slots) in [(&ALL_PROFILES, 4 + 4 + 4), (&OWN_CAP, 4 + 4 + 2)] {
+        let docs = render(set);
+        let mut wanted = BTreeSet::new();
+        for obj in all(&docs, "FabricProfile") {
+            let p: railguard_api::FabricProfile = serde_json::from_value(obj.clone()).unwrap();
+            wanted.extend(p.invasive_slot_leases());
+        }
+        assert_eq!(wanted.len(), slots, "{}", set.label);
+        let role = find(&docs, "Role", "railguard-prober-invasive-slots");
+        let rules = role["rules"].as_array().unwrap();
+        assert_eq!(rules.len(), 2, "{}", set.label);
+        assert_eq!(rules[0]["verbs"], json!(["create"]));
+        assert!(rules[0].get("resourceNames").is_none_or(Json::is_null));
+        assert_eq!(rules[1]["verbs"], json!(["get", "update"]));
+        let named: BTreeSet<String> = rules[1]["resourceNames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(named, wanted, "{}", set.label);
+        let binding = find(&docs, "RoleBinding", "railguard-prober-invasive-slots");
+        assert_eq!(
+            binding["roleRef"]["name"],
+            "railguard-prober-invasive-slots"
+        );
+        assert_eq!(binding["subjects"][0]["name"], "railguard-prober");
+    }
+}

@@ -889,7 +889,11 @@ async fn invasive_runs_wait_for_a_node_in_service_and_free_and_taint_it_while_th
                      "annotations": {keys::ANNOTATION_RECERTIFY: "now"}},
     });
     nodes
-        .patch(name, &PatchParams::default(), &Patch::Merge(&out_of_service))
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&out_of_service),
+        )
         .await?;
 
     let log_path = work.path().join("daemon.log");
@@ -911,8 +915,13 @@ async fn invasive_runs_wait_for_a_node_in_service_and_free_and_taint_it_while_th
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log_path)?)
         .spawn()?;
-    let metrics =
-        logged_listen_addr(&mut d, &log_path, "--metrics-listen", Duration::from_secs(60)).await?;
+    let metrics = logged_listen_addr(
+        &mut d,
+        &log_path,
+        "--metrics-listen",
+        Duration::from_secs(60),
+    )
+    .await?;
     let unavailable =
         "railguard_prober_runs_total{kind=\"invasive\",outcome=\"deferred-node-unavailable\"}";
     let in_use = "railguard_prober_runs_total{kind=\"invasive\",outcome=\"deferred-gpu-pods\"}";
@@ -970,7 +979,11 @@ async fn invasive_runs_wait_for_a_node_in_service_and_free_and_taint_it_while_th
     .await?;
     let (cert, node) = node_certificate(&nodes, name).await?;
     assert_eq!(cert.history.len(), before.history.len(), "no invasive run");
-    assert_eq!(railguard_taint(&node), None, "no testing taint before a run");
+    assert_eq!(
+        railguard_taint(&node),
+        None,
+        "no testing taint before a run"
+    );
     assert!(node
         .metadata
         .annotations
@@ -988,8 +1001,10 @@ async fn invasive_runs_wait_for_a_node_in_service_and_free_and_taint_it_while_th
         "the testing taint during the run",
         || async {
             let node = nodes.get(name).await?;
-            Ok((railguard_taint(&node).as_deref() == Some(keys::taint_reason::TESTING))
-                .then_some(()))
+            Ok(
+                (railguard_taint(&node).as_deref() == Some(keys::taint_reason::TESTING))
+                    .then_some(()),
+            )
         },
     )
     .await?;
@@ -1009,5 +1024,119 @@ async fn invasive_runs_wait_for_a_node_in_service_and_free_and_taint_it_while_th
     sigterm(&d)?;
     let status = tokio::time::timeout(Duration::from_secs(60), d.wait()).await??;
     assert!(status.success(), "{status}");
+    Ok(())
+}
+
+/// With `certification.maxConcurrentInvasive: 1`, two nodes asked to recertify at once run
+/// one after the other: the second waits for the first's slot (a Lease), never both pending
+/// together, and the slot is given back after each run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_invasive_cap_runs_one_node_at_a_time() -> Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let cp = ControlPlane::start().await?;
+    let client = cp.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let work = tempfile::tempdir()?;
+    let mut capped = profile();
+    capped.spec.certification.max_concurrent_invasive = 1;
+    let slot = capped.invasive_slot_leases().remove(0);
+    let profile_file = work.path().join("profile-cap-1.yaml");
+    std::fs::write(&profile_file, serde_yaml_ng::to_string(&capped)?)?;
+    let prober = Prober {
+        profile_file,
+        ..sim_prober(&cp, work.path())
+    };
+    let names = ["gpu-s1", "gpu-s2"];
+    let mut before = Vec::new();
+    for name in names {
+        certified_node(&prober, &cp, name).await?;
+        before.push(node_certificate(&nodes, name).await?.0.history.len());
+        let ask = json!({"metadata": {"annotations": {keys::ANNOTATION_RECERTIFY: "now"}}});
+        nodes
+            .patch(name, &PatchParams::default(), &Patch::Merge(&ask))
+            .await?;
+    }
+    let slow = slow_all_reduce_perf(work.path(), &prober.bin, 4)?;
+    let mut daemons = Vec::new();
+    let mut metrics = Vec::new();
+    for name in names {
+        let log = work.path().join(format!("daemon-{name}.log"));
+        let mut d = prober
+            .command("daemon", name, MODEL)
+            .args(["--interval-secs", "3600", "--passive-interval-secs", "1"])
+            .args([
+                "--window-ms",
+                "100",
+                "--poll-ms",
+                "200",
+                "--jitter-percent",
+                "0",
+            ])
+            .arg("--metrics-listen")
+            .arg(ANY_LOOPBACK_PORT)
+            .arg("--nccl-binary")
+            .arg(&slow)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()?;
+        metrics.push(
+            logged_listen_addr(&mut d, &log, "--metrics-listen", Duration::from_secs(60)).await?,
+        );
+        daemons.push(d);
+    }
+
+    // Watch both nodes until both have run: never both pending at once.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut seen_pending = [false, false];
+    loop {
+        let mut pending = [false, false];
+        let mut done = [false, false];
+        for (i, name) in names.iter().enumerate() {
+            let (cert, node) = node_certificate(&nodes, name).await?;
+            pending[i] = label(&node, keys::LABEL_FABRIC) == Some(keys::fabric::PENDING);
+            let asked = node
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key(keys::ANNOTATION_RECERTIFY);
+            done[i] = cert.history.len() == before[i] + 1 && !asked && !pending[i];
+        }
+        assert!(
+            !(pending[0] && pending[1]),
+            "both nodes test at once under a cap of 1"
+        );
+        seen_pending[0] |= pending[0];
+        seen_pending[1] |= pending[1];
+        if done == [true, true] {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("both requested runs did not finish: done {done:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(seen_pending, [true, true], "each node was seen under test");
+    let capped_runs =
+        "railguard_prober_runs_total{kind=\"invasive\",outcome=\"deferred-concurrency-cap\"}";
+    let mut waited = 0.0;
+    for m in &metrics {
+        waited += metric_value(*m, capped_runs).await?;
+    }
+    assert!(waited >= 1.0, "one node waited for the slot");
+    // Given back after the last run.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let lease = leases.get(&slot).await?;
+    assert_eq!(
+        lease.spec.unwrap_or_default().holder_identity,
+        None,
+        "the slot is free"
+    );
+    for d in &daemons {
+        sigterm(d)?;
+    }
+    for mut d in daemons {
+        let status = tokio::time::timeout(Duration::from_secs(60), d.wait()).await??;
+        assert!(status.success(), "{status}");
+    }
     Ok(())
 }

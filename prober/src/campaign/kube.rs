@@ -523,6 +523,44 @@ impl LeaderLease {
         }
     }
 
+    /// Gives the lease up if this holder has it (the holder cleared, so the next taker need
+    /// not wait for it to expire). `Ok(false)`: someone else holds it, or it was taken
+    /// meanwhile (a 409); nothing written.
+    pub async fn release(&self) -> Result<bool, CampaignError> {
+        let kube_err = |what: &str| {
+            let what = format!("{what} lease {}", self.name);
+            move |source| CampaignError::Kube { what, source }
+        };
+        let Some(mut lease) = self
+            .api
+            .get_opt(&self.name)
+            .await
+            .map_err(kube_err("get"))?
+        else {
+            return Ok(false);
+        };
+        let mut spec = lease.spec.clone().unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return Ok(false);
+        }
+        spec.holder_identity = None;
+        spec.renew_time = None;
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+        lease.spec = Some(spec);
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(source) => Err(CampaignError::Kube {
+                what: format!("release lease {}", self.name),
+                source,
+            }),
+        }
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

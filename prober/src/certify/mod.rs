@@ -11,6 +11,7 @@ pub mod once;
 pub mod policy;
 pub mod record;
 pub mod run;
+pub mod slots;
 
 pub use evidence::{
     Evidence, NcclRunEvidence, PortReading, RailBench, ResourceExposure, ERROR_COUNTERS,

@@ -40,6 +40,7 @@ const NAMES: &[&str] = &[
     "b64enc",
     "b64dec",
     "trunc",
+    "until",
     "trimSuffix",
     "trimPrefix",
     "trim",
@@ -276,6 +277,16 @@ pub(crate) fn call(name: &str, args: Vec<Value>) -> Result<Value, String> {
                 byte_slice(&s, 0, c as usize)
             } else {
                 s
+            })
+        }
+        "until" => {
+            // Sprig: [0, n) counting up, or (n, 0] counting down for a negative n.
+            want(1)?;
+            let n = to_int(&a(0))?;
+            Value::List(if n >= 0 {
+                (0..n).map(Value::Int).collect()
+            } else {
+                (n + 1..=0).rev().map(Value::Int).collect()
             })
         }
         "trimSuffix" => {

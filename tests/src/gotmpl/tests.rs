@@ -446,3 +446,20 @@ fn schema_validation_reports_paths() {
         .unwrap_err()
         .contains("unsupported schema keyword \"pattern\""));
 }
+
+#[test]
+fn until_counts_as_sprig_does() {
+    assert_eq!(
+        render("{{ range until 3 }}[{{ . }}]{{ end }}", "{}"),
+        "[0][1][2]"
+    );
+    assert_eq!(
+        render("{{ range until (int .n) }}{{ . }}{{ end }}", "n: 2"),
+        "01"
+    );
+    assert_eq!(render("{{ len (until 0) }}", "{}"), "0");
+    assert_eq!(
+        render("{{ range until -2 }}[{{ . }}]{{ end }}", "{}"),
+        "[0][-1]"
+    );
+}

@@ -25,6 +25,7 @@ use kube::api::ListParams;
 use railguard_prober::campaign::kube::gpu_pods_of;
 use railguard_prober::certify::once::certify_with_state;
 use railguard_prober::certify::run::invasive_steps;
+use railguard_prober::certify::slots::InvasiveSlots;
 use railguard_prober::certify::{passive_once, NodeContext, PassiveOutcome};
 use railguard_prober::fleet::upkeep::RunTaint;
 use railguard_prober::progress::NoProgress;
@@ -94,6 +95,10 @@ pub struct DaemonArgs {
     /// it holds the profile's RDMA devices itself, so it never counts as a pod in use.
     #[arg(long, env = "RAILGUARD_OWN_POD")]
     pub own_pod: Option<String>,
+    /// Namespace of the Leases that cap invasive runs cluster-wide (the chart sets the
+    /// release namespace).
+    #[arg(long, env = "RAILGUARD_LEASE_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
 }
 
 /// What the loop does about an invasive run now.
@@ -259,6 +264,8 @@ struct Loop {
     /// This node, watched (a field selector on its name): each step reads it here instead of
     /// a GET every poll (2,000 nodes polling every 10 s are 200 requests a second).
     node_cache: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Node>,
+    /// The profile's invasive slots (`certification.maxConcurrentInvasive`).
+    slots: InvasiveSlots,
 }
 
 /// Where the NCCL plugin's node file goes, and what it says about this machine.
@@ -594,8 +601,39 @@ impl Loop {
         };
         match invasive_decision(due, requested, &pods, unavailable) {
             InvasiveDecision::Run => {
-                tracing::info!(node = %self.ctx.node, recertify, "invasive certification");
-                self.invasive(state, recertify).await?;
+                // The cluster-wide cap: no slot, no run (an API error too: nothing starts on
+                // a slot not proven held).
+                let Some(slot) = self.slots.acquire(jiff::Timestamp::now()).await? else {
+                    let retry = jittered(passive_every, jitter.max(50));
+                    self.metrics.run("invasive", "deferred-concurrency-cap");
+                    tracing::info!(node = %self.ctx.node, cap = self.ctx.profile.spec.certification.max_concurrent_invasive, retry_s = retry.as_secs(), "invasive run held back: every invasive slot of the profile is held by another node");
+                    if requested {
+                        plan.next_recertify_check = Instant::now() + retry;
+                    }
+                    if due {
+                        plan.next_invasive = Some(Instant::now() + retry);
+                    }
+                    return Ok(());
+                };
+                tracing::info!(node = %self.ctx.node, recertify, slot = %slot.name(), "invasive certification");
+                let keeping = tokio_util::sync::CancellationToken::new();
+                let keep = {
+                    let keeping = keeping.clone();
+                    async move {
+                        slot.keep(keeping).await;
+                        slot
+                    }
+                };
+                let (slot, ran) = tokio::join!(keep, async {
+                    let ran = self.invasive(state, recertify).await;
+                    keeping.cancel();
+                    ran
+                });
+                let name = slot.name().to_string();
+                if let Err(e) = slot.release().await {
+                    tracing::warn!(node = %self.ctx.node, slot = %name, error = %railguard_runtime::error_chain(&e), "cannot give the invasive slot back; it frees itself when its Lease expires");
+                }
+                ran?;
                 plan.deferral_reported = false;
                 plan.next_invasive = Some(Instant::now() + jittered(interval, jitter));
                 plan.next_passive = Instant::now() + jittered(passive_every, jitter);
@@ -758,7 +796,14 @@ impl DaemonArgs {
             .context("the daemon needs a cluster client")?;
         tracing::info!(node = %ctx.node, profile = ctx.profile.name(), "daemon started");
         let (node_cache, node_watch) = watch_own_node(&client, &ctx.node);
+        let slots = InvasiveSlots::new(
+            &client,
+            &self.lease_namespace,
+            &ctx.profile.invasive_slot_leases(),
+            &ctx.node,
+        );
         let l = Loop {
+            slots,
             node_cache,
             ctx,
             publisher,

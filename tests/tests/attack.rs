@@ -51,6 +51,20 @@ impl Drop for Target {
     }
 }
 
+impl Target {
+    /// The server's last log lines, for a failure message.
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        let from = lines.len().saturating_sub(40);
+        format!(
+            "--- last lines of {} ---\n{}",
+            self.log.display(),
+            lines[from..].join("\n")
+        )
+    }
+}
+
 fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
@@ -85,6 +99,9 @@ async fn start(
         .args(limits_args())
         .arg(format!("--listen={ANY_LOOPBACK_PORT}"))
         .arg(format!("--metrics-listen={ANY_LOOPBACK_PORT}"))
+        // Why a connection closed (timeout, eviction, parse error) is logged at debug: a
+        // failed legitimate request shows it.
+        .env("RAILGUARD_LOG", "info,railguard_runtime=debug")
         .stdin(Stdio::null())
         .stdout(out.try_clone().unwrap())
         .stderr(out)
@@ -162,6 +179,8 @@ async fn tls_open(
 /// Writes `request` and reads the answer to the end (the request says `connection: close`).
 async fn exchange(mut io: Box<dyn Io>, request: &[u8]) -> std::io::Result<String> {
     io.write_all(request).await?;
+    // A TLS stream may hold records back until flushed.
+    io.flush().await?;
     let mut out = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(10), io.read_to_end(&mut out)).await;
     match read {
@@ -208,12 +227,22 @@ fn legit(target: &Target) -> Vec<u8> {
 /// A legitimate request is answered 200 within [`LEGIT_WITHIN`], TLS handshake included.
 async fn assert_legit_answered(target: &Target, during: &str) {
     let start = Instant::now();
-    let io = tls_open(target, &target.tls)
-        .await
-        .unwrap_or_else(|e| panic!("{} {during}: connect: {e}", target.name));
-    let answer = exchange(io, &legit(target))
-        .await
-        .unwrap_or_else(|e| panic!("{} {during}: {e}", target.name));
+    let io = tls_open(target, &target.tls).await.unwrap_or_else(|e| {
+        panic!(
+            "{} {during}: connect after {:?}: {e}\n{}",
+            target.name,
+            start.elapsed(),
+            target.log_tail()
+        )
+    });
+    let answer = exchange(io, &legit(target)).await.unwrap_or_else(|e| {
+        panic!(
+            "{} {during}: after {:?}: {e}\n{}",
+            target.name,
+            start.elapsed(),
+            target.log_tail()
+        )
+    });
     let took = start.elapsed();
     assert!(
         answer.starts_with("HTTP/1.1 200"),

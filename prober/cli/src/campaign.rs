@@ -332,6 +332,15 @@ pub struct CampaignArgs {
     /// Shuffle the ring with this seed (default: keep node-name order).
     #[arg(long, env = "RAILGUARD_SHUFFLE_SEED")]
     pub shuffle_seed: Option<u64>,
+    /// Pair tests under way at once (a round's pairs run in waves of this many), so a
+    /// campaign never loads the whole fabric that running jobs share.
+    #[arg(
+        long,
+        env = "RAILGUARD_MAX_CONCURRENT_PAIRS",
+        default_value_t = railguard_prober::campaign::coordinator::DEFAULT_MAX_CONCURRENT_PAIRS,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096)
+    )]
+    pub max_concurrent_pairs: usize,
     /// Limit for one pair test, seconds.
     #[arg(long, env = "RAILGUARD_TEST_TIMEOUT_SECS", default_value_t = 120)]
     pub test_timeout_secs: u64,
@@ -534,6 +543,7 @@ impl CampaignArgs {
         let mut settings = CampaignSettings::from_profile(&profile, &token)?;
         settings.identity = self.identity(&client)?;
         settings.allow_gpu_pods = self.allow_gpu_pods;
+        settings.max_concurrent_pairs = self.max_concurrent_pairs;
         settings.plan.shuffle_seed = self.shuffle_seed;
         settings.test_timeout = Duration::from_secs(self.test_timeout_secs.max(1));
         settings.iterations = self.iterations.max(1);

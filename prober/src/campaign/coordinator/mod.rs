@@ -62,6 +62,9 @@ pub struct CampaignSettings {
     /// the class jobs use.
     pub class: TrafficClass,
     pub allow_gpu_pods: bool,
+    /// Pair tests of a round run in waves of at most this many at once (a round of a
+    /// 2,000-node ring is 1,000 pairs on the fabric running jobs share).
+    pub max_concurrent_pairs: usize,
     /// Limit for one pair test (all rails).
     pub test_timeout: Duration,
     /// Limit for one control-channel step.
@@ -126,6 +129,7 @@ impl CampaignSettings {
             iterations: 200,
             class: TrafficClass::of_profile(&profile.spec),
             allow_gpu_pods: false,
+            max_concurrent_pairs: DEFAULT_MAX_CONCURRENT_PAIRS,
             test_timeout: Duration::from_secs(120),
             io_timeout: Duration::from_secs(10),
             token: token.to_vec(),
@@ -188,7 +192,11 @@ impl CampaignReport {
     }
 }
 
-/// Runs the whole campaign against the endpoints. Tests of a round run concurrently.
+/// Default of [`CampaignSettings::max_concurrent_pairs`] (`--max-concurrent-pairs`).
+pub const DEFAULT_MAX_CONCURRENT_PAIRS: usize = 8;
+
+/// Runs the whole campaign against the endpoints. Tests of a round run concurrently, in
+/// waves of at most [`CampaignSettings::max_concurrent_pairs`].
 pub async fn run_campaign(
     nodes: &[CampaignNode],
     settings: &CampaignSettings,
@@ -223,7 +231,10 @@ pub async fn run_campaign_with(
             progress.step_done();
             record
         });
-        for (test, record) in round.iter().zip(futures::future::join_all(runs).await) {
+        for (test, record) in round
+            .iter()
+            .zip(run_at_most(runs, settings.max_concurrent_pairs).await)
+        {
             let outcomes = record.rails.iter().map(|r| r.outcome).collect();
             plan.record(PairResult {
                 test: *test,
@@ -369,6 +380,20 @@ async fn announce_pair(
     }
 }
 
+/// Runs `tests` with at most `limit` (at least one) under way at once, their results in
+/// the order given: a wave is refilled as each test ends, so a slow pair does not hold the
+/// rest.
+async fn run_at_most<T, F>(tests: impl Iterator<Item = F>, limit: usize) -> Vec<T>
+where
+    F: std::future::Future<Output = T>,
+{
+    use futures::StreamExt;
+    futures::stream::iter(tests)
+        .buffered(limit.max(1))
+        .collect()
+        .await
+}
+
 /// The NCCL phase: the same planner and localization as the RDMA tests, with one "rail" per
 /// scope (the full node, then each rail); a pair test runs its scopes one after the other,
 /// the pairs of a round at once.
@@ -399,7 +424,10 @@ pub async fn run_nccl_phase(
             progress.step_done();
             record
         });
-        for (test, record) in round.iter().zip(futures::future::join_all(runs).await) {
+        for (test, record) in round
+            .iter()
+            .zip(run_at_most(runs, settings.max_concurrent_pairs).await)
+        {
             plan.record(PairResult {
                 test: *test,
                 rails: record.scopes.iter().map(|s| s.judgement.outcome).collect(),
@@ -654,5 +682,35 @@ fn record(
             })
             .collect(),
         error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn pair_tests_run_at_most_the_limit_at_once_results_in_order() {
+        let running = AtomicUsize::new(0);
+        let most = AtomicUsize::new(0);
+        let tests = (0..20u64).map(|i| {
+            let (running, most) = (&running, &most);
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                // Uneven lengths: later tests may end first.
+                tokio::time::sleep(Duration::from_millis(1 + (i * 7) % 5)).await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                i
+            }
+        });
+        let out = run_at_most(tests, 3).await;
+        assert_eq!(out, (0..20).collect::<Vec<_>>());
+        assert_eq!(most.load(Ordering::SeqCst), 3);
+        // A limit of 0 is taken as 1, never as "no test".
+        let one = run_at_most((0..3).map(|i| async move { i }), 0).await;
+        assert_eq!(one, vec![0, 1, 2]);
     }
 }

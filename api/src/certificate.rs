@@ -222,7 +222,12 @@ pub struct GpuAffinity {
 pub struct NcclResult {
     /// Stable large-message bus bandwidth of the NCCL loopback (one rank per GPU, P2P, SHM
     /// and NVLS off: every byte through the NICs), GB/s.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "busbwPlateauGBps",
+        alias = "busbwPlateauGbps",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub busbw_plateau_gbps: Option<f64>,
     /// Ranks of the loopback run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -234,9 +239,19 @@ pub struct NcclResult {
         skip_serializing_if = "Option::is_none"
     )]
     pub nvlink_busbw_gbps: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "algbwGBps",
+        alias = "algbwGbps",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub algbw_gbps: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "avgBusbwGBps",
+        alias = "avgBusbwGbps",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub avg_busbw_gbps: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transport: Option<Transport>,
@@ -257,7 +272,12 @@ pub struct NcclResult {
 pub struct HistoryEntry {
     pub issued_at: Timestamp,
     pub verdict: Verdict,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "busbwPlateauGBps",
+        alias = "busbwPlateauGbps",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub busbw_plateau_gbps: Option<f64>,
     /// Host-memory write bandwidth per rail (`hca:port` -> Gb/s).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -373,9 +393,19 @@ pub struct NcclPairResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rail: Option<String>,
     /// Bus bandwidth at the sweep's largest size, GB/s (nccl-tests units).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "busbwGBps",
+        alias = "busbwGbps",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub busbw_gbps: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "algbwGBps",
+        alias = "algbwGbps",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub algbw_gbps: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transport: Option<Transport>,

@@ -198,9 +198,103 @@ impl RdmaResource {
     }
 }
 
+/// A profile field renamed so that its name carries its unit: GB/s (10^9 bytes/s, nccl-tests'
+/// unit) ends in `GBps`, Gb/s (line rate) in `Gbps`. For one release the old name is still
+/// read (a serde alias; the CRD keeps it in its schema so the API server does not prune it)
+/// and the profile's `Valid` condition warns about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenamedField {
+    /// The object holding the field, as a JSON pointer from the FabricProfile's root.
+    pub object: &'static str,
+    pub old: &'static str,
+    pub new: &'static str,
+}
+
+/// Every renamed profile field (read under its old name until the next release).
+pub const RENAMED_FIELDS: &[RenamedField] = &[
+    RenamedField {
+        object: "/spec/thresholds",
+        old: "busbwPlateauGbps",
+        new: "busbwPlateauGBps",
+    },
+    RenamedField {
+        object: "/spec/certification/ncclPair",
+        old: "minBusbwGbps",
+        new: "minBusbwGBps",
+    },
+    RenamedField {
+        object: "/spec/certification/ncclPair",
+        old: "minRailBusbwGbps",
+        new: "minRailBusbwGBps",
+    },
+];
+
+impl RenamedField {
+    /// The field's path as validation messages write it (`spec.thresholds.busbwPlateauGbps`).
+    pub fn old_path(&self) -> String {
+        format!(
+            "{}.{}",
+            self.object.trim_start_matches('/').replace('/', "."),
+            self.old
+        )
+    }
+}
+
+/// The old names of the fields of the object at `object` in its schema: the new property's
+/// schema under the old name, marked deprecated; a required new name becomes "the new or the
+/// old name" (`anyOf` of two `required`, which a structural schema allows), so an object
+/// written with the old name still passes the API server's validation.
+fn add_renamed_properties(schema: &mut schemars::Schema, object: &str) {
+    for field in RENAMED_FIELDS.iter().filter(|f| f.object == object) {
+        let Some(properties) = schema
+            .get_mut("properties")
+            .and_then(serde_json::Value::as_object_mut)
+        else {
+            continue;
+        };
+        let Some(mut old) = properties.get(field.new).cloned() else {
+            continue;
+        };
+        if let Some(o) = old.as_object_mut() {
+            o.insert(
+                "description".into(),
+                format!(
+                    "Deprecated: the old name of `{}`, read until the next release.",
+                    field.new
+                )
+                .into(),
+            );
+        }
+        properties.insert(field.old.into(), old);
+        let Some(required) = schema
+            .get_mut("required")
+            .and_then(serde_json::Value::as_array_mut)
+        else {
+            continue;
+        };
+        let before = required.len();
+        required.retain(|r| r.as_str() != Some(field.new));
+        if required.len() < before {
+            schema.insert(
+                "anyOf".into(),
+                serde_json::json!([{"required": [field.new]}, {"required": [field.old]}]),
+            );
+        }
+    }
+}
+
+fn renamed_thresholds_schema(schema: &mut schemars::Schema) {
+    add_renamed_properties(schema, "/spec/thresholds");
+}
+
+fn renamed_nccl_pair_schema(schema: &mut schemars::Schema) {
+    add_renamed_properties(schema, "/spec/certification/ncclPair");
+}
+
 /// Per-profile thresholds for certification.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = renamed_thresholds_schema)]
 pub struct Thresholds {
     /// Minimum RDMA WRITE bandwidth per rail from host memory, Gb/s.
     #[schemars(range(min = 0))]
@@ -216,6 +310,7 @@ pub struct Thresholds {
     /// Minimum bus bandwidth plateau, GB/s (nccl-tests units), of the node's NCCL loopback:
     /// one rank per GPU with P2P, SHM and NVLS off, so every byte goes GPU → NIC → NIC → GPU.
     /// It is bounded by one rail's line rate (NDR 400 Gb/s: 50 GB/s), not by NVLink.
+    #[serde(rename = "busbwPlateauGBps", alias = "busbwPlateauGbps")]
     #[schemars(range(min = 0))]
     pub busbw_plateau_gbps: f64,
     /// Minimum busbw plateau of the optional NVLink run (`ncclTests.nvlinkRun`: P2P on), GB/s;
@@ -307,6 +402,7 @@ pub const MAX_NCCL_PAIR_TIMEOUT_SECONDS: u64 = 3600;
 /// the rail serves) — the runbook's per-rail and scaling matrix.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = renamed_nccl_pair_schema)]
 pub struct NcclPairSpec {
     /// Run the full-node test.
     #[serde(default = "default_true")]
@@ -315,11 +411,21 @@ pub struct NcclPairSpec {
     #[serde(default = "default_true")]
     pub per_rail: bool,
     /// Minimum busbw of the full-node test, GB/s (at the sweep's largest size).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "minBusbwGBps",
+        alias = "minBusbwGbps",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(range(min = 0))]
     pub min_busbw_gbps: Option<f64>,
     /// Minimum busbw of a one-rail test, GB/s.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "minRailBusbwGBps",
+        alias = "minRailBusbwGbps",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(range(min = 0))]
     pub min_rail_busbw_gbps: Option<f64>,
     /// Smallest message of the sweep, bytes (sizes double up to `maxBytes`).
@@ -399,10 +505,10 @@ impl NcclPairSpec {
     fn problems(&self, out: &mut Vec<FieldProblem>) {
         let at = |f: &str| format!("spec.certification.ncclPair.{f}");
         if let Some(v) = self.min_busbw_gbps {
-            check_number(out, &at("minBusbwGbps"), v, true);
+            check_number(out, &at("minBusbwGBps"), v, true);
         }
         if let Some(v) = self.min_rail_busbw_gbps {
-            check_number(out, &at("minRailBusbwGbps"), v, true);
+            check_number(out, &at("minRailBusbwGBps"), v, true);
         }
         for (f, v) in [("minBytes", self.min_bytes), ("maxBytes", self.max_bytes)] {
             if !(4..=MAX_NCCL_PAIR_BYTES).contains(&v) {
@@ -1063,7 +1169,7 @@ impl FabricProfileSpec {
         }
         check_number(
             &mut numeric,
-            "spec.thresholds.busbwPlateauGbps",
+            "spec.thresholds.busbwPlateauGBps",
             t.busbw_plateau_gbps,
             true,
         );

@@ -14,7 +14,7 @@ use kube::Resource;
 use serde::{Deserialize, Deserializer};
 
 use crate::error::{error_chain, ProfileError};
-use crate::profile::FabricProfile;
+use crate::profile::{FabricProfile, RENAMED_FIELDS};
 
 /// A FabricProfile object that cannot be used, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,12 +82,29 @@ pub fn decode_profile(mut object: serde_json::Value) -> Result<FabricProfile, In
     }
 }
 
+/// The deprecated field names an object uses, each with its new name, in the order of
+/// [`RENAMED_FIELDS`]: `spec.thresholds.busbwPlateauGbps is now busbwPlateauGBps`.
+pub fn renamed_fields_in(object: &serde_json::Value) -> Vec<String> {
+    RENAMED_FIELDS
+        .iter()
+        .filter(|f| {
+            object
+                .pointer(f.object)
+                .and_then(|o| o.get(f.old))
+                .is_some()
+        })
+        .map(|f| format!("{} is now {}", f.old_path(), f.new))
+        .collect()
+}
+
 /// Type of the FabricProfile status condition railguard writes.
 pub const VALID_CONDITION: &str = "Valid";
 /// Reason of a `Valid=False` condition, and of the Warning Event that goes with it.
 pub const INVALID_REASON: &str = "InvalidProfile";
 /// Reason of a `Valid=True` condition.
 pub const ACCEPTED_REASON: &str = "Accepted";
+/// Reason of a `Valid=True` condition of a profile that uses deprecated field names.
+pub const DEPRECATED_FIELDS_REASON: &str = "DeprecatedFields";
 
 /// The `Valid` condition as it is, or as it should be: `(status, reason, message)` and the
 /// generation it describes.
@@ -102,16 +119,27 @@ pub struct ValidCondition {
 }
 
 impl ValidCondition {
-    /// What the condition should say about a decoded object.
+    /// What the condition should say about a decoded object that uses the `renamed` old
+    /// field names ([`renamed_fields_in`]).
     pub fn wanted(
         decoded: &Result<FabricProfile, InvalidProfile>,
         generation: Option<i64>,
+        renamed: &[String],
     ) -> Self {
         let (status, reason, message) = match decoded {
-            Ok(p) => (
+            Ok(p) if renamed.is_empty() => (
                 "True",
                 ACCEPTED_REASON,
                 format!("served by railguard ({} rails)", p.spec.rails.len()),
+            ),
+            Ok(p) => (
+                "True",
+                DEPRECATED_FIELDS_REASON,
+                format!(
+                    "served by railguard ({} rails); deprecated names, read until the next release: {}",
+                    p.spec.rails.len(),
+                    renamed.join("; ")
+                ),
             ),
             Err(e) => (
                 "False",
@@ -176,6 +204,8 @@ pub struct ProfileObject {
     pub decoded: Result<FabricProfile, InvalidProfile>,
     /// The `Valid` condition the object carries now, if any.
     pub condition: Option<ValidCondition>,
+    /// The deprecated field names it uses ([`renamed_fields_in`]).
+    pub renamed: Vec<String>,
 }
 
 impl ProfileObject {
@@ -186,7 +216,8 @@ impl ProfileObject {
 
     /// The condition to write, when the one the object carries does not already say it.
     pub fn condition_update(&self) -> Option<ValidCondition> {
-        let mut wanted = ValidCondition::wanted(&self.decoded, self.metadata.generation);
+        let mut wanted =
+            ValidCondition::wanted(&self.decoded, self.metadata.generation, &self.renamed);
         match &self.condition {
             Some(seen) if seen.same_as(&wanted) => None,
             Some(seen) if seen.status == wanted.status => {
@@ -207,10 +238,12 @@ impl<'de> Deserialize<'de> for ProfileObject {
             .and_then(|m| serde_json::from_value(m).ok())
             .unwrap_or_default();
         let condition = ValidCondition::read(&object);
+        let renamed = renamed_fields_in(&object);
         Ok(ProfileObject {
             metadata,
             decoded: decode_profile(object),
             condition,
+            renamed,
         })
     }
 }
@@ -395,6 +428,57 @@ mod tests {
             broken.message
         );
         assert_eq!(broken.last_transition_time, None);
+    }
+
+    #[test]
+    fn old_unit_names_are_read_with_a_warning_in_the_condition() {
+        let mut v = fixture();
+        let plateau = v["spec"]["thresholds"]
+            .as_object_mut()
+            .unwrap()
+            .remove("busbwPlateauGBps")
+            .unwrap();
+        v["spec"]["thresholds"]["busbwPlateauGbps"] = plateau.clone();
+        v["spec"]["certification"]["ncclPair"] = serde_json::json!({"minRailBusbwGbps": 45});
+        let o = object(v.clone());
+        let p = o.decoded.as_ref().unwrap();
+        assert_eq!(Some(p.spec.thresholds.busbw_plateau_gbps), plateau.as_f64());
+        assert_eq!(
+            p.spec
+                .certification
+                .nccl_pair
+                .as_ref()
+                .unwrap()
+                .min_rail_busbw_gbps,
+            Some(45.0)
+        );
+        let c = o.condition_update().unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("True", DEPRECATED_FIELDS_REASON)
+        );
+        assert!(
+            c.message.ends_with(
+                "spec.thresholds.busbwPlateauGbps is now busbwPlateauGBps; \
+                 spec.certification.ncclPair.minRailBusbwGbps is now minRailBusbwGBps"
+            ),
+            "{}",
+            c.message
+        );
+        // Written back, the profile carries only the new names.
+        let out = serde_json::to_value(p).unwrap();
+        assert!(renamed_fields_in(&out).is_empty(), "{out}");
+        assert_eq!(
+            out["spec"]["thresholds"]["busbwPlateauGBps"].as_f64(),
+            plateau.as_f64()
+        );
+        // The old and the new name at once: refused, not one silently preferred.
+        v["spec"]["thresholds"]["busbwPlateauGBps"] = 1.into();
+        let e = decode_profile(v).unwrap_err();
+        assert!(e.reason.contains("duplicate field"), "{}", e.reason);
+        // The shipped fixture uses only the new names.
+        let fresh = object(fixture()).condition_update().unwrap();
+        assert_eq!(fresh.reason, ACCEPTED_REASON);
     }
 
     #[test]

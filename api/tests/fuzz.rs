@@ -44,15 +44,15 @@ const CERTIFICATE: &str = r#"{"version":1,"generation":42,"issuedAt":"2026-11-29
 "writeBwHostGbps":196.0,"verdict":"degraded","reasons":["write bandwidth 196 Gb/s"]}],
 "gpus":[{"gpu":0,"pciBusId":"0000:18:00.0","preferredHca":"mlx5_0","port":1,"path":"PXB","numa":0},
 {"gpu":1,"preferredHca":"mlx5_3","path":"SYS"}],
-"nccl":{"busbwPlateauGbps":371.2,"algbwGbps":198.0,"avgBusbwGbps":120.5,"transport":"IB",
+"nccl":{"busbwPlateauGBps":371.2,"algbwGBps":198.0,"avgBusbwGBps":120.5,"transport":"IB",
 "gdr":true,"wrong":0,"hcas":["mlx5_0:1","mlx5_3:1"],"ncclVersion":"2.21.5"},
 "findings":[{"kind":"pcie-downgrade","severity":"critical","subject":"GPU3",
 "message":"PCIe link at 16 GT/s x8, capable of 32 GT/s x16",
 "evidence":["sys/bus/pci/devices/0000:9a:00.0/current_link_width = 8"]}],
 "software":{"driver":"550.54.15","cuda":"12.4"},"passiveCheckedAt":"2026-11-29T11:30:00Z",
-"history":[{"issuedAt":"2026-11-28T11:00:00Z","verdict":"certified","busbwPlateauGbps":372.0,
+"history":[{"issuedAt":"2026-11-28T11:00:00Z","verdict":"certified","busbwPlateauGBps":372.0,
 "railWriteBwGbps":{"mlx5_0:1":392.0},"software":{"driver":"550.54.15"}}],
-"ncclPairs":[{"peer":"gpu-2","rail":"mlx5_0:1","busbwGbps":48.5,"transport":"IB","ok":true}],
+"ncclPairs":[{"peer":"gpu-2","rail":"mlx5_0:1","busbwGBps":48.5,"transport":"IB","ok":true}],
 "futureField":{"x":[1,2.5,-3,"y",null,true]}}"#;
 
 const MINIMAL_CERTIFICATE: &str = r#"{"version":1,"generation":1,"issuedAt":"2026-01-01T00:00:00Z",

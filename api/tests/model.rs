@@ -105,7 +105,7 @@ fn validation_names_each_broken_field() {
 
     let mut p = h100();
     p.spec.thresholds.busbw_plateau_gbps = -5.0;
-    assert_eq!(invalid_fields(&p), vec!["spec.thresholds.busbwPlateauGbps"]);
+    assert_eq!(invalid_fields(&p), vec!["spec.thresholds.busbwPlateauGBps"]);
 
     let mut p = h100();
     p.spec.certification.interval_seconds = p.spec.certification.ttl_seconds;

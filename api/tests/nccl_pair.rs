@@ -23,7 +23,7 @@ fn fields(p: &FabricProfile) -> Vec<String> {
 
 #[test]
 fn defaults_parse_and_sizes_double_from_min_to_max() {
-    let yaml = "ncclPair: {minBusbwGbps: 300}";
+    let yaml = "ncclPair: {minBusbwGBps: 300}";
     let c: railguard_api::profile::CertificationSpec = serde_yaml_ng::from_str(yaml).unwrap();
     let pair = c.nccl_pair.unwrap();
     assert!(pair.full_node && pair.per_rail && !pair.require_measured);
@@ -52,8 +52,8 @@ fn validation_bounds_match_the_schema() {
         ("iterations", |s| s.iterations = 0),
         ("warmup", |s| s.warmup = 101),
         ("timeoutSeconds", |s| s.timeout_seconds = 0),
-        ("minBusbwGbps", |s| s.min_busbw_gbps = Some(-1.0)),
-        ("minRailBusbwGbps", |s| {
+        ("minBusbwGBps", |s| s.min_busbw_gbps = Some(-1.0)),
+        ("minRailBusbwGBps", |s| {
             s.min_rail_busbw_gbps = Some(f64::NAN)
         }),
         ("fullNode", |s| {
@@ -84,11 +84,14 @@ fn validation_bounds_match_the_schema() {
 fn pair_results_ride_in_the_certificate_and_unreadable_ones_are_empty() {
     let text = r#"{"version":1,"generation":1,"issuedAt":"2026-01-01T00:00:00Z",
         "expiresAt":"2026-01-02T00:00:00Z","profile":"p","signature":"s","verdict":"certified",
-        "ncclPairs":[{"peer":"b","rail":"mlx5_0:1","busbwGbps":48.5,"transport":"IB","ok":true},
+        "ncclPairs":[{"peer":"b","rail":"mlx5_0:1","busbwGBps":48.5,"transport":"IB","ok":true},
                      {"peer":"b","busbwGbps":390.0,"ok":true}]}"#;
     let mut c = Certificate::from_annotation(text).unwrap();
     let pairs = c.nccl_pairs();
     assert_eq!(pairs.len(), 2);
+    // The second is written by the release before the rename (`busbwGbps` held GB/s): read.
+    assert_eq!(pairs[0].busbw_gbps, Some(48.5));
+    assert_eq!(pairs[1].busbw_gbps, Some(390.0));
     assert_eq!(pairs[0].scope(), "mlx5_0:1");
     assert_eq!(pairs[0].transport, Some(Transport::Ib));
     assert_eq!(pairs[1].scope(), "node");
@@ -98,7 +101,12 @@ fn pair_results_ride_in_the_certificate_and_unreadable_ones_are_empty() {
         ..pairs[1].clone()
     };
     c.set_nccl_pairs(std::slice::from_ref(&bad));
-    let back = Certificate::from_annotation(&c.to_annotation().unwrap()).unwrap();
+    let written = c.to_annotation().unwrap();
+    assert!(
+        written.contains("\"busbwGBps\":390.0") && !written.contains("busbwGbps"),
+        "{written}"
+    );
+    let back = Certificate::from_annotation(&written).unwrap();
     assert_eq!(back.nccl_pairs(), vec![bad]);
     c.extra
         .insert(NCCL_PAIRS_KEY.into(), serde_json::json!("garbage"));

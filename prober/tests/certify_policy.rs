@@ -28,7 +28,7 @@ spec:
     writeBwHostGbps: 360
     writeBwGpuGbps: 350
     maxLatencyUs: 5
-    busbwPlateauGbps: 360
+    busbwPlateauGBps: 360
     counterGrowth: { port_rcv_errors: 2 }
     regressionTolerancePercent: 10
   certification:

@@ -74,7 +74,7 @@ async fn crd_profiles_and_certificates_round_trip_through_the_api_server() {
         let obj = json!({
             "apiVersion": "railguard.io/v1alpha1", "kind": "FabricProfile",
             "metadata": { "name": name },
-            "spec": { "rails": [rail], "thresholds": { "writeBwHostGbps": 1, "busbwPlateauGbps": 1 } }
+            "spec": { "rails": [rail], "thresholds": { "writeBwHostGbps": 1, "busbwPlateauGBps": 1 } }
         });
         match raw_profiles
             .create(
@@ -93,7 +93,7 @@ async fn crd_profiles_and_certificates_round_trip_through_the_api_server() {
         "apiVersion": "railguard.io/v1alpha1", "kind": "FabricProfile",
         "metadata": { "name": "bad-type" },
         "spec": { "rails": [{ "hca": "mlx5_0", "port": 1, "linkLayer": "Ethernet", "rateGbps": "fast", "gpus": [0] }],
-                  "thresholds": { "writeBwHostGbps": 1, "busbwPlateauGbps": 1 } }
+                  "thresholds": { "writeBwHostGbps": 1, "busbwPlateauGBps": 1 } }
     });
     let raw: Api<kube::api::DynamicObject> = Api::all_with(
         client.clone(),

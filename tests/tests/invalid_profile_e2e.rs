@@ -695,3 +695,88 @@ async fn a_prober_whose_profile_names_a_binary_it_may_not_run_waits_and_goes_on_
     assert!(daemon.try_wait().unwrap().is_none(), "the daemon exited");
     daemon.start_kill().unwrap();
 }
+
+/// A profile written with the names before the unit rename (`busbwPlateauGbps` and
+/// `ncclPair.minRailBusbwGbps`, both GB/s) is stored as written (the chart's CRD keeps the
+/// old names, so the API server prunes nothing), served with its values, and its `Valid`
+/// condition warns with each old name and its new one; a profile with neither name of the
+/// required plateau is refused by the API server itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_with_the_old_unit_names_is_served_with_a_deprecation_warning() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cp = ControlPlane::start().await.expect("control plane");
+    let client = cp.client();
+    apply_crd(&client, &chart_crd()).await;
+    let h100 = fixture_profile("dgx-h100-ndr.yaml").unwrap();
+    let mut old = variant(&h100, "old-names");
+    let thresholds = old["spec"]["thresholds"].as_object_mut().unwrap();
+    let plateau = thresholds.remove("busbwPlateauGBps").unwrap();
+    thresholds.insert("busbwPlateauGbps".into(), plateau.clone());
+    old["spec"]["certification"]["ncclPair"] = json!({ "minRailBusbwGbps": 45.5 });
+    create_raw(&client, &old)
+        .await
+        .expect("the chart's schema takes the old names");
+    let stored = raw_profiles(&client).get("old-names").await.unwrap();
+    assert_eq!(
+        stored.data["spec"]["thresholds"]["busbwPlateauGbps"].as_f64(),
+        plateau.as_f64()
+    );
+    assert_eq!(
+        stored.data["spec"]["certification"]["ncclPair"]["minRailBusbwGbps"].as_f64(),
+        Some(45.5)
+    );
+
+    let mut neither = variant(&h100, "no-plateau");
+    neither["spec"]["thresholds"]
+        .as_object_mut()
+        .unwrap()
+        .remove("busbwPlateauGBps");
+    match create_raw(&client, &neither).await {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 422, "{s:?}");
+            assert!(s.message.contains("busbwPlateauGBps"), "{}", s.message);
+        }
+        other => panic!("a profile without a plateau threshold was stored: {other:?}"),
+    }
+
+    let metrics = Arc::new(railguard_webhook::metrics::Metrics::new());
+    let catalog = Catalog::cluster(client.clone(), metrics);
+    let served = eventually(WAIT, "the webhook serves old-names", || async {
+        Ok(catalog
+            .profiles()
+            .iter()
+            .find(|p| p.name() == "old-names")
+            .cloned())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        Some(served.spec.thresholds.busbw_plateau_gbps),
+        plateau.as_f64()
+    );
+    assert_eq!(
+        served
+            .spec
+            .certification
+            .nccl_pair
+            .unwrap()
+            .min_rail_busbw_gbps,
+        Some(45.5)
+    );
+    let (status, reason, message) =
+        eventually(WAIT, "old-names carries its Valid condition", || async {
+            Ok(valid_condition(&client, "old-names").await)
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "DeprecatedFields")
+    );
+    assert!(
+        message.contains("spec.thresholds.busbwPlateauGbps is now busbwPlateauGBps")
+            && message
+                .contains("spec.certification.ncclPair.minRailBusbwGbps is now minRailBusbwGBps"),
+        "{message}"
+    );
+}

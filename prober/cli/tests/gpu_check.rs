@@ -94,8 +94,8 @@ fn gpu_check_skips_cpu_only_nodes_and_checks_every_layer_of_a_gpu_node() {
     for p in points {
         assert_eq!(p["wrong"], 0, "{p}");
         // One rank: busbw is algbw x 2(n-1)/n = 0, as nccl-tests prints it.
-        assert_eq!(p["busbwGbps"].as_f64(), Some(0.0), "{p}");
-        assert!(p["algbwGbps"].as_f64().unwrap() > 0.0, "{p}");
+        assert_eq!(p["busbwGBps"].as_f64(), Some(0.0), "{p}");
+        assert!(p["algbwGBps"].as_f64().unwrap() > 0.0, "{p}");
     }
 
     // A wrong all-reduce result fails the node, with the count.

@@ -226,9 +226,9 @@ fn measurements_read_rails_nccl_and_pair_tests_and_skip_junk() {
       "rails":[{"hca":"mlx5_0","port":1,"state":"ACTIVE","writeBwHostGbps":384.5,
                 "writeBwGpuGbps":370.0,"latencyUs":2.4,"verdict":"healthy"},
                {"hca":"mlx5_1","port":1,"state":"DOWN","writeBwHostGbps":0.0,"verdict":"failed"}],
-      "nccl":{"busbwPlateauGbps":361.0},
-      "ncclPairs":[{"peer":"b","busbwGbps":300.0,"ok":true},{"peer":"c","busbwGbps":320.0,"ok":true},
-                   {"peer":"b","rail":"mlx5_0:1","busbwGbps":45.0,"ok":true}]}"#;
+      "nccl":{"busbwPlateauGBps":361.0},
+      "ncclPairs":[{"peer":"b","busbwGBps":300.0,"ok":true},{"peer":"c","busbwGBps":320.0,"ok":true},
+                   {"peer":"b","rail":"mlx5_0:1","busbwGBps":45.0,"ok":true}]}"#;
     let cert = Certificate::from_annotation(text).expect("certificate");
     let f = measurements(&cert);
     let keys: Vec<String> = f.keys().map(ToString::to_string).collect();

@@ -77,7 +77,11 @@ pub struct RanksResult {
 pub struct PairPoint {
     pub bytes: usize,
     pub time_us: f64,
+    /// GB/s.
+    #[serde(rename = "algbwGBps")]
     pub algbw_gbps: f64,
+    /// GB/s.
+    #[serde(rename = "busbwGBps")]
     pub busbw_gbps: f64,
     pub wrong: u64,
 }

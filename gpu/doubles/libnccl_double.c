@@ -5,9 +5,22 @@
  * sums float32 buffers it receives from every other rank and sends the result back. Buffers
  * are host memory (the CUDA double's "device" memory), so streams are synchronous.
  *
- * With NCCL_DEBUG=INFO it prints, on stderr, the lines real NCCL prints about its network
- * (NET/IB with the HCAs of NCCL_IB_HCA and GDRDMA channels, or NET/Socket), so the log
- * analysis above it runs on the same kind of text. Environment, read at ncclCommInitRank:
+ * With NCCL_DEBUG=INFO it prints, on stderr, the lines real NCCL prints about its
+ * communicator and its channels, so the log analysis above it runs on the same kind of text:
+ *   - nNodes, localRanks and localRank from the ranks' hosts, as NCCL tells hosts apart: by
+ *     a hash of NCCL_HOSTID, or of the hostname and the boot id (src/misc/utils.cc,
+ *     getHostHashOnce). Two processes on one machine are one node unless NCCL_HOSTID says
+ *     otherwise, which is how tests make one machine hold two "nodes".
+ *   - each ring hop's transport as NCCL chooses it (src/transport.cc tries P2P, SHM, NET in
+ *     that order): another host is NET; on the same host P2P ("direct pointer" within one
+ *     process, src/transport/p2p.cc; "IPC" between processes) unless NCCL_P2P_DISABLE is
+ *     non-zero, then SHM (src/transport/shm.cc) unless NCCL_SHM_DISABLE is non-zero, then
+ *     NET through the NICs (src/graph/paths.cc marks the GPUs' path PATH_NET).
+ *   - one channel per HCA of NCCL_IB_HCA; on channel c local rank c % localRanks leaves the
+ *     node, through its own HCA (NET/IB/<its local rank % HCAs>[/GDRDMA], or NET/Socket), as
+ *     rail-aligned rings do (shared/fixtures/nccl-debug/hgx-h100-roce400-2node-init-gdrdma.txt:
+ *     "14[6] -> 5[5] [send] via NET/IB/6/GDRDMA").
+ * Environment, read at ncclCommInitRank:
  *   RAILGUARD_NCCL_DOUBLE_BIND   address rank 0 listens on (default 127.0.0.1)
  *   RAILGUARD_NCCL_DOUBLE_NET    "IB" (default) or "Socket": the network the log reports
  *   RAILGUARD_NCCL_DOUBLE_GDR    "0": IB channels without /GDRDMA (default "1")
@@ -51,11 +64,19 @@ typedef int ncclResult_t;
 
 typedef struct { char internal[128]; } ncclUniqueId;
 
+/* What each rank tells the others at init: where it runs. */
+struct rank_info {
+    uint64_t host; /* NCCL's host hash */
+    int32_t pid;
+    int32_t pad;
+};
+
 struct comm {
     int rank, nranks;
     int *peers; /* rank 0: one socket per other rank; others: peers[0] is rank 0 */
     int corrupt;
     long delay_us;
+    struct rank_info *ranks; /* every rank's, by rank */
 };
 typedef struct comm *ncclComm_t;
 
@@ -158,39 +179,157 @@ static int full_io(int fd, void *buf, size_t n, int sending) {
     return 0;
 }
 
-static void print_network(int rank, int nranks) {
+/* FNV-1a: any stable hash will do; NCCL's own is in src/include/utils.h. */
+static uint64_t hash_text(const char *t) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *t; t++) h = (h ^ (unsigned char)*t) * 1099511628211ull;
+    return h;
+}
+
+/* NCCL_HOSTID, or the hostname followed by the boot id (src/misc/utils.cc). */
+static uint64_t host_hash(void) {
+    char text[1024] = "";
+    const char *id = getenv("NCCL_HOSTID");
+    if (id) {
+        snprintf(text, sizeof text, "%s", id);
+        return hash_text(text);
+    }
+    gethostname(text, sizeof text - 1);
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        size_t at = strlen(text);
+        if (fgets(text + at, (int)(sizeof text - at), f)) text[strcspn(text, "\n")] = '\0';
+        fclose(f);
+    }
+    return hash_text(text);
+}
+
+static int env_flag(const char *name) {
+    const char *v = getenv(name);
+    return v && atol(v) != 0;
+}
+
+/* Where each rank sits: its host's index (hosts in order of their first rank), its local
+ * index on that host, and the rank at (host, local index). */
+struct layout {
+    int nnodes;
+    int *host_of, *local_of, *nlocal;
+    int **rank_at;
+};
+
+static int layout_of(const struct comm *c, struct layout *l) {
+    int n = c->nranks;
+    l->nnodes = 0;
+    l->host_of = calloc((size_t)n, sizeof(int));
+    l->local_of = calloc((size_t)n, sizeof(int));
+    l->nlocal = calloc((size_t)n, sizeof(int));
+    l->rank_at = calloc((size_t)n, sizeof(int *));
+    if (!l->host_of || !l->local_of || !l->nlocal || !l->rank_at) return -1;
+    for (int r = 0; r < n; r++) {
+        int h = 0;
+        while (h < l->nnodes && c->ranks[l->rank_at[h][0]].host != c->ranks[r].host) h++;
+        if (h == l->nnodes) {
+            l->rank_at[h] = calloc((size_t)n, sizeof(int));
+            if (!l->rank_at[h]) return -1;
+            l->nnodes++;
+        }
+        l->host_of[r] = h;
+        l->local_of[r] = l->nlocal[h];
+        l->rank_at[h][l->nlocal[h]++] = r;
+    }
+    return 0;
+}
+
+static void layout_free(struct layout *l) {
+    for (int h = 0; h < l->nnodes; h++) free(l->rank_at[h]);
+    free(l->rank_at);
+    free(l->host_of);
+    free(l->local_of);
+    free(l->nlocal);
+}
+
+/* The transport of the hop from -> to, or NULL for NET. */
+static const char *intra_path(const struct comm *c, int from, int to) {
+    if (c->ranks[from].host != c->ranks[to].host) return NULL;
+    if (!env_flag("NCCL_P2P_DISABLE"))
+        return c->ranks[from].pid == c->ranks[to].pid ? "P2P/direct pointer" : "P2P/IPC";
+    if (!env_flag("NCCL_SHM_DISABLE")) return "SHM/direct/direct";
+    return NULL;
+}
+
+static void print_network(const struct comm *c, const struct layout *l) {
     const char *net = getenv("RAILGUARD_NCCL_DOUBLE_NET");
     if (!net) net = "IB";
     const char *gdr_env = getenv("RAILGUARD_NCCL_DOUBLE_GDR");
     int gdr = !(gdr_env && strcmp(gdr_env, "0") == 0);
-    int next = (rank + 1) % nranks;
-    if (strcmp(net, "Socket") == 0) {
-        info(0, "NET/Socket : Using [0]lo:127.0.0.1<0>");
-        info(0, "Using network Socket");
-        info(0, "Channel 00/0 : %d[0] -> %d[0] [send] via NET/Socket/0", rank, next);
+    int socket = strcmp(net, "Socket") == 0;
+    int rank = c->rank, me = l->local_of[rank], host = l->host_of[rank];
+    int local = l->nlocal[host];
+    /* The HCAs of NCCL_IB_HCA (exact or prefix form), one channel each. */
+    int n = 1;
+    if (socket) {
+        info(me, "NET/Socket : Using [0]lo:127.0.0.1<0>");
+        info(me, "Using network Socket");
+    } else {
+        const char *hca = getenv("NCCL_IB_HCA");
+        if (!hca || !*hca) hca = "mlx5_0:1";
+        while (*hca == '=' || *hca == '^') hca++;
+        char list[512], using[1024] = "";
+        snprintf(list, sizeof list, "%s", hca);
+        n = 0;
+        char *save;
+        for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save), n++) {
+            char item[96];
+            snprintf(item, sizeof item, "%s[%d]%s%s/RoCE", n ? " " : "", n, t,
+                     strchr(t, ':') ? "" : ":1");
+            strncat(using, item, sizeof using - strlen(using) - 1);
+        }
+        if (n == 0) n = 1;
+        info(me, "NET/IB : Using %s [RO]; OOB lo:127.0.0.1<0>", using);
+        info(me, "Using network IB");
+    }
+    if (c->nranks < 2) {
+        info(me, "Channel 00/32 : 0");
         return;
     }
-    /* The HCAs of NCCL_IB_HCA (exact or prefix form), one channel each. */
-    const char *hca = getenv("NCCL_IB_HCA");
-    if (!hca || !*hca) hca = "mlx5_0:1";
-    while (*hca == '=' || *hca == '^') hca++;
-    char list[512], using[1024] = "";
-    snprintf(list, sizeof list, "%s", hca);
-    int n = 0;
-    char *save;
-    for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save), n++) {
-        char item[96];
-        snprintf(item, sizeof item, "%s[%d]%s%s/RoCE", n ? " " : "", n, t,
-                 strchr(t, ':') ? "" : ":1");
-        strncat(using, item, sizeof using - strlen(using) - 1);
+    int dev = me % n, used_net = 0;
+    char via[64];
+    if (socket)
+        snprintf(via, sizeof via, "NET/Socket/0");
+    else
+        snprintf(via, sizeof via, "NET/IB/%d%s", dev, gdr ? "/GDRDMA" : "");
+    for (int ch = 0; ch < n; ch++) {
+        int exit_local = ch % local, entry_local = (ch + 1) % local;
+        int to, from;
+        if (me == exit_local) {
+            int next_host = (host + 1) % l->nnodes;
+            to = l->rank_at[next_host][(ch + 1) % l->nlocal[next_host]];
+        } else {
+            to = l->rank_at[host][(me + 1) % local];
+        }
+        if (me == entry_local) {
+            int prev_host = (host + l->nnodes - 1) % l->nnodes;
+            from = l->rank_at[prev_host][ch % l->nlocal[prev_host]];
+        } else {
+            from = l->rank_at[host][(me + local - 1) % local];
+        }
+        const char *send = intra_path(c, rank, to);
+        if (send) {
+            info(me, "Channel %02d/0 : %d[%d] -> %d[%d] via %s", ch, rank, me, to, l->local_of[to],
+                 send);
+        } else {
+            info(me, "Channel %02d/0 : %d[%d] -> %d[%d] [send] via %s", ch, rank, me, to,
+                 l->local_of[to], via);
+            used_net = 1;
+        }
+        if (!intra_path(c, from, rank)) {
+            info(me, "Channel %02d/0 : %d[%d] -> %d[%d] [receive] via %s", ch, from,
+                 l->local_of[from], rank, me, via);
+            used_net = 1;
+        }
     }
-    info(0, "NET/IB : Using %s [RO]; OOB lo:127.0.0.1<0>", using);
-    info(0, "Using network IB");
-    for (int i = 0; i < n; i++) {
-        info(0, "NET/IB : GPU Direct RDMA %s for HCA %d", gdr ? "Enabled" : "Disabled", i);
-        info(0, "Channel %02d/0 : %d[0] -> %d[0] [send] via NET/IB/%d%s", i, rank, next, i,
-             gdr ? "/GDRDMA" : "");
-    }
+    if (used_net && !socket)
+        info(me, "NET/IB : GPU Direct RDMA %s for HCA %d", gdr ? "Enabled" : "Disabled", dev);
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int rank) {
@@ -210,6 +349,9 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     c->rank = rank;
     c->nranks = nranks;
     c->peers = calloc((size_t)nranks, sizeof(int));
+    c->ranks = calloc((size_t)nranks, sizeof(struct rank_info));
+    if (!c->peers || !c->ranks) return ncclSystemError;
+    struct rank_info mine = {.host = host_hash(), .pid = (int32_t)getpid()};
     const char *corrupt = getenv("RAILGUARD_NCCL_DOUBLE_CORRUPT");
     c->corrupt = corrupt && strcmp(corrupt, "1") == 0;
     const char *delay = getenv("RAILGUARD_NCCL_DOUBLE_DELAY_US");
@@ -235,14 +377,21 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
         for (int k = 1; k < nranks; k++) {
             int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
             int peer = -1;
+            struct rank_info where;
             if (fd < 0 || full_io(fd, &peer, sizeof peer, 0) != 0 || peer <= 0 || peer >= nranks ||
-                c->peers[peer]) {
+                c->peers[peer] || full_io(fd, &where, sizeof where, 0) != 0) {
                 close(lfd);
                 return ncclRemoteError;
             }
             c->peers[peer] = fd;
+            c->ranks[peer] = where;
         }
         close(lfd);
+        c->ranks[0] = mine;
+        /* Every rank learns where the others run (NCCL's bootstrap allgather). */
+        for (int k = 1; k < nranks; k++)
+            if (full_io(c->peers[k], c->ranks, (size_t)nranks * sizeof *c->ranks, 1) != 0)
+                return ncclRemoteError;
     } else {
         int fd = -1;
         /* Rank 0 may not listen yet: retry for 30 s. */
@@ -254,7 +403,10 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
             struct timespec ts = {0, 100 * 1000 * 1000};
             nanosleep(&ts, NULL);
         }
-        if (fd < 0 || full_io(fd, &rank, sizeof rank, 1) != 0) return ncclRemoteError;
+        if (fd < 0 || full_io(fd, &rank, sizeof rank, 1) != 0 ||
+            full_io(fd, &mine, sizeof mine, 1) != 0 ||
+            full_io(fd, c->ranks, (size_t)nranks * sizeof *c->ranks, 0) != 0)
+            return ncclRemoteError;
         c->peers[0] = fd;
     }
     for (int i = 0; i < nranks; i++) {
@@ -263,9 +415,13 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
             setsockopt(c->peers[i], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         }
     }
-    info(0, "comm %p rank %d nRanks %d nNodes %d localRanks 1 localRank 0 MNNVL 0", (void *)c, rank,
-         nranks, nranks);
-    print_network(rank, nranks);
+    struct layout l;
+    if (layout_of(c, &l) != 0) return ncclSystemError;
+    int host = l.host_of[rank];
+    info(l.local_of[rank], "comm %p rank %d nRanks %d nNodes %d localRanks %d localRank %d MNNVL 0",
+         (void *)c, rank, nranks, l.nnodes, l.nlocal[host], l.local_of[rank]);
+    print_network(c, &l);
+    layout_free(&l);
     *out = c;
     return ncclSuccess;
 }
@@ -306,6 +462,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t c) {
     for (int i = 0; i < c->nranks; i++)
         if (c->peers[i]) close(c->peers[i]);
     free(c->peers);
+    free(c->ranks);
     free(c);
     return ncclSuccess;
 }

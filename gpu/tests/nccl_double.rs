@@ -165,8 +165,48 @@ fn a_missing_library_is_a_value() {
     assert!(matches!(missing, NcclError::Load { .. }), "{missing}");
 }
 
+/// The double's NCCL lines against a real NCCL 2.27.5 log of an HGX H100 RoCE node
+/// (`shared/fixtures/nccl-debug/hgx-h100-roce400-2node-init-gdrdma.txt`): the same shapes,
+/// with the double's numbers in them.
+fn shape(line: &str) -> String {
+    let msg = line.split(" NCCL INFO ").nth(1).unwrap_or(line);
+    msg.split_whitespace()
+        .map(|w| {
+            if w.starts_with("0x") {
+                return "0x".to_string();
+            }
+            // Each run of digits becomes one `9`.
+            let mut out = String::new();
+            for c in w.chars() {
+                if c.is_ascii_digit() {
+                    if !out.ends_with('9') {
+                        out.push('9');
+                    }
+                } else {
+                    out.push(c);
+                }
+            }
+            out
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn real_shapes() -> std::collections::BTreeSet<String> {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/fixtures/nccl-debug/hgx-h100-roce400-2node-init-gdrdma.txt");
+    let text = std::fs::read_to_string(&fixture).unwrap_or_else(|e| {
+        panic!("{}: {e}", fixture.display());
+    });
+    text.lines()
+        .filter(|l| l.contains(" NCCL INFO "))
+        .map(shape)
+        .collect()
+}
+
 #[test]
-fn the_double_logs_the_network_the_way_nccl_does() {
+fn two_ranks_of_one_process_are_one_node_and_use_p2p_unless_it_is_disabled() {
+    // One process, two GPUs: one node, NCCL's first transport, no NIC (src/transport.cc).
     let (_, log) = run_child(&[
         ("NCCL_DEBUG", "INFO"),
         ("NCCL_IB_HCA", "=mlx5_0:1,mlx5_3:1"),
@@ -175,10 +215,57 @@ fn the_double_logs_the_network_the_way_nccl_does() {
         "NCCL INFO NCCL version 2.21.5+cuda12.4",
         "NCCL INFO NET/IB : Using [0]mlx5_0:1/RoCE [1]mlx5_3:1/RoCE [RO]",
         "NCCL INFO Using network IB",
-        "[send] via NET/IB/1/GDRDMA",
-        "nRanks 2 nNodes 2",
+        "rank 0 nRanks 2 nNodes 1 localRanks 2 localRank 0 MNNVL 0",
+        "rank 1 nRanks 2 nNodes 1 localRanks 2 localRank 1 MNNVL 0",
+        "Channel 00/0 : 0[0] -> 1[1] via P2P/direct pointer",
+        "Channel 01/0 : 1[1] -> 0[0] via P2P/direct pointer",
     ] {
         assert!(log.contains(want), "missing {want:?} in:\n{log}");
+    }
+    assert!(!log.contains("via NET/"), "{log}");
+    // P2P off: SHM (src/transport/shm.cc).
+    let (_, log) = run_child(&[("NCCL_DEBUG", "INFO"), ("NCCL_P2P_DISABLE", "1")]);
+    assert!(log.contains("0[0] -> 1[1] via SHM/direct/direct"), "{log}");
+    assert!(
+        !log.contains("via NET/") && !log.contains("via P2P"),
+        "{log}"
+    );
+}
+
+#[test]
+fn with_p2p_and_shm_off_every_hop_goes_through_the_rank_s_own_nic() {
+    // The node loopback railguard certifies with: each GPU sends through its own HCA.
+    let (_, log) = run_child(&[
+        ("NCCL_DEBUG", "INFO"),
+        ("NCCL_IB_HCA", "=mlx5_0:1,mlx5_3:1"),
+        ("NCCL_P2P_DISABLE", "1"),
+        ("NCCL_SHM_DISABLE", "1"),
+    ]);
+    for want in [
+        "nNodes 1 localRanks 2",
+        "Channel 00/0 : 0[0] -> 1[1] [send] via NET/IB/0/GDRDMA",
+        "Channel 00/0 : 0[0] -> 1[1] [receive] via NET/IB/1/GDRDMA",
+        "Channel 01/0 : 1[1] -> 0[0] [send] via NET/IB/1/GDRDMA",
+        "NET/IB : GPU Direct RDMA Enabled for HCA 0",
+        "NET/IB : GPU Direct RDMA Enabled for HCA 1",
+    ] {
+        assert!(log.contains(want), "missing {want:?} in:\n{log}");
+    }
+    assert!(
+        !log.contains("via P2P") && !log.contains("via SHM"),
+        "{log}"
+    );
+    // Every comm and channel line has a shape real NCCL prints.
+    let real = real_shapes();
+    for line in log
+        .lines()
+        .filter(|l| l.contains(" comm 0x") || l.contains(" Channel "))
+    {
+        let mine = shape(line);
+        assert!(
+            real.contains(&mine),
+            "{line:?} ({mine:?}) is not a line real NCCL prints"
+        );
     }
 }
 

@@ -112,6 +112,9 @@ impl Lab {
             .arg(&logs)
             .env_remove("KUBECONFIG")
             .env("RAILGUARD_CUDA_DOUBLE_PCI", GPUS)
+            // Both endpoints run on this machine; NCCL (and its double) tells nodes apart
+            // by NCCL_HOSTID where it is set (src/misc/utils.cc), so each is a node of its own.
+            .env("NCCL_HOSTID", node)
             .env("RAILGUARD_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log);

@@ -355,9 +355,17 @@ pub struct CertificationSpec {
     #[serde(default = "default_history")]
     #[schemars(range(min = 1, max = MAX_HISTORY_DEPTH))]
     pub history_depth: u32,
+    /// What runs the node's NCCL loopback: `NcclTests` (`all_reduce_perf`, `ncclTests`) or
+    /// `Native` (the prober's own ranks through NCCL's C API, `ncclNative`: no nccl-tests
+    /// binary on the node, only `libnccl.so.2` and the CUDA driver).
+    #[serde(default)]
+    pub nccl_runner: NcclRunner,
     /// nccl-tests settings.
     #[serde(default)]
     pub nccl_tests: NcclTestsSpec,
+    /// The native runner's sweep (`ncclRunner: Native`).
+    #[serde(default)]
+    pub nccl_native: NcclNativeSpec,
     /// How GPU memory is registered with the HCA for the GPUDirect RDMA tests.
     #[serde(default)]
     pub gpu_registration: GpuRegistration,
@@ -553,6 +561,106 @@ impl NcclPairSpec {
     }
 }
 
+/// What runs the node's NCCL loopback.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub enum NcclRunner {
+    /// `all_reduce_perf` from nccl-tests (`certification.ncclTests`), one process with one
+    /// rank per GPU.
+    #[default]
+    NcclTests,
+    /// The prober's `nccl-ranks` child: one thread and rank per GPU in one communicator
+    /// through `libnccl.so.2` (railguard-gpu), timed and checked like nccl-tests.
+    Native,
+}
+
+/// The native loopback's sweep: sizes double from `minBytes` to `maxBytes`, as
+/// `all_reduce_perf -b -e -f 2` (defaults: the shipped `ncclTests.args`, `-b 8M -e 8G -w 5
+/// -n 20`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NcclNativeSpec {
+    /// Smallest message, bytes.
+    #[serde(default = "default_native_min_bytes")]
+    #[schemars(range(min = 4, max = MAX_NCCL_PAIR_BYTES))]
+    pub min_bytes: u64,
+    /// Largest message, bytes.
+    #[serde(default = "default_native_max_bytes")]
+    #[schemars(range(min = 4, max = MAX_NCCL_PAIR_BYTES))]
+    pub max_bytes: u64,
+    /// Untimed all-reduces per size.
+    #[serde(default = "default_pair_warmup")]
+    #[schemars(range(max = 100))]
+    pub warmup: u32,
+    /// Timed all-reduces per size.
+    #[serde(default = "default_pair_iterations")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub iterations: u32,
+}
+
+fn default_native_min_bytes() -> u64 {
+    8 << 20
+}
+fn default_native_max_bytes() -> u64 {
+    8 << 30
+}
+
+impl Default for NcclNativeSpec {
+    fn default() -> Self {
+        NcclNativeSpec {
+            min_bytes: default_native_min_bytes(),
+            max_bytes: default_native_max_bytes(),
+            warmup: default_pair_warmup(),
+            iterations: default_pair_iterations(),
+        }
+    }
+}
+
+impl NcclNativeSpec {
+    /// The sweep's sizes, doubling from the smallest to the largest.
+    pub fn sizes(&self) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut s = self.min_bytes.max(4);
+        while s <= self.max_bytes {
+            out.push(s);
+            s = s.saturating_mul(2);
+            if s == u64::MAX {
+                break;
+            }
+        }
+        out
+    }
+
+    fn problems(&self, out: &mut Vec<FieldProblem>) {
+        let at = |f: &str| format!("spec.certification.ncclNative.{f}");
+        for (f, v) in [("minBytes", self.min_bytes), ("maxBytes", self.max_bytes)] {
+            if !(4..=MAX_NCCL_PAIR_BYTES).contains(&v) {
+                out.push(FieldProblem {
+                    field: at(f),
+                    message: format!("must be between 4 and {MAX_NCCL_PAIR_BYTES} bytes"),
+                });
+            }
+        }
+        if self.min_bytes > self.max_bytes {
+            out.push(FieldProblem {
+                field: at("minBytes"),
+                message: "must not exceed maxBytes".into(),
+            });
+        }
+        if self.warmup > 100 {
+            out.push(FieldProblem {
+                field: at("warmup"),
+                message: "must be at most 100".into(),
+            });
+        }
+        if !(1..=1000).contains(&self.iterations) {
+            out.push(FieldProblem {
+                field: at("iterations"),
+                message: "must be between 1 and 1000".into(),
+            });
+        }
+    }
+}
+
 /// The registration path of GPU memory for RDMA.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum GpuRegistration {
@@ -577,7 +685,9 @@ impl Default for CertificationSpec {
             interval_seconds: default_interval(),
             passive_interval_seconds: default_passive_interval(),
             history_depth: default_history(),
+            nccl_runner: NcclRunner::default(),
             nccl_tests: NcclTestsSpec::default(),
+            nccl_native: NcclNativeSpec::default(),
             gpu_registration: GpuRegistration::default(),
             fatal_findings: default_fatal_findings(),
             nccl_pair: None,
@@ -1262,6 +1372,9 @@ impl FabricProfileSpec {
                     ),
                 });
             }
+        }
+        if c.nccl_runner == NcclRunner::Native {
+            c.nccl_native.problems(&mut problems);
         }
         if let Some(message) = c.nccl_tests.rank_problem() {
             problems.push(FieldProblem {

@@ -463,7 +463,7 @@ fn a_one_rank_run_is_not_certified() {
     )];
     failed_with(
         &e,
-        "NCCL ran 1 rank: one rank moves no byte (busbw 0) and uses no NIC; the loopback needs one rank per GPU (ncclTests.args without -g)",
+        "NCCL ran 1 rank: one rank moves no byte (busbw 0) and uses no NIC; the loopback needs one rank per GPU (ncclTests.args without -g; for the native runner, CUDA must see every GPU of the node)",
     );
     failed_with(
         &e,
@@ -559,11 +559,11 @@ fn nccl_run_failure_or_absence_fails() {
     }];
     failed_with(
         &e,
-        "NCCL all_reduce_perf failed: all_reduce_perf exited with exit status: 3",
+        "NCCL loopback failed: all_reduce_perf exited with exit status: 3",
     );
     let mut e = good();
     e.nccl.clear();
-    failed_with(&e, "NCCL all_reduce_perf did not run (no NCCL evidence)");
+    failed_with(&e, "NCCL loopback did not run (no NCCL evidence)");
 }
 
 #[test]

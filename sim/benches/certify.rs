@@ -96,6 +96,10 @@ fn main() {
                             use_nvml: false,
                             engine: Arc::new(engine),
                             nccl_binary: PathBuf::from(env!("CARGO_BIN_EXE_all_reduce_perf_sim")),
+                            // Not run: these profiles run nccl-tests (the stand-in).
+                            native_nccl: railguard_prober::nccl::native::NativeNccl::new(
+                                PathBuf::from("railguard-prober"),
+                            ),
                             nccl_env: vec![
                                 ("RAILGUARD_SIM_ROOT".into(), root.display().to_string()),
                                 ("RAILGUARD_SIM_HOSTNAME".into(), "bench".into()),

@@ -35,6 +35,10 @@ async fn each_rail_and_nccl_run_is_a_step() {
         use_nvml: false,
         engine: Arc::new(engine),
         nccl_binary: PathBuf::from(env!("CARGO_BIN_EXE_all_reduce_perf_sim")),
+        // Not run: these profiles run nccl-tests (the stand-in).
+        native_nccl: railguard_prober::nccl::native::NativeNccl::new(PathBuf::from(
+            "railguard-prober",
+        )),
         nccl_env: standin_env(&root, "node-a"),
         log_dir: dir.path().join("logs"),
         nccl_timeout: Duration::from_secs(120),

@@ -13,6 +13,7 @@ use railguard_api::{FabricProfile, Verdict};
 use railguard_prober::certify::once::matching_profile;
 use railguard_prober::certify::run::{HostSoftware, NodeSetup, SoftwareSource};
 use railguard_prober::certify::{certify_once, NodeContext};
+use railguard_prober::nccl::native::NativeNccl;
 use railguard_prober::publish::NodePublisher;
 use railguard_prober::rdma::{GpuMemory, RdmaEngine, VerbsEngine};
 use railguard_runtime::StartupError;
@@ -76,8 +77,9 @@ pub struct NodeArgs {
     /// and its GPU-memory rails say why they could not be measured.
     #[arg(long, env = "RAILGUARD_CUDA_LIBRARY", value_hint = ValueHint::FilePath)]
     pub cuda_library: Option<PathBuf>,
-    /// The NCCL library for the prober's own multi-node collectives (default: `libnccl.so.2`
-    /// from the loader's path), loaded at run time like the CUDA driver.
+    /// The NCCL library of the prober's own collectives, the native loopback
+    /// (`certification.ncclRunner: Native`) and the campaign's pair tests (default:
+    /// `libnccl.so.2` from the loader's path), loaded at run time like the CUDA driver.
     #[arg(long, env = "RAILGUARD_NCCL_LIBRARY", value_hint = ValueHint::FilePath)]
     pub nccl_library: Option<PathBuf>,
     /// Directory for NCCL debug logs of each run.
@@ -227,12 +229,20 @@ impl NodeArgs {
                 PathBuf::from(&spec.binary)
             }
         };
+        let native_nccl = NativeNccl {
+            exe: std::env::current_exe()
+                .context("the native NCCL loopback runs this executable's nccl-ranks")?,
+            cuda_library: self.cuda_library.clone(),
+            nccl_library: self.nccl_library.clone(),
+            node_gpus: Vec::new(),
+        };
         let setup = NodeSetup {
             sysfs_root,
             use_nvml: sim.is_none(),
             engine,
             nccl_binary,
             nccl_env,
+            native_nccl,
             log_dir: self.log_dir.join(&node),
             nccl_timeout: Duration::from_secs(self.nccl_timeout_secs),
             software,

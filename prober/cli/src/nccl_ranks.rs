@@ -41,6 +41,10 @@ pub struct NcclRanksArgs {
     /// This node's first rank when joining.
     #[arg(long, env = "RAILGUARD_FIRST_RANK", requires = "nranks")]
     pub first_rank: Option<u32>,
+    /// The node's own loopback: a communicator of this process's ranks alone (no id printed,
+    /// none read).
+    #[arg(long, env = "RAILGUARD_SINGLE_NODE", conflicts_with = "nranks")]
+    pub single_node: bool,
 }
 
 fn print(line: &RanksLine) {
@@ -73,6 +77,7 @@ impl NcclRanksArgs {
             node_gpus: self.node_gpus,
             gpu_indices: self.gpus,
             join,
+            single_node: self.single_node,
             sizes: self.sizes,
             warmup: self.warmup,
             iterations: self.iterations,

@@ -14,8 +14,7 @@ use tokio::process::{Child, ChildStdout};
 use super::wire::{NcclJoinRequest, NcclLogSummary, NcclSide, NcclTestRequest};
 use crate::nccl::ranks::{FailureKind, RanksLine};
 
-/// The hidden subcommand of `railguard-prober` that runs a node's ranks.
-pub const RANKS_SUBCOMMAND: &str = "nccl-ranks";
+pub use crate::nccl::ranks::RANKS_SUBCOMMAND;
 
 /// How an endpoint starts its NCCL children.
 #[derive(Debug, Clone, PartialEq)]

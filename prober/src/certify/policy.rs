@@ -420,14 +420,13 @@ fn nccl_checks(
     let spec = &profile.certification.nccl_tests;
     let Some(main) = runs.iter().find(|r| r.label == RUN_MAIN) else {
         node.failures
-            .push("NCCL all_reduce_perf did not run (no NCCL evidence)".to_string());
+            .push("NCCL loopback did not run (no NCCL evidence)".to_string());
         return None;
     };
     let obs = match &main.outcome {
         Ok(o) => o,
         Err(e) => {
-            node.failures
-                .push(format!("NCCL all_reduce_perf failed: {e}"));
+            node.failures.push(format!("NCCL loopback failed: {e}"));
             return None;
         }
     };
@@ -435,7 +434,7 @@ fn nccl_checks(
     if let Some(n) = obs.ranks() {
         if n < 2 {
             node.failures.push(format!(
-                "NCCL ran {n} rank: one rank moves no byte (busbw 0) and uses no NIC; the loopback needs one rank per GPU (ncclTests.args without -g)"
+                "NCCL ran {n} rank: one rank moves no byte (busbw 0) and uses no NIC; the loopback needs one rank per GPU (ncclTests.args without -g; for the native runner, CUDA must see every GPU of the node)"
             ));
         }
     }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use railguard_api::profile::NcclRunner;
 use railguard_api::{FabricProfileSpec, GpuAffinity};
 
 use super::evidence::{
@@ -15,6 +16,8 @@ use super::evidence::{
     RUN_GDR_OFF, RUN_MAIN, RUN_NVLINK, RUN_SOCKET,
 };
 use crate::discover::{self, DiscoverError, Discovery};
+use crate::nccl::native::{NativeNccl, NativeRunSpec};
+use crate::nccl::ranks::RANKS_SUBCOMMAND;
 use crate::nccl::{run_nccl_test, NcclRunSpec};
 use crate::progress::{NoProgress, Progress};
 use crate::rdma::{MemoryKind, RailBenchRequest, RdmaEngine, RdmaError};
@@ -40,6 +43,8 @@ pub struct NodeSetup {
     pub nccl_binary: PathBuf,
     /// Environment for every NCCL run (e.g. `RAILGUARD_SIM_ROOT` for the stand-in).
     pub nccl_env: Vec<(String, String)>,
+    /// How the native runner (`certification.ncclRunner: Native`) starts its ranks.
+    pub native_nccl: NativeNccl,
     pub log_dir: PathBuf,
     pub nccl_timeout: Duration,
     /// Software versions discovery does not read (CUDA, OFED).
@@ -353,31 +358,48 @@ pub async fn nccl_runs(
     }
     let plan = nccl_plan(spec);
     let args = spec.args_for_node(node_gpus);
+    let native = profile.certification.nccl_runner == NcclRunner::Native;
+    let runner_name = if native {
+        format!("native, {}", RANKS_SUBCOMMAND)
+    } else {
+        setup
+            .nccl_binary
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    };
     let mut runs = Vec::new();
     let mut digest = None;
     let total = plan.len();
     for (i, (label, extra)) in plan.into_iter().enumerate() {
-        progress.step(&format!(
-            "NCCL {}/{total} {label} ({})",
-            i + 1,
-            setup
-                .nccl_binary
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        ));
+        progress.step(&format!("NCCL {}/{total} {label} ({runner_name})", i + 1));
         let mut env = base_env.clone();
         env.extend(extra.iter().cloned());
-        let run = NcclRunSpec {
-            label: label.to_string(),
-            binary: setup.nccl_binary.clone(),
-            args: args.clone(),
-            env,
-            log_dir: setup.log_dir.clone(),
-            timeout: setup.nccl_timeout,
-        };
         let shown_env: Vec<(String, String)> = extra;
-        let outcome = match run_nccl_test(&run).await {
+        let result = if native {
+            let sweep = &profile.certification.nccl_native;
+            let run = NativeRunSpec {
+                label: label.to_string(),
+                sizes: sweep.sizes(),
+                warmup: sweep.warmup,
+                iterations: sweep.iterations,
+                env,
+                log_dir: setup.log_dir.clone(),
+                timeout: setup.nccl_timeout,
+            };
+            setup.native_nccl.run(&run).await
+        } else {
+            let run = NcclRunSpec {
+                label: label.to_string(),
+                binary: setup.nccl_binary.clone(),
+                args: args.clone(),
+                env,
+                log_dir: setup.log_dir.clone(),
+                timeout: setup.nccl_timeout,
+            };
+            run_nccl_test(&run).await
+        };
+        let outcome = match result {
             Ok(r) => {
                 digest = digest.or(r.binary_sha256.clone());
                 tracing::info!(run = label, plateau = ?r.observation.busbw_plateau_gbps(), transport = ?r.observation.log.net, gdr = ?r.observation.log.gdr, "nccl run finished");
@@ -454,7 +476,12 @@ pub async fn gather_invasive_with(
         software.insert("nccl".into(), v);
     }
     if let Some(d) = digest {
-        software.insert("nccl-tests".into(), d);
+        // What ran: the nccl-tests binary, or the NCCL library the native ranks loaded.
+        let key = match profile.certification.nccl_runner {
+            NcclRunner::NcclTests => "nccl-tests",
+            NcclRunner::Native => "libnccl",
+        };
+        software.insert(key.into(), d);
     }
     Ok(Gathered {
         evidence: Evidence {

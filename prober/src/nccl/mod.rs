@@ -3,6 +3,7 @@
 //! node's ranks of a two-node all-reduce through NCCL's C API ([`ranks`]).
 
 pub mod debug_log;
+pub mod native;
 pub mod perf;
 pub mod ranks;
 pub mod runner;

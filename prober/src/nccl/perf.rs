@@ -176,6 +176,64 @@ impl Layout {
 pub const PLATEAU_SPAN: u64 = 8;
 
 impl PerfReport {
+    /// The report of the native loopback (`nccl-ranks --single-node`): one row per size of
+    /// the combined sweep (the slowest rank's time), judged by the same plateau, average and
+    /// wrong-count rules as an nccl-tests table. Its all-reduces are out-of-place only, so a
+    /// row's in-place half repeats the measured time (a row's mean is the measurement) and
+    /// carries no wrong elements of its own (they are counted once, out of place).
+    pub fn from_native(
+        points: &[super::ranks::PairPoint],
+        ranks: u32,
+        nccl_version: &str,
+    ) -> PerfReport {
+        let rows: Vec<PerfRow> = points
+            .iter()
+            .map(|p| {
+                let half = PerfPoint {
+                    time_us: p.time_us,
+                    algbw_gbps: p.algbw_gbps,
+                    busbw_gbps: p.busbw_gbps,
+                    wrong: Some(p.wrong),
+                    max_error: None,
+                    iterations: None,
+                };
+                PerfRow {
+                    size_bytes: p.bytes as u64,
+                    count: (p.bytes / 4) as u64,
+                    dtype: "float".into(),
+                    redop: "sum".into(),
+                    out_of_place: half,
+                    in_place: PerfPoint {
+                        wrong: Some(0),
+                        ..half
+                    },
+                }
+            })
+            .collect();
+        let avg_busbw_gbps = if rows.is_empty() {
+            0.0
+        } else {
+            rows.iter().map(PerfRow::busbw_gbps).sum::<f64>() / rows.len() as f64
+        };
+        PerfReport {
+            format: PerfFormat::New,
+            rows,
+            avg_busbw_gbps,
+            avg_source: AverageSource::Computed,
+            out_of_bounds: None,
+            ranks: Some(ranks),
+            nodes: Some(1),
+            hosts: Vec::new(),
+            gpus_per_process: Some(ranks),
+            nccl_version: Some(nccl_version.to_string()),
+            skipped_lines: 0,
+            nccl_tests_version: None,
+            collective: Some("railguard native all_reduce".into()),
+            concluded: true,
+            errors: Vec::new(),
+        }
+    }
+
     /// Stable large-message bus bandwidth: the median busbw of the plateau window.
     pub fn plateau_busbw_gbps(&self) -> Option<f64> {
         median(self.plateau_rows().map(PerfRow::busbw_gbps).collect())

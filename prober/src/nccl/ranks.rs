@@ -16,6 +16,10 @@ use railguard_gpu::collective::SweepPoint;
 use railguard_gpu::{CudaDriver, CudaError, Device, Nccl, NcclError, UniqueId, UNIQUE_ID_BYTES};
 use serde::{Deserialize, Serialize};
 
+/// The hidden subcommand of `railguard-prober` that runs a node's ranks (campaign pair tests
+/// and the native loopback).
+pub const RANKS_SUBCOMMAND: &str = "nccl-ranks";
+
 /// What one `nccl-ranks` child runs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RanksSpec {
@@ -27,8 +31,12 @@ pub struct RanksSpec {
     /// Indices into the node's GPUs this test runs one rank on each (empty: all of them).
     pub gpu_indices: Vec<u32>,
     /// `None`: this is the rank-0 side; it makes the unique id, and the communicator has
-    /// twice its local ranks (the pair is homogeneous).
+    /// twice its local ranks (the pair is homogeneous), or only its local ranks with
+    /// `single_node`.
     pub join: Option<JoinSpec>,
+    /// The node's own loopback: one communicator of this child's ranks alone, whose id is
+    /// never printed (nobody else joins).
+    pub single_node: bool,
     pub sizes: Vec<usize>,
     pub warmup: u32,
     pub iterations: u32,
@@ -218,6 +226,10 @@ pub fn run_ranks(
     let gpus = pick_gpus(&cuda, spec)?;
     let local = u32::try_from(gpus.len()).unwrap_or(u32::MAX);
     let (id, nranks, first_rank) = match &spec.join {
+        None if spec.single_node => {
+            let id = nccl.unique_id().map_err(|e| nccl_failure(&e))?;
+            (id, local, 0)
+        }
         None => {
             let id = nccl.unique_id().map_err(|e| nccl_failure(&e))?;
             let nranks = local.saturating_mul(2);

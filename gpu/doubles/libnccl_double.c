@@ -18,7 +18,7 @@
  *     NET through the NICs (src/graph/paths.cc marks the GPUs' path PATH_NET).
  *   - one channel per HCA of NCCL_IB_HCA; on channel c local rank c % localRanks leaves the
  *     node, through its own HCA (NET/IB/<its local rank % HCAs>[/GDRDMA], or NET/Socket), as
- *     rail-aligned rings do (shared/fixtures/nccl-debug/hgx-h100-roce400-2node-init-gdrdma.txt:
+ *     rail-aligned rings do (prober/fixtures/nccl-debug/hgx-h100-roce400-2node-init-gdrdma.txt:
  *     "14[6] -> 5[5] [send] via NET/IB/6/GDRDMA").
  * Environment, read at ncclCommInitRank:
  *   RAILGUARD_NCCL_DOUBLE_BIND   address rank 0 listens on (default 127.0.0.1)

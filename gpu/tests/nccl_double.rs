@@ -166,7 +166,7 @@ fn a_missing_library_is_a_value() {
 }
 
 /// The double's NCCL lines against a real NCCL 2.27.5 log of an HGX H100 RoCE node
-/// (`shared/fixtures/nccl-debug/hgx-h100-roce400-2node-init-gdrdma.txt`): the same shapes,
+/// (`prober/fixtures/nccl-debug/hgx-h100-roce400-2node-init-gdrdma.txt`): the same shapes,
 /// with the double's numbers in them.
 fn shape(line: &str) -> String {
     let msg = line.split(" NCCL INFO ").nth(1).unwrap_or(line);
@@ -194,7 +194,7 @@ fn shape(line: &str) -> String {
 
 fn real_shapes() -> std::collections::BTreeSet<String> {
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/fixtures/nccl-debug/hgx-h100-roce400-2node-init-gdrdma.txt");
+        .join("../prober/fixtures/nccl-debug/hgx-h100-roce400-2node-init-gdrdma.txt");
     let text = std::fs::read_to_string(&fixture).unwrap_or_else(|e| {
         panic!("{}: {e}", fixture.display());
     });

@@ -24,6 +24,17 @@
  *                                 ibv_reg_mr on them fails (EFAULT); the double's own copies
  *                                 go through a second, private mapping (default "1")
  *   RAILGUARD_CUDA_DOUBLE_INIT    a CUresult for cuInit to return (e.g. 100, no device)
+ *   RAILGUARD_CUDA_DOUBLE_LAZY    "1": cuMemsetD32 over an allocation's start records the
+ *                                 value instead of writing it (a simulated node's
+ *                                 gigabyte messages cost no host memory); reads through the
+ *                                 driver see the value, and the memory is written when
+ *                                 anything needs it as memory (default "0")
+ *
+ * A uniform prefix: an allocation whose first bytes all hold one 32-bit word (its first word
+ * may differ), set by cuMemsetD32 and by the NCCL double's simulated fabric through the
+ * stream's table (struct railguard_cuda_double_stream below), so a simulated all-reduce can
+ * move a message as its value. A CUstream of this double points to that table; the NCCL
+ * double checks its magic before using it.
  *
  * Nothing here is on a production path: the prober ships without it and loads
  * libcuda.so.1 from the driver.
@@ -66,6 +77,7 @@ static int n_gpus;
 static char pci[MAX_GPUS][32];
 static int dmabuf; /* 0: none, 1: udmabuf, 2: the memfd itself */
 static int peermem = 1;
+static int lazy;
 static int ctx_refs[MAX_GPUS];
 static __thread int current = -1;
 
@@ -75,6 +87,11 @@ struct alloc {
     int memfd;
     int gpu;
     char *host; /* where the double's copies read and write: ptr itself unless !peermem */
+    /* The uniform prefix: uni_bytes bytes of uni_value words, the first one uni_first;
+     * stale: the memory does not hold them yet. */
+    size_t uni_bytes;
+    uint32_t uni_value, uni_first;
+    int stale;
 };
 static struct alloc allocs[MAX_ALLOCS];
 /* Several threads (one per rank in the tests) allocate at once. */
@@ -143,6 +160,8 @@ CUresult cuInit(unsigned int flags) {
     dmabuf = !d ? 0 : strcmp(d, "1") == 0 ? 1 : strcmp(d, "memfd") == 0 ? 2 : 0;
     const char *pm = getenv("RAILGUARD_CUDA_DOUBLE_PEERMEM");
     peermem = !(pm && strcmp(pm, "0") == 0);
+    const char *lz = getenv("RAILGUARD_CUDA_DOUBLE_LAZY");
+    lazy = lz && strcmp(lz, "1") == 0;
     initialised = 1;
     return n_gpus ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
 }
@@ -299,12 +318,91 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
     return CUDA_SUCCESS;
 }
 
-/* Streams: the double's copies are synchronous, so a stream is only a handle. */
+static char *host_of(struct alloc *a, CUdeviceptr p) { return a->host + (p - a->ptr); }
+
+/* Fills n bytes at dst with the words of a uniform prefix that starts `at` bytes in. */
+static void fill_words(char *dst, size_t at, size_t n, uint32_t value, uint32_t first) {
+    size_t i = 0;
+    /* A range starting inside a word (never done by railguard) is filled byte by byte. */
+    for (; i < n && (at + i) % 4; i++) {
+        uint32_t w = (at + i) / 4 == 0 ? first : value;
+        dst[i] = ((char *)&w)[(at + i) % 4];
+    }
+    for (; i + 4 <= n; i += 4) {
+        uint32_t w = at + i == 0 ? first : value;
+        memcpy(dst + i, &w, 4);
+    }
+    for (; i < n; i++) {
+        uint32_t w = (at + i) / 4 == 0 ? first : value;
+        dst[i] = ((char *)&w)[(at + i) % 4];
+    }
+}
+
+/* Writes a stale uniform prefix into the memory. */
+static void materialize(struct alloc *a) {
+    if (!a->stale) return;
+    fill_words(a->host, 0, a->uni_bytes, a->uni_value, a->uni_first);
+    a->stale = 0;
+}
+
+/* The memory of [p, p + n) is about to be read or written through its address. */
+static void touch(struct alloc *a, int will_write) {
+    materialize(a);
+    if (will_write) a->uni_bytes = 0;
+}
+
+/* The table a CUstream of this double points to, for the NCCL double (same layout there). */
+struct railguard_cuda_double_stream {
+    char magic[8]; /* "RGCUDAS1" */
+    int dev;
+    /* 1 and the words when [p, p + n) lies in an allocation's uniform prefix. */
+    int (*uniform)(CUdeviceptr p, size_t n, uint32_t *value, uint32_t *first);
+    /* [p, p + n), at an allocation's start, now holds value words (the first one first). */
+    int (*set_uniform)(CUdeviceptr p, size_t n, uint32_t value, uint32_t first);
+    /* Makes [p, p + n) memory before it is read (will_write 0) or written through p. */
+    int (*touch)(CUdeviceptr p, size_t n, int will_write);
+};
+
+static int hook_uniform(CUdeviceptr p, size_t n, uint32_t *value, uint32_t *first) {
+    struct alloc *a = find(p, n);
+    if (!a || p != a->ptr || n > a->uni_bytes) return 0;
+    *value = a->uni_value;
+    *first = a->uni_first;
+    return 1;
+}
+
+static int hook_set_uniform(CUdeviceptr p, size_t n, uint32_t value, uint32_t first) {
+    struct alloc *a = find(p, n);
+    if (!a || p != a->ptr || n % 4) return 0;
+    /* The part of a longer stale prefix past n would otherwise never be written. */
+    if (a->stale && a->uni_bytes > n) materialize(a);
+    a->uni_bytes = n;
+    a->uni_value = value;
+    a->uni_first = first;
+    a->stale = 1;
+    return 1;
+}
+
+static int hook_touch(CUdeviceptr p, size_t n, int will_write) {
+    struct alloc *a = find(p, n);
+    if (!a) return 0;
+    touch(a, will_write);
+    return 1;
+}
+
+/* Streams: the double's copies are synchronous, so a stream is only a handle: the table. */
 typedef void *CUstream;
+static struct railguard_cuda_double_stream streams[MAX_GPUS];
 CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
     (void)flags;
     if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
-    *s = (CUstream)(intptr_t)(current + 1);
+    struct railguard_cuda_double_stream *t = &streams[current];
+    memcpy(t->magic, "RGCUDAS1", 8);
+    t->dev = current;
+    t->uniform = hook_uniform;
+    t->set_uniform = hook_set_uniform;
+    t->touch = hook_touch;
+    *s = t;
     return CUDA_SUCCESS;
 }
 CUresult cuStreamSynchronize(CUstream s) {
@@ -314,18 +412,36 @@ CUresult cuStreamDestroy_v2(CUstream s) {
     return s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
-static char *host_of(struct alloc *a, CUdeviceptr p) { return a->host + (p - a->ptr); }
-
 CUresult cuMemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n) {
     struct alloc *a = find(p, n);
     if (!a) return CUDA_ERROR_INVALID_VALUE;
+    touch(a, 1);
     memset(host_of(a, p), v, n);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemsetD32_v2(CUdeviceptr p, unsigned int v, size_t words) {
+    if (words > SIZE_MAX / 4) return CUDA_ERROR_INVALID_VALUE;
+    size_t n = words * 4;
+    struct alloc *a = find(p, n);
+    if (!a) return CUDA_ERROR_INVALID_VALUE;
+    if (p == a->ptr) {
+        if (a->stale && a->uni_bytes > n) materialize(a);
+        a->uni_bytes = n;
+        a->uni_value = a->uni_first = v;
+        a->stale = lazy;
+        if (lazy) return CUDA_SUCCESS;
+    } else {
+        touch(a, 1);
+    }
+    fill_words(host_of(a, p), 0, n, v, v);
     return CUDA_SUCCESS;
 }
 
 CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
     struct alloc *a = find(dst, n);
     if (!a) return CUDA_ERROR_INVALID_VALUE;
+    touch(a, 1);
     memcpy(host_of(a, dst), src, n);
     return CUDA_SUCCESS;
 }
@@ -333,6 +449,13 @@ CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
 CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
     struct alloc *a = find(src, n);
     if (!a) return CUDA_ERROR_INVALID_VALUE;
+    size_t at = src - a->ptr;
+    if (a->stale && at + n <= a->uni_bytes) {
+        /* Read as the driver reads: the value, without writing the allocation. */
+        fill_words(dst, at, n, a->uni_value, a->uni_first);
+        return CUDA_SUCCESS;
+    }
+    touch(a, 0);
     memcpy(dst, host_of(a, src), n);
     return CUDA_SUCCESS;
 }
@@ -344,6 +467,8 @@ CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr p, size_t n, in
     struct alloc *a = find(p, n);
     if (!a) return CUDA_ERROR_INVALID_VALUE;
     if (!dmabuf) return CUDA_ERROR_NOT_SUPPORTED;
+    /* The HCA reads and writes the pages themselves. */
+    touch(a, 1);
     if (dmabuf == 2) {
         int fd = fcntl(a->memfd, F_DUPFD_CLOEXEC, 0);
         if (fd < 0) return CUDA_ERROR_UNKNOWN;

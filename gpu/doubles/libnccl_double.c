@@ -30,6 +30,22 @@
  *   RAILGUARD_NCCL_DOUBLE_CORRUPT   "1": the result's first element is off by one
  *   RAILGUARD_NCCL_DOUBLE_FAIL   "init": ncclCommInitRank fails with ncclSystemError after
  *                                printing NCCL's warning for a failed DMA-BUF registration
+ *   RAILGUARD_NCCL_DOUBLE_VERSION  the version it is, X.Y.Z (default 2.21.5): ncclGetVersion
+ *                                answers NCCL_VERSION(X,Y,Z) of src/nccl.h.in, X*1000 + Y*100
+ *                                + Z up to 2.8 and X*10000 + Y*100 + Z from 2.9 on
+ *   RAILGUARD_NCCL_DOUBLE_SYSFS  a sysfs root: HCAs of NCCL_IB_HCA whose port is not ACTIVE
+ *                                there are left out, as NCCL leaves them out
+ *                                (src/transport/net_ib/init.cc); none left: NET/Socket
+ *   RAILGUARD_NCCL_DOUBLE_BUSBW_GBPS  a simulated fabric: every all-reduce lasts as long as
+ *                                one of that bus bandwidth (GB/s, nccl-tests' busbw) would,
+ *                                and a message the CUDA double holds as one value (its
+ *                                uniform prefix, RAILGUARD_CUDA_DOUBLE_LAZY) moves as that
+ *                                value. One number, or one per path the hops take:
+ *                                ib=,ib-nogdr=,socket=,shm=,p2p= (a missing one: ib's); the
+ *                                IB figures scale with the share of NCCL_IB_HCA's HCAs found
+ * NCCL's own switches, as NCCL reads them: NCCL_P2P_DISABLE, NCCL_SHM_DISABLE (above),
+ * NCCL_IB_DISABLE=1 (the socket transport, src/transport/net_ib/init.cc), and
+ * NCCL_NET_GDR_LEVEL=LOC (no GPUDirect RDMA: src/graph/paths.cc, ncclTopoCheckGdr).
  *
  * Nothing here is on a production path.
  */
@@ -77,7 +93,24 @@ struct comm {
     int corrupt;
     long delay_us;
     struct rank_info *ranks; /* every rank's, by rank */
+    double busbw_gbps;       /* > 0: the simulated fabric's, for the path the hops take */
 };
+
+/* A CUstream of the CUDA double points to this table (gpu/doubles/libcuda_double.c). */
+struct railguard_cuda_double_stream {
+    char magic[8]; /* "RGCUDAS1" */
+    int dev;
+    int (*uniform)(unsigned long long p, size_t n, uint32_t *value, uint32_t *first);
+    int (*set_uniform)(unsigned long long p, size_t n, uint32_t value, uint32_t first);
+    int (*touch)(unsigned long long p, size_t n, int will_write);
+};
+
+/* The CUDA double's table behind a stream, or NULL. Only ever paired with that double: a
+ * real CUstream would not be read like this. */
+static const struct railguard_cuda_double_stream *cuda_double(void *stream) {
+    const struct railguard_cuda_double_stream *t = stream;
+    return t && memcmp(t->magic, "RGCUDAS1", 8) == 0 ? t : NULL;
+}
 typedef struct comm *ncclComm_t;
 
 #define MAGIC "RGNCCLD1"
@@ -99,8 +132,21 @@ const char *ncclGetErrorString(ncclResult_t r) {
     }
 }
 
+/* RAILGUARD_NCCL_DOUBLE_VERSION, else 2.21.5. */
+static void version_of(int *x, int *y, int *z) {
+    const char *v = getenv("RAILGUARD_NCCL_DOUBLE_VERSION");
+    if (!v || sscanf(v, "%d.%d.%d", x, y, z) != 3) {
+        *x = 2;
+        *y = 21;
+        *z = 5;
+    }
+}
+
 ncclResult_t ncclGetVersion(int *v) {
-    *v = 22105;
+    int x, y, z;
+    version_of(&x, &y, &z);
+    /* NCCL_VERSION(X,Y,Z) of src/nccl.h.in. */
+    *v = (x <= 2 && y <= 8) ? x * 1000 + y * 100 + z : x * 10000 + y * 100 + z;
     return ncclSuccess;
 }
 
@@ -209,6 +255,55 @@ static int env_flag(const char *name) {
     return v && atol(v) != 0;
 }
 
+/* Whether HCA `hca` (NCCL_IB_HCA's form: name or name:port) has an ACTIVE port under the
+ * sysfs root of RAILGUARD_NCCL_DOUBLE_SYSFS (no root: every HCA counts). */
+static int port_active(const char *hca) {
+    const char *root = getenv("RAILGUARD_NCCL_DOUBLE_SYSFS");
+    if (!root || !*root) return 1;
+    char name[96];
+    snprintf(name, sizeof name, "%s", hca);
+    char *colon = strchr(name, ':');
+    const char *port = "1";
+    if (colon) {
+        *colon = '\0';
+        port = colon + 1;
+    }
+    char path[4096], state[64] = "";
+    snprintf(path, sizeof path, "%s/sys/class/infiniband/%s/ports/%s/state", root, name, port);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int ok = fgets(state, sizeof state, f) && strstr(state, "ACTIVE");
+    fclose(f);
+    return ok;
+}
+
+/* The simulated fabric's bus bandwidth for `path` (ib, ib-nogdr, socket, shm, p2p) from
+ * RAILGUARD_NCCL_DOUBLE_BUSBW_GBPS: one number for every path, or path=GB/s pairs with ib's
+ * figure for a missing one; 0 without a fabric. */
+static double fabric_busbw(const char *path) {
+    const char *spec = getenv("RAILGUARD_NCCL_DOUBLE_BUSBW_GBPS");
+    if (!spec || !*spec) return 0;
+    if (!strchr(spec, '=')) return atof(spec);
+    char list[512];
+    snprintf(list, sizeof list, "%s", spec);
+    double ib = 0, want = -1;
+    char *save;
+    for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(t, '=');
+        if (!eq) continue;
+        *eq = '\0';
+        if (strcmp(t, "ib") == 0) ib = atof(eq + 1);
+        if (strcmp(t, path) == 0) want = atof(eq + 1);
+    }
+    return want >= 0 ? want : ib;
+}
+
+/* What the communicator's hops use, as print_network found it. */
+struct route {
+    int net, shm, socket, gdr;
+    int found, requested; /* HCAs of NCCL_IB_HCA NCCL opened, and named */
+};
+
 /* Where each rank sits: its host's index (hosts in order of their first rank), its local
  * index on that host, and the rank at (host, local index). */
 struct layout {
@@ -257,40 +352,56 @@ static const char *intra_path(const struct comm *c, int from, int to) {
     return NULL;
 }
 
-static void print_network(const struct comm *c, const struct layout *l) {
+static struct route print_network(const struct comm *c, const struct layout *l) {
+    struct route route = {0};
     const char *net = getenv("RAILGUARD_NCCL_DOUBLE_NET");
     if (!net) net = "IB";
     const char *gdr_env = getenv("RAILGUARD_NCCL_DOUBLE_GDR");
-    int gdr = !(gdr_env && strcmp(gdr_env, "0") == 0);
-    int socket = strcmp(net, "Socket") == 0;
+    const char *gdr_level = getenv("NCCL_NET_GDR_LEVEL");
+    int gdr = !(gdr_env && strcmp(gdr_env, "0") == 0) &&
+              !(gdr_level && strcasecmp(gdr_level, "LOC") == 0);
+    int socket = strcmp(net, "Socket") == 0 || env_flag("NCCL_IB_DISABLE");
     int rank = c->rank, me = l->local_of[rank], host = l->host_of[rank];
     int local = l->nlocal[host];
-    /* The HCAs of NCCL_IB_HCA (exact or prefix form), one channel each. */
+    /* The HCAs of NCCL_IB_HCA (exact or prefix form) with an active port, one channel each. */
     int n = 1;
-    if (socket) {
-        info(me, "NET/Socket : Using [0]lo:127.0.0.1<0>");
-        info(me, "Using network Socket");
-    } else {
+    char using[1024] = "";
+    if (!socket) {
         const char *hca = getenv("NCCL_IB_HCA");
         if (!hca || !*hca) hca = "mlx5_0:1";
         while (*hca == '=' || *hca == '^') hca++;
-        char list[512], using[1024] = "";
+        char list[512];
         snprintf(list, sizeof list, "%s", hca);
         n = 0;
         char *save;
-        for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save), n++) {
+        for (char *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            route.requested++;
+            if (!port_active(t)) continue;
             char item[96];
             snprintf(item, sizeof item, "%s[%d]%s%s/RoCE", n ? " " : "", n, t,
                      strchr(t, ':') ? "" : ":1");
             strncat(using, item, sizeof using - strlen(using) - 1);
+            n++;
         }
-        if (n == 0) n = 1;
+        route.found = n;
+        if (n == 0) {
+            info(me, "NET/IB : No device found.");
+            socket = 1;
+            n = 1;
+        }
+    }
+    if (socket) {
+        info(me, "NET/Socket : Using [0]lo:127.0.0.1<0>");
+        info(me, "Using network Socket");
+    } else {
         info(me, "NET/IB : Using %s [RO]; OOB lo:127.0.0.1<0>", using);
         info(me, "Using network IB");
     }
+    route.socket = socket;
+    route.gdr = gdr && !socket;
     if (c->nranks < 2) {
         info(me, "Channel 00/32 : 0");
-        return;
+        return route;
     }
     int dev = me % n, used_net = 0;
     char via[64];
@@ -314,6 +425,7 @@ static void print_network(const struct comm *c, const struct layout *l) {
             from = l->rank_at[host][(me + local - 1) % local];
         }
         const char *send = intra_path(c, rank, to);
+        if (send && strncmp(send, "SHM", 3) == 0) route.shm = 1;
         if (send) {
             info(me, "Channel %02d/0 : %d[%d] -> %d[%d] via %s", ch, rank, me, to, l->local_of[to],
                  send);
@@ -330,12 +442,26 @@ static void print_network(const struct comm *c, const struct layout *l) {
     }
     if (used_net && !socket)
         info(me, "NET/IB : GPU Direct RDMA %s for HCA %d", gdr ? "Enabled" : "Disabled", dev);
+    route.net = used_net;
+    return route;
+}
+
+/* The simulated fabric's bus bandwidth for the hops of `r`; 0 without one. */
+static double route_busbw(const struct route *r) {
+    if (!r->net) return fabric_busbw(r->shm ? "shm" : "p2p");
+    if (r->socket) return fabric_busbw("socket");
+    double bw = fabric_busbw(r->gdr ? "ib" : "ib-nogdr");
+    /* A missing rail puts two GPUs' hops on one NIC. */
+    if (r->requested > 0 && r->found < r->requested) bw = bw * r->found / r->requested;
+    return bw;
 }
 
 ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int rank) {
     if (nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
     if (memcmp(id.internal, MAGIC, 8) != 0) return ncclInvalidArgument;
-    info(0, "NCCL version 2.21.5+cuda12.4 (railguard test double)");
+    int vx, vy, vz;
+    version_of(&vx, &vy, &vz);
+    info(0, "NCCL version %d.%d.%d+cuda12.4 (railguard test double)", vx, vy, vz);
     const char *fail = getenv("RAILGUARD_NCCL_DOUBLE_FAIL");
     if (fail && strcmp(fail, "init") == 0) {
         warn(0, "misc/ibvwrap.cc:288", "Call to ibv_reg_dmabuf_mr failed with error Operation not supported");
@@ -420,39 +546,118 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     int host = l.host_of[rank];
     info(l.local_of[rank], "comm %p rank %d nRanks %d nNodes %d localRanks %d localRank %d MNNVL 0",
          (void *)c, rank, nranks, l.nnodes, l.nlocal[host], l.local_of[rank]);
-    print_network(c, &l);
+    struct route route = print_network(c, &l);
+    c->busbw_gbps = route_busbw(&route);
     layout_free(&l);
     *out = c;
     return ncclSuccess;
 }
 
+/* What a rank offers rank 0 before an all-reduce, and what rank 0 answers: with a simulated
+ * fabric, messages every rank holds as one value move as that value. */
+struct offer {
+    int32_t uniform;
+    uint32_t value;
+};
+struct answer {
+    int32_t symbolic;
+    uint32_t value, first;
+};
+
+static float as_float(uint32_t w) {
+    float f;
+    memcpy(&f, &w, 4);
+    return f;
+}
+static uint32_t as_word(float f) {
+    uint32_t w;
+    memcpy(&w, &f, 4);
+    return w;
+}
+
+/* Sleeps until `seconds` after t0. */
+static void pace(const struct timespec *t0, double seconds) {
+    if (seconds <= 0) return;
+    long long ns = (long long)(seconds * 1e9);
+    struct timespec until = *t0;
+    until.tv_sec += (time_t)(ns / 1000000000);
+    until.tv_nsec += (long)(ns % 1000000000);
+    if (until.tv_nsec >= 1000000000) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000;
+    }
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR) {
+    }
+}
+
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, int datatype, int op,
                            ncclComm_t c, void *stream) {
-    (void)stream;
     if (!c || datatype != ncclFloat32 || op != ncclSum) return ncclInvalidArgument;
     size_t bytes = count * sizeof(float);
-    if (c->delay_us > 0) {
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const struct railguard_cuda_double_stream *cuda = cuda_double(stream);
+    unsigned long long sendp = (unsigned long long)(uintptr_t)send;
+    unsigned long long recvp = (unsigned long long)(uintptr_t)recv;
+    struct offer mine = {0, 0};
+    uint32_t first = 0;
+    if (c->busbw_gbps > 0 && cuda && count && cuda->uniform(sendp, bytes, &mine.value, &first))
+        mine.uniform = first == mine.value;
+    if (c->busbw_gbps <= 0 && c->delay_us > 0) {
         struct timespec ts = {c->delay_us / 1000000, (c->delay_us % 1000000) * 1000};
         nanosleep(&ts, NULL);
     }
+    struct answer ans = {0, 0, 0};
     if (c->rank == 0) {
-        float *acc = malloc(bytes ? bytes : 1), *tmp = malloc(bytes ? bytes : 1);
-        if (!acc || !tmp) return ncclSystemError;
-        memcpy(acc, send, bytes);
+        int all = mine.uniform;
+        float sum = as_float(mine.value);
         for (int k = 1; k < c->nranks; k++) {
-            if (full_io(c->peers[k], tmp, bytes, 0) != 0) return ncclRemoteError;
-            for (size_t i = 0; i < count; i++) acc[i] += tmp[i];
+            struct offer o;
+            if (full_io(c->peers[k], &o, sizeof o, 0) != 0) return ncclRemoteError;
+            all = all && o.uniform;
+            sum += as_float(o.value);
         }
-        if (c->corrupt && count) acc[0] += 1.0f;
-        for (int k = 1; k < c->nranks; k++) {
-            if (full_io(c->peers[k], acc, bytes, 1) != 0) return ncclRemoteError;
-        }
-        memcpy(recv, acc, bytes);
-        free(acc);
-        free(tmp);
+        if (all) ans = (struct answer){1, as_word(sum), as_word(sum + (c->corrupt ? 1.0f : 0.0f))};
+        for (int k = 1; k < c->nranks; k++)
+            if (full_io(c->peers[k], &ans, sizeof ans, 1) != 0) return ncclRemoteError;
     } else {
-        if (full_io(c->peers[0], (void *)send, bytes, 1) != 0) return ncclRemoteError;
-        if (full_io(c->peers[0], recv, bytes, 0) != 0) return ncclRemoteError;
+        if (full_io(c->peers[0], &mine, sizeof mine, 1) != 0 ||
+            full_io(c->peers[0], &ans, sizeof ans, 0) != 0)
+            return ncclRemoteError;
+    }
+    if (ans.symbolic) {
+        if (!cuda->set_uniform(recvp, bytes, ans.value, ans.first)) return ncclInvalidArgument;
+    } else {
+        if (cuda) {
+            cuda->touch(sendp, bytes, 0);
+            cuda->touch(recvp, bytes, 1);
+        }
+        if (c->rank == 0) {
+            float *acc = malloc(bytes ? bytes : 1), *tmp = malloc(bytes ? bytes : 1);
+            if (!acc || !tmp) return ncclSystemError;
+            memcpy(acc, send, bytes);
+            for (int k = 1; k < c->nranks; k++) {
+                if (full_io(c->peers[k], tmp, bytes, 0) != 0) return ncclRemoteError;
+                for (size_t i = 0; i < count; i++) acc[i] += tmp[i];
+            }
+            if (c->corrupt && count) acc[0] += 1.0f;
+            for (int k = 1; k < c->nranks; k++) {
+                if (full_io(c->peers[k], acc, bytes, 1) != 0) return ncclRemoteError;
+            }
+            memcpy(recv, acc, bytes);
+            free(acc);
+            free(tmp);
+        } else {
+            if (full_io(c->peers[0], (void *)send, bytes, 1) != 0) return ncclRemoteError;
+            if (full_io(c->peers[0], recv, bytes, 0) != 0) return ncclRemoteError;
+        }
+    }
+    if (c->busbw_gbps > 0 && c->nranks > 1) {
+        /* busbw = algbw * 2(n-1)/n (nccl-tests src/all_reduce.cu), so the time is the bytes
+         * each rank moves, 2(n-1)/n of the message, at busbw. */
+        double n = c->nranks;
+        double seconds = (double)bytes * 2.0 * (n - 1.0) / n / (c->busbw_gbps * 1e9);
+        pace(&t0, seconds + c->delay_us / 1e6);
     }
     return ncclSuccess;
 }

@@ -48,6 +48,7 @@ struct Fns {
     mem_alloc: unsafe extern "C" fn(*mut CuDevicePtr, usize) -> CuResult,
     mem_free: unsafe extern "C" fn(CuDevicePtr) -> CuResult,
     memset_d8: unsafe extern "C" fn(CuDevicePtr, u8, usize) -> CuResult,
+    memset_d32: unsafe extern "C" fn(CuDevicePtr, c_uint, usize) -> CuResult,
     memcpy_htod: unsafe extern "C" fn(CuDevicePtr, *const c_void, usize) -> CuResult,
     memcpy_dtoh: unsafe extern "C" fn(*mut c_void, CuDevicePtr, usize) -> CuResult,
     mem_get_handle_for_address_range:
@@ -396,13 +397,43 @@ impl DeviceBuffer {
         })
     }
 
+    /// Sets the first `count` 32-bit words to `value` on the device (`cuMemsetD32`): a
+    /// buffer of gigabytes is filled without a host copy of it.
+    pub fn fill_u32(&self, value: u32, count: usize) -> Result<(), CudaError> {
+        let bytes = count.checked_mul(4).ok_or(CudaError::InvalidArgument {
+            reason: format!("{count} words overflow"),
+        })?;
+        self.bounds(bytes)?;
+        self.make_current()?;
+        // SAFETY: the range is within this allocation (checked above).
+        self.driver.check("cuMemsetD32", unsafe {
+            (self.driver.fns.memset_d32)(self.ptr, value, count)
+        })
+    }
+
     /// Copies the first `out.len()` bytes of the buffer to host memory.
     pub fn copy_to_host(&self, out: &mut [u8]) -> Result<(), CudaError> {
-        self.bounds(out.len())?;
+        self.copy_to_host_at(0, out)
+    }
+
+    /// Copies `out.len()` bytes from `offset` into the buffer to host memory (a large buffer
+    /// is read back piece by piece).
+    pub fn copy_to_host_at(&self, offset: usize, out: &mut [u8]) -> Result<(), CudaError> {
+        let end = offset
+            .checked_add(out.len())
+            .ok_or(CudaError::InvalidArgument {
+                reason: format!("{offset} + {} bytes overflow", out.len()),
+            })?;
+        self.bounds(end)?;
         self.make_current()?;
-        // SAFETY: out is a live host buffer of the length copied; the device range is ours.
+        // SAFETY: out is a live host buffer of the length copied; the device range
+        // [ptr + offset, ptr + end) is within this allocation (checked above).
         self.driver.check("cuMemcpyDtoH", unsafe {
-            (self.driver.fns.memcpy_dtoh)(out.as_mut_ptr() as *mut c_void, self.ptr, out.len())
+            (self.driver.fns.memcpy_dtoh)(
+                out.as_mut_ptr() as *mut c_void,
+                self.ptr + offset as u64,
+                out.len(),
+            )
         })
     }
 
@@ -494,6 +525,7 @@ fn resolve(lib: &Library, path: &str) -> Result<Fns, CudaError> {
         mem_alloc: sym!("cuMemAlloc_v2"),
         mem_free: sym!("cuMemFree_v2"),
         memset_d8: sym!("cuMemsetD8_v2"),
+        memset_d32: sym!("cuMemsetD32_v2"),
         memcpy_htod: sym!("cuMemcpyHtoD_v2"),
         memcpy_dtoh: sym!("cuMemcpyDtoH_v2"),
         mem_get_handle_for_address_range: sym!("cuMemGetHandleForAddressRange"),

@@ -144,9 +144,7 @@ impl Nccl {
 
     /// The version as NCCL prints it: `2.21.5`.
     pub fn version_string(&self) -> String {
-        let v = self.version;
-        // NCCL >= 2.9 encodes major*10000 + minor*100 + patch.
-        format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100)
+        version_string(self.version)
     }
 
     /// `ncclGetUniqueId`: rank 0 calls this and sends the id to the other ranks.
@@ -296,7 +294,10 @@ impl Communicator {
                 continue;
             }
             let mine = crate::collective::rank_value(self.rank);
-            send.copy_from_host(&f32_bytes(mine, count))?;
+            // Filled on the device: a host copy of an 8 GiB message per rank would not fit
+            // the prober's memory. The legacy-stream memset is ordered before `stream`'s
+            // work (a blocking stream, flags 0).
+            send.fill_u32(mine.to_bits(), count)?;
             for _ in 0..warmup {
                 self.enqueue_all_reduce(&send, &recv, count, stream)?;
             }
@@ -307,13 +308,8 @@ impl Communicator {
             }
             stream.synchronize()?;
             let per_op = start.elapsed().as_secs_f64() / f64::from(iters);
-            let mut host = vec![0u8; count * 4];
-            recv.copy_to_host(&mut host)?;
             let want = crate::collective::expected_sum(self.nranks);
-            let wrong = host
-                .chunks_exact(4)
-                .filter(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]) != want)
-                .count() as u64;
+            let wrong = count_wrong(&recv, count, want)?;
             out.push(crate::collective::SweepPoint::new(
                 count * 4,
                 per_op,
@@ -322,6 +318,43 @@ impl Communicator {
             ));
         }
         Ok(out)
+    }
+}
+
+/// Bytes of the result read back at a time: the check holds two of these on the host, not
+/// the whole message.
+const CHECK_CHUNK_BYTES: usize = 4 << 20;
+
+/// Elements of the first `count` float32 values of `recv` that are not `want`, read back
+/// chunk by chunk; a chunk equal to the expected bytes is passed by one comparison.
+fn count_wrong(recv: &DeviceBuffer, count: usize, want: f32) -> Result<u64, NcclError> {
+    let total = count * 4;
+    let expected = f32_bytes(want, CHECK_CHUNK_BYTES.min(total) / 4);
+    let mut host = vec![0u8; expected.len()];
+    let mut wrong = 0u64;
+    let mut offset = 0;
+    while offset < total {
+        let n = expected.len().min(total - offset);
+        recv.copy_to_host_at(offset, &mut host[..n])?;
+        if host[..n] != expected[..n] {
+            wrong += host[..n]
+                .chunks_exact(4)
+                .filter(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]]) != want)
+                .count() as u64;
+        }
+        offset += n;
+    }
+    Ok(wrong)
+}
+
+/// `ncclGetVersion`'s code as NCCL prints it. nccl.h's `NCCL_VERSION(X,Y,Z)` is
+/// X*1000 + Y*100 + Z up to 2.8 and X*10000 + Y*100 + Z from 2.9 on (NVIDIA/nccl
+/// `src/nccl.h.in`); no 2.8 code reaches 10000, no later one falls below it.
+pub fn version_string(code: i32) -> String {
+    if code >= 10000 {
+        format!("{}.{}.{}", code / 10000, (code / 100) % 100, code % 100)
+    } else {
+        format!("{}.{}.{}", code / 1000, (code / 100) % 10, code % 100)
     }
 }
 
@@ -364,4 +397,18 @@ fn resolve(lib: &Library, path: &str) -> Result<Fns, NcclError> {
         comm_destroy: sym!("ncclCommDestroy"),
         get_error_string: sym!("ncclGetErrorString"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::version_string;
+
+    #[test]
+    fn version_codes_read_as_nccl_h_encodes_them() {
+        // NCCL_VERSION(2, 21, 5), NCCL_VERSION(2, 32, 3) and an old NCCL_VERSION(2, 8, 4).
+        assert_eq!(version_string(22105), "2.21.5");
+        assert_eq!(version_string(23203), "2.32.3");
+        assert_eq!(version_string(2804), "2.8.4");
+        assert_eq!(version_string(2419), "2.4.19");
+    }
 }

@@ -68,7 +68,7 @@ fn child_pair() {
         return;
     }
     let (_dir, cuda, nccl) = doubles();
-    assert_eq!(nccl.version_string(), "2.21.5");
+    println!("VERSION {} {}", nccl.version(), nccl.version_string());
     match pair_sweep(&cuda, &nccl) {
         Ok(ranks) => {
             for points in ranks {
@@ -82,6 +82,11 @@ fn child_pair() {
                     })
                     .collect();
                 println!("RANK {}", summary.join(" "));
+                let busbw: Vec<String> = points
+                    .iter()
+                    .map(|p| format!("{}:{:.4}", p.bytes, p.busbw_gbps))
+                    .collect();
+                println!("BUSBW {}", busbw.join(" "));
             }
         }
         Err(e) => println!("ERROR {e}"),
@@ -276,4 +281,146 @@ fn the_shared_builder_makes_both_doubles_for_other_crates_tests() {
     assert!(built.cuda.ends_with("libcuda.so.1") && built.nccl.ends_with("libnccl.so.2"));
     let nccl = Nccl::load(Some(&built.nccl)).unwrap();
     assert_eq!(nccl.version(), 22105);
+}
+
+/// The `VERSION` line of a child's stdout.
+fn version_line(stdout: &str) -> &str {
+    stdout
+        .lines()
+        .find_map(|l| l.find("VERSION ").map(|at| &l[at..]))
+        .unwrap_or_default()
+}
+
+/// busbw (GB/s) of `bytes` on each `BUSBW` line of a child's stdout.
+fn busbw_of(stdout: &str, bytes: usize) -> Vec<f64> {
+    stdout
+        .lines()
+        .filter_map(|l| l.find("BUSBW ").map(|at| &l[at + 6..]))
+        .filter_map(|rest| {
+            rest.split_whitespace().find_map(|p| {
+                let (b, bw) = p.split_once(':')?;
+                (b.parse::<usize>().ok()? == bytes).then(|| bw.parse::<f64>().ok())?
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn ncclgetversion_answers_as_nccl_h_encodes_the_version() {
+    let (out, _) = run_child(&[]);
+    assert_eq!(version_line(&out), "VERSION 22105 2.21.5", "{out}");
+    let (out, log) = run_child(&[
+        ("RAILGUARD_NCCL_DOUBLE_VERSION", "2.32.3"),
+        ("NCCL_DEBUG", "INFO"),
+    ]);
+    assert_eq!(version_line(&out), "VERSION 23203 2.32.3", "{out}");
+    assert!(
+        log.contains("NCCL INFO NCCL version 2.32.3+cuda12.4"),
+        "{log}"
+    );
+    // Up to 2.8 NCCL_VERSION(X,Y,Z) is X*1000 + Y*100 + Z (src/nccl.h.in).
+    let (out, _) = run_child(&[("RAILGUARD_NCCL_DOUBLE_VERSION", "2.8.4")]);
+    assert_eq!(version_line(&out), "VERSION 2804 2.8.4", "{out}");
+}
+
+#[test]
+fn a_simulated_fabric_sets_the_bus_bandwidth_and_moves_uniform_messages_as_values() {
+    // 0.5 GB/s: a 1 MiB all-reduce of two ranks lasts about 2 ms, far above the cost of
+    // exchanging the value.
+    let fabric = [
+        ("RAILGUARD_NCCL_DOUBLE_BUSBW_GBPS", "0.5"),
+        ("RAILGUARD_CUDA_DOUBLE_LAZY", "1"),
+    ];
+    let (out, _) = run_child(&fabric);
+    assert_eq!(
+        rank_lines(&out),
+        [
+            "RANK 4096:0 65536:0 1048576:0",
+            "RANK 4096:0 65536:0 1048576:0"
+        ],
+        "{out}"
+    );
+    for bw in busbw_of(&out, 1 << 20) {
+        assert!(
+            (0.35..=0.5).contains(&bw),
+            "busbw {bw} for 0.5 GB/s:\n{out}"
+        );
+    }
+    // A wrong element travels with the value.
+    let mut corrupt = fabric.to_vec();
+    corrupt.push(("RAILGUARD_NCCL_DOUBLE_CORRUPT", "1"));
+    let (out, _) = run_child(&corrupt);
+    assert_eq!(
+        rank_lines(&out),
+        [
+            "RANK 4096:1 65536:1 1048576:1",
+            "RANK 4096:1 65536:1 1048576:1"
+        ],
+        "{out}"
+    );
+    // Per path: two ranks of one process use P2P unless it is disabled.
+    let (out, _) = run_child(&[
+        ("RAILGUARD_NCCL_DOUBLE_BUSBW_GBPS", "ib=4,p2p=0.5"),
+        ("RAILGUARD_CUDA_DOUBLE_LAZY", "1"),
+    ]);
+    for bw in busbw_of(&out, 1 << 20) {
+        assert!((0.35..=0.5).contains(&bw), "P2P busbw {bw}:\n{out}");
+    }
+}
+
+/// A sysfs root whose HCAs have port 1 in the given states.
+fn ports(states: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (hca, state) in states {
+        let port = dir
+            .path()
+            .join(format!("sys/class/infiniband/{hca}/ports/1"));
+        std::fs::create_dir_all(&port).unwrap();
+        std::fs::write(port.join("state"), format!("{state}\n")).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn nccl_opens_only_active_ports_and_honours_its_ib_and_gdr_switches() {
+    let loopback = [
+        ("NCCL_DEBUG", "INFO"),
+        ("NCCL_IB_HCA", "=mlx5_0:1,mlx5_3:1"),
+        ("NCCL_P2P_DISABLE", "1"),
+        ("NCCL_SHM_DISABLE", "1"),
+    ];
+    // NCCL skips a port that is not ACTIVE (src/transport/net_ib/init.cc).
+    let sysfs = ports(&[("mlx5_0", "4: ACTIVE"), ("mlx5_3", "1: DOWN")]);
+    let mut env = loopback.to_vec();
+    let root = sysfs.path().display().to_string();
+    env.push(("RAILGUARD_NCCL_DOUBLE_SYSFS", &root));
+    let (_, log) = run_child(&env);
+    assert!(
+        log.contains("NET/IB : Using [0]mlx5_0:1/RoCE [RO]"),
+        "{log}"
+    );
+    assert!(!log.contains("mlx5_3"), "{log}");
+    // No active port: no IB device, the socket transport.
+    let down = ports(&[("mlx5_0", "1: DOWN"), ("mlx5_3", "1: DOWN")]);
+    let root = down.path().display().to_string();
+    let mut env = loopback.to_vec();
+    env.push(("RAILGUARD_NCCL_DOUBLE_SYSFS", &root));
+    let (_, log) = run_child(&env);
+    assert!(log.contains("NET/IB : No device found."), "{log}");
+    assert!(log.contains("Using network Socket"), "{log}");
+    assert!(log.contains("via NET/Socket/0"), "{log}");
+    // NCCL_IB_DISABLE=1: sockets; NCCL_NET_GDR_LEVEL=LOC: IB without GPUDirect RDMA.
+    let mut env = loopback.to_vec();
+    env.push(("NCCL_IB_DISABLE", "1"));
+    let (_, log) = run_child(&env);
+    assert!(log.contains("Using network Socket"), "{log}");
+    let mut env = loopback.to_vec();
+    env.push(("NCCL_NET_GDR_LEVEL", "LOC"));
+    let (_, log) = run_child(&env);
+    assert!(
+        log.contains("via NET/IB/0\n") || log.contains("via NET/IB/0 "),
+        "{log}"
+    );
+    assert!(!log.contains("GDRDMA"), "{log}");
+    assert!(log.contains("GPU Direct RDMA Disabled for HCA 0"), "{log}");
 }

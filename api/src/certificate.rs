@@ -375,6 +375,12 @@ impl Certificate {
         now >= self.expires_at
     }
 
+    /// The value of the `railguard.io/simulated` label that goes with this certificate:
+    /// `"true"` for a simulated one, absent for a measured one.
+    pub fn simulated_label(&self) -> Option<&'static str> {
+        self.simulated.then_some(crate::keys::SIMULATED)
+    }
+
     pub fn rail(&self, hca: &str, port: u32) -> Option<&RailResult> {
         self.rails.iter().find(|r| r.hca == hca && r.port == port)
     }

@@ -32,6 +32,14 @@ pub const LABEL_PROFILE: &str = "railguard.io/profile";
 /// Node label: short hash of the rail layout (see [`crate::signature`]).
 pub const LABEL_SIGNATURE: &str = "railguard.io/signature";
 
+/// Node label: `"true"` while the certificate on the Node was made by a simulated engine and
+/// stand-in (`simulated: true`); absent otherwise. It lets a node affinity (the webhook's)
+/// keep pods off simulated certifications, which only profiles with
+/// `certification.acceptSimulated` count.
+pub const LABEL_SIMULATED: &str = "railguard.io/simulated";
+/// The one value of [`LABEL_SIMULATED`].
+pub const SIMULATED: &str = "true";
+
 /// Node annotation: JSON [`crate::certificate::Certificate`].
 pub const ANNOTATION_CERTIFICATE: &str = "railguard.io/certificate";
 /// Node annotation: ask the prober for an invasive run now (any non-empty value).

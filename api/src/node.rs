@@ -197,6 +197,29 @@ pub fn interpret(
                     }
                 }
             }
+            // The label is what a node affinity can see of the certificate's simulated
+            // mark; a certificate without its label (or the reverse) is not to be trusted.
+            let simulated = labels.get(keys::LABEL_SIMULATED).map(String::as_str);
+            if simulated != cert.simulated_label() {
+                return FabricState::Unreadable {
+                    reason: match simulated {
+                        Some(v) => format!(
+                            "label {}={v} disagrees with the certificate ({})",
+                            keys::LABEL_SIMULATED,
+                            if cert.simulated {
+                                "simulated"
+                            } else {
+                                "measured, not simulated"
+                            }
+                        ),
+                        None => format!(
+                            "the certificate is simulated but the node lacks label {}={}",
+                            keys::LABEL_SIMULATED,
+                            keys::SIMULATED
+                        ),
+                    },
+                };
+            }
             match cert.verdict {
                 Verdict::Pending => FabricState::Pending {
                     previous: Some(cert),

@@ -355,9 +355,10 @@ pub struct CertificationSpec {
     #[serde(default = "default_history")]
     #[schemars(range(min = 1, max = MAX_HISTORY_DEPTH))]
     pub history_depth: u32,
-    /// What runs the node's NCCL loopback: `NcclTests` (`all_reduce_perf`, `ncclTests`) or
-    /// `Native` (the prober's own ranks through NCCL's C API, `ncclNative`: no nccl-tests
-    /// binary on the node, only `libnccl.so.2` and the CUDA driver).
+    /// What runs the node's NCCL loopback: `Native` (the default: the prober's own ranks
+    /// through NCCL's C API, `ncclNative`; no nccl-tests binary on the node, only
+    /// `libnccl.so.2`, which the prober image carries, and the CUDA driver) or `NcclTests`
+    /// (`all_reduce_perf`, `ncclTests`).
     #[serde(default)]
     pub nccl_runner: NcclRunner,
     /// nccl-tests settings.
@@ -391,6 +392,13 @@ pub struct CertificationSpec {
     #[serde(default = "default_max_concurrent_invasive")]
     #[schemars(range(min = 1, max = MAX_CONCURRENT_INVASIVE))]
     pub max_concurrent_invasive: u32,
+    /// Count certificates made by a simulated engine and stand-in (`simulated: true`, the
+    /// `railguard.io/simulated` label) as certification. Off (the default) they certify
+    /// nothing: the extender refuses such nodes, the webhook's affinity requires the label's
+    /// absence and the node guard refuses to store one. Only demos and tests, whose nodes
+    /// are simulated, turn it on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub accept_simulated: bool,
 }
 
 /// Most invasive slots a profile may ask for (one Lease each).
@@ -566,10 +574,11 @@ impl NcclPairSpec {
 pub enum NcclRunner {
     /// `all_reduce_perf` from nccl-tests (`certification.ncclTests`), one process with one
     /// rank per GPU.
-    #[default]
     NcclTests,
     /// The prober's `nccl-ranks` child: one thread and rank per GPU in one communicator
-    /// through `libnccl.so.2` (railguard-gpu), timed and checked like nccl-tests.
+    /// through `libnccl.so.2` (railguard-gpu), timed and checked like nccl-tests. The
+    /// default: the prober image certifies a node without an nccl-tests build.
+    #[default]
     Native,
 }
 
@@ -693,6 +702,7 @@ impl Default for CertificationSpec {
             nccl_pair: None,
             taints: false,
             max_concurrent_invasive: default_max_concurrent_invasive(),
+            accept_simulated: false,
         }
     }
 }

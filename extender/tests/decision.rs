@@ -1089,3 +1089,91 @@ fn node_index_replaces_a_changed_nodes_slot_and_equals_a_rebuild() {
     cluster.rebuild_profile_list();
     assert_index_matches_cache(&cluster.node_index(), &cluster, "profiles changed");
 }
+
+/// A certificate made by a simulated engine and stand-in (`--sim`) certifies nothing unless
+/// the profile says its nodes are simulated (`certification.acceptSimulated`); a simulated
+/// certificate whose node lacks the `railguard.io/simulated` label is unreadable.
+#[test]
+fn simulated_certificates_count_only_where_the_profile_accepts_them() {
+    use railguard_api::keys;
+    use railguard_extender::decision::precheck;
+    let profiles = profiles();
+    let mut h100 = profile(&profiles, "h100-ndr").clone();
+    assert!(
+        !h100.spec.certification.accept_simulated,
+        "the shipped profile refuses simulation"
+    );
+    let sig = h100.spec.signature();
+    let base = sample_node();
+    let mut cert = synth::certificate(&h100, Verdict::Certified, hours_ago(1), 392.0, 370.0);
+    cert.simulated = true;
+    let node = synth::node(&base, "n-sim", Some(&cert), &[]);
+    assert_eq!(
+        node.metadata.labels.as_ref().unwrap()[keys::LABEL_SIMULATED],
+        "true"
+    );
+    let simulated = NodeFabric::from_node(&node, now());
+
+    let r = check_node(&simulated, &h100, &sig, now()).unwrap_err();
+    assert_eq!(r.reason, RejectReason::Simulated);
+    assert_eq!(r.reason.as_str(), "simulated");
+    assert!(!r.reason.resolvable());
+    assert!(
+        r.message.contains("simulated engine") && r.message.contains("acceptSimulated"),
+        "{}",
+        r.message
+    );
+    assert_eq!(precheck(&simulated, &h100, &sig).check(now()), Err(r));
+    let pod = facts(&training_pod(&h100));
+    let target = target_for(
+        &pod,
+        std::slice::from_ref(&h100),
+        None,
+        &ExtenderConfig::default(),
+    );
+    let v = filter(&target, &slots(std::slice::from_ref(&simulated)), now());
+    assert!(v.passed.is_empty());
+    assert_eq!(v.reasons[&RejectReason::Simulated], 1);
+
+    h100.spec.certification.accept_simulated = true;
+    assert_eq!(check_node(&simulated, &h100, &sig, now()), Ok(()));
+    assert!(precheck(&simulated, &h100, &sig).check(now()).is_ok());
+
+    // The label is what a node affinity sees: without it the certificate is not trusted.
+    let mut unlabelled = node.clone();
+    unlabelled
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .remove(keys::LABEL_SIMULATED);
+    let r = check_node(
+        &NodeFabric::from_node(&unlabelled, now()),
+        &h100,
+        &sig,
+        now(),
+    )
+    .unwrap_err();
+    assert_eq!(r.reason, RejectReason::Unreadable);
+    assert!(
+        r.message.contains("railguard.io/simulated"),
+        "{}",
+        r.message
+    );
+    // A measured certificate with the label is just as suspect.
+    let measured = synth::certificate(&h100, Verdict::Certified, hours_ago(1), 392.0, 370.0);
+    let relabelled = synth::node(
+        &base,
+        "n",
+        Some(&measured),
+        &[(keys::LABEL_SIMULATED, "true")],
+    );
+    let r = check_node(
+        &NodeFabric::from_node(&relabelled, now()),
+        &h100,
+        &sig,
+        now(),
+    )
+    .unwrap_err();
+    assert_eq!(r.reason, RejectReason::Unreadable, "{}", r.message);
+}

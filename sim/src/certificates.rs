@@ -105,6 +105,9 @@ pub fn node(
         labels.insert(keys::LABEL_FABRIC.into(), cert.verdict.as_label().into());
         labels.insert(keys::LABEL_PROFILE.into(), cert.profile.clone());
         labels.insert(keys::LABEL_SIGNATURE.into(), cert.signature.clone());
+        if let Some(v) = cert.simulated_label() {
+            labels.insert(keys::LABEL_SIMULATED.into(), v.into());
+        }
         if let Ok(value) = cert.to_annotation() {
             node.metadata
                 .annotations

@@ -89,6 +89,35 @@ async fn simulated_nodes_certify_fail_on_faults_and_flip_on_passive_counters() -
         assert!(nccl.busbw_plateau_gbps.unwrap() >= profile.spec.thresholds.busbw_plateau_gbps);
         assert_eq!(nccl.ranks, Some(8));
         assert!(c.simulated, "made with --sim: the certificate says so");
+        assert_eq!(
+            f.labels.get(keys::LABEL_SIMULATED).map(String::as_str),
+            Some("true"),
+            "the label a node affinity sees goes with it"
+        );
+        // The shipped profile counts no simulated certificate; the tests' profiles do.
+        assert!(!profile.spec.certification.accept_simulated);
+        let refused = railguard_extender::decision::check_node(
+            &f,
+            &profile,
+            &profile.spec.signature(),
+            jiff::Timestamp::now(),
+        )
+        .expect_err("a simulated certificate must not place pods for the shipped profile");
+        assert_eq!(
+            refused.reason,
+            railguard_extender::RejectReason::Simulated,
+            "{}",
+            refused.message
+        );
+        let mut accepting = profile.clone();
+        accepting.spec.certification.accept_simulated = true;
+        railguard_extender::decision::check_node(
+            &f,
+            &accepting,
+            &profile.spec.signature(),
+            jiff::Timestamp::now(),
+        )
+        .map_err(|r| anyhow::anyhow!("{}", r.message))?;
         assert_eq!(nccl.gdr, Some(true));
         assert_eq!(
             c.software.get("driver").map(String::as_str),

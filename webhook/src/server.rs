@@ -88,6 +88,8 @@ pub struct NodeGuardState {
     pub policy: node_guard::GuardPolicy,
     pub probers: node_guard::probers::ProberPods,
     pub nodes: node_guard::nodes::NodeOutputs,
+    /// The FabricProfiles, for whether a simulated certificate may be stored.
+    pub catalog: Arc<crate::catalog::Catalog>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -145,6 +147,14 @@ async fn node_guard_handler(State(guard): State<Arc<NodeGuardState>>, body: Byte
         &guard.policy,
         |pod| guard.probers.lookup(pod),
         |node| guard.nodes.view(node),
+        |profile| {
+            guard
+                .catalog
+                .profiles()
+                .iter()
+                .find(|p| p.name() == profile)
+                .map(|p| p.spec.certification.accept_simulated)
+        },
     );
     count(admission.outcome, admission.writer);
     let node = request.name.as_deref().unwrap_or("");

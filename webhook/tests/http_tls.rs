@@ -658,6 +658,7 @@ async fn readyz_waits_for_the_node_guard_caches() {
         },
         probers: ProberPods::watch(client.clone(), "railguard-system", "app=prober"),
         nodes: NodeOutputs::watch(client),
+        catalog: railguard_webhook::catalog::Catalog::standalone(Vec::new()),
         metrics: Arc::new(Metrics::new()),
     });
     let routes = server::admission_routes().merge(server::node_guard_routes(guard.clone()));

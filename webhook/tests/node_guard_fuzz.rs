@@ -189,7 +189,7 @@ fn property(body: &[u8], pod_on_a: bool, cached: bool) -> Result<(), TestCaseErr
     };
     let current =
         |_: &str| cached.then(|| serde_json::from_value::<NodeView>(node(None, None)).unwrap());
-    let admission = admit_node(&request, &policy(), lookup, current);
+    let admission = admit_node(&request, &policy(), lookup, current, |_| None);
     let response = &admission.response;
     prop_assert_eq!(&response.uid, &request.uid);
     prop_assert_eq!(response.allowed, response.denial.is_none());
@@ -241,7 +241,7 @@ fn seeds_are_decided_as_the_contract_says() {
                     service_account: Some("railguard-prober".into()),
                 })
             };
-            admit_node(&request, &policy(), on_a, |_| None).outcome
+            admit_node(&request, &policy(), on_a, |_| None, |_| None).outcome
         })
         .collect();
     // The prober publishes; a tenant and a registering kubelet are refused; a kubelet

@@ -82,14 +82,14 @@ batch/v1beta1
 
 {{/* The node guard's matchConditions (admissionregistration.k8s.io/v1, GA in 1.30): the
      API server calls the guard only for a Node write that changes one of railguard's
-     protected outputs (webhook/src/node_guard/decision.rs PROTECTED: three labels, the
+     protected outputs (webhook/src/node_guard/decision.rs PROTECTED: four labels, the
      certificate annotation, two conditions by status, reason and message), so every other
      Node write (cordon, taints, a kubelet registering or reporting) never waits on
      railguard and keeps working while it is down. A CREATE (oldObject null) is sent when it
      carries any of them. Over-matching only costs a call; the guard decides. */}}
 {{- define "railguard.nodeGuardMatchExpression" -}}
 {{- $terms := list -}}
-{{- range $field := list (dict "path" "labels" "keys" (list "railguard.io/fabric" "railguard.io/profile" "railguard.io/signature")) (dict "path" "annotations" "keys" (list "railguard.io/certificate")) -}}
+{{- range $field := list (dict "path" "labels" "keys" (list "railguard.io/fabric" "railguard.io/profile" "railguard.io/signature" "railguard.io/simulated")) (dict "path" "annotations" "keys" (list "railguard.io/certificate")) -}}
 {{- range $key := $field.keys -}}
 {{- $new := printf "(has(object.metadata.%s) && '%s' in object.metadata.%s)" $field.path $key $field.path -}}
 {{- $old := printf "(oldObject != null && has(oldObject.metadata.%s) && '%s' in oldObject.metadata.%s)" $field.path $key $field.path -}}

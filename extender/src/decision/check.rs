@@ -60,16 +60,36 @@ fn standing<'n>(node: &'n NodeFabric, profile: &FabricProfile, signature: &str) 
             },
         }),
         FabricState::Expired { certificate, .. } => {
-            match check_identity(certificate, name, signature) {
+            match check_identity(certificate, name, signature)
+                .and_then(|()| check_simulated(certificate, profile))
+            {
                 Err(r) => reject(r),
                 Ok(()) => Standing::Expired(certificate),
             }
         }
-        FabricState::Certified(c) => match check_identity(c, name, signature) {
-            Err(r) => reject(r),
-            Ok(()) => Standing::Current(c),
-        },
+        FabricState::Certified(c) => {
+            match check_identity(c, name, signature).and_then(|()| check_simulated(c, profile)) {
+                Err(r) => reject(r),
+                Ok(()) => Standing::Current(c),
+            }
+        }
     }
+}
+
+/// A simulated certificate proves nothing about hardware: it counts only for a profile that
+/// says its nodes are simulated (`certification.acceptSimulated`).
+fn check_simulated(cert: &Certificate, profile: &FabricProfile) -> Result<(), Rejection> {
+    if !cert.simulated || profile.spec.certification.accept_simulated {
+        return Ok(());
+    }
+    Err(Rejection::new(
+        RejectReason::Simulated,
+        format!(
+            "railguard: the node's certificate was made by a simulated engine (simulated: true); \
+             profile {} does not set certification.acceptSimulated, so it certifies nothing",
+            profile.name()
+        ),
+    ))
 }
 
 /// Whether `node` may run a pod held to `profile` and `signature` at `now`.

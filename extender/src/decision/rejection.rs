@@ -20,6 +20,9 @@ pub enum RejectReason {
     BusbwBelowThreshold,
     /// The fleet controller marked the node an outlier and the profile filters outliers.
     FleetOutlier,
+    /// The certificate was made by a simulated engine and the profile does not set
+    /// `certification.acceptSimulated`.
+    Simulated,
     NotCached,
     Unplaceable,
 }
@@ -40,6 +43,7 @@ impl RejectReason {
             RejectReason::RailBelowThreshold => "rail_below_threshold",
             RejectReason::BusbwBelowThreshold => "busbw_below_threshold",
             RejectReason::FleetOutlier => "fleet_outlier",
+            RejectReason::Simulated => "simulated",
             RejectReason::NotCached => "not_cached",
             RejectReason::Unplaceable => "unplaceable",
         }

@@ -321,13 +321,19 @@ impl NodePublisher {
     }
 
     /// Applies labels and the certificate annotation on the Node as `read`: `Ok(None)` when
-    /// the Node changed since (a conflict; read again and merge again).
+    /// the Node changed since (a conflict; read again and merge again). The
+    /// `railguard.io/simulated` label goes with the certificate applied (`simulated`): one
+    /// apply, so no reader sees one without the other, and an apply without it removes it.
     async fn apply_metadata(
         &self,
         read: &Node,
-        labels: BTreeMap<&str, &str>,
+        mut labels: BTreeMap<&str, &str>,
         annotation: Option<&str>,
+        simulated: bool,
     ) -> Result<Option<Node>, PublishError> {
+        if simulated && annotation.is_some() {
+            labels.insert(keys::LABEL_SIMULATED, keys::SIMULATED);
+        }
         let mut annotations = serde_json::Map::new();
         if let Some(a) = annotation {
             annotations.insert(keys::ANNOTATION_CERTIFICATE.into(), json!(a));
@@ -423,7 +429,11 @@ impl NodePublisher {
                 (keys::LABEL_PROFILE, profile),
                 (keys::LABEL_SIGNATURE, signature),
             ]);
-            let Some(written) = self.apply_metadata(&node, labels, annotation).await? else {
+            let simulated = fresh.certificate.as_ref().is_some_and(|c| c.simulated);
+            let Some(written) = self
+                .apply_metadata(&node, labels, annotation, simulated)
+                .await?
+            else {
                 after_conflict(attempt).await;
                 continue;
             };
@@ -470,7 +480,11 @@ impl NodePublisher {
                     (keys::LABEL_SIGNATURE, signature),
                 ]),
             };
-            let Some(written) = self.apply_metadata(&node, labels, annotation).await? else {
+            let simulated = fresh.certificate.as_ref().is_some_and(|c| c.simulated);
+            let Some(written) = self
+                .apply_metadata(&node, labels, annotation, simulated)
+                .await?
+            else {
                 after_conflict(attempt).await;
                 continue;
             };
@@ -530,7 +544,7 @@ impl NodePublisher {
                 (keys::LABEL_SIGNATURE, merged.signature.as_str()),
             ]);
             let Some(written) = self
-                .apply_metadata(&node, labels, Some(&annotation))
+                .apply_metadata(&node, labels, Some(&annotation), merged.simulated)
                 .await?
             else {
                 after_conflict(attempt).await;

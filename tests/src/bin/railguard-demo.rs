@@ -299,8 +299,10 @@ async fn run(args: &Args, dir: &Path, s: &Style) -> Result<()> {
     let client = cp.client();
     cp.apply_fabricprofile_crd().await?;
     let profile_path = workspace_root().join("api/fixtures/profiles/dgx-h100-ndr.yaml");
-    let profile =
+    let mut profile =
         railguard_api::profiles_from_yaml(&std::fs::read_to_string(&profile_path)?)?.remove(0);
+    // The demo's nodes are simulated: their certificates say so, and count only here.
+    profile.spec.certification.accept_simulated = true;
     Api::<FabricProfile>::all(client.clone())
         .create(&PostParams::default(), &profile)
         .await?;

@@ -80,12 +80,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         None => {
             let client = kube_client(cli.kubeconfig.as_deref()).await?;
+            let catalog = Catalog::cluster(client.clone(), metrics.clone());
             if let Some(policy) = guard_policy {
-                let state = node_guard(&cli, policy, client.clone(), &metrics);
+                let state = node_guard(&cli, policy, client, &catalog, &metrics);
                 routes = routes.merge(server::node_guard_routes(state.clone()));
                 guard = Some(state);
             }
-            Catalog::cluster(client, metrics.clone())
+            catalog
         }
     };
 
@@ -136,6 +137,7 @@ fn node_guard(
     cli: &Cli,
     policy: GuardPolicy,
     client: kube::Client,
+    catalog: &Arc<Catalog>,
     metrics: &Arc<Metrics>,
 ) -> Arc<NodeGuardState> {
     let selector = cli
@@ -154,6 +156,7 @@ fn node_guard(
         policy,
         probers,
         nodes: NodeOutputs::watch(client),
+        catalog: catalog.clone(),
         metrics: metrics.clone(),
     })
 }

@@ -364,6 +364,12 @@ fn pytorchjob_worker_gets_the_full_configuration() {
                 "In".into(),
                 vec!["h100-ndr".into()]
             ),
+            // The shipped profile counts no simulated certificate.
+            (
+                "railguard.io/simulated".into(),
+                "DoesNotExist".into(),
+                vec![]
+            ),
         ]]
     );
     assert_eq!(annotation(&out, "railguard.io/profile"), Some("h100-ndr"));
@@ -672,7 +678,7 @@ fn allow_uncertified_drops_the_certified_affinity_only_where_allowed() {
     assert!(required_terms(&out).is_empty());
     let (plan, out) = run(&p, &ns("ml"), &profiles());
     assert!(plan.mutations.contains(&Mutation::Affinity));
-    assert_eq!(required_terms(&out)[0].len(), 2);
+    assert_eq!(required_terms(&out)[0].len(), 3);
     assert!(plan.warnings[0]
         .message
         .starts_with("railguard.io/allow-uncertified ignored"));

@@ -37,6 +37,7 @@ pub const PROTECTED: &[Output] = &[
     Output::Label(keys::LABEL_FABRIC),
     Output::Label(keys::LABEL_PROFILE),
     Output::Label(keys::LABEL_SIGNATURE),
+    Output::Label(keys::LABEL_SIMULATED),
     Output::Annotation(keys::ANNOTATION_CERTIFICATE),
     Output::Condition(keys::CONDITION_FABRIC_READY),
     Output::Condition(keys::CONDITION_FLEET_OUTLIER),
@@ -49,6 +50,7 @@ pub(crate) const PROBER_MAY_CHANGE: &[Output] = &[
     Output::Label(keys::LABEL_FABRIC),
     Output::Label(keys::LABEL_PROFILE),
     Output::Label(keys::LABEL_SIGNATURE),
+    Output::Label(keys::LABEL_SIMULATED),
     Output::Annotation(keys::ANNOTATION_CERTIFICATE),
     Output::Condition(keys::CONDITION_FABRIC_READY),
 ];
@@ -343,6 +345,49 @@ pub enum Denial {
          {problem}"
     )]
     CampaignCertificate { node: String, problem: String },
+    #[error(
+        "node {node}'s new certificate was made by a simulated engine (simulated: true) and \
+         profile {profile} does not set certification.acceptSimulated: a simulated \
+         certificate never certifies real hardware (run the prober without --sim, or set \
+         acceptSimulated on a profile whose nodes are simulated)"
+    )]
+    SimulatedCertificate { node: String, profile: String },
+    #[error(
+        "node {node}'s new certificate was made by a simulated engine (simulated: true) for \
+         profile {profile}, which is not in the webhook's profile cache (a profile created a \
+         moment ago, or none of that name): retry shortly"
+    )]
+    SimulatedCertificateUnknownProfile { node: String, profile: String },
+}
+
+/// A write that stores a simulated certificate (`simulated: true`) on a Node is refused
+/// unless its profile accepts simulation (`profile_accepts` answers the profile's
+/// `certification.acceptSimulated`, None when the profile is unknown): whoever runs the
+/// prober with `--sim` on a real cluster must not certify a node by it. Only a changed
+/// certificate is read, so kubelet updates and pending marks cost a comparison.
+pub fn check_simulated(
+    change: NodeChange<'_>,
+    profile_accepts: impl FnOnce(&str) -> Option<bool>,
+) -> Result<(), Denial> {
+    let key = keys::ANNOTATION_CERTIFICATE;
+    let new = change.new.annotation(key);
+    if change.old.and_then(|o| o.annotation(key)) == new {
+        return Ok(());
+    }
+    // A certificate that does not parse is the readers' problem (they refuse it); the other
+    // checks of the writer already ran.
+    let Some(cert) = new.and_then(|raw| Certificate::from_annotation(raw).ok()) else {
+        return Ok(());
+    };
+    if !cert.simulated {
+        return Ok(());
+    }
+    let (node, profile) = (change.node.to_string(), cert.profile.clone());
+    match profile_accepts(&cert.profile) {
+        Some(true) => Ok(()),
+        Some(false) => Err(Denial::SimulatedCertificate { node, profile }),
+        None => Err(Denial::SimulatedCertificateUnknownProfile { node, profile }),
+    }
 }
 
 /// One Node change, as the API server presents it.

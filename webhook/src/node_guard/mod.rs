@@ -8,7 +8,7 @@
 //! own Node) — could certify one by labelling it. This endpoint closes that gap.
 //!
 //! **Protected outputs** ([`decision::PROTECTED`]): the labels `railguard.io/fabric`,
-//! `railguard.io/profile` and `railguard.io/signature`, the annotation
+//! `railguard.io/profile`, `railguard.io/signature` and `railguard.io/simulated`, the annotation
 //! `railguard.io/certificate` and the `RailguardFabricReady` condition — what the prober and
 //! the campaign publish and what the extender and the injected node affinity read — and the
 //! fleet controller's `RailguardFleetOutlier` condition (under a profile's
@@ -35,6 +35,10 @@
 //! - nobody else, and nobody creates a Node with an output set (a kubelet's
 //!   `--node-labels`).
 //!
+//! **Simulated certificates** ([`decision::check_simulated`]): a writer other than an
+//! allowed group may store a certificate with `simulated: true` only for a profile with
+//! `certification.acceptSimulated` (read from the webhook's profile cache).
+//!
 //! A change that touches no protected output is allowed without a lookup, so kubelet status
 //! updates cost a comparison. Handlers read the pod cache only ([`probers::ProberPods`]),
 //! never the API server.
@@ -46,8 +50,8 @@ pub mod probers;
 use serde_json::value::RawValue;
 
 pub use decision::{
-    changed_outputs, decide, Decision, Denial, GuardPolicy, NodeChange, NodeView, Output,
-    PodLookup, ProberPod, Writer, PROTECTED,
+    changed_outputs, check_simulated, decide, Decision, Denial, GuardPolicy, NodeChange, NodeView,
+    Output, PodLookup, ProberPod, Writer, PROTECTED,
 };
 
 use crate::review::{AdmissionRequest, ReviewResponse};
@@ -63,15 +67,17 @@ pub struct NodeAdmission {
     pub writer: &'static str,
 }
 
-/// Decides a decoded request (pure; `lookup` is [`decide`]'s; `cached` gives the guard's
-/// own view of a Node, used when `oldObject` is byte-identical to `object`, see
-/// [`nodes`]). A request that is not a Node CREATE or UPDATE is allowed with a warning (the
-/// webhook configuration is wrong); a Node that does not decode is denied with the reason.
+/// Decides a decoded request (pure; `lookup` is [`decide`]'s, `profile_accepts`
+/// [`check_simulated`]'s; `cached` gives the guard's own view of a Node, used when
+/// `oldObject` is byte-identical to `object`, see [`nodes`]). A request that is not a Node
+/// CREATE or UPDATE is allowed with a warning (the webhook configuration is wrong); a Node
+/// that does not decode is denied with the reason.
 pub fn admit_node(
     request: &AdmissionRequest<'_>,
     policy: &GuardPolicy,
     lookup: impl FnOnce(&str) -> PodLookup,
     cached: impl FnOnce(&str) -> Option<NodeView>,
+    profile_accepts: impl FnOnce(&str) -> Option<bool>,
 ) -> NodeAdmission {
     let mut response = ReviewResponse::allow(request.uid.clone());
     let k = &request.kind;
@@ -140,7 +146,17 @@ pub fn admit_node(
     } else {
         "other"
     };
-    match decide(change, policy, lookup) {
+    let decision = match decide(change, policy, lookup) {
+        // Break-glass groups repair by hand; every other writer is held to the profile.
+        Decision::Allowed(writer) if !matches!(writer, Writer::AllowedGroup { .. }) => {
+            match check_simulated(change, profile_accepts) {
+                Ok(()) => Decision::Allowed(writer),
+                Err(denial) => Decision::Denied(denial),
+            }
+        }
+        other => other,
+    };
+    match decision {
         Decision::Untouched => NodeAdmission {
             response,
             outcome: "untouched",

@@ -170,6 +170,10 @@ fn never(_: &str) -> PodLookup {
     panic!("no pod lookup expected")
 }
 
+fn no_profile(_: &str) -> Option<bool> {
+    None
+}
+
 fn denial(d: Decision) -> Denial {
     match d {
         Decision::Denied(d) => d,
@@ -206,7 +210,12 @@ fn only_protected_outputs_count_as_changes() {
     );
     assert!(changed_outputs(Some(&marked), &marked.clone()).is_empty());
     // A CREATE: everything present is a change.
-    assert_eq!(changed_outputs(None, &old), decision::PROBER_MAY_CHANGE);
+    let simulated = with_label(old.clone(), keys::LABEL_SIMULATED, Some("true"));
+    assert_eq!(
+        changed_outputs(None, &simulated),
+        decision::PROBER_MAY_CHANGE
+    );
+    let marked = with_label(marked, keys::LABEL_SIMULATED, Some("true"));
     assert_eq!(changed_outputs(None, &marked), PROTECTED);
     assert!(changed_outputs(None, &bare()).is_empty());
 }
@@ -669,7 +678,7 @@ fn reviews_are_answered_for_their_uid_with_the_reason() {
         &tenant,
     );
     let request = review::decode(&body).unwrap();
-    let a = admit_node(&request, &policy(), never, no_cache);
+    let a = admit_node(&request, &policy(), never, no_cache, no_profile);
     assert_eq!((a.outcome, a.writer), ("denied", "other"));
     assert!(!a.response.allowed);
     let encoded: Value = serde_json::from_slice(&a.response.encode()).unwrap();
@@ -687,7 +696,13 @@ fn reviews_are_answered_for_their_uid_with_the_reason() {
         node_json(Some("x")),
         &tenant,
     );
-    let a = admit_node(&review::decode(&body).unwrap(), &policy(), never, no_cache);
+    let a = admit_node(
+        &review::decode(&body).unwrap(),
+        &policy(),
+        never,
+        no_cache,
+        no_profile,
+    );
     assert_eq!(a.outcome, "untouched");
     assert!(a.response.allowed);
 
@@ -699,10 +714,22 @@ fn reviews_are_answered_for_their_uid_with_the_reason() {
         Value::Null,
         &kubelet,
     );
-    let a = admit_node(&review::decode(&body).unwrap(), &policy(), never, no_cache);
+    let a = admit_node(
+        &review::decode(&body).unwrap(),
+        &policy(),
+        never,
+        no_cache,
+        no_profile,
+    );
     assert_eq!(a.outcome, "denied");
     let body = review_body("CREATE", node_json(None), Value::Null, &kubelet);
-    let a = admit_node(&review::decode(&body).unwrap(), &policy(), never, no_cache);
+    let a = admit_node(
+        &review::decode(&body).unwrap(),
+        &policy(),
+        never,
+        no_cache,
+        no_profile,
+    );
     assert_eq!(a.outcome, "untouched");
 
     let body = review_body(
@@ -719,6 +746,7 @@ fn reviews_are_answered_for_their_uid_with_the_reason() {
             pod_on("gpu-a", "p-a")
         },
         no_cache,
+        no_profile,
     );
     assert_eq!((a.outcome, a.writer), ("allowed", "prober"));
 
@@ -727,7 +755,13 @@ fn reviews_are_answered_for_their_uid_with_the_reason() {
     marked["status"] = json!({"conditions": [
         {"type": keys::CONDITION_FLEET_OUTLIER, "status": "True", "reason": "Outlier"}]});
     let body = review_body("UPDATE", marked, node_json(None), &fleet());
-    let a = admit_node(&review::decode(&body).unwrap(), &policy(), never, no_cache);
+    let a = admit_node(
+        &review::decode(&body).unwrap(),
+        &policy(),
+        never,
+        no_cache,
+        no_profile,
+    );
     assert_eq!((a.outcome, a.writer), ("allowed", "fleet"));
     let body = review_body(
         "UPDATE",
@@ -735,7 +769,13 @@ fn reviews_are_answered_for_their_uid_with_the_reason() {
         node_json(None),
         &fleet(),
     );
-    let a = admit_node(&review::decode(&body).unwrap(), &policy(), never, no_cache);
+    let a = admit_node(
+        &review::decode(&body).unwrap(),
+        &policy(),
+        never,
+        no_cache,
+        no_profile,
+    );
     assert_eq!((a.outcome, a.writer), ("denied", "fleet"));
 }
 
@@ -759,7 +799,13 @@ fn malformed_reviews_are_denied_with_a_clear_reason() {
         (node_json(None), Value::Null, "UPDATE", "without oldObject"),
     ] {
         let body = review_body(operation, object, old, &tenant);
-        let a = admit_node(&review::decode(&body).unwrap(), &policy(), never, no_cache);
+        let a = admit_node(
+            &review::decode(&body).unwrap(),
+            &policy(),
+            never,
+            no_cache,
+            no_profile,
+        );
         assert_eq!(a.outcome, "malformed");
         let reason = a.response.denial.unwrap();
         assert!(reason.contains(expect), "{reason}");
@@ -777,6 +823,7 @@ fn malformed_reviews_are_denied_with_a_clear_reason() {
         &policy(),
         never,
         no_cache,
+        no_profile,
     );
     assert_eq!((a.outcome, a.response.allowed), ("ignored", true));
     v["request"]["kind"]["kind"] = json!("Pod");
@@ -786,6 +833,7 @@ fn malformed_reviews_are_denied_with_a_clear_reason() {
         &policy(),
         never,
         no_cache,
+        no_profile,
     );
     assert_eq!(a.outcome, "ignored");
     assert!(a.response.warnings[0].contains("Node CREATE and UPDATE only"));
@@ -802,10 +850,10 @@ fn an_old_object_identical_to_the_object_is_taken_from_the_cache() {
         assert_eq!(name, "gpu-a");
         Some(serde_json::from_value::<NodeView>(node_json(None)).unwrap())
     };
-    let a = admit_node(&request, &policy(), never, uncertified);
+    let a = admit_node(&request, &policy(), never, uncertified, no_profile);
     assert_eq!(a.outcome, "denied", "{a:?}");
     // Not cached (yet): the review is all there is.
-    let a = admit_node(&request, &policy(), never, no_cache);
+    let a = admit_node(&request, &policy(), never, no_cache, no_profile);
     assert_eq!(a.outcome, "untouched");
     // Distinct old and new objects are believed as sent.
     let body = review_body(
@@ -814,9 +862,13 @@ fn an_old_object_identical_to_the_object_is_taken_from_the_cache() {
         node_json(Some("certified")).tap_label("team", "ml"),
         &tenant,
     );
-    let a = admit_node(&review::decode(&body).unwrap(), &policy(), never, |_| {
-        panic!("no cache lookup expected")
-    });
+    let a = admit_node(
+        &review::decode(&body).unwrap(),
+        &policy(),
+        never,
+        |_| panic!("no cache lookup expected"),
+        no_profile,
+    );
     assert_eq!(a.outcome, "untouched");
 }
 
@@ -933,4 +985,114 @@ fn the_fleet_controller_may_only_take_an_expired_certification_out_of_service() 
     let tenant = user("alice", &["system:authenticated"]);
     let d = denial(decide_update(&old, &pending, &tenant, PodLookup::Missing));
     assert!(matches!(d, Denial::NotAWriter { .. }), "{d:?}");
+}
+
+/// A simulated certificate (`simulated: true`, made with `--sim`) is stored only for a
+/// profile that accepts simulation; its own prober is refused otherwise, and a profile the
+/// cache does not know is a retry. Unchanged certificates are not read, measured ones pass,
+/// and a break-glass group is not held to it.
+#[test]
+fn simulated_certificates_are_stored_only_for_profiles_that_accept_them() {
+    let simulated = {
+        let mut c: Value = serde_json::from_str(&certificate("h100", "abc", "certified")).unwrap();
+        c["simulated"] = json!(true);
+        c.to_string()
+    };
+    let old = bare();
+    let new = with_label(
+        with_annotation(certified(), keys::ANNOTATION_CERTIFICATE, &simulated),
+        keys::LABEL_SIMULATED,
+        Some("true"),
+    );
+    let who = prober("p-a");
+    let change = NodeChange {
+        node: "gpu-a",
+        old: Some(&old),
+        new: &new,
+        user: &who,
+        now: before_expiry(),
+    };
+    // The writer itself is allowed: the refusal is the simulation's.
+    assert_eq!(
+        decide(change, &policy(), |_| pod_on("gpu-a", "p-a")),
+        Decision::Allowed(Writer::OwnProber { pod: "p-a".into() })
+    );
+    let asked = std::cell::RefCell::new(Vec::new());
+    let refused = check_simulated(change, |p| {
+        asked.borrow_mut().push(p.to_string());
+        Some(false)
+    })
+    .unwrap_err();
+    assert_eq!(asked.borrow().as_slice(), ["h100"]);
+    assert_eq!(
+        refused,
+        Denial::SimulatedCertificate {
+            node: "gpu-a".into(),
+            profile: "h100".into()
+        }
+    );
+    let message = refused.to_string();
+    assert!(
+        message.contains("acceptSimulated") && message.contains("--sim"),
+        "{message}"
+    );
+    assert_eq!(check_simulated(change, |_| Some(true)), Ok(()));
+    assert!(matches!(
+        check_simulated(change, |_| None),
+        Err(Denial::SimulatedCertificateUnknownProfile { .. })
+    ));
+    // The same certificate already on the node (a pending mark, a kubelet update): not read.
+    let again = NodeChange {
+        old: Some(&new),
+        ..change
+    };
+    assert_eq!(
+        check_simulated(again, |_| panic!("no profile lookup expected")),
+        Ok(())
+    );
+    // A measured certificate passes without a lookup.
+    let measured = certified();
+    let change_measured = NodeChange {
+        new: &measured,
+        ..change
+    };
+    assert_eq!(
+        check_simulated(change_measured, |_| panic!("no profile lookup expected")),
+        Ok(())
+    );
+
+    // Through admit_node: the prober is denied, a break-glass member is not.
+    let to_json = |v: &NodeView| {
+        let mut n = node_json(None);
+        n["metadata"]["labels"] = json!(v.metadata.labels);
+        n["metadata"]["annotations"] = json!(v.metadata.annotations);
+        n
+    };
+    let body = review_body("UPDATE", to_json(&new), to_json(&old), &who);
+    let a = admit_node(
+        &review::decode(&body).unwrap(),
+        &policy(),
+        |_| pod_on("gpu-a", "p-a"),
+        no_cache,
+        |_| Some(false),
+    );
+    assert_eq!((a.outcome, a.writer), ("denied", "prober"));
+    assert!(
+        a.response
+            .denial
+            .as_deref()
+            .unwrap()
+            .contains("simulated engine"),
+        "{a:?}"
+    );
+    let admin = user("admin", &["system:masters"]);
+    let body = review_body("UPDATE", to_json(&new), to_json(&old), &admin);
+    let a = admit_node(
+        &review::decode(&body).unwrap(),
+        &policy(),
+        never,
+        no_cache,
+        |_| panic!("break-glass is not held to the profile"),
+    );
+    assert_eq!((a.outcome, a.writer), ("allowed", "allowed-group"));
 }

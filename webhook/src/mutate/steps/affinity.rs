@@ -1,6 +1,8 @@
-//! `affinity`: a required node affinity on `railguard.io/fabric=certified` and the profile,
-//! ANDed into every required nodeSelectorTerm the pod has (terms are ORed, so each needs
-//! it), so the pod lands only on nodes certified for its profile.
+//! `affinity`: a required node affinity on `railguard.io/fabric=certified` and the profile
+//! (and, unless the profile sets `certification.acceptSimulated`, on the absence of
+//! `railguard.io/simulated`), ANDed into every required nodeSelectorTerm the pod has (terms
+//! are ORed, so each needs it), so the pod lands only on nodes certified for its profile by
+//! measurement.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -18,14 +20,20 @@ pub(crate) fn affinity(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateErr
     if ctx.skip.contains(&Mutation::Affinity) {
         return Ok(());
     }
-    if affinity_ops(ctx.spec, ctx.profile.name(), &mut draft.plan.ops) {
+    let accept_simulated = ctx.profile.spec.certification.accept_simulated;
+    if affinity_ops(
+        ctx.spec,
+        ctx.profile.name(),
+        accept_simulated,
+        &mut draft.plan.ops,
+    ) {
         draft.done.insert(Mutation::Affinity);
     }
     Ok(())
 }
 
-fn required_expressions(profile: &str) -> [NodeSelectorRequirement; 2] {
-    [
+fn required_expressions(profile: &str, accept_simulated: bool) -> Vec<NodeSelectorRequirement> {
+    let mut wanted = vec![
         NodeSelectorRequirement {
             key: keys::LABEL_FABRIC.to_string(),
             operator: "In".to_string(),
@@ -36,17 +44,28 @@ fn required_expressions(profile: &str) -> [NodeSelectorRequirement; 2] {
             operator: "In".to_string(),
             values: Some(vec![profile.to_string()]),
         },
-    ]
+    ];
+    if !accept_simulated {
+        // A simulated certificate proves nothing about the node's hardware.
+        wanted.push(NodeSelectorRequirement {
+            key: keys::LABEL_SIMULATED.to_string(),
+            operator: "DoesNotExist".to_string(),
+            values: None,
+        });
+    }
+    wanted
 }
 
 fn write_requirement(o: &mut Object<'_>, r: &NodeSelectorRequirement) {
-    o.str("key", &r.key)
-        .str("operator", &r.operator)
-        .array("values", |v| {
-            for value in r.values.iter().flatten() {
+    o.str("key", &r.key).str("operator", &r.operator);
+    // Exists and DoesNotExist take no values.
+    if let Some(values) = &r.values {
+        o.array("values", |v| {
+            for value in values {
                 v.str(value);
             }
         });
+    }
 }
 
 fn push_requirements<'r>(
@@ -73,10 +92,10 @@ struct AffinityTexts {
 }
 
 impl AffinityTexts {
-    fn new(profile: &str) -> Self {
+    fn new(profile: &str, accept_simulated: bool) -> Self {
         let term = JsonText::object(|o| {
             o.array("matchExpressions", |a| {
-                push_requirements(a, &required_expressions(profile))
+                push_requirements(a, &required_expressions(profile, accept_simulated))
             });
         });
         let selector = JsonText::object(|o| {
@@ -98,22 +117,28 @@ impl AffinityTexts {
         }
     }
 
-    /// The texts for `profile`, memoized per thread by name (they depend on nothing else).
-    fn of(profile: &str) -> Rc<AffinityTexts> {
+    /// The texts for `profile`, memoized per thread by name and simulation acceptance (they
+    /// depend on nothing else).
+    fn of(profile: &str, accept_simulated: bool) -> Rc<AffinityTexts> {
         const MEMO_SIZE: usize = 32;
+        type Memo = Vec<((String, bool), Rc<AffinityTexts>)>;
         thread_local! {
-            static MEMO: RefCell<Vec<(String, Rc<AffinityTexts>)>> = const { RefCell::new(Vec::new()) };
+            static MEMO: RefCell<Memo> = const { RefCell::new(Vec::new()) };
         }
         MEMO.with(|memo| {
-            if let Some((_, texts)) = memo.borrow().iter().find(|(name, _)| name == profile) {
+            if let Some((_, texts)) = memo
+                .borrow()
+                .iter()
+                .find(|((name, accept), _)| name == profile && *accept == accept_simulated)
+            {
                 return texts.clone();
             }
-            let texts = Rc::new(AffinityTexts::new(profile));
+            let texts = Rc::new(AffinityTexts::new(profile, accept_simulated));
             let mut memo = memo.borrow_mut();
             if memo.len() >= MEMO_SIZE {
                 memo.remove(0);
             }
-            memo.push((profile.to_string(), texts.clone()));
+            memo.push(((profile.to_string(), accept_simulated), texts.clone()));
             texts
         })
     }
@@ -121,8 +146,13 @@ impl AffinityTexts {
 
 /// ANDs the certified-node requirement into every required nodeSelectorTerm (terms are
 /// ORed, so each needs it). Returns whether anything was added.
-fn affinity_ops(spec: &PodSpec, profile: &str, out: &mut Vec<PatchOp>) -> bool {
-    let texts = AffinityTexts::of(profile);
+fn affinity_ops(
+    spec: &PodSpec,
+    profile: &str,
+    accept_simulated: bool,
+    out: &mut Vec<PatchOp>,
+) -> bool {
+    let texts = AffinityTexts::of(profile, accept_simulated);
     let affinity = spec.affinity.as_ref();
     let node = affinity.and_then(|a| a.node_affinity.as_ref());
     let required = node.and_then(|n| {
@@ -164,7 +194,7 @@ fn affinity_ops(spec: &PodSpec, profile: &str, out: &mut Vec<PatchOp>) -> bool {
             true
         }
         (Some(_), Some(_), Some(req)) => {
-            let wanted = required_expressions(profile);
+            let wanted = required_expressions(profile, accept_simulated);
             let base = base();
             let mut added = false;
             for (t, existing) in req.node_selector_terms.iter().enumerate() {
@@ -231,10 +261,63 @@ mod tests {
     }
 
     fn run(spec: Value) -> (Pod, bool) {
+        run_accepting(spec, true)
+    }
+
+    fn run_accepting(spec: Value, accept_simulated: bool) -> (Pod, bool) {
         let p = pod(json!({"metadata": {"name": "p"}, "spec": spec}));
         let mut ops = Vec::new();
-        let added = affinity_ops(p.spec.as_ref().unwrap(), "h100-ndr", &mut ops);
+        let added = affinity_ops(
+            p.spec.as_ref().unwrap(),
+            "h100-ndr",
+            accept_simulated,
+            &mut ops,
+        );
         (apply_ops(&p, &ops), added)
+    }
+
+    /// A profile that does not accept simulated certificates keeps its pods off nodes
+    /// labelled `railguard.io/simulated` (the label the prober writes with one), in every
+    /// term; one that accepts them does not ask.
+    #[test]
+    fn simulated_nodes_are_excluded_unless_the_profile_accepts_them() {
+        let (out, added) = run_accepting(json!({"containers": []}), false);
+        assert!(added);
+        assert_eq!(
+            terms(&out),
+            [[
+                keys::LABEL_FABRIC,
+                keys::LABEL_PROFILE,
+                keys::LABEL_SIMULATED
+            ]]
+        );
+        let spec = serde_json::to_value(out.spec.as_ref().unwrap()).unwrap();
+        let term = &spec["affinity"]["nodeAffinity"]
+            ["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+            ["matchExpressions"][2];
+        assert_eq!(
+            term,
+            &json!({"key": "railguard.io/simulated", "operator": "DoesNotExist"})
+        );
+        let (again, added) = run_accepting(spec.clone(), false);
+        assert!(!added, "already there");
+        assert_eq!(again, out);
+        // Existing terms each get it too.
+        let (out, _) = run_accepting(
+            json!({"containers": [], "affinity": {"nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}}}),
+            false,
+        );
+        assert_eq!(
+            terms(&out),
+            [[
+                "zone",
+                keys::LABEL_FABRIC,
+                keys::LABEL_PROFILE,
+                keys::LABEL_SIMULATED
+            ]]
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@ fn engine(node: &str, bw: f64, hcas: &[&str]) -> SimulatedRdmaEngine {
         active: true,
         fault: None,
         wire: None,
+        gids: None,
     };
     SimulatedRdmaEngine::new(SimRdmaModel {
         node: node.into(),

@@ -345,7 +345,7 @@ pub struct PortModel {
     /// How much each counter (`counters/` or `hw_counters/`) grows per simulated run.
     pub counter_growth: BTreeMap<String, u64>,
     pub write_bw_gbps: WriteBw,
-    /// Small-message RDMA WRITE latency, microseconds.
+    /// Small-message RDMA WRITE latency, microseconds: `ib_write_lat`'s half round trip.
     pub latency_us: f64,
 }
 

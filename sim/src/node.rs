@@ -43,6 +43,7 @@ pub fn rdma_model(model: &NodeModel, node_name: &str) -> SimRdmaModel {
                     active,
                     fault: None,
                     wire: None,
+                    gids: None,
                 },
             );
         }

@@ -5,16 +5,25 @@
 //! `lat(s) = lat0 + s / peak` and `bw(s) = s / lat(s)`, so small messages are latency-bound
 //! and large ones approach the rail's peak, as on real hardware. Peer tests pair the two
 //! nodes' rail models (the slower side and every wire/link fault on the way count).
+//!
+//! The loopback's latency is the quantity the verbs engine measures, `ib_write_lat`'s half
+//! round trip ([`PingPongLatency`]): one way of a small write is `lat0 + s / peak`. Each
+//! endpoint runs on the GID the verbs engine would choose, from the rail's GID table as the
+//! simulated node's sysfs holds it ([`SimGidTable`]).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use railguard_prober::discover::gid::{
+    nccl_roce_gid_index, parse_sysfs_gid, roce_version_of_type, GidSlot,
+};
 use railguard_prober::rdma::gpu_memory::{registration_order, GpuBuffer};
 use railguard_prober::rdma::{
-    loopback_via_endpoints, GpuMemory, GpuRegistrationReport, MemoryKind, PeerRdmaEngine, QpInfo,
-    RailBenchRequest, RailBenchResult, RdmaEndpoint, RdmaEngine, RdmaError, RegistrationAttempt,
-    RegistrationPath, SizePoint, TrafficClass,
+    half_round_trips, loopback_via_endpoints, GpuMemory, GpuRegistrationReport, MemoryKind,
+    PeerRdmaEngine, PingPongLatency, PingPongWait, QpInfo, RailBenchRequest, RailBenchResult,
+    RdmaEndpoint, RdmaEngine, RdmaError, RegistrationAttempt, RegistrationPath, SizePoint,
+    TrafficClass,
 };
 
 /// Status code and text of `IBV_WC_RETRY_EXC_ERR`, what a real HCA reports for a dead wire.
@@ -65,7 +74,8 @@ pub struct SimRailModel {
     /// Peak from GPU memory (GPUDirect); `None` = no GPUDirect on this node.
     #[serde(default)]
     pub bw_gpu_gbps: Option<f64>,
-    /// Small-message latency, microseconds.
+    /// One way of a small write on this rail, microseconds: the loopback's `ib_write_lat`
+    /// figure (half a round trip) before the message's own serialization time.
     pub latency_us: f64,
     /// Port state ACTIVE.
     #[serde(default = "yes")]
@@ -75,6 +85,63 @@ pub struct SimRailModel {
     /// A bad cable or switch port behind this rail: affects peer tests only.
     #[serde(default)]
     pub wire: Option<SimLinkFault>,
+    /// The port's GID table; `None`: index 0, an all-zero GID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gids: Option<SimGidTable>,
+}
+
+/// A rail's GID table as the simulated node's sysfs holds it (`gids/<i>`,
+/// `gid_attrs/types/<i>`), for the engine to choose from as the verbs engine does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SimGidTable {
+    /// An Ethernet (RoCE) port: the GID is the one NCCL chooses. Otherwise InfiniBand.
+    pub roce: bool,
+    /// Slot `i` at position `i`; `None` for an unused (all-zero) slot.
+    pub slots: Vec<Option<SimGidSlot>>,
+}
+
+/// One used slot of a GID table.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SimGidSlot {
+    /// As the kernel prints it (`fe80:0000:...`).
+    pub gid: String,
+    /// `gid_attrs/types/<i>` (`IB/RoCE v1`, `RoCE v2`).
+    #[serde(rename = "type")]
+    pub gid_type: String,
+}
+
+impl SimGidTable {
+    /// The index and GID the verbs engine's `choose_gid` takes without an explicit index: on
+    /// RoCE NCCL's choice over the table ([`nccl_roce_gid_index`]); on InfiniBand index 0, or
+    /// 1 when that GID carries a routable FLID (bytes 4-5, NCCL's
+    /// `NCCL_IB_ROUTABLE_FLID_GID_INDEX`).
+    pub fn choose(&self) -> (u32, [u8; 16]) {
+        let table: Vec<GidSlot> = self
+            .slots
+            .iter()
+            .map(|slot| {
+                slot.as_ref()
+                    .and_then(|s| {
+                        Some(GidSlot {
+                            gid: parse_sysfs_gid(&s.gid)?,
+                            roce_version: roce_version_of_type(&s.gid_type),
+                        })
+                    })
+                    .unwrap_or(GidSlot::UNUSED)
+            })
+            .collect();
+        let index = if self.roce {
+            nccl_roce_gid_index(&table).unwrap_or(0)
+        } else if table.get(1).is_some_and(|s| s.gid[4..6] != [0, 0]) {
+            1
+        } else {
+            0
+        };
+        let gid = table.get(index as usize).map_or([0; 16], |s| s.gid);
+        (index, gid)
+    }
 }
 
 /// The RDMA part of a simulated node model.
@@ -254,8 +321,12 @@ impl PeerRdmaEngine for SimulatedRdmaEngine {
             }
             _ => None,
         };
+        let (gid_index, gid) = rail.gids.as_ref().map_or((0, [0; 16]), SimGidTable::choose);
         Ok(Box::new(SimEndpoint {
             gpu,
+            memory,
+            gid_index,
+            gid,
             node: self.model.node.clone(),
             links: self.model.links.clone(),
             hca: hca.to_string(),
@@ -277,6 +348,9 @@ impl PeerRdmaEngine for SimulatedRdmaEngine {
 struct SimEndpoint {
     /// A real GPU buffer and its (simulated) registration, for GPU memory.
     gpu: Option<(GpuBuffer, GpuRegistrationReport)>,
+    memory: MemoryKind,
+    gid_index: u32,
+    gid: [u8; 16],
     node: String,
     links: BTreeMap<String, SimLinkFault>,
     hca: String,
@@ -292,6 +366,59 @@ impl SimEndpoint {
             .get(peer_node)
             .filter(|l| l.hcas.is_empty() || l.hcas.iter().any(|h| h == &self.hca))
             .cloned()
+    }
+}
+
+impl SimEndpoint {
+    /// Peak bandwidth and one-way small-message latency toward `peer` (whose rail is
+    /// `remote_hca`), or the error a fault on the way ends every write in.
+    fn path_to(&self, peer: &SimEndpointInfo, remote_hca: &str) -> Result<(f64, f64), RdmaError> {
+        for fault in [&self.info.fault, &peer.fault].into_iter().flatten() {
+            match fault {
+                SimFault::CompletionError { status } => {
+                    return Err(RdmaError::WorkCompletion {
+                        hca: self.hca.clone(),
+                        op: "RDMA WRITE",
+                        status: status.clone(),
+                        status_code: 0,
+                    })
+                }
+                SimFault::Timeout => {
+                    return Err(RdmaError::Timeout {
+                        op: format!("RDMA WRITE completion on {}", self.hca),
+                        after_ms: 10_000,
+                    })
+                }
+                SimFault::Degraded { .. } => {}
+            }
+        }
+        let same_rail = peer.node == self.node && remote_hca == self.hca;
+        let (mut peak, mut lat0) = if same_rail {
+            (self.info.bw_gbps, self.info.latency_us)
+        } else {
+            (
+                self.info.bw_gbps.min(peer.bw_gbps),
+                (self.info.latency_us + peer.latency_us) / 2.0 + WIRE_HOP_US,
+            )
+        };
+        if !same_rail {
+            let local_link = self.link_toward(&peer.node);
+            let wires = [&self.info.wire, &peer.wire, &local_link, &peer.link];
+            for wire in wires.into_iter().flatten() {
+                if wire.dead {
+                    return Err(RdmaError::WorkCompletion {
+                        hca: self.hca.clone(),
+                        op: "RDMA WRITE",
+                        status: RETRY_EXCEEDED.1.into(),
+                        status_code: RETRY_EXCEEDED.0,
+                    });
+                }
+                peak *= wire.bw_factor;
+                // A bad cable retransmits: latency suffers along with bandwidth.
+                lat0 /= wire.bw_factor.max(0.01).sqrt();
+            }
+        }
+        Ok((peak, lat0))
     }
 }
 
@@ -346,8 +473,8 @@ impl RdmaEndpoint for SimEndpoint {
             qpn: 0x100 + self.port,
             psn: 0,
             lid: 0,
-            gid: "0".repeat(32),
-            gid_index: 0,
+            gid: self.gid.iter().map(|b| format!("{b:02x}")).collect(),
+            gid_index: self.gid_index,
             rkey: 0x5151,
             addr: 0x1000_0000,
             len: self.buffer_bytes as u64,
@@ -355,6 +482,51 @@ impl RdmaEndpoint for SimEndpoint {
             // Plain data with finite numbers: encoding cannot fail.
             sim: serde_json::to_value(&self.info).ok(),
         }
+    }
+
+    fn pingpong(
+        &mut self,
+        partner: &mut dyn RdmaEndpoint,
+        bytes: usize,
+        iterations: u32,
+    ) -> Result<PingPongLatency, RdmaError> {
+        let partner: &mut dyn std::any::Any = partner;
+        let Some(partner) = partner.downcast_mut::<SimEndpoint>() else {
+            return Err(RdmaError::InvalidRequest {
+                reason: "a simulated endpoint can only ping-pong with another simulated one".into(),
+            });
+        };
+        if self.connected.is_none() || partner.connected.is_none() {
+            return Err(RdmaError::InvalidRequest {
+                reason: "ping-pong before connect".into(),
+            });
+        }
+        let (peak, lat0) = self.path_to(&partner.info, &partner.hca)?;
+        // Every round trip alike: one way each direction, as the one-message model has it.
+        let half = lat0 + bytes as f64 * 8.0 / (peak * 1e3);
+        let posted: Vec<f64> = (0..iterations).map(|k| f64::from(k) * 2.0 * half).collect();
+        let stats = half_round_trips(&posted).ok_or_else(|| RdmaError::InvalidRequest {
+            reason: format!("a ping-pong needs at least 2 round trips, not {iterations}"),
+        })?;
+        // The verbs engine's choices: inline and polling a byte in host memory, an
+        // immediate with GPU memory.
+        let host = self.memory == MemoryKind::Host && partner.memory == MemoryKind::Host;
+        Ok(PingPongLatency {
+            bytes,
+            iterations,
+            samples: stats.samples,
+            typical_us: stats.typical_us,
+            min_us: stats.min_us,
+            avg_us: stats.avg_us,
+            max_us: stats.max_us,
+            inline: host,
+            wait: if host {
+                PingPongWait::LastByte
+            } else {
+                PingPongWait::Immediate
+            },
+            delivered: 2 * iterations,
+        })
     }
 
     fn connect(&mut self, remote: &QpInfo, _class: TrafficClass) -> Result<(), RdmaError> {
@@ -396,51 +568,7 @@ impl RdmaEndpoint for SimEndpoint {
                 });
             }
         }
-        for fault in [&self.info.fault, &peer.fault].into_iter().flatten() {
-            match fault {
-                SimFault::CompletionError { status } => {
-                    return Err(RdmaError::WorkCompletion {
-                        hca: self.hca.clone(),
-                        op: "RDMA WRITE",
-                        status: status.clone(),
-                        status_code: 0,
-                    })
-                }
-                SimFault::Timeout => {
-                    return Err(RdmaError::Timeout {
-                        op: format!("RDMA WRITE completion on {}", self.hca),
-                        after_ms: 10_000,
-                    })
-                }
-                SimFault::Degraded { .. } => {}
-            }
-        }
-        let same_rail = peer.node == self.node && remote.hca == self.hca;
-        let (mut peak, mut lat0) = if same_rail {
-            (self.info.bw_gbps, self.info.latency_us)
-        } else {
-            (
-                self.info.bw_gbps.min(peer.bw_gbps),
-                (self.info.latency_us + peer.latency_us) / 2.0 + WIRE_HOP_US,
-            )
-        };
-        if !same_rail {
-            let local_link = self.link_toward(&peer.node);
-            let wires = [&self.info.wire, &peer.wire, &local_link, &peer.link];
-            for wire in wires.into_iter().flatten() {
-                if wire.dead {
-                    return Err(RdmaError::WorkCompletion {
-                        hca: self.hca.clone(),
-                        op: "RDMA WRITE",
-                        status: RETRY_EXCEEDED.1.into(),
-                        status_code: RETRY_EXCEEDED.0,
-                    });
-                }
-                peak *= wire.bw_factor;
-                // A bad cable retransmits: latency suffers along with bandwidth.
-                lat0 /= wire.bw_factor.max(0.01).sqrt();
-            }
-        }
+        let (peak, lat0) = self.path_to(&peer, &remote.hca)?;
         Ok(model_sweep(peak, lat0, sizes))
     }
 }
@@ -476,6 +604,7 @@ mod tests {
             active: true,
             fault: None,
             wire: None,
+            gids: None,
         }
     }
 
@@ -524,6 +653,24 @@ mod tests {
             r.peak_bw_gbps
         );
         assert!((r.small_msg_latency_us - 2.0).abs() < 0.01);
+        // ib_write_lat's figure from the model: one way of a 2-byte write, 1000 round trips,
+        // 997 kept; the sweep's own smallest point is another quantity.
+        let l = r.latency.as_ref().unwrap();
+        let half = 2.0 + 16.0 / 100e3;
+        for v in [l.typical_us, l.min_us, l.avg_us, l.max_us] {
+            assert!((v - half).abs() < 1e-9, "{l:?}");
+        }
+        assert_eq!(r.small_msg_latency_us, l.typical_us);
+        assert_eq!((l.bytes, l.iterations, l.samples), (2, 1000, 997));
+        assert_eq!(
+            (l.inline, l.wait, l.delivered),
+            (true, PingPongWait::LastByte, 2000)
+        );
+        // No GID table in this model: index 0, as before one was modelled.
+        assert_eq!(
+            (r.gid_index, r.gid.as_deref()),
+            (Some(0), Some("0".repeat(32).as_str()))
+        );
         for p in &r.points {
             // bw * lat = bytes: the point is one consistent message, not two unrelated numbers.
             assert!(
@@ -542,6 +689,9 @@ mod tests {
         req.memory = MemoryKind::Gpu { gpu: 0 };
         let r = e.loopback(&req).unwrap();
         assert!(r.peak_bw_gbps < 90.0 && r.peak_bw_gbps > 89.0);
+        // Device memory: perftest's write-with-immediate ping-pong, never inline.
+        let l = r.latency.as_ref().unwrap();
+        assert_eq!((l.inline, l.wait), (false, PingPongWait::Immediate));
         assert_eq!(r.memory, MemoryKind::Gpu { gpu: 0 });
         req.hca = "mlx5_1".into();
         let err = e.loopback(&req).unwrap_err();

@@ -74,7 +74,9 @@ pub struct RailBenchRequest {
     pub memory: MemoryKind,
     /// Message sizes in bytes, each measured separately.
     pub sizes: Vec<usize>,
-    /// Writes per size for the bandwidth run (the latency run uses up to as many).
+    /// Writes per size for the bandwidth run. The loopback's latency ping-pong makes
+    /// [`LATENCY_ITERATIONS`] round trips regardless, as `ib_write_lat` and `ib_write_bw` are
+    /// separate runs with their own defaults.
     pub iterations: u32,
     /// Service level and traffic class of the QPs.
     #[serde(default, skip_serializing_if = "TrafficClass::is_default")]
@@ -156,8 +158,94 @@ pub struct SizePoint {
     pub bytes: usize,
     /// RDMA WRITE bandwidth, Gb/s (10^9 bits per second, as link rates are quoted).
     pub bw_gbps: f64,
-    /// Average time from posting one signaled write to its completion, microseconds.
+    /// Average time from posting one signaled write to its completion, microseconds: about a
+    /// round trip (the write and its ACK), not `ib_write_lat`'s figure (see [`PingPongLatency`]).
     pub lat_us: f64,
+}
+
+/// Message size of the latency ping-pong: perftest's `DEF_SIZE_LAT` (`ib_write_lat`'s default,
+/// linux-rdma/perftest `src/perftest_parameters.h`).
+pub const LATENCY_BYTES: usize = 2;
+/// Round trips of the latency ping-pong: perftest's `DEF_ITERS` (`src/perftest_parameters.h`).
+pub const LATENCY_ITERATIONS: u32 = 1000;
+/// The slowest samples perftest leaves out of its latency statistics (`LAT_MEASURE_TAIL`,
+/// `src/perftest_parameters.c`).
+const LAT_MEASURE_TAIL: usize = 2;
+
+/// How the waiting side of the ping-pong learns that a write arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PingPongWait {
+    /// It polls the last byte of its own receive buffer for the new value (`ib_write_lat`).
+    LastByte,
+    /// The write carries an immediate and the waiting side polls its receive completion
+    /// (`ib_write_lat --write_with_imm`): perftest's only write latency test for device
+    /// memory, which the CPU cannot poll (`src/perftest_parameters.c`).
+    Immediate,
+}
+
+/// The loopback's latency as perftest's `ib_write_lat` measures it (`src/write_lat.c`,
+/// `run_iter_lat_write` in `src/perftest_resources.c`): QP A writes into B's buffer, B waits
+/// for it to land and writes back into A's buffer, A waits for that, and so on; each sample is
+/// the time between two consecutive posts of A (one round trip) and every figure is half of
+/// one (`print_report_lat`: `rtt_factor` 2 for WRITE).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PingPongLatency {
+    pub bytes: usize,
+    /// Round trips made (`ib_write_lat`'s `#iterations`).
+    pub iterations: u32,
+    /// Round trips the statistics are over: the intervals between posts, less perftest's
+    /// tail of the 2 slowest.
+    pub samples: u32,
+    /// Median half round trip, microseconds: `ib_write_lat`'s `t_typical`.
+    pub typical_us: f64,
+    pub min_us: f64,
+    pub avg_us: f64,
+    /// The slowest sample kept.
+    pub max_us: f64,
+    /// The writes went inline (perftest inlines up to the device's cap, never device memory).
+    pub inline: bool,
+    pub wait: PingPongWait,
+    /// Writes the waiting side saw land with the value it waited for: the last byte of the
+    /// message, or the immediate (two per round trip when nothing was lost).
+    pub delivered: u32,
+}
+
+/// Half-round-trip statistics of a ping-pong, microseconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HalfRoundTrips {
+    pub samples: u32,
+    pub typical_us: f64,
+    pub min_us: f64,
+    pub avg_us: f64,
+    pub max_us: f64,
+}
+
+/// Pure: perftest's `print_report_lat` (`src/perftest_parameters.c`) over the times at which
+/// one side posted its writes, microseconds from any origin: the intervals between consecutive
+/// posts (round trips) sorted, the `LAT_MEASURE_TAIL` slowest dropped (fewer when that would
+/// leave none), the median as its `get_median`, and every figure halved. `None` with fewer
+/// than two posts.
+pub fn half_round_trips(posted_us: &[f64]) -> Option<HalfRoundTrips> {
+    let mut rtts: Vec<f64> = posted_us.windows(2).map(|w| w[1] - w[0]).collect();
+    if rtts.is_empty() {
+        return None;
+    }
+    rtts.sort_by(f64::total_cmp);
+    let kept = rtts.len().saturating_sub(LAT_MEASURE_TAIL).max(1);
+    let rtts = &rtts[..kept];
+    let median = if (kept - 1) % 2 == 1 {
+        (rtts[kept / 2] + rtts[kept / 2 - 1]) / 2.0
+    } else {
+        rtts[kept / 2]
+    };
+    Some(HalfRoundTrips {
+        samples: u32::try_from(kept).unwrap_or(u32::MAX),
+        typical_us: median / 2.0,
+        min_us: rtts[0] / 2.0,
+        avg_us: rtts.iter().sum::<f64>() / kept as f64 / 2.0,
+        max_us: rtts[kept - 1] / 2.0,
+    })
 }
 
 /// The result of one rail benchmark.
@@ -169,8 +257,19 @@ pub struct RailBenchResult {
     pub points: Vec<SizePoint>,
     /// Highest bandwidth of the sweep, Gb/s.
     pub peak_bw_gbps: f64,
-    /// Latency of the smallest message of the sweep, microseconds.
+    /// Small-message latency, microseconds. Loopback: `ib_write_lat`'s typical half round trip
+    /// of the ping-pong ([`PingPongLatency::typical_us`]). Two-node tests, which run no
+    /// ping-pong: post-to-completion of the sweep's smallest write (about a round trip).
     pub small_msg_latency_us: f64,
+    /// The loopback's ping-pong; `None` for two-node tests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<PingPongLatency>,
+    /// The GID table index the sending QP used (on RoCE the one NCCL would choose).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid_index: Option<u32>,
+    /// That GID, 32 lowercase hex digits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<String>,
     /// GPU memory only: the GPU and the registration path that worked (and those that did
     /// not, before it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -193,8 +292,25 @@ impl RailBenchResult {
             points,
             peak_bw_gbps,
             small_msg_latency_us,
+            latency: None,
+            gid_index: None,
+            gid: None,
             registration: None,
         }
+    }
+
+    /// The ping-pong becomes the result's small-message latency.
+    pub fn with_pingpong(mut self, latency: PingPongLatency) -> Self {
+        self.small_msg_latency_us = latency.typical_us;
+        self.latency = Some(latency);
+        self
+    }
+
+    /// Records the GID the sending side ran on.
+    pub fn with_gid_of(mut self, sender: &QpInfo) -> Self {
+        self.gid_index = Some(sender.gid_index);
+        self.gid = Some(sender.gid.clone());
+        self
     }
 }
 
@@ -330,8 +446,9 @@ pub struct QpInfo {
     pub sim: Option<serde_json::Value>,
 }
 
-/// One side of an RC QP with a registered buffer, before and after connection.
-pub trait RdmaEndpoint: Send {
+/// One side of an RC QP with a registered buffer, before and after connection. `Any` lets an
+/// engine recognise its own kind of endpoint in [`RdmaEndpoint::pingpong`].
+pub trait RdmaEndpoint: Send + std::any::Any {
     /// What the peer needs to connect to this endpoint and write into its buffer.
     fn info(&self) -> QpInfo;
     /// Moves the QP to ready-to-send against `remote`, sending in `class`.
@@ -343,6 +460,15 @@ pub trait RdmaEndpoint: Send {
         sizes: &[usize],
         iterations: u32,
     ) -> Result<Vec<SizePoint>, RdmaError>;
+    /// `ib_write_lat`'s ping-pong of `bytes`-byte writes, `iterations` round trips, between
+    /// this endpoint and `partner`: another endpoint of the same engine, in this process,
+    /// connected to this one (the loopback). This endpoint posts first.
+    fn pingpong(
+        &mut self,
+        partner: &mut dyn RdmaEndpoint,
+        bytes: usize,
+        iterations: u32,
+    ) -> Result<PingPongLatency, RdmaError>;
     /// How this endpoint's GPU buffer was registered; `None` for host memory.
     fn registration(&self) -> Option<GpuRegistrationReport> {
         None
@@ -383,9 +509,13 @@ pub fn loopback_via_endpoints(
     let mut sender = engine.open_endpoint(&req.hca, req.port, req.memory, buffer)?;
     let mut receiver = engine.open_endpoint(&req.hca, req.port, req.memory, buffer)?;
     // Same order as the peer protocol: the receiving side connects first, then answers.
-    receiver.connect(&sender.info(), req.class)?;
+    let s_info = sender.info();
+    receiver.connect(&s_info, req.class)?;
     let r_info = receiver.info();
     sender.connect(&r_info, req.class)?;
+    // ib_write_lat before ib_write_bw: the sweep's last write then leaves the bytes checked
+    // below, which the ping-pong's would not.
+    let latency = sender.pingpong(receiver.as_mut(), LATENCY_BYTES, LATENCY_ITERATIONS)?;
     let points = sender.write_sweep(&r_info, &req.sizes, req.iterations)?;
     // The last size was written last: its bytes must be at the target (perftest reports
     // bandwidth only; a write that completes without delivering is a failed rail).
@@ -402,7 +532,9 @@ pub fn loopback_via_endpoints(
             }
         }
     }
-    let mut result = RailBenchResult::from_points(&req.hca, req.port, req.memory, points);
+    let mut result = RailBenchResult::from_points(&req.hca, req.port, req.memory, points)
+        .with_pingpong(latency)
+        .with_gid_of(&s_info);
     result.registration = sender.registration();
     Ok(result)
 }
@@ -452,6 +584,25 @@ mod tests {
                     lat_us: 1.0,
                 })
                 .collect())
+        }
+        fn pingpong(
+            &mut self,
+            _: &mut dyn RdmaEndpoint,
+            bytes: usize,
+            iterations: u32,
+        ) -> Result<PingPongLatency, RdmaError> {
+            Ok(PingPongLatency {
+                bytes,
+                iterations,
+                samples: iterations - 3,
+                typical_us: 0.5,
+                min_us: 0.5,
+                avg_us: 0.5,
+                max_us: 0.5,
+                inline: true,
+                wait: PingPongWait::LastByte,
+                delivered: 2 * iterations,
+            })
         }
         fn host_bytes(&self, len: usize) -> Option<Vec<u8>> {
             self.bytes.get(..len).map(<[u8]>::to_vec)
@@ -513,6 +664,68 @@ mod tests {
             5000,
             "ib_write_bw's"
         );
+    }
+
+    #[test]
+    fn the_loopback_latency_is_the_pingpong_and_the_gid_is_the_senders() {
+        let req = RailBenchRequest {
+            sizes: vec![8, 4096],
+            iterations: 1,
+            ..RailBenchRequest::host("mlx5_0", 1)
+        };
+        let r = FakeEngine {
+            target: vec![7u8; 1 << 20],
+        }
+        .loopback(&req)
+        .unwrap();
+        // The sweep's own 8-byte point says 1.0 us (post to completion); the ping-pong wins.
+        assert_eq!(r.points[0].lat_us, 1.0);
+        assert_eq!(r.small_msg_latency_us, 0.5);
+        let l = r.latency.as_ref().unwrap();
+        assert_eq!(
+            (l.bytes, l.iterations),
+            (2, 1000),
+            "ib_write_lat's defaults"
+        );
+        assert_eq!(r.gid_index, Some(0));
+        assert_eq!(r.gid.as_deref(), Some("0".repeat(32).as_str()));
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["latency"]["wait"], "last-byte");
+        assert_eq!(json["latency"]["typical_us"], 0.5);
+        // A result without them (a two-node test, an older prober) reads back.
+        let mut old = json.clone();
+        for key in ["latency", "gid_index", "gid"] {
+            old.as_object_mut().unwrap().remove(key);
+        }
+        let back: RailBenchResult = serde_json::from_value(old).unwrap();
+        assert_eq!((back.latency, back.gid_index), (None, None));
+    }
+
+    /// perftest's print_report_lat: intervals between posts are round trips; the 2 slowest
+    /// are dropped, the median of the rest halved.
+    #[test]
+    fn half_round_trips_are_perftests_statistics() {
+        // Posts at 0, 10, 14, 17, 27, 29, 129 us: round trips 10, 4, 3, 10, 2, 100.
+        let posts = [0.0, 10.0, 14.0, 17.0, 27.0, 29.0, 129.0];
+        let s = half_round_trips(&posts).unwrap();
+        // Sorted 2, 3, 4, 10, 10, 100; 10 and 100 dropped; 4 kept: median (3 + 4) / 2.
+        assert_eq!(s.samples, 4);
+        assert_eq!(s.typical_us, 1.75);
+        assert_eq!(s.min_us, 1.0);
+        assert_eq!(s.max_us, 5.0);
+        assert_eq!(s.avg_us, (2.0 + 3.0 + 4.0 + 10.0) / 4.0 / 2.0);
+        // Odd count: the middle one. Unsorted input, the tail still the slowest.
+        let s = half_round_trips(&[0.0, 6.0, 8.0, 108.0, 111.0, 1111.0]).unwrap();
+        // Round trips 6, 2, 100, 3, 1000: kept 2, 3, 6.
+        assert_eq!((s.samples, s.typical_us), (3, 1.5));
+        // ib_write_lat's 1000 iterations: 999 intervals, 997 kept.
+        let posts: Vec<f64> = (0..1000).map(|i| f64::from(i) * 3.0).collect();
+        let s = half_round_trips(&posts).unwrap();
+        assert_eq!((s.samples, s.typical_us), (997, 1.5));
+        // Too few to drop a tail: none is dropped rather than nothing reported.
+        assert_eq!(half_round_trips(&[0.0, 4.0]).unwrap().typical_us, 2.0);
+        assert_eq!(half_round_trips(&[5.0]), None);
+        assert_eq!(half_round_trips(&[]), None);
     }
 
     #[test]

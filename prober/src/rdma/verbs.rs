@@ -17,9 +17,16 @@
 //!   (`ibv_reg_mr`, which only nvidia-peermem can resolve); in both cases work requests address
 //!   it by the device pointer, exactly like a host buffer by its virtual address;
 //! - libibverbs objects are thread-safe; an endpoint is used by one thread at a time (`&mut`),
-//!   which is why it may be `Send`.
+//!   which is why it may be `Send`;
+//! - the latency ping-pong touches a registered host buffer only through volatile reads and
+//!   writes of single bytes (the HCA writes it behind the compiler's back), and never a GPU
+//!   buffer (its writes carry an immediate instead).
+//!
+//! Latency is measured as perftest's `ib_write_lat` does (a ping-pong of 2-byte writes, half
+//! the round trip; see [`super::PingPongLatency`]), bandwidth as its `ib_write_bw` does.
 #![allow(unsafe_code)]
 
+use std::collections::VecDeque;
 use std::ffi::CStr;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::raw::{c_int, c_void};
@@ -33,8 +40,9 @@ use super::gpu_memory::{
     RegistrationAttempt, RegistrationPath,
 };
 use super::{
-    loopback_via_endpoints, MemoryKind, PeerRdmaEngine, QpInfo, RailBenchRequest, RailBenchResult,
-    RdmaEndpoint, RdmaEngine, RdmaError, SizePoint, TrafficClass,
+    half_round_trips, loopback_via_endpoints, MemoryKind, PeerRdmaEngine, PingPongLatency,
+    PingPongWait, QpInfo, RailBenchRequest, RailBenchResult, RdmaEndpoint, RdmaEngine, RdmaError,
+    SizePoint, TrafficClass,
 };
 
 /// Outstanding writes per QP during the bandwidth run: perftest's `DEF_TX_BW`
@@ -44,10 +52,20 @@ const TX_DEPTH: u32 = 128;
 /// `src/perftest_parameters.c`). A completion then stands for every write before it (RC
 /// completes in order), so the CPU polls one CQE per 100 writes as `ib_write_bw` does.
 const CQ_MOD: u32 = 100;
-/// Latency is averaged over at most this many writes per size.
+/// Each size's post-to-completion time is averaged over at most this many writes.
 const MAX_LATENCY_ITERS: u32 = 1000;
 /// From this size on, the latency run takes at most 10 samples.
 const LARGE_MESSAGE_BYTES: usize = 1 << 20;
+/// Inline data asked for at QP creation: perftest's `DEF_INLINE_WRITE`, what `ib_write_lat`
+/// inlines on mlx5 (`ctx_set_max_inline`, `src/perftest_parameters.c`). perftest then lowers
+/// it to the QP's cap (`src/perftest_resources.c`); a device that refuses it gets no inline.
+const INLINE_WRITE: u32 = 220;
+/// Receive requests kept posted for the write-with-immediate ping-pong (GPU memory).
+const RX_DEPTH: u32 = 16;
+/// How long a ping-pong wait spins before it starts yielding the CPU: longer than any real
+/// HCA's half round trip, so only Soft-RoCE (whose work runs in the kernel, on the same small
+/// VM's CPU) ever yields.
+const PURE_SPIN: Duration = Duration::from_micros(20);
 /// Local ACK timeout exponent: 4.096 µs · 2^14 ≈ 67 ms per try, 7 retries ≈ 0.5 s until a dead
 /// peer shows up as `IBV_WC_RETRY_EXC_ERR`.
 const ACK_TIMEOUT: u8 = 14;
@@ -252,6 +270,12 @@ pub struct VerbsEndpoint {
     ethernet: bool,
     timeout: Duration,
     connected: bool,
+    /// Largest write this QP can send inline (0: none).
+    inline_cap: u32,
+    /// Ping-pong: send completions polled but not yet waited for, and the immediates of
+    /// writes that arrived (a QP has one CQ, so either may turn up while waiting for the other).
+    pp_sends: u32,
+    pp_imms: VecDeque<u32>,
 }
 
 // SAFETY: libibverbs objects may be used from any thread; the endpoint is only used through
@@ -521,27 +545,31 @@ impl VerbsEndpoint {
             )?,
         };
 
-        let mut init = ffi::ibv_qp_init_attr {
-            qp_context: ptr::null_mut(),
-            send_cq: cq.0,
-            recv_cq: cq.0,
-            srq: ptr::null_mut(),
-            cap: ffi::ibv_qp_cap {
-                max_send_wr: TX_DEPTH,
-                max_recv_wr: 1,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
-            sq_sig_all: 0,
+        let create = |max_inline_data: u32| {
+            let mut init = ffi::ibv_qp_init_attr {
+                qp_context: ptr::null_mut(),
+                send_cq: cq.0,
+                recv_cq: cq.0,
+                srq: ptr::null_mut(),
+                cap: ffi::ibv_qp_cap {
+                    max_send_wr: TX_DEPTH,
+                    max_recv_wr: RX_DEPTH,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data,
+                },
+                qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
+                sq_sig_all: 0,
+            };
+            // SAFETY: pd and cq are live; init is fully initialised; on success the provider
+            // writes the QP's actual caps back into init.cap.
+            let qp = unsafe { ffi::ibv_create_qp(pd.0, &mut init) };
+            (!qp.is_null()).then(|| (Qp(qp), init.cap.max_inline_data.min(max_inline_data)))
         };
-        // SAFETY: pd and cq are live; init is fully initialised.
-        let qp = unsafe { ffi::ibv_create_qp(pd.0, &mut init) };
-        if qp.is_null() {
-            return Err(verbs_err("ibv_create_qp", -1));
-        }
-        let qp = Qp(qp);
+        let (qp, inline_cap) = match create(INLINE_WRITE).or_else(|| create(0)) {
+            Some(created) => created,
+            None => return Err(verbs_err("ibv_create_qp", -1)),
+        };
 
         let mut init_attr = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
@@ -577,6 +605,9 @@ impl VerbsEndpoint {
             ethernet,
             timeout: engine.completion_timeout,
             connected: false,
+            inline_cap,
+            pp_sends: 0,
+            pp_imms: VecDeque::new(),
         })
     }
 
@@ -590,14 +621,33 @@ impl VerbsEndpoint {
         unsafe { ((*self.mr.0).lkey, (*self.mr.0).rkey) }
     }
 
-    /// Posts one RDMA WRITE of `len` bytes from the start of our buffer; `signaled` asks for
-    /// its completion (the QP is created with `sq_sig_all = 0`).
+    /// Posts one RDMA WRITE of `len` bytes from the start of our buffer to the start of
+    /// `remote`'s; `signaled` asks for its completion (the QP is created with `sq_sig_all = 0`).
     fn post_write(
         &mut self,
         remote: &QpInfo,
         len: usize,
         wr_id: u64,
         signaled: bool,
+    ) -> Result<(), RdmaError> {
+        let flags = if signaled {
+            ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
+        } else {
+            0
+        };
+        self.post(remote.addr, remote.rkey, len, wr_id, flags, None)
+    }
+
+    /// Posts one RDMA WRITE (with `imm`: WRITE_WITH_IMM, the immediate in host order) of `len`
+    /// bytes from the start of our buffer to `remote_addr`.
+    fn post(
+        &mut self,
+        remote_addr: u64,
+        rkey: u32,
+        len: usize,
+        wr_id: u64,
+        send_flags: u32,
+        imm: Option<u32>,
     ) -> Result<(), RdmaError> {
         let (lkey, _) = self.keys();
         let mut sge = ffi::ibv_sge {
@@ -610,22 +660,24 @@ impl VerbsEndpoint {
             next: ptr::null_mut(),
             sg_list: &mut sge,
             num_sge: 1,
-            opcode: ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-            send_flags: if signaled {
-                ffi::ibv_send_flags::IBV_SEND_SIGNALED.0
+            opcode: if imm.is_some() {
+                ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM
             } else {
-                0
+                ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE
             },
+            send_flags,
             ..Default::default()
         };
-        wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
-            remote_addr: remote.addr,
-            rkey: remote.rkey,
-        };
+        if let Some(imm) = imm {
+            // The verbs carry the immediate in network byte order.
+            wr.__bindgen_anon_1.imm_data = imm.to_be();
+        }
+        wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
         let mut bad: *mut ffi::ibv_send_wr = ptr::null_mut();
         // SAFETY: qp is live and connected; wr/sge point to locals valid for the call and to
-        // our registered buffer (len <= buf.len(), checked by the caller); post_send is the
-        // provider's entry, exactly what the inline ibv_post_send calls.
+        // our registered buffer (len <= buf.len(), checked by the caller; an inline write is
+        // only asked for host memory, which the provider copies from at this call); post_send
+        // is the provider's entry, exactly what the inline ibv_post_send calls.
         let rc = unsafe {
             let ctx = (*self.qp.0).context;
             match (*ctx).ops.post_send {
@@ -639,39 +691,69 @@ impl VerbsEndpoint {
         Ok(())
     }
 
+    /// Posts one receive request without buffers: a WRITE_WITH_IMM consumes one to deliver
+    /// its immediate, and places its data by the address it carries.
+    fn post_recv(&mut self) -> Result<(), RdmaError> {
+        let mut wr = ffi::ibv_recv_wr {
+            wr_id: 0,
+            next: ptr::null_mut(),
+            sg_list: ptr::null_mut(),
+            num_sge: 0,
+        };
+        let mut bad: *mut ffi::ibv_recv_wr = ptr::null_mut();
+        // SAFETY: qp is live; wr is a local valid for the call with no scatter entries;
+        // post_recv is the provider's entry, exactly what the inline ibv_post_recv calls.
+        let rc = unsafe {
+            let ctx = (*self.qp.0).context;
+            match (*ctx).ops.post_recv {
+                Some(post_recv) => post_recv(self.qp.0, &mut wr, &mut bad),
+                None => libc_enosys(),
+            }
+        };
+        if rc != 0 {
+            return Err(verbs_err("ibv_post_recv", rc));
+        }
+        Ok(())
+    }
+
+    /// One `ibv_poll_cq` for up to `wcs.len()` completions; an error completion is an error.
+    fn poll_once(&mut self, wcs: &mut [ffi::ibv_wc]) -> Result<usize, RdmaError> {
+        // SAFETY: cq is live; wcs is a valid array of wcs.len() entries; poll_cq is the
+        // provider's entry, exactly what the inline ibv_poll_cq calls.
+        let n = unsafe {
+            let ctx = (*self.cq.0).context;
+            match (*ctx).ops.poll_cq {
+                Some(poll_cq) => poll_cq(self.cq.0, wcs.len() as c_int, wcs.as_mut_ptr()),
+                None => -libc_enosys(),
+            }
+        };
+        if n < 0 {
+            return Err(RdmaError::Verbs {
+                op: "ibv_poll_cq",
+                errno: -n,
+            });
+        }
+        let n = n as usize;
+        for wc in &wcs[..n] {
+            if let Some((status, _vendor)) = wc.error() {
+                return Err(RdmaError::WorkCompletion {
+                    hca: self.hca.clone(),
+                    op: "RDMA WRITE",
+                    status: wc_status_text(status),
+                    status_code: status,
+                });
+            }
+        }
+        Ok(n)
+    }
+
     /// Polls until `want` completions arrived (or one failed, or the timeout passed).
     fn poll(&mut self, want: usize, wcs: &mut [ffi::ibv_wc]) -> Result<usize, RdmaError> {
         let deadline = Instant::now() + self.timeout;
         let mut spins: u32 = 0;
+        let want = want.min(wcs.len());
         loop {
-            // SAFETY: cq is live; wcs is a valid array of wcs.len() entries; poll_cq is the
-            // provider's entry, exactly what the inline ibv_poll_cq calls.
-            let n = unsafe {
-                let ctx = (*self.cq.0).context;
-                match (*ctx).ops.poll_cq {
-                    Some(poll_cq) => {
-                        poll_cq(self.cq.0, want.min(wcs.len()) as c_int, wcs.as_mut_ptr())
-                    }
-                    None => -libc_enosys(),
-                }
-            };
-            if n < 0 {
-                return Err(RdmaError::Verbs {
-                    op: "ibv_poll_cq",
-                    errno: -n,
-                });
-            }
-            let n = n as usize;
-            for wc in &wcs[..n] {
-                if let Some((status, _vendor)) = wc.error() {
-                    return Err(RdmaError::WorkCompletion {
-                        hca: self.hca.clone(),
-                        op: "RDMA WRITE",
-                        status: wc_status_text(status),
-                        status_code: status,
-                    });
-                }
-            }
+            let n = self.poll_once(&mut wcs[..want])?;
             if n > 0 {
                 return Ok(n);
             }
@@ -742,6 +824,310 @@ impl VerbsEndpoint {
             lat_us,
         })
     }
+}
+
+/// A wait of the ping-pong: busy polling, as perftest does, then (past [`PURE_SPIN`]) polling
+/// that yields the CPU between tries, until the deadline.
+struct Spin {
+    started: Instant,
+    deadline: Instant,
+    tries: u32,
+    yielding: bool,
+}
+
+impl Spin {
+    fn new(timeout: Duration) -> Self {
+        let started = Instant::now();
+        Spin {
+            started,
+            deadline: started + timeout,
+            tries: 0,
+            yielding: false,
+        }
+    }
+
+    /// Call between two polls; false once the deadline has passed.
+    fn again(&mut self) -> bool {
+        self.tries = self.tries.wrapping_add(1);
+        // The clock is read every 64 tries: cheap against a poll, fine-grained against 20 µs.
+        if self.tries & 0x3f == 0 {
+            let now = Instant::now();
+            if now > self.deadline {
+                return false;
+            }
+            self.yielding = self.yielding || now - self.started >= PURE_SPIN;
+        }
+        if self.yielding {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+        true
+    }
+}
+
+/// Where ping-pong writes land in a buffer of `len` bytes: its second half, apart from the first
+/// half they are sent from, as perftest keeps `post_buf` and `poll_buf` apart in one buffer
+/// (`run_iter_lat_write`, `src/perftest_resources.c`).
+fn pp_rx_offset(len: u64) -> u64 {
+    len / 2
+}
+
+/// The byte the waiting side polls for in round trip `seq` (from 1): never 0, the value the
+/// receive byte starts from, and never the previous round trip's (perftest's `(char)rcnt`).
+fn pp_byte(seq: u32) -> u8 {
+    ((seq - 1) % 255 + 1) as u8
+}
+
+impl VerbsEndpoint {
+    /// The host buffer's base pointer; `None` for GPU memory, which the CPU may not touch.
+    fn host_ptr(&mut self) -> Option<*mut u8> {
+        match &mut self.buf {
+            Buffer::Host(v) => Some(v.as_mut_ptr()),
+            Buffer::Gpu { .. } => None,
+        }
+    }
+
+    fn pp_prepare(&mut self, bytes: usize, wait: PingPongWait) -> Result<(), RdmaError> {
+        self.pp_sends = 0;
+        self.pp_imms.clear();
+        match wait {
+            PingPongWait::LastByte => {
+                let at = pp_rx_offset(self.buf.len() as u64) as usize + bytes - 1;
+                let Some(base) = self.host_ptr() else {
+                    return Err(RdmaError::InvalidRequest {
+                        reason: "a last-byte ping-pong needs host memory".into(),
+                    });
+                };
+                // SAFETY: at < buf.len() (bytes <= len / 2, checked by the caller); nothing is
+                // in flight toward this buffer yet; volatile because the HCA writes it later.
+                unsafe { ptr::write_volatile(base.add(at), 0) };
+            }
+            PingPongWait::Immediate => {
+                for _ in 0..RX_DEPTH {
+                    self.post_recv()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends round trip `seq`'s write to `remote`'s receive half, signaled as perftest's are.
+    fn pp_post(
+        &mut self,
+        remote: &QpInfo,
+        bytes: usize,
+        seq: u32,
+        wait: PingPongWait,
+        inline: bool,
+    ) -> Result<(), RdmaError> {
+        let mut flags = ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        if inline {
+            flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+        }
+        let imm = match wait {
+            PingPongWait::LastByte => {
+                let Some(base) = self.host_ptr() else {
+                    return Err(RdmaError::InvalidRequest {
+                        reason: "a last-byte ping-pong needs host memory".into(),
+                    });
+                };
+                // SAFETY: bytes - 1 < buf.len(); this side's previous write has completed (its
+                // completion was polled), so the HCA is not reading the byte we change.
+                unsafe { ptr::write_volatile(base.add(bytes - 1), pp_byte(seq)) };
+                None
+            }
+            PingPongWait::Immediate => Some(seq),
+        };
+        let addr = remote.addr + pp_rx_offset(remote.len);
+        self.post(addr, remote.rkey, bytes, u64::from(seq), flags, imm)
+    }
+
+    /// Polls the CQ once, sorting what it finds: send completions are counted, receive
+    /// completions queue their immediate and give the QP its receive request back.
+    fn pp_poll(&mut self) -> Result<bool, RdmaError> {
+        let mut wcs = [ffi::ibv_wc::default(); 4];
+        let n = self.poll_once(&mut wcs)?;
+        for wc in &wcs[..n] {
+            if wc.opcode() == ffi::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM {
+                self.pp_imms
+                    .push_back(wc.imm_data().map_or(0, u32::from_be));
+                self.post_recv()?;
+            } else {
+                self.pp_sends += 1;
+            }
+        }
+        Ok(n > 0)
+    }
+
+    fn pp_timeout(&self, what: &str) -> RdmaError {
+        RdmaError::Timeout {
+            op: format!("ping-pong {what} on {}", self.hca),
+            after_ms: self.timeout.as_millis() as u64,
+        }
+    }
+
+    /// Waits for the completion of this side's last ping-pong write (perftest's `ccnt`).
+    fn pp_reap(&mut self) -> Result<(), RdmaError> {
+        let mut spin = Spin::new(self.timeout);
+        loop {
+            if self.pp_sends > 0 {
+                self.pp_sends -= 1;
+                return Ok(());
+            }
+            if !self.pp_poll()? && !spin.again() {
+                return Err(self.pp_timeout("write completion"));
+            }
+        }
+    }
+
+    /// Waits for round trip `seq`'s write from the other side: its last byte in our receive
+    /// half (`while (*poll_buf != (char)rcnt)`), or its immediate.
+    fn pp_wait(&mut self, bytes: usize, seq: u32, wait: PingPongWait) -> Result<(), RdmaError> {
+        let mut spin = Spin::new(self.timeout);
+        match wait {
+            PingPongWait::LastByte => {
+                let at = pp_rx_offset(self.buf.len() as u64) as usize + bytes - 1;
+                let Some(base) = self.host_ptr() else {
+                    return Err(RdmaError::InvalidRequest {
+                        reason: "a last-byte ping-pong needs host memory".into(),
+                    });
+                };
+                let want = pp_byte(seq);
+                loop {
+                    // SAFETY: at < buf.len(); volatile, because the HCA writes the byte behind
+                    // the compiler's back.
+                    if unsafe { ptr::read_volatile(base.add(at)) } == want {
+                        return Ok(());
+                    }
+                    if !spin.again() {
+                        return Err(self.pp_timeout("write arrival"));
+                    }
+                }
+            }
+            PingPongWait::Immediate => loop {
+                if let Some(imm) = self.pp_imms.pop_front() {
+                    if imm != seq {
+                        // Writes complete in order on RC: another immediate is a lost write.
+                        return Err(RdmaError::DataMismatch {
+                            hca: self.hca.clone(),
+                            port: self.port,
+                            wrong: 4,
+                            bytes: 4,
+                        });
+                    }
+                    return Ok(());
+                }
+                if !self.pp_poll()? && !spin.again() {
+                    return Err(self.pp_timeout("write arrival"));
+                }
+            },
+        }
+    }
+
+    /// The `bytes` bytes at `offset` of a host buffer.
+    fn host_range(&self, offset: usize, bytes: usize) -> Option<Vec<u8>> {
+        match &self.buf {
+            Buffer::Host(v) => v.get(offset..offset + bytes).map(<[u8]>::to_vec),
+            Buffer::Gpu { .. } => None,
+        }
+    }
+}
+
+/// `ib_write_lat` between two endpoints of this process: `a` posts first (perftest's client),
+/// `b` answers. One thread plays both sides in the order two processes would interleave: each
+/// side waits for the other's write, posts its own, and polls its completion while the other
+/// side works (`run_iter_lat_write`, `src/perftest_resources.c`), so no completion poll sits
+/// between a write's arrival and the answer to it.
+fn pingpong_pair(
+    a: &mut VerbsEndpoint,
+    b: &mut VerbsEndpoint,
+    bytes: usize,
+    iterations: u32,
+) -> Result<PingPongLatency, RdmaError> {
+    if !a.connected || !b.connected {
+        return Err(RdmaError::InvalidRequest {
+            reason: "ping-pong before connect".into(),
+        });
+    }
+    if iterations < 2 {
+        return Err(RdmaError::InvalidRequest {
+            reason: format!("a ping-pong needs at least 2 round trips, not {iterations}"),
+        });
+    }
+    for ep in [&*a, &*b] {
+        if bytes == 0 || bytes as u64 > pp_rx_offset(ep.buf.len() as u64) {
+            return Err(RdmaError::InvalidRequest {
+                reason: format!(
+                    "a ping-pong of {bytes} bytes does not fit half of a {}-byte buffer",
+                    ep.buf.len()
+                ),
+            });
+        }
+    }
+    let (a_info, b_info) = (a.info(), b.info());
+    let host = a.host_ptr().is_some() && b.host_ptr().is_some();
+    let wait = if host {
+        PingPongWait::LastByte
+    } else {
+        PingPongWait::Immediate
+    };
+    // perftest inlines up to the QP's cap, and never device memory.
+    let inline = host && bytes as u64 <= u64::from(a.inline_cap.min(b.inline_cap));
+    a.pp_prepare(bytes, wait)?;
+    b.pp_prepare(bytes, wait)?;
+    let mut posted_us = Vec::with_capacity(iterations as usize);
+    let mut delivered = 0u32;
+    let t0 = Instant::now();
+    for seq in 1..=iterations {
+        // perftest's tposted[scnt]: taken just before the post.
+        posted_us.push(t0.elapsed().as_secs_f64() * 1e6);
+        a.pp_post(&b_info, bytes, seq, wait, inline)?;
+        if seq > 1 {
+            b.pp_reap()?;
+        }
+        b.pp_wait(bytes, seq, wait)?;
+        delivered += 1;
+        b.pp_post(&a_info, bytes, seq, wait, inline)?;
+        a.pp_reap()?;
+        a.pp_wait(bytes, seq, wait)?;
+        delivered += 1;
+    }
+    b.pp_reap()?;
+    if host {
+        // The polled byte proves the last byte landed; the whole message must have.
+        let rx = |ep: &VerbsEndpoint| pp_rx_offset(ep.buf.len() as u64) as usize;
+        for (from, to) in [(&*a, &*b), (&*b, &*a)] {
+            if let (Some(src), Some(dst)) =
+                (from.host_range(0, bytes), to.host_range(rx(to), bytes))
+            {
+                let wrong = super::differing_bytes(&src, &dst);
+                if wrong > 0 {
+                    return Err(RdmaError::DataMismatch {
+                        hca: to.hca.clone(),
+                        port: to.port,
+                        wrong,
+                        bytes,
+                    });
+                }
+            }
+        }
+    }
+    let stats = half_round_trips(&posted_us).ok_or_else(|| RdmaError::InvalidRequest {
+        reason: "a ping-pong needs at least 2 round trips".into(),
+    })?;
+    Ok(PingPongLatency {
+        bytes,
+        iterations,
+        samples: stats.samples,
+        typical_us: stats.typical_us,
+        min_us: stats.min_us,
+        avg_us: stats.avg_us,
+        max_us: stats.max_us,
+        inline,
+        wait,
+        delivered,
+    })
 }
 
 /// The GID the test runs on: `wanted`, else the one NCCL would use on this port
@@ -833,10 +1219,22 @@ impl RdmaEndpoint for VerbsEndpoint {
     }
 
     fn host_bytes(&self, len: usize) -> Option<Vec<u8>> {
-        match &self.buf {
-            Buffer::Host(v) => v.get(..len).map(<[u8]>::to_vec),
-            Buffer::Gpu { .. } => None,
-        }
+        self.host_range(0, len)
+    }
+
+    fn pingpong(
+        &mut self,
+        partner: &mut dyn RdmaEndpoint,
+        bytes: usize,
+        iterations: u32,
+    ) -> Result<PingPongLatency, RdmaError> {
+        let partner: &mut dyn std::any::Any = partner;
+        let Some(partner) = partner.downcast_mut::<VerbsEndpoint>() else {
+            return Err(RdmaError::InvalidRequest {
+                reason: "a verbs endpoint can only ping-pong with another verbs endpoint".into(),
+            });
+        };
+        pingpong_pair(self, partner, bytes, iterations)
     }
 
     fn registration(&self) -> Option<GpuRegistrationReport> {

@@ -86,7 +86,8 @@ pub fn run_write_test_initiator(
         Message::Bye => {}
         other => return Err(unexpected(peer, "bye", &other)),
     }
-    let mut result = RailBenchResult::from_points(&req.hca, req.port, req.local_memory, points);
+    let mut result = RailBenchResult::from_points(&req.hca, req.port, req.local_memory, points)
+        .with_gid_of(&endpoint.info());
     result.registration = endpoint.registration();
     Ok(PeerTestOutcome {
         peer_node,

@@ -7,7 +7,10 @@ use std::path::Path;
 
 use railguard_prober::rdma::RdmaError;
 
-use crate::rdma::{SimLinkFault, SimRailModel, SimRdmaModel, SimulatedRdmaEngine};
+use crate::rdma::{
+    SimGidSlot, SimGidTable, SimLinkFault, SimRailModel, SimRdmaModel, SimulatedRdmaEngine,
+};
+use crate::sysfs::{hca_locations, port_gid_table};
 use crate::{ModelPortState, NodeModel};
 
 /// A simulated node's faults or engine could not be set up.
@@ -20,12 +23,26 @@ pub enum SimNodeError {
     Rdma(#[source] RdmaError),
 }
 
-/// The RDMA model of `node_name` from its node model: one rail per HCA port.
+/// The RDMA model of `node_name` from its node model: one rail per HCA port, with the GID
+/// table [`crate::write_sysfs`] gives that port.
 pub fn rdma_model(model: &NodeModel, node_name: &str) -> SimRdmaModel {
     let gpudirect = model.platform.nvidia_peermem || model.platform.open_kernel_module;
+    let locations = hca_locations(model);
     let mut rails = BTreeMap::new();
     for hca in model.hcas() {
         for port in &hca.ports {
+            let gids = locations.get(&hca.name).map(|&(bus, func)| SimGidTable {
+                roce: port.link_layer == railguard_api::LinkLayer::Roce,
+                slots: port_gid_table(port, bus, func)
+                    .into_iter()
+                    .map(|slot| {
+                        slot.map(|(gid, gid_type)| SimGidSlot {
+                            gid,
+                            gid_type: gid_type.to_string(),
+                        })
+                    })
+                    .collect(),
+            });
             let active = port.state == ModelPortState::Active;
             let host = port.simulated_write_bw_gbps(false);
             let gpu = port.simulated_write_bw_gbps(true);
@@ -43,7 +60,7 @@ pub fn rdma_model(model: &NodeModel, node_name: &str) -> SimRdmaModel {
                     active,
                     fault: None,
                     wire: None,
-                    gids: None,
+                    gids,
                 },
             );
         }
@@ -189,6 +206,129 @@ mod tests {
             })
             .unwrap_err();
         assert!(e.to_string().contains("(0, 100]"), "{e}");
+    }
+
+    /// The engine runs on the GID the verbs engine would choose on the simulated node: on
+    /// mlx5's usual RoCE table (v1, v2 per address, link-local first) the IPv4 v2 entry,
+    /// index 3, never the v1 entry of the same address before it.
+    #[test]
+    fn the_simulated_engine_chooses_its_gid_from_the_nodes_table_as_nccl_does() {
+        use railguard_prober::discover::gid::parse_sysfs_gid;
+        use railguard_prober::rdma::{MemoryKind, PeerRdmaEngine, RailBenchRequest, RdmaEngine};
+
+        let roce = model("roce-cloud.yaml");
+        let dir = tempfile::tempdir().unwrap();
+        crate::write_sysfs(&roce, dir.path()).unwrap();
+        let e = engine(&roce, "a", &[], &[]).unwrap();
+        for hca in ["mlx5_0", "mlx5_5"] {
+            let ports = dir
+                .path()
+                .join("sys/class/infiniband")
+                .join(hca)
+                .join("ports/1");
+            let read = |rel: &str| std::fs::read_to_string(ports.join(rel)).unwrap();
+            assert_eq!(read("gid_attrs/types/2").trim(), "IB/RoCE v1");
+            assert_eq!(read("gid_attrs/types/3").trim(), "RoCE v2");
+            assert_eq!(
+                read("gids/2"),
+                read("gids/3"),
+                "one IPv4 address, v1 then v2"
+            );
+            let want: String = parse_sysfs_gid(&read("gids/3"))
+                .unwrap()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            assert!(want.starts_with("00000000000000000000ffff"), "{want}");
+
+            let ep = e.open_endpoint(hca, 1, MemoryKind::Host, 4096).unwrap();
+            let info = ep.info();
+            assert_eq!(
+                (info.gid_index, info.gid.as_str()),
+                (3, want.as_str()),
+                "{hca}"
+            );
+            let r = e
+                .loopback(&RailBenchRequest {
+                    sizes: vec![8],
+                    iterations: 2,
+                    ..RailBenchRequest::host(hca, 1)
+                })
+                .unwrap();
+            assert_eq!(
+                (r.gid_index, r.gid.as_deref()),
+                (Some(3), Some(want.as_str()))
+            );
+        }
+
+        // RoCE v2 off (v1 only): NCCL falls back to the IPv4 address's v1 entry.
+        let mut v1_only = roce.clone();
+        v1_only
+            .apply(&crate::model::Fault::RoceGids {
+                hca: "mlx5_0".into(),
+                port: 1,
+                gids: crate::RoceGids::V1Only,
+            })
+            .unwrap();
+        let e = engine(&v1_only, "a", &[], &[]).unwrap();
+        let ep = e
+            .open_endpoint("mlx5_0", 1, MemoryKind::Host, 4096)
+            .unwrap();
+        assert_eq!(ep.info().gid_index, 2);
+
+        // InfiniBand: index 0, the port GID (fe80::<node guid>), as the verbs engine.
+        let ib = engine(&model("dgx-h100.yaml"), "a", &[], &[]).unwrap();
+        let info = ib
+            .open_endpoint("mlx5_0", 1, MemoryKind::Host, 4096)
+            .unwrap()
+            .info();
+        assert_eq!(info.gid_index, 0);
+        assert!(info.gid.starts_with("fe80000000000000"), "{}", info.gid);
+    }
+
+    /// The engine's GID tables are the ones the sysfs writer puts on disk: its layout walk
+    /// places every HCA of every shipped model where the writer does.
+    #[test]
+    fn hca_locations_follow_the_sysfs_writer() {
+        for (name, _) in crate::BUILTIN_MODELS {
+            let m = NodeModel::builtin(name).unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let tree = crate::write_sysfs(&m, dir.path()).unwrap();
+            let locations = hca_locations(&m);
+            assert_eq!(locations.len(), m.hcas().len(), "{name}");
+            for (hca, (bus, func)) in &locations {
+                let at = tree.addresses.get(hca).unwrap();
+                let want = format!(":{bus:02x}:00.{:x}", (*func).min(7));
+                assert!(at.ends_with(&want), "{name} {hca}: {at} vs {want}");
+            }
+            for (key, rail) in rdma_model(&m, "a").rails {
+                let (hca, port) = key.split_once(':').unwrap();
+                let dir = dir
+                    .path()
+                    .join("sys/class/infiniband")
+                    .join(hca)
+                    .join("ports")
+                    .join(port);
+                let table = rail.gids.unwrap();
+                for (i, slot) in table.slots.iter().enumerate() {
+                    let gid =
+                        std::fs::read_to_string(dir.join("gids").join(i.to_string())).unwrap();
+                    let gid_type =
+                        std::fs::read_to_string(dir.join("gid_attrs/types").join(i.to_string()))
+                            .ok();
+                    match slot {
+                        Some(s) => {
+                            assert_eq!(s.gid, gid.trim(), "{name} {key} {i}");
+                            assert_eq!(
+                                Some(s.gid_type.as_str()),
+                                gid_type.as_deref().map(str::trim)
+                            );
+                        }
+                        None => assert!(gid_type.is_none(), "{name} {key} {i}"),
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -315,7 +315,7 @@ impl<'a> Writer<'a> {
         func: usize,
     ) -> Result<(), ModelError> {
         let dir = pci_dir.join("infiniband").join(&h.name);
-        let guid = format!("b83f:d203:00{bus:02x}:{func:04x}");
+        let guid = node_guid(bus, func);
         write(
             &dir.join("fw_ver"),
             format!(
@@ -364,7 +364,7 @@ impl<'a> Writer<'a> {
             };
             write(&pd.join("sm_lid"), format!("0x{sm_lid:x}\n"))?;
             write(&pd.join("sm_sl"), "0\n")?;
-            self.gid_table(&pd, p, &guid, bus, func)?;
+            self.gid_table(&pd, p, bus, func)?;
             for c in COUNTERS {
                 let v = p.counters.get(*c).copied().unwrap_or(0);
                 write(&pd.join("counters").join(c), format!("{v}\n"))?;
@@ -428,43 +428,11 @@ impl<'a> Writer<'a> {
         Ok(rel)
     }
 
-    /// `gids/<i>` with `gid_attrs/{types,ndevs}/<i>`: an InfiniBand port has its port GID;
-    /// an Ethernet port a RoCE v1 and a v2 GID per address of its netdev (link-local and
-    /// IPv4-mapped), as the kernel's GID cache sets them up. Unused entries are zero and
-    /// have no attributes to read.
-    fn gid_table(
-        &self,
-        pd: &Path,
-        p: &PortModel,
-        guid: &str,
-        bus: u8,
-        func: usize,
-    ) -> Result<(), ModelError> {
-        const TABLE_SIZE: usize = 8;
+    /// `gids/<i>` with `gid_attrs/{types,ndevs}/<i>` ([`port_gid_table`]). Unused entries are
+    /// zero and have no attributes to read.
+    fn gid_table(&self, pd: &Path, p: &PortModel, bus: u8, func: usize) -> Result<(), ModelError> {
         let zero = "0000:0000:0000:0000:0000:0000:0000:0000".to_string();
-        let mut entries: Vec<Option<(String, &str)>> = vec![None; TABLE_SIZE];
-        match p.link_layer {
-            LinkLayer::Ib => {
-                entries[0] = Some((format!("fe80:0000:0000:0000:{guid}"), "IB/RoCE v1"))
-            }
-            LinkLayer::Roce => {
-                let link_local = format!("fe80:0000:0000:0000:ba3f:d2ff:fe{bus:02x}:{func:04x}");
-                let ipv4 = format!(
-                    "0000:0000:0000:0000:0000:ffff:0a{bus:02x}:{:02x}{:02x}",
-                    func & 0xff,
-                    p.port & 0xff
-                );
-                let v2 = p.roce_gids == RoceGids::V1AndV2;
-                if p.roce_gids != RoceGids::None {
-                    entries[0] = Some((link_local.clone(), "IB/RoCE v1"));
-                    entries[2] = Some((ipv4.clone(), "IB/RoCE v1"));
-                }
-                if v2 {
-                    entries[1] = Some((link_local, "RoCE v2"));
-                    entries[3] = Some((ipv4, "RoCE v2"));
-                }
-            }
-        }
+        let entries = port_gid_table(p, bus, func);
         let ndev = match p.link_layer {
             LinkLayer::Ib => None,
             LinkLayer::Roce => p.gid_netdev(),
@@ -486,6 +454,94 @@ impl<'a> Writer<'a> {
         }
         Ok(())
     }
+}
+
+/// The node GUID of the HCA at PCI function `func` of bus `bus`.
+fn node_guid(bus: u8, func: usize) -> String {
+    format!("b83f:d203:00{bus:02x}:{func:04x}")
+}
+
+/// Slots of a port's GID table written to sysfs.
+pub(crate) const GID_TABLE_SIZE: usize = 8;
+
+/// A port's GID table, slot `i` at position `i` (`None`: unused), each used slot its GID as the
+/// kernel prints it and its `gid_attrs/types` text. An InfiniBand port has its port GID; an
+/// Ethernet port a RoCE v1 and a v2 GID per address of its netdev, link-local first, then
+/// IPv4-mapped, as the kernel's GID cache sets them up for mlx5
+/// (`../shared/fixtures/ibv_devinfo/`). The HCA is the one at PCI function `func` of bus `bus`
+/// ([`hca_locations`]). The simulated RDMA engine chooses its GID from the same table.
+pub(crate) fn port_gid_table(
+    p: &PortModel,
+    bus: u8,
+    func: usize,
+) -> Vec<Option<(String, &'static str)>> {
+    let mut entries: Vec<Option<(String, &'static str)>> = vec![None; GID_TABLE_SIZE];
+    match p.link_layer {
+        LinkLayer::Ib => {
+            entries[0] = Some((
+                format!("fe80:0000:0000:0000:{}", node_guid(bus, func)),
+                "IB/RoCE v1",
+            ))
+        }
+        LinkLayer::Roce => {
+            let link_local = format!("fe80:0000:0000:0000:ba3f:d2ff:fe{bus:02x}:{func:04x}");
+            let ipv4 = format!(
+                "0000:0000:0000:0000:0000:ffff:0a{bus:02x}:{:02x}{:02x}",
+                func & 0xff,
+                p.port & 0xff
+            );
+            let v2 = p.roce_gids == RoceGids::V1AndV2;
+            if p.roce_gids != RoceGids::None {
+                entries[0] = Some((link_local.clone(), "IB/RoCE v1"));
+                entries[2] = Some((ipv4.clone(), "IB/RoCE v1"));
+            }
+            if v2 {
+                entries[1] = Some((link_local, "RoCE v2"));
+                entries[3] = Some((ipv4, "RoCE v2"));
+            }
+        }
+    }
+    entries
+}
+
+/// Where [`write_sysfs`] puts each HCA: its PCI bus and function, by HCA name. The same walk
+/// and bus numbering as the writer's (host bridge bus + 1 onwards, a bus per root port, per
+/// switch and per switch port), without writing anything.
+pub(crate) fn hca_locations(model: &NodeModel) -> BTreeMap<String, (u8, usize)> {
+    fn node(n: &PciNodeModel, bus: u16, next: &mut u16, out: &mut BTreeMap<String, (u8, usize)>) {
+        match n {
+            PciNodeModel::Switch(s) => {
+                // The switch's internal bus, then one per downstream port.
+                *next += 1;
+                for child in &s.children {
+                    let sec = *next;
+                    *next += 1;
+                    node(child, sec, next, out);
+                }
+            }
+            PciNodeModel::Gpu(_) => {}
+            PciNodeModel::Hca(h) => {
+                out.insert(h.name.clone(), (bus as u8, 0));
+            }
+            PciNodeModel::Nic(nic) => {
+                for (f, h) in nic.functions.iter().enumerate() {
+                    out.insert(h.name.clone(), (bus as u8, f));
+                }
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    for socket in &model.sockets {
+        for hb in &socket.host_bridges {
+            let mut next = u16::from(hb.bus) + 1;
+            for child in &hb.children {
+                let sec = next;
+                next += 1;
+                node(child, sec, &mut next, &mut out);
+            }
+        }
+    }
+    out
 }
 
 /// Writes the sysfs tree of `model` under `root` (created if needed).

@@ -140,6 +140,8 @@ pub struct RailResult {
     pub write_bw_host_gbps: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_bw_gpu_gbps: Option<f64>,
+    /// HCA-loopback small-message latency from host memory, microseconds: `ib_write_lat`'s
+    /// typical (median) half round trip of a 2-byte ping-pong.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_us: Option<f64>,
     /// Error counter growth over the check window, by counter name.
@@ -168,6 +170,7 @@ pub struct GpuMemoryResult {
     /// Paths tried before it and why they failed (`dma-buf: ...`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unavailable: Vec<String>,
+    /// The same half round trip as [`RailResult::latency_us`], from GPU memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_us: Option<f64>,
     /// A GPU on the other socket, tested the same way.
@@ -190,6 +193,9 @@ pub struct WireResult {
     pub peer: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_bw_gbps: Option<f64>,
+    /// Post to completion of one signaled small write to the peer, microseconds: about a
+    /// round trip, not the loopback's `ib_write_lat` half round trip (no ping-pong between
+    /// nodes yet).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_us: Option<f64>,
     pub ok: bool,

@@ -303,7 +303,10 @@ pub struct Thresholds {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub write_bw_gpu_gbps: Option<f64>,
-    /// Maximum small-message RDMA WRITE latency, microseconds.
+    /// Maximum small-message RDMA WRITE latency, microseconds: the HCA loopback's
+    /// `ib_write_lat` figure, the median half round trip of a 2-byte ping-pong (a healthy NDR
+    /// HCA: about 1-2). The campaign's pair tests hold theirs to it too: post to completion of
+    /// one signaled write, about a full round trip.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub max_latency_us: Option<f64>,

@@ -4,7 +4,9 @@
 //! VM A: device list, loopback sweep on its device, RDMA WRITE with a wrong rkey, then serves
 //! three peer sessions. VM B: loopback on its device, then a device-to-device test into A over
 //! the authenticated side channel, a session with a wrong token, and a session whose peer
-//! vanishes after the QP exchange. Each step prints `RG-RESULT <label> <json>` on the VM's
+//! vanishes after the QP exchange; last, alone on the machine once A is done, a loopback at
+//! `ib_write_bw`'s defaults (64 KiB, 5000 writes) for BENCHMARKS.md. Every loopback also runs
+//! `ib_write_lat`'s ping-pong (2 bytes, 1000 round trips, half the round trip reported). Each step prints `RG-RESULT <label> <json>` on the VM's
 //! serial console, which goes to a log file kept under the target dir for debugging.
 //!
 //! The image (kernel, busybox, rdma-core, modules) is built from Debian packages by
@@ -25,6 +27,14 @@ const BOOT_TO_RESULT_LIMIT: Duration = Duration::from_secs(900);
 /// ten times slower, so the peer sweep stops at 1 MiB to keep the test within minutes.
 const SIZES: &str = "8,4096,65536,1048576,8388608";
 const PEER_SIZES: &str = "8,4096,65536,1048576";
+/// `ib_write_bw`'s defaults: its message size and `DEF_ITERS_WB` (linux-rdma/perftest
+/// `src/perftest_parameters.h`); tx depth and cq moderation are the engine's own.
+const BW_DEFAULT_SIZE: &str = "65536";
+const BW_DEFAULT_ITERATIONS: u32 = 5000;
+/// `ib_write_lat`'s defaults, which every loopback's ping-pong uses: 1000 round trips of 2
+/// bytes, statistics over 999 intervals less the 2 slowest (`print_report_lat`).
+const PINGPONG_ITERATIONS: u64 = 1000;
+const PINGPONG_SAMPLES: u64 = 997;
 /// Where the CUDA test double lives inside the VMs.
 const CUDA_IN_VM: &str = "/rg/lib/libcuda.so.1";
 
@@ -173,6 +183,28 @@ fn f64_at(v: &Value, path: &str) -> f64 {
         .unwrap_or_else(|| panic!("{path} missing or not a number in {v}"))
 }
 
+/// A loopback's ping-pong: `ib_write_lat`'s defaults, a positive half round trip that is the
+/// result's latency, and every write seen landing by the side waiting for it (`wait`: the last
+/// byte of its receive buffer for host memory, the write's immediate for GPU memory).
+fn assert_pingpong(label: &str, r: &Value, wait: &str) {
+    let l = &r["latency"];
+    assert!(l.is_object(), "{label}: no ping-pong latency in {r}");
+    assert_eq!(l["bytes"], 2, "{label}: {l}");
+    assert_eq!(l["iterations"], PINGPONG_ITERATIONS, "{label}: {l}");
+    assert_eq!(l["samples"], PINGPONG_SAMPLES, "{label}: {l}");
+    let typical = f64_at(l, "/typical_us");
+    assert!(typical > 0.0 && typical.is_finite(), "{label}: {l}");
+    assert!(
+        f64_at(l, "/min_us") <= typical && typical <= f64_at(l, "/max_us"),
+        "{label}: {l}"
+    );
+    assert_eq!(f64_at(r, "/small_msg_latency_us"), typical, "{label}: {r}");
+    assert_eq!(l["wait"], wait, "{label}: {l}");
+    // Each round trip: A's write seen by B, B's seen by A. With `last-byte` the engine also
+    // compared the final message at each target with its source.
+    assert_eq!(l["delivered"], 2 * PINGPONG_ITERATIONS, "{label}: {l}");
+}
+
 /// A successful sweep: every requested size measured, with positive bandwidth and latency.
 fn assert_sweep(label: &str, r: &Value, want_sizes: &str) {
     assert!(r.get("error").is_none(), "{label} failed: {r}");
@@ -242,7 +274,8 @@ fn verbs_engine_on_soft_roce_vms() {
              {vmtest} connect --node vm-b --peer-addr 169.254.10.1:18515 --label peer --expect-node vm-a --sizes {PEER_SIZES} --traffic-class 106\n\
              {vmtest} connect --node vm-b --peer-addr 169.254.10.1:18515 --label peer-gpu --gpu 0 --sizes {PEER_SIZES}\n\
              RAILGUARD_PEER_TOKEN=not-the-shared-token {vmtest} connect --node vm-b --peer-addr 169.254.10.1:18515 --label bad-token\n\
-             {vmtest} connect --node vm-b --peer-addr 169.254.10.1:18515 --label peer-gone --sizes 4096 --iterations 200 --completion-timeout-ms 3000"
+             {vmtest} connect --node vm-b --peer-addr 169.254.10.1:18515 --label peer-gone --sizes 4096 --iterations 200 --completion-timeout-ms 3000\n\
+             {vmtest} loopback --hca rxe0 --sizes {BW_DEFAULT_SIZE} --iterations {BW_DEFAULT_ITERATIONS} --label ib-write-bw-defaults"
         ),
     );
     let (a_sh, b_sh) = (dir.join("a.sh"), dir.join("b.sh"));
@@ -304,6 +337,43 @@ fn verbs_engine_on_soft_roce_vms() {
         }
     }
 
+    // ib_write_lat's figures of every loopback, and ib_write_bw's at its defaults.
+    eprintln!(
+        "ping-pong (2 B, {PINGPONG_ITERATIONS} round trips), half round trip:\n  {:<40} {:>10} {:>10} {:>10} {:>10} {:>7} {:>9}",
+        "loopback", "typical us", "min us", "avg us", "max us", "inline", "wait"
+    );
+    for (vm, label, r) in ra
+        .iter()
+        .map(|(l, r)| ("a", l, r))
+        .chain(rb.iter().map(|(l, r)| ("b", l, r)))
+    {
+        let l = &r["latency"];
+        if l.is_object() {
+            eprintln!(
+                "  {:<40} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>7} {:>9}",
+                format!("VM {vm} {label} (gid {})", r["gid_index"]),
+                l["typical_us"].as_f64().unwrap_or(f64::NAN),
+                l["min_us"].as_f64().unwrap_or(f64::NAN),
+                l["avg_us"].as_f64().unwrap_or(f64::NAN),
+                l["max_us"].as_f64().unwrap_or(f64::NAN),
+                l["inline"],
+                l["wait"].as_str().unwrap_or("")
+            );
+        }
+    }
+    if let Some(points) = rb
+        .get("ib-write-bw-defaults")
+        .and_then(|r| r["points"].as_array())
+    {
+        for p in points {
+            eprintln!(
+                "ib_write_bw defaults, loopback VM b: {} B x {BW_DEFAULT_ITERATIONS}: {:.4} Gb/s",
+                p["bytes"].as_u64().unwrap_or(0),
+                p["bw_gbps"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
+    }
+
     // Device discovery through libibverbs.
     assert_eq!(
         ra.get("devices"),
@@ -318,7 +388,24 @@ fn verbs_engine_on_soft_roce_vms() {
             .unwrap_or_else(|| panic!("VM {name}: no loopback result{context}"));
         assert_sweep(&format!("loopback in VM {name}"), lb, SIZES);
         assert_eq!(lb["hca"], "rxe0");
+        assert_pingpong(&format!("loopback in VM {name}"), lb, "last-byte");
+        // The GID NCCL would choose: the RoCE v2 entry of the VM's IPv4 address
+        // (169.254.10.1 and .2, IPv4-mapped), not the link-local one.
+        let ip = if name == "a" { "01" } else { "02" };
+        assert_eq!(
+            lb["gid"],
+            format!("00000000000000000000ffffa9fe0a{ip}"),
+            "VM {name}: {lb}"
+        );
     }
+
+    // ib_write_bw's defaults on real verbs: 64 KiB, 5000 writes, 128 outstanding.
+    let bw = rb
+        .get("ib-write-bw-defaults")
+        .unwrap_or_else(|| panic!("no ib_write_bw-defaults loopback{context}"));
+    assert!(bw.get("error").is_none(), "{bw}");
+    assert!(f64_at(bw, "/peak_bw_gbps") > 0.0, "{bw}");
+    assert_pingpong("ib_write_bw-defaults loopback", bw, "last-byte");
 
     // A profile's lossless class (rdma.trafficClass 106 = DSCP 26, serviceLevel 3) on the
     // address vector: rxe takes it and the sweep completes.
@@ -326,6 +413,11 @@ fn verbs_engine_on_soft_roce_vms() {
         .get("lossless-class")
         .unwrap_or_else(|| panic!("no lossless-class loopback{context}"));
     assert_sweep("loopback in the profile's traffic class", class, SIZES);
+    assert_pingpong(
+        "loopback in the profile's traffic class",
+        class,
+        "last-byte",
+    );
 
     // A wrong rkey is NAKed by the target and surfaces as a clean error completion.
     let wr = &ra["wrong-rkey"];
@@ -361,6 +453,9 @@ fn verbs_engine_on_soft_roce_vms() {
     // on the device pointer) carries the test, and the certificate-to-be says both.
     let auto = &ra["gpu-auto"];
     assert_sweep("GPU-memory loopback", auto, PEER_SIZES);
+    // Device memory: ib_write_lat --write_with_imm, as perftest requires for it; no inline.
+    assert_pingpong("GPU-memory loopback", auto, "immediate");
+    assert_eq!(auto["latency"]["inline"], false, "{auto}");
     assert_eq!(
         auto["memory"],
         serde_json::json!({"kind": "gpu", "gpu": 0}),
@@ -410,6 +505,8 @@ fn verbs_engine_on_soft_roce_vms() {
         .unwrap_or_else(|| panic!("no peer result{context}"));
     assert_eq!(peer["peer_node"], "vm-a", "{context}");
     assert_sweep("peer test", &peer["result"], PEER_SIZES);
+    // Two nodes run no ping-pong (yet): the latency is the sweep's post-to-completion.
+    assert!(peer["result"].get("latency").is_none(), "{peer}");
     assert_eq!(ra["served-0-normal"]["status"], "completed", "{context}");
     assert_eq!(ra["served-0-normal"]["peer_node"], "vm-b", "{context}");
 

@@ -334,6 +334,14 @@ async fn simulated_nodes_certify_fail_on_faults_and_flip_on_passive_counters() -
         ),
         "{metrics}"
     );
+    // What the RailguardCertificateExpiringSoon alert reads: the certificate's expiresAt.
+    assert!(
+        metrics.contains(&format!(
+            "railguard_prober_certificate_expires_at_seconds {}",
+            failed.expires_at.as_second()
+        )),
+        "{metrics}"
+    );
     assert!(http_get(metrics_port, "/healthz").await?.ends_with("ok"));
 
     // graceful shutdown on SIGTERM

@@ -38,6 +38,8 @@ pub struct Metrics {
     counter_delta: Family<CounterLabels, Gauge>,
     verdict: Family<VerdictLabels, Gauge>,
     busbw: Gauge<f64, AtomicU64>,
+    /// `expiresAt` of the node's certificate, Unix seconds (0 before the first).
+    expires_at: Gauge,
     runs: Family<RunLabels, Counter>,
     ready: AtomicBool,
     alive_at: Mutex<Instant>,
@@ -56,6 +58,7 @@ impl Metrics {
         let counter_delta = Family::<CounterLabels, Gauge>::default();
         let verdict = Family::<VerdictLabels, Gauge>::default();
         let busbw = Gauge::<f64, AtomicU64>::default();
+        let expires_at = Gauge::default();
         let runs = Family::<RunLabels, Counter>::default();
         registry.register(
             "rail_write_bandwidth_gbps",
@@ -77,6 +80,11 @@ impl Metrics {
             "NCCL all_reduce busbw plateau of the last invasive run",
             busbw.clone(),
         );
+        registry.register(
+            "certificate_expires_at_seconds",
+            "expiresAt of the node's certificate, Unix seconds",
+            expires_at.clone(),
+        );
         registry.register("runs", "Checks run, by kind and outcome", runs.clone());
         let profiles_invalid = railguard_runtime::InvalidProfileGauge::default();
         registry.register(
@@ -90,6 +98,7 @@ impl Metrics {
             counter_delta,
             verdict,
             busbw,
+            expires_at,
             runs,
             ready: AtomicBool::new(false),
             alive_at: Mutex::new(Instant::now()),
@@ -127,6 +136,7 @@ impl Metrics {
         if let Some(b) = cert.nccl.as_ref().and_then(|n| n.busbw_plateau_gbps) {
             self.busbw.set(b);
         }
+        self.expires_at.set(cert.expires_at.as_second());
         self.run(kind, cert.verdict.as_label());
         self.ready.store(true, Ordering::Relaxed);
     }

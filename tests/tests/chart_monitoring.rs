@@ -12,6 +12,8 @@
 //!   `tests/fixtures/prometheus-operator/SOURCE.md`) accepts every monitoring object and
 //!   refuses a malformed one.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: a failed setup fails the test loudly
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 

@@ -10,6 +10,11 @@ export RAILGUARD_KUBE_BIN_DIR="$(bash tests/scripts/control-plane.sh)"
 # A modern control plane beside the 1.20 floor (Kubernetes 1.37 and its etcd, built from
 # the Go module proxy and cached the same way).
 export RAILGUARD_KUBE_MODERN_BIN_DIR="$(bash tests/scripts/control-plane-modern.sh)"
+# The real Helm (v4) and kubectl (from the 1.37 module graph), built from the Go module proxy
+# and cached the same way: the chart tests (tests/tests/chart_e2e.rs) lint, render and
+# server-side dry-run the chart with them, and fail without them.
+RAILGUARD_HELM_BIN_DIR="$(bash tests/scripts/helm.sh | tail -1)"
+export RAILGUARD_HELM_BIN_DIR
 # The real NCCL (the PyPI wheel nvidia-nccl-cu12, pinned and sha256-checked, cached the same
 # way) that the NCCL environment plugin is tested inside (nccl-env/tests/real_nccl.rs).
 export RAILGUARD_NCCL_LIB_DIR="$(bash tests/scripts/nccl-wheel.sh | tail -1)"

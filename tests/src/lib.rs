@@ -16,6 +16,7 @@ pub mod chart_values;
 pub mod chromium;
 pub mod daemon;
 pub mod gotmpl;
+pub mod helm;
 pub mod install;
 pub mod node;
 pub mod ports;
@@ -141,12 +142,25 @@ pub fn modern_control_plane_binaries() -> Result<PathBuf> {
     )
 }
 
+/// Directory holding the real `helm` (v4) and `kubectl` (1.37) the chart tests run, building
+/// them on first use (`tests/scripts/helm.sh`). `RAILGUARD_HELM_BIN_DIR` overrides the location.
+pub fn helm_binaries() -> Result<PathBuf> {
+    binaries_from(
+        "RAILGUARD_HELM_BIN_DIR",
+        "tests/scripts/helm.sh",
+        &["helm", "kubectl"],
+    )
+}
+
 fn binaries_from(env: &str, script: &str, needed: &[&str]) -> Result<PathBuf> {
     if let Ok(dir) = std::env::var(env) {
         let dir = PathBuf::from(dir);
         match needed.iter().find(|b| !dir.join(b).is_file()) {
             None => return Ok(dir),
-            Some(b) => bail!("{env}={} holds no {b}", dir.display()),
+            Some(b) => bail!(
+                "{env}={} holds no {b} (`bash {script}` builds it and prints the directory)",
+                dir.display()
+            ),
         }
     }
     let _guard = BUILD_LOCK.lock().unwrap_or_else(|p| p.into_inner());

@@ -49,18 +49,21 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" $repo $tag -}}
 {{- end -}}
 
-{{/* PodDisruptionBudget API: policy/v1 where served (1.21+), policy/v1beta1 before. */}}
+{{/* PodDisruptionBudget API: policy/v1 where served (1.21+), policy/v1beta1 before. The
+     version counts too: `helm template` and `helm lint` without --api-versions list group
+     versions only (no kinds), and would otherwise render v1beta1 for any cluster. */}}
 {{- define "railguard.pdbApiVersion" -}}
-{{- if .Capabilities.APIVersions.Has "policy/v1/PodDisruptionBudget" -}}
+{{- if or (.Capabilities.APIVersions.Has "policy/v1/PodDisruptionBudget") (ge (include "railguard.kubeMinor" . | int) 21) -}}
 policy/v1
 {{- else -}}
 policy/v1beta1
 {{- end -}}
 {{- end -}}
 
-{{/* CronJob API: batch/v1 where it serves CronJob (1.21+), batch/v1beta1 before. */}}
+{{/* CronJob API: batch/v1 where it serves CronJob (1.21+), batch/v1beta1 before (the
+     version counts too, as for the PodDisruptionBudget). */}}
 {{- define "railguard.cronJobApiVersion" -}}
-{{- if .Capabilities.APIVersions.Has "batch/v1/CronJob" -}}
+{{- if or (.Capabilities.APIVersions.Has "batch/v1/CronJob") (ge (include "railguard.kubeMinor" . | int) 21) -}}
 batch/v1
 {{- else -}}
 batch/v1beta1

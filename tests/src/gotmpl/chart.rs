@@ -211,19 +211,25 @@ fn chart_field(key: &str) -> String {
     }
 }
 
-/// Helm's value coalescing: maps merge deeply, other values replace, `null` deletes.
+/// Helm's value coalescing (`pkg/chart/common/util/coalesce.go`): maps merge deeply, other
+/// values replace; a `null` deletes the key where the defaults give it a value, and elsewhere
+/// stays `null` (templates and the schema see it), as do the nulls of a map only the
+/// override has.
 pub(crate) fn coalesce(base: &mut BTreeMap<String, Value>, over: &BTreeMap<String, Value>) {
     for (k, v) in over {
         match v {
-            Value::Nil | Value::Invalid => {
-                base.remove(k);
-            }
+            Value::Nil | Value::Invalid => match base.get(k) {
+                Some(Value::Nil | Value::Invalid) | None => {
+                    base.insert(k.clone(), Value::Nil);
+                }
+                Some(_) => {
+                    base.remove(k);
+                }
+            },
             Value::Map(o) => match base.get_mut(k) {
                 Some(Value::Map(b)) => coalesce(b, o),
                 _ => {
-                    let mut fresh = BTreeMap::new();
-                    coalesce(&mut fresh, o);
-                    base.insert(k.clone(), Value::Map(fresh));
+                    base.insert(k.clone(), v.clone());
                 }
             },
             other => {

@@ -6,8 +6,8 @@
 //! scoping, sorted map iteration, `and`/`or` short-circuit returning operands, `eq` refusing
 //! to compare an int with a float, missing keys) and Helm's engine (`missingkey=zero`,
 //! `<no value>` removed from output, values coalesced with user overrides where `null`
-//! deletes a key, numbers from values are float64, `lookup` empty without a cluster,
-//! `values.schema.json` validation). Functions outside [`funcs::is_function`] are
+//! deletes a key the defaults set and stays `null` elsewhere, numbers from values are
+//! float64, `lookup` empty without a cluster, `values.schema.json` validation). Functions outside [`funcs::is_function`] are
 //! rejected at parse time, like Go's "function not defined".
 
 mod chart;

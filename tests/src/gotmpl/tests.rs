@@ -408,6 +408,20 @@ fn values_coalesce_and_null_deletes() {
     };
     chart::coalesce(&mut base, &over);
     assert_eq!(Value::Map(base), data("a: {b: 1, c: 3, n: 4}\nd: [9, 8]"));
+    // As Helm: a null with no default to delete stays, in a new map too.
+    let mut base = match data("a: {b: 1}") {
+        Value::Map(m) => m,
+        _ => unreachable!(),
+    };
+    let over = match data("a: {z: null}\nf: null\ng: {h: null, i: 1}") {
+        Value::Map(m) => m,
+        _ => unreachable!(),
+    };
+    chart::coalesce(&mut base, &over);
+    assert_eq!(
+        Value::Map(base),
+        data("a: {b: 1, z: null}\nf: null\ng: {h: null, i: 1}")
+    );
 }
 
 #[test]

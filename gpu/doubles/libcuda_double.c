@@ -34,7 +34,8 @@
  * may differ), set by cuMemsetD32 and by the NCCL double's simulated fabric through the
  * stream's table (struct railguard_cuda_double_stream below), so a simulated all-reduce can
  * move a message as its value. A CUstream of this double points to that table; the NCCL
- * double checks its magic before using it.
+ * double checks its magic before using it, queues its simulated all-reduces there, and
+ * cuStreamSynchronize completes them and waits as long as they take.
  *
  * Nothing here is on a production path: the prober ships without it and loads
  * libcuda.so.1 from the driver.
@@ -52,6 +53,7 @@
 #include <strings.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -361,6 +363,11 @@ struct railguard_cuda_double_stream {
     int (*set_uniform)(CUdeviceptr p, size_t n, uint32_t value, uint32_t first);
     /* Makes [p, p + n) memory before it is read (will_write 0) or written through p. */
     int (*touch)(CUdeviceptr p, size_t n, int will_write);
+    /* The stream's work ends at this CLOCK_MONOTONIC time (ns); synchronizing waits for it. */
+    long long busy_until_ns;
+    /* Called first when the stream is synchronized: completes queued work (0: done). */
+    int (*flush)(void *ctx);
+    void *flush_ctx;
 };
 
 static int hook_uniform(CUdeviceptr p, size_t n, uint32_t *value, uint32_t *first) {
@@ -402,14 +409,68 @@ CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
     t->uniform = hook_uniform;
     t->set_uniform = hook_set_uniform;
     t->touch = hook_touch;
+    t->busy_until_ns = 0;
+    t->flush = NULL;
+    t->flush_ctx = NULL;
     *s = t;
     return CUDA_SUCCESS;
 }
+/* Ends the stream's queued work (the NCCL double's simulated fabric queues all-reduces on
+ * it) and waits until the time that work takes has passed, as a GPU's stream does. */
 CUresult cuStreamSynchronize(CUstream s) {
-    return s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (!s) return CUDA_ERROR_INVALID_VALUE;
+    struct railguard_cuda_double_stream *t = s;
+    if (t->flush && t->flush(t->flush_ctx) != 0) return CUDA_ERROR_UNKNOWN;
+    if (t->busy_until_ns > 0) {
+        struct timespec until = {(time_t)(t->busy_until_ns / 1000000000LL),
+                                 (long)(t->busy_until_ns % 1000000000LL)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR) {
+        }
+    }
+    return CUDA_SUCCESS;
 }
 CUresult cuStreamDestroy_v2(CUstream s) {
     return s ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+static long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+/* Events: the time the stream reaches them. Work a simulated fabric queued ends at the
+ * stream's busy_until_ns, so an event recorded after it takes that time, as a GPU's does
+ * when its queued work ends, however late the host wakes up. */
+typedef struct event {
+    char magic[8]; /* "RGCUDAE1" */
+    long long at_ns;
+} *CUevent;
+CUresult cuEventCreate(CUevent *e, unsigned int flags) {
+    (void)flags;
+    if (current < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    struct event *ev = calloc(1, sizeof *ev);
+    if (!ev) return CUDA_ERROR_OUT_OF_MEMORY;
+    memcpy(ev->magic, "RGCUDAE1", 8);
+    *e = ev;
+    return CUDA_SUCCESS;
+}
+CUresult cuEventRecord(CUevent e, CUstream s) {
+    if (!e || !s) return CUDA_ERROR_INVALID_VALUE;
+    const struct railguard_cuda_double_stream *t = s;
+    long long now = now_ns();
+    e->at_ns = t->busy_until_ns > now ? t->busy_until_ns : now;
+    return CUDA_SUCCESS;
+}
+CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
+    if (!ms || !start || !end) return CUDA_ERROR_INVALID_VALUE;
+    *ms = (float)((double)(end->at_ns - start->at_ns) / 1e6);
+    return CUDA_SUCCESS;
+}
+CUresult cuEventDestroy_v2(CUevent e) {
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    free(e);
+    return CUDA_SUCCESS;
 }
 
 CUresult cuMemsetD8_v2(CUdeviceptr p, unsigned char v, size_t n) {

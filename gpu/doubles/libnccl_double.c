@@ -36,11 +36,14 @@
  *   RAILGUARD_NCCL_DOUBLE_SYSFS  a sysfs root: HCAs of NCCL_IB_HCA whose port is not ACTIVE
  *                                there are left out, as NCCL leaves them out
  *                                (src/transport/net_ib/init.cc); none left: NET/Socket
- *   RAILGUARD_NCCL_DOUBLE_BUSBW_GBPS  a simulated fabric: every all-reduce lasts as long as
- *                                one of that bus bandwidth (GB/s, nccl-tests' busbw) would,
- *                                and a message the CUDA double holds as one value (its
- *                                uniform prefix, RAILGUARD_CUDA_DOUBLE_LAZY) moves as that
- *                                value. One number, or one per path the hops take:
+ *   RAILGUARD_NCCL_DOUBLE_BUSBW_GBPS  a simulated fabric (when every rank has one): an
+ *                                all-reduce is queued on the CUDA double's stream, which
+ *                                stays busy as long as one of that bus bandwidth (GB/s,
+ *                                nccl-tests' busbw) takes; synchronizing the stream completes
+ *                                the queue with one exchange of values (a message must be one
+ *                                value, the CUDA double's uniform prefix: cuMemsetD32, with
+ *                                RAILGUARD_CUDA_DOUBLE_LAZY no memory is written) and waits.
+ *                                One number, or one per path the hops take:
  *                                ib=,ib-nogdr=,socket=,shm=,p2p= (a missing one: ib's); the
  *                                IB figures scale with the share of NCCL_IB_HCA's HCAs found
  * NCCL's own switches, as NCCL reads them: NCCL_P2P_DISABLE, NCCL_SHM_DISABLE (above),
@@ -80,11 +83,13 @@ typedef int ncclResult_t;
 
 typedef struct { char internal[128]; } ncclUniqueId;
 
+struct railguard_cuda_double_stream;
+
 /* What each rank tells the others at init: where it runs. */
 struct rank_info {
     uint64_t host; /* NCCL's host hash */
     int32_t pid;
-    int32_t pad;
+    int32_t fabric; /* it runs on a simulated fabric (RAILGUARD_NCCL_DOUBLE_BUSBW_GBPS) */
 };
 
 struct comm {
@@ -93,7 +98,19 @@ struct comm {
     int corrupt;
     long delay_us;
     struct rank_info *ranks; /* every rank's, by rank */
-    double busbw_gbps;       /* > 0: the simulated fabric's, for the path the hops take */
+    /* > 0: every rank runs on the simulated fabric, at this busbw for the path the hops
+     * take; its all-reduces are queued on the stream and complete when it is synchronized */
+    double busbw_gbps;
+    struct queued *queue;
+    size_t queued, capacity;
+    struct railguard_cuda_double_stream *cuda; /* the stream the queue is on */
+};
+
+/* An all-reduce queued on a simulated fabric: its result buffer and this rank's value. */
+struct queued {
+    unsigned long long recv;
+    size_t bytes;
+    uint32_t value;
 };
 
 /* A CUstream of the CUDA double points to this table (gpu/doubles/libcuda_double.c). */
@@ -103,6 +120,11 @@ struct railguard_cuda_double_stream {
     int (*uniform)(unsigned long long p, size_t n, uint32_t *value, uint32_t *first);
     int (*set_uniform)(unsigned long long p, size_t n, uint32_t value, uint32_t first);
     int (*touch)(unsigned long long p, size_t n, int will_write);
+    /* The stream's work ends at this CLOCK_MONOTONIC time (ns); synchronizing waits for it. */
+    long long busy_until_ns;
+    /* Called first when the stream is synchronized: completes queued work (0: done). */
+    int (*flush)(void *ctx);
+    void *flush_ctx;
 };
 
 /* The CUDA double's table behind a stream, or NULL. Only ever paired with that double: a
@@ -477,7 +499,9 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     c->peers = calloc((size_t)nranks, sizeof(int));
     c->ranks = calloc((size_t)nranks, sizeof(struct rank_info));
     if (!c->peers || !c->ranks) return ncclSystemError;
-    struct rank_info mine = {.host = host_hash(), .pid = (int32_t)getpid()};
+    struct rank_info mine = {.host = host_hash(),
+                             .pid = (int32_t)getpid(),
+                             .fabric = fabric_busbw("ib") > 0 || fabric_busbw("p2p") > 0};
     const char *corrupt = getenv("RAILGUARD_NCCL_DOUBLE_CORRUPT");
     c->corrupt = corrupt && strcmp(corrupt, "1") == 0;
     const char *delay = getenv("RAILGUARD_NCCL_DOUBLE_DELAY_US");
@@ -547,22 +571,20 @@ ncclResult_t ncclCommInitRank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     info(l.local_of[rank], "comm %p rank %d nRanks %d nNodes %d localRanks %d localRank %d MNNVL 0",
          (void *)c, rank, nranks, l.nnodes, l.nlocal[host], l.local_of[rank]);
     struct route route = print_network(c, &l);
-    c->busbw_gbps = route_busbw(&route);
+    /* A fabric every rank simulates, or none: they must all queue, or all exchange data. */
+    int fabric = 1;
+    for (int r = 0; r < nranks; r++) fabric = fabric && c->ranks[r].fabric;
+    if (fabric && nranks > 1) c->busbw_gbps = route_busbw(&route);
     layout_free(&l);
     *out = c;
     return ncclSuccess;
 }
 
-/* What a rank offers rank 0 before an all-reduce, and what rank 0 answers: with a simulated
- * fabric, messages every rank holds as one value move as that value. */
-struct offer {
-    int32_t uniform;
-    uint32_t value;
-};
-struct answer {
-    int32_t symbolic;
-    uint32_t value, first;
-};
+static long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
 
 static float as_float(uint32_t w) {
     float f;
@@ -575,95 +597,126 @@ static uint32_t as_word(float f) {
     return w;
 }
 
-/* Sleeps until `seconds` after t0. */
-static void pace(const struct timespec *t0, double seconds) {
-    if (seconds <= 0) return;
-    long long ns = (long long)(seconds * 1e9);
-    struct timespec until = *t0;
-    until.tv_sec += (time_t)(ns / 1000000000);
-    until.tv_nsec += (long)(ns % 1000000000);
-    if (until.tv_nsec >= 1000000000) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000;
+/* Completes a simulated fabric's queued all-reduces: one exchange of every rank's values
+ * (each rank's message is one value), the sums written as the results' values. Called by the
+ * CUDA double when the stream is synchronized, as a GPU's queued work ends there. */
+static int flush_queue(void *ctx) {
+    struct comm *c = ctx;
+    uint64_t n = c->queued;
+    if (n == 0) return 0;
+    uint32_t *values = malloc(n * sizeof *values), *sums = malloc(n * sizeof *sums);
+    if (!values || !sums) return ncclSystemError;
+    for (uint64_t i = 0; i < n; i++) values[i] = c->queue[i].value;
+    int rc = 0;
+    if (c->rank == 0) {
+        float *acc = malloc(n * sizeof *acc);
+        if (!acc) return ncclSystemError;
+        for (uint64_t i = 0; i < n; i++) acc[i] = as_float(values[i]);
+        for (int k = 1; k < c->nranks && !rc; k++) {
+            uint64_t theirs = 0;
+            if (full_io(c->peers[k], &theirs, sizeof theirs, 0) != 0 || theirs != n ||
+                full_io(c->peers[k], sums, n * sizeof *sums, 0) != 0) {
+                rc = ncclRemoteError;
+                break;
+            }
+            for (uint64_t i = 0; i < n; i++) acc[i] += as_float(sums[i]);
+        }
+        for (uint64_t i = 0; i < n; i++) sums[i] = as_word(acc[i]);
+        free(acc);
+        for (int k = 1; k < c->nranks && !rc; k++)
+            if (full_io(c->peers[k], sums, n * sizeof *sums, 1) != 0) rc = ncclRemoteError;
+    } else if (full_io(c->peers[0], &n, sizeof n, 1) != 0 ||
+               full_io(c->peers[0], values, n * sizeof *values, 1) != 0 ||
+               full_io(c->peers[0], sums, n * sizeof *sums, 0) != 0) {
+        rc = ncclRemoteError;
     }
-    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, NULL) == EINTR) {
+    for (uint64_t i = 0; i < n && !rc; i++) {
+        struct queued *q = &c->queue[i];
+        uint32_t first = c->corrupt ? as_word(as_float(sums[i]) + 1.0f) : sums[i];
+        if (!q->recv) continue;
+        if (!c->cuda->set_uniform(q->recv, q->bytes, sums[i], first)) rc = ncclInvalidArgument;
     }
+    c->queued = 0;
+    free(values);
+    free(sums);
+    return rc;
 }
 
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, int datatype, int op,
                            ncclComm_t c, void *stream) {
     if (!c || datatype != ncclFloat32 || op != ncclSum) return ncclInvalidArgument;
     size_t bytes = count * sizeof(float);
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    const struct railguard_cuda_double_stream *cuda = cuda_double(stream);
+    struct railguard_cuda_double_stream *cuda = (struct railguard_cuda_double_stream *)cuda_double(stream);
     unsigned long long sendp = (unsigned long long)(uintptr_t)send;
     unsigned long long recvp = (unsigned long long)(uintptr_t)recv;
-    struct offer mine = {0, 0};
-    uint32_t first = 0;
-    if (c->busbw_gbps > 0 && cuda && count && cuda->uniform(sendp, bytes, &mine.value, &first))
-        mine.uniform = first == mine.value;
-    if (c->busbw_gbps <= 0 && c->delay_us > 0) {
+    if (c->busbw_gbps > 0) {
+        /* Queued, as on a GPU: the stream is busy for as long as the fabric takes; the
+         * result is there once the stream is synchronized. */
+        uint32_t value = 0, first = 0;
+        if (!cuda || (count && !(cuda->uniform(sendp, bytes, &value, &first) && value == first))) {
+            warn(0, "railguard test double",
+                 "a simulated fabric moves only messages of one value (cuMemsetD32 of the CUDA double)");
+            return ncclInvalidUsage;
+        }
+        if (c->queued == c->capacity) {
+            size_t cap = c->capacity ? 2 * c->capacity : 64;
+            struct queued *q = realloc(c->queue, cap * sizeof *q);
+            if (!q) return ncclSystemError;
+            c->queue = q;
+            c->capacity = cap;
+        }
+        c->queue[c->queued++] = (struct queued){count ? recvp : 0, bytes, value};
+        c->cuda = cuda;
+        cuda->flush = flush_queue;
+        cuda->flush_ctx = c;
+        /* busbw = algbw * 2(n-1)/n (nccl-tests src/all_reduce.cu): each rank moves 2(n-1)/n
+         * of the message at busbw. */
+        double n = c->nranks;
+        double seconds = (double)bytes * 2.0 * (n - 1.0) / n / (c->busbw_gbps * 1e9);
+        long long start = now_ns();
+        if (cuda->busy_until_ns > start) start = cuda->busy_until_ns;
+        cuda->busy_until_ns = start + (long long)(seconds * 1e9) + c->delay_us * 1000LL;
+        return ncclSuccess;
+    }
+    if (c->delay_us > 0) {
         struct timespec ts = {c->delay_us / 1000000, (c->delay_us % 1000000) * 1000};
         nanosleep(&ts, NULL);
     }
-    struct answer ans = {0, 0, 0};
+    if (cuda) {
+        cuda->touch(sendp, bytes, 0);
+        cuda->touch(recvp, bytes, 1);
+    }
     if (c->rank == 0) {
-        int all = mine.uniform;
-        float sum = as_float(mine.value);
+        float *acc = malloc(bytes ? bytes : 1), *tmp = malloc(bytes ? bytes : 1);
+        if (!acc || !tmp) return ncclSystemError;
+        memcpy(acc, send, bytes);
         for (int k = 1; k < c->nranks; k++) {
-            struct offer o;
-            if (full_io(c->peers[k], &o, sizeof o, 0) != 0) return ncclRemoteError;
-            all = all && o.uniform;
-            sum += as_float(o.value);
+            if (full_io(c->peers[k], tmp, bytes, 0) != 0) return ncclRemoteError;
+            for (size_t i = 0; i < count; i++) acc[i] += tmp[i];
         }
-        if (all) ans = (struct answer){1, as_word(sum), as_word(sum + (c->corrupt ? 1.0f : 0.0f))};
-        for (int k = 1; k < c->nranks; k++)
-            if (full_io(c->peers[k], &ans, sizeof ans, 1) != 0) return ncclRemoteError;
+        if (c->corrupt && count) acc[0] += 1.0f;
+        for (int k = 1; k < c->nranks; k++) {
+            if (full_io(c->peers[k], acc, bytes, 1) != 0) return ncclRemoteError;
+        }
+        memcpy(recv, acc, bytes);
+        free(acc);
+        free(tmp);
     } else {
-        if (full_io(c->peers[0], &mine, sizeof mine, 1) != 0 ||
-            full_io(c->peers[0], &ans, sizeof ans, 0) != 0)
-            return ncclRemoteError;
-    }
-    if (ans.symbolic) {
-        if (!cuda->set_uniform(recvp, bytes, ans.value, ans.first)) return ncclInvalidArgument;
-    } else {
-        if (cuda) {
-            cuda->touch(sendp, bytes, 0);
-            cuda->touch(recvp, bytes, 1);
-        }
-        if (c->rank == 0) {
-            float *acc = malloc(bytes ? bytes : 1), *tmp = malloc(bytes ? bytes : 1);
-            if (!acc || !tmp) return ncclSystemError;
-            memcpy(acc, send, bytes);
-            for (int k = 1; k < c->nranks; k++) {
-                if (full_io(c->peers[k], tmp, bytes, 0) != 0) return ncclRemoteError;
-                for (size_t i = 0; i < count; i++) acc[i] += tmp[i];
-            }
-            if (c->corrupt && count) acc[0] += 1.0f;
-            for (int k = 1; k < c->nranks; k++) {
-                if (full_io(c->peers[k], acc, bytes, 1) != 0) return ncclRemoteError;
-            }
-            memcpy(recv, acc, bytes);
-            free(acc);
-            free(tmp);
-        } else {
-            if (full_io(c->peers[0], (void *)send, bytes, 1) != 0) return ncclRemoteError;
-            if (full_io(c->peers[0], recv, bytes, 0) != 0) return ncclRemoteError;
-        }
-    }
-    if (c->busbw_gbps > 0 && c->nranks > 1) {
-        /* busbw = algbw * 2(n-1)/n (nccl-tests src/all_reduce.cu), so the time is the bytes
-         * each rank moves, 2(n-1)/n of the message, at busbw. */
-        double n = c->nranks;
-        double seconds = (double)bytes * 2.0 * (n - 1.0) / n / (c->busbw_gbps * 1e9);
-        pace(&t0, seconds + c->delay_us / 1e6);
+        if (full_io(c->peers[0], (void *)send, bytes, 1) != 0) return ncclRemoteError;
+        if (full_io(c->peers[0], recv, bytes, 0) != 0) return ncclRemoteError;
     }
     return ncclSuccess;
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t c) {
     if (!c) return ncclInvalidArgument;
+    if (c->cuda && c->cuda->flush_ctx == c) {
+        /* Nothing may call back into a destroyed communicator. */
+        flush_queue(c);
+        c->cuda->flush = NULL;
+        c->cuda->flush_ctx = NULL;
+    }
+    free(c->queue);
     for (int i = 0; i < c->nranks; i++)
         if (c->peers[i]) close(c->peers[i]);
     free(c->peers);

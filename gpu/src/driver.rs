@@ -24,6 +24,7 @@ type CuDevice = c_int;
 type CuContext = *mut c_void;
 type CuDevicePtr = u64;
 type CuStream = *mut c_void;
+type CuEvent = *mut c_void;
 
 const CUDA_SUCCESS: CuResult = 0;
 /// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED`.
@@ -57,6 +58,10 @@ struct Fns {
     stream_create: unsafe extern "C" fn(*mut CuStream, c_uint) -> CuResult,
     stream_synchronize: unsafe extern "C" fn(CuStream) -> CuResult,
     stream_destroy: unsafe extern "C" fn(CuStream) -> CuResult,
+    event_create: unsafe extern "C" fn(*mut CuEvent, c_uint) -> CuResult,
+    event_record: unsafe extern "C" fn(CuEvent, CuStream) -> CuResult,
+    event_elapsed_time: unsafe extern "C" fn(*mut f32, CuEvent, CuEvent) -> CuResult,
+    event_destroy: unsafe extern "C" fn(CuEvent) -> CuResult,
 }
 
 /// The CUDA driver, loaded and initialised (`cuInit`).
@@ -343,6 +348,69 @@ impl Stream {
     }
 }
 
+impl Stream {
+    /// A new event on this stream (`cuEventCreate`, timing enabled).
+    pub fn event(&self) -> Result<Event<'_>, CudaError> {
+        self.owner.make_current()?;
+        let mut raw: CuEvent = std::ptr::null_mut();
+        // SAFETY: raw is a live CUevent slot; the stream's context is current.
+        self.owner.driver.check("cuEventCreate", unsafe {
+            (self.owner.driver.fns.event_create)(&mut raw, 0)
+        })?;
+        Ok(Event { stream: self, raw })
+    }
+}
+
+/// A CUDA event of one stream; destroyed on drop. Work is timed between two of them on the
+/// GPU's own clock (`cuEventElapsedTime`).
+pub struct Event<'s> {
+    stream: &'s Stream,
+    raw: CuEvent,
+}
+
+impl std::fmt::Debug for Event<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Event")
+            .field("stream", self.stream)
+            .finish()
+    }
+}
+
+impl Event<'_> {
+    /// Records the event on its stream, after the work queued so far (`cuEventRecord`).
+    pub fn record(&self) -> Result<(), CudaError> {
+        self.stream.owner.make_current()?;
+        // SAFETY: both handles are live: the event until drop, the stream it borrows.
+        self.stream.owner.driver.check("cuEventRecord", unsafe {
+            (self.stream.owner.driver.fns.event_record)(self.raw, self.stream.raw)
+        })
+    }
+
+    /// Seconds from `start` to this event, both recorded and completed (synchronize the
+    /// stream first).
+    pub fn seconds_since(&self, start: &Event<'_>) -> Result<f64, CudaError> {
+        self.stream.owner.make_current()?;
+        let mut ms: f32 = 0.0;
+        // SAFETY: ms is a live f32; both events are live.
+        self.stream
+            .owner
+            .driver
+            .check("cuEventElapsedTime", unsafe {
+                (self.stream.owner.driver.fns.event_elapsed_time)(&mut ms, start.raw, self.raw)
+            })?;
+        Ok(f64::from(ms) / 1e3)
+    }
+}
+
+impl Drop for Event<'_> {
+    fn drop(&mut self) {
+        if self.stream.owner.make_current().is_ok() {
+            // SAFETY: created by cuEventCreate, destroyed once.
+            unsafe { (self.stream.owner.driver.fns.event_destroy)(self.raw) };
+        }
+    }
+}
+
 impl Drop for Stream {
     fn drop(&mut self) {
         if self.owner.make_current().is_ok() {
@@ -533,6 +601,10 @@ fn resolve(lib: &Library, path: &str) -> Result<Fns, CudaError> {
         stream_create: sym!("cuStreamCreate"),
         stream_synchronize: sym!("cuStreamSynchronize"),
         stream_destroy: sym!("cuStreamDestroy_v2"),
+        event_create: sym!("cuEventCreate"),
+        event_record: sym!("cuEventRecord"),
+        event_elapsed_time: sym!("cuEventElapsedTime"),
+        event_destroy: sym!("cuEventDestroy_v2"),
     })
 }
 

@@ -24,6 +24,9 @@ mod driver;
 mod error;
 mod nccl;
 
-pub use driver::{CudaDriver, Device, DeviceBuffer, Stream, DEFAULT_LIBRARY};
+pub use driver::{CudaDriver, Device, DeviceBuffer, Event, Stream, DEFAULT_LIBRARY};
 pub use error::{CudaError, NcclError};
-pub use nccl::{Communicator, Nccl, UniqueId, DEFAULT_NCCL_LIBRARY, UNIQUE_ID_BYTES};
+pub use nccl::{
+    bundled_nccl_library, Communicator, Nccl, UniqueId, BUNDLED_NCCL_LIBRARY, DEFAULT_NCCL_LIBRARY,
+    UNIQUE_ID_BYTES,
+};

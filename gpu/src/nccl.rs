@@ -17,6 +17,18 @@ use crate::error::NcclError;
 /// The library `dlopen` finds where NCCL is installed (the `nvidia-nccl-cu12` wheel ships it).
 pub const DEFAULT_NCCL_LIBRARY: &str = "libnccl.so.2";
 
+/// Where the prober image carries NCCL: the `nvidia-nccl-cu12` wheel's `libnccl.so.2`
+/// (docker/prober.Dockerfile), so a node certifies with the image as shipped.
+pub const BUNDLED_NCCL_LIBRARY: &str = "/usr/lib/railguard/nccl/libnccl.so.2";
+
+/// The library loaded when none is named: [`BUNDLED_NCCL_LIBRARY`] where it exists (the
+/// prober image), else `None`: [`DEFAULT_NCCL_LIBRARY`] from the loader's path (a machine
+/// with NCCL installed, an image built with its own).
+pub fn bundled_nccl_library() -> Option<std::path::PathBuf> {
+    let p = std::path::Path::new(BUNDLED_NCCL_LIBRARY);
+    p.is_file().then(|| p.to_path_buf())
+}
+
 /// Bytes of an `ncclUniqueId`.
 pub const UNIQUE_ID_BYTES: usize = 128;
 
@@ -102,8 +114,15 @@ impl std::fmt::Debug for Communicator {
 unsafe impl Send for Communicator {}
 
 impl Nccl {
-    /// Opens NCCL (`path`, else [`DEFAULT_NCCL_LIBRARY`]).
+    /// Opens NCCL (`path`, else [`bundled_nccl_library`], else [`DEFAULT_NCCL_LIBRARY`] from
+    /// the loader's path).
     pub fn load(path: Option<&std::path::Path>) -> Result<Arc<Nccl>, NcclError> {
+        let bundled = if path.is_none() {
+            bundled_nccl_library()
+        } else {
+            None
+        };
+        let path = path.or(bundled.as_deref());
         let shown = path.map_or_else(
             || DEFAULT_NCCL_LIBRARY.to_string(),
             |p| p.display().to_string(),
@@ -268,8 +287,9 @@ impl Communicator {
 
     /// The timed all-reduce sweep of one rank: for each size, `warmup` untimed and `iters`
     /// timed float32 sums queued back to back and waited for once (as nccl-tests times
-    /// them), then a correctness check of the result. Every rank must call this with the
-    /// same sizes and counts.
+    /// them), then a correctness check of the result. The time is the GPU's, between CUDA
+    /// events recorded around the timed sums on the rank's stream. Every rank must call
+    /// this with the same sizes and counts.
     pub fn all_reduce_sweep(
         &mut self,
         cuda: &Arc<crate::CudaDriver>,
@@ -287,6 +307,7 @@ impl Communicator {
         }
         let send = cuda.alloc(device, max)?;
         let recv = cuda.alloc(device, max)?;
+        let (started, ended) = (stream.event()?, stream.event()?);
         let mut out = Vec::with_capacity(sizes.len());
         for &bytes in sizes {
             let count = bytes / 4;
@@ -302,12 +323,13 @@ impl Communicator {
                 self.enqueue_all_reduce(&send, &recv, count, stream)?;
             }
             stream.synchronize()?;
-            let start = std::time::Instant::now();
+            started.record()?;
             for _ in 0..iters {
                 self.enqueue_all_reduce(&send, &recv, count, stream)?;
             }
+            ended.record()?;
             stream.synchronize()?;
-            let per_op = start.elapsed().as_secs_f64() / f64::from(iters);
+            let per_op = ended.seconds_since(&started)? / f64::from(iters);
             let want = crate::collective::expected_sum(self.nranks);
             let wrong = count_wrong(&recv, count, want)?;
             out.push(crate::collective::SweepPoint::new(

@@ -3,19 +3,22 @@
 //! the synthetic sysfs tree the real discovery code reads ([`write_sysfs`]), the simulated
 //! RDMA engine ([`rdma::SimulatedRdmaEngine`], with a node model's rails and wire faults in
 //! [`node`]), the software facts of a model ([`software::ModelSoftware`]), the
-//! `all_reduce_perf` stand-in ([`standin`] and the `all_reduce_perf_sim` binary) and
+//! `all_reduce_perf` stand-in ([`standin`] and the `all_reduce_perf_sim` binary), the CUDA
+//! and NCCL test doubles a simulated node's native NCCL loopback loads ([`native`]) and
 //! synthetic certificates and Nodes ([`certificates`]), and fabrics with injected faults for
 //! the campaign planner ([`campaign_faults`]).
 //!
 //! Production code reaches a simulated node only through the traits and paths real hardware
 //! uses: a sysfs root, an [`railguard_prober::rdma::RdmaEngine`], a
-//! [`railguard_prober::certify::run::SoftwareSource`] and an nccl-tests binary.
+//! [`railguard_prober::certify::run::SoftwareSource`], an nccl-tests binary and the
+//! libraries of the native NCCL loopback.
 
 mod builtin;
 pub mod campaign_faults;
 pub mod certificates;
 mod load;
 mod model;
+pub mod native;
 pub mod node;
 pub mod rdma;
 pub mod software;

@@ -6,6 +6,15 @@ use std::fmt::Write as _;
 
 use railguard_api::Transport;
 
+/// The loopback's busbw over sockets: the socket transport tops out far below any RDMA
+/// rail, GB/s.
+pub const SOCKET_BUSBW_GBPS: f64 = 11.5;
+/// Share of the loopback's plateau left when GPUDirect RDMA is off (every hop bounces
+/// through host memory).
+pub const NO_GDR_SHARE: f64 = 0.55;
+/// busbw between GPUs of one host over SHM (through host memory), GB/s.
+pub const SHM_BUSBW_GBPS: f64 = 20.0;
+
 /// How NCCL connects two GPUs of the same process, in the order it tries transports
 /// (NCCL `src/transport.cc`: `ncclTransports` = P2P, SHM, NET). `NCCL_P2P_DISABLE=1` stops
 /// P2P (`src/graph/paths.cc`, `ncclGetUserP2pLevel`), `NCCL_SHM_DISABLE=1` stops SHM

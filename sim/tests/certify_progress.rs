@@ -17,10 +17,13 @@ fn manifest(p: &str) -> PathBuf {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../prober")).join(p)
 }
 
+/// The shipped DGX H100 profile, run by nccl-tests: this test is about the stand-in's steps.
 fn profile() -> railguard_api::FabricProfile {
     let text =
         std::fs::read_to_string(manifest("../api/fixtures/profiles/dgx-h100-ndr.yaml")).unwrap();
-    railguard_api::profiles_from_yaml(&text).unwrap().remove(0)
+    let mut p = railguard_api::profiles_from_yaml(&text).unwrap().remove(0);
+    p.spec.certification.nccl_runner = railguard_api::profile::NcclRunner::NcclTests;
+    p
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -35,7 +38,7 @@ async fn each_rail_and_nccl_run_is_a_step() {
         use_nvml: false,
         engine: Arc::new(engine),
         nccl_binary: PathBuf::from(env!("CARGO_BIN_EXE_all_reduce_perf_sim")),
-        // Not run: these profiles run nccl-tests (the stand-in).
+        // Not run: the profile runs nccl-tests (the stand-in).
         native_nccl: railguard_prober::nccl::native::NativeNccl::new(PathBuf::from(
             "railguard-prober",
         )),

@@ -154,8 +154,9 @@ pub struct PeerEndpointArgs {
     /// The CUDA driver library of NCCL pair tests (default: libcuda.so.1 where dlopen finds it).
     #[arg(long, env = "RAILGUARD_CUDA_LIBRARY", value_hint = ValueHint::FilePath)]
     pub cuda_library: Option<PathBuf>,
-    /// The NCCL library of NCCL pair tests (default: libnccl.so.2 where dlopen finds it; a
-    /// node without it reports its pair tests as not measured).
+    /// The NCCL library of NCCL pair tests (default: the image's
+    /// /usr/lib/railguard/nccl/libnccl.so.2 where it exists, else libnccl.so.2 where dlopen
+    /// finds it; a node without it reports its pair tests as not measured).
     #[arg(long, env = "RAILGUARD_NCCL_LIBRARY", value_hint = ValueHint::FilePath)]
     pub nccl_library: Option<PathBuf>,
     /// The node's GPUs by PCI bus id, in index order, for NCCL pair tests (default: every GPU

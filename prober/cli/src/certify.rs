@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, ValueHint};
 use kube::Client;
+use railguard_api::profile::NcclRunner;
 use railguard_api::{FabricProfile, Verdict};
 use railguard_prober::certify::once::matching_profile;
 use railguard_prober::certify::run::{HostSoftware, NodeSetup, SoftwareSource};
@@ -78,7 +79,8 @@ pub struct NodeArgs {
     #[arg(long, env = "RAILGUARD_CUDA_LIBRARY", value_hint = ValueHint::FilePath)]
     pub cuda_library: Option<PathBuf>,
     /// The NCCL library of the prober's own collectives, the native loopback
-    /// (`certification.ncclRunner: Native`) and the campaign's pair tests (default:
+    /// (`certification.ncclRunner: Native`, the default) and the campaign's pair tests
+    /// (default: the image's `/usr/lib/railguard/nccl/libnccl.so.2` where it exists, else
     /// `libnccl.so.2` from the loader's path), loaded at run time like the CUDA driver.
     #[arg(long, env = "RAILGUARD_NCCL_LIBRARY", value_hint = ValueHint::FilePath)]
     pub nccl_library: Option<PathBuf>,
@@ -204,16 +206,19 @@ impl NodeArgs {
                 }),
             ),
         };
-        let nccl_env = match &sim {
+        let native = profile.spec.certification.nccl_runner == NcclRunner::Native;
+        let mut nccl_env = match &sim {
             Some(_) => standin_env(&sysfs_root, &node),
             None => Vec::new(),
         };
         let nccl_binary = match (&sim, &self.nccl_binary) {
             (_, Some(b)) => b.clone(),
+            // Never run for a native profile: the image then needs no stand-in.
+            (Some(_), None) if native => standin_path().unwrap_or_default(),
             (Some(_), None) => standin_path()?,
             (None, None) => {
                 let spec = &profile.spec.certification.nccl_tests;
-                if !spec.binary_is_allowed(&self.allowed_nccl_binaries) {
+                if !native && !spec.binary_is_allowed(&self.allowed_nccl_binaries) {
                     // A profile edit, not the install: the daemon waits for it to be fixed.
                     return Err(UnusableProfile::binary_not_allowed(format!(
                         "FabricProfile {} names ncclTests.binary {}, which this prober may not run: \
@@ -229,13 +234,26 @@ impl NodeArgs {
                 PathBuf::from(&spec.binary)
             }
         };
-        let native_nccl = NativeNccl {
-            exe: std::env::current_exe()
-                .context("the native NCCL loopback runs this executable's nccl-ranks")?,
+        let mut native_nccl = NativeNccl {
             cuda_library: self.cuda_library.clone(),
             nccl_library: self.nccl_library.clone(),
-            node_gpus: Vec::new(),
+            ..NativeNccl::new(
+                std::env::current_exe()
+                    .context("the native NCCL loopback runs this executable's nccl-ranks")?,
+            )
         };
+        if let (Some(s), true) = (&sim, native) {
+            // A simulated node's NCCL is the test doubles, loaded by path as a node's
+            // libraries are (given ones, the chart's gpuLibraries say, else built here), and
+            // behaving as its model says.
+            nccl_env.extend(railguard_sim::native::doubles_env(&s.model, &sysfs_root));
+            if native_nccl.cuda_library.is_none() || native_nccl.nccl_library.is_none() {
+                let built = railguard_sim::native::doubles(&sysfs_root)?;
+                native_nccl.cuda_library.get_or_insert(built.cuda);
+                native_nccl.nccl_library.get_or_insert(built.nccl);
+            }
+            native_nccl.max_message_bytes = Some(railguard_sim::native::MAX_MESSAGE_BYTES);
+        }
         let setup = NodeSetup {
             sysfs_root,
             use_nvml: sim.is_none(),

@@ -17,8 +17,9 @@ pub struct GpuCheckArgs {
     /// The CUDA driver library (default: `libcuda.so.1` from the loader's path).
     #[arg(long, env = "RAILGUARD_CUDA_LIBRARY", value_hint = ValueHint::FilePath)]
     pub cuda_library: Option<PathBuf>,
-    /// The NCCL library (default: `libnccl.so.2` from the loader's path; the
-    /// `nvidia-nccl-cu12` wheel ships one).
+    /// The NCCL library (default: the image's `/usr/lib/railguard/nccl/libnccl.so.2`, the
+    /// `nvidia-nccl-cu12` wheel's, where it exists, else `libnccl.so.2` from the loader's
+    /// path).
     #[arg(long, env = "RAILGUARD_NCCL_LIBRARY", value_hint = ValueHint::FilePath)]
     pub nccl_library: Option<PathBuf>,
     /// Bytes allocated on each GPU for the memory check.

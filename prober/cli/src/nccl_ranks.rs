@@ -16,7 +16,8 @@ pub struct NcclRanksArgs {
     /// The CUDA driver library (default: libcuda.so.1 where dlopen finds it).
     #[arg(long, env = "RAILGUARD_CUDA_LIBRARY", value_hint = ValueHint::FilePath)]
     pub cuda_library: Option<PathBuf>,
-    /// The NCCL library (default: libnccl.so.2 where dlopen finds it).
+    /// The NCCL library (default: the image's /usr/lib/railguard/nccl/libnccl.so.2 where it
+    /// exists, else libnccl.so.2 where dlopen finds it).
     #[arg(long, env = "RAILGUARD_NCCL_LIBRARY", value_hint = ValueHint::FilePath)]
     pub nccl_library: Option<PathBuf>,
     /// The node's GPUs by PCI bus id, in index order (default: CUDA's, in PCI bus order).

@@ -213,7 +213,7 @@ fn a_profile_naming_a_binary_outside_the_allow_list_is_refused() {
         &evil,
         text.replace(
             "  certification:\n",
-            "  certification:\n    ncclTests: { binary: /tmp/payload }\n",
+            "  certification:\n    ncclRunner: NcclTests\n    ncclTests: { binary: /tmp/payload }\n",
         ),
     )
     .unwrap();

@@ -467,12 +467,19 @@ pub async fn gather_invasive_with(
     progress.step("reading ports again");
     let last = discover_node(setup)?;
     let mut software = software_baseline(&last, profile, setup.software.as_ref());
-    if let Some(v) = nccl
+    let main = nccl
         .iter()
         .find(|r| r.label == RUN_MAIN)
-        .and_then(|r| r.outcome.as_ref().ok())
-        .and_then(|o| o.nccl_version())
-    {
+        .and_then(|r| r.outcome.as_ref().ok());
+    // The native ranks report ncclGetVersion of the library they loaded: that, not a log
+    // line, is the NCCL that ran.
+    let loaded = match profile.certification.nccl_runner {
+        NcclRunner::Native => main
+            .and_then(|o| o.perf.as_ref())
+            .and_then(|p| p.nccl_version.clone()),
+        NcclRunner::NcclTests => None,
+    };
+    if let Some(v) = loaded.or_else(|| main.and_then(|o| o.nccl_version())) {
         software.insert("nccl".into(), v);
     }
     if let Some(d) = digest {

@@ -25,6 +25,9 @@ pub struct NativeNccl {
     /// The node's GPUs by PCI bus id, in railguard's index order (empty: CUDA's, in PCI bus
     /// order).
     pub node_gpus: Vec<String>,
+    /// The largest message swept, whatever the profile asks: `None` on a node. A simulated
+    /// node sets it, since its CUDA double's "GPU memory" is host memory.
+    pub max_message_bytes: Option<u64>,
 }
 
 /// One native run.
@@ -50,7 +53,33 @@ impl NativeNccl {
             cuda_library: None,
             nccl_library: None,
             node_gpus: Vec::new(),
+            max_message_bytes: None,
         }
+    }
+
+    /// The sizes of `run` this node sweeps: all of them, or those up to
+    /// [`NativeNccl::max_message_bytes`] (that size itself when the profile's smallest is
+    /// larger).
+    pub fn sizes(&self, run: &NativeRunSpec) -> Vec<u64> {
+        match self.max_message_bytes {
+            None => run.sizes.clone(),
+            Some(max) => {
+                let kept: Vec<u64> = run.sizes.iter().copied().filter(|&s| s <= max).collect();
+                if kept.is_empty() {
+                    vec![max]
+                } else {
+                    kept
+                }
+            }
+        }
+    }
+
+    /// The library the ranks load: the one named, else the image's
+    /// ([`railguard_gpu::bundled_nccl_library`]); `None`: the loader's path decides.
+    pub fn library(&self) -> Option<PathBuf> {
+        self.nccl_library
+            .clone()
+            .or_else(railguard_gpu::bundled_nccl_library)
     }
 
     /// The child's arguments for `run`.
@@ -65,7 +94,7 @@ impl NativeNccl {
         if !self.node_gpus.is_empty() {
             args.extend(["--node-gpus".into(), self.node_gpus.join(",")]);
         }
-        let sizes: Vec<String> = run.sizes.iter().map(u64::to_string).collect();
+        let sizes: Vec<String> = self.sizes(run).iter().map(u64::to_string).collect();
         args.extend([
             "--sizes".into(),
             sizes.join(","),
@@ -144,7 +173,7 @@ impl NativeNccl {
             observation,
             log_files: vec![log_path],
             duration,
-            binary_sha256: self.nccl_library.as_deref().and_then(file_sha256),
+            binary_sha256: self.library().as_deref().and_then(file_sha256),
             env: run.env.clone(),
         })
     }
@@ -232,6 +261,34 @@ n:1:2 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] [send] via NET/IB/1/GDRDMA\n";
         let r = o.to_result();
         assert_eq!(r.ranks, Some(2));
         assert_eq!(r.transport, Some(railguard_api::Transport::Ib));
+    }
+
+    #[test]
+    fn a_simulated_node_sweeps_up_to_its_largest_message() {
+        let run = NativeRunSpec {
+            label: "main".into(),
+            sizes: vec![8 << 20, 16 << 20, 32 << 20],
+            warmup: 5,
+            iterations: 20,
+            env: Vec::new(),
+            log_dir: PathBuf::from("/tmp"),
+            timeout: Duration::from_secs(1),
+        };
+        let node = NativeNccl::new(PathBuf::from("railguard-prober"));
+        assert_eq!(node.sizes(&run), run.sizes);
+        let sim = NativeNccl {
+            max_message_bytes: Some(16 << 20),
+            ..node.clone()
+        };
+        assert_eq!(sim.sizes(&run), vec![8 << 20, 16 << 20]);
+        let args = sim.args(&run);
+        let at = args.iter().position(|a| a == "--sizes").unwrap();
+        assert_eq!(args[at + 1], "8388608,16777216");
+        let tiny = NativeNccl {
+            max_message_bytes: Some(4096),
+            ..node
+        };
+        assert_eq!(tiny.sizes(&run), vec![4096]);
     }
 
     #[test]

@@ -20,15 +20,11 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use railguard_api::profile::{parse_ib_hca, rank_request};
 use railguard_api::Transport;
-use railguard_sim::standin::{parse_size, peer_path, PeerPath, StandinRun};
+use railguard_sim::standin::{
+    parse_size, peer_path, PeerPath, StandinRun, NO_GDR_SHARE, SHM_BUSBW_GBPS, SOCKET_BUSBW_GBPS,
+};
 use railguard_sim::{bump_counters, ModelPortState, NodeModel, SIM_MODEL_PATH};
 
-/// Socket transport tops out far below any RDMA rail.
-const SOCKET_BUSBW_GBPS: f64 = 11.5;
-/// Share of the plateau left when GPUDirect RDMA is off (bounce through host memory).
-const NO_GDR_SHARE: f64 = 0.55;
-/// SHM between GPUs of one host bounces through host memory.
-const SHM_BUSBW_GBPS: f64 = 20.0;
 /// nccl-tests' `testNotImplemented`, its status for more GPUs than the node has.
 const EXIT_TOO_MANY_GPUS: u8 = 5;
 

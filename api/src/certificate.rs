@@ -144,6 +144,10 @@ pub struct RailResult {
     /// typical (median) half round trip of a 2-byte ping-pong.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_us: Option<f64>,
+    /// The GID table index the rail's RDMA tests ran on: on RoCE the one NCCL chooses
+    /// (RoCE v2 in the address family, `ncclIbGetGidIndex`), on InfiniBand the port GID 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid_index: Option<u32>,
     /// Error counter growth over the check window, by counter name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub counter_deltas: BTreeMap<String, u64>,

@@ -392,6 +392,7 @@ fn certificate(now: Timestamp, verdict: Verdict, ttl_secs: i64) -> Certificate {
                 write_bw_host_gbps: Some(392.5),
                 write_bw_gpu_gbps: Some(388.0),
                 latency_us: Some(2.1),
+                gid_index: None,
                 counter_deltas: BTreeMap::from([("symbol_error".to_string(), 0)]),
                 verdict: RailVerdict::Healthy,
                 reasons: vec![],

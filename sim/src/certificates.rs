@@ -33,6 +33,7 @@ pub fn certificate(
             write_bw_host_gbps: Some(rail_gbps),
             write_bw_gpu_gbps: Some(rail_gbps),
             latency_us: Some(2.0),
+            gid_index: None,
             counter_deltas: BTreeMap::new(),
             verdict: RailVerdict::Healthy,
             reasons: Vec::new(),

@@ -80,6 +80,8 @@ pub struct RailBench {
     pub write_bw_host_gbps: Option<f64>,
     pub write_bw_gpu_gbps: Option<f64>,
     pub latency_us: Option<f64>,
+    /// The GID table index the host-memory test ran on.
+    pub gid_index: Option<u32>,
     /// The engine's error, when the rail could not be measured.
     pub error: Option<String>,
     /// Why GPU memory was not measured on this rail (no CUDA, no GPUDirect registration).

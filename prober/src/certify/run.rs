@@ -262,6 +262,7 @@ fn bench_rail(
         Ok(r) => {
             out.write_bw_host_gbps = Some(r.peak_bw_gbps);
             out.latency_us = Some(r.small_msg_latency_us);
+            out.gid_index = r.gid_index;
         }
         Err(e) => {
             out.error = Some(e.to_string());

@@ -125,6 +125,7 @@ mod tests {
             write_bw_host_gbps: Some(390.0),
             write_bw_gpu_gbps: None,
             latency_us: Some(2.0),
+            gid_index: None,
             counter_deltas: BTreeMap::new(),
             verdict: RailVerdict::Healthy,
             reasons: vec![],

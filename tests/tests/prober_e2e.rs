@@ -123,7 +123,9 @@ async fn simulated_nodes_certify_fail_on_faults_and_flip_on_passive_counters() -
             c.software.get("driver").map(String::as_str),
             Some("550.54.15")
         );
-        assert!(c.software.contains_key("nccl-tests"));
+        // The default runner, native: the NCCL library that ran and the version it answered.
+        assert!(c.software.contains_key("libnccl"), "{:?}", c.software);
+        assert_eq!(c.software.get("nccl").map(String::as_str), Some("2.21.5"));
         let node = nodes.get(n).await?;
         let cond = node
             .status

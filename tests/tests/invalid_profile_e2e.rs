@@ -636,7 +636,9 @@ async fn spawn_daemon(
 /// profile is fixed.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_prober_whose_profile_names_a_binary_it_may_not_run_waits_and_goes_on_once_fixed() {
+    // The check is nccl-tests' (the native runner, the default, runs no binary).
     let cp = one_node_with_profile(|p| {
+        p["spec"]["certification"]["ncclRunner"] = json!("NcclTests");
         p["spec"]["certification"]["ncclTests"] = json!({"binary": "/tmp/payload"});
     })
     .await;

@@ -4,14 +4,20 @@
 # Build from the repository root:
 #   docker build -f docker/prober.Dockerfile -t railguard-prober .
 #
-# The default image has the prober and rdma-core's userspace (libibverbs + mlx5 provider),
-# enough for discovery, passive rail checks, the native RDMA engine on host memory and the
-# campaign. NVML comes from the driver that the NVIDIA container runtime mounts at run time
-# (the chart sets runtimeClassName: nvidia).
+# The default image has the prober, rdma-core's userspace (libibverbs + mlx5 provider) and
+# NCCL: libnccl.so.2 of NVIDIA's PyPI wheel nvidia-nccl-cu12 (BSD-licensed; version and
+# sha256 pinned below and in tests/scripts/nccl-wheel.sh, its licence files in
+# /usr/share/doc/nccl) at /usr/lib/railguard/nccl/libnccl.so.2, which the prober loads when
+# no --nccl-library is given. That is enough for discovery, passive rail checks, the native
+# RDMA engine, the native NCCL loopback (certification.ncclRunner: Native, the default) and
+# the campaign. The CUDA driver and NVML come from the driver that the NVIDIA container
+# runtime mounts at run time (the chart sets runtimeClassName: nvidia). To certify with the
+# node's own NCCL instead, the chart mounts it (prober.gpuLibraries.ncclLibrary).
 #
 # nccl-tests and perftest: NCCL is a user-space library, and the NCCL that certification
-# uses must be the one your training images use, or a pass proves nothing about them. Build
-# the `with-nccl-tests` target with the CUDA and NCCL versions of your training images:
+# uses should be the one your training images use. Profiles with ncclRunner: NcclTests run
+# all_reduce_perf; build the `with-nccl-tests` target with the CUDA and NCCL versions of
+# your training images:
 #
 #   docker build -f docker/prober.Dockerfile --target with-nccl-tests \
 #     --build-arg CUDA_IMAGE=nvcr.io/nvidia/cuda:12.6.3-devel-ubuntu24.04 \
@@ -48,6 +54,23 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && install -D -m 0755 target/release/railguard-prober /out/railguard-prober \
  && install -D -m 0644 target/release/librailguard_nccl_env_plugin.so /out/libnccl-env-railguard.so
 
+# NCCL of the default image: the wheel downloaded by pip with its hash required (either
+# architecture's sha256 as PyPI's simple index lists it), and its libnccl.so.2 extracted.
+FROM debian:bookworm-slim AS nccl
+ARG NCCL_WHEEL_VERSION=2.32.3
+ARG NCCL_WHEEL_SHA256_AMD64=bb94b2348e4861d5e8aa00b36c3d12d9bdf9c6369b82cbb723de0b582280a21c
+ARG NCCL_WHEEL_SHA256_ARM64=061af42ae1044816820e16b872075e243d1ac0656f51860fbc8e106c257aa83a
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends python3-pip ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+RUN printf 'nvidia-nccl-cu12==%s --hash=sha256:%s --hash=sha256:%s\n' \
+      "${NCCL_WHEEL_VERSION}" "${NCCL_WHEEL_SHA256_AMD64}" "${NCCL_WHEEL_SHA256_ARM64}" >/tmp/nccl.txt \
+ && python3 -m pip download --no-deps --only-binary=:all: --no-cache-dir --require-hashes \
+      -r /tmp/nccl.txt -d /wheel \
+ && python3 -c "import glob, zipfile; z = zipfile.ZipFile(glob.glob('/wheel/*.whl')[0]); [z.extract(n, '/x') for n in z.namelist() if n == 'nvidia/nccl/lib/libnccl.so.2' or n.rsplit('/', 1)[-1].upper().startswith('LICENSE')]" \
+ && install -D -m 0644 /x/nvidia/nccl/lib/libnccl.so.2 /out/libnccl.so.2 \
+ && mkdir -p /out/licenses && find /x -iname 'license*' -type f -exec cp {} /out/licenses/ \;
+
 # Default image. The DaemonSet runs it as root only for IPC_LOCK (an added capability is not
 # effective for a non-root user); the campaign coordinator runs it as 65532.
 FROM debian:bookworm-slim AS prober
@@ -60,6 +83,9 @@ COPY --from=build /out/railguard-prober /usr/local/bin/railguard-prober
 # the daemon copies it onto the node (--nccl-plugin-source, --nccl-plugin-install-dir) for
 # training containers to mount. Built on bookworm: it needs glibc 2.36 or newer there.
 COPY --from=build /out/libnccl-env-railguard.so /usr/lib/railguard/libnccl-env-railguard.so
+# The NCCL the prober loads by default (railguard_gpu::BUNDLED_NCCL_LIBRARY).
+COPY --from=nccl /out/libnccl.so.2 /usr/lib/railguard/nccl/libnccl.so.2
+COPY --from=nccl /out/licenses/ /usr/share/doc/nccl/
 USER 65532:65532
 EXPOSE 7470 9100
 ENTRYPOINT ["/usr/local/bin/railguard-prober"]

@@ -10,6 +10,9 @@
 #   env RAILGUARD_BIN_DIR       cargo-built binaries (default: <repo>/target/debug)
 #       RAILGUARD_KUBE_BIN_DIR  holds kube-scheduler
 #                               (default: ${XDG_CACHE_HOME:-$HOME/.cache}/railguard/kube-1.20)
+#       RAILGUARD_NCCL_LIB_DIR  holds the nvidia-nccl-cu12 wheel's libnccl.so.2 for the prober
+#                               image (default: tests/scripts/nccl-wheel.sh's cache, fetched
+#                               by it on first use)
 # Output: OUT_DIR/<image>.tar (oci-archive, ref inside) and OUT_DIR/images.txt, one
 #         "REF ARCHIVE" line per image of this run. buildah's storage is private to
 #         OUT_DIR/.buildah; an archive newer than all of its inputs is not rebuilt.
@@ -20,7 +23,10 @@
 # debian bookworm-slim) cannot be pulled here, so the rootfs is made from the host: the
 # stripped binary, the shared libraries ldd lists (and the dynamic loader), /etc/passwd and
 # /etc/group with uid/gid 65532, CA certificates, /tmp; for the prober also rdma-core's
-# userspace (libibverbs providers and /etc/libibverbs.d). tests/tests/images.rs checks the
+# userspace (libibverbs providers and /etc/libibverbs.d) and, in the prober image, the
+# wheel's libnccl.so.2 where the Dockerfile's nccl stage puts it (byte for byte: the
+# certificate's software.libnccl is its sha256). prober-sim leaves that 470 MB library out:
+# a simulated node loads the CUDA and NCCL test doubles. tests/tests/images.rs checks the
 # result against the Dockerfiles.
 set -euo pipefail
 
@@ -240,10 +246,15 @@ railguard_image() {
     extra=("$bin_dir/all_reduce_perf_sim")
     need_file "${extra[0]}" "cargo build -p railguard-sim --bin all_reduce_perf_sim"
   fi
-  local plugin="$bin_dir/librailguard_nccl_env_plugin.so" inputs=()
+  local plugin="$bin_dir/librailguard_nccl_env_plugin.so" inputs=() nccl=""
   if [ "$component" = prober ]; then
     need_file "$plugin" "cargo build -p railguard-nccl-env-plugin (the NCCL environment plugin)"
     inputs=("$plugin")
+  fi
+  if [ "$short" = prober ]; then
+    nccl="${RAILGUARD_NCCL_LIB_DIR:-$(bash "$repo/tests/scripts/nccl-wheel.sh" | tail -n1)}/libnccl.so.2"
+    need_file "$nccl" "tests/scripts/nccl-wheel.sh caches it, or set RAILGUARD_NCCL_LIB_DIR"
+    inputs+=("$nccl")
   fi
   listed+=("$ref $ar")
   if fresh "$ar" "$src" "$dockerfile" "${extra[@]}" "${inputs[@]}"; then
@@ -279,6 +290,23 @@ railguard_image() {
     strip --strip-debug -o "$root/$plugin_dest" "$plugin"
     chmod 0644 "$root/$plugin_dest"
     copy_libs "$root" "$plugin"
+    if [ -n "$nccl" ]; then
+      # The wheel's NCCL where the Dockerfile's COPY puts libnccl.so.2, unstripped.
+      local nccl_dest
+      nccl_dest="$(sed -n 's/^copy=//p' <<<"$meta" | awk '{ n = split($1, s, "/") } s[n] == "libnccl.so.2" { print $2; exit }')"
+      [ -n "$nccl_dest" ] || die "$dockerfile: no COPY of libnccl.so.2 in its runtime stage"
+      mkdir -p "$root/$(dirname "$nccl_dest")"
+      cp "$nccl" "$root/$nccl_dest"
+      chmod 0644 "$root/$nccl_dest"
+      copy_libs "$root" "$nccl"
+      # NCCL's BSD licence goes with it where the Dockerfile copies the wheel's licences
+      # (caches made before nccl-wheel.sh kept it have none).
+      local licences
+      licences="$(sed -n 's/^copy=//p' <<<"$meta" | awk '$1 ~ /licenses\/?$/ { print $2; exit }')"
+      if [ -n "$licences" ] && [ -f "$(dirname "$nccl")/License.txt" ]; then
+        install -D -m 0644 "$(dirname "$nccl")/License.txt" "$root/${licences%/}/License.txt"
+      fi
+    fi
     args+=(--env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin)
   else
     # distroless cc-debian12:nonroot

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Downloads (once) NVIDIA's PyPI wheel nvidia-nccl-cu12==2.32.3, checks its sha256 and caches
-# the real NCCL library it ships (nvidia/nccl/lib/libnccl.so.2). The NCCL environment plugin's
-# integration test (nccl-env/tests/real_nccl.rs) loads it; NCCL runs without a GPU as far as
-# ncclGetUniqueId, which is where it asks the env plugin for its bootstrap variables.
+# the real NCCL library it ships (nvidia/nccl/lib/libnccl.so.2). The prober image of
+# tests/scripts/build-images.sh carries it, as docker/prober.Dockerfile's image does (the
+# Dockerfile pins the same version and sha256: tests/tests/images.rs holds them equal), and
+# the NCCL environment plugin's integration test (nccl-env/plugin/tests/real_nccl.rs) loads
+# it; NCCL runs without a GPU as far as ncclGetUniqueId, which is where it asks the env
+# plugin for its bootstrap variables.
 #
 # Usage: tests/scripts/nccl-wheel.sh            # prints the cache dir on stdout's last line
-# Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/railguard/nccl-2.32.3/libnccl.so.2
+# Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/railguard/nccl-2.32.3/libnccl.so.2 (and License.txt)
 # Needs: pip (python3 -m pip) and network access to PyPI on the first run (about 350 MB).
 set -euo pipefail
 
@@ -51,14 +54,20 @@ if [ "$got" != "$sha256" ]; then
 fi
 log "sha256 $got ok"
 
-# A wheel is a zip; python3 is there (pip needs it), unzip may not be.
-python3 - "$work/$wheel" "$work/libnccl.so.2" <<'PY'
+# A wheel is a zip; python3 is there (pip needs it), unzip may not be. NCCL's BSD licence
+# (the wheel's dist-info/licenses/License.txt) goes with the library into the prober image.
+python3 - "$work/$wheel" "$work/libnccl.so.2" "$work/License.txt" <<'PY'
 import shutil, sys, zipfile
-with zipfile.ZipFile(sys.argv[1]) as z, z.open("nvidia/nccl/lib/libnccl.so.2") as src, \
-        open(sys.argv[2], "wb") as dst:
-    shutil.copyfileobj(src, dst)
+with zipfile.ZipFile(sys.argv[1]) as z:
+    with z.open("nvidia/nccl/lib/libnccl.so.2") as src, open(sys.argv[2], "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    for name in z.namelist():
+        if name.rsplit("/", 1)[-1].lower().startswith("license"):
+            with z.open(name) as src, open(sys.argv[3], "wb") as dst:
+                shutil.copyfileobj(src, dst)
 PY
 mkdir -p "$dir"
+if [ -f "$work/License.txt" ]; then mv "$work/License.txt" "$dir/License.txt"; fi
 # Renamed into place last, so a cut-off run never leaves a partial library in the cache.
 mv "$work/libnccl.so.2" "$dir/libnccl.so.2"
 log "cached in $dir"

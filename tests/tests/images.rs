@@ -604,6 +604,122 @@ fn check_nccl_plugin(rootfs: &Path, ctx: &str) -> Result<()> {
     Ok(())
 }
 
+/// The version and sha256 pins of the nvidia-nccl-cu12 wheel in tests/scripts/nccl-wheel.sh:
+/// (version, [x86_64 sha256, aarch64 sha256]).
+fn wheel_script_pins() -> Result<(String, Vec<String>)> {
+    let text = std::fs::read_to_string(workspace_root().join("tests/scripts/nccl-wheel.sh"))?;
+    let version = text
+        .lines()
+        .find_map(|l| l.strip_prefix("version="))
+        .ok_or_else(|| anyhow!("nccl-wheel.sh sets no version="))?
+        .trim()
+        .to_string();
+    let hashes = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("sha256="))
+        .map(|h| h.trim_end_matches(" ;;").trim().to_string())
+        .collect();
+    Ok((version, hashes))
+}
+
+/// The Dockerfile's `ARG NAME=value`.
+fn dockerfile_arg(text: &str, name: &str) -> Result<String> {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix(&format!("ARG {name}=")))
+        .map(|v| v.trim().to_string())
+        .ok_or_else(|| anyhow!("docker/prober.Dockerfile has no ARG {name}="))
+}
+
+/// The default image's NCCL and the test images' are one wheel: the Dockerfile downloads the
+/// version and hashes tests/scripts/nccl-wheel.sh caches.
+#[test]
+fn the_dockerfile_pins_the_wheel_that_nccl_wheel_sh_caches() -> Result<()> {
+    let text = std::fs::read_to_string(workspace_root().join("docker/prober.Dockerfile"))?;
+    let (version, hashes) = wheel_script_pins()?;
+    assert_eq!(dockerfile_arg(&text, "NCCL_WHEEL_VERSION")?, version);
+    assert_eq!(
+        vec![
+            dockerfile_arg(&text, "NCCL_WHEEL_SHA256_AMD64")?,
+            dockerfile_arg(&text, "NCCL_WHEEL_SHA256_ARM64")?,
+        ],
+        hashes
+    );
+    // The stage the default image copies it from, to where the prober loads it by default.
+    let stage = dockerfile_stage("prober")?;
+    assert_eq!(
+        stage.copy_destination("libnccl.so.2").as_deref(),
+        Some(railguard_gpu::BUNDLED_NCCL_LIBRARY)
+    );
+    assert!(
+        stage
+            .copies
+            .iter()
+            .any(|(src, dest)| src == "/out/libnccl.so.2" && dest.starts_with("/usr/lib/")),
+        "{:?}",
+        stage.copies
+    );
+    Ok(())
+}
+
+/// The wheel's NCCL where the Dockerfile puts it, which the prober loads by default: an ELF
+/// shared object exporting `ncclGetVersion`, whose libraries the image's loader resolves, and
+/// which railguard's own loader opens as the pinned version.
+fn check_nccl(rootfs: &Path, ctx: &str) -> Result<()> {
+    let dest = dockerfile_stage("prober")?
+        .copy_destination("libnccl.so.2")
+        .ok_or_else(|| anyhow!("docker/prober.Dockerfile copies no libnccl.so.2"))?;
+    ensure!(
+        dest == railguard_gpu::BUNDLED_NCCL_LIBRARY,
+        "{ctx}: NCCL at {dest}, the prober loads {}",
+        railguard_gpu::BUNDLED_NCCL_LIBRARY
+    );
+    let lib = rootfs.join(dest.trim_start_matches('/'));
+    let mut magic = [0u8; 4];
+    std::io::Read::read_exact(
+        &mut std::fs::File::open(&lib).with_context(|| format!("{ctx}: {dest}"))?,
+        &mut magic,
+    )?;
+    ensure!(&magic == b"\x7fELF", "{ctx}: {dest} is not an ELF file");
+    let symbols = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&lib)
+        .output()
+        .context("running nm (binutils)")?;
+    let symbols = String::from_utf8_lossy(&symbols.stdout);
+    // NCCL defines it weak, over pncclGetVersion (its profiling-interface alias).
+    ensure!(
+        symbols
+            .lines()
+            .any(|l| l.ends_with(" T ncclGetVersion") || l.ends_with(" W ncclGetVersion")),
+        "{ctx}: {dest} exports no ncclGetVersion"
+    );
+    let out = chroot(rootfs, &["/lib64/ld-linux-x86-64.so.2", "--list", &dest])?;
+    let listed = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success() && !listed.contains("not found"),
+        "{ctx}: the loader --list {dest}: {}\n{listed}",
+        out.status
+    );
+    // Held for the test's life: NCCL is not meant to be unloaded.
+    static LOADED: std::sync::OnceLock<std::sync::Arc<railguard_gpu::Nccl>> =
+        std::sync::OnceLock::new();
+    let nccl = match LOADED.get() {
+        Some(n) => n,
+        None => {
+            let n =
+                railguard_gpu::Nccl::load(Some(&lib)).with_context(|| format!("{ctx}: {dest}"))?;
+            LOADED.get_or_init(|| n)
+        }
+    };
+    let (version, _) = wheel_script_pins()?;
+    ensure!(
+        nccl.version_string() == version,
+        "{ctx}: {dest} is NCCL {}, the pinned wheel's is {version}",
+        nccl.version_string()
+    );
+    Ok(())
+}
+
 #[test]
 fn images_match_their_dockerfiles_and_their_binaries_run() -> Result<()> {
     ensure!(
@@ -698,6 +814,15 @@ fn images_match_their_dockerfiles_and_their_binaries_run() -> Result<()> {
         if component == "prober" {
             check_prober_rootfs(&image.rootfs, &reference)?;
             check_nccl_plugin(&image.rootfs, &reference)?;
+        }
+        let nccl = image
+            .rootfs
+            .join(railguard_gpu::BUNDLED_NCCL_LIBRARY.trim_start_matches('/'));
+        if short == "prober" {
+            check_nccl(&image.rootfs, &reference)?;
+        } else {
+            // A simulated node loads the test doubles; 470 MB it does not need.
+            ensure!(!nccl.exists(), "{reference} holds the wheel's NCCL");
         }
         let sim = image.rootfs.join("usr/local/bin/all_reduce_perf_sim");
         if short == "prober-sim" {

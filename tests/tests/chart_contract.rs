@@ -1362,3 +1362,108 @@ fn the_webhooks_nccl_paths_are_where_the_prober_installs_and_writes() {
     }
     assert!(checked > ALL_SETS.len(), "{checked} daemons checked");
 }
+
+/// The prober containers of `docs`: (DaemonSet name, container, the pod's volumes).
+fn prober_containers(docs: &[Json], namespace: &str) -> Vec<(String, Container, Json)> {
+    docs.iter()
+        .filter(|d| d["kind"] == "DaemonSet")
+        .filter_map(|d| {
+            let spec = pod_spec(d)?;
+            Some((d["metadata"]["name"].as_str()?.to_string(), spec.clone()))
+        })
+        .flat_map(|(name, spec)| {
+            spec["containers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |c| {
+                    (
+                        name.clone(),
+                        Container::from_json(&c, namespace),
+                        spec["volumes"].clone(),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// Which NCCL certifies a node is the chart's `prober.gpuLibraries.ncclLibrary`: left empty,
+/// no prober container names a library, so the binary loads the image's
+/// (`railguard_gpu::BUNDLED_NCCL_LIBRARY`, where docker/prober.Dockerfile puts the wheel's
+/// libnccl.so.2); set with `hostPath`, the daemon and the peer endpoint of every profile
+/// load the node's file through the read-only mount of that directory, and still parse.
+#[test]
+fn the_probers_nccl_is_the_images_unless_the_values_choose_the_nodes() {
+    let chart = Chart::load(workspace_root().join("charts/railguard")).expect("chart loads");
+    let dockerfile = std::fs::read_to_string(workspace_root().join("docker/prober.Dockerfile"))
+        .expect("docker/prober.Dockerfile");
+    let bundled = railguard_gpu::BUNDLED_NCCL_LIBRARY;
+    assert!(
+        dockerfile
+            .lines()
+            .any(|l| l.starts_with("COPY --from=") && l.ends_with(&format!(" {bundled}"))),
+        "the default image puts no libnccl.so.2 at {bundled}"
+    );
+    let images = rendered_objects(&chart, &DEFAULT);
+    let probers = prober_containers(&images, DEFAULT.namespace);
+    assert!(probers.len() >= 2, "{} prober containers", probers.len());
+    for (ds, c, _) in &probers {
+        let env = c.env_map();
+        assert!(
+            !env.contains_key("RAILGUARD_NCCL_LIBRARY")
+                && !env.contains_key("RAILGUARD_CUDA_LIBRARY"),
+            "{ds}/{}: the image's NCCL by default, got {env:?}",
+            c.name
+        );
+        assert!(
+            !c.args.iter().any(|a| a.starts_with("--nccl-library")),
+            "{ds}/{}: no --nccl-library on the command line",
+            c.name
+        );
+    }
+
+    let node = ValuesSet {
+        label: "the node's NCCL",
+        values: "prober:\n  gpuLibraries: {hostPath: /usr/lib/x86_64-linux-gnu, ncclLibrary: libnccl.so.2}\n",
+        ..DEFAULT
+    };
+    let (problems, _) = contract_problems(&chart, &node);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let docs = rendered_objects(&chart, &node);
+    let probers = prober_containers(&docs, node.namespace);
+    let mut daemons = 0;
+    for (ds, c, volumes) in &probers {
+        let env = c.env_map();
+        assert_eq!(
+            env.get("RAILGUARD_NCCL_LIBRARY").map(String::as_str),
+            Some("/run/railguard/gpu-libs/libnccl.so.2"),
+            "{ds}/{}",
+            c.name
+        );
+        assert!(
+            !env.contains_key("RAILGUARD_CUDA_LIBRARY"),
+            "{ds}/{}: only NCCL was chosen",
+            c.name
+        );
+        assert!(
+            c.mounts.iter().any(|m| m.path == "/run/railguard/gpu-libs"),
+            "{ds}/{}: {:?}",
+            c.name,
+            c.mounts
+        );
+        let lib_dir = volumes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v["name"] == "gpu-libs")
+            .map(|v| v["hostPath"]["path"].clone());
+        assert_eq!(
+            lib_dir,
+            Some(Json::from("/usr/lib/x86_64-linux-gnu")),
+            "{ds}: the node's directory"
+        );
+        daemons += usize::from(c.args.first().is_some_and(|a| a == "daemon"));
+    }
+    assert!(daemons >= 1 && probers.len() >= 2 * daemons, "{probers:?}");
+}

@@ -31,7 +31,11 @@ fn child_runs_nccl() {
     match &nccl {
         Err(e) => println!("child: cannot load NCCL: {e}"),
         Ok(nccl) => {
-            println!("child: NCCL {}", nccl.version_string());
+            println!(
+                "child: NCCL {} (ncclGetVersion {})",
+                nccl.version_string(),
+                nccl.version()
+            );
             match nccl.unique_id() {
                 Ok(_) => println!("child: ncclGetUniqueId ok"),
                 Err(e) => println!("child: {e}"),
@@ -188,6 +192,22 @@ impl Run {
             self.stderr
         );
     }
+}
+
+/// The prober's own loader (railguard-gpu's `Nccl::load`, through which the native loopback's
+/// ranks and the campaign's pair tests load NCCL) reads the wheel's `ncclGetVersion`:
+/// NCCL_VERSION(2,32,3) = 23203 (src/nccl.h.in), printed 2.32.3, the certificate's
+/// `software.nccl`.
+#[test]
+fn the_probers_loader_reads_the_wheels_version() {
+    child_runs_nccl();
+    let r = run(
+        "the_probers_loader_reads_the_wheels_version",
+        false,
+        None,
+        &[],
+    );
+    r.assert_has("child: NCCL 2.32.3 (ncclGetVersion 23203)");
 }
 
 #[test]

@@ -7,8 +7,10 @@
 //! The flow, on running pods:
 //! - the webhook provisions its own certificate and caBundle; a pod created through the API
 //!   is mutated by the in-cluster webhook through its Service;
-//! - the prober DaemonSet certifies the node from its simulated hardware (a sysfs tree on
-//!   the node) and publishes labels, condition and certificate;
+//! - the prober DaemonSet, the default image with the shipped h100-ndr profile (the native
+//!   NCCL loopback), certifies the node from its simulated hardware (a sysfs tree on the
+//!   node) and the CUDA and NCCL test doubles the chart mounts as the node's GPU libraries,
+//!   and publishes labels, condition and certificate;
 //! - a training pod is placed by the chart's scheduler through its extender sidecar and
 //!   runs, with NCCL_IB_HCA, NCCL_SOCKET_IFNAME, a /dev/shm of the profile's size and
 //!   IPC_LOCK in the running container;
@@ -37,6 +39,7 @@ use railguard_tests::{
     eventually, failed_scheduling_messages, workspace_binary, workspace_root, RealNode,
 };
 use serde_json::{json, Value};
+use sha2::Digest as _;
 
 const RELEASE: &str = "railguard";
 const NAMESPACE: &str = "railguard";
@@ -51,7 +54,6 @@ const FAULT_RAIL: &str = "mlx5_3";
 fn bin_dir() -> Result<PathBuf> {
     let prober = workspace_binary("railguard-prober-cli", "railguard-prober")?;
     for (pkg, name) in [
-        ("railguard-sim", "all_reduce_perf_sim"),
         ("railguard-webhook-cli", "railguard-webhook"),
         ("railguard-extender-cli", "railguard-extender"),
     ] {
@@ -60,12 +62,25 @@ fn bin_dir() -> Result<PathBuf> {
     Ok(prober.parent().context("binary dir")?.to_path_buf())
 }
 
+/// The images the node runs: the components' default images (no prober-sim: the prober's
+/// default image certifies the simulated node), the chart's scheduler, the sandbox and the
+/// test's own pods.
+const IMAGES: [&str; 6] = [
+    "webhook",
+    "extender",
+    "prober",
+    "kube-scheduler",
+    "pause",
+    "testbox",
+];
+
 /// Builds the images with tests/scripts/build-images.sh and returns their archives.
 fn build_images(out: &Path, bins: &Path, kube_bin: &Path) -> Result<Vec<PathBuf>> {
     let t0 = Instant::now();
     let status = Command::new("bash")
         .arg(workspace_root().join("tests/scripts/build-images.sh"))
         .arg(out)
+        .args(IMAGES)
         .env("RAILGUARD_BIN_DIR", bins)
         .env("RAILGUARD_KUBE_BIN_DIR", kube_bin)
         .status()
@@ -191,7 +206,7 @@ fn plugin_pod(name: &str, sim_node: &Path, visible_gpus: &[u64]) -> Result<Pod> 
             "restartPolicy": "Always",
             "containers": [{
                 "name": "trainer",
-                "image": "localhost/railguard-prober-sim:dev",
+                "image": "localhost/railguard-prober:dev",
                 "imagePullPolicy": "Never",
                 "args": ["nccl-env", "--sysfs-root", "/sim"],
                 "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": visible.join(",")}],
@@ -321,6 +336,10 @@ async fn evict(node: &RealNode, ns: &str, name: &str) -> Result<u16> {
         .await
         .context("eviction request")?;
     Ok(resp.status().as_u16())
+}
+
+fn hex_string(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn mutated(p: &Pod) -> bool {
@@ -464,6 +483,24 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     );
     let rails = cert["rails"].as_array().map(Vec::len).unwrap_or(0);
     ensure!(rails == 8, "certificate has {rails} rails");
+    // The shipped profile's NCCL loopback, native: one rank per GPU over every rail, through
+    // the NCCL library the chart's gpuLibraries chose over the image's (its sha256 and the
+    // version its ncclGetVersion answered), at the simulated fabric's bus bandwidth.
+    let nccl = &cert["nccl"];
+    ensure!(
+        nccl["ranks"] == 8
+            && nccl["transport"] == "IB"
+            && nccl["gdr"] == true
+            && nccl["hcas"].as_array().map(Vec::len) == Some(8)
+            && nccl["busbwPlateauGBps"].as_f64().is_some_and(|b| b >= 40.0),
+        "the native NCCL loopback: {nccl}"
+    );
+    let double = sha2::Sha256::digest(std::fs::read(gpu_libs.join("libnccl.so.2"))?);
+    ensure!(
+        cert["software"]["libnccl"] == hex_string(&double) && cert["software"]["nccl"] == "2.21.5",
+        "the chosen NCCL (the double, 2.21.5) in the certificate: {}",
+        cert["software"]
+    );
     // GPU memory on every rail came through the driver library the chart mounted: the CUDA
     // double reports no DMA-BUF support, so Auto registered by peermem and says why.
     for r in cert["rails"].as_array().into_iter().flatten() {

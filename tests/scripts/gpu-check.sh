@@ -11,6 +11,14 @@
 # healthy rails; `enforce`, the bootstrap on `lo`): on stderr, after the report, the lines
 # of NCCL's INFO log that show what NCCL read from the plugin.
 #
+# Then, on a machine with at least 2 GPUs and an RDMA device, the node's NCCL loopback as
+# certification runs it (certification.ncclRunner: Native): `railguard-prober nccl-ranks
+# --single-node`, one rank per GPU in one communicator, with NCCL_P2P_DISABLE=1
+# NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0 and NCCL_IB_HCA set to the active rails discovery
+# found, so every ring hop goes GPU -> NIC -> NIC -> GPU; its result (per size: time, algbw,
+# busbw, wrong elements) and NCCL's transport lines go to stderr. With fewer than 2 GPUs or
+# no RDMA device it is skipped, saying why.
+#
 #   tests/scripts/gpu-check.sh
 #
 # Environment: RAILGUARD_PROBER_BIN (a built railguard-prober; default: build it in release
@@ -20,7 +28,7 @@
 # it in release mode; `none` runs without the plugin).
 #
 # Exit status: 0 pass, or skipped on a machine without an NVIDIA GPU and driver; 1 a layer
-# failed; 2 the check could not run.
+# or the loopback failed; 2 the check could not run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -115,4 +123,71 @@ else
 fi
 set -e
 [ "$rc" -eq 124 ] && { echo "gpu-check: timed out after 240 s" >&2; exit 2; }
+
+# The node's NCCL loopback (prober/src/nccl/native.rs runs the same child for certification,
+# with prober/src/certify/run.rs's LOOPBACK_ENV), through every active rail.
+"$BIN" discover --sysfs-root / --json > "$work/loopback.json" 2>"$work/loopback-discover.err" || true
+read -r gpus hcas < <(python3 - "$work/loopback.json" <<'PY' || echo "0 -"
+import json, sys
+try:
+    d = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    d = {}
+rails = ["%s:%d" % (r["hca"], r["port"]) for r in d.get("rails", []) if r.get("state") == "ACTIVE"]
+print(len(d.get("gpus", [])), "=" + ",".join(rails) if rails else "-")
+PY
+)
+if [ "${gpus:-0}" -lt 2 ]; then
+  echo "gpu-check: NCCL loopback skipped: it needs at least 2 GPUs, discovery found ${gpus:-0}" >&2
+  exit "$rc"
+fi
+if [ "$hcas" = - ]; then
+  echo "gpu-check: NCCL loopback skipped: no active RDMA port (/sys/class/infiniband)" >&2
+  exit "$rc"
+fi
+sizes=$(python3 -c 'print(",".join(str(8 << 20 << i) for i in range(8)))')  # 8 MiB .. 1 GiB
+loop=(nccl-ranks --single-node --sizes "$sizes" --warmup 5 --iterations 20)
+[ -n "$NCCL" ] && loop+=(--nccl-library "$NCCL")
+[ -n "${RAILGUARD_CUDA_LIBRARY:-}" ] && loop+=(--cuda-library "$RAILGUARD_CUDA_LIBRARY")
+echo "gpu-check: NCCL loopback: $gpus ranks, NCCL_IB_HCA=$hcas, P2P, SHM and NVLS off" >&2
+set +e
+env -u NCCL_ENV_PLUGIN NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0 \
+  NCCL_IB_HCA="$hcas" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET \
+  timeout 300 "$BIN" "${loop[@]}" >"$work/loopback.out" 2>"$work/loopback.log"
+lrc=$?
+set -e
+python3 - "$work/loopback.out" >&2 <<'PY' || lrc=1
+import json, sys
+lines = [l for l in open(sys.argv[1]) if l.strip()]
+if not lines:
+    print("gpu-check: NCCL loopback printed no result")
+    sys.exit(1)
+r = json.loads(lines[-1])
+if r.get("type") != "result":
+    print("gpu-check: NCCL loopback failed: %s" % json.dumps(r))
+    sys.exit(1)
+print("gpu-check: NCCL loopback result (NCCL %s, %d ranks):" % (r["ncclVersion"], r["nranks"]))
+print("  %12s %12s %12s %12s %8s" % ("bytes", "time us", "algbw GB/s", "busbw GB/s", "#wrong"))
+wrong = 0
+for p in r["points"]:
+    wrong += p["wrong"]
+    print("  %12d %12.1f %12.2f %12.2f %8d" % (p["bytes"], p["timeUs"], p["algbwGBps"], p["busbwGBps"], p["wrong"]))
+print("  " + json.dumps(r))
+sys.exit(1 if wrong else 0)
+PY
+{
+  # Every hop should read NET/IB/<its rank's HCA>/GDRDMA; a P2P or SHM hop never left the GPU.
+  echo "gpu-check: NCCL loopback transport (NCCL's log):"
+  sed -n 's/.* NCCL INFO //p' "$work/loopback.log" \
+    | grep -E "^NET/IB : Using|^Using network|GPU Direct RDMA" | sort -u | sed 's/^/  /' \
+    || echo "  (no NCCL network lines)"
+  echo "gpu-check: NCCL loopback hops by transport:"
+  grep -oE "via [A-Za-z]+/[^ ]+" "$work/loopback.log" | sort | uniq -c | sed 's/^/  /' \
+    || echo "  (no channel lines)"
+} >&2
+if [ "$lrc" -eq 124 ]; then
+  echo "gpu-check: NCCL loopback timed out after 300 s" >&2
+  lrc=1
+fi
+[ "$lrc" -ne 0 ] && [ "$rc" -eq 0 ] && rc=1
 exit "$rc"

@@ -1467,3 +1467,20 @@ fn the_probers_nccl_is_the_images_unless_the_values_choose_the_nodes() {
     }
     assert!(daemons >= 1 && probers.len() >= 2 * daemons, "{probers:?}");
 }
+
+/// The chart is released with the binaries: its `version` and `appVersion` (the default image
+/// tag) are the workspace's version, so a release bumps both or this fails.
+#[test]
+fn chart_version_and_app_version_are_the_workspace_version() {
+    let text = std::fs::read_to_string(workspace_root().join("charts/railguard/Chart.yaml"))
+        .expect("Chart.yaml");
+    let chart: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("Chart.yaml parses");
+    let field = |k: &str| chart[k].as_str().map(str::to_string);
+    let workspace = env!("CARGO_PKG_VERSION");
+    assert_eq!(field("version").as_deref(), Some(workspace), "Chart.yaml version");
+    assert_eq!(
+        field("appVersion").as_deref(),
+        Some(workspace),
+        "Chart.yaml appVersion"
+    );
+}

@@ -360,7 +360,10 @@ fn default_values_render_the_webhook_configuration_the_issue_asks_for() {
         c["readinessProbe"]["httpGet"],
         json!({"path": "/readyz", "port": "metrics"})
     );
-    assert_eq!(c["image"], "ghcr.io/railguard/railguard-webhook:0.1.0");
+    assert_eq!(
+        c["image"],
+        format!("ghcr.io/railguard/railguard-webhook:{}", env!("CARGO_PKG_VERSION"))
+    );
     let args = container_args(c);
     for want in [
         "--listen=0.0.0.0:8443",
@@ -372,7 +375,10 @@ fn default_values_render_the_webhook_configuration_the_issue_asks_for() {
         "--excluded-namespaces=kube-system,railguard",
         "--self-signed-secret=railguard-webhook-tls",
         "--webhook-config-name=railguard-webhook",
-        "--prober-image=ghcr.io/railguard/railguard-prober:0.1.0",
+        &format!(
+            "--prober-image=ghcr.io/railguard/railguard-prober:{}",
+            env!("CARGO_PKG_VERSION")
+        ),
     ] {
         assert!(
             args.contains(&want.to_string()),

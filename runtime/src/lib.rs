@@ -3,7 +3,8 @@
 //! naming the thing and the fix ([`StartupError`], [`error_line`]), listeners bound with
 //! that error ([`bind`]), the Kubernetes client from `--kubeconfig` ([`kube_client`]),
 //! FabricProfiles from a file ([`read_profiles`]), the shutdown signal
-//! ([`shutdown_signal`]) and hardened serving ([`serve`], [`limit_requests`]).
+//! ([`shutdown_signal`]), hardened serving ([`serve`], [`limit_requests`]), the private PKIs
+//! railguard issues ([`pki`]) and Secrets a component fills once ([`secret_fill`]).
 //!
 //! Exit codes shared by the binaries: [`EXIT_FAIL`] for a failed verdict (prober only),
 //! [`EXIT_ERROR`] for usage, configuration and runtime errors (clap's own usage errors
@@ -11,17 +12,21 @@
 
 mod client;
 mod error;
+mod files;
 mod listen;
 mod logging;
+pub mod pki;
 mod profile_reports;
 mod profiles;
+pub mod secret_fill;
 mod serve;
 mod signal;
 mod tls;
 mod tls_reload;
 
 pub use client::kube_client;
-pub use error::{describe_io, error_chain, error_line, StartupError};
+pub use error::{describe_io, error_chain, error_line, PkiError, SecretFillError, StartupError};
+pub use files::write_atomic;
 pub use listen::{bind, logged_listen_addr};
 pub use logging::{
     filter_directives, init_logging, init_logging_with, use_ansi, LogFormat, LOG_FILTER_VARS,

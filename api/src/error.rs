@@ -80,3 +80,10 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     }
     s
 }
+
+/// A `railguard.io/crd-version` annotation that is not a `MAJOR.MINOR.PATCH` version.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("crd version annotation {value:?} is not MAJOR.MINOR.PATCH[-pre]: remove or correct it")]
+pub struct CrdVersionError {
+    pub value: String,
+}

@@ -23,6 +23,7 @@ pub mod preflight;
 pub mod profile_source;
 pub mod progress;
 pub mod sim;
+pub mod upgrade_crd;
 
 use clap::{Parser, Subcommand};
 use railguard_runtime::LogFormat;
@@ -38,6 +39,7 @@ use crate::nccl_env::NcclEnvArgs;
 use crate::nccl_ranks::NcclRanksArgs;
 use crate::preflight::PreflightArgs;
 use crate::sim::SimSysfsArgs;
+use crate::upgrade_crd::UpgradeCrdArgs;
 
 /// The exit status convention, shown under every `--help`.
 pub const EXIT_STATUS: &str =
@@ -196,6 +198,15 @@ Warnings and the plugin's info lines go to stderr.
 Exit status: 0 answered, 1 unhealthy (failed, pending or expired certificate, or no rail
 usable here), 2 the node file or sysfs cannot be read.")]
     NcclEnv(NcclEnvArgs),
+    /// Brings the cluster's FabricProfile CRD to this release's schema (the chart's
+    /// pre-install/pre-upgrade hook; Helm never upgrades `crds/`). A newer release's CRD is
+    /// left as it is.
+    #[command(after_help = "\
+Example:
+  railguard-prober upgrade-crd --kubeconfig ~/.kube/config
+
+Exit status: 0 current (created, applied or a newer one kept), 2 error.")]
+    UpgradeCrd(UpgradeCrdArgs),
 }
 
 /// Whether a subcommand's result passes (exit status 0) or fails (exit status 1: a failed
@@ -270,6 +281,7 @@ impl Command {
             Command::GpuCheck(a) => a.run(),
             Command::Certify(a) => block_on(a.run()),
             Command::Daemon(a) => block_on(a.run()).map(|()| Outcome::default()),
+            Command::UpgradeCrd(a) => block_on(a.run()),
         }
     }
 }

@@ -5,7 +5,6 @@
 //! serving pair to the files [`crate::tls::CertReloader`] watches.
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -384,32 +383,12 @@ fn write_files_if_stale(
     Ok(true)
 }
 
-/// Writes a sibling temp file and renames it over `path`, so readers never see half a PEM.
+/// [`railguard_runtime::write_atomic`]: readers never see half a PEM.
 fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), CertSyncError> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let io = |source| CertSyncError::Write {
+    railguard_runtime::write_atomic(path, contents, mode).map_err(|source| CertSyncError::Write {
         path: path.to_path_buf(),
         source,
-    };
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "pem".into());
-    let tmp = path.with_file_name(format!(".{file_name}.tmp-{}", std::process::id()));
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(io)?;
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(io)?;
-    f.write_all(contents).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(io)
+    })
 }
 
 fn secret_bytes(secret: &Secret) -> BTreeMap<String, Vec<u8>> {

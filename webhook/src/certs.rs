@@ -5,10 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
-};
+use railguard_runtime::pki::{Authority, CaPathLen, Leaf, Usage, Validity};
+use rcgen::KeyPair;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use time::OffsetDateTime;
 
@@ -280,38 +278,34 @@ pub fn issue(spec: &CertSpec, now: OffsetDateTime) -> Result<CertMaterial, CertE
     // A little backdating absorbs clock skew between this pod and the API server.
     let not_before = now - time::Duration::minutes(5);
     let gen = |source| CertError::Generate { source };
-
-    let ca_key = KeyPair::generate().map_err(gen)?;
-    let mut ca = CertificateParams::default();
-    let mut ca_dn = DistinguishedName::new();
-    ca_dn.push(
-        DnType::CommonName,
-        format!("railguard-webhook-ca {}.{}", spec.service, spec.namespace),
-    );
-    ca.distinguished_name = ca_dn;
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    ca.not_before = not_before;
-    // The CA outlives the serving pair a little so the pair never outlives its issuer.
-    ca.not_after = now + spec.validity + time::Duration::days(1);
-    let ca_cert = ca.self_signed(&ca_key).map_err(gen)?;
-
-    let tls_key = KeyPair::generate().map_err(gen)?;
-    let mut leaf = CertificateParams::new(spec.dns_names()).map_err(gen)?;
-    let mut leaf_dn = DistinguishedName::new();
-    leaf_dn.push(DnType::CommonName, spec.dns_names()[0].clone());
-    leaf.distinguished_name = leaf_dn;
-    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    leaf.not_before = not_before;
-    leaf.not_after = now + spec.validity;
-    let leaf_cert = leaf.signed_by(&tls_key, &ca_cert, &ca_key).map_err(gen)?;
-
+    let ca = Authority::new(
+        &format!("railguard-webhook-ca {}.{}", spec.service, spec.namespace),
+        CaPathLen::EndEntitiesOnly,
+        Validity {
+            not_before,
+            // The CA outlives the serving pair a little so the pair never outlives its issuer.
+            not_after: now + spec.validity + time::Duration::days(1),
+        },
+    )
+    .map_err(gen)?;
+    let names = spec.dns_names();
+    let tls = ca
+        .issue(&Leaf {
+            common_name: names[0].clone(),
+            dns_names: names,
+            ip_addresses: Vec::new(),
+            usage: Usage::Server,
+            validity: Validity {
+                not_before,
+                not_after: now + spec.validity,
+            },
+        })
+        .map_err(gen)?;
     Ok(CertMaterial {
-        ca_crt: ca_cert.pem(),
-        ca_key: ca_key.serialize_pem(),
-        tls_crt: leaf_cert.pem(),
-        tls_key: tls_key.serialize_pem(),
+        ca_crt: ca.pem().cert.clone(),
+        ca_key: ca.pem().key.clone(),
+        tls_crt: tls.cert,
+        tls_key: tls.key,
     })
 }
 

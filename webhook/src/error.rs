@@ -73,7 +73,7 @@ pub enum CertError {
     #[error("cannot generate a certificate")]
     Generate {
         #[source]
-        source: rcgen::Error,
+        source: railguard_runtime::PkiError,
     },
 }
 

@@ -1,8 +1,12 @@
 //! The values sets the chart tests render `charts/railguard` with: the structural and
 //! dry-run tests (`tests/chart_e2e.rs`) and the chart/binary contract test
-//! (`tests/chart_contract.rs`) use the same ones.
+//! (`tests/chart_contract.rs`) use the same ones. The renderer is the real Helm
+//! ([`crate::helm`]).
 
-use crate::gotmpl::{Chart, RenderOptions, Rendered, TemplateError};
+use anyhow::{Context, Result};
+use serde_json::Value as Json;
+
+use crate::helm::{self, HelmDoc};
 
 /// A release name, namespace and values overrides to render the chart with.
 #[derive(Debug, Clone, Copy)]
@@ -14,18 +18,54 @@ pub struct ValuesSet {
 }
 
 impl ValuesSet {
-    /// Renders `chart` with this set for a cluster serving `api_versions` at `kube_version`.
-    pub fn render(
-        &self,
-        chart: &Chart,
-        api_versions: &[String],
-        kube_version: &str,
-    ) -> Result<Rendered, TemplateError> {
-        let mut opts =
-            RenderOptions::new(self.release, self.namespace).with_values_yaml(self.values)?;
-        opts.api_versions = api_versions.to_vec();
-        opts.kube_version = kube_version.to_string();
-        chart.render(&opts)
+    /// `helm template` of the chart with this set for a cluster serving `api_versions` at
+    /// `kube_version`; the error is Helm's.
+    pub fn render(&self, api_versions: &[String], kube_version: &str) -> Result<Vec<HelmDoc>> {
+        helm::shared().template_docs(self, api_versions, kube_version)
+    }
+
+    /// The objects of [`ValuesSet::render`] for the 1.20 server
+    /// ([`helm::KUBE_1_20_API_VERSIONS`]), as JSON.
+    pub fn objects_1_20(&self) -> Result<Vec<Json>> {
+        Ok(self
+            .render(&helm::kube_1_20_api_versions(), helm::KUBE_1_20_VERSION)?
+            .into_iter()
+            .map(|d| d.obj)
+            .collect())
+    }
+
+    /// The values the templates see: the chart's values.yaml with this set's merged over it
+    /// (maps merge, anything else replaces; a `null` removes the default, as Helm's
+    /// coalescing does).
+    pub fn values(&self) -> Result<Json> {
+        let path = helm::chart_dir().join("values.yaml");
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let mut values: Json = serde_yaml_ng::from_str(&text).context("values.yaml")?;
+        let over: Json = serde_yaml_ng::from_str(self.values)
+            .with_context(|| format!("the values of {}", self.label))?;
+        coalesce(&mut values, &over);
+        Ok(values)
+    }
+}
+
+fn coalesce(base: &mut Json, over: &Json) {
+    match (base, over) {
+        (Json::Object(b), Json::Object(o)) => {
+            for (k, v) in o {
+                match (b.get_mut(k), v) {
+                    (Some(_), Json::Null) => {
+                        b.remove(k);
+                    }
+                    (Some(x), _) if x.is_object() && v.is_object() => coalesce(x, v),
+                    _ => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (b, o) if !o.is_null() => *b = o.clone(),
+        _ => {}
     }
 }
 
@@ -170,19 +210,15 @@ pub async fn server_api_versions(client: &kube::Client) -> anyhow::Result<Vec<St
     Ok(out)
 }
 
-/// The chart's objects as JSON, rendered with `set` for the server behind `client`: its
-/// API versions and its own version (`gitVersion`), as `helm template` against it would.
-pub async fn render_for_server(
-    chart: &Chart,
-    set: &ValuesSet,
-    client: &kube::Client,
-) -> anyhow::Result<Vec<serde_json::Value>> {
+/// The chart's objects as JSON, rendered by `helm template` with `set` for the server behind
+/// `client`: its API versions and its own version (`gitVersion`), as `helm install` against
+/// it would.
+pub async fn render_for_server(set: &ValuesSet, client: &kube::Client) -> Result<Vec<Json>> {
     let api_versions = server_api_versions(client).await?;
     let version = client.apiserver_version().await?.git_version;
-    let rendered = set.render(chart, &api_versions, &version)?;
-    rendered
-        .documents()?
+    Ok(set
+        .render(&api_versions, &version)?
         .into_iter()
-        .map(|(_, d)| Ok(serde_json::to_value(d)?))
-        .collect()
+        .map(|d| d.obj)
+        .collect())
 }

@@ -5,12 +5,73 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value as Json;
 
 use crate::chart_values::ValuesSet;
 use crate::{helm_binaries, workspace_root};
+
+/// The API group/versions a Kubernetes 1.20 API server serves (what `kubectl api-versions`
+/// prints there), plus the `group/version/Kind` entries the chart tests for: `policy/v1beta1`
+/// but no `policy/v1`, CronJob only in `batch/v1beta1`. Given to `helm template` as
+/// `--api-versions`, which adds them to Helm's built-in list; that list holds group/versions
+/// only, so the chart's `group/version/Kind` checks see exactly these.
+pub const KUBE_1_20_API_VERSIONS: &[&str] = &[
+    "policy/v1beta1/PodDisruptionBudget",
+    "batch/v1beta1/CronJob",
+    "batch/v1/Job",
+    "apps/v1/Deployment",
+    "apps/v1/DaemonSet",
+    "admissionregistration.k8s.io/v1",
+    "admissionregistration.k8s.io/v1beta1",
+    "apiextensions.k8s.io/v1",
+    "apiextensions.k8s.io/v1beta1",
+    "apiregistration.k8s.io/v1",
+    "apiregistration.k8s.io/v1beta1",
+    "apps/v1",
+    "authentication.k8s.io/v1",
+    "authentication.k8s.io/v1beta1",
+    "authorization.k8s.io/v1",
+    "authorization.k8s.io/v1beta1",
+    "autoscaling/v1",
+    "autoscaling/v2beta1",
+    "autoscaling/v2beta2",
+    "batch/v1",
+    "batch/v1beta1",
+    "certificates.k8s.io/v1",
+    "certificates.k8s.io/v1beta1",
+    "coordination.k8s.io/v1",
+    "coordination.k8s.io/v1beta1",
+    "discovery.k8s.io/v1beta1",
+    "events.k8s.io/v1",
+    "events.k8s.io/v1beta1",
+    "extensions/v1beta1",
+    "networking.k8s.io/v1",
+    "networking.k8s.io/v1beta1",
+    "node.k8s.io/v1",
+    "node.k8s.io/v1beta1",
+    "policy/v1beta1",
+    "rbac.authorization.k8s.io/v1",
+    "rbac.authorization.k8s.io/v1beta1",
+    "scheduling.k8s.io/v1",
+    "scheduling.k8s.io/v1beta1",
+    "storage.k8s.io/v1",
+    "storage.k8s.io/v1beta1",
+    "v1",
+];
+
+/// The 1.20 server's version, as `--kube-version` takes it.
+pub const KUBE_1_20_VERSION: &str = "v1.20.2";
+
+/// [`KUBE_1_20_API_VERSIONS`] as owned strings.
+pub fn kube_1_20_api_versions() -> Vec<String> {
+    KUBE_1_20_API_VERSIONS
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
 
 /// One object of `helm template`'s output and the template it came from (its `# Source:`).
 #[derive(Debug, Clone)]
@@ -23,6 +84,21 @@ pub struct HelmDoc {
 pub struct Helm {
     dir: PathBuf,
     scratch: tempfile::TempDir,
+}
+
+/// The process's [`Helm`]; a test that calls this without the binaries panics, saying how to
+/// get them.
+pub fn shared() -> &'static Helm {
+    static HELM: OnceLock<Helm> = OnceLock::new();
+    HELM.get_or_init(|| {
+        Helm::new().unwrap_or_else(|e| {
+            panic!(
+                "the chart tests need the real helm and kubectl: `bash tests/scripts/helm.sh` \
+                 builds them and prints their directory, which RAILGUARD_HELM_BIN_DIR names \
+                 (tests/scripts/test-all.sh sets it): {e:#}"
+            )
+        })
+    })
 }
 
 impl Helm {
@@ -60,12 +136,16 @@ impl Helm {
 
     /// `set`'s values as a file.
     pub fn values_file(&self, set: &ValuesSet) -> Result<PathBuf> {
-        let name: String = format!("{}-{}", set.release, set.label)
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-            .collect();
-        let path = self.scratch.path().join(format!("{name}.yaml"));
-        std::fs::write(&path, set.values)?;
+        self.write_values(set.values)
+    }
+
+    /// `values` (YAML) as a file of its own in the scratch dir (one per call: tests render
+    /// concurrently).
+    pub fn write_values(&self, values: &str) -> Result<PathBuf> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = self.scratch.path().join(format!("values-{n}.yaml"));
+        std::fs::write(&path, values)?;
         Ok(path)
     }
 
@@ -94,17 +174,60 @@ impl Helm {
         api_versions: &[String],
         kube_version: &str,
     ) -> Result<Output> {
-        let values = self.values_file(set)?;
+        self.template_values_output(
+            set.release,
+            set.namespace,
+            &[set.values],
+            api_versions,
+            kube_version,
+        )
+    }
+
+    /// `helm template RELEASE charts/railguard` in `namespace` with each of `values` (YAML) as
+    /// a `-f` file, in order, for a cluster at `kube_version` serving `api_versions`; the raw
+    /// output.
+    pub fn template_values_output(
+        &self,
+        release: &str,
+        namespace: &str,
+        values: &[&str],
+        api_versions: &[String],
+        kube_version: &str,
+    ) -> Result<Output> {
         let mut cmd = self.command();
-        cmd.args(["template", set.release])
-            .arg(chart_dir())
-            .args(["--namespace", set.namespace, "--kube-version", kube_version])
-            .arg("-f")
-            .arg(&values);
+        cmd.args(["template", release]).arg(chart_dir()).args([
+            "--namespace",
+            namespace,
+            "--kube-version",
+            kube_version,
+        ]);
+        for v in values {
+            cmd.arg("-f").arg(self.write_values(v)?);
+        }
         for v in api_versions {
             cmd.args(["--api-versions", v]);
         }
         cmd.output().context("running helm template")
+    }
+
+    /// [`Helm::template_values_output`]'s objects, or the error Helm printed.
+    pub fn template_values(
+        &self,
+        release: &str,
+        namespace: &str,
+        values: &[&str],
+        api_versions: &[String],
+        kube_version: &str,
+    ) -> Result<Vec<HelmDoc>> {
+        let out =
+            self.template_values_output(release, namespace, values, api_versions, kube_version)?;
+        if !out.status.success() {
+            bail!(
+                "helm template {release} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        documents(&String::from_utf8(out.stdout)?)
     }
 
     /// [`Helm::template_output`]'s manifest, or the error Helm printed.
@@ -133,6 +256,37 @@ impl Helm {
         kube_version: &str,
     ) -> Result<Vec<HelmDoc>> {
         documents(&self.template(set, api_versions, kube_version)?)
+    }
+
+    /// `helm ARGS --kubeconfig KUBECONFIG` (install, upgrade, uninstall, get ...) against the
+    /// cluster of `kubeconfig`; its stdout, or the error Helm printed.
+    pub fn on_cluster<I, S>(&self, kubeconfig: &Path, args: I) -> Result<String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        let args: Vec<std::ffi::OsString> =
+            args.into_iter().map(|a| a.as_ref().to_owned()).collect();
+        let out = self
+            .command()
+            .args(&args)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .output()
+            .context("running helm")?;
+        if !out.status.success() {
+            bail!(
+                "helm {} failed ({}): {}{}",
+                args.iter()
+                    .map(|a| a.to_string_lossy())
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8(out.stdout)?)
     }
 
     /// `kubectl` with `args` against the cluster of `kubeconfig`.

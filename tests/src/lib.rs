@@ -15,7 +15,6 @@
 pub mod chart_values;
 pub mod chromium;
 pub mod daemon;
-pub mod gotmpl;
 pub mod helm;
 pub mod install;
 pub mod node;
@@ -36,6 +35,12 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 use serde_json::json;
+
+/// `data` in standard base64 with padding (kubeconfig `*-data` fields, Secret data).
+pub fn b64(data: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
 
 /// Field manager the harness uses for its own writes.
 pub const HARNESS_FIELD_MANAGER: &str = "railguard-tests";
@@ -559,7 +564,7 @@ impl ControlPlane {
     }
 
     fn write_kubeconfig(&self) -> Result<()> {
-        let ca_b64 = gotmpl::funcs::base64(self.ca_pem.as_bytes());
+        let ca_b64 = b64(self.ca_pem.as_bytes());
         let yaml = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: railguard-test\n  cluster:\n    server: {}\n    certificate-authority-data: {}\nusers:\n- name: admin\n  user:\n    token: {}\ncontexts:\n- name: railguard-test\n  context:\n    cluster: railguard-test\n    user: admin\ncurrent-context: railguard-test\n",
             self.server, ca_b64, self.token

@@ -22,7 +22,7 @@ use railguard_api::{keys, Certificate, FabricProfile, Verdict};
 use railguard_sim::certificates as synth;
 use railguard_tests::daemon::{spawn_extender, wait_ready, Daemon, ANY_LOOPBACK_PORT};
 use railguard_tests::{
-    eventually, failed_scheduling_messages, fixture_profile, gotmpl, labels, merge_json, pod_node,
+    b64, eventually, failed_scheduling_messages, fixture_profile, labels, merge_json, pod_node,
     wait_bound, workspace_binary, ControlPlane, ServingCertificate,
 };
 use serde_json::{json, Value};
@@ -269,9 +269,9 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
 
     cp.start_scheduler(&format!(
         "- urlPrefix: \"{extender_url}\"\n  filterVerb: filter\n  prioritizeVerb: prioritize\n  weight: 5\n  enableHTTPS: true\n  tlsConfig:\n    caData: {}\n    certData: {}\n    keyData: {}\n  nodeCacheCapable: true\n  ignorable: false\n",
-        gotmpl::funcs::base64(tls.ca_pem.as_bytes()),
-        gotmpl::funcs::base64(tls.client_cert_pem.as_bytes()),
-        gotmpl::funcs::base64(tls.client_key_pem.as_bytes())
+        b64(tls.ca_pem.as_bytes()),
+        b64(tls.client_cert_pem.as_bytes()),
+        b64(tls.client_key_pem.as_bytes())
     ))
     .await
     .unwrap();

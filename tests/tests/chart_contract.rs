@@ -1,5 +1,7 @@
 //! The chart and the binaries agree, without a cluster: every container the chart renders
-//! (for every values set of `railguard_tests::chart_values`) is parsed with the clap
+//! (`helm template` for a 1.20 cluster, with every values set of
+//! `railguard_tests::chart_values`; images are matched by the repositories of the set's
+//! values merged over values.yaml) is parsed with the clap
 //! definition of the binary its image runs, the way Kubernetes and clap would run it:
 //!
 //! - `$(VAR)` in `command`/`args` is expanded from the container's `env` (values from
@@ -30,7 +32,6 @@ use std::collections::BTreeMap;
 use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, ArgMatches, Command, CommandFactory, ValueHint};
 use railguard_tests::chart_values::{ValuesSet, ALL_SETS, DEFAULT};
-use railguard_tests::gotmpl::{Chart, KUBE_1_20_API_VERSIONS};
 use railguard_tests::workspace_root;
 use serde_json::Value as Json;
 
@@ -704,33 +705,22 @@ fn pod_spec(obj: &Json) -> Option<&Json> {
     spec.is_object().then_some(spec)
 }
 
-/// Every object the chart renders with `set` for a 1.20 cluster, as JSON.
-#[allow(clippy::unwrap_used)] // test harness: a chart that does not render fails the test
-fn rendered_objects(chart: &Chart, set: &ValuesSet) -> Vec<Json> {
-    let api_versions: Vec<String> = KUBE_1_20_API_VERSIONS
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    set.render(chart, &api_versions, "v1.20.2")
-        .unwrap_or_else(|e| panic!("{}: does not render: {e}", set.label))
-        .documents()
-        .unwrap()
-        .into_iter()
-        .map(|(_, d)| serde_json::to_value(d).unwrap())
-        .collect()
+/// Every object `helm template` renders with `set` for a 1.20 cluster, as JSON.
+fn rendered_objects(set: &ValuesSet) -> Vec<Json> {
+    set.objects_1_20()
+        .unwrap_or_else(|e| panic!("{}: does not render: {e:#}", set.label))
 }
 
 /// Every problem of every container the chart renders with `set`, and how many containers.
-fn contract_problems(chart: &Chart, set: &ValuesSet) -> (Vec<String>, usize) {
-    let api_versions: Vec<String> = KUBE_1_20_API_VERSIONS
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let rendered = match set.render(chart, &api_versions, "v1.20.2") {
-        Ok(r) => r,
-        Err(e) => return (vec![format!("{}: does not render: {e}", set.label)], 0),
+fn contract_problems(set: &ValuesSet) -> (Vec<String>, usize) {
+    let docs = match set.objects_1_20() {
+        Ok(d) => d,
+        Err(e) => return (vec![format!("{}: does not render: {e:#}", set.label)], 0),
     };
-    let values = rendered.values.to_json();
+    let values = match set.values() {
+        Ok(v) => v,
+        Err(e) => return (vec![format!("{}: values: {e:#}", set.label)], 0),
+    };
     let repo = |key: &str| {
         values[key]["image"]["repository"]
             .as_str()
@@ -738,14 +728,9 @@ fn contract_problems(chart: &Chart, set: &ValuesSet) -> (Vec<String>, usize) {
             .to_string()
     };
     let scheduler_repo = repo("scheduler");
-    let docs = match rendered.documents() {
-        Ok(d) => d,
-        Err(e) => return (vec![format!("{}: does not parse: {e}", set.label)], 0),
-    };
     let mut problems = Vec::new();
     let mut containers = 0;
-    for (_, doc) in docs {
-        let obj: Json = serde_json::to_value(doc).unwrap_or_default();
+    for obj in docs {
         let Some(spec) = pod_spec(&obj) else {
             continue;
         };
@@ -780,11 +765,10 @@ fn contract_problems(chart: &Chart, set: &ValuesSet) -> (Vec<String>, usize) {
 
 #[test]
 fn every_container_of_every_values_set_parses_with_its_binarys_own_clap_definition() {
-    let chart = Chart::load(workspace_root().join("charts/railguard")).expect("chart loads");
     let mut containers = 0;
     let mut problems = Vec::new();
     for set in ALL_SETS {
-        let (p, n) = contract_problems(&chart, set);
+        let (p, n) = contract_problems(set);
         problems.extend(p);
         containers += n;
     }
@@ -802,8 +786,7 @@ fn every_container_of_every_values_set_parses_with_its_binarys_own_clap_definiti
 /// from the cluster), which the profile rule allows; what `fleet` would not read is caught.
 #[test]
 fn the_fleet_controller_is_checked_against_the_fleet_subcommand() {
-    let chart = Chart::load(workspace_root().join("charts/railguard")).expect("chart loads");
-    let deployment = rendered_objects(&chart, &DEFAULT)
+    let deployment = rendered_objects(&DEFAULT)
         .into_iter()
         .find(|d: &Json| d["kind"] == "Deployment" && d["metadata"]["name"] == "railguard-fleet")
         .expect("the fleet controller's Deployment");
@@ -1303,7 +1286,6 @@ fn the_process_environment_is_not_read() {
 /// `RAILGUARD_NCCL_CONFIG_FILE`, in every values set and with the directories moved.
 #[test]
 fn the_webhooks_nccl_paths_are_where_the_prober_installs_and_writes() {
-    let chart = Chart::load(workspace_root().join("charts/railguard")).expect("chart loads");
     let moved = ValuesSet {
         label: "ncclPlugin moved",
         values: "ncclPlugin: {hostDir: /var/lib/rg/nccl-plugin, configDir: /var/run/rg}\n",
@@ -1311,7 +1293,7 @@ fn the_webhooks_nccl_paths_are_where_the_prober_installs_and_writes() {
     };
     let mut checked = 0;
     for set in ALL_SETS.into_iter().chain([&moved]) {
-        let docs = rendered_objects(&chart, set);
+        let docs = rendered_objects(set);
         let webhook = docs
             .iter()
             .find(|d| {
@@ -1395,7 +1377,6 @@ fn prober_containers(docs: &[Json], namespace: &str) -> Vec<(String, Container, 
 /// load the node's file through the read-only mount of that directory, and still parse.
 #[test]
 fn the_probers_nccl_is_the_images_unless_the_values_choose_the_nodes() {
-    let chart = Chart::load(workspace_root().join("charts/railguard")).expect("chart loads");
     let dockerfile = std::fs::read_to_string(workspace_root().join("docker/prober.Dockerfile"))
         .expect("docker/prober.Dockerfile");
     let bundled = railguard_gpu::BUNDLED_NCCL_LIBRARY;
@@ -1405,7 +1386,7 @@ fn the_probers_nccl_is_the_images_unless_the_values_choose_the_nodes() {
             .any(|l| l.starts_with("COPY --from=") && l.ends_with(&format!(" {bundled}"))),
         "the default image puts no libnccl.so.2 at {bundled}"
     );
-    let images = rendered_objects(&chart, &DEFAULT);
+    let images = rendered_objects(&DEFAULT);
     let probers = prober_containers(&images, DEFAULT.namespace);
     assert!(probers.len() >= 2, "{} prober containers", probers.len());
     for (ds, c, _) in &probers {
@@ -1428,9 +1409,9 @@ fn the_probers_nccl_is_the_images_unless_the_values_choose_the_nodes() {
         values: "prober:\n  gpuLibraries: {hostPath: /usr/lib/x86_64-linux-gnu, ncclLibrary: libnccl.so.2}\n",
         ..DEFAULT
     };
-    let (problems, _) = contract_problems(&chart, &node);
+    let (problems, _) = contract_problems(&node);
     assert!(problems.is_empty(), "{}", problems.join("\n"));
-    let docs = rendered_objects(&chart, &node);
+    let docs = rendered_objects(&node);
     let probers = prober_containers(&docs, node.namespace);
     let mut daemons = 0;
     for (ds, c, volumes) in &probers {
@@ -1477,7 +1458,11 @@ fn chart_version_and_app_version_are_the_workspace_version() {
     let chart: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).expect("Chart.yaml parses");
     let field = |k: &str| chart[k].as_str().map(str::to_string);
     let workspace = env!("CARGO_PKG_VERSION");
-    assert_eq!(field("version").as_deref(), Some(workspace), "Chart.yaml version");
+    assert_eq!(
+        field("version").as_deref(),
+        Some(workspace),
+        "Chart.yaml version"
+    );
     assert_eq!(
         field("appVersion").as_deref(),
         Some(workspace),

@@ -22,30 +22,18 @@ use railguard_api::{keys, FabricProfile, Verdict};
 use railguard_prober_cli::fleet::METRIC_NAMES;
 use railguard_tests::chart_values::DEFAULT;
 use railguard_tests::daemon::{wait_ready, Daemon, ANY_LOOPBACK_PORT};
-use railguard_tests::gotmpl::{Chart, KUBE_1_20_API_VERSIONS};
 use railguard_tests::install::apply_objects;
-use railguard_tests::{
-    eventually, fixture_profile, labels, workspace_binary, workspace_root, ControlPlane,
-};
+use railguard_tests::{eventually, fixture_profile, labels, workspace_binary, ControlPlane};
 use serde_json::{json, Value};
 
 const SLOW: &str = "gpu-05";
 const NODES: usize = 8;
 
+/// The chart's objects with the default values, as `helm template` renders them for 1.20.
 fn rendered() -> Vec<Value> {
-    let chart = Chart::load(workspace_root().join("charts/railguard")).expect("chart loads");
-    let versions: Vec<String> = KUBE_1_20_API_VERSIONS
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
     DEFAULT
-        .render(&chart, &versions, "v1.20.2")
-        .expect("renders")
-        .documents()
-        .expect("parses")
-        .into_iter()
-        .map(|(_, d)| serde_json::to_value(d).unwrap())
-        .collect()
+        .objects_1_20()
+        .expect("helm template renders the chart")
 }
 
 fn is_fleet(d: &Value) -> bool {

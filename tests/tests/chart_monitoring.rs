@@ -19,7 +19,7 @@ use std::process::Command;
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::discovery::{ApiResource, Discovery, Scope};
-use railguard_tests::gotmpl::{Chart, RenderOptions};
+use railguard_tests::helm::{self, kube_1_20_api_versions, KUBE_1_20_VERSION};
 use railguard_tests::{eventually, workspace_root, ApiServerOptions, ControlPlane, KubeVersion};
 use serde_json::{json, Value};
 
@@ -28,22 +28,25 @@ const NAMESPACE: &str = "railguard";
 
 const MONITORING_ON: &str = "monitoring: {serviceMonitors: {enabled: true, labels: {release: kube-prometheus-stack}}, prometheusRule: {enabled: true}}";
 
-fn render(extra: &[&str]) -> Vec<Value> {
-    let chart = Chart::load(workspace_root().join("charts/railguard")).unwrap();
-    let mut opts = RenderOptions::new(RELEASE, NAMESPACE)
-        .with_values_yaml(MONITORING_ON)
-        .unwrap();
-    for v in extra {
-        opts = opts.with_values_yaml(v).unwrap();
-    }
-    chart
-        .render(&opts)
-        .unwrap()
-        .documents()
+/// `helm template` of the chart for 1.20 with `values` (YAML, each a `-f` file, in order).
+fn render_values(values: &[&str]) -> Vec<Value> {
+    helm::shared()
+        .template_values(
+            RELEASE,
+            NAMESPACE,
+            values,
+            &kube_1_20_api_versions(),
+            KUBE_1_20_VERSION,
+        )
         .unwrap()
         .into_iter()
-        .map(|(source, doc)| serde_json::to_value(&doc).unwrap_or_else(|e| panic!("{source}: {e}")))
+        .map(|d| d.obj)
         .collect()
+}
+
+/// The chart with monitoring on, then `extra`.
+fn render(extra: &[&str]) -> Vec<Value> {
+    render_values(&[&[MONITORING_ON], extra].concat())
 }
 
 fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
@@ -176,13 +179,8 @@ fn every_metrics_port_is_scraped_once() {
         ])
     );
     // Off by default: the CRDs may not exist.
-    let chart = Chart::load(workspace_root().join("charts/railguard")).unwrap();
-    let plain = chart
-        .render(&RenderOptions::new(RELEASE, NAMESPACE))
-        .unwrap()
-        .documents()
-        .unwrap();
-    assert!(plain.iter().all(|(_, d)| {
+    let plain = render_values(&[]);
+    assert!(plain.iter().all(|d| {
         d.get("apiVersion")
             .and_then(|v| v.as_str())
             .is_none_or(|v| !v.starts_with("monitoring.coreos.com"))

@@ -27,12 +27,10 @@ use kube::Client;
 use railguard_api::keys;
 use railguard_tests::chart_values::{render_for_server, ValuesSet, DEFAULT};
 use railguard_tests::daemon::ANY_LOOPBACK_PORT;
-use railguard_tests::gotmpl::{Chart, KUBE_1_20_API_VERSIONS};
+use railguard_tests::helm::kube_1_20_api_versions;
 use railguard_tests::install::apply_objects;
 use railguard_tests::ports::logged_listen_addr;
-use railguard_tests::{
-    eventually, labels, workspace_binary, workspace_root, ControlPlane, ServingCertificate,
-};
+use railguard_tests::{eventually, labels, workspace_binary, ControlPlane, ServingCertificate};
 use serde_json::{json, Value};
 
 const NS: &str = DEFAULT.namespace;
@@ -65,26 +63,12 @@ fn rendered() -> Vec<Value> {
 /// The chart's objects (default values) as `helm template` renders them against `cp`: on
 /// 1.30+ servers the guard's registration carries its matchConditions.
 async fn rendered_for(cp: &ControlPlane) -> Vec<Value> {
-    let chart = Chart::load(workspace_root().join("charts/railguard")).unwrap();
-    render_for_server(&chart, &DEFAULT, &cp.client())
-        .await
-        .unwrap()
+    render_for_server(&DEFAULT, &cp.client()).await.unwrap()
 }
 
+/// The chart's objects with `set`, as `helm template` renders them for 1.20.
 fn rendered_with(set: &ValuesSet) -> Vec<Value> {
-    let chart = Chart::load(workspace_root().join("charts/railguard")).unwrap();
-    let versions: Vec<String> = KUBE_1_20_API_VERSIONS
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let docs = set
-        .render(&chart, &versions, "v1.20.2")
-        .unwrap()
-        .documents()
-        .unwrap();
-    docs.into_iter()
-        .map(|(_, v)| serde_json::to_value(v).unwrap())
-        .collect()
+    set.objects_1_20().unwrap()
 }
 
 fn component(obj: &Value) -> &str {
@@ -980,11 +964,7 @@ async fn self_managed_certificates_trust_the_ca_in_the_node_guard_configuration(
 #[test]
 fn the_guards_match_conditions_name_every_protected_output() {
     use railguard_webhook::node_guard::decision::{Output, PROTECTED};
-    let chart = Chart::load(workspace_root().join("charts/railguard")).unwrap();
-    let mut versions: Vec<String> = KUBE_1_20_API_VERSIONS
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut versions = kube_1_20_api_versions();
     versions.push("admissionregistration.k8s.io/v1".into());
     for (server, filtered) in [
         ("v1.20.2", false),
@@ -993,12 +973,10 @@ fn the_guards_match_conditions_name_every_protected_output() {
         ("v1.37.2", true),
     ] {
         let docs: Vec<Value> = DEFAULT
-            .render(&chart, &versions, server)
-            .unwrap()
-            .documents()
+            .render(&versions, server)
             .unwrap()
             .into_iter()
-            .map(|(_, v)| serde_json::to_value(v).unwrap())
+            .map(|d| d.obj)
             .collect();
         let guard = one(&docs, "ValidatingWebhookConfiguration", "webhook");
         for hook in guard["webhooks"].as_array().unwrap() {

@@ -1,8 +1,10 @@
 //! railguard as an operator deploys it: a real node (kubelet, containerd, kube-proxy,
 //! kube-controller-manager 1.20), the component images built with buildah and imported into
-//! containerd, and `charts/railguard` rendered with `tests/values/real-node.yaml` and
-//! applied. Nothing the components run with is written here: args and env come from the
-//! chart, binaries from the images.
+//! containerd, and `charts/railguard` installed by the real Helm (`helm upgrade --install`,
+//! `tests/scripts/helm.sh`'s binary from `RAILGUARD_HELM_BIN_DIR`) with
+//! `tests/values/real-node.yaml` and a values file of this run's paths. Nothing the
+//! components run with is written here: args and env come from the chart, binaries from the
+//! images.
 //!
 //! The flow, on running pods:
 //! - the webhook provisions its own certificate and caBundle; a pod created through the API
@@ -18,7 +20,9 @@
 //!   pods stay Pending (the extender's reason in the events of one that skipped the
 //!   injected affinity), while a pod without GPUs still runs;
 //! - webhook pods evicted one at a time: the PodDisruptionBudget refuses the second while
-//!   the first is replaced, and admission keeps answering throughout.
+//!   the first is replaced, and admission keeps answering throughout;
+//! - `helm uninstall` removes railguard's workloads and webhook registrations, and leaves
+//!   the FabricProfile CRD and the profiles.
 //!
 //! One test: only one real node fits on a machine.
 
@@ -32,8 +36,8 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use railguard_api::{keys, FabricProfile};
-use railguard_tests::gotmpl::{Chart, RenderOptions};
-use railguard_tests::install::{apply_objects, wait_workloads_ready};
+use railguard_tests::helm::{chart_dir, documents, Helm};
+use railguard_tests::install::wait_workloads_ready;
 use railguard_tests::node::{wait_service_account, REAL_NODE_NAME};
 use railguard_tests::{
     eventually, failed_scheduling_messages, workspace_binary, workspace_root, RealNode,
@@ -117,31 +121,45 @@ fn gpu_libraries(bins: &Path, sim_node: &Path, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The chart's objects for this node, as JSON.
-fn render_chart(sim_node: &Path, gpu_libs: &Path, nccl_dirs: (&Path, &Path)) -> Result<Vec<Value>> {
-    let chart = Chart::load(workspace_root().join("charts/railguard"))?;
-    let values = std::fs::read_to_string(workspace_root().join("tests/values/real-node.yaml"))?;
-    let opts = RenderOptions::new(RELEASE, NAMESPACE)
-        .with_values_yaml(&values)?
-        .with_values_yaml(&format!(
-            "prober: {{simulation: {{hostPath: {:?}}}, gpuLibraries: {{hostPath: {:?}}}}}",
-            sim_node.display().to_string(),
-            gpu_libs.display().to_string()
-        ))?
-        // The plugin and the node file in the test's own directory, not the host's /opt, /run.
-        .with_values_yaml(&format!(
-            "ncclPlugin: {{hostDir: {:?}, configDir: {:?}}}",
-            nccl_dirs.0.display().to_string(),
-            nccl_dirs.1.display().to_string()
-        ))?;
-    let rendered = chart.render(&opts)?;
-    let mut objects = Vec::new();
-    for (source, doc) in rendered.documents()? {
-        let v: Value =
-            serde_json::to_value(&doc).with_context(|| format!("{source}: not JSON-able"))?;
-        objects.push(v);
-    }
-    Ok(objects)
+/// The values of this run, over tests/values/real-node.yaml: the node's simulated tree and
+/// GPU libraries, the NCCL plugin and the node file in the test's own directory (not the
+/// host's /opt, /run).
+fn run_values(sim_node: &Path, gpu_libs: &Path, nccl_dirs: (&Path, &Path)) -> Result<String> {
+    Ok(serde_yaml_ng::to_string(&json!({
+        "prober": {
+            "simulation": {"hostPath": sim_node.display().to_string()},
+            "gpuLibraries": {"hostPath": gpu_libs.display().to_string()},
+        },
+        "ncclPlugin": {
+            "hostDir": nccl_dirs.0.display().to_string(),
+            "configDir": nccl_dirs.1.display().to_string(),
+        },
+    }))?)
+}
+
+/// `helm upgrade --install` of the chart into [`NAMESPACE`] with tests/values/real-node.yaml
+/// and `values_file`, against the node's control plane; returns the release's objects
+/// (`helm get manifest`).
+fn helm_install(helm: &Helm, kubeconfig: &Path, values_file: &Path) -> Result<Vec<Value>> {
+    let real_node = workspace_root().join("tests/values/real-node.yaml");
+    let out = helm.on_cluster(
+        kubeconfig,
+        [
+            "upgrade".as_ref(),
+            "--install".as_ref(),
+            RELEASE.as_ref(),
+            chart_dir().as_os_str(),
+            "--namespace".as_ref(),
+            NAMESPACE.as_ref(),
+            "-f".as_ref(),
+            real_node.as_os_str(),
+            "-f".as_ref(),
+            values_file.as_os_str(),
+        ] as [&std::ffi::OsStr; 10],
+    )?;
+    eprintln!("{}", out.trim());
+    let manifest = helm.on_cluster(kubeconfig, ["get", "manifest", RELEASE, "-n", NAMESPACE])?;
+    Ok(documents(&manifest)?.into_iter().map(|d| d.obj).collect())
 }
 
 /// Namespaces as 1.21+ labels them: the chart's webhook excludes namespaces by
@@ -408,7 +426,8 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     ])
     .await?;
 
-    // Install: namespaces, CRD, every rendered object; wait for the workloads.
+    // Install: the namespaces, then the chart with Helm (the FabricProfile CRD comes with
+    // it); wait for the workloads.
     create_namespace(&client, "kube-system", &[]).await?;
     create_namespace(&client, NAMESPACE, &[]).await?;
     // The chart's default scope is opt-in: the training namespace carries the label.
@@ -422,11 +441,16 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     )
     .await?;
     create_namespace(&client, INFERENCE, &[]).await?;
-    node.control_plane().apply_fabricprofile_crd().await?;
     let (plugin_dir, config_dir) = (dir.join("nccl-plugin"), dir.join("nccl-config"));
-    let objects = render_chart(&sim_node, &gpu_libs, (&plugin_dir, &config_dir))?;
+    let values_file = dir.join("run-values.yaml");
+    std::fs::write(
+        &values_file,
+        run_values(&sim_node, &gpu_libs, (&plugin_dir, &config_dir))?,
+    )?;
+    let helm = Helm::new()?;
+    let kubeconfig = node.control_plane().kubeconfig_path();
     let t_install = Instant::now();
-    apply_objects(&client, NAMESPACE, &objects).await?;
+    let objects = helm_install(&helm, kubeconfig, &values_file)?;
     wait_workloads_ready(&client, NAMESPACE, &objects, Duration::from_secs(300)).await?;
     eprintln!("chart ready in {:.1}s", t_install.elapsed().as_secs_f64());
 
@@ -883,5 +907,134 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     }
     eprintln!("{i} pods admitted and mutated while a webhook replica was replaced");
     wait_workloads_ready(&client, NAMESPACE, &objects, Duration::from_secs(180)).await?;
+
+    // Uninstall: railguard's workloads and its webhook registrations go; the CRD and the
+    // profiles stay (deleting the CRD would delete every profile with it).
+    let out = helm.on_cluster(kubeconfig, ["uninstall", RELEASE, "-n", NAMESPACE])?;
+    eprintln!("{}", out.trim());
+    uninstalled(&client, &objects).await
+}
+
+/// After `helm uninstall`: none of the release's workloads, pods or webhook configurations
+/// is left; the FabricProfile CRD and the release's profiles are.
+async fn uninstalled(client: &Client, objects: &[Value]) -> Result<()> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
+    use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let of_release = ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}"));
+    let names = |kind: &str| -> Vec<String> {
+        objects
+            .iter()
+            .filter(|o| o["kind"] == kind)
+            .filter_map(|o| o["metadata"]["name"].as_str().map(str::to_string))
+            .collect()
+    };
+    ensure!(
+        !names("Deployment").is_empty() && !names("DaemonSet").is_empty(),
+        "the release had no workloads to remove: {:?}",
+        objects
+            .iter()
+            .map(railguard_tests::install::object_ref)
+            .collect::<Vec<_>>()
+    );
+    eventually(
+        Duration::from_secs(120),
+        "railguard's workloads and pods gone",
+        || async {
+            let mut left = Vec::new();
+            let deployments = Api::<Deployment>::namespaced(client.clone(), NAMESPACE)
+                .list(&of_release)
+                .await?;
+            let daemonsets = Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
+                .list(&of_release)
+                .await?;
+            let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+                .list(&of_release)
+                .await?;
+            let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone())
+                .list(&of_release)
+                .await?;
+            let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                .list(&of_release)
+                .await?;
+            let named = |kind: &str, n: Option<String>| format!("{kind}/{}", n.unwrap_or_default());
+            left.extend(
+                deployments
+                    .items
+                    .into_iter()
+                    .map(|o| named("Deployment", o.metadata.name)),
+            );
+            left.extend(
+                daemonsets
+                    .items
+                    .into_iter()
+                    .map(|o| named("DaemonSet", o.metadata.name)),
+            );
+            left.extend(
+                pods.items
+                    .into_iter()
+                    .map(|o| named("Pod", o.metadata.name)),
+            );
+            left.extend(
+                mutating
+                    .items
+                    .into_iter()
+                    .map(|o| named("MutatingWebhookConfiguration", o.metadata.name)),
+            );
+            left.extend(
+                validating
+                    .items
+                    .into_iter()
+                    .map(|o| named("ValidatingWebhookConfiguration", o.metadata.name)),
+            );
+            Ok(if left.is_empty() {
+                Ok(())
+            } else {
+                Err(railguard_tests::NotYet(format!("left: {left:?}")))
+            })
+        },
+    )
+    .await?;
+    // The CronJobs (the campaign) too: 1.20 serves them as batch/v1beta1.
+    let cronjobs = Api::<kube::api::DynamicObject>::namespaced_with(
+        client.clone(),
+        NAMESPACE,
+        &kube::api::ApiResource {
+            group: "batch".into(),
+            version: "v1beta1".into(),
+            api_version: "batch/v1beta1".into(),
+            kind: "CronJob".into(),
+            plural: "cronjobs".into(),
+        },
+    )
+    .list(&of_release)
+    .await?;
+    ensure!(
+        cronjobs.items.is_empty(),
+        "CronJobs left after helm uninstall: {:?}",
+        cronjobs
+            .items
+            .iter()
+            .map(|c| c.metadata.name.clone())
+            .collect::<Vec<_>>()
+    );
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .get("fabricprofiles.railguard.io")
+        .await
+        .context("the FabricProfile CRD after helm uninstall")?;
+    let profiles = names("FabricProfile");
+    ensure!(
+        profiles.contains(&PROFILE.to_string()),
+        "the release rendered no {PROFILE} profile: {profiles:?}"
+    );
+    let api = Api::<FabricProfile>::all(client.clone());
+    for p in &profiles {
+        api.get(p)
+            .await
+            .with_context(|| format!("FabricProfile {p} after helm uninstall"))?;
+    }
+    eprintln!("helm uninstall left the CRD and the profiles {profiles:?}");
     Ok(())
 }

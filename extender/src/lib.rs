@@ -15,6 +15,7 @@ pub mod error;
 pub mod metrics;
 pub mod pod;
 pub mod server;
+pub mod tls_material;
 pub mod wire;
 
 pub use decision::{

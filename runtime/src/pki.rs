@@ -12,6 +12,9 @@ use time::OffsetDateTime;
 
 use crate::error::PkiError;
 
+/// The time crate the API here speaks, for callers that do not depend on it.
+pub use time;
+
 /// A certificate and its private key, PEM.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PemPair {

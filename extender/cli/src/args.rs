@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueHint};
+use clap::{Parser, Subcommand, ValueHint};
 use railguard_runtime::{LogFormat, RequestLimits, ServeArgs, ServeLimits};
 
 use railguard_extender::server::{default_max_body_bytes, DEFAULT_MAX_NODES};
@@ -26,8 +26,16 @@ Exit status: 0 after a clean shutdown, 2 on a usage, configuration or runtime er
 
 /// Keeps training pods off nodes with uncertified, expired or regressed RDMA fabric.
 #[derive(Debug, Parser)]
-#[command(name = "railguard-extender", version, after_help = EXAMPLES)]
+#[command(
+    name = "railguard-extender",
+    version,
+    after_help = EXAMPLES,
+    args_conflicts_with_subcommands = true
+)]
 pub struct Cli {
+    /// Without a subcommand the extender serves.
+    #[command(subcommand)]
+    pub command: Option<Command>,
     /// Address of the extender endpoint (`/filter`, `/prioritize`).
     #[arg(long, env = "RAILGUARD_LISTEN", default_value = "0.0.0.0:8888")]
     pub listen: SocketAddr,
@@ -98,6 +106,15 @@ pub struct Cli {
     pub log_format: LogFormat,
 }
 
+/// What runs instead of the extender's server.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Ensure the extender's TLS Secret holds a CA, serving and client pair (issued once when
+    /// it does not) and write them to a directory: the init container of the chart's pods.
+    #[command(after_help = crate::tls_bootstrap::TLS_BOOTSTRAP_EXAMPLE)]
+    TlsBootstrap(crate::tls_bootstrap::TlsBootstrapArgs),
+}
+
 impl Cli {
     /// `--max-body-bytes`, or the limit derived from `--max-nodes`.
     pub fn max_body_bytes(&self) -> usize {
@@ -165,5 +182,47 @@ mod tests {
         let cli = Cli::parse_from(["railguard-extender", "--max-body-bytes", "123"]);
         assert_eq!(cli.max_body_bytes(), 123);
         assert!(Cli::try_parse_from(["railguard-extender", "--tls-client-ca", "ca.crt"]).is_err());
+    }
+
+    #[test]
+    fn tls_bootstrap_takes_the_sets_names_and_no_server_flags() {
+        let cli = Cli::parse_from([
+            "railguard-extender",
+            "tls-bootstrap",
+            "--secret=railguard-extender-tls",
+            "--out=/etc/railguard/extender-tls",
+            "--server-ip=127.0.0.1",
+            "--server-dns=localhost,railguard-extender.ns.svc",
+            "--validity-days=30",
+        ]);
+        let Some(Command::TlsBootstrap(args)) = cli.command else {
+            panic!("not tls-bootstrap");
+        };
+        let spec = args.spec();
+        assert_eq!(
+            spec.server_ips,
+            ["127.0.0.1".parse::<std::net::IpAddr>().unwrap()]
+        );
+        assert_eq!(spec.server_dns, ["localhost", "railguard-extender.ns.svc"]);
+        assert_eq!(spec.validity_days, 30);
+        assert_eq!(spec.client_common_name, "railguard-scheduler");
+        assert!(args.namespace.is_none());
+        // The server's flags belong to the server, not to the subcommand.
+        assert!(Cli::try_parse_from([
+            "railguard-extender",
+            "--listen=127.0.0.1:8888",
+            "tls-bootstrap",
+            "--secret=s",
+            "--out=/x",
+        ])
+        .is_err());
+        assert!(Cli::try_parse_from([
+            "railguard-extender",
+            "tls-bootstrap",
+            "--secret=s",
+            "--out=/x",
+            "--validity-days=0",
+        ])
+        .is_err());
     }
 }

@@ -5,5 +5,6 @@
 //! arguments with the binary's own definition.
 
 mod args;
+pub mod tls_bootstrap;
 
-pub use args::{Cli, EXAMPLES};
+pub use args::{Cli, Command, EXAMPLES};

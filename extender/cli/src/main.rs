@@ -9,7 +9,7 @@ use clap::Parser;
 use railguard_extender::cache::ClusterState;
 use railguard_extender::metrics::{Metrics, ResultLabels};
 use railguard_extender::server::{self, AppState, Source};
-use railguard_extender_cli::Cli;
+use railguard_extender_cli::{tls_bootstrap, Cli, Command};
 use railguard_runtime::{
     error_line, limit_requests, StartupError, TlsFiles, TlsReloader, EXIT_ERROR,
 };
@@ -19,12 +19,19 @@ const NAME: &str = "railguard-extender";
 fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let args = Cli::parse();
-    railguard_runtime::init_logging(args.log_format, "info");
+    let log_format = match &args.command {
+        Some(Command::TlsBootstrap(a)) => a.log_format,
+        None => args.log_format,
+    };
+    railguard_runtime::init_logging(log_format, "info");
     let result = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")
-        .and_then(|rt| rt.block_on(run(args)));
+        .and_then(|rt| match &args.command {
+            Some(Command::TlsBootstrap(a)) => rt.block_on(tls_bootstrap::run(a)),
+            None => rt.block_on(run(args)),
+        });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -20,7 +20,8 @@
 //!   and, where a file may be given instead, `--profile-file PATH` (env
 //!   `RAILGUARD_PROFILE_FILE`). `peer-endpoint` and `fleet` take no file: `fleet` (the fleet
 //!   controller) covers every profile unless `--profile` names one, and reads the
-//!   FabricProfiles from the cluster.
+//!   FabricProfiles from the cluster. `peer-token` (an init container that fills the
+//!   campaign's token Secret) serves no profile and takes neither.
 //!
 //! The kube-scheduler container is not ours: only its `--config` must be a mounted file.
 //! Containers map to binaries by image repository (values `webhook.image`, `extender.image`,
@@ -78,6 +79,10 @@ const PROFILE_ARGS: [(&str, &str, bool); 2] = [
     ("profile", "RAILGUARD_PROFILE", false),
     ("profile-file", "RAILGUARD_PROFILE_FILE", true),
 ];
+
+/// Prober subcommands the chart runs that serve no one profile, so take no `--profile`:
+/// `peer-token` (the init container that fills and writes the campaign's shared token).
+const PROFILE_FREE_SUBCOMMANDS: &[&str] = &["peer-token"];
 
 /// Where images put our binaries (the Dockerfiles' ENTRYPOINT directory).
 const IMAGE_BIN_DIR: &str = "/usr/local/bin";
@@ -626,7 +631,7 @@ fn check_container(bin: &str, make: fn() -> Command, c: &Container) -> Vec<Strin
 
     // The prober subcommands the chart runs name their profile both ways.
     if bin == "railguard-prober" {
-        if let Some(l) = leaf {
+        if let Some(l) = leaf.filter(|l| !PROFILE_FREE_SUBCOMMANDS.contains(&l.get_name())) {
             for (long, var, is_path) in PROFILE_ARGS {
                 match l.get_arguments().find(|a| a.get_long() == Some(long)) {
                     // A profile file is optional (peer-endpoint only needs the name; fleet

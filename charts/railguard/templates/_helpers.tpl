@@ -245,12 +245,102 @@ reached on localhost) or "deployment" (its own Deployment behind a Service). */}
 {{- printf "%s-tls" (include "railguard.componentName" (dict "root" . "component" "extender")) -}}
 {{- end -}}
 
-{{/* The pod volume of that Secret (extender pods, scheduler pods). */}}
+{{/* The pod volume the set is written to by the extender-tls init container (extender
+pods, scheduler pods): in memory, never on the node's disk. */}}
 {{- define "railguard.extenderTlsVolume" -}}
 - name: extender-tls
-  secret:
-    secretName: {{ include "railguard.extenderTlsSecret" . }}
-    defaultMode: 288 # 0440
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
+{{- end -}}
+
+{{/* The init container that fills the Secret once (a CA, the extender's serving pair, the
+scheduler's client pair; never rendered by the chart) or reads the set already there, and
+writes it to the extender-tls volume. Every pod that mounts the set runs it with the same
+names, so whichever pod starts first issues the set and the others use it. */}}
+{{- define "railguard.extenderTlsInit" -}}
+{{- $name := include "railguard.componentName" (dict "root" . "component" "extender") -}}
+{{- $svc := printf "%s.%s.svc" $name .Release.Namespace -}}
+- name: extender-tls
+  image: {{ include "railguard.image" (dict "root" . "image" .Values.extender.image) }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args:
+    - tls-bootstrap
+    - --secret={{ include "railguard.extenderTlsSecret" . }}
+    - --namespace={{ .Release.Namespace }}
+    - --out=/etc/railguard/extender-tls
+    # The names kube-scheduler dials: the sidecar's loopback, the Service's names.
+    - --server-ip=127.0.0.1
+    - --server-dns=localhost,{{ $svc }},{{ $svc }}.cluster.local
+    - --server-cn={{ $name }}
+    - --client-cn={{ include "railguard.componentName" (dict "root" . "component" "scheduler") }}
+    - --ca-cn={{ $name }}-ca
+    - --validity-days={{ int .Values.extender.tls.validityDays }}
+    - --log-format={{ .Values.logFormat }}
+  volumeMounts:
+    - name: extender-tls
+      mountPath: /etc/railguard/extender-tls
+  resources:
+    requests: {cpu: 10m, memory: 32Mi}
+    limits: {memory: 64Mi}
+  securityContext:
+    {{- include "railguard.restrictedContainer" . | nindent 4 }}
+{{- end -}}
+
+{{/* Service accounts that fill the extender's TLS Secret: of the pods that run the
+extender-tls init container. */}}
+{{- define "railguard.extenderTlsWriters" -}}
+{{- if ne (include "railguard.extenderPlacement" .) "sidecar" }}
+- kind: ServiceAccount
+  name: {{ include "railguard.componentName" (dict "root" . "component" "extender") }}
+  namespace: {{ .Release.Namespace }}
+{{- end }}
+{{- if eq .Values.scheduler.mode "secondary" }}
+- kind: ServiceAccount
+  name: {{ include "railguard.componentName" (dict "root" . "component" "scheduler") }}
+  namespace: {{ .Release.Namespace }}
+{{- end }}
+{{- end -}}
+
+{{/* The init container that fills the campaign's token Secret once (or reads the token
+there: a prober.peerToken value is rendered into it) and writes it to the peer-token
+volume, for the peer endpoints and the campaign. Takes (dict "root" $ "apiToken" BOOL):
+apiToken mounts the prober pods' api-token volume (they mount no default token). */}}
+{{- define "railguard.peerTokenInit" -}}
+{{- $root := .root -}}
+- name: peer-token
+  image: {{ include "railguard.image" (dict "root" $root "image" $root.Values.prober.image) }}
+  imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+  args:
+    - peer-token
+    - --secret={{ include "railguard.peerTokenSecret" $root }}
+    - --namespace={{ $root.Release.Namespace }}
+    - --out=/etc/railguard/peer/token
+    - --log-format={{ $root.Values.logFormat }}
+  volumeMounts:
+    - name: peer-token
+      mountPath: /etc/railguard/peer
+    {{- if .apiToken }}
+    - name: api-token
+      mountPath: /var/run/secrets/kubernetes.io/serviceaccount
+      readOnly: true
+    {{- end }}
+  resources:
+    requests: {cpu: 10m, memory: 32Mi}
+    limits: {memory: 64Mi}
+  securityContext:
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities:
+      drop: [ALL]
+{{- end -}}
+
+{{/* The pod volume the peer token is written to: in memory. */}}
+{{- define "railguard.peerTokenVolume" -}}
+- name: peer-token
+  emptyDir:
+    medium: Memory
+    sizeLimit: 1Mi
 {{- end -}}
 
 {{/* The extenders list of a KubeSchedulerConfiguration. */}}
@@ -261,8 +351,9 @@ reached on localhost) or "deployment" (its own Deployment behind a Service). */}
   weight: {{ int .Values.scheduler.weight }}
   {{- if include "railguard.extenderTls" . }}
   enableHTTPS: true
-  # The chart's CA and the client certificate it issued the scheduler (Secret
-  # {{ include "railguard.extenderTlsSecret" . }}, mounted here).
+  # The extender's CA and the scheduler's client certificate (Secret
+  # {{ include "railguard.extenderTlsSecret" . }}, filled by the extender-tls init container
+  # of the chart's pods; a main scheduler mounts that Secret here).
   tlsConfig:
     caFile: /etc/railguard/extender-tls/ca.crt
     certFile: /etc/railguard/extender-tls/client.crt

@@ -19,6 +19,7 @@ pub mod gpu_check;
 pub mod health;
 pub mod nccl_env;
 pub mod nccl_ranks;
+pub mod peer_token;
 pub mod preflight;
 pub mod profile_source;
 pub mod progress;
@@ -37,6 +38,7 @@ use crate::fleet::FleetArgs;
 use crate::gpu_check::GpuCheckArgs;
 use crate::nccl_env::NcclEnvArgs;
 use crate::nccl_ranks::NcclRanksArgs;
+use crate::peer_token::PeerTokenArgs;
 use crate::preflight::PreflightArgs;
 use crate::sim::SimSysfsArgs;
 use crate::upgrade_crd::UpgradeCrdArgs;
@@ -125,6 +127,18 @@ Example:
 
 Exit status: 0 after SIGTERM, 2 error.")]
     PeerEndpoint(PeerEndpointArgs),
+    /// Ensure the campaign's token Secret holds a token (generated once when it does not)
+    /// and write it to a file: the init container of the peer endpoints and the campaign.
+    #[command(after_help = "\
+Example:
+  railguard-prober peer-token --secret railguard-peer-token --namespace railguard \\
+    --out /etc/railguard/peer/token
+
+Rotation: remove the Secret's token key (or delete the Secret and run helm upgrade), then
+restart the prober DaemonSets; the next campaign run reads the new token.
+
+Exit status: 0 the file is written, 2 error.")]
+    PeerToken(PeerTokenArgs),
     #[command(after_help = "\
 Examples:
   railguard-prober fleet --profile h100-ndr --html fleet.html
@@ -276,6 +290,7 @@ impl Command {
             Command::Analyze(a) => a.run(),
             Command::Campaign(a) => block_on(a.run()),
             Command::PeerEndpoint(a) => block_on(a.run()).map(|()| Outcome::default()),
+            Command::PeerToken(a) => block_on(a.run()),
             Command::Fleet(a) => block_on(a.run()),
             Command::NcclRanks(a) => a.run(),
             Command::GpuCheck(a) => a.run(),

@@ -88,16 +88,6 @@ fn helm() -> &'static Helm {
     railguard_tests::helm::shared()
 }
 
-/// `key` of an object: kind, namespace, name.
-fn object_key(v: &Json) -> String {
-    format!(
-        "{}/{}/{}",
-        v["kind"].as_str().unwrap_or_default(),
-        v["metadata"]["namespace"].as_str().unwrap_or_default(),
-        v["metadata"]["name"].as_str().unwrap_or_default()
-    )
-}
-
 fn render(set: &ValuesSet) -> Vec<Doc> {
     render_with(set, &kube_1_20_api_versions(), KUBE_1_20_VERSION)
         .unwrap_or_else(|e| panic!("{}: {e:#}", set.label))
@@ -481,6 +471,66 @@ fn rbac_is_least_privilege_per_component() {
         json!([{"kind": "ServiceAccount", "name": "railguard-fleet", "namespace": "railguard"}])
     );
 
+    // The Secrets the pods fill themselves: get and update of that one name, bound to the
+    // service accounts of the pods that fill it (the extender's set: the scheduler's pods,
+    // whose sidecar is the extender; the token: the probers and the campaign).
+    let filled = |docs: &[Doc], secret: &str, writers: &[&str]| {
+        let role = find(docs, "Role", secret);
+        assert_eq!(
+            role["rules"],
+            json!([{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [secret], "verbs": ["get", "update"]}]),
+            "{secret}"
+        );
+        let binding = find(docs, "RoleBinding", secret);
+        assert_eq!(binding["roleRef"]["name"], secret);
+        let subjects: BTreeSet<String> = binding["subjects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["name"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(subjects, set(writers), "{secret}");
+    };
+    filled(&docs, "railguard-extender-tls", &["railguard-scheduler"]);
+    filled(
+        &docs,
+        "railguard-peer-token",
+        &["railguard-prober", "railguard-campaign"],
+    );
+    // With the extender in its own Deployment (a config-only scheduler), its pods fill it.
+    let own = render(&CERT_MANAGER_CONFIG_ONLY);
+    filled(
+        &own,
+        "rg-railguard-extender-tls",
+        &["rg-railguard-extender"],
+    );
+    let ext_pod = &find(&own, "Deployment", "rg-railguard-extender")["spec"]["template"]["spec"];
+    assert_eq!(ext_pod["initContainers"][0]["name"], "extender-tls");
+    // Nothing else in the chart reads or writes Secrets but the webhook's certificates.
+    for (kind, role) in all(&docs, "ClusterRole")
+        .into_iter()
+        .map(|r| ("ClusterRole", r))
+        .chain(all(&docs, "Role").into_iter().map(|r| ("Role", r)))
+    {
+        let name = role["metadata"]["name"].as_str().unwrap();
+        if [
+            "railguard-webhook-certs",
+            "railguard-extender-tls",
+            "railguard-peer-token",
+        ]
+        .contains(&name)
+        {
+            continue;
+        }
+        for r in role["rules"].as_array().unwrap() {
+            let resources = strs(&r["resources"]);
+            assert!(
+                !resources.iter().any(|x| x == "secrets" || x == "*"),
+                "{kind}/{name}: {r}"
+            );
+        }
+    }
+
     // The secondary scheduler: the built-in roles plus its own lease.
     let bound: BTreeSet<String> = all(&docs, "ClusterRoleBinding")
         .iter()
@@ -554,13 +604,11 @@ fn secondary_scheduler_points_at_the_extender_and_fails_closed() {
             "keyFile": "/etc/railguard/extender-tls/client.key",
         })
     );
+    // The Secret is the chart's, empty: the extender-tls init container of the first pod
+    // to start fills it (railguard-extender tls-bootstrap) and every pod that mounts the
+    // set writes it from there into its in-memory volume.
     let secret = find(&docs, "Secret", "railguard-extender-tls");
-    for key in ["ca.crt", "tls.crt", "tls.key", "client.crt", "client.key"] {
-        assert!(
-            secret["data"][key].as_str().is_some_and(|v| !v.is_empty()),
-            "{key}"
-        );
-    }
+    assert!(secret.get("data").is_none(), "nothing generated: {secret}");
     assert_eq!(e["filterVerb"], "filter");
     assert_eq!(e["prioritizeVerb"], "prioritize");
     assert_eq!(e["nodeCacheCapable"], true);
@@ -571,6 +619,35 @@ fn secondary_scheduler_points_at_the_extender_and_fails_closed() {
         json!([{"name": "nvidia.com/gpu", "ignoredByScheduler": false}])
     );
     let dep = find(&docs, "Deployment", "railguard-scheduler");
+    // The set is written by the init container into an in-memory volume that the scheduler
+    // and the extender mount, with the names kube-scheduler dials (the sidecar's loopback
+    // and the Service's names, as the chart's genSignedCert had them).
+    let pod = &dep["spec"]["template"]["spec"];
+    let init = &pod["initContainers"][0];
+    assert_eq!(init["name"], "extender-tls");
+    assert_eq!(
+        container_args(init),
+        [
+            "tls-bootstrap",
+            "--secret=railguard-extender-tls",
+            "--namespace=railguard",
+            "--out=/etc/railguard/extender-tls",
+            "--server-ip=127.0.0.1",
+            "--server-dns=localhost,railguard-extender.railguard.svc,railguard-extender.railguard.svc.cluster.local",
+            "--server-cn=railguard-extender",
+            "--client-cn=railguard-scheduler",
+            "--ca-cn=railguard-extender-ca",
+            "--validity-days=3650",
+            "--log-format=json",
+        ]
+    );
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "extender-tls")
+        .unwrap();
+    assert_eq!(volume["emptyDir"]["medium"], "Memory");
     let c = &dep["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(
         c["image"], "registry.k8s.io/kube-scheduler:v1.20.2",
@@ -951,81 +1028,112 @@ fn mpijob_template_is_the_probers_own() {
     );
 }
 
+/// The campaign's peer token is never generated by the chart: without `prober.peerToken`
+/// (and nothing to keep, as under `helm template`) the Secret renders without data, and the
+/// pods that read the token fill it themselves (`railguard-prober peer-token`, an init
+/// container writing the token file into an in-memory volume); a given token renders as
+/// given.
 #[test]
-fn peer_token_is_generated_when_not_given() {
-    let a = render(&DEFAULT);
-    let b = render(&DEFAULT);
-    let token = |docs: &[Doc]| {
-        find(docs, "Secret", "railguard-peer-token")["data"]["token"]
-            .as_str()
-            .unwrap()
-            .to_string()
-    };
-    let (ta, tb) = (token(&a), token(&b));
-    assert_eq!(ta.len(), 64, "48 random characters, base64");
-    assert_ne!(ta, tb, "random per install");
-    // So are the extender's generated CA and certificates; everything else is deterministic.
-    let strip = |docs: &[Doc]| {
-        docs.iter()
-            .filter(|d| d.name() != "railguard-peer-token" && d.name() != "railguard-extender-tls")
-            .map(|d| d.obj.clone())
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(strip(&a), strip(&b));
+fn peer_token_is_filled_by_the_pods_unless_given() {
+    let docs = render(&DEFAULT);
+    let secret = find(&docs, "Secret", "railguard-peer-token");
+    assert!(secret.get("data").is_none(), "no token rendered: {secret}");
+    let given = render(&ROCE);
+    let secret = find(&given, "Secret", "fabric-railguard-peer-token");
+    assert_eq!(
+        secret["data"]["token"],
+        b64(b"a-given-token-of-sufficient-length")
+    );
+    // Every pod that reads the token runs the init container first, which writes it where
+    // the containers read it (RAILGUARD_TOKEN_FILE), in memory.
+    let mut readers = 0;
+    for kind in ["DaemonSet", "CronJob"] {
+        for obj in all(&docs, kind) {
+            let pod = if kind == "CronJob" {
+                &obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+            } else {
+                &obj["spec"]["template"]["spec"]
+            };
+            let reads_token = pod["containers"].as_array().unwrap().iter().any(|c| {
+                c["env"].as_array().into_iter().flatten().any(|e| {
+                    e["name"] == "RAILGUARD_TOKEN_FILE" && e["value"] == "/etc/railguard/peer/token"
+                })
+            });
+            if !reads_token {
+                continue;
+            }
+            readers += 1;
+            let name = obj["metadata"]["name"].as_str().unwrap();
+            let init = pod["initContainers"]
+                .as_array()
+                .and_then(|i| i.iter().find(|c| c["name"] == "peer-token"))
+                .unwrap_or_else(|| panic!("{name}: no peer-token init container"));
+            assert_eq!(
+                container_args(init)[..2],
+                [
+                    "peer-token".to_string(),
+                    "--secret=railguard-peer-token".to_string()
+                ],
+                "{name}"
+            );
+            let volume = pod["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == "peer-token")
+                .unwrap();
+            assert_eq!(volume["emptyDir"]["medium"], "Memory", "{name}");
+            assert!(volume.get("secret").is_none(), "{name}");
+        }
+    }
+    assert!(readers >= 2, "the probers' peer endpoints and the campaign");
 }
 
-/// `helm template` twice with the same values renders the same objects but for the Secrets
-/// the templates generate at render time: the campaign's peer token (`randAlphaNum` in
-/// templates/prober.yaml, unless `prober.peerToken` is given) and the extender's CA, serving
-/// and client pairs (`genCA`/`genSignedCert` in templates/extender.yaml, with
-/// `extender.tls.enabled`). Both also depend on `lookup`, empty under `helm template`, so
-/// Argo CD-style rendering re-rolls them on every sync (issue #31 moves them out of the
-/// templates; this list then empties).
+/// `helm template` twice with the same values gives byte-identical output, for every values
+/// set: nothing random is rendered. The campaign's peer token and the extender's CA and
+/// pairs are generated by the pods that use them (filled into the chart's empty Secrets),
+/// never by the templates, so Argo CD-style rendering (no `lookup`) is stable too.
 #[test]
-fn helm_template_is_deterministic_but_for_the_generated_secrets() {
-    let keyed = |docs: Vec<(String, Json)>| -> BTreeMap<String, (String, Json)> {
-        docs.into_iter()
-            .map(|(source, obj)| (object_key(&obj), (source, obj)))
-            .collect()
-    };
-    let differing = |a: &BTreeMap<String, (String, Json)>, b: &BTreeMap<String, (String, Json)>| {
-        assert_eq!(
-            a.keys().collect::<Vec<_>>(),
-            b.keys().collect::<Vec<_>>(),
-            "the same objects"
-        );
-        a.iter()
-            .filter(|(k, (_, obj))| b[*k].1 != *obj)
-            .map(|(k, (source, _))| format!("{k} from {source}"))
-            .collect::<BTreeSet<String>>()
-    };
+fn helm_template_twice_is_byte_identical_for_every_values_set() {
     for set in ALL_SETS {
-        let helm_render = || {
-            keyed(
-                helm()
-                    .template_docs(set, &kube_1_20_api_versions(), KUBE_1_20_VERSION)
-                    .unwrap()
-                    .into_iter()
-                    .map(|d| (d.source, d.obj))
-                    .collect(),
-            )
+        let render = || {
+            let out = helm()
+                .template_output(set, &kube_1_20_api_versions(), KUBE_1_20_VERSION)
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}: {}",
+                set.label,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            out.stdout
         };
-        let first = helm_render();
-        let by_helm = differing(&first, &helm_render());
-        // The two Secrets by their templates' names (`<fullname>-extender-tls`,
-        // `<fullname>-peer-token`).
-        let secret = |suffix: &str, template: &str| {
-            let key = first
-                .keys()
-                .find(|k| k.starts_with("Secret/") && k.ends_with(suffix))
-                .unwrap_or_else(|| panic!("{}: no Secret *{suffix}", set.label));
-            format!("{key} from railguard/templates/{template}")
-        };
-        let mut want = BTreeSet::from([secret("-extender-tls", "extender.yaml")]);
-        if !set.values.contains("peerToken") {
-            want.insert(secret("-peer-token", "prober.yaml"));
+        let first = render();
+        assert!(
+            first == render(),
+            "{}: helm template rendered different output twice",
+            set.label
+        );
+        // Neither generated Secret carries data the templates made up.
+        for doc in railguard_tests::helm::documents(&String::from_utf8(first).unwrap()).unwrap() {
+            let obj = &doc.obj;
+            let name = obj["metadata"]["name"].as_str().unwrap_or_default();
+            if obj["kind"] == "Secret"
+                && (name.ends_with("-extender-tls") || name.ends_with("-peer-token"))
+            {
+                let keys: Vec<&String> = obj["data"]
+                    .as_object()
+                    .map(|d| d.keys().collect())
+                    .unwrap_or_default();
+                let given = name.ends_with("-peer-token") && set.values.contains("peerToken");
+                assert_eq!(
+                    keys,
+                    if given { vec!["token"] } else { vec![] },
+                    "{}: {name}",
+                    set.label
+                );
+            }
         }
-        assert_eq!(by_helm, want, "{}: helm template", set.label);
     }
 }
 

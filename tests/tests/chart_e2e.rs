@@ -1373,12 +1373,13 @@ fn one_log_format_for_every_railguard_container() {
 
 #[test]
 fn bad_values_are_rejected_by_the_schema_with_the_path() {
-    // Helm validates the values against values.schema.json before rendering: its message
-    // names the path as a JSON pointer with what is wrong there, or the additional property.
+    // Helm validates the values against values.schema.json before rendering (so does
+    // `helm lint`): its message names the path as a JSON pointer with what is wrong there,
+    // or the additional property.
     let cases = [
         (
             "webhook:\n  failurePolicy: Sometimes\n",
-            "at '/webhook/failurePolicy'",
+            "at '/webhook/failurePolicy': value must be one of 'Fail', 'Ignore'",
         ),
         (
             "webhok:\n  replicas: 2\n",
@@ -1386,16 +1387,28 @@ fn bad_values_are_rejected_by_the_schema_with_the_path() {
         ),
         (
             "webhook:\n  certificates:\n    mode: vault\n",
-            "at '/webhook/certificates/mode'",
+            "at '/webhook/certificates/mode': value must be one of 'selfManaged', 'certManager'",
         ),
-        ("scheduler:\n  mode: both\n", "at '/scheduler/mode'"),
-        ("prober:\n  peerToken: short\n", "at '/prober/peerToken'"),
-        ("extender:\n  port: 70000\n", "at '/extender/port'"),
+        (
+            "scheduler:\n  mode: both\n",
+            "at '/scheduler/mode': value must be one of 'secondary', 'configOnly', 'none'",
+        ),
+        (
+            "prober:\n  peerToken: short\n",
+            "at '/prober/peerToken': minLength: got 5, want 16",
+        ),
+        (
+            "extender:\n  port: 70000\n",
+            "at '/extender/port': maximum: got 70,000, want 65,535",
+        ),
         (
             "fabricProfiles:\n  empty: {enabled: true, spec: {rails: []}}\n",
-            "at '/fabricProfiles/empty/spec/rails'",
+            "at '/fabricProfiles/empty/spec/rails': minItems: got 0, want 1",
         ),
-        ("logFormat: yaml\n", "at '/logFormat'"),
+        (
+            "logFormat: yaml\n",
+            "at '/logFormat': value must be one of 'text', 'json'",
+        ),
         // Replaced by the top-level logFormat.
         (
             "webhook:\n  logJson: true\n",
@@ -1407,7 +1420,7 @@ fn bad_values_are_rejected_by_the_schema_with_the_path() {
         ),
         (
             "prober:\n  fleet:\n    intervalSeconds: 0\n",
-            "at '/prober/fleet/intervalSeconds'",
+            "at '/prober/fleet/intervalSeconds': minimum: got 0, want 1",
         ),
         (
             "prober:\n  fleet:\n    dashboard:\n      label: {grafana_dashboard: \"1\"}\n",

@@ -25,6 +25,7 @@ pub mod profile_source;
 pub mod progress;
 pub mod sim;
 pub mod upgrade_crd;
+pub mod verify_install;
 
 use clap::{Parser, Subcommand};
 use railguard_runtime::LogFormat;
@@ -42,6 +43,7 @@ use crate::peer_token::PeerTokenArgs;
 use crate::preflight::PreflightArgs;
 use crate::sim::SimSysfsArgs;
 use crate::upgrade_crd::UpgradeCrdArgs;
+use crate::verify_install::VerifyInstallArgs;
 
 /// The exit status convention, shown under every `--help`.
 pub const EXIT_STATUS: &str =
@@ -221,6 +223,16 @@ Example:
 
 Exit status: 0 current (created, applied or a newer one kept), 2 error.")]
     UpgradeCrd(UpgradeCrdArgs),
+    /// The chart's `helm test`: the webhook answers a GPU pod's admission through its
+    /// Service with the CA it serves, and enough Nodes are certified.
+    #[command(after_help = "\
+Example:
+  railguard-prober verify-install --webhook-url https://railguard-webhook.railguard.svc/mutate \\
+    --webhook-ca-file /etc/railguard/webhook-ca/ca.crt --min-certified-nodes 1
+
+Exit status: 0 both hold, 1 the webhook gave no answer or too few Nodes are certified in
+time, 2 error.")]
+    VerifyInstall(VerifyInstallArgs),
 }
 
 /// Whether a subcommand's result passes (exit status 0) or fails (exit status 1: a failed
@@ -297,6 +309,7 @@ impl Command {
             Command::Certify(a) => block_on(a.run()),
             Command::Daemon(a) => block_on(a.run()).map(|()| Outcome::default()),
             Command::UpgradeCrd(a) => block_on(a.run()),
+            Command::VerifyInstall(a) => block_on(a.run()),
         }
     }
 }

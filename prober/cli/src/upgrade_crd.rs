@@ -68,7 +68,8 @@ impl UpgradeCrdArgs {
                     .with_context(|| format!("applying CustomResourceDefinition {name}"))?;
                 format!(
                     "{name}: applied {CRD_VERSION} over {}",
-                    from.as_deref().unwrap_or("an unversioned schema (before 0.2.0)")
+                    from.as_deref()
+                        .unwrap_or("an unversioned schema (before 0.2.0)")
                 )
             }
             CrdUpgradeStep::KeepNewer { found } => {
@@ -92,7 +93,10 @@ async fn wait_established(
 ) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        let crd = crds.get(name).await.with_context(|| format!("reading {name}"))?;
+        let crd = crds
+            .get(name)
+            .await
+            .with_context(|| format!("reading {name}"))?;
         let established = crd
             .status
             .and_then(|s| s.conditions)

@@ -452,3 +452,147 @@ async fn run_allowing_failure(mut cmd: tokio::process::Command) -> (bool, String
         ),
     )
 }
+
+/// `helm ARGS --namespace NS --kubeconfig K`, which must succeed.
+fn helm_on(cp: &ControlPlane, args: &[&str]) {
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--namespace", NS]);
+    railguard_tests::helm::shared()
+        .on_cluster(cp.kubeconfig_path(), &all)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+}
+
+async fn both_secrets(client: &Client) -> BTreeMap<&'static str, BTreeMap<String, Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    for name in [TLS_SECRET, TOKEN_SECRET] {
+        out.insert(name, secret_data(client, name).await);
+    }
+    out
+}
+
+/// What the init containers do, in-process: fill each Secret the way its command does.
+async fn fill_as_the_pods_do(client: &Client) {
+    let spec = railguard_extender::tls_material::TlsMaterialSpec {
+        ca_common_name: "railguard-extender-ca".into(),
+        server_common_name: "railguard-extender".into(),
+        server_ips: vec!["127.0.0.1".parse().unwrap()],
+        server_dns: vec!["localhost".into()],
+        client_common_name: "railguard-scheduler".into(),
+        validity_days: 30,
+    };
+    let tls = SecretToFill {
+        namespace: NS,
+        name: TLS_SECRET,
+        keys: &railguard_extender::tls_material::KEYS,
+        field_manager: railguard_extender_cli::tls_bootstrap::FIELD_MANAGER,
+    };
+    let filled = fill_secret(client, &tls, || {
+        railguard_extender::tls_material::issue(
+            &spec,
+            railguard_runtime::pki::time::OffsetDateTime::now_utc(),
+        )
+        .map_err(|e| e.into())
+    })
+    .await
+    .unwrap();
+    assert!(matches!(filled.action, FillAction::Filled { .. }));
+    let token = SecretToFill {
+        namespace: NS,
+        name: TOKEN_SECRET,
+        keys: &["token"],
+        field_manager: railguard_prober_cli::peer_token::FIELD_MANAGER,
+    };
+    let filled = fill_secret(client, &token, || {
+        Ok(BTreeMap::from([(
+            "token".to_string(),
+            railguard_prober::campaign::token::generate_token().into_bytes(),
+        )]))
+    })
+    .await
+    .unwrap();
+    assert!(matches!(filled.action, FillAction::Filled { .. }));
+}
+
+/// `helm upgrade` keeps what is in the Secrets: what the pods wrote after an install of this
+/// chart (which rendered them empty), and what the previous release (0.1.0, which generated
+/// the token and the extender's set in its templates) rendered. Without `lookup` rendering
+/// the data back, Helm's three-way merge would remove the keys the new manifest drops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn helm_upgrade_keeps_what_the_pods_or_the_previous_release_put_in_the_secrets() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let client = cp.client();
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("values.yaml");
+    std::fs::write(&values, "extender:\n  tls:\n    enabled: true\n").unwrap();
+    let values = values.to_str().unwrap();
+    let chart = railguard_tests::helm::chart_dir();
+    let chart = chart.to_str().unwrap();
+    cp.create_namespace(NS, &labels(&[])).await.unwrap();
+
+    // This chart: installed empty, filled by the pods, kept by two upgrades.
+    helm_on(
+        &cp,
+        &["install", "railguard", chart, "--no-hooks", "-f", values],
+    );
+    for (name, data) in both_secrets(&client).await {
+        assert!(data.is_empty(), "{name} installed empty: {data:?}");
+    }
+    fill_as_the_pods_do(&client).await;
+    let filled = both_secrets(&client).await;
+    for _ in 0..2 {
+        helm_on(
+            &cp,
+            &["upgrade", "railguard", chart, "--no-hooks", "-f", values],
+        );
+        assert_eq!(both_secrets(&client).await, filled, "kept by helm upgrade");
+    }
+    helm_on(&cp, &["uninstall", "railguard"]);
+
+    // The previous release generated them in its templates; the upgrade keeps its data.
+    let previous =
+        railguard_tests::workspace_root().join("tests/fixtures/charts/railguard-0.1.0.tgz");
+    helm_on(
+        &cp,
+        &[
+            "install",
+            "railguard",
+            previous.to_str().unwrap(),
+            "--no-hooks",
+            "-f",
+            values,
+        ],
+    );
+    let generated = both_secrets(&client).await;
+    assert_eq!(
+        generated[TLS_SECRET].len(),
+        TLS_FILES.len(),
+        "{:?}",
+        generated[TLS_SECRET].keys()
+    );
+    assert_eq!(generated[TOKEN_SECRET]["token"].len(), 48);
+    // The release's CRD first, as the chart's pre-upgrade hook applies it (crds/ is never
+    // upgraded by Helm).
+    let crd = railguard_tests::workspace_root().join("charts/railguard/crds/fabricprofile.yaml");
+    let out = railguard_tests::helm::shared()
+        .kubectl_with(
+            cp.kubeconfig_path(),
+            &[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "-f",
+                crd.to_str().unwrap(),
+            ],
+        )
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    helm_on(
+        &cp,
+        &["upgrade", "railguard", chart, "--no-hooks", "-f", values],
+    );
+    assert_eq!(both_secrets(&client).await, generated, "kept from 0.1.0");
+}

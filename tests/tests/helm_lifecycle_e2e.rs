@@ -1,7 +1,8 @@
 //! The chart's life with the real Helm against the real kube-apiserver (1.20 by default, 1.37
 //! with `RAILGUARD_KUBE_VERSION=1.37`): `helm install` of the previous release
 //! (`tests/fixtures/charts/railguard-0.1.0.tgz`, see its SOURCE.md), `helm upgrade` to the
-//! chart in the tree, `helm rollback` to the previous release and `helm uninstall`, keeping
+//! chart in the tree as `helm package` packs it, `helm rollback` to the previous release and
+//! `helm uninstall`, keeping
 //! every piece of state a cluster has by then: the campaign token, the extender's CA and
 //! client pair, the webhook's self-managed CA and the caBundles it wrote, every Node's
 //! certificate, every FabricProfile (the same object, not a recreated one).
@@ -350,6 +351,19 @@ async fn helm_installs_upgrades_rolls_back_and_uninstalls_keeping_every_secret_c
         helm: Helm::new().unwrap(),
         dir: tempfile::tempdir().unwrap(),
     };
+    // The release under test is the packaged chart, as users install it.
+    let package_dir = run.dir.path().join("package");
+    run.helm(&[
+        "package",
+        current_chart().to_str().unwrap(),
+        "--destination",
+        package_dir.to_str().unwrap(),
+    ]);
+    let packaged = package_dir.join(format!("railguard-{}.tgz", env!("CARGO_PKG_VERSION")));
+    assert!(
+        packaged.is_file(),
+        "helm package names the chart railguard-<workspace version>.tgz"
+    );
     let values = run.file("values.yaml", VALUES);
     let upgrade_values = run.file("upgrade.yaml", UPGRADE_VALUES);
     cp.create_namespace(NS, &labels(&[])).await.unwrap();
@@ -427,8 +441,9 @@ async fn helm_installs_upgrades_rolls_back_and_uninstalls_keeping_every_secret_c
     .await
     .unwrap();
 
-    // 3. helm upgrade: the hook brings the CRD to this release first, then the chart applies.
-    let hook = run_crd_hook(&run, &[&values, &upgrade_values]).await;
+    // 3. helm upgrade: the hook brings the CRD to this release first (Helm runs it before it
+    //    applies anything), then the chart applies.
+    let hook = run_crd_hook(&run, &[&values]).await;
     assert!(
         hook.contains(&format!(
             "{CRD}: applied {} over",
@@ -445,26 +460,63 @@ async fn helm_installs_upgrades_rolls_back_and_uninstalls_keeping_every_secret_c
     run.helm(&[
         "upgrade",
         RELEASE,
-        current_chart().to_str().unwrap(),
+        packaged.to_str().unwrap(),
         "--no-hooks",
         "-f",
         values.to_str().unwrap(),
-        "-f",
-        upgrade_values.to_str().unwrap(),
     ]);
     let upgraded = state(&client).await;
     assert_eq!(upgraded, installed, "helm upgrade lost or re-rolled state");
+
+    // The operator then sets the new field in the chart's profile. Helm validates a
+    // release's objects against the API server's OpenAPI before it runs any hook, so a field
+    // the cluster's CRD lacks can only be set once the upgraded CRD is served; the server
+    // publishes a CRD's OpenAPI a moment after Established, hence the retry.
+    let set_field = || {
+        run.helm
+            .command()
+            .args(["upgrade", RELEASE])
+            .arg(&packaged)
+            .args(["--no-hooks", "--reuse-values", "-f"])
+            .arg(&upgrade_values)
+            .args(["--namespace", NS, "--kubeconfig"])
+            .arg(cp.kubeconfig_path())
+            .output()
+            .unwrap()
+    };
+    railguard_tests::eventually(
+        std::time::Duration::from_secs(60),
+        "helm upgrade setting the new field",
+        || async {
+            let out = set_field();
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            if out.status.success() {
+                Ok(Some(()))
+            } else if stderr.contains("unknown field") {
+                Ok(None)
+            } else {
+                Err(anyhow::anyhow!("helm upgrade: {stderr}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(
         profile_field(&client, "h100-ndr").await,
         json!(true),
-        "the upgraded profile keeps the field the upgraded CRD serves"
+        "the profile keeps the field the upgraded CRD serves"
+    );
+    assert_eq!(
+        state(&client).await,
+        installed,
+        "setting a field re-rolled state"
     );
     let history = run.helm(&["history", RELEASE, "-o", "json"]);
     let history: Json = serde_json::from_str(&history).unwrap();
-    assert_eq!(
-        history[1]["chart"],
-        format!("railguard-{}", env!("CARGO_PKG_VERSION"))
-    );
+    let chart = format!("railguard-{}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(history.as_array().unwrap().len(), 3, "{history}");
+    assert_eq!(history[1]["chart"], chart);
+    assert_eq!(history[2]["chart"], chart);
     // The hook again (the same release): nothing to change, still applied and current.
     let again = run_crd_hook(&run, &[&values, &upgrade_values]).await;
     assert!(
@@ -482,7 +534,7 @@ async fn helm_installs_upgrades_rolls_back_and_uninstalls_keeping_every_secret_c
     assert!(schema_has_new_field(&crds.get(CRD).await.unwrap()));
     let history: Json =
         serde_json::from_str(&run.helm(&["history", RELEASE, "-o", "json"])).unwrap();
-    assert_eq!(history[2]["chart"], "railguard-0.1.0");
+    assert_eq!(history[3]["chart"], "railguard-0.1.0");
 
     // 5. helm uninstall: railguard's objects go; the CRD, the Nodes' certificates stay.
     run.helm(&["uninstall", RELEASE]);
@@ -516,7 +568,7 @@ async fn helm_installs_upgrades_rolls_back_and_uninstalls_keeping_every_secret_c
     run.helm(&[
         "install",
         RELEASE,
-        current_chart().to_str().unwrap(),
+        packaged.to_str().unwrap(),
         "--no-hooks",
         "-f",
         values.to_str().unwrap(),

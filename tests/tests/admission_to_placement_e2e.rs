@@ -1,8 +1,10 @@
 //! End-to-end through every gate a training pod passes, with the real binaries: a user's pod
 //! (no railguard annotations) is created through kube-apiserver 1.20, mutated by the
 //! `railguard-webhook` binary (TLS, registered by a MutatingWebhookConfiguration), and placed
-//! by kube-scheduler 1.20 calling the `railguard-extender` binary over HTTPS
-//! (`enableHTTPS`, `tlsConfig.caData`, nodeCacheCapable). Asserts gang locality across
+//! by kube-scheduler 1.20 calling the `railguard-extender` binary over mutual TLS
+//! (`enableHTTPS`, `tlsConfig.caFile`/`certFile`/`keyFile`, nodeCacheCapable) with the set
+//! `railguard-extender tls-bootstrap` issued into an empty Secret, as the chart's init
+//! container does. Asserts gang locality across
 //! topology labels, that a degraded node is never chosen however local it is, and that a
 //! GPU + RDMA pod the webhook never saw is still held to the default profile, with the
 //! degraded node's reason in its FailedScheduling event (`--report-unresolvable-as-failed`).
@@ -22,7 +24,7 @@ use railguard_api::{keys, Certificate, FabricProfile, Verdict};
 use railguard_sim::certificates as synth;
 use railguard_tests::daemon::{spawn_extender, wait_ready, Daemon, ANY_LOOPBACK_PORT};
 use railguard_tests::{
-    b64, eventually, failed_scheduling_messages, fixture_profile, labels, merge_json, pod_node,
+    eventually, failed_scheduling_messages, fixture_profile, labels, merge_json, pod_node,
     wait_bound, workspace_binary, ControlPlane, ServingCertificate,
 };
 use serde_json::{json, Value};
@@ -220,15 +222,29 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
         cp.publish_certificate(name, &cert).await.unwrap();
     }
 
-    // Both servers present one loopback certificate from a throwaway CA.
+    // The webhook presents a loopback certificate from a throwaway CA. The extender's set
+    // (its CA, serving pair and the scheduler's client pair) is what the chart's init
+    // container issues: `railguard-extender tls-bootstrap` fills an empty Secret and writes
+    // the files the extender and the scheduler read.
     let tls = ServingCertificate::loopback("railguard-e2e-ca").unwrap();
-    let (cert_path, key_path) = tls.write_pair(&logs).unwrap();
+    // Its own directory: spawn_extender writes the extender's pair into the log directory.
+    let webhook_tls = logs.join("webhook-tls");
+    std::fs::create_dir_all(&webhook_tls).unwrap();
+    let (cert_path, key_path) = tls.write_pair(&webhook_tls).unwrap();
+    let extender_tls = bootstrap_extender_tls(&cp, &extender_bin, &logs).await;
+    let extender_set = ServingCertificate {
+        ca_pem: read(&extender_tls, "ca.crt"),
+        cert_pem: read(&extender_tls, "tls.crt"),
+        key_pem: read(&extender_tls, "tls.key"),
+        client_cert_pem: read(&extender_tls, "client.crt"),
+        client_key_pem: read(&extender_tls, "client.key"),
+    };
     // As the chart runs it for a 1.20 cluster (`reportUnresolvableAsFailed: auto`): this
     // scheduler reads only FailedNodes.
     let (mut extender, extender_url, extender_metrics) = spawn_extender(
         &extender_bin,
         cp.kubeconfig_path(),
-        &tls,
+        &extender_set,
         &logs,
         &["--report-unresolvable-as-failed"],
     )
@@ -267,11 +283,12 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
     .await;
     register_webhook(&client, wh_port, &tls.ca_pem).await;
 
+    // The scheduler reads the set's files, as the chart's tlsConfig names them.
     cp.start_scheduler(&format!(
-        "- urlPrefix: \"{extender_url}\"\n  filterVerb: filter\n  prioritizeVerb: prioritize\n  weight: 5\n  enableHTTPS: true\n  tlsConfig:\n    caData: {}\n    certData: {}\n    keyData: {}\n  nodeCacheCapable: true\n  ignorable: false\n",
-        b64(tls.ca_pem.as_bytes()),
-        b64(tls.client_cert_pem.as_bytes()),
-        b64(tls.client_key_pem.as_bytes())
+        "- urlPrefix: \"{extender_url}\"\n  filterVerb: filter\n  prioritizeVerb: prioritize\n  weight: 5\n  enableHTTPS: true\n  tlsConfig:\n    caFile: {}\n    certFile: {}\n    keyFile: {}\n  nodeCacheCapable: true\n  ignorable: false\n",
+        extender_tls.join("ca.crt").display(),
+        extender_tls.join("client.crt").display(),
+        extender_tls.join("client.key").display()
     ))
     .await
     .unwrap();
@@ -310,7 +327,7 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
     // peer to be local to. Ask it directly (over HTTPS, trusting only the test CA) until the
     // node sharing worker 0's leaf outranks the better-provisioned node in the other leaf.
     // It requires a client certificate, as from the scheduler: the test presents the same.
-    let https = tls.scheduler_https_client().unwrap();
+    let https = extender_set.scheduler_https_client().unwrap();
     let mut next = w0.clone();
     next.metadata.name = Some("llama-worker-1".into());
     next.spec.as_mut().unwrap().node_selector = None;
@@ -426,6 +443,48 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
     extender.assert_running(&logs);
     webhook.assert_running(&logs);
     cp.check_alive().unwrap();
+}
+
+/// Runs `railguard-extender tls-bootstrap` as the chart's init container does, on an empty
+/// Secret (the chart's), with the sidecar's names; the directory it wrote the set to.
+async fn bootstrap_extender_tls(
+    cp: &ControlPlane,
+    extender_bin: &std::path::Path,
+    logs: &std::path::Path,
+) -> std::path::PathBuf {
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": "railguard-extender-tls"},
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(cp.client(), "default")
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let out = logs.join("extender-tls");
+    let run = Command::new(extender_bin)
+        .arg("tls-bootstrap")
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig_path())
+        .args([
+            "--secret=railguard-extender-tls",
+            "--namespace=default",
+            "--server-ip=127.0.0.1",
+            "--server-dns=localhost",
+        ])
+        .arg(format!("--out={}", out.display()))
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "tls-bootstrap: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    out
+}
+
+fn read(dir: &std::path::Path, file: &str) -> String {
+    std::fs::read_to_string(dir.join(file)).unwrap()
 }
 
 fn merge_pod(pod: &mut Pod, extra: Value) {

@@ -651,6 +651,7 @@ async fn readyz_waits_for_the_node_guard_caches() {
     let guard = Arc::new(NodeGuardState {
         policy: GuardPolicy {
             namespace: "railguard-system".into(),
+            prober_namespace: "railguard-system".into(),
             prober_service_account: "railguard-prober".into(),
             campaign_service_account: None,
             fleet_service_account: None,

@@ -58,6 +58,7 @@ const TOKENS: &[&str] = &[
 fn policy() -> GuardPolicy {
     GuardPolicy {
         namespace: "railguard".into(),
+        prober_namespace: "railguard".into(),
         prober_service_account: "railguard-prober".into(),
         campaign_service_account: Some("railguard-campaign".into()),
         fleet_service_account: Some("railguard-fleet".into()),

@@ -164,11 +164,11 @@ pub struct Cli {
     /// How often the self-managed Secret and caBundle are checked, seconds.
     #[arg(long, env = "RAILGUARD_CERT_SYNC_SECONDS", default_value_t = 300)]
     pub cert_sync_seconds: u64,
-    /// Node guard: the probers' ServiceAccount (in --namespace). Given, the webhook serves
-    /// `POST /validate-nodes`, which lets only the prober of a node (its token bound to a
-    /// prober pod on that node), the campaign coordinator and --node-guard-allowed-groups
-    /// change railguard's certification outputs on Nodes, and only the fleet controller and
-    /// those groups its outlier condition (cluster mode only).
+    /// Node guard: the probers' ServiceAccount (in --node-guard-prober-namespace). Given, the
+    /// webhook serves `POST /validate-nodes`, which lets only the prober of a node (its token
+    /// bound to a prober pod on that node), the campaign coordinator and
+    /// --node-guard-allowed-groups change railguard's certification outputs on Nodes, and only
+    /// the fleet controller and those groups its outlier condition (cluster mode only).
     #[arg(
         long,
         env = "RAILGUARD_NODE_GUARD_PROBER_SERVICE_ACCOUNT",
@@ -176,16 +176,26 @@ pub struct Cli {
         conflicts_with = "profiles"
     )]
     pub node_guard_prober_service_account: Option<String>,
-    /// Node guard: label selector of the prober pods in --namespace (watched into the cache
-    /// requesters are checked against), e.g. `app.kubernetes.io/component=prober`.
+    /// Node guard: the namespace of the probers' and the campaign coordinator's
+    /// ServiceAccounts and of the prober pods (default: --namespace). The chart sets it when
+    /// `prober.namespace.name` moves the probers into a `privileged` Pod Security namespace
+    /// of their own; the same account names in --namespace then certify nothing.
+    #[arg(
+        long,
+        env = "RAILGUARD_NODE_GUARD_PROBER_NAMESPACE",
+        requires = "node_guard_prober_service_account"
+    )]
+    pub node_guard_prober_namespace: Option<String>,
+    /// Node guard: label selector of the prober pods in the prober namespace (watched into the
+    /// cache requesters are checked against), e.g. `app.kubernetes.io/component=prober`.
     #[arg(
         long,
         env = "RAILGUARD_NODE_GUARD_PROBER_SELECTOR",
         requires = "node_guard_prober_service_account"
     )]
     pub node_guard_prober_selector: Option<String>,
-    /// Node guard: the campaign coordinator's ServiceAccount (in --namespace), allowed to
-    /// record findings (fabric label, certificate, condition) on nodes that have a
+    /// Node guard: the campaign coordinator's ServiceAccount (in the prober namespace),
+    /// allowed to record findings (fabric label, certificate, condition) on nodes that have a
     /// certificate.
     #[arg(
         long,

@@ -145,13 +145,14 @@ fn node_guard(
         .as_deref()
         .unwrap_or_default();
     tracing::info!(
-        namespace = %policy.namespace, prober = %policy.prober_service_account,
+        namespace = %policy.namespace, prober_namespace = %policy.prober_namespace,
+        prober = %policy.prober_service_account,
         campaign = policy.campaign_service_account.as_deref().unwrap_or(""),
         fleet = policy.fleet_service_account.as_deref().unwrap_or(""),
         allowed_groups = %policy.allowed_groups.join(","), selector,
         "node guard on: POST /validate-nodes"
     );
-    let probers = ProberPods::watch(client.clone(), &policy.namespace, selector.trim());
+    let probers = ProberPods::watch(client.clone(), &policy.prober_namespace, selector.trim());
     Arc::new(NodeGuardState {
         policy,
         probers,

@@ -111,7 +111,8 @@ fn host_file(flag: &str, value: &str) -> Result<String, StartupError> {
 }
 
 /// The node guard's policy, when `--node-guard-prober-service-account` enables it: the
-/// service accounts live in the webhook's own namespace.
+/// fleet controller's service account lives in the webhook's own namespace, the probers' and
+/// the campaign's in `--node-guard-prober-namespace` (default: the webhook's own).
 pub fn node_guard_policy(
     cli: &Cli,
     own_namespace: Option<&str>,
@@ -136,6 +137,17 @@ pub fn node_guard_policy(
     let namespace = own_namespace.ok_or_else(|| {
         invalid("the node guard needs the webhook's namespace (the probers' namespace)")
     })?;
+    let prober_namespace = match cli.node_guard_prober_namespace.as_deref().map(str::trim) {
+        None | Some("") => namespace,
+        Some(ns) if is_dns_label(ns) => ns,
+        Some(ns) => {
+            return Err(StartupError::new(
+                "invalid --node-guard-prober-namespace",
+                format!("{ns:?} is not a namespace name (a DNS label)"),
+                "name the namespace the prober DaemonSets run in, e.g. railguard-probers",
+            ))
+        }
+    };
     let selector = cli.node_guard_prober_selector.as_deref().map(str::trim);
     if selector.is_none_or(str::is_empty) {
         return Err(StartupError::new(
@@ -146,11 +158,23 @@ pub fn node_guard_policy(
     }
     Ok(Some(GuardPolicy {
         namespace: namespace.to_string(),
+        prober_namespace: prober_namespace.to_string(),
         prober_service_account: prober.to_string(),
         campaign_service_account: service_account(&cli.node_guard_campaign_service_account),
         fleet_service_account: service_account(&cli.node_guard_fleet_service_account),
         allowed_groups: clean_list(&cli.node_guard_allowed_groups),
     }))
+}
+
+/// Whether `s` is a DNS label (RFC 1123), as namespace names are.
+fn is_dns_label(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    (1..=63).contains(&bytes.len())
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
 }
 
 /// A ServiceAccount name given on the command line; blank is none.
@@ -395,6 +419,58 @@ mod tests {
             "{e}"
         );
 
+        // The probers split into their own namespace: the prober and campaign accounts are
+        // looked up there, the fleet controller's stays in the webhook's.
+        let split = cli(&[
+            "--node-guard-prober-service-account=rg-prober",
+            "--node-guard-prober-selector=app=prober",
+            "--node-guard-campaign-service-account=rg-campaign",
+            "--node-guard-fleet-service-account=rg-fleet",
+            "--node-guard-prober-namespace= rg-probers ",
+        ]);
+        let policy = node_guard_policy(&split, Some("railguard"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(policy.namespace, "railguard");
+        assert_eq!(policy.prober_namespace, "rg-probers");
+        assert_eq!(
+            policy.prober_user(),
+            "system:serviceaccount:rg-probers:rg-prober"
+        );
+        assert_eq!(
+            policy.campaign_user().as_deref(),
+            Some("system:serviceaccount:rg-probers:rg-campaign")
+        );
+        assert_eq!(
+            policy.fleet_user().as_deref(),
+            Some("system:serviceaccount:railguard:rg-fleet")
+        );
+        // Unset or blank: the webhook's own namespace, as before.
+        let policy = node_guard_policy(&guarded, Some("railguard"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(policy.prober_namespace, "railguard");
+        let blank_ns = cli(&[
+            "--node-guard-prober-service-account=rg-prober",
+            "--node-guard-prober-selector=app=prober",
+            "--node-guard-prober-namespace=",
+        ]);
+        let policy = node_guard_policy(&blank_ns, Some("ns")).unwrap().unwrap();
+        assert_eq!(policy.prober_namespace, "ns");
+        for bad_ns in ["Probers", "rg_probers", "-rg", "rg/probers"] {
+            let flag = format!("--node-guard-prober-namespace={bad_ns}");
+            let bad = cli(&[
+                "--node-guard-prober-service-account=rg-prober",
+                "--node-guard-prober-selector=app=prober",
+                &flag,
+            ]);
+            let e = node_guard_policy(&bad, Some("ns")).unwrap_err();
+            assert!(
+                e.to_string().contains("--node-guard-prober-namespace"),
+                "{e}"
+            );
+        }
+
         let no_groups = cli(&[
             "--node-guard-prober-service-account=rg-prober",
             "--node-guard-prober-selector=app=prober",
@@ -418,6 +494,7 @@ mod tests {
             Cli::try_parse_from(all).is_err()
         };
         assert!(bad(&["--node-guard-prober-selector=app=prober"]));
+        assert!(bad(&["--node-guard-prober-namespace=rg-probers"]));
         assert!(bad(&[
             "--profiles=p.yaml",
             "--node-guard-prober-service-account=sa",

@@ -157,8 +157,12 @@ pub fn changed_outputs(old: Option<&NodeView>, new: &NodeView) -> Vec<Output> {
 /// Who writes railguard's outputs, as configured at install.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GuardPolicy {
-    /// The release namespace: where the prober and campaign service accounts live.
+    /// The release namespace: where the fleet controller's service account lives.
     pub namespace: String,
+    /// Where the prober and campaign service accounts and the prober pods live: the release
+    /// namespace, or the `privileged` Pod Security namespace the chart's
+    /// `prober.namespace.name` splits them into.
+    pub prober_namespace: String,
     /// The probers' ServiceAccount.
     pub prober_service_account: String,
     /// The campaign coordinator's ServiceAccount, when a campaign is installed.
@@ -169,14 +173,22 @@ pub struct GuardPolicy {
     pub allowed_groups: Vec<String>,
 }
 
+fn service_account_user(namespace: &str, name: &str) -> String {
+    format!("system:serviceaccount:{namespace}:{name}")
+}
+
 impl GuardPolicy {
-    fn service_account_user(&self, name: &str) -> String {
-        format!("system:serviceaccount:{}:{name}", self.namespace)
+    /// The probers' user name, `system:serviceaccount:<prober ns>:<sa>`.
+    pub fn prober_user(&self) -> String {
+        service_account_user(&self.prober_namespace, &self.prober_service_account)
     }
 
-    /// The probers' user name, `system:serviceaccount:<ns>:<sa>`.
-    pub fn prober_user(&self) -> String {
-        self.service_account_user(&self.prober_service_account)
+    /// The campaign coordinator's user name (in the probers' namespace), when one is
+    /// configured.
+    pub fn campaign_user(&self) -> Option<String> {
+        self.campaign_service_account
+            .as_deref()
+            .map(|sa| service_account_user(&self.prober_namespace, sa))
     }
 
     /// Whether `user` is the probers' service account (its requests need a pod lookup).
@@ -186,16 +198,14 @@ impl GuardPolicy {
 
     /// Whether `user` is the campaign coordinator's service account.
     pub fn is_campaign(&self, user: &UserInfo) -> bool {
-        self.campaign_service_account
-            .as_deref()
-            .is_some_and(|sa| user.username == self.service_account_user(sa))
+        self.campaign_user().is_some_and(|u| user.username == u)
     }
 
     /// The fleet controller's user name, when one is configured.
     pub fn fleet_user(&self) -> Option<String> {
         self.fleet_service_account
             .as_deref()
-            .map(|sa| self.service_account_user(sa))
+            .map(|sa| service_account_user(&self.namespace, sa))
     }
 
     /// Whether `user` is the fleet controller's service account.
@@ -532,13 +542,13 @@ fn prober_change(
         PodLookup::Found(pod) => pod,
         PodLookup::Missing => {
             return Err(Denial::ProberPodUnknown {
-                namespace: policy.namespace.clone(),
+                namespace: policy.prober_namespace.clone(),
                 pod: pod_name.to_string(),
             })
         }
         PodLookup::NotSynced => {
             return Err(Denial::ProberPodNotSynced {
-                namespace: policy.namespace.clone(),
+                namespace: policy.prober_namespace.clone(),
                 pod: pod_name.to_string(),
             })
         }

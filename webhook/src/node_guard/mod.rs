@@ -18,15 +18,18 @@
 //! names.
 //!
 //! **Who may change them** ([`decision::decide`]):
-//! - the prober of that node: user `system:serviceaccount:<release ns>:<prober SA>` whose
-//!   token is bound to a pod (`userInfo.extra["authentication.kubernetes.io/pod-name"]`,
-//!   which only a bound token carries) that the webhook's cache of prober pods holds, with
-//!   the prober's service account and `spec.nodeName` = the Node changed. A pod missing from
-//!   the cache is a denial that says so (a webhook that just started, a pod just created:
-//!   the prober retries);
-//! - the campaign coordinator's service account: the fabric label, the certificate and the
-//!   condition of a node that has a certificate, keeping the certificate's profile,
-//!   signature and node (findings change a verdict, never what the node is certified for);
+//! - the prober of that node: user `system:serviceaccount:<prober ns>:<prober SA>` (the
+//!   release namespace, unless the chart moves the probers into a `privileged` Pod Security
+//!   namespace of their own: `--node-guard-prober-namespace`) whose token is bound to a pod
+//!   (`userInfo.extra["authentication.kubernetes.io/pod-name"]`, which only a bound token
+//!   carries) that the webhook's cache of prober pods (of that namespace) holds, with the
+//!   prober's service account and `spec.nodeName` = the Node changed. A pod missing from the
+//!   cache is a denial that says so (a webhook that just started, a pod just created: the
+//!   prober retries);
+//! - the campaign coordinator's service account (in the prober namespace too): the fabric
+//!   label, the certificate and the condition of a node that has a certificate, keeping the
+//!   certificate's profile, signature and node (findings change a verdict, never what the
+//!   node is certified for);
 //! - the fleet controller's service account: the `RailguardFleetOutlier` condition and
 //!   nothing else (the prober and the campaign may not change that one);
 //! - members of the allowed groups (`--node-guard-allowed-groups`, `system:masters` by

@@ -1,5 +1,5 @@
 //! The cache of prober pods the node guard looks requesters up in: a reflector over the
-//! pods of the release namespace that carry the probers' labels (one per GPU node), fed by
+//! pods of the prober namespace (the release namespace unless split) that carry the probers' labels (one per GPU node), fed by
 //! one watch. Handlers only read it.
 
 use std::time::Duration;

@@ -16,6 +16,7 @@ const FLEET: &str = "railguard-fleet";
 fn policy() -> GuardPolicy {
     GuardPolicy {
         namespace: NS.into(),
+        prober_namespace: NS.into(),
         prober_service_account: PROBER.into(),
         campaign_service_account: Some(CAMPAIGN.into()),
         fleet_service_account: Some(FLEET.into()),
@@ -486,6 +487,136 @@ fn the_campaign_records_findings_but_not_what_a_node_is_certified_for() {
         PodLookup::Missing,
     ));
     assert!(d.to_string().contains("does not parse"), "{d}");
+}
+
+/// The chart's split install (`prober.namespace.name`): the probers and the campaign in a
+/// `privileged` Pod Security namespace of their own, the fleet controller with the webhook
+/// in the (restricted) release namespace.
+const PROBER_NS: &str = "railguard-probers";
+
+fn split_policy() -> GuardPolicy {
+    GuardPolicy {
+        prober_namespace: PROBER_NS.into(),
+        ..policy()
+    }
+}
+
+fn decide_split(old: &NodeView, new: &NodeView, who: &UserInfo, pods: PodLookup) -> Decision {
+    let change = NodeChange {
+        node: "gpu-a",
+        old: Some(old),
+        new,
+        user: who,
+        now: before_expiry(),
+    };
+    decide(change, &split_policy(), |_| pods)
+}
+
+/// `who` under another name, with the same groups and token attributes.
+fn renamed(who: UserInfo, username: String) -> UserInfo {
+    UserInfo { username, ..who }
+}
+
+#[test]
+fn with_the_probers_in_their_own_namespace_only_its_accounts_certify() {
+    let policy = split_policy();
+    assert_eq!(
+        policy.prober_user(),
+        format!("system:serviceaccount:{PROBER_NS}:{PROBER}")
+    );
+    assert_eq!(
+        policy.campaign_user(),
+        Some(format!("system:serviceaccount:{PROBER_NS}:{CAMPAIGN}"))
+    );
+    // The fleet controller stays in the release namespace.
+    assert_eq!(
+        policy.fleet_user(),
+        Some(format!("system:serviceaccount:{NS}:{FLEET}"))
+    );
+
+    let split_prober = |pod: &str| {
+        renamed(
+            prober(pod),
+            format!("system:serviceaccount:{PROBER_NS}:{PROBER}"),
+        )
+    };
+    let (old, new) = (bare(), certified());
+    assert_eq!(
+        decide_split(&old, &new, &split_prober("p-a"), pod_on("gpu-a", "p-a")),
+        Decision::Allowed(Writer::OwnProber { pod: "p-a".into() })
+    );
+    // The same account name in the release namespace is not the prober any more: a pod of
+    // the restricted namespace, whatever its labels and token, certifies nothing.
+    let release_prober = prober("p-a");
+    assert!(!policy.is_prober(&release_prober));
+    let d = denial(decide_split(
+        &old,
+        &new,
+        &release_prober,
+        pod_on("gpu-a", "p-a"),
+    ));
+    assert!(matches!(d, Denial::NotAWriter { .. }), "{d:?}");
+    let message = d.to_string();
+    assert!(
+        message.contains(&format!(
+            "only the node's own railguard prober (system:serviceaccount:{PROBER_NS}:{PROBER} \
+             in a pod on gpu-a)"
+        )),
+        "{message}"
+    );
+    // A pod the cache of the prober namespace does not hold is named in that namespace.
+    let d = denial(decide_split(
+        &old,
+        &new,
+        &split_prober("p-a"),
+        PodLookup::Missing,
+    ));
+    assert_eq!(
+        d,
+        Denial::ProberPodUnknown {
+            namespace: PROBER_NS.into(),
+            pod: "p-a".into()
+        }
+    );
+    assert!(d.to_string().contains(&format!("{PROBER_NS}/p-a")), "{d}");
+
+    // The campaign likewise: its account in the prober namespace records findings, the
+    // release namespace's does not.
+    let degraded = with_annotation(
+        with_label(new.clone(), keys::LABEL_FABRIC, Some("degraded")),
+        keys::ANNOTATION_CERTIFICATE,
+        &certificate("h100", "abc", "degraded"),
+    );
+    let split_campaign = user(
+        &format!("system:serviceaccount:{PROBER_NS}:{CAMPAIGN}"),
+        &[],
+    );
+    assert_eq!(
+        decide_split(&new, &degraded, &split_campaign, PodLookup::Missing),
+        Decision::Allowed(Writer::Campaign)
+    );
+    let d = denial(decide_split(
+        &new,
+        &degraded,
+        &campaign(),
+        PodLookup::Missing,
+    ));
+    assert!(matches!(d, Denial::NotAWriter { .. }), "{d:?}");
+
+    // The fleet controller's account is the release namespace's, not the prober one's.
+    let marked = with_outlier(new.clone(), Some("True"));
+    assert_eq!(
+        decide_split(&new, &marked, &fleet(), PodLookup::Missing),
+        Decision::Allowed(Writer::Fleet)
+    );
+    let moved_fleet = user(&format!("system:serviceaccount:{PROBER_NS}:{FLEET}"), &[]);
+    let d = denial(decide_split(
+        &new,
+        &marked,
+        &moved_fleet,
+        PodLookup::Missing,
+    ));
+    assert!(matches!(d, Denial::NotAWriter { .. }), "{d:?}");
 }
 
 #[test]

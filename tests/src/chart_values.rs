@@ -166,17 +166,50 @@ prober:
     ..DEFAULT
 };
 
+/// The prober namespace of the split sets.
+pub const SPLIT_PROBER_NAMESPACE: &str = "railguard-probers";
+
+/// Pod Security split (issue #31): the probers, their campaign and the peer-token Secret in
+/// a `privileged` namespace the chart creates (`prober.namespace`), the release namespace
+/// left to what meets `restricted`; the prober with SYS_ADMIN (the most it asks for), the
+/// extender in its own Deployment beside the scheduler, both with the chart's TLS.
+/// `tests/pod_security_e2e.rs` installs this set with the real Helm.
+pub const POD_SECURITY_SPLIT: ValuesSet = ValuesSet {
+    label: "probers in a privileged namespace the chart creates",
+    release: "rg",
+    namespace: "railguard-restricted",
+    values: r#"
+prober:
+  namespace:
+    name: railguard-probers
+    create: true
+  readPciConfigSpace: true
+extender:
+  placement: deployment
+"#,
+};
+
+/// The same split into a namespace that already exists (a managed cluster's, labelled by
+/// its operator): the chart creates no Namespace.
+pub const POD_SECURITY_SPLIT_EXISTING: ValuesSet = ValuesSet {
+    label: "probers in an existing privileged namespace",
+    values: "prober:\n  namespace:\n    name: railguard-probers\n",
+    ..POD_SECURITY_SPLIT
+};
+
 /// The sets every rendered object is dry-run with.
-pub const DRY_RUN_SETS: [&ValuesSet; 5] = [
+pub const DRY_RUN_SETS: [&ValuesSet; 7] = [
     &DEFAULT,
     &CERT_MANAGER_CONFIG_ONLY,
     &ROCE,
     &REAL_NODE,
     &FLEET_DASHBOARD,
+    &POD_SECURITY_SPLIT,
+    &POD_SECURITY_SPLIT_EXISTING,
 ];
 
 /// Every set that renders (the schema-failure cases of chart_e2e.rs excluded).
-pub const ALL_SETS: [&ValuesSet; 8] = [
+pub const ALL_SETS: [&ValuesSet; 10] = [
     &DEFAULT,
     &CERT_MANAGER_CONFIG_ONLY,
     &ROCE,
@@ -185,6 +218,8 @@ pub const ALL_SETS: [&ValuesSet; 8] = [
     &REAL_NODE,
     &PCI_CONFIG_SPACE,
     &FLEET_DASHBOARD,
+    &POD_SECURITY_SPLIT,
+    &POD_SECURITY_SPLIT_EXISTING,
 ];
 
 /// What Helm takes as `.Capabilities.APIVersions` from the server behind `client`: every

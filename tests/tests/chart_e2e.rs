@@ -14,11 +14,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Mutex, PoisonError};
 
-use kube::api::{Api, DynamicObject, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::discovery::{Discovery, Scope};
+use kube::ResourceExt;
 use railguard_tests::chart_values::{
     ValuesSet, ALL_PROFILES, ALL_SETS, CERT_MANAGER_CONFIG_ONLY, CERT_MANAGER_ISSUER, DEFAULT,
-    DRY_RUN_SETS, FLEET_DASHBOARD, PCI_CONFIG_SPACE, REAL_NODE, ROCE,
+    DRY_RUN_SETS, FLEET_DASHBOARD, PCI_CONFIG_SPACE, POD_SECURITY_SPLIT,
+    POD_SECURITY_SPLIT_EXISTING, REAL_NODE, ROCE, SPLIT_PROBER_NAMESPACE,
 };
 use railguard_tests::helm::{kube_1_20_api_versions, Helm, KUBE_1_20_VERSION};
 use railguard_tests::{b64, labels, workspace_root, ControlPlane, KubeVersion};
@@ -1450,6 +1452,308 @@ fn bad_values_are_rejected_by_the_schema_with_the_path() {
     }
 }
 
+/// Pod Security split (`prober.namespace`): everything that runs privileged — the prober
+/// DaemonSets, their ServiceAccount, RBAC and metrics Service, the campaign CronJobs, their
+/// account, Leases and MPIJob Role, the peer-token Secret and its Role — and the webhook's
+/// Role to watch the prober pods are in the prober namespace; everything else namespaced
+/// stays in the release namespace; every reference across them names the right one; the
+/// webhook excludes and guards by the prober namespace. Unset, nothing moves.
+#[test]
+fn the_probers_move_to_their_own_privileged_namespace_and_everything_else_stays() {
+    let probers = SPLIT_PROBER_NAMESPACE;
+    let release_ns = POD_SECURITY_SPLIT.namespace;
+    for set in [&POD_SECURITY_SPLIT, &POD_SECURITY_SPLIT_EXISTING] {
+        let docs = render(set);
+        let label = set.label;
+        // The Namespace, only when the chart creates it, with the privileged level.
+        let namespaces = all(&docs, "Namespace");
+        if set.label == POD_SECURITY_SPLIT.label {
+            assert_eq!(namespaces.len(), 1, "{label}");
+            let ns = namespaces[0];
+            assert_eq!(ns["metadata"]["name"], probers);
+            let labels = &ns["metadata"]["labels"];
+            for mode in ["enforce", "audit", "warn"] {
+                assert_eq!(
+                    labels[format!("pod-security.kubernetes.io/{mode}")],
+                    "privileged",
+                    "{label}: {mode}"
+                );
+            }
+            assert_eq!(labels["kubernetes.io/metadata.name"], probers);
+            assert_eq!(labels["app.kubernetes.io/instance"], set.release);
+        } else {
+            assert!(namespaces.is_empty(), "{label}: {namespaces:?}");
+        }
+        // Where every namespaced object is.
+        let mut moved = BTreeSet::new();
+        for d in &docs {
+            let Some(ns) = d.obj["metadata"]["namespace"].as_str() else {
+                continue;
+            };
+            let component = d.obj["metadata"]["labels"]["app.kubernetes.io/component"]
+                .as_str()
+                .unwrap_or_default();
+            let privileged = matches!(component, "prober" | "campaign")
+                || (d.kind().starts_with("Role") && d.name().ends_with("-webhook-node-guard"));
+            if d.kind() == "RoleBinding" && ns == "kube-system" {
+                continue; // the scheduler's extension-apiserver-authentication-reader
+            }
+            let want = if privileged { probers } else { release_ns };
+            assert_eq!(
+                ns,
+                want,
+                "{label}: {}/{} from {}",
+                d.kind(),
+                d.name(),
+                d.source
+            );
+            if privileged {
+                moved.insert(format!("{}/{}", d.kind(), d.name()));
+            }
+        }
+        for want in [
+            "DaemonSet/rg-railguard-prober-h100-ndr",
+            "DaemonSet/rg-railguard-prober-a100-hdr",
+            "ServiceAccount/rg-railguard-prober",
+            "Service/rg-railguard-prober-metrics",
+            "Role/rg-railguard-prober-invasive-slots",
+            "RoleBinding/rg-railguard-prober-invasive-slots",
+            "Secret/rg-railguard-peer-token",
+            "Role/rg-railguard-peer-token",
+            "RoleBinding/rg-railguard-peer-token",
+            "CronJob/rg-railguard-campaign-h100-ndr",
+            "ServiceAccount/rg-railguard-campaign",
+            "ConfigMap/rg-railguard-campaign-mpijob",
+            "Role/rg-railguard-campaign-lease",
+            "Role/rg-railguard-campaign-mpijobs",
+            "Role/rg-railguard-webhook-node-guard",
+            "RoleBinding/rg-railguard-webhook-node-guard",
+        ] {
+            assert!(
+                moved.contains(want),
+                "{label}: {want} not in {probers}: {moved:?}"
+            );
+        }
+        // Bindings name each account in its own namespace.
+        let subject_ns = |kind: &str, name: &str| -> BTreeMap<String, String> {
+            find(&docs, kind, name)["subjects"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| {
+                    (
+                        s["name"].as_str().unwrap().to_string(),
+                        s["namespace"].as_str().unwrap().to_string(),
+                    )
+                })
+                .collect()
+        };
+        for (kind, name) in [
+            ("ClusterRoleBinding", "rg-railguard-prober"),
+            ("ClusterRoleBinding", "rg-railguard-campaign"),
+            ("RoleBinding", "rg-railguard-peer-token"),
+            ("RoleBinding", "rg-railguard-campaign-lease"),
+        ] {
+            assert!(
+                subject_ns(kind, name).values().all(|ns| ns == probers),
+                "{label}: {kind}/{name}"
+            );
+        }
+        assert_eq!(
+            subject_ns("RoleBinding", "rg-railguard-webhook-node-guard"),
+            BTreeMap::from([("rg-railguard-webhook".to_string(), release_ns.to_string())])
+        );
+        assert_eq!(
+            subject_ns("ClusterRoleBinding", "rg-railguard-fleet"),
+            BTreeMap::from([("rg-railguard-fleet".to_string(), release_ns.to_string())])
+        );
+        // The pods' own references: the token Secret's namespace, the coordinator's and the
+        // endpoints' accounts, the campaign's Leases and MPIJobs.
+        let env_value = |c: &Json, name: &str| -> Option<String> {
+            c["env"].as_array()?.iter().find(|e| e["name"] == name)?["value"]
+                .as_str()
+                .map(str::to_string)
+        };
+        let ds = find(&docs, "DaemonSet", "rg-railguard-prober-h100-ndr");
+        let pod = &ds["spec"]["template"]["spec"];
+        assert!(
+            container_args(&pod["initContainers"][0]).contains(&format!("--namespace={probers}")),
+            "{label}"
+        );
+        let endpoint = pod["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "peer-endpoint")
+            .unwrap();
+        assert_eq!(
+            env_value(endpoint, "RAILGUARD_COORDINATOR_SERVICE_ACCOUNT").as_deref(),
+            Some(format!("{probers}/rg-railguard-campaign").as_str()),
+            "{label}"
+        );
+        let cron = find(&docs, "CronJob", "rg-railguard-campaign-h100-ndr");
+        let pod = &cron["spec"]["jobTemplate"]["spec"]["template"]["spec"];
+        assert!(
+            container_args(&pod["initContainers"][0]).contains(&format!("--namespace={probers}"))
+        );
+        let campaign = &pod["containers"][0];
+        for (var, want) in [
+            ("RAILGUARD_LEASE_NAMESPACE", probers.to_string()),
+            ("RAILGUARD_NCCL_NAMESPACE", probers.to_string()),
+            (
+                "RAILGUARD_COORDINATOR_SERVICE_ACCOUNT",
+                format!("{probers}/rg-railguard-campaign"),
+            ),
+            (
+                "RAILGUARD_ENDPOINT_SERVICE_ACCOUNT",
+                format!("{probers}/rg-railguard-prober"),
+            ),
+        ] {
+            assert_eq!(env_value(campaign, var), Some(want), "{label}: {var}");
+        }
+        // The webhook: never mutates there, and knows the probers by that namespace.
+        let webhook = find(&docs, "Deployment", "rg-railguard-webhook");
+        let args = container_args(&webhook["spec"]["template"]["spec"]["containers"][0]);
+        for want in [
+            format!("--excluded-namespaces=kube-system,{release_ns},{probers}"),
+            format!("--namespace={release_ns}"),
+            format!("--node-guard-prober-namespace={probers}"),
+            "--node-guard-prober-service-account=rg-railguard-prober".to_string(),
+            "--node-guard-campaign-service-account=rg-railguard-campaign".to_string(),
+        ] {
+            assert!(
+                args.contains(&want),
+                "{label}: webhook args lack {want}: {args:?}"
+            );
+        }
+        let mwc = find(
+            &docs,
+            "MutatingWebhookConfiguration",
+            "rg-railguard-webhook",
+        );
+        for w in mwc["webhooks"].as_array().unwrap() {
+            let not_in = &w["namespaceSelector"]["matchExpressions"][0];
+            assert_eq!(not_in["key"], "kubernetes.io/metadata.name");
+            assert_eq!(
+                strs(&not_in["values"]),
+                ["kube-system", release_ns, probers],
+                "{label}"
+            );
+        }
+        // What stays is what meets `restricted`: every pod in the release namespace runs as
+        // non-root under RuntimeDefault, drops every capability and adds none, never
+        // escalates, and mounts no host path (the API server's own Pod Security admission
+        // judges the same pods in tests/pod_security_e2e.rs).
+        for d in &docs {
+            let Some(pod) = workload_pod(&d.obj) else {
+                continue;
+            };
+            if d.obj["metadata"]["namespace"] != release_ns {
+                continue;
+            }
+            let what = format!("{label}: {}/{}", d.kind(), d.name());
+            assert_eq!(pod["securityContext"]["runAsNonRoot"], true, "{what}");
+            assert_eq!(
+                pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+                "{what}"
+            );
+            assert!(pod.get("hostNetwork").is_none_or(|h| h == false), "{what}");
+            for v in pod["volumes"].as_array().into_iter().flatten() {
+                assert!(v.get("hostPath").is_none(), "{what}: {v}");
+            }
+            for c in pod["containers"]
+                .as_array()
+                .into_iter()
+                .chain(pod["initContainers"].as_array())
+                .flatten()
+            {
+                let sc = &c["securityContext"];
+                assert_eq!(
+                    sc["allowPrivilegeEscalation"], false,
+                    "{what}: {}",
+                    c["name"]
+                );
+                assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{what}");
+                assert!(sc["capabilities"].get("add").is_none(), "{what}");
+                for port in c["ports"].as_array().into_iter().flatten() {
+                    assert!(port.get("hostPort").is_none(), "{what}: {port}");
+                }
+            }
+        }
+    }
+
+    // The probers' ServiceMonitor goes with their metrics Service.
+    let monitored = ValuesSet {
+        label: "split with ServiceMonitors",
+        values: "prober:\n  namespace: {name: railguard-probers}\nmonitoring:\n  serviceMonitors: {enabled: true}\n",
+        ..POD_SECURITY_SPLIT
+    };
+    let docs = render(&monitored);
+    for sm in all(&docs, "ServiceMonitor") {
+        let component = sm["metadata"]["labels"]["app.kubernetes.io/component"]
+            .as_str()
+            .unwrap();
+        let want = if component == "prober" {
+            probers
+        } else {
+            release_ns
+        };
+        assert_eq!(sm["metadata"]["namespace"], want, "{component}");
+        assert_eq!(sm["spec"]["namespaceSelector"]["matchNames"], json!([want]));
+    }
+    // The extender is the scheduler's sidecar here: its PodMonitor stays with the scheduler.
+    assert_eq!(all(&docs, "ServiceMonitor").len(), 3);
+    assert_eq!(
+        find(&docs, "PodMonitor", "rg-railguard-extender")["metadata"]["namespace"],
+        release_ns
+    );
+
+    // Unset: one namespace, as before (the flag names it), and no Namespace object.
+    let docs = render(&DEFAULT);
+    assert!(all(&docs, "Namespace").is_empty());
+    for d in &docs {
+        if let Some(ns) = d.obj["metadata"]["namespace"].as_str() {
+            assert!(
+                ns == "railguard" || ns == "kube-system",
+                "{}/{}",
+                d.kind(),
+                d.name()
+            );
+        }
+    }
+    let args = container_args(
+        &find(&docs, "Deployment", "railguard-webhook")["spec"]["template"]["spec"]["containers"]
+            [0],
+    );
+    assert!(args.contains(&"--node-guard-prober-namespace=railguard".to_string()));
+
+    // create needs a name, and not the release namespace (Helm does not create that one).
+    for (values, says) in [
+        (
+            "prober:\n  namespace: {create: true}\n",
+            "prober.namespace.create needs prober.namespace.name",
+        ),
+        (
+            "prober:\n  namespace: {name: railguard, create: true}\n",
+            "prober.namespace.name \"railguard\" is the release namespace",
+        ),
+        (
+            "prober:\n  namespace: {name: Probers}\n",
+            "at '/prober/namespace/name': 'Probers' does not match pattern",
+        ),
+    ] {
+        let set = ValuesSet { values, ..DEFAULT };
+        let out = helm()
+            .template_output(&set, &kube_1_20_api_versions(), KUBE_1_20_VERSION)
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(says),
+            "{values}: helm template: {stderr} lacks {says}"
+        );
+    }
+}
+
 // ---------------------------------------------------------------- against the API server
 
 /// Minimal cert-manager CRDs (no schema: cert-manager is not installed here), so the
@@ -1530,11 +1834,81 @@ async fn client_dry_run(client: &kube::Client, discovery: &Discovery, docs: &[Do
             dry_run: true,
             field_manager: Some("railguard-chart-test".into()),
         };
-        if let Err(e) = api.create(&pp, &obj).await {
+        let result = match api.create(&pp, &obj).await {
+            // What the test created for real beforehand (a Namespace the chart creates, a
+            // hook Pod's ServiceAccount: see `create_what_pods_need`) is applied instead,
+            // which validates it the same way.
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                let pp = PatchParams::apply("railguard-chart-test").dry_run();
+                api.patch(obj.name_any().as_str(), &pp, &Patch::Apply(&obj))
+                    .await
+            }
+            other => other,
+        };
+        if let Err(e) = result {
             failures.push(format!("{}/{} from {}: {e}", d.kind(), d.name(), d.source));
         }
     }
     failures
+}
+
+/// Creates for real what a Pod of `docs` needs before the API server admits it and that a
+/// dry run of the rest cannot provide (it creates nothing): the ServiceAccount of each bare
+/// Pod (the `helm test` hook, which Helm creates after the release's objects exist;
+/// ServiceAccount admission refuses a Pod whose account is missing), from the chart's own
+/// object; on 1.20, whose ServiceAccount admission mounts a legacy token Secret and no
+/// token controller runs here, that account's token Secret too. The namespaces exist already.
+async fn create_what_pods_need(client: &kube::Client, version: KubeVersion, docs: &[Doc]) {
+    for pod in docs.iter().filter(|d| d.kind() == "Pod") {
+        let ns = pod.obj["metadata"]["namespace"].as_str().unwrap();
+        let Some(sa) = pod.obj["spec"]["serviceAccountName"].as_str() else {
+            continue;
+        };
+        let account = docs
+            .iter()
+            .find(|d| {
+                d.kind() == "ServiceAccount"
+                    && d.name() == sa
+                    && d.obj["metadata"]["namespace"] == ns
+            })
+            .unwrap_or_else(|| panic!("Pod {} runs as {sa}, which the chart lacks", pod.name()));
+        let api: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(client.clone(), ns);
+        let created = match api
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(account.obj.clone()).unwrap(),
+            )
+            .await
+        {
+            Ok(created) => created,
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => panic!("ServiceAccount {ns}/{sa}: {e}"),
+        };
+        if version == KubeVersion::V1_20 {
+            let token = format!("{sa}-token");
+            let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": token, "annotations": {
+                    "kubernetes.io/service-account.name": sa,
+                    "kubernetes.io/service-account.uid": created.metadata.uid,
+                }},
+                "type": "kubernetes.io/service-account-token",
+            }))
+            .unwrap();
+            Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns)
+                .create(&PostParams::default(), &secret)
+                .await
+                .unwrap();
+            api.patch(
+                sa,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"secrets": [{"name": token}]})),
+            )
+            .await
+            .unwrap();
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1556,7 +1930,14 @@ async fn every_rendered_object_passes_a_server_side_dry_run() {
         .await
         .expect("cert-manager CRD");
     }
-    for ns in ["railguard", "railguard-cm", "gpu-infra", "nccl-tests"] {
+    for ns in [
+        "railguard",
+        "railguard-cm",
+        "gpu-infra",
+        "nccl-tests",
+        POD_SECURITY_SPLIT.namespace,
+        SPLIT_PROBER_NAMESPACE,
+    ] {
         cp.create_namespace(ns, &labels(&[]))
             .await
             .expect("namespace");
@@ -1601,6 +1982,7 @@ async fn every_rendered_object_passes_a_server_side_dry_run() {
         let docs = render_with(set, &api_versions, kube_version)
             .unwrap_or_else(|e| panic!("{}: {e:#}", set.label));
         assert!(docs.len() > 20, "{}: {} objects", set.label, docs.len());
+        create_what_pods_need(&client, version, &docs).await;
         // kubectl dry-runs what Helm renders, verbatim.
         let manifest = helm().template(set, &api_versions, kube_version).unwrap();
         let objects = railguard_tests::helm::documents(&manifest).unwrap().len();

@@ -308,13 +308,14 @@ volume, for the peer endpoints and the campaign. Takes (dict "root" $ "apiToken"
 apiToken mounts the prober pods' api-token volume (they mount no default token). */}}
 {{- define "railguard.peerTokenInit" -}}
 {{- $root := .root -}}
+{{- $ns := include "railguard.proberNamespace" $root -}}
 - name: peer-token
   image: {{ include "railguard.image" (dict "root" $root "image" $root.Values.prober.image) }}
   imagePullPolicy: {{ $root.Values.image.pullPolicy }}
   args:
     - peer-token
     - --secret={{ include "railguard.peerTokenSecret" $root }}
-    - --namespace={{ $root.Release.Namespace }}
+    - --namespace={{ $ns }}
     - --out=/etc/railguard/peer/token
     - --log-format={{ $root.Values.logFormat }}
   volumeMounts:
@@ -370,6 +371,19 @@ apiToken mounts the prober pods' api-token volume (they mount no default token).
     - name: {{ . | quote }}
       ignoredByScheduler: false
   {{- end }}
+{{- end -}}
+
+{{/* The namespace of everything that runs privileged (the prober DaemonSets, their metrics
+Service and RBAC, the campaign CronJobs and the peer-token Secret they share):
+prober.namespace.name, else the release namespace. Split out, the release namespace can
+enforce the `restricted` Pod Security level and this one `privileged`. */}}
+{{- define "railguard.proberNamespace" -}}
+{{- $ns := .Values.prober.namespace | default dict -}}
+{{- if .Values.prober.enabled -}}
+{{- default .Release.Namespace $ns.name -}}
+{{- else -}}
+{{- .Release.Namespace -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Names of the webhook's objects. */}}

@@ -1331,3 +1331,52 @@ pub async fn failed_scheduling_messages(
         .filter_map(|e| e.message)
         .collect())
 }
+
+/// Gives ServiceAccount `namespace/name` the legacy token Secret 1.20's ServiceAccount
+/// admission looks for before it admits a Pod that mounts the account's token ("No API token
+/// found for service account"): no token controller runs in these control planes. From 1.22
+/// the kubelet projects a bound token instead and nothing is needed; this does nothing there.
+pub async fn give_legacy_token(
+    client: &Client,
+    version: KubeVersion,
+    namespace: &str,
+    name: &str,
+) -> Result<()> {
+    if version != KubeVersion::V1_20 {
+        return Ok(());
+    }
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let account = accounts
+        .get(name)
+        .await
+        .with_context(|| format!("ServiceAccount {namespace}/{name}"))?;
+    let token = format!("{name}-token");
+    if account
+        .secrets
+        .iter()
+        .flatten()
+        .any(|s| s.name.as_deref() == Some(token.as_str()))
+    {
+        return Ok(());
+    }
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": token, "annotations": {
+            "kubernetes.io/service-account.name": name,
+            "kubernetes.io/service-account.uid": account.metadata.uid,
+        }},
+        "type": "kubernetes.io/service-account-token",
+    }))?;
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &secret)
+        .await
+        .with_context(|| format!("token Secret {namespace}/{token}"))?;
+    accounts
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"secrets": [{"name": token}]})),
+        )
+        .await?;
+    Ok(())
+}

@@ -1874,40 +1874,20 @@ async fn create_what_pods_need(client: &kube::Client, version: KubeVersion, docs
             .unwrap_or_else(|| panic!("Pod {} runs as {sa}, which the chart lacks", pod.name()));
         let api: Api<k8s_openapi::api::core::v1::ServiceAccount> =
             Api::namespaced(client.clone(), ns);
-        let created = match api
+        match api
             .create(
                 &PostParams::default(),
                 &serde_json::from_value(account.obj.clone()).unwrap(),
             )
             .await
         {
-            Ok(created) => created,
+            Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 409 => continue,
             Err(e) => panic!("ServiceAccount {ns}/{sa}: {e}"),
-        };
-        if version == KubeVersion::V1_20 {
-            let token = format!("{sa}-token");
-            let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
-                "apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": token, "annotations": {
-                    "kubernetes.io/service-account.name": sa,
-                    "kubernetes.io/service-account.uid": created.metadata.uid,
-                }},
-                "type": "kubernetes.io/service-account-token",
-            }))
-            .unwrap();
-            Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns)
-                .create(&PostParams::default(), &secret)
-                .await
-                .unwrap();
-            api.patch(
-                sa,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"secrets": [{"name": token}]})),
-            )
+        }
+        railguard_tests::give_legacy_token(client, version, ns, sa)
             .await
             .unwrap();
-        }
     }
 }
 

@@ -21,8 +21,9 @@
 //!   injected affinity), while a pod without GPUs still runs;
 //! - webhook pods evicted one at a time: the PodDisruptionBudget refuses the second while
 //!   the first is replaced, and admission keeps answering throughout;
-//! - `helm uninstall` removes railguard's workloads and webhook registrations, and leaves
-//!   the FabricProfile CRD and the profiles.
+//! - `helm uninstall` removes railguard's workloads, webhook registrations and the chart's
+//!   FabricProfiles, and leaves the FabricProfile CRD and the Node's labels, condition and
+//!   certificate as they were (README, "Install").
 //!
 //! One test: only one real node fits on a machine.
 
@@ -908,15 +909,23 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     eprintln!("{i} pods admitted and mutated while a webhook replica was replaced");
     wait_workloads_ready(&client, NAMESPACE, &objects, Duration::from_secs(180)).await?;
 
-    // Uninstall: railguard's workloads and its webhook registrations go; the CRD and the
-    // profiles stay (deleting the CRD would delete every profile with it).
+    // Uninstall: railguard's workloads, its webhook registrations and the chart's profiles
+    // go; the CRD stays (deleting it would delete every profile anyone made with it), and so
+    // does what the prober published on the Node.
+    let before = fabric_state(&nodes).await?;
     let out = helm.on_cluster(kubeconfig, ["uninstall", RELEASE, "-n", NAMESPACE])?;
     eprintln!("{}", out.trim());
-    uninstalled(&client, &objects).await
+    uninstalled(&client, &objects).await?;
+    let after = fabric_state(&nodes).await?;
+    ensure!(
+        after == before,
+        "helm uninstall changed the Node: {before:?} -> {after:?}"
+    );
+    Ok(())
 }
 
-/// After `helm uninstall`: none of the release's workloads, pods or webhook configurations
-/// is left; the FabricProfile CRD and the release's profiles are.
+/// After `helm uninstall`: none of the release's workloads, pods, webhook configurations or
+/// FabricProfiles is left; the FabricProfile CRD is.
 async fn uninstalled(client: &Client, objects: &[Value]) -> Result<()> {
     use k8s_openapi::api::admissionregistration::v1::{
         MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
@@ -1030,11 +1039,28 @@ async fn uninstalled(client: &Client, objects: &[Value]) -> Result<()> {
         "the release rendered no {PROFILE} profile: {profiles:?}"
     );
     let api = Api::<FabricProfile>::all(client.clone());
-    for p in &profiles {
-        api.get(p)
-            .await
-            .with_context(|| format!("FabricProfile {p} after helm uninstall"))?;
-    }
-    eprintln!("helm uninstall left the CRD and the profiles {profiles:?}");
+    eventually(
+        Duration::from_secs(60),
+        "the chart's FabricProfiles gone",
+        || async {
+            let left: Vec<String> = api
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|p| p.metadata.name)
+                .filter(|n| profiles.contains(n))
+                .collect();
+            Ok(if left.is_empty() {
+                Ok(())
+            } else {
+                Err(railguard_tests::NotYet(format!("left: {left:?}")))
+            })
+        },
+    )
+    .await?;
+    eprintln!(
+        "helm uninstall removed the workloads, webhooks and profiles {profiles:?}; the CRD stays"
+    );
     Ok(())
 }

@@ -116,12 +116,14 @@ impl Release {
 
 impl Ord for Release {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.core.cmp(&other.core).then_with(|| match (&self.pre, &other.pre) {
-            (None, None) => Ordering::Equal,
-            (None, Some(_)) => Ordering::Greater,
-            (Some(_), None) => Ordering::Less,
-            (Some(a), Some(b)) => a.cmp(b),
-        })
+        self.core
+            .cmp(&other.core)
+            .then_with(|| match (&self.pre, &other.pre) {
+                (None, None) => Ordering::Equal,
+                (None, Some(_)) => Ordering::Greater,
+                (Some(_), None) => Ordering::Less,
+                (Some(a), Some(b)) => a.cmp(b),
+            })
     }
 }
 
@@ -189,6 +191,9 @@ mod tests {
             crd.metadata.annotations.unwrap()[ANNOTATION_CRD_VERSION],
             env!("CARGO_PKG_VERSION")
         );
-        assert_eq!(crd.metadata.name.as_deref(), Some("fabricprofiles.railguard.io"));
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("fabricprofiles.railguard.io")
+        );
     }
 }

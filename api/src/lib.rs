@@ -46,4 +46,3 @@ pub fn profiles_from_yaml(text: &str) -> Result<Vec<FabricProfile>, ProfileError
     }
     Ok(out)
 }
-

@@ -25,7 +25,9 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 use railguard_api::keys;
-use railguard_tests::chart_values::{render_for_server, ValuesSet, DEFAULT};
+use railguard_tests::chart_values::{
+    render_for_server, ValuesSet, DEFAULT, POD_SECURITY_SPLIT, SPLIT_PROBER_NAMESPACE,
+};
 use railguard_tests::daemon::ANY_LOOPBACK_PORT;
 use railguard_tests::helm::kube_1_20_api_versions;
 use railguard_tests::install::apply_objects;
@@ -108,7 +110,13 @@ fn chart_node_guard_args(docs: &[Value]) -> Vec<String> {
     guard
 }
 
-async fn start_webhook(cp: &ControlPlane, guard_args: &[String], dir: &Path) -> Webhook {
+/// The webhook with `guard_args`, in the release namespace `namespace`.
+async fn start_webhook(
+    cp: &ControlPlane,
+    namespace: &str,
+    guard_args: &[String],
+    dir: &Path,
+) -> Webhook {
     let tls = ServingCertificate::loopback("railguard-node-guard-ca").unwrap();
     tls.write_pair(dir).unwrap();
     std::fs::write(dir.join("ca.crt"), &tls.ca_pem).unwrap();
@@ -121,7 +129,7 @@ async fn start_webhook(cp: &ControlPlane, guard_args: &[String], dir: &Path) -> 
         .arg(format!("--tls-key={}", dir.join("tls.key").display()))
         .arg(format!("--listen={ANY_LOOPBACK_PORT}"))
         .arg(format!("--metrics-listen={ANY_LOOPBACK_PORT}"))
-        .arg(format!("--namespace={NS}"))
+        .arg(format!("--namespace={namespace}"))
         .args(guard_args)
         .env("RAILGUARD_LOG", "info,railguard_webhook=debug")
         .stdin(Stdio::null())
@@ -219,12 +227,25 @@ async fn token(client: &Client, namespace: &str, name: &str, pod: Option<&Pod>) 
         .unwrap()
 }
 
-/// A prober pod of the chart's DaemonSet, bound to `node` (no kubelet runs it).
+/// A prober pod of the chart's DaemonSet, bound to `node` (no kubelet runs it), in the
+/// DaemonSet's namespace.
 async fn prober_pod(client: &Client, daemonset: &Value, name: &str, node: &str) -> Pod {
+    let namespace = daemonset["metadata"]["namespace"].as_str().unwrap();
+    prober_pod_in(client, namespace, daemonset, name, node).await
+}
+
+/// A pod of the chart's prober DaemonSet template, bound to `node`, in `namespace`.
+async fn prober_pod_in(
+    client: &Client,
+    namespace: &str,
+    daemonset: &Value,
+    name: &str,
+    node: &str,
+) -> Pod {
     let template = &daemonset["spec"]["template"];
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "labels": template["metadata"]["labels"]},
+        "metadata": {"name": name, "namespace": namespace, "labels": template["metadata"]["labels"]},
         "spec": {
             "serviceAccountName": template["spec"]["serviceAccountName"],
             "automountServiceAccountToken": false,
@@ -233,7 +254,7 @@ async fn prober_pod(client: &Client, daemonset: &Value, name: &str, node: &str) 
         },
     }))
     .unwrap();
-    Api::<Pod>::namespaced(client.clone(), NS)
+    Api::<Pod>::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &pod)
         .await
         .unwrap()
@@ -412,7 +433,7 @@ async fn only_a_nodes_own_prober_the_campaign_and_the_fleet_controller_write_the
     let pod_b = prober_pod(&admin, daemonset, "prober-b", "gpu-b").await;
 
     let dir = tempfile::tempdir().unwrap();
-    let webhook = start_webhook(&cp, &chart_node_guard_args(&docs), dir.path()).await;
+    let webhook = start_webhook(&cp, NS, &chart_node_guard_args(&docs), dir.path()).await;
     let entries = register(&admin, &docs, &webhook, dir.path()).await;
     assert_eq!(entries, 2, "nodes and nodes/status");
 
@@ -1048,7 +1069,7 @@ async fn with_railguard_down_node_operations_work_and_certifications_stay_guarde
     .await
     .unwrap();
     {
-        let webhook = start_webhook(&cp, &chart_node_guard_args(&docs), dir.path()).await;
+        let webhook = start_webhook(&cp, NS, &chart_node_guard_args(&docs), dir.path()).await;
         register(&admin, &docs, &webhook, dir.path()).await;
         // The API server picks the configuration up asynchronously; a dry run (the guard
         // has no side effects, so it is called for one) shows when, and writes nothing.
@@ -1151,4 +1172,181 @@ async fn with_railguard_down_node_operations_work_and_certifications_stay_guarde
         matches!(&answer, Answer::Refused { message, .. } if message.contains("nodes.node-guard.railguard.io")),
         "registering a certified Node with the guard down: {answer:?}"
     );
+}
+
+/// The chart's Pod Security split (`prober.namespace`, issue #31): the probers and the
+/// campaign run in their own privileged namespace and the webhook, with the chart's
+/// `--node-guard-prober-namespace`, knows them there. The node's prober (its pod there, a
+/// token bound to it) certifies its node and the campaign records findings; the same account
+/// names in the release namespace — a pod with the probers' labels, bound to the node, under
+/// an account given the probers' ClusterRole so RBAC lets it patch — are refused by the
+/// guard; the fleet controller stays in the release namespace and keeps its condition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_probers_in_their_own_namespace_only_its_accounts_certify() {
+    let set = &POD_SECURITY_SPLIT;
+    let (release_ns, probers_ns) = (set.namespace, SPLIT_PROBER_NAMESPACE);
+    let cp = ControlPlane::start().await.expect("control plane");
+    cp.apply_fabricprofile_crd().await.unwrap();
+    let admin = cp.client();
+    let docs = render_for_server(set, &admin).await.unwrap();
+    for ns in [release_ns, probers_ns] {
+        cp.create_namespace(ns, &labels(&[])).await.unwrap();
+    }
+    let identities: Vec<Value> = docs
+        .iter()
+        .filter(|d| {
+            matches!(
+                d["kind"].as_str(),
+                Some("ServiceAccount" | "ClusterRole" | "ClusterRoleBinding")
+            ) && matches!(component(d), "prober" | "campaign" | "fleet")
+        })
+        .cloned()
+        .collect();
+    assert_eq!(identities.len(), 9, "SA, role and binding of each");
+    apply_objects(&admin, release_ns, &identities)
+        .await
+        .unwrap();
+    let name_of = |c: &str| {
+        one(&docs, "ServiceAccount", c)["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (prober_sa, campaign_sa, fleet_sa) =
+        (name_of("prober"), name_of("campaign"), name_of("fleet"));
+    for (c, ns) in [
+        ("prober", probers_ns),
+        ("campaign", probers_ns),
+        ("fleet", release_ns),
+    ] {
+        assert_eq!(
+            one(&docs, "ServiceAccount", c)["metadata"]["namespace"],
+            ns,
+            "{c}"
+        );
+    }
+    // The impostors: the probers' and the campaign's account names in the release namespace,
+    // bound to the probers' and the campaign's ClusterRoles (a refusal is then the guard's).
+    let mut impostors = Vec::new();
+    for (sa, role) in [(&prober_sa, &prober_sa), (&campaign_sa, &campaign_sa)] {
+        impostors.push(json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": sa, "namespace": release_ns},
+            "automountServiceAccountToken": false}));
+        impostors.push(json!({"apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding", "metadata": {"name": format!("{sa}-impostor")},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": release_ns}]}));
+    }
+    apply_objects(&admin, release_ns, &impostors).await.unwrap();
+
+    cp.create_node("gpu-a", &labels(&[]), &[]).await.unwrap();
+    let daemonset = docs
+        .iter()
+        .find(|d| d["kind"] == "DaemonSet" && component(d) == "prober")
+        .unwrap();
+    assert_eq!(daemonset["metadata"]["namespace"], probers_ns);
+    let pod_a = prober_pod(&admin, daemonset, "prober-a", "gpu-a").await;
+    let copy = prober_pod_in(&admin, release_ns, daemonset, "prober-copy", "gpu-a").await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let guard_args = chart_node_guard_args(&docs);
+    assert!(
+        guard_args.contains(&format!("--node-guard-prober-namespace={probers_ns}")),
+        "{guard_args:?}"
+    );
+    let webhook = start_webhook(&cp, release_ns, &guard_args, dir.path()).await;
+    register(&admin, &docs, &webhook, dir.path()).await;
+
+    let prober_a = token_client(
+        &cp,
+        &token(&admin, probers_ns, &prober_sa, Some(&pod_a)).await,
+    )
+    .await;
+    let prober_copy = token_client(
+        &cp,
+        &token(&admin, release_ns, &prober_sa, Some(&copy)).await,
+    )
+    .await;
+    let campaign = token_client(&cp, &token(&admin, probers_ns, &campaign_sa, None).await).await;
+    let campaign_copy =
+        token_client(&cp, &token(&admin, release_ns, &campaign_sa, None).await).await;
+    let fleet = token_client(&cp, &token(&admin, release_ns, &fleet_sa, None).await).await;
+
+    let publish = json!({"metadata": {
+        "labels": {keys::LABEL_FABRIC: "certified", keys::LABEL_PROFILE: "h100-ndr",
+                   keys::LABEL_SIGNATURE: "sig-1"},
+        "annotations": {keys::ANNOTATION_CERTIFICATE: certificate("gpu-a", "certified")}}});
+    // Until the API server calls the guard, the copy's write may pass: undone until refused.
+    eventually(
+        Duration::from_secs(30),
+        "the API server calls the node guard",
+        || {
+            let (prober_copy, admin, publish) =
+                (prober_copy.clone(), admin.clone(), publish.clone());
+            async move {
+                match merge(&prober_copy, "gpu-a", publish).await {
+                    Answer::Refused { message, .. } if message.contains("railguard node guard") => {
+                        Ok(Some(()))
+                    }
+                    _ => {
+                        let undo = json!({"metadata": {
+                            "labels": {keys::LABEL_FABRIC: null, keys::LABEL_PROFILE: null,
+                                       keys::LABEL_SIGNATURE: null},
+                            "annotations": {keys::ANNOTATION_CERTIFICATE: null}}});
+                        merge(&admin, "gpu-a", undo)
+                            .await
+                            .assert_ok("admin undoes it");
+                        Ok(None)
+                    }
+                }
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let prober_user = format!("system:serviceaccount:{probers_ns}:{prober_sa}");
+    merge(&prober_copy, "gpu-a", publish.clone())
+        .await
+        .assert_guarded(
+            "the probers' account name in the release namespace",
+            &format!("user \"system:serviceaccount:{release_ns}:{prober_sa}\" may not change"),
+        );
+    fabric_ready(&prober_copy, "gpu-a")
+        .await
+        .assert_guarded("its condition", &prober_user);
+    assert_eq!(node_label(&admin, "gpu-a", keys::LABEL_FABRIC).await, None);
+
+    // The node's own prober, from the prober namespace.
+    merge(&prober_a, "gpu-a", publish)
+        .await
+        .assert_ok("prober of gpu-a certifies gpu-a");
+    fabric_ready(&prober_a, "gpu-a")
+        .await
+        .assert_ok("prober of gpu-a sets its condition");
+
+    // The campaign: its account there records findings, the release namespace's does not.
+    let finding = json!({"metadata": {
+        "labels": {keys::LABEL_FABRIC: "degraded"},
+        "annotations": {keys::ANNOTATION_CERTIFICATE: certificate("gpu-a", "degraded")}}});
+    merge(&campaign_copy, "gpu-a", finding.clone())
+        .await
+        .assert_guarded(
+            "the campaign's account name in the release namespace",
+            "may not change",
+        );
+    merge(&campaign, "gpu-a", finding)
+        .await
+        .assert_ok("campaign records a finding");
+    assert_eq!(
+        node_label(&admin, "gpu-a", keys::LABEL_FABRIC)
+            .await
+            .as_deref(),
+        Some("degraded")
+    );
+
+    // The fleet controller, in the release namespace, marks an outlier.
+    condition(&fleet, "gpu-a", keys::CONDITION_FLEET_OUTLIER, "True")
+        .await
+        .assert_ok("fleet controller marks an outlier");
 }

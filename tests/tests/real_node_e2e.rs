@@ -924,14 +924,11 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     Ok(())
 }
 
-/// After `helm uninstall`: none of the release's workloads, pods, webhook configurations or
-/// FabricProfiles is left; the FabricProfile CRD is.
+/// After `helm uninstall`: none of the release's workloads, pods, webhook configurations,
+/// namespaces or FabricProfiles is left, in any namespace; the FabricProfile CRD is.
 async fn uninstalled(client: &Client, objects: &[Value]) -> Result<()> {
-    use k8s_openapi::api::admissionregistration::v1::{
-        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
-    };
-    use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{ApiResource, DynamicObject};
     let of_release = ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}"));
     let names = |kind: &str| -> Vec<String> {
         objects
@@ -948,56 +945,67 @@ async fn uninstalled(client: &Client, objects: &[Value]) -> Result<()> {
             .map(railguard_tests::install::object_ref)
             .collect::<Vec<_>>()
     );
+    // What the release ran, by (group, version, kind, plural), 1.20's versions; listed in
+    // every namespace (the probers may live in a namespace of their own).
+    let resource = |group: &str, version: &str, kind: &str, plural: &str| ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: if group.is_empty() {
+            version.to_string()
+        } else {
+            format!("{group}/{version}")
+        },
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    let kinds = [
+        resource("apps", "v1", "Deployment", "deployments"),
+        resource("apps", "v1", "DaemonSet", "daemonsets"),
+        resource("batch", "v1beta1", "CronJob", "cronjobs"),
+        resource("batch", "v1", "Job", "jobs"),
+        resource("", "v1", "Pod", "pods"),
+        resource(
+            "admissionregistration.k8s.io",
+            "v1",
+            "MutatingWebhookConfiguration",
+            "mutatingwebhookconfigurations",
+        ),
+        resource(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingWebhookConfiguration",
+            "validatingwebhookconfigurations",
+        ),
+    ];
+    // A namespace the chart created goes too (the namespace controller empties it first).
+    let release_namespaces = names("Namespace");
     eventually(
-        Duration::from_secs(120),
-        "railguard's workloads and pods gone",
+        Duration::from_secs(180),
+        "railguard's workloads, pods, webhooks and namespaces gone",
         || async {
             let mut left = Vec::new();
-            let deployments = Api::<Deployment>::namespaced(client.clone(), NAMESPACE)
-                .list(&of_release)
-                .await?;
-            let daemonsets = Api::<DaemonSet>::namespaced(client.clone(), NAMESPACE)
-                .list(&of_release)
-                .await?;
-            let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
-                .list(&of_release)
-                .await?;
-            let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone())
-                .list(&of_release)
-                .await?;
-            let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone())
-                .list(&of_release)
-                .await?;
-            let named = |kind: &str, n: Option<String>| format!("{kind}/{}", n.unwrap_or_default());
-            left.extend(
-                deployments
-                    .items
-                    .into_iter()
-                    .map(|o| named("Deployment", o.metadata.name)),
-            );
-            left.extend(
-                daemonsets
-                    .items
-                    .into_iter()
-                    .map(|o| named("DaemonSet", o.metadata.name)),
-            );
-            left.extend(
-                pods.items
-                    .into_iter()
-                    .map(|o| named("Pod", o.metadata.name)),
-            );
-            left.extend(
-                mutating
-                    .items
-                    .into_iter()
-                    .map(|o| named("MutatingWebhookConfiguration", o.metadata.name)),
-            );
-            left.extend(
-                validating
-                    .items
-                    .into_iter()
-                    .map(|o| named("ValidatingWebhookConfiguration", o.metadata.name)),
-            );
+            for ar in &kinds {
+                let found = Api::<DynamicObject>::all_with(client.clone(), ar)
+                    .list(&of_release)
+                    .await?;
+                left.extend(found.items.into_iter().map(|o| {
+                    format!(
+                        "{} {}/{}",
+                        ar.kind,
+                        o.metadata.namespace.unwrap_or_default(),
+                        o.metadata.name.unwrap_or_default()
+                    )
+                }));
+            }
+            for ns in &release_namespaces {
+                if Api::<Namespace>::all(client.clone())
+                    .get_opt(ns)
+                    .await?
+                    .is_some()
+                {
+                    left.push(format!("Namespace {ns}"));
+                }
+            }
             Ok(if left.is_empty() {
                 Ok(())
             } else {
@@ -1006,29 +1014,6 @@ async fn uninstalled(client: &Client, objects: &[Value]) -> Result<()> {
         },
     )
     .await?;
-    // The CronJobs (the campaign) too: 1.20 serves them as batch/v1beta1.
-    let cronjobs = Api::<kube::api::DynamicObject>::namespaced_with(
-        client.clone(),
-        NAMESPACE,
-        &kube::api::ApiResource {
-            group: "batch".into(),
-            version: "v1beta1".into(),
-            api_version: "batch/v1beta1".into(),
-            kind: "CronJob".into(),
-            plural: "cronjobs".into(),
-        },
-    )
-    .list(&of_release)
-    .await?;
-    ensure!(
-        cronjobs.items.is_empty(),
-        "CronJobs left after helm uninstall: {:?}",
-        cronjobs
-            .items
-            .iter()
-            .map(|c| c.metadata.name.clone())
-            .collect::<Vec<_>>()
-    );
     Api::<CustomResourceDefinition>::all(client.clone())
         .get("fabricprofiles.railguard.io")
         .await

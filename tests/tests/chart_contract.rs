@@ -5,7 +5,8 @@
 //! definition of the binary its image runs, the way Kubernetes and clap would run it:
 //!
 //! - `$(VAR)` in `command`/`args` is expanded from the container's `env` (values from
-//!   `valueFrom` are placeholders such as `node-a`), as the kubelet does;
+//!   `valueFrom` are placeholders such as `node-a`) and the kubelet's service environment of
+//!   the pod's namespace (`<SERVICE>_SERVICE_HOST`/`_PORT`), as the kubelet does;
 //! - each env variable that an argument of the selected (sub)command declares as its `env`
 //!   becomes the equivalent `--long=value` (a flag: `--long` when its own value parser reads
 //!   the value as true), unless the argument is on the command line (clap then ignores the
@@ -111,6 +112,16 @@ struct Mount {
 
 impl Container {
     fn from_json(c: &Json, namespace: &str) -> Container {
+        Container::with_service_links(c, namespace, &BTreeMap::new())
+    }
+
+    /// [`Container::from_json`] in a pod that gets the kubelet's service environment
+    /// (`links`, see [`service_links`]).
+    fn with_service_links(
+        c: &Json,
+        namespace: &str,
+        links: &BTreeMap<String, String>,
+    ) -> Container {
         let strs = |v: &Json| -> Vec<String> {
             v.as_array()
                 .into_iter()
@@ -136,7 +147,7 @@ impl Container {
             image: c["image"].as_str().unwrap_or_default().to_string(),
             command: c.get("command").filter(|v| !v.is_null()).map(strs),
             args: strs(&c["args"]),
-            env: resolve_env(&c["env"], namespace),
+            env: resolve_env(&c["env"], namespace, links),
             mounts,
         }
     }
@@ -215,10 +226,14 @@ fn placeholder(value_from: &Json, namespace: &str) -> String {
     "configmap-value".into()
 }
 
-/// The container's variables in order: values expanded against the ones before them (as the
-/// kubelet does), `valueFrom` as placeholders.
-fn resolve_env(env: &Json, namespace: &str) -> Vec<(String, String)> {
-    let mut known = BTreeMap::new();
+/// The container's variables in order: values expanded against the ones before them and the
+/// service environment `links` (as the kubelet does), `valueFrom` as placeholders.
+fn resolve_env(
+    env: &Json,
+    namespace: &str,
+    links: &BTreeMap<String, String>,
+) -> Vec<(String, String)> {
+    let mut known = links.clone();
     let mut out = Vec::new();
     for e in env.as_array().into_iter().flatten() {
         let name = e["name"].as_str().unwrap_or_default().to_string();
@@ -698,6 +713,31 @@ fn repository_matches(image: &str, repository: &str) -> bool {
     !repository.is_empty() && (repo == repository || repo.ends_with(&format!("/{repository}")))
 }
 
+/// The kubelet's service environment for a pod in `namespace` that has `enableServiceLinks`
+/// (the default): `<NAME>_SERVICE_HOST` and `<NAME>_SERVICE_PORT` of every Service of the
+/// namespace, the name upper-cased with `-` as `_` (pkg/kubelet/envvars), the host a
+/// placeholder cluster IP.
+fn service_links(docs: &[Json], spec: &Json, namespace: &str) -> BTreeMap<String, String> {
+    let mut links = BTreeMap::new();
+    if spec["enableServiceLinks"] == Json::Bool(false) {
+        return links;
+    }
+    for svc in docs.iter().filter(|d| d["kind"] == "Service") {
+        if svc["metadata"]["namespace"].as_str().unwrap_or(namespace) != namespace {
+            continue;
+        }
+        let Some(name) = svc["metadata"]["name"].as_str() else {
+            continue;
+        };
+        let var = name.to_uppercase().replace('-', "_");
+        links.insert(format!("{var}_SERVICE_HOST"), "10.96.0.10".into());
+        if let Some(port) = svc["spec"]["ports"][0]["port"].as_u64() {
+            links.insert(format!("{var}_SERVICE_PORT"), port.to_string());
+        }
+    }
+    links
+}
+
 /// The pod specs of a rendered object, if it has any.
 fn pod_spec(obj: &Json) -> Option<&Json> {
     let spec = match obj["kind"].as_str()? {
@@ -736,8 +776,8 @@ fn contract_problems(set: &ValuesSet) -> (Vec<String>, usize) {
     let scheduler_repo = repo("scheduler");
     let mut problems = Vec::new();
     let mut containers = 0;
-    for obj in docs {
-        let Some(spec) = pod_spec(&obj) else {
+    for obj in &docs {
+        let Some(spec) = pod_spec(obj) else {
             continue;
         };
         let kind = obj["kind"].as_str().unwrap_or_default();
@@ -745,11 +785,12 @@ fn contract_problems(set: &ValuesSet) -> (Vec<String>, usize) {
         let namespace = obj["metadata"]["namespace"]
             .as_str()
             .unwrap_or(set.namespace);
+        let links = service_links(&docs, spec, namespace);
         for json in ["initContainers", "containers"]
             .iter()
             .flat_map(|k| spec[*k].as_array().into_iter().flatten())
         {
-            let c = Container::from_json(json, namespace);
+            let c = Container::with_service_links(json, namespace, &links);
             containers += 1;
             let found = BINARIES
                 .iter()
@@ -933,7 +974,7 @@ fn env_values_expand_against_earlier_variables_and_value_from_is_a_placeholder()
         {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
     ]);
     assert_eq!(
-        resolve_env(&e, "ns-a"),
+        resolve_env(&e, "ns-a", &BTreeMap::new()),
         env(&[
             ("NODE_NAME", "node-a"),
             ("DIR", "/var/node-a"),
@@ -943,6 +984,30 @@ fn env_values_expand_against_earlier_variables_and_value_from_is_a_placeholder()
             ("TOKEN", "secret-value"),
         ])
     );
+}
+
+#[test]
+fn service_links_are_the_namespaces_services_unless_disabled() {
+    let docs = vec![
+        serde_json::json!({"kind": "Service", "metadata": {"name": "rg-webhook", "namespace": "ns-a"},
+                           "spec": {"ports": [{"port": 443}]}}),
+        serde_json::json!({"kind": "Service", "metadata": {"name": "other", "namespace": "ns-b"},
+                           "spec": {"ports": [{"port": 80}]}}),
+    ];
+    let links = service_links(&docs, &serde_json::json!({}), "ns-a");
+    assert_eq!(
+        links.keys().collect::<Vec<_>>(),
+        ["RG_WEBHOOK_SERVICE_HOST", "RG_WEBHOOK_SERVICE_PORT"]
+    );
+    let c = Container::with_service_links(
+        &serde_json::json!({"name": "c", "image": "i",
+            "env": [{"name": "ADDR", "value": "$(RG_WEBHOOK_SERVICE_HOST):$(RG_WEBHOOK_SERVICE_PORT)"}]}),
+        "ns-a",
+        &links,
+    );
+    assert_eq!(c.env, env(&[("ADDR", "10.96.0.10:443")]));
+    let off = serde_json::json!({"enableServiceLinks": false});
+    assert!(service_links(&docs, &off, "ns-a").is_empty());
 }
 
 /// A small stand-in binary with the shapes the real ones use.

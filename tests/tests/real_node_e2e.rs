@@ -751,6 +751,103 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         c.env
     );
 
+    // `helm test`: the chart's verify-install Pod asks the webhook through its Service with
+    // the CA it serves and finds the certified node.
+    let t_test = Instant::now();
+    let out = helm.on_cluster(
+        kubeconfig,
+        ["test", RELEASE, "-n", NAMESPACE, "--timeout", "5m"],
+    )?;
+    // The Pod exits 0 only when the webhook answered and a node is certified; Helm deletes
+    // it on success (kept on failure, for its log), so uninstall leaves nothing behind.
+    ensure!(
+        out.contains("verify-install") && out.contains("Succeeded") && !out.contains("Failed"),
+        "helm test: {out}"
+    );
+    eprintln!("helm test passed in {:.1}s", t_test.elapsed().as_secs_f64());
+
+    // `helm upgrade` under admission load: a changed pod template rolls every workload while
+    // training pods are created back to back (failurePolicy Fail: a moment without a webhook
+    // fails a create). Nothing generated is re-rolled, the Node's certificate and the
+    // profiles stay the same objects.
+    let kept_before = kept_state(&client).await?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = tokio::spawn(admission_load(pods.clone(), stop.clone()));
+    let t_upgrade = Instant::now();
+    let out = helm.on_cluster(
+        kubeconfig,
+        [
+            "upgrade",
+            RELEASE,
+            chart_dir().to_str().context("chart path")?,
+            "-n",
+            NAMESPACE,
+            "--reuse-values",
+            "--set-string",
+            "webhook.podAnnotations.railguard\\.io/e2e-rollout=1",
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+    )?;
+    eprintln!("{}", out.trim());
+    wait_workloads_ready(&client, NAMESPACE, &objects, Duration::from_secs(300)).await?;
+    // A little more load after the rollout, on the new replicas only.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let load = load.await.context("admission load task")?;
+    let upgrade_secs = t_upgrade.elapsed().as_secs_f64();
+    let mut latencies = load.latencies_ms.clone();
+    latencies.sort_by(f64::total_cmp);
+    let pct = |q: f64| {
+        latencies
+            .get((latencies.len().saturating_sub(1) as f64 * q) as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    eprintln!(
+        "helm upgrade under admission load: {:.1}s, {} creates, {} failed, latency p50 {:.0} ms p99 {:.0} ms max {:.0} ms",
+        upgrade_secs,
+        load.latencies_ms.len() + load.failures.len(),
+        load.failures.len(),
+        pct(0.5),
+        pct(0.99),
+        pct(1.0)
+    );
+    ensure!(
+        load.failures.is_empty(),
+        "admission failed during helm upgrade: {:?}",
+        load.failures
+    );
+    ensure!(
+        load.latencies_ms.len() >= 10,
+        "only {} creates during the upgrade",
+        load.latencies_ms.len()
+    );
+    let webhook_pods_after: Vec<String> = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+        .list(&ListParams::default().labels("app.kubernetes.io/component=webhook"))
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| {
+            p.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("railguard.io/e2e-rollout"))
+                .is_some()
+        })
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    ensure!(
+        webhook_pods_after.len() == 2,
+        "the upgrade rolled the webhook: {webhook_pods_after:?}"
+    );
+    let kept_after = kept_state(&client).await?;
+    ensure!(
+        kept_after == kept_before,
+        "helm upgrade changed generated secrets, caBundles, the Node's certificate or the profiles:\n{kept_before:?}\n->\n{kept_after:?}"
+    );
+
     // A port goes down: the prober fails the node.
     let port = sim_node.join(format!("sys/class/infiniband/{FAULT_RAIL}/ports/1"));
     std::fs::write(port.join("state"), "1: DOWN\n")?;
@@ -1048,4 +1145,103 @@ async fn uninstalled(client: &Client, objects: &[Value]) -> Result<()> {
         "helm uninstall removed the workloads, webhooks and profiles {profiles:?}; the CRD stays"
     );
     Ok(())
+}
+
+/// What admission saw while the chart was upgraded: each create's latency, or its error.
+struct AdmissionLoad {
+    latencies_ms: Vec<f64>,
+    failures: Vec<String>,
+}
+
+/// Training pods created (and deleted) back to back until `stop`; each must come back
+/// mutated.
+async fn admission_load(
+    pods: Api<Pod>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> AdmissionLoad {
+    let mut load = AdmissionLoad {
+        latencies_ms: Vec::new(),
+        failures: Vec::new(),
+    };
+    let mut i = 0;
+    while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+        let name = format!("during-upgrade-{i}");
+        i += 1;
+        let pod = match training_pod(&name, &[], Some(1)) {
+            Ok(p) => p,
+            Err(e) => {
+                load.failures.push(format!("{name}: {e:#}"));
+                break;
+            }
+        };
+        let t = Instant::now();
+        match pods.create(&PostParams::default(), &pod).await {
+            Ok(p) if mutated(&p) => load.latencies_ms.push(t.elapsed().as_secs_f64() * 1e3),
+            Ok(_) => load.failures.push(format!("{name}: admitted unmutated")),
+            Err(e) => load.failures.push(format!("{name}: {e}")),
+        }
+        let _ = pods.delete(&name, &DeleteParams::default()).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    load
+}
+
+/// The generated Secrets' data, the webhooks' caBundles, the Node's certificate and the
+/// FabricProfiles' UIDs: what an upgrade must keep.
+async fn kept_state(client: &Client) -> Result<BTreeMap<String, String>> {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use k8s_openapi::api::core::v1::Secret;
+    let mut out = BTreeMap::new();
+    for secret in Api::<Secret>::all(client.clone())
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={RELEASE}")))
+        .await?
+    {
+        let key = format!(
+            "secret/{}/{}",
+            secret.metadata.namespace.unwrap_or_default(),
+            secret.metadata.name.unwrap_or_default()
+        );
+        let data: BTreeMap<String, String> = secret
+            .data
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k, hex_string(&sha2::Sha256::digest(&v.0))))
+            .collect();
+        out.insert(key, format!("{data:?}"));
+    }
+    ensure!(
+        out.len() >= 3,
+        "the release's generated Secrets (peer token, extender TLS, webhook TLS): {:?}",
+        out.keys()
+    );
+    for mwc in Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .list(&ListParams::default())
+        .await?
+    {
+        for w in mwc.webhooks.unwrap_or_default() {
+            let ca = w.client_config.ca_bundle.map(|b| b.0).unwrap_or_default();
+            out.insert(
+                format!("caBundle/{}", w.name),
+                hex_string(&sha2::Sha256::digest(&ca)),
+            );
+        }
+    }
+    let node = Api::<Node>::all(client.clone()).get(REAL_NODE_NAME).await?;
+    out.insert(
+        "node/certificate".into(),
+        node.metadata
+            .annotations
+            .unwrap_or_default()
+            .get(keys::ANNOTATION_CERTIFICATE)
+            .cloned()
+            .unwrap_or_default(),
+    );
+    let profiles: Api<FabricProfile> = Api::all(client.clone());
+    for p in profiles.list(&ListParams::default()).await? {
+        out.insert(
+            format!("profile/{}", p.metadata.name.unwrap_or_default()),
+            p.metadata.uid.unwrap_or_default(),
+        );
+    }
+    Ok(out)
 }

@@ -24,6 +24,11 @@ pub struct VerifyInstallArgs {
     /// The webhook's mutating endpoint, through its Service.
     #[arg(long, env = "RAILGUARD_WEBHOOK_URL")]
     pub webhook_url: String,
+    /// Connect to this address (IP:port) instead of resolving the URL's host; TLS still
+    /// verifies the URL's host name. The chart passes the Service's cluster IP from the
+    /// kubelet's service environment, so the test needs no cluster DNS.
+    #[arg(long, env = "RAILGUARD_WEBHOOK_ADDRESS")]
+    pub webhook_address: Option<std::net::SocketAddr>,
     /// The CA that signs the webhook's serving certificate (PEM).
     #[arg(long, env = "RAILGUARD_WEBHOOK_CA_FILE", value_hint = ValueHint::FilePath)]
     pub webhook_ca_file: PathBuf,
@@ -114,6 +119,19 @@ pub fn judge_answer(status: u16, body: &[u8]) -> Result<String, String> {
     })
 }
 
+/// An error and its causes, one after another (reqwest's own message hides the cause: DNS,
+/// TLS verification, connection refused).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// Nodes whose railguard certification is `certified`, by name.
 pub fn certified_nodes(nodes: &[Node]) -> Vec<String> {
     nodes
@@ -134,14 +152,20 @@ impl VerifyInstallArgs {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(self.timeout_secs);
         let ca = std::fs::read(&self.webhook_ca_file)
             .with_context(|| format!("reading {}", self.webhook_ca_file.display()))?;
-        let http =
-            reqwest::Client::builder()
-                .add_root_certificate(reqwest::Certificate::from_pem(&ca).with_context(|| {
-                    format!("{} is not a PEM CA", self.webhook_ca_file.display())
-                })?)
-                .timeout(Duration::from_secs(10))
-                .build()
-                .context("building the HTTPS client")?;
+        let ca = reqwest::Certificate::from_pem(&ca)
+            .with_context(|| format!("{} is not a PEM CA", self.webhook_ca_file.display()))?;
+        let mut http = reqwest::Client::builder()
+            .add_root_certificate(ca)
+            .timeout(Duration::from_secs(10));
+        if let Some(address) = self.webhook_address {
+            let url = reqwest::Url::parse(&self.webhook_url)
+                .with_context(|| format!("--webhook-url {}", self.webhook_url))?;
+            let host = url
+                .host_str()
+                .with_context(|| format!("--webhook-url {} has no host", self.webhook_url))?;
+            http = http.resolve(host, address);
+        }
+        let http = http.build().context("building the HTTPS client")?;
         let review = probe_review(&self.gpu_resource);
         let webhook = loop {
             let last = match http.post(&self.webhook_url).json(&review).send().await {
@@ -153,7 +177,7 @@ impl VerifyInstallArgs {
                         Err(why) => why,
                     }
                 }
-                Err(e) => format!("{e:#}"),
+                Err(e) => error_chain(&e),
             };
             if tokio::time::Instant::now() >= deadline {
                 return Ok(Outcome::new(

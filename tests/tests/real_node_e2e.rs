@@ -766,7 +766,8 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     );
     eprintln!("helm test passed in {:.1}s", t_test.elapsed().as_secs_f64());
 
-    // `helm upgrade` under admission load: a changed pod template rolls every workload while
+    // `helm upgrade` and `helm rollback` under admission load: a changed pod template rolls
+    // the webhook and the rollback rolls it back, while
     // training pods are created back to back (failurePolicy Fail: a moment without a webhook
     // fails a create). Nothing generated is re-rolled, the Node's certificate and the
     // profiles stay the same objects.
@@ -792,7 +793,53 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     )?;
     eprintln!("{}", out.trim());
     wait_workloads_ready(&client, NAMESPACE, &objects, Duration::from_secs(300)).await?;
-    // A little more load after the rollout, on the new replicas only.
+    let rolled = webhook_pods_with_rollout_annotation(&client).await?;
+    ensure!(
+        rolled.len() == 2,
+        "the upgrade rolled both webhook replicas: {rolled:?}"
+    );
+    // `helm rollback` to the installed revision, under the same load: the webhook rolls back.
+    let out = helm.on_cluster(
+        kubeconfig,
+        [
+            "rollback",
+            RELEASE,
+            "1",
+            "-n",
+            NAMESPACE,
+            "--wait",
+            "--timeout",
+            "5m",
+        ],
+    )?;
+    eprintln!("{}", out.trim());
+    wait_workloads_ready(&client, NAMESPACE, &objects, Duration::from_secs(300)).await?;
+    eventually(
+        Duration::from_secs(120),
+        "the rollback to replace the annotated webhook replicas",
+        || async {
+            Ok::<_, anyhow::Error>(
+                webhook_pods_with_rollout_annotation(&client)
+                    .await?
+                    .is_empty()
+                    .then_some(()),
+            )
+        },
+    )
+    .await?;
+    let history = helm.on_cluster(
+        kubeconfig,
+        ["history", RELEASE, "-n", NAMESPACE, "-o", "json"],
+    )?;
+    let history: Value = serde_json::from_str(&history)?;
+    ensure!(
+        history.as_array().map(Vec::len) == Some(3)
+            && history[2]["description"]
+                .as_str()
+                .is_some_and(|d| d.contains("Rollback to 1")),
+        "helm history after the rollback: {history}"
+    );
+    // A little more load after the rollback, on the restored replicas only.
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let load = load.await.context("admission load task")?;
@@ -806,7 +853,7 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
             .unwrap_or(f64::NAN)
     };
     eprintln!(
-        "helm upgrade under admission load: {:.1}s, {} creates, {} failed, latency p50 {:.0} ms p99 {:.0} ms max {:.0} ms",
+        "helm upgrade and rollback under admission load: {:.1}s, {} creates, {} failed, latency p50 {:.0} ms p99 {:.0} ms max {:.0} ms",
         upgrade_secs,
         load.latencies_ms.len() + load.failures.len(),
         load.failures.len(),
@@ -816,7 +863,7 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     );
     ensure!(
         load.failures.is_empty(),
-        "admission failed during helm upgrade: {:?}",
+        "admission failed during helm upgrade or rollback: {:?}",
         load.failures
     );
     ensure!(
@@ -824,28 +871,10 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         "only {} creates during the upgrade",
         load.latencies_ms.len()
     );
-    let webhook_pods_after: Vec<String> = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
-        .list(&ListParams::default().labels("app.kubernetes.io/component=webhook"))
-        .await?
-        .items
-        .into_iter()
-        .filter(|p| {
-            p.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get("railguard.io/e2e-rollout"))
-                .is_some()
-        })
-        .filter_map(|p| p.metadata.name)
-        .collect();
-    ensure!(
-        webhook_pods_after.len() == 2,
-        "the upgrade rolled the webhook: {webhook_pods_after:?}"
-    );
     let kept_after = kept_state(&client).await?;
     ensure!(
         kept_after == kept_before,
-        "helm upgrade changed generated secrets, caBundles, the Node's certificate or the profiles:\n{kept_before:?}\n->\n{kept_after:?}"
+        "helm upgrade and rollback changed generated secrets, caBundles, the Node's certificate or the profiles:\n{kept_before:?}\n->\n{kept_after:?}"
     );
 
     // A port goes down: the prober fails the node.
@@ -1244,4 +1273,22 @@ async fn kept_state(client: &Client) -> Result<BTreeMap<String, String>> {
         );
     }
     Ok(out)
+}
+
+/// The running (not terminating) webhook pods that carry the upgrade's rollout annotation.
+async fn webhook_pods_with_rollout_annotation(client: &Client) -> Result<Vec<String>> {
+    Ok(Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+        .list(&ListParams::default().labels("app.kubernetes.io/component=webhook"))
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            p.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("railguard.io/e2e-rollout"))
+        })
+        .filter_map(|p| p.metadata.name)
+        .collect())
 }

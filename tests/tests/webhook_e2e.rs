@@ -316,13 +316,23 @@ async fn webhook_configures_pods_created_through_the_api_server() {
         .flatten()
         .map(|e| (e.key.as_str(), e.values.clone().unwrap_or_default()))
         .collect();
+    // The profile does not accept simulated certificates: a node certified by a simulated
+    // engine or stand-in (railguard.io/simulated) is kept out too.
     assert_eq!(
         keys,
         vec![
             ("railguard.io/fabric", vec!["certified".to_string()]),
-            ("railguard.io/profile", vec!["h100-ndr".to_string()])
+            ("railguard.io/profile", vec!["h100-ndr".to_string()]),
+            ("railguard.io/simulated", vec![]),
         ]
     );
+    let simulated = terms[0]
+        .match_expressions
+        .iter()
+        .flatten()
+        .find(|e| e.key == "railguard.io/simulated")
+        .unwrap();
+    assert_eq!(simulated.operator, "DoesNotExist");
     assert_eq!(
         annotation(&pod, "railguard.io/profile").as_deref(),
         Some("h100-ndr")

@@ -170,28 +170,9 @@ where
             .iter()
             .map(|(k, v)| (k.clone(), ByteString(v.clone())))
             .collect();
-        let written = match current {
-            None => {
-                let secret = Secret {
-                    metadata: ObjectMeta {
-                        name: Some(target.name.to_string()),
-                        namespace: Some(target.namespace.to_string()),
-                        ..ObjectMeta::default()
-                    },
-                    type_: Some("Opaque".to_string()),
-                    data: Some(as_bytes),
-                    ..Secret::default()
-                };
-                api.create(&pp, &secret).await
-            }
-            Some(mut secret) => {
-                // The object as read: its metadata.resourceVersion makes a concurrent
-                // writer's update fail with 409 Conflict.
-                secret.data = Some(as_bytes);
-                secret.string_data = None;
-                api.replace(target.name, &pp, &secret).await
-            }
-        };
+        // The object as read: its metadata.resourceVersion makes a concurrent writer's
+        // update fail with 409 Conflict.
+        let written = write_data(&api, &pp, target.namespace, target.name, current, as_bytes).await;
         match written {
             Ok(_) => {
                 return Ok(Filled {
@@ -232,6 +213,40 @@ pub fn secret_data(secret: &Secret) -> BTreeMap<String, Vec<u8>> {
         out.insert(k.clone(), v.clone().into_bytes());
     }
     out
+}
+
+/// Writes `data` as the whole data of Secret `namespace/name`: a create when `current` (the
+/// Secret as read) is None, else a replace of `current`, which carries its
+/// metadata.resourceVersion so that a concurrent writer's change fails it with 409 Conflict
+/// (a concurrent create, with 409 AlreadyExists).
+pub async fn write_data(
+    api: &Api<Secret>,
+    pp: &PostParams,
+    namespace: &str,
+    name: &str,
+    current: Option<Secret>,
+    data: BTreeMap<String, ByteString>,
+) -> Result<Secret, kube::Error> {
+    match current {
+        None => {
+            let secret = Secret {
+                metadata: ObjectMeta {
+                    name: Some(name.to_string()),
+                    namespace: Some(namespace.to_string()),
+                    ..ObjectMeta::default()
+                },
+                type_: Some("Opaque".to_string()),
+                data: Some(data),
+                ..Secret::default()
+            };
+            api.create(pp, &secret).await
+        }
+        Some(mut secret) => {
+            secret.data = Some(data);
+            secret.string_data = None;
+            api.replace(name, pp, &secret).await
+        }
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::ByteString;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Client;
 use time::OffsetDateTime;
 
@@ -240,29 +240,21 @@ async fn settle_secret(
             field_manager: Some(FIELD_MANAGER.to_string()),
             ..PostParams::default()
         };
-        let written = match current {
-            None => {
-                let secret = Secret {
-                    metadata: ObjectMeta {
-                        name: Some(opts.secret_name.clone()),
-                        namespace: Some(opts.namespace.clone()),
-                        ..ObjectMeta::default()
-                    },
-                    type_: Some("Opaque".to_string()),
-                    data: Some(data),
-                    ..Secret::default()
-                };
-                secrets.create(&pp, &secret).await
-            }
-            Some(mut secret) => {
-                // replace carries metadata.resourceVersion: a concurrent write fails with 409.
-                let mut merged = secret.data.take().unwrap_or_default();
-                merged.extend(data);
-                secret.data = Some(merged);
-                secret.string_data = None;
-                secrets.replace(&opts.secret_name, &pp, &secret).await
-            }
-        };
+        // Keys the webhook does not own stay; a concurrent write fails the replace with 409.
+        let mut merged = current
+            .as_ref()
+            .and_then(|s| s.data.clone())
+            .unwrap_or_default();
+        merged.extend(data);
+        let written = railguard_runtime::secret_fill::write_data(
+            secrets,
+            &pp,
+            &opts.namespace,
+            &opts.secret_name,
+            current,
+            merged,
+        )
+        .await;
         match written {
             Ok(_) => {
                 return Ok((

@@ -62,6 +62,51 @@ pub enum RailVerdict {
     Failed,
 }
 
+/// What failed on a rail, in the form a DRA taint's value takes (`railguard.io/rail=<fault>`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RailFault {
+    /// Port missing, not ACTIVE or not LinkUp.
+    LinkDown,
+    /// Link layer or rate not the profile's.
+    LinkRate,
+    /// Error counters grew beyond the profile's allowance.
+    Errors,
+    /// The host-memory RDMA write test failed or fell below the threshold.
+    Rdma,
+    /// Small-message latency above the profile's maximum.
+    Latency,
+    /// GPUDirect RDMA: GPU-memory registration or bandwidth (the GPU↔NIC path).
+    Gpudirect,
+    /// The PCIe link of the rail's GPU or NIC trained below its capability.
+    Pcie,
+    /// A pairwise test against peers (campaign) failed on this rail.
+    Wire,
+    /// Failed for a reason without a finer class.
+    Failed,
+}
+
+impl RailFault {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RailFault::LinkDown => "link-down",
+            RailFault::LinkRate => "link-rate",
+            RailFault::Errors => "errors",
+            RailFault::Rdma => "rdma",
+            RailFault::Latency => "latency",
+            RailFault::Gpudirect => "gpudirect",
+            RailFault::Pcie => "pcie",
+            RailFault::Wire => "wire",
+            RailFault::Failed => "failed",
+        }
+    }
+
+    /// Whether the fault lies on the GPU↔NIC path, so the rail's GPU is suspect too.
+    pub fn on_gpu_path(self) -> bool {
+        matches!(self, RailFault::Gpudirect | RailFault::Pcie)
+    }
+}
+
 /// PCIe distance between a GPU and an HCA, in NCCL / `nvidia-smi topo -m` terms, closest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum PathType {
@@ -129,6 +174,12 @@ pub enum Transport {
 pub struct RailResult {
     pub hca: String,
     pub port: u32,
+    /// PCI address of the HCA's function (`0000:8a:00.0`): how DRA NIC devices are matched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_address: Option<String>,
+    /// PCI addresses of the HCA's SR-IOV virtual functions (sysfs `virtfn*`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sriov_vfs: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_layer: Option<LinkLayer>,
     /// Port state as read (`ACTIVE`, `DOWN`, ...), empty when the port is missing.
@@ -154,6 +205,9 @@ pub struct RailResult {
     pub verdict: RailVerdict,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<String>,
+    /// The classes of the failures in `reasons`, first the one that names the taint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<RailFault>,
     /// Wire health from pairwise tests with peers (campaigns).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub wire: Vec<WireResult>,
@@ -313,6 +367,10 @@ pub struct Certificate {
     pub verdict: Verdict,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reasons: Vec<String>,
+    /// Rails that passed (healthy or regressed but within the hard rules): a `degraded`
+    /// node with some usable rails still serves DRA claims on those rails' GPU↔NIC pairs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usable_rails: Option<u32>,
     #[serde(default)]
     pub rails: Vec<RailResult>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

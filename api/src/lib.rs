@@ -5,6 +5,7 @@
 
 pub mod certificate;
 pub mod crd;
+pub mod dra;
 pub mod error;
 pub mod finding;
 pub mod fleet;
@@ -18,7 +19,8 @@ pub mod selector;
 pub mod signature;
 
 pub use certificate::{
-    Certificate, GpuAffinity, NcclResult, PathType, RailResult, RailVerdict, Transport, Verdict,
+    Certificate, GpuAffinity, NcclResult, PathType, RailFault, RailResult, RailVerdict, Transport,
+    Verdict,
 };
 pub use crd::{crd_upgrade_step, crd_yaml, fabric_profile_crd, CrdUpgradeStep};
 pub use error::{CertificateError, CrdVersionError, ProfileError, QuantityError};

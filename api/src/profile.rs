@@ -1045,6 +1045,9 @@ pub struct FabricProfileSpec {
     /// How the profile's nodes are compared with each other (fleet baseline, outliers).
     #[serde(default)]
     pub fleet: crate::fleet::FleetSpec,
+    /// How rail health becomes DRA device taints (clusters serving `resource.k8s.io/v1`).
+    #[serde(default)]
+    pub dra: crate::dra::DraSpec,
 }
 
 /// Status written by the webhook (`rails`, `signature`, `conditions`; informational) and by

@@ -378,6 +378,7 @@ fn certificate(now: Timestamp, verdict: Verdict, ttl_secs: i64) -> Certificate {
         signature: p.spec.signature(),
         node: Some("gpu-1".into()),
         verdict,
+        usable_rails: None,
         reasons: vec![],
         rails: p
             .spec
@@ -386,6 +387,9 @@ fn certificate(now: Timestamp, verdict: Verdict, ttl_secs: i64) -> Certificate {
             .map(|r| RailResult {
                 hca: r.hca.clone(),
                 port: r.port,
+                pci_address: None,
+                sriov_vfs: Vec::new(),
+                faults: Vec::new(),
                 link_layer: Some(r.link_layer),
                 state: "ACTIVE".into(),
                 rate_gbps: Some(400.0),

@@ -53,6 +53,8 @@ fn port(hca: &str, counters: &[(&str, u64)]) -> PortReading {
         link_layer: Some(LinkLayer::Ib),
         rate_gbps: Some(400.0),
         counters: counters.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        pci_address: None,
+        sriov_vfs: Vec::new(),
     }
 }
 
@@ -159,7 +161,8 @@ fn unmeasurable_gpu_memory_fails_a_profile_that_requires_it() {
     let p = profile();
     assert!(p.thresholds.write_bw_gpu_gbps.is_some());
     let a = assess(&p, &e, &[]);
-    assert_eq!(a.verdict, Verdict::Failed);
+    assert_eq!(a.verdict, Verdict::Degraded);
+    assert_eq!(a.rails[0].faults, vec![railguard_api::RailFault::Gpudirect]);
     assert!(
         a.reasons.iter().any(|r| r
             == "rail mlx5_0:1: RDMA write bandwidth (GPU memory) not measured (no CUDA driver (libcuda.so.1 not found)), the profile requires at least 350 Gb/s"),
@@ -255,9 +258,24 @@ fn fatal_findings_fail_and_are_recorded() {
     assert_eq!(a.verdict, Verdict::Failed);
 }
 
+/// A node-level reason fails the node; a rail's own reason fails that rail and leaves the
+/// node `degraded` on its other rail (the profile has two).
 fn failed_with(e: &Evidence, reason: &str) {
     let a = assess(&profile(), e, &[]);
-    assert_eq!(a.verdict, Verdict::Failed, "reasons: {:?}", a.reasons);
+    if reason.starts_with("rail mlx5") {
+        assert_eq!(a.verdict, Verdict::Degraded, "reasons: {:?}", a.reasons);
+        assert_eq!(a.usable_rails, 1, "reasons: {:?}", a.reasons);
+        let rail = reason
+            .trim_start_matches("rail ")
+            .split(':')
+            .next()
+            .unwrap_or("");
+        let r = a.rails.iter().find(|r| r.hca == rail).unwrap();
+        assert_eq!(r.verdict, RailVerdict::Failed);
+        assert!(!r.faults.is_empty(), "a failed rail names its fault class");
+    } else {
+        assert_eq!(a.verdict, Verdict::Failed, "reasons: {:?}", a.reasons);
+    }
     assert!(
         a.reasons.iter().any(|r| r == reason),
         "expected reason {reason:?} in {:?}",
@@ -756,7 +774,10 @@ fn passive_counter_growth_fails_at_once_and_a_clean_window_keeps_the_verdict() {
 
     e.after[0].counters.insert("symbol_error".into(), 9);
     let bad = assess_passive(&p, &e, Some(Verdict::Certified), &full.rails);
-    assert_eq!(bad.verdict, Verdict::Failed);
+    // One of two rails failed: the node serves on the other.
+    assert_eq!(bad.verdict, Verdict::Degraded);
+    assert_eq!(bad.usable_rails, 1);
+    assert_eq!(bad.rails[0].faults, vec![railguard_api::RailFault::Errors]);
     assert_eq!(
         bad.reasons,
         vec!["rail mlx5_0:1: error counter symbol_error grew by 4 during the check window (allowed 0)"]
@@ -822,7 +843,8 @@ fn certificate_record_keeps_history_and_expiry_from_the_invasive_pass() {
     let a = assess_passive(&p, &e2, Some(last.verdict), &last.rails);
     let later = last.issued_at + jiff::SignedDuration::from_secs(60);
     let c = passive_certificate(&subject, &a, Some(&last), later);
-    assert_eq!(c.verdict, Verdict::Failed);
+    assert_eq!(c.verdict, Verdict::Degraded);
+    assert_eq!(c.usable_rails, Some(1));
     assert_eq!(c.generation, last.generation + 1);
     assert_eq!(c.issued_at, last.issued_at);
     assert_eq!(c.expires_at, last.expires_at);
@@ -861,4 +883,60 @@ fn history_medians_and_software_diff_are_plain_functions() {
             "ofed 24.01 -> none"
         ]
     );
+}
+
+/// Partial certification: a failed rail leaves the node `degraded` with the count of usable
+/// rails; the loopback that crossed the failed rail is not held against the others, but a
+/// fault no failed rail explains (socket fallback) still fails the node, and so does every
+/// rail failing.
+#[test]
+fn a_failed_rail_degrades_the_node_and_only_all_rails_failing_fails_it() {
+    let p = profile();
+    let mut e = good();
+    e.after[1].state = "DOWN".into();
+    let a = assess(&p, &e, &[]);
+    assert_eq!(a.verdict, Verdict::Degraded, "{:?}", a.reasons);
+    assert_eq!(a.usable_rails, 1);
+    assert_eq!(a.rails[1].faults, vec![railguard_api::RailFault::LinkDown]);
+    assert!(
+        a.reasons
+            .iter()
+            .any(|r| r == "1 of 2 rails usable: failed mlx5_1:1"),
+        "{:?}",
+        a.reasons
+    );
+
+    // The loopback ran slow over the failed rail: explained, recorded, not a node failure.
+    let mut slow = e.clone();
+    slow.nccl[0] = main_run(observation(100.0, 0, &log("IB", true, &["mlx5_0"])));
+    let a = assess(&p, &slow, &[]);
+    assert_eq!(a.verdict, Verdict::Degraded, "{:?}", a.reasons);
+    assert!(
+        a.reasons
+            .iter()
+            .any(|r| r.contains("busbw plateau 100 GB/s")
+                && r.contains("crossed the failed rails mlx5_1:1")),
+        "{:?}",
+        a.reasons
+    );
+    // The same slow loopback with every rail passing fails the node, as before.
+    let mut slow_all_up = good();
+    slow_all_up.nccl[0] = main_run(observation(
+        100.0,
+        0,
+        &log("IB", true, &["mlx5_0", "mlx5_1"]),
+    ));
+    assert_eq!(assess(&p, &slow_all_up, &[]).verdict, Verdict::Failed);
+
+    // Data corruption is never explained by a rail.
+    let mut wrong = e.clone();
+    wrong.nccl[0] = main_run(observation(380.0, 3, &log("IB", true, &["mlx5_0"])));
+    assert_eq!(assess(&p, &wrong, &[]).verdict, Verdict::Failed);
+
+    // Every rail failed: nothing usable.
+    let mut all = e.clone();
+    all.after[0].state = "DOWN".into();
+    let a = assess(&p, &all, &[]);
+    assert_eq!(a.verdict, Verdict::Failed);
+    assert_eq!(a.usable_rails, 0);
 }

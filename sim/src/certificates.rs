@@ -27,6 +27,9 @@ pub fn certificate(
         .map(|r| RailResult {
             hca: r.hca.clone(),
             port: r.port,
+            pci_address: None,
+            sriov_vfs: Vec::new(),
+            faults: Vec::new(),
             link_layer: Some(r.link_layer),
             state: "ACTIVE".into(),
             rate_gbps: Some(f64::from(r.rate_gbps)),
@@ -52,6 +55,7 @@ pub fn certificate(
         signature: profile.spec.signature(),
         node: None,
         verdict,
+        usable_rails: None,
         reasons: Vec::new(),
         rails,
         gpus: Vec::new(),

@@ -159,6 +159,9 @@ mod tests {
         let rail = |hca: &str| RailResult {
             hca: hca.into(),
             port: 1,
+            pci_address: None,
+            sriov_vfs: Vec::new(),
+            faults: Vec::new(),
             link_layer: None,
             state: "ACTIVE".into(),
             rate_gbps: Some(400.0),
@@ -181,6 +184,7 @@ mod tests {
             signature: "sig".into(),
             node: Some("a".into()),
             verdict: Verdict::Certified,
+            usable_rails: None,
             reasons: vec![],
             rails: vec![rail("mlx5_0"), rail("mlx5_1")],
             gpus: vec![],

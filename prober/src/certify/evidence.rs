@@ -64,6 +64,9 @@ pub struct PortReading {
     pub link_layer: Option<LinkLayer>,
     pub rate_gbps: Option<f64>,
     pub counters: BTreeMap<String, u64>,
+    /// The HCA's PCI function and its SR-IOV VFs (the certificate's DRA matching keys).
+    pub pci_address: Option<String>,
+    pub sriov_vfs: Vec<String>,
 }
 
 impl PortReading {

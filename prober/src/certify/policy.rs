@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use railguard_api::certificate::{GpuMemoryResult, HistoryEntry};
 use railguard_api::{
-    FabricProfileSpec, NcclResult, RailResult, RailSpec, RailVerdict, Transport, Verdict,
+    FabricProfileSpec, NcclResult, RailFault, RailResult, RailSpec, RailVerdict, Transport, Verdict,
 };
 
 use super::evidence::{
@@ -36,13 +36,24 @@ pub struct Assessment {
     pub nccl: Option<NcclResult>,
     /// At least one figure regressed against the node's history.
     pub regressed: bool,
+    /// Rails that passed the hard rules ([`railguard_api::Certificate::usable_rails`]).
+    pub usable_rails: u32,
     /// The findings the certificate records (the fatal ones are also in `reasons`).
     pub findings: Vec<railguard_api::Finding>,
 }
 
 #[derive(Default)]
 struct Findings {
+    /// Hard failures of the node as a whole (a failed node).
     failures: Vec<String>,
+    /// Hard failures of single rails (prefixed with the rail): the node stays usable on its
+    /// other rails (`degraded`) unless no rail passes.
+    rail_failures: Vec<String>,
+    /// The NCCL loopback's bandwidth below the threshold: a node failure, except on a node
+    /// with failed rails, whose loopback crossed them and so says nothing about the others.
+    nccl_bandwidth: Vec<String>,
+    /// Profile rails the NCCL loopback did not use (NCCL skips ports that are not ACTIVE).
+    nccl_unused: BTreeSet<String>,
     regressions: Vec<String>,
     /// Drops the whole fleet shares (fleet drift): said, not held against the node.
     fleet_wide: Vec<String>,
@@ -73,55 +84,73 @@ pub fn check_rail_passive(
     after: Option<&PortReading>,
     allowed_growth: &BTreeMap<String, u64>,
     watched: &BTreeSet<String>,
-) -> (Vec<String>, BTreeMap<String, u64>) {
+) -> (Vec<(RailFault, String)>, BTreeMap<String, u64>) {
     let id = rail.id();
     let mut out = Vec::new();
     let Some(now) = after else {
-        out.push(format!(
-            "rail {id}: port not found (expected {} {} Gb/s)",
-            rail.link_layer, rail.rate_gbps
+        out.push((
+            RailFault::LinkDown,
+            format!(
+                "rail {id}: port not found (expected {} {} Gb/s)",
+                rail.link_layer, rail.rate_gbps
+            ),
         ));
         return (out, BTreeMap::new());
     };
     if now.state != "ACTIVE" {
-        out.push(format!(
-            "rail {id}: port state {}, expected ACTIVE",
-            if now.state.is_empty() {
-                "unknown"
-            } else {
-                &now.state
-            }
+        out.push((
+            RailFault::LinkDown,
+            format!(
+                "rail {id}: port state {}, expected ACTIVE",
+                if now.state.is_empty() {
+                    "unknown"
+                } else {
+                    &now.state
+                }
+            ),
         ));
     }
     if let Some(phys) = &now.phys_state {
         if !phys.contains("LinkUp") {
-            out.push(format!(
-                "rail {id}: physical state {:?}, expected LinkUp",
-                phys.trim()
+            out.push((
+                RailFault::LinkDown,
+                format!(
+                    "rail {id}: physical state {:?}, expected LinkUp",
+                    phys.trim()
+                ),
             ));
         }
     }
     match now.link_layer {
         Some(ll) if ll == rail.link_layer => {}
-        Some(ll) => out.push(format!(
-            "rail {id}: link layer {ll}, expected {}",
-            rail.link_layer
+        Some(ll) => out.push((
+            RailFault::LinkRate,
+            format!("rail {id}: link layer {ll}, expected {}", rail.link_layer),
         )),
-        None => out.push(format!(
-            "rail {id}: link layer unknown, expected {}",
-            rail.link_layer
+        None => out.push((
+            RailFault::LinkRate,
+            format!(
+                "rail {id}: link layer unknown, expected {}",
+                rail.link_layer
+            ),
         )),
     }
     match now.rate_gbps {
         Some(r) if r + 0.5 >= f64::from(rail.rate_gbps) => {}
-        Some(r) => out.push(format!(
-            "rail {id}: link rate {} Gb/s, expected {} Gb/s",
-            fmt_num(r),
-            rail.rate_gbps
+        Some(r) => out.push((
+            RailFault::LinkRate,
+            format!(
+                "rail {id}: link rate {} Gb/s, expected {} Gb/s",
+                fmt_num(r),
+                rail.rate_gbps
+            ),
         )),
-        None => out.push(format!(
-            "rail {id}: link rate unknown, expected {} Gb/s",
-            rail.rate_gbps
+        None => out.push((
+            RailFault::LinkRate,
+            format!(
+                "rail {id}: link rate unknown, expected {} Gb/s",
+                rail.rate_gbps
+            ),
         )),
     }
     let mut deltas = BTreeMap::new();
@@ -138,9 +167,9 @@ pub fn check_rail_passive(
             deltas.insert(name.clone(), delta);
             let allowed = allowed_growth.get(name).copied().unwrap_or(0);
             if delta > allowed {
-                out.push(format!(
+                out.push((RailFault::Errors, format!(
                     "rail {id}: error counter {name} grew by {delta} during the check window (allowed {allowed})"
-                ));
+                )));
             }
         }
     }
@@ -191,10 +220,14 @@ pub fn assess_in_fleet(
             .iter()
             .find(|b| b.hca == spec.hca && b.port == spec.port);
         match bench {
-            None => failures.push(format!("rail {id}: no RDMA write measurement")),
-            Some(RailBench { error: Some(e), .. }) => {
-                failures.push(format!("rail {id}: RDMA write test failed: {e}"))
-            }
+            None => failures.push((
+                RailFault::Rdma,
+                format!("rail {id}: no RDMA write measurement"),
+            )),
+            Some(RailBench { error: Some(e), .. }) => failures.push((
+                RailFault::Rdma,
+                format!("rail {id}: RDMA write test failed: {e}"),
+            )),
             Some(b) => {
                 match b.write_bw_host_gbps {
                     Some(bw) if bw >= t.write_bw_host_gbps => {
@@ -216,36 +249,39 @@ pub fn assess_in_fleet(
                             }
                         }
                     }
-                    Some(bw) => failures.push(format!(
+                    Some(bw) => failures.push((RailFault::Rdma, format!(
                         "rail {id}: RDMA write bandwidth (host memory) {} Gb/s, expected at least {} Gb/s",
                         fmt_num(bw),
                         fmt_num(t.write_bw_host_gbps)
-                    )),
-                    None => failures.push(format!(
+                    ))),
+                    None => failures.push((RailFault::Rdma, format!(
                         "rail {id}: RDMA write bandwidth (host memory) not measured, expected at least {} Gb/s",
                         fmt_num(t.write_bw_host_gbps)
-                    )),
+                    ))),
                 }
                 match (t.write_bw_gpu_gbps, b.write_bw_gpu_gbps) {
-                    (Some(min), Some(bw)) if bw < min => failures.push(format!(
+                    (Some(min), Some(bw)) if bw < min => failures.push((RailFault::Gpudirect, format!(
                         "rail {id}: RDMA write bandwidth (GPU memory) {} Gb/s, expected at least {} Gb/s",
                         fmt_num(bw),
                         fmt_num(min)
-                    )),
+                    ))),
                     // The profile asks for GPUDirect RDMA: not measurable is not certified.
-                    (Some(min), None) => failures.push(format!(
+                    (Some(min), None) => failures.push((RailFault::Gpudirect, format!(
                         "rail {id}: RDMA write bandwidth (GPU memory) not measured ({}), the profile requires at least {} Gb/s",
                         b.gpu_unavailable.as_deref().unwrap_or("no GPU serves this rail"),
                         fmt_num(min)
-                    )),
+                    ))),
                     _ => {}
                 }
                 if let (Some(max), Some(lat)) = (t.max_latency_us, b.latency_us) {
                     if lat > max {
-                        failures.push(format!(
-                            "rail {id}: RDMA write latency {} us, expected at most {} us",
-                            fmt_num(lat),
-                            fmt_num(max)
+                        failures.push((
+                            RailFault::Latency,
+                            format!(
+                                "rail {id}: RDMA write latency {} us, expected at most {} us",
+                                fmt_num(lat),
+                                fmt_num(max)
+                            ),
                         ));
                     }
                 }
@@ -258,13 +294,17 @@ pub fn assess_in_fleet(
         } else {
             RailVerdict::Healthy
         };
-        node.failures.extend(failures.iter().cloned());
+        let faults = rail_faults(&failures);
+        let failures: Vec<String> = failures.into_iter().map(|(_, r)| r).collect();
+        node.rail_failures.extend(failures.iter().cloned());
         node.regressions.extend(regressions.iter().cloned());
         let mut reasons = failures;
         reasons.extend(regressions);
         rails.push(RailResult {
             hca: spec.hca.clone(),
             port: spec.port,
+            pci_address: after.and_then(|r| r.pci_address.clone()),
+            sriov_vfs: after.map(|r| r.sriov_vfs.clone()).unwrap_or_default(),
             link_layer: after.and_then(|r| r.link_layer),
             state: after.map(|r| r.state.clone()).unwrap_or_default(),
             rate_gbps: after.and_then(|r| r.rate_gbps),
@@ -275,6 +315,7 @@ pub fn assess_in_fleet(
             counter_deltas: deltas,
             verdict,
             reasons,
+            faults,
             wire: Vec::new(),
             gpu_memory: bench.and_then(gpu_memory_result),
         });
@@ -326,18 +367,25 @@ pub fn assess_passive(
         let prev = previous_rails
             .iter()
             .find(|r| r.hca == spec.hca && r.port == spec.port);
-        node.failures.extend(failures.iter().cloned());
-        let (verdict, reasons) = if failures.is_empty() {
+        let faults = rail_faults(&failures);
+        let failures: Vec<String> = failures.into_iter().map(|(_, r)| r).collect();
+        node.rail_failures.extend(failures.iter().cloned());
+        let (verdict, reasons, faults) = if failures.is_empty() {
             (
                 prev.map(|p| p.verdict).unwrap_or(RailVerdict::Healthy),
                 prev.map(|p| p.reasons.clone()).unwrap_or_default(),
+                prev.map(|p| p.faults.clone()).unwrap_or_default(),
             )
         } else {
-            (RailVerdict::Failed, failures)
+            (RailVerdict::Failed, failures, faults)
         };
         rails.push(RailResult {
             hca: spec.hca.clone(),
             port: spec.port,
+            pci_address: after
+                .and_then(|r| r.pci_address.clone())
+                .or_else(|| prev.and_then(|p| p.pci_address.clone())),
+            sriov_vfs: after.map(|r| r.sriov_vfs.clone()).unwrap_or_default(),
             link_layer: after.and_then(|r| r.link_layer),
             state: after.map(|r| r.state.clone()).unwrap_or_default(),
             rate_gbps: after.and_then(|r| r.rate_gbps),
@@ -348,21 +396,35 @@ pub fn assess_passive(
             counter_deltas: deltas,
             verdict,
             reasons,
+            faults,
             wire: prev.map(|p| p.wire.clone()).unwrap_or_default(),
             gpu_memory: prev.and_then(|p| p.gpu_memory.clone()),
         });
     }
-    let verdict = if !node.failures.is_empty() {
+    let usable = rails
+        .iter()
+        .filter(|r| r.verdict != RailVerdict::Failed)
+        .count();
+    // A rail that fails passively fails only itself while others pass (`degraded`); a node
+    // failure, or every rail failing, fails the node; a pass keeps the earlier verdict.
+    let verdict = if !node.failures.is_empty() || usable == 0 {
+        Verdict::Failed
+    } else if node.rail_failures.is_empty() {
+        previous_verdict.unwrap_or(Verdict::Pending)
+    } else if previous_verdict == Some(Verdict::Failed) {
         Verdict::Failed
     } else {
-        previous_verdict.unwrap_or(Verdict::Pending)
+        Verdict::Degraded
     };
+    let mut reasons = node.failures;
+    reasons.extend(node.rail_failures);
     Assessment {
         verdict,
-        reasons: node.failures,
+        reasons,
         rails,
         nccl: None,
         regressed: false,
+        usable_rails: usable as u32,
         findings: evidence.findings.clone(),
     }
 }
@@ -506,7 +568,7 @@ fn nccl_checks(
                 }
             }
         }
-        Some(p) => node.failures.push(format!(
+        Some(p) => node.nccl_bandwidth.push(format!(
             "NCCL loopback busbw plateau {} GB/s, expected at least {} GB/s",
             fmt_num(round2(p)),
             fmt_num(t.busbw_plateau_gbps)
@@ -529,12 +591,7 @@ fn nccl_checks(
                 join(&extra)
             ));
         }
-        if !unused.is_empty() {
-            node.failures.push(format!(
-                "NCCL did not use the profile's rails {}",
-                join(&unused)
-            ));
-        }
+        node.nccl_unused.extend(unused.into_iter().cloned());
     }
     if let Some(nvlink) = runs.iter().find(|r| r.label == RUN_NVLINK) {
         match (&nvlink.outcome, t.nvlink_busbw_gbps) {
@@ -625,16 +682,56 @@ fn finish(
     history: &[HistoryEntry],
     software: &BTreeMap<String, String>,
 ) -> Assessment {
-    let verdict = if !node.failures.is_empty() {
+    let failed: BTreeSet<String> = rails
+        .iter()
+        .filter(|r| r.verdict == RailVerdict::Failed)
+        .map(RailResult::id)
+        .collect();
+    let usable = rails.len() - failed.len();
+    // Some rails failed, others passed: the node serves on the passing ones (`degraded`),
+    // and a loopback that crossed the failed rails is not held against it.
+    let partial = !failed.is_empty() && usable > 0;
+    let mut failures = node.failures;
+    let mut explained = Vec::new();
+    let unused_failed = node.nccl_unused.iter().all(|r| failed.contains(r));
+    if !node.nccl_unused.is_empty() {
+        let unused: Vec<&String> = node.nccl_unused.iter().collect();
+        let text = format!("NCCL did not use the profile's rails {}", join(&unused));
+        if partial && unused_failed {
+            explained.push(format!("{text} (they failed)"));
+        } else {
+            failures.push(text);
+        }
+    }
+    for b in node.nccl_bandwidth {
+        if partial {
+            explained.push(format!(
+                "{b} (the loopback crossed the failed rails {})",
+                failed.iter().cloned().collect::<Vec<_>>().join(", ")
+            ));
+        } else {
+            failures.push(b);
+        }
+    }
+    let verdict = if !failures.is_empty() || (!failed.is_empty() && usable == 0) {
         Verdict::Failed
-    } else if !node.regressions.is_empty() {
+    } else if partial || !node.regressions.is_empty() {
         Verdict::Degraded
     } else {
         Verdict::Certified
     };
     let regressed = !node.regressions.is_empty();
-    let mut reasons = node.failures;
+    let mut reasons = failures;
+    if partial {
+        reasons.push(format!(
+            "{usable} of {} rails usable: failed {}",
+            rails.len(),
+            failed.iter().cloned().collect::<Vec<_>>().join(", ")
+        ));
+    }
+    reasons.extend(node.rail_failures);
     reasons.extend(node.regressions);
+    reasons.extend(explained);
     reasons.extend(node.fleet_wide);
     if verdict != Verdict::Certified {
         if let Some(changes) = software_changes(history, software) {
@@ -647,8 +744,20 @@ fn finish(
         rails,
         nccl,
         regressed,
+        usable_rails: usable as u32,
         findings: Vec::new(),
     }
+}
+
+/// The classes of a rail's failures, in order, each once.
+fn rail_faults(failures: &[(RailFault, String)]) -> Vec<RailFault> {
+    let mut out = Vec::new();
+    for (f, _) in failures {
+        if !out.contains(f) {
+            out.push(*f);
+        }
+    }
+    out
 }
 
 /// Numbers in reasons: integers without decimals, others with up to two.

@@ -73,6 +73,7 @@ pub fn invasive_certificate(
         node: Some(subject.node.to_string()),
         verdict: assessment.verdict,
         reasons: assessment.reasons.clone(),
+        usable_rails: Some(assessment.usable_rails),
         rails: assessment.rails.clone(),
         gpus: subject.gpus.clone(),
         nccl: assessment.nccl.clone(),
@@ -117,9 +118,12 @@ pub fn passive_certificate(
             let mut c = prev.clone();
             c.generation = prev.generation + 1;
             c.verdict = assessment.verdict;
-            if assessment.verdict == Verdict::Failed {
+            if matches!(assessment.verdict, Verdict::Failed | Verdict::Degraded)
+                && !assessment.reasons.is_empty()
+            {
                 c.reasons = assessment.reasons.clone();
             }
+            c.usable_rails = Some(assessment.usable_rails);
             c.rails = assessment.rails.clone();
             c.findings = assessment.findings.clone();
             c.passive_checked_at = Some(now);
@@ -138,6 +142,7 @@ pub fn passive_certificate(
             node: Some(subject.node.to_string()),
             verdict: assessment.verdict,
             reasons: assessment.reasons.clone(),
+            usable_rails: Some(assessment.usable_rails),
             rails: assessment.rails.clone(),
             gpus: subject.gpus.clone(),
             nccl: None,

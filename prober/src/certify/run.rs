@@ -107,6 +107,8 @@ pub fn port_readings(d: &Discovery) -> Vec<PortReading> {
                 link_layer: p.link_layer,
                 rate_gbps: p.rate_gbps,
                 counters,
+                pci_address: h.pci_bus_id.clone(),
+                sriov_vfs: h.sriov_vfs.clone(),
             });
         }
     }

@@ -795,6 +795,7 @@ mod tests {
             fw_ver: None,
             node_guid: None,
             ports: vec![port],
+            sriov_vfs: Vec::new(),
         };
         let rail = Rail {
             hca: "mlx5_0".into(),

@@ -76,6 +76,7 @@ pub(crate) fn read_hcas_with_problems(
         }
         let fw_ver = read_text(&hdir.join("fw_ver"), &name, &mut problems);
         let node_guid = read_text(&hdir.join("node_guid"), &name, &mut problems);
+        let sriov_vfs = read_virtfns(&device_link);
         hcas.push(Hca {
             name: name.clone(),
             pci_bus_id,
@@ -83,9 +84,31 @@ pub(crate) fn read_hcas_with_problems(
             fw_ver,
             node_guid,
             ports,
+            sriov_vfs,
         });
     }
     (hcas, problems)
+}
+
+/// The PCI addresses of a physical function's SR-IOV virtual functions: the kernel links
+/// each as `virtfn<N>` in the PF's device directory (`drivers/pci/iov.c`,
+/// `pci_iov_sysfs_link`), in VF-number order.
+fn read_virtfns(device: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(device) else {
+        return Vec::new();
+    };
+    let mut vfs: Vec<(u64, String)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let n: u64 = name.strip_prefix("virtfn")?.parse().ok()?;
+            let target = fs::read_link(e.path()).ok()?;
+            let addr = target.file_name()?.to_string_lossy().into_owned();
+            is_pci_address(&addr).then_some((n, addr))
+        })
+        .collect();
+    vfs.sort();
+    vfs.into_iter().map(|(_, a)| a).collect()
 }
 
 /// `mlx5_10` sorts after `mlx5_9`.

@@ -143,6 +143,10 @@ pub struct Hca {
     pub fw_ver: Option<String>,
     pub node_guid: Option<String>,
     pub ports: Vec<HcaPort>,
+    /// PCI addresses of its SR-IOV virtual functions (`device/virtfn*`), which DRA drivers
+    /// publish as devices of their own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sriov_vfs: Vec<String>,
 }
 
 /// Everything read from the machine, before any decision.

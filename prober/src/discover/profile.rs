@@ -135,6 +135,7 @@ pub fn profile_for(d: &Discovery, name: &str, defaults: &ProfileDefaults) -> Fab
         policy: AdmissionPolicy::default(),
         topology_keys: Vec::new(),
         fleet: railguard_api::fleet::FleetSpec::default(),
+        dra: Default::default(),
     };
     FabricProfile::new(name, spec)
 }

@@ -661,6 +661,7 @@ fn placeholder(profile: &str, signature: &str) -> Certificate {
         node: None,
         verdict: Verdict::Pending,
         reasons: Vec::new(),
+        usable_rails: None,
         rails: Vec::new(),
         gpus: Vec::new(),
         nccl: None,

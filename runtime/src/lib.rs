@@ -13,6 +13,7 @@
 mod client;
 mod error;
 mod files;
+pub mod lease;
 mod listen;
 mod logging;
 pub mod pki;

@@ -47,6 +47,9 @@ pub struct UpkeepPolicy {
     pub taints: bool,
     /// `fleet.outliers: Filter`: outliers are out of scheduling, so tainted too.
     pub filter_outliers: bool,
+    /// The cluster keeps unhealthy rails off with DRA device taints: a `degraded` node with
+    /// usable rails keeps serving on them, so the node itself is not tainted.
+    pub device_taints: bool,
 }
 
 /// Decides one node of a profile at `now`. `outlier`: the fleet analysis marks it an
@@ -65,6 +68,11 @@ pub fn node_upkeep(
     } else {
         match &fabric.state {
             FabricState::Failed(_) => TaintWanted::Set(taint_reason::FAILED),
+            FabricState::Degraded(c)
+                if policy.device_taints && c.usable_rails.is_none_or(|u| u > 0) =>
+            {
+                TaintWanted::Clear
+            }
             FabricState::Degraded(_) => TaintWanted::Set(taint_reason::DEGRADED),
             FabricState::Expired { .. } => TaintWanted::Set(taint_reason::EXPIRED),
             // Pending after the expiry flip: still expired until a run passes.
@@ -262,6 +270,7 @@ mod tests {
     const TAINTS: UpkeepPolicy = UpkeepPolicy {
         taints: true,
         filter_outliers: true,
+        device_taints: false,
     };
 
     fn taint(key: &str, value: &str, effect: &str) -> Taint {
@@ -326,6 +335,7 @@ mod tests {
         let off = UpkeepPolicy {
             taints: false,
             filter_outliers: true,
+            device_taints: false,
         };
         let u = node_upkeep(&expired, off, false, now);
         assert!(u.expire_label);
@@ -351,6 +361,7 @@ mod tests {
         let score = UpkeepPolicy {
             taints: true,
             filter_outliers: false,
+            device_taints: false,
         };
         assert_eq!(
             node_upkeep(&certified, score, true, now).taint,

@@ -112,6 +112,56 @@ pub async fn run(client: Client, args: &FleetArgs) -> anyhow::Result<()> {
             return Ok(());
         }
     }
+    let leader = if args.leader_elect {
+        let namespace = args
+            .leader_election_namespace
+            .clone()
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|s| !s.is_empty())
+            })
+            .unwrap_or_else(|| "default".to_string());
+        let identity = args
+            .leader_election_identity
+            .clone()
+            .or_else(|| std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()))
+            .unwrap_or_else(|| {
+                format!(
+                    "{}-{}",
+                    std::env::var("HOSTNAME").unwrap_or_else(|_| "fleet".into()),
+                    std::process::id()
+                )
+            });
+        let lease = railguard_runtime::lease::LeaderLease::new(
+            Api::namespaced(client.clone(), &namespace),
+            LEASE_NAME,
+            &identity,
+            LEASE_DURATION,
+        );
+        let flag = lease.leader_flag();
+        tokio::spawn(lease.run(stop.clone()));
+        tracing::info!(lease = LEASE_NAME, %namespace, %identity, "leader election on");
+        Some(flag)
+    } else {
+        None
+    };
+    // DRA: decided once at start-up, and said once.
+    let mut dra_task = None;
+    let dra = if !args.dra_taints {
+        tracing::info!("DRA device taints off (--dra-taints=false)");
+        None
+    } else if super::dra::served(&client).await? {
+        let (caches, task) = super::dra::DraCaches::start(&client, changed.clone()).await?;
+        dra_task = Some(task);
+        tracing::info!(
+            "DRA device taints on: the API server serves resource.k8s.io/v1 DeviceTaintRules"
+        );
+        Some(caches)
+    } else {
+        tracing::info!("DRA device taints off: the API server does not serve resource.k8s.io/v1 DeviceTaintRules (Kubernetes before 1.37); rail health stays node-level");
+        None
+    };
     tracing::info!(
         interval_secs = interval.as_secs(),
         settle_secs = settle.as_secs(),
@@ -120,6 +170,16 @@ pub async fn run(client: Client, args: &FleetArgs) -> anyhow::Result<()> {
     let mut memory = Memory::default();
     loop {
         metrics.heartbeat();
+        if let Some(flag) = &leader {
+            if !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                // Not leading: another replica writes. Check again soon.
+                tokio::select! {
+                    () = &mut shutdown => break,
+                    () = tokio::time::sleep(Duration::from_secs(2)) => {}
+                }
+                continue;
+            }
+        }
         let started = Instant::now();
         let result = recompute(
             &client,
@@ -128,6 +188,7 @@ pub async fn run(client: Client, args: &FleetArgs) -> anyhow::Result<()> {
             args.profile.as_deref(),
             &mut memory,
             &metrics,
+            dra.as_ref(),
         )
         .await;
         metrics.recomputed(started.elapsed(), result.is_ok());
@@ -155,12 +216,19 @@ pub async fn run(client: Client, args: &FleetArgs) -> anyhow::Result<()> {
     }
     stop.cancel();
     watches.abort();
+    if let Some(t) = dra_task {
+        t.abort();
+    }
     server.await.context("metrics server task")??;
     Ok(())
 }
 
+/// The Lease replicas of the fleet controller elect their writer with.
+const LEASE_NAME: &str = "railguard-fleet";
+const LEASE_DURATION: Duration = Duration::from_secs(15);
+
 /// Drives a reflector stream, telling the loop about every change.
-async fn reflect<K, S>(stream: S, changed: Arc<Notify>, what: &'static str)
+pub(super) async fn reflect<K, S>(stream: S, changed: Arc<Notify>, what: &'static str)
 where
     S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
 {
@@ -183,6 +251,7 @@ async fn recompute(
     only: Option<&str>,
     memory: &mut Memory,
     metrics: &FleetMetrics,
+    dra: Option<&super::dra::DraCaches>,
 ) -> anyhow::Result<usize> {
     let now = Timestamp::now();
     let profiles: Vec<FabricProfile> = profiles
@@ -208,7 +277,7 @@ async fn recompute(
         if let Err(e) = mark_nodes(client, &analysis, &by_name).await {
             first_error.get_or_insert(e);
         }
-        let plans = upkeep_plans(p, &analysis, memory.fabrics.fabrics(), now);
+        let plans = upkeep_plans(p, dra.is_some(), &analysis, memory.fabrics.fabrics(), now);
         for (_, u) in &plans {
             if let TaintWanted::Set(reason) = u.taint {
                 *tainted.entry((p.name().to_string(), reason)).or_insert(0) += 1;
@@ -233,6 +302,20 @@ async fn recompute(
         }
         analyses.push(analysis);
     }
+    if let Some(caches) = dra {
+        let fabrics: Vec<&NodeFabric> = memory.fabrics.fabrics().collect();
+        match super::dra::reconcile(client, caches, &profiles, &analyses, &fabrics, now).await {
+            Ok((wanted, applied, deleted)) => {
+                metrics.publish_device_taints(wanted);
+                if applied + deleted > 0 {
+                    tracing::info!(wanted, applied, deleted, "device taint rules reconciled");
+                }
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
     metrics.publish(&analyses, &drift_series);
     metrics.publish_taints(&tainted);
     match first_error {
@@ -245,6 +328,7 @@ async fn recompute(
 /// each node's state for messages.
 fn upkeep_plans<'a>(
     profile: &FabricProfile,
+    device_taints: bool,
     analysis: &FleetAnalysis,
     fabrics: impl Iterator<Item = &'a NodeFabric>,
     now: Timestamp,
@@ -252,6 +336,7 @@ fn upkeep_plans<'a>(
     let policy = UpkeepPolicy {
         taints: profile.spec.certification.taints,
         filter_outliers: profile.spec.fleet.outliers == OutlierAction::Filter,
+        device_taints,
     };
     fabrics
         .filter(|f| super::profile_of(f) == Some(profile.name()))

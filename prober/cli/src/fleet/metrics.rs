@@ -25,6 +25,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "railguard_fleet_recompute_seconds",
     "railguard_fleet_recomputes_total",
     "railguard_fleet_tainted_nodes",
+    "railguard_fleet_device_taint_rules",
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -71,6 +72,7 @@ pub struct FleetMetrics {
     recompute: Histogram,
     recomputes: Family<OutcomeLabels, Counter>,
     tainted: Family<TaintLabels, Gauge>,
+    device_taint_rules: Gauge,
     /// The families above are replaced as a whole per recomputation; a scrape waits for it.
     update: Mutex<()>,
     ready: AtomicBool,
@@ -92,6 +94,7 @@ impl FleetMetrics {
             recompute: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             recomputes: Family::default(),
             tainted: Family::default(),
+            device_taint_rules: Gauge::default(),
             update: Mutex::new(()),
             ready: AtomicBool::new(false),
             alive_at: Mutex::new(Instant::now()),
@@ -148,7 +151,18 @@ impl FleetMetrics {
             "Nodes of the profile that should carry the railguard.io/fabric-unhealthy taint, by reason (failed, degraded, expired, outlier)",
             m.tainted.clone(),
         );
+        registry.register(
+            "railguard_fleet_device_taint_rules",
+            "DRA DeviceTaintRules railguard keeps for unhealthy rails (0 where DRA is not served)",
+            m.device_taint_rules.clone(),
+        );
         FleetMetrics { registry, ..m }
+    }
+
+    /// The number of DeviceTaintRules the last reconciliation wanted.
+    pub fn publish_device_taints(&self, rules: usize) {
+        self.device_taint_rules
+            .set(i64::try_from(rules).unwrap_or(i64::MAX));
     }
 
     /// Replaces the taint series: nodes by profile and reason.

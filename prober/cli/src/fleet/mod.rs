@@ -9,6 +9,7 @@
 //! nodes, see BENCHMARKS.md) never competes with a scheduling request.
 
 pub mod controller;
+pub mod dra;
 pub mod metrics;
 
 use std::collections::{BTreeMap, HashMap};
@@ -54,6 +55,21 @@ pub struct FleetArgs {
     /// recomputing, seconds (a recertification wave is one recomputation).
     #[arg(long, env = "RAILGUARD_FLEET_SETTLE_SECS", default_value_t = 5)]
     pub settle_secs: u64,
+    /// Controller: keep DRA DeviceTaintRules for unhealthy rails where the API server serves
+    /// `resource.k8s.io/v1` DeviceTaintRules (Kubernetes 1.37+); elsewhere nothing DRA runs.
+    #[arg(long, env = "RAILGUARD_DRA_TAINTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub dra_taints: bool,
+    /// Controller: write only while holding the Lease `railguard-fleet` (several replicas,
+    /// one writer).
+    #[arg(long, env = "RAILGUARD_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Controller: namespace of the leader Lease (default: $POD_NAMESPACE, else `default`).
+    #[arg(long, env = "RAILGUARD_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// Controller: this replica's identity in the Lease (default: $POD_NAME, else the host
+    /// name and process id).
+    #[arg(long, env = "RAILGUARD_LEADER_ELECTION_IDENTITY")]
+    pub leader_election_identity: Option<String>,
     /// Controller: `/metrics`, `/healthz` and `/readyz` on this address.
     #[arg(long, env = "RAILGUARD_METRICS_LISTEN", default_value = "0.0.0.0:9464")]
     pub metrics_listen: SocketAddr,

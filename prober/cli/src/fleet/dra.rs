@@ -1,0 +1,220 @@
+//! The fleet controller's DRA part: on clusters serving `resource.k8s.io/v1` DeviceTaintRules
+//! (Kubernetes 1.37), it keeps one rule per device of a failed, regressed, expired, long
+//! pending or (per profile) outlier rail, and deletes its rules nothing calls for any more.
+//! The decisions are `railguard_api::dra`'s; this module reads ResourceSlices and its own
+//! rules from reflector caches and writes the difference (server-side apply, delete).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use anyhow::Context;
+use futures::{StreamExt, TryStreamExt};
+use jiff::Timestamp;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use railguard_api::dra::{
+    self, plan_rules, rail_devices, rail_taint_reasons, rule_object, wanted_rules, ExistingRule,
+    ResourceSlice, WantedRule,
+};
+use railguard_api::{keys, FabricProfile, NodeFabric};
+use railguard_prober::fleet::FleetAnalysis;
+use tokio::sync::Notify;
+
+/// Rule writes in flight at once.
+const WRITE_CONCURRENCY: usize = 8;
+
+fn resource(kind: &str) -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk("resource.k8s.io", "v1", kind))
+}
+
+/// Whether the API server serves DeviceTaintRules at `resource.k8s.io/v1`.
+pub async fn served(client: &Client) -> anyhow::Result<bool> {
+    match client.list_api_group_resources(dra::API_VERSION).await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "devicetaintrules")
+            && list.resources.iter().any(|r| r.name == "resourceslices")),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e).context("cannot read the API server's resource.k8s.io/v1 resources"),
+    }
+}
+
+/// The caches the DRA reconciliation reads.
+pub struct DraCaches {
+    slices: Store<DynamicObject>,
+    rules: Store<DynamicObject>,
+}
+
+impl DraCaches {
+    /// Starts the ResourceSlice and (railguard's own) DeviceTaintRule reflectors, each
+    /// change waking the controller, and waits until both are filled.
+    pub async fn start(
+        client: &Client,
+        changed: Arc<Notify>,
+    ) -> anyhow::Result<(DraCaches, tokio::task::JoinHandle<()>)> {
+        let slices_ar = resource("ResourceSlice");
+        let rules_ar = resource("DeviceTaintRule");
+        let slices_writer = reflector::store::Writer::new(slices_ar.clone());
+        let slices = slices_writer.as_reader();
+        let rules_writer = reflector::store::Writer::new(rules_ar.clone());
+        let rules = rules_writer.as_reader();
+        let slice_watch = super::controller::reflect(
+            reflector::reflector(
+                slices_writer,
+                watcher(
+                    Api::<DynamicObject>::all_with(client.clone(), &slices_ar),
+                    watcher::Config::default(),
+                ),
+            ),
+            changed.clone(),
+            "resourceslices",
+        );
+        let rule_watch = super::controller::reflect(
+            reflector::reflector(
+                rules_writer,
+                watcher(
+                    Api::<DynamicObject>::all_with(client.clone(), &rules_ar),
+                    watcher::Config::default().labels(&format!(
+                        "{}={}",
+                        dra::LABEL_MANAGED_BY,
+                        dra::MANAGED_BY
+                    )),
+                ),
+            ),
+            changed,
+            "devicetaintrules",
+        );
+        let task = tokio::spawn(async move {
+            tokio::join!(slice_watch, rule_watch);
+        });
+        tokio::try_join!(slices.wait_until_ready(), rules.wait_until_ready())
+            .context("the ResourceSlice and DeviceTaintRule caches never filled")?;
+        Ok((DraCaches { slices, rules }, task))
+    }
+
+    fn slices(&self) -> Vec<ResourceSlice> {
+        self.slices
+            .state()
+            .iter()
+            .filter_map(|o| {
+                let v = serde_json::to_value(o.as_ref()).ok()?;
+                match serde_json::from_value::<ResourceSlice>(v) {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        tracing::warn!(slice = o.metadata.name.as_deref().unwrap_or(""), error = %e, "unreadable ResourceSlice; skipped");
+                        None
+                    }
+                }
+            })
+            .collect()
+    }
+
+    fn rules(&self) -> Vec<ExistingRule> {
+        self.rules
+            .state()
+            .iter()
+            .filter_map(|o| ExistingRule::from_object(&serde_json::to_value(o.as_ref()).ok()?))
+            .collect()
+    }
+}
+
+/// The rules every profile's nodes call for now.
+pub fn wanted(
+    profiles: &[FabricProfile],
+    analyses: &[FleetAnalysis],
+    fabrics: &[&NodeFabric],
+    slices: &[ResourceSlice],
+    now: Timestamp,
+) -> Vec<WantedRule> {
+    let mut by_node: BTreeMap<&str, Vec<&ResourceSlice>> = BTreeMap::new();
+    for s in slices {
+        if let Some(n) = s.spec.node_name.as_deref() {
+            by_node.entry(n).or_default().push(s);
+        }
+    }
+    let mut out = Vec::new();
+    for (p, analysis) in profiles.iter().zip(analyses) {
+        let spec = &p.spec.dra;
+        for f in fabrics
+            .iter()
+            .filter(|f| super::profile_of(f) == Some(p.name()))
+        {
+            let Some(cert) = f.state.certificate() else {
+                continue;
+            };
+            let Some(node_slices) = by_node.get(f.name.as_str()) else {
+                continue;
+            };
+            let devices = rail_devices(&f.name, cert, node_slices, spec);
+            let outlier_rails: BTreeSet<String> = analysis
+                .outliers
+                .get(&f.name)
+                .map(|os| {
+                    os.iter()
+                        .filter_map(|o| o.measurement.rail.clone())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let reasons = rail_taint_reasons(f, spec, &outlier_rails, now);
+            out.extend(wanted_rules(&f.name, &devices, &reasons, spec.taint_effect));
+        }
+    }
+    out
+}
+
+/// One reconciliation: writes what differs; returns (rules wanted, applied, deleted).
+pub async fn reconcile(
+    client: &Client,
+    caches: &DraCaches,
+    profiles: &[FabricProfile],
+    analyses: &[FleetAnalysis],
+    fabrics: &[&NodeFabric],
+    now: Timestamp,
+) -> anyhow::Result<(usize, usize, usize)> {
+    let slices = caches.slices();
+    let want = wanted(profiles, analyses, fabrics, &slices, now);
+    let plan = plan_rules(&want, &caches.rules());
+    let api = Api::<DynamicObject>::all_with(client.clone(), &resource("DeviceTaintRule"));
+    let pp = PatchParams::apply(keys::FLEET_FIELD_MANAGER).force();
+    let (applied, deleted) = (plan.apply.len(), plan.delete.len());
+    futures::stream::iter(plan.apply.iter())
+        .map(|rule| {
+            let api = api.clone();
+            let pp = pp.clone();
+            async move {
+                api.patch(&rule.name, &pp, &Patch::Apply(rule_object(rule)))
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "cannot apply DeviceTaintRule {} ({} {} of node {}: {})",
+                            rule.name, rule.device.kind.as_str(), rule.device.device, rule.node, rule.value
+                        )
+                    })?;
+                tracing::info!(rule = %rule.name, node = %rule.node, rail = %rule.rail, device = %rule.device.device, driver = %rule.device.driver, value = %rule.value, effect = rule.effect.as_str(), "device taint applied");
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(WRITE_CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    futures::stream::iter(plan.delete.iter())
+        .map(|name| {
+            let api = api.clone();
+            async move {
+                match api.delete(name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 404 => {}
+                    Err(e) => {
+                        return Err(anyhow::Error::new(e)
+                            .context(format!("cannot delete DeviceTaintRule {name}")))
+                    }
+                }
+                tracing::info!(rule = %name, "device taint removed");
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(WRITE_CONCURRENCY)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok((want.len(), applied, deleted))
+}

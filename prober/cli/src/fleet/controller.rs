@@ -151,16 +151,23 @@ pub async fn run(client: Client, args: &FleetArgs) -> anyhow::Result<()> {
     let dra = if !args.dra_taints {
         tracing::info!("DRA device taints off (--dra-taints=false)");
         None
-    } else if super::dra::served(&client).await? {
-        let (caches, task) = super::dra::DraCaches::start(&client, changed.clone()).await?;
-        dra_task = Some(task);
-        tracing::info!(
-            "DRA device taints on: the API server serves resource.k8s.io/v1 DeviceTaintRules"
-        );
-        Some(caches)
     } else {
-        tracing::info!("DRA device taints off: the API server does not serve resource.k8s.io/v1 DeviceTaintRules (Kubernetes before 1.37); rail health stays node-level");
-        None
+        match super::dra::availability(&client).await? {
+            super::dra::Availability::On => {
+                let (caches, task) = super::dra::DraCaches::start(&client, changed.clone()).await?;
+                dra_task = Some(task);
+                tracing::info!("DRA device taints on: the API server serves resource.k8s.io/v1 DeviceTaintRules");
+                Some(caches)
+            }
+            super::dra::Availability::NotServed => {
+                tracing::info!("DRA device taints off: the API server does not serve resource.k8s.io/v1 DeviceTaintRules (Kubernetes before 1.37); rail health stays node-level");
+                None
+            }
+            super::dra::Availability::Forbidden(why) => {
+                tracing::warn!(reason = %why, "DRA device taints off: the API server serves DeviceTaintRules but this controller may not use them (install the chart against this cluster so it grants them)");
+                None
+            }
+        }
     };
     tracing::info!(
         interval_secs = interval.as_secs(),

@@ -29,14 +29,50 @@ fn resource(kind: &str) -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk("resource.k8s.io", "v1", kind))
 }
 
-/// Whether the API server serves DeviceTaintRules at `resource.k8s.io/v1`.
-pub async fn served(client: &Client) -> anyhow::Result<bool> {
+/// Whether the DRA part can run here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Availability {
+    /// DeviceTaintRules are served and this controller may read slices and its rules.
+    On,
+    /// The API server does not serve `resource.k8s.io/v1` DeviceTaintRules (before 1.37).
+    NotServed,
+    /// Served, but this controller's RBAC does not let it read them (a chart rendered
+    /// without DRA for a cluster that has it): said, and the rest of the controller runs.
+    Forbidden(String),
+}
+
+/// Whether the API server serves DeviceTaintRules at `resource.k8s.io/v1`, and whether this
+/// controller may list them and ResourceSlices.
+pub async fn availability(client: &Client) -> anyhow::Result<Availability> {
     match client.list_api_group_resources(dra::API_VERSION).await {
-        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "devicetaintrules")
-            && list.resources.iter().any(|r| r.name == "resourceslices")),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-        Err(e) => Err(e).context("cannot read the API server's resource.k8s.io/v1 resources"),
+        Ok(list) => {
+            let has = |n: &str| list.resources.iter().any(|r| r.name == n);
+            if !(has("devicetaintrules") && has("resourceslices")) {
+                return Ok(Availability::NotServed);
+            }
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Availability::NotServed),
+        Err(e) => {
+            return Err(e).context("cannot read the API server's resource.k8s.io/v1 resources")
+        }
     }
+    for kind in ["ResourceSlice", "DeviceTaintRule"] {
+        let api = Api::<DynamicObject>::all_with(client.clone(), &resource(kind));
+        match api
+            .list_metadata(&kube::api::ListParams::default().limit(1))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                return Ok(Availability::Forbidden(format!(
+                    "cannot list {kind}s: {}",
+                    s.message
+                )))
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot list {kind}s")),
+        }
+    }
+    Ok(Availability::On)
 }
 
 /// The caches the DRA reconciliation reads.

@@ -877,7 +877,8 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         "helm upgrade and rollback changed generated secrets, caBundles, the Node's certificate or the profiles:\n{kept_before:?}\n->\n{kept_after:?}"
     );
 
-    // A port goes down: the prober fails the node.
+    // A port goes down: the prober fails that rail, and the node, its other rails passing,
+    // is `degraded` (partial certification: usableRails one short).
     let port = sim_node.join(format!("sys/class/infiniband/{FAULT_RAIL}/ports/1"));
     std::fs::write(port.join("state"), "1: DOWN\n")?;
     std::fs::write(port.join("phys_state"), "3: Disabled\n")?;
@@ -891,9 +892,9 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         )
         .await?;
     // Labels first, then the condition: wait until the condition no longer says True.
-    let failed = eventually(Duration::from_secs(240), "the node failed", || async {
+    let failed = eventually(Duration::from_secs(240), "the node degraded", || async {
         let (label, cond, cert) = fabric_state(&nodes).await?;
-        let published = label.as_deref() == Some(keys::fabric::FAILED)
+        let published = label.as_deref() == Some(keys::fabric::DEGRADED)
             && cond.as_deref().is_some_and(|c| !c.starts_with("True"));
         Ok(published.then_some((cond, cert)))
     })
@@ -911,18 +912,36 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         reasons.contains(FAULT_RAIL),
         "certificate reasons {reasons}"
     );
+    let cert = failed.1.clone().unwrap_or_default();
+    let rails = cert["rails"].as_array().map(Vec::len).unwrap_or(0);
+    ensure!(
+        rails > 1 && cert["usableRails"] == json!(rails - 1),
+        "usableRails {} of {rails} rails",
+        cert["usableRails"]
+    );
+    let fault_rail = cert["rails"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["hca"] == FAULT_RAIL)
+        .cloned()
+        .unwrap_or_default();
+    ensure!(
+        fault_rail["verdict"] == "failed" && fault_rail["faults"][0] == "link-down",
+        "the faulty rail {fault_rail}"
+    );
     // The next run in plugin-0 (a new process in the same pod) reads the rewritten node
-    // file: the failed node's rails are no longer answered, and it says why.
+    // file: the failed rail is no longer answered, the healthy one still is.
     // kubelet restarts the finished container after a back-off that doubles from 10 s up
     // to 5 min: the next run comes within one back-off.
     let unhealthy = eventually(
         Duration::from_secs(330),
-        "plugin-0 without the failed node's rails",
+        "plugin-0 without the failed rail",
         || async {
             let (hca, text) = plugin_answer(&pods, "plugin-0").await?;
             Ok(match hca {
                 // The run in between may see the invasive run's `pending`.
-                None if text.contains("is failed") => Ok(text),
+                Some(h) if h == [elsewhere.1.clone()] => Ok(text),
                 _ => Err(railguard_tests::NotYet(format!("log {text:?}"))),
             })
         },
@@ -972,7 +991,7 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         let p = pods.get(name).await?;
         ensure!(
             p.spec.and_then(|s| s.node_name).is_none(),
-            "{name} was placed on the failed node"
+            "{name} was placed on the degraded node (the extender and the webhook's affinity keep node-level rules)"
         );
     }
 

@@ -170,9 +170,11 @@ async fn simulated_nodes_certify_fail_on_faults_and_flip_on_passive_counters() -
         .await?;
     assert_eq!(code, 1, "{matrix}");
     let f = fabric(&nodes, "gpu-b").await?;
-    let FabricState::Failed(c) = &f.state else {
-        bail!("gpu-b should be failed, is {}", f.state);
+    // That rail failed; the other seven pass: the node is degraded, one rail short.
+    let FabricState::Degraded(c) = &f.state else {
+        bail!("gpu-b should be degraded, is {}", f.state);
     };
+    assert_eq!(c.usable_rails, Some(c.rails.len() as u32 - 1));
     assert!(
         c.reasons
             .iter()
@@ -222,7 +224,7 @@ async fn simulated_nodes_certify_fail_on_faults_and_flip_on_passive_counters() -
         jiff::Timestamp::now(),
     )
     .err()
-    .context("a failed node must be rejected")?;
+    .context("a degraded node must be rejected on the extender path")?;
     assert!(
         rejection.message.contains("mlx5_4:1"),
         "{}",

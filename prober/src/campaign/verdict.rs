@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use railguard_api::certificate::{NcclPairResult, WireResult};
-use railguard_api::{Certificate, RailVerdict, Verdict};
+use railguard_api::{Certificate, RailFault, RailVerdict, Verdict};
 use serde::{Deserialize, Serialize};
 
 /// Reasons written by a campaign start with this.
@@ -85,6 +85,8 @@ pub fn apply_findings(cert: &mut Certificate, findings: &NodeFindings) {
         cert.verdict
     };
 
+    // The worst blame on the node as a whole (the full-node NCCL test, unlisted rails, a
+    // node fault); blames of listed rails decide through the rails themselves.
     let mut worst = RailVerdict::Healthy;
     for rail in &mut cert.rails {
         let id = rail.id();
@@ -92,8 +94,10 @@ pub fn apply_findings(cert: &mut Certificate, findings: &NodeFindings) {
             && !rail.reasons.is_empty()
             && rail.reasons.iter().all(|r| is_campaign(r));
         rail.reasons.retain(|r| !is_campaign(r));
+        rail.faults.retain(|f| *f != RailFault::Wire);
         if campaign_only {
             rail.verdict = RailVerdict::Healthy;
+            rail.faults.clear();
         }
         rail.wire = findings.wire.get(&id).cloned().unwrap_or_default();
         for blame in [
@@ -106,12 +110,22 @@ pub fn apply_findings(cert: &mut Certificate, findings: &NodeFindings) {
             if rank(blame.verdict) > rank(rail.verdict) {
                 rail.verdict = blame.verdict;
             }
-            rail.reasons.push(with_prefix(&blame.reason));
-            if rank(blame.verdict) > rank(worst) {
-                worst = blame.verdict;
+            if blame.verdict == RailVerdict::Failed && !rail.faults.contains(&RailFault::Wire) {
+                rail.faults.push(RailFault::Wire);
             }
+            rail.reasons.push(with_prefix(&blame.reason));
         }
     }
+    let rails_failed = cert
+        .rails
+        .iter()
+        .filter(|r| r.verdict == RailVerdict::Failed)
+        .count();
+    let rails_degraded = cert
+        .rails
+        .iter()
+        .any(|r| r.verdict == RailVerdict::Degraded);
+    let usable = cert.rails.len() - rails_failed;
     if let Some(pairs) = &findings.nccl_pairs {
         cert.set_nccl_pairs(pairs);
     }
@@ -138,12 +152,21 @@ pub fn apply_findings(cert: &mut Certificate, findings: &NodeFindings) {
         cert.reasons.push(with_prefix(link));
     }
     // A pending certification stays pending: its run decides, the campaign only adds evidence.
+    // As the certifier judges: a failed rail with others usable leaves the node degraded
+    // (it serves on the others), no usable rail or a node-wide blame fails it.
     if base != Verdict::Pending {
         base = match (base, worst) {
             (Verdict::Failed, _) | (_, RailVerdict::Failed) => Verdict::Failed,
+            _ if rails_failed > 0 && usable == 0 => Verdict::Failed,
+            _ if rails_failed > 0 || rails_degraded => Verdict::Degraded,
             (_, RailVerdict::Degraded) => Verdict::Degraded,
             (b, RailVerdict::Healthy) => b,
         };
+    }
+    // Recorded where the certifier recorded it or the campaign took rails away (findings
+    // that say nothing leave the certificate as it was).
+    if base != Verdict::Pending && (cert.usable_rails.is_some() || usable < cert.rails.len()) {
+        cert.usable_rails = Some(usable as u32);
     }
     cert.verdict = base;
 }
@@ -384,5 +407,45 @@ mod tests {
         };
         apply_findings(&mut c, &f);
         assert_eq!(c.verdict, Verdict::Pending);
+    }
+
+    #[test]
+    fn a_rail_failed_on_the_wire_degrades_the_node_and_every_rail_failed_fails_it() {
+        let blame = |ids: &[&str]| NodeFindings {
+            node: "a".into(),
+            blamed_rails: ids
+                .iter()
+                .map(|id| {
+                    (
+                        id.to_string(),
+                        RailBlame {
+                            verdict: RailVerdict::Failed,
+                            reason: format!("rail {id} failed with 2 healthy peers"),
+                        },
+                    )
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let mut c = cert();
+        let n = c.rails.len();
+        apply_findings(&mut c, &blame(&["mlx5_0:1"]));
+        assert_eq!(c.verdict, Verdict::Degraded);
+        assert_eq!(c.usable_rails, Some(n as u32 - 1));
+        assert_eq!(c.rails[0].faults, vec![RailFault::Wire]);
+        // Idempotent, and a clean campaign gives the rail back.
+        let once = c.clone();
+        apply_findings(&mut c, &blame(&["mlx5_0:1"]));
+        assert_eq!(c, once);
+        apply_findings(&mut c, &NodeFindings::default());
+        assert_eq!(c.verdict, Verdict::Certified);
+        assert!(c.rails[0].faults.is_empty());
+
+        let mut c = cert();
+        let all: Vec<String> = c.rails.iter().map(|r| r.id()).collect();
+        let ids: Vec<&str> = all.iter().map(String::as_str).collect();
+        apply_findings(&mut c, &blame(&ids));
+        assert_eq!(c.verdict, Verdict::Failed);
+        assert_eq!(c.usable_rails, Some(0));
     }
 }

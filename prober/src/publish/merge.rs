@@ -200,14 +200,17 @@ mod tests {
     fn the_probers_new_certificate_keeps_the_campaigns_findings() {
         let mut on_node = cert("p", 3);
         merge_findings(&mut on_node, &blaming_mlx5_1());
-        assert_eq!(on_node.verdict, Verdict::Failed);
+        // One of two rails failed on the wire: the node serves on the other.
+        assert_eq!(on_node.verdict, Verdict::Degraded);
+        assert_eq!(on_node.usable_rails, Some(1));
         // The prober's next run knows nothing of the campaign; the merge brings it back.
         let mut next = cert("p", 4);
         carry_campaign(&mut next, Some(&on_node));
         assert_eq!(next.generation, 4, "the prober's own result stays");
-        assert_eq!(next.verdict, Verdict::Failed);
+        assert_eq!(next.verdict, Verdict::Degraded);
         let rail = next.rail("mlx5_1", 1).unwrap();
         assert_eq!(rail.verdict, RailVerdict::Failed);
+        assert_eq!(rail.faults, vec![railguard_api::RailFault::Wire]);
         assert!(rail.reasons[0].starts_with(CAMPAIGN_REASON_PREFIX));
         assert_eq!(next.rail("mlx5_0", 1).unwrap().wire.len(), 1);
         assert_eq!(next.nccl_pairs().len(), 1);
@@ -303,11 +306,11 @@ mod tests {
         );
         assert_eq!(
             campaign_fabric_label(Some(keys::fabric::CERTIFIED), &c, c.issued_at),
-            keys::fabric::FAILED
+            keys::fabric::DEGRADED
         );
         assert_eq!(
             campaign_fabric_label(None, &c, c.issued_at),
-            keys::fabric::FAILED
+            keys::fabric::DEGRADED
         );
     }
 

@@ -12,6 +12,7 @@ use railguard_api::profile::{derive_ib_hca, Enforcement};
 use railguard_api::{keys, FabricProfile, FabricProfileSpec, RailSpec};
 
 use super::container::has_ipc_lock;
+use super::rail_claims::{claimed_profile, rail_claims, uses_claim};
 use super::{Ctx, Mutation, Outcome, Plan, Warning, WarningKind, PREFLIGHT_CONTAINER};
 use crate::config::{NamespaceInfo, WebhookConfig};
 use crate::{runbook, selection};
@@ -53,14 +54,19 @@ pub(super) fn open<'a>(
             (false, false)
         }
     };
+    // Claims of railguard's aligned rails (DRA): their GPUs come with the claim, not as an
+    // extended resource, and they make the pod a training pod too.
+    let rail_claims = rail_claims(spec, profiles);
     let gpu_containers: Vec<usize> = spec
         .containers
         .iter()
         .enumerate()
-        .filter(|(_, c)| container_gpu_count(c, &config.gpu_resources) > 0)
+        .filter(|(_, c)| {
+            container_gpu_count(c, &config.gpu_resources) > 0 || uses_claim(c, &rail_claims)
+        })
         .map(|(i, _)| i)
         .collect();
-    if gpu_containers.is_empty() && !inject_true {
+    if gpu_containers.is_empty() && !inject_true && rail_claims.is_empty() {
         return Gate::Closed(plan);
     }
     // A pod opted in without GPUs gets the configuration in every container.
@@ -70,17 +76,27 @@ pub(super) fn open<'a>(
         gpu_containers
     };
 
-    let profile = match selection::choose(pod, spec, profiles) {
+    // A pod that says nothing about its nodes but claims one profile's aligned rails is that
+    // profile's (as if it named it), default or none.
+    let claimed = claimed_profile(&rail_claims, profiles);
+    let chosen = match (selection::choose(pod, spec, profiles), claimed) {
+        (Ok((_, selection::Choice::Default)) | Err(selection::NoProfile::NoMatch), Some(c)) => {
+            Ok((c, selection::Choice::Default, "claimed"))
+        }
+        (Ok((p, choice)), _) => Ok((p, choice, "default")),
+        (Err(why), _) => Err(why),
+    };
+    let profile = match chosen {
         // The default profile is for pods that say nothing about their nodes: one whose own
         // placement asks for another pool (an H200 pod under an H100 default) is not forced
         // onto it.
-        Ok((p, selection::Choice::Default)) => {
+        Ok((p, selection::Choice::Default, what)) => {
             match selection::pod_excludes(spec, &p.spec.node_selector) {
                 Some(key) => {
                     plan.warn(
                         WarningKind::ProfileMismatch,
                         format!(
-                            "pod's own {key} rules out default profile {}: not configured \
+                            "pod's own {key} rules out {what} profile {}: not configured \
                              (set railguard.io/profile)",
                             p.name()
                         ),
@@ -91,7 +107,7 @@ pub(super) fn open<'a>(
                 None => p,
             }
         }
-        Ok((p, _)) => p,
+        Ok((p, _, _)) => p,
         Err(why) => {
             plan.outcome = if inject_false {
                 Outcome::OptedOut
@@ -145,6 +161,22 @@ pub(super) fn open<'a>(
         }
     }
 
+    // Aligned rails of this profile are DRA's to place; another profile's are not (the pod
+    // is configured for this one, and told).
+    let dra = rail_claims
+        .iter()
+        .find(|c| c.profile == name)
+        .map(|c| Box::new(c.clone()));
+    if let Some(other) = rail_claims.iter().find(|c| c.profile != name) {
+        plan.warn(
+            WarningKind::ProfileMismatch,
+            format!(
+                "claim {} is profile {}'s rails but profile {name} applies: not left to DRA",
+                other.source, other.profile
+            ),
+        );
+    }
+
     let RailLayout { signature, ib_hca } = rail_layout(&profile.spec);
     // The profile's own NCCL_IB_HCA wins over the one its rails give.
     let ib_hca = profile.spec.nccl.ib_hca.clone().unwrap_or(ib_hca);
@@ -160,6 +192,7 @@ pub(super) fn open<'a>(
         targets,
         skip,
         ipc_lock: false,
+        dra,
     };
     if let Some(reason) = unsafe_nccl(&ctx, &mut plan) {
         return Gate::Closed(plan.deny(reason));

@@ -20,6 +20,7 @@ mod audit;
 mod container;
 mod gates;
 mod plan;
+mod rail_claims;
 mod steps;
 
 pub use plan::{Mutation, Outcome, Plan, Warning, WarningKind, MAX_WARNING_CHARS};
@@ -55,6 +56,9 @@ pub(crate) struct Ctx<'a> {
     pub(crate) skip: BTreeSet<Mutation>,
     /// Whether IPC_LOCK is added (the profile wants it, no skip, Pod Security allows it).
     pub(crate) ipc_lock: bool,
+    /// The pod's claim of the profile's aligned rails (DRA), if any: `affinity` and `rdma`
+    /// leave placement and the RDMA devices to DRA.
+    pub(crate) dra: Option<Box<rail_claims::RailClaim>>,
 }
 
 /// What the steps build: the plan, the target containers as the steps so far left them, the

@@ -9,7 +9,8 @@ use crate::patch::PatchOp;
 pub const MAX_WARNING_CHARS: usize = 119;
 
 /// One part of the configuration railguard applies. The names are the values of the
-/// `railguard.io/mutations` annotation and (but for `preflight`) of `railguard.io/skip`.
+/// `railguard.io/mutations` annotation and (but for `preflight` and `dra-claims`) of
+/// `railguard.io/skip`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Mutation {
     NcclEnv,
@@ -19,10 +20,14 @@ pub enum Mutation {
     Network,
     Affinity,
     Preflight,
+    /// Not a change but a decision: the pod claims one of its profile's aligned-rails
+    /// ResourceClaimTemplates, so DRA allocates its NICs (device taints keep failed rails
+    /// out) and `affinity` and `rdma` leave it alone.
+    DraClaims,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 7] = [
+    pub const ALL: [Mutation; 8] = [
         Mutation::NcclEnv,
         Mutation::IpcLock,
         Mutation::Shm,
@@ -30,6 +35,7 @@ impl Mutation {
         Mutation::Network,
         Mutation::Affinity,
         Mutation::Preflight,
+        Mutation::DraClaims,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -41,6 +47,7 @@ impl Mutation {
             Mutation::Network => "network",
             Mutation::Affinity => "affinity",
             Mutation::Preflight => "preflight",
+            Mutation::DraClaims => "dra-claims",
         }
     }
 
@@ -108,8 +115,11 @@ pub enum WarningKind {
     Internal,
     /// Audit mode: what would have happened.
     Audit,
-    /// The default profile's node pool contradicts the pod's own placement.
+    /// The default profile's node pool contradicts the pod's own placement, or the pod
+    /// claims another profile's aligned rails.
     ProfileMismatch,
+    /// The pod claims its profile's aligned rails: placement and RDMA devices are DRA's.
+    Dra,
 }
 
 impl WarningKind {
@@ -127,6 +137,7 @@ impl WarningKind {
             WarningKind::Internal => "internal",
             WarningKind::Audit => "audit",
             WarningKind::ProfileMismatch => "profile-mismatch",
+            WarningKind::Dra => "dra",
         }
     }
 }

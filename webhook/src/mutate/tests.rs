@@ -1389,3 +1389,214 @@ fn a_pod_that_asks_for_another_gpu_product_is_not_forced_onto_the_default_profil
     let plan = mutate(&p, &ns("ml"), &profiles(), &cfg()).unwrap();
     assert_eq!(plan.outcome, Outcome::Mutated);
 }
+
+// ------------------------------------------------------------------ DRA (aligned rails)
+
+/// The PyTorch worker with its GPUs and NICs from a claim of `source` (a
+/// ResourceClaimTemplate, or with `by_claim_name` a ResourceClaim) instead of
+/// `nvidia.com/gpu`.
+fn dra_worker(source: &str, by_claim_name: bool) -> Pod {
+    let mut v = serde_json::to_value(pytorch_worker()).unwrap();
+    let c = &mut v["spec"]["containers"][0]["resources"];
+    c["limits"]
+        .as_object_mut()
+        .unwrap()
+        .remove("nvidia.com/gpu");
+    c["requests"]
+        .as_object_mut()
+        .unwrap()
+        .remove("nvidia.com/gpu");
+    c["claims"] = json!([{"name": "rails"}]);
+    let key = if by_claim_name {
+        "resourceClaimName"
+    } else {
+        "resourceClaimTemplateName"
+    };
+    v["spec"]["resourceClaims"] = json!([{"name": "rails", key: source}]);
+    pod(v)
+}
+
+#[test]
+fn a_pod_claiming_its_profiles_aligned_rails_gets_all_but_affinity_and_rdma() {
+    for by_claim_name in [false, true] {
+        let p = dra_worker("railguard-h100-ndr-8-rails", by_claim_name);
+        let (plan, out) = run(&p, &ns("ml"), &profiles());
+        assert_eq!(plan.outcome, Outcome::Mutated);
+        assert_eq!(plan.profile.as_deref(), Some("h100-ndr"));
+        assert_eq!(
+            plan.mutations,
+            vec![
+                Mutation::NcclEnv,
+                Mutation::IpcLock,
+                Mutation::Shm,
+                Mutation::DraClaims
+            ]
+        );
+        let spec = out.spec.as_ref().unwrap();
+        let c = &spec.containers[0];
+        // What does not depend on the allocation.
+        let env = env_of(c);
+        assert_eq!(
+            env["NCCL_IB_HCA"],
+            "=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_9:1,mlx5_10:1,mlx5_11:1"
+        );
+        assert_eq!(env["NCCL_SOCKET_IFNAME"], "=eth0");
+        assert_eq!(caps(c), ["IPC_LOCK"]);
+        assert!(c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == SHM_VOLUME && m.mount_path == "/dev/shm"));
+        // What DRA does: no certified-node affinity, no RDMA device resource.
+        assert!(required_terms(&out).is_empty());
+        assert!(spec.affinity.is_none());
+        assert_eq!(resource(c, "limits", "rdma/rdma_shared_device_a"), None);
+        assert_eq!(resource(c, "requests", "rdma/rdma_shared_device_a"), None);
+        // The claim is the user's, untouched.
+        assert_eq!(
+            spec.resource_claims,
+            p.spec.as_ref().unwrap().resource_claims
+        );
+        assert_eq!(
+            annotation(&out, "railguard.io/mutations"),
+            Some("nccl-env,ipc-lock,shm,dra-claims")
+        );
+        assert_eq!(annotation(&out, "railguard.io/profile"), Some("h100-ndr"));
+        assert_eq!(plan.warnings.len(), 1, "{:?}", plan.warnings);
+        assert_eq!(plan.warnings[0].kind, WarningKind::Dra);
+        assert_eq!(
+            plan.warnings[0].message,
+            "DRA claim railguard-h100-ndr-8-rails: node affinity and rdma/rdma_shared_device_a left to DRA"
+        );
+    }
+}
+
+#[test]
+fn a_gpu_pod_with_a_claim_of_its_rails_is_left_to_dra_too() {
+    // nvidia.com/gpu from the device plugin (or DRA's extended resource) and the rails'
+    // claim: still DRA's to place.
+    let mut p = pytorch_worker();
+    p.spec.as_mut().unwrap().resource_claims = Some(vec![serde_json::from_value(
+        json!({"name": "rails", "resourceClaimTemplateName": "railguard-h100-ndr-64-rails"}),
+    )
+    .unwrap()]);
+    let (plan, out) = run(&p, &ns("ml"), &profiles());
+    assert!(plan.mutations.contains(&Mutation::DraClaims));
+    assert!(!plan.mutations.contains(&Mutation::Affinity));
+    assert!(!plan.mutations.contains(&Mutation::Rdma));
+    assert!(required_terms(&out).is_empty());
+}
+
+#[test]
+fn claims_that_are_not_a_profiles_aligned_rails_change_nothing() {
+    let base = mutate(&pytorch_worker(), &ns("ml"), &profiles(), &cfg()).unwrap();
+    for source in [
+        "railguard-h100-ndr-65-rails",
+        "railguard-h100-ndr-0-rails",
+        "railguard-b200-xdr-8-rails",
+        "railguard-h100-ndr-gpu",
+        "gpus-8",
+    ] {
+        let mut p = pytorch_worker();
+        p.spec.as_mut().unwrap().resource_claims = Some(vec![serde_json::from_value(
+            json!({"name": "rails", "resourceClaimTemplateName": source}),
+        )
+        .unwrap()]);
+        let plan = mutate(&p, &ns("ml"), &profiles(), &cfg()).unwrap();
+        assert_eq!(
+            plan, base,
+            "{source}: the same decision, operation for operation"
+        );
+        // Without GPUs such a claim does not make a training pod.
+        let q = dra_worker(source, false);
+        let plan = mutate(&q, &ns("ml"), &profiles(), &cfg()).unwrap();
+        assert_eq!(plan.outcome, Outcome::NotTraining, "{source}");
+        assert!(plan.ops.is_empty() && plan.warnings.is_empty(), "{source}");
+    }
+}
+
+#[test]
+fn a_claim_names_the_profile_of_a_pod_that_says_nothing_else() {
+    // h100-ndr is the default; the claim is a100-hdr's.
+    let p = dra_worker("railguard-a100-hdr-4-rails", false);
+    let (plan, out) = run(&p, &ns("ml"), &profiles());
+    assert_eq!(plan.profile.as_deref(), Some("a100-hdr"));
+    assert!(plan.mutations.contains(&Mutation::DraClaims));
+    assert!(required_terms(&out).is_empty());
+    assert_eq!(annotation(&out, "railguard.io/profile"), Some("a100-hdr"));
+    // Also where no profile is the default.
+    let no_default = vec![profile(A100), profile(ROCE)];
+    let (plan, _) = run(&p, &ns("ml"), &no_default);
+    assert_eq!(plan.profile.as_deref(), Some("a100-hdr"));
+    assert_eq!(plan.outcome, Outcome::Mutated);
+}
+
+#[test]
+fn a_claim_of_another_profiles_rails_is_not_left_to_dra() {
+    // The pod names h100-ndr but claims a100-hdr's rails: it is configured for h100-ndr in
+    // full (affinity, RDMA) and told.
+    let mut p = dra_worker("railguard-a100-hdr-8-rails", false);
+    p.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert("railguard.io/profile".into(), "h100-ndr".into());
+    let (plan, out) = run(&p, &ns("ml"), &profiles());
+    assert_eq!(plan.profile.as_deref(), Some("h100-ndr"));
+    assert!(!plan.mutations.contains(&Mutation::DraClaims));
+    assert!(plan.mutations.contains(&Mutation::Affinity));
+    assert!(!required_terms(&out).is_empty());
+    let w: Vec<&Warning> = plan
+        .warnings
+        .iter()
+        .filter(|w| w.kind == WarningKind::ProfileMismatch)
+        .collect();
+    assert_eq!(w.len(), 1, "{:?}", plan.warnings);
+    assert_eq!(
+        w[0].message,
+        "claim railguard-a100-hdr-8-rails is profile a100-hdr's rails but profile h100-ndr applies: not left to DRA"
+    );
+    // A selector that picks a pool wins over the claim the same way.
+    let mut q = dra_worker("railguard-a100-hdr-8-rails", false);
+    q.spec.as_mut().unwrap().node_selector = Some(BTreeMap::from([(
+        "node.kubernetes.io/instance-type".to_string(),
+        "gpu-8x-roce".to_string(),
+    )]));
+    let plan = mutate(&q, &ns("ml"), &profiles(), &cfg()).unwrap();
+    assert_eq!(plan.profile.as_deref(), Some("roce-cloud"));
+    assert!(!plan.mutations.contains(&Mutation::DraClaims));
+}
+
+#[test]
+fn a_claimed_profile_whose_pool_the_pod_rules_out_is_not_applied() {
+    let mut p = dra_worker("railguard-a100-hdr-8-rails", false);
+    p.spec.as_mut().unwrap().node_selector = Some(BTreeMap::from([(
+        "nvidia.com/gpu.product".to_string(),
+        "NVIDIA-H200".to_string(),
+    )]));
+    let plan = mutate(&p, &ns("ml"), &profiles(), &cfg()).unwrap();
+    assert_eq!(plan.outcome, Outcome::NoProfile);
+    assert!(plan.ops.is_empty());
+    assert_eq!(plan.warnings.len(), 1, "{:?}", plan.warnings);
+    assert!(
+        plan.warnings[0]
+            .message
+            .starts_with("pod's own nvidia.com/gpu.product rules out claimed profile a100-hdr"),
+        "{}",
+        plan.warnings[0].message
+    );
+}
+
+#[test]
+fn an_audited_dra_pod_records_the_decision() {
+    let p = dra_worker("railguard-h100-ndr-2-rails", false);
+    let plan = mutate(&p, &ns("ml"), &profiles(), &audit_cfg()).unwrap();
+    assert_eq!(plan.outcome, Outcome::AuditMutate);
+    let (_, record) = audited(&p, &plan);
+    let mutations = record["mutations"].to_string();
+    assert!(mutations.contains("dra-claims"), "{record}");
+    assert!(
+        !mutations.contains("affinity") && !mutations.contains("rdma"),
+        "{record}"
+    );
+    assert!(plan.warnings.iter().any(|w| w.kind == WarningKind::Dra));
+}

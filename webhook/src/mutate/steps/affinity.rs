@@ -17,7 +17,9 @@ use crate::mutate::{Ctx, Draft, Mutation};
 use crate::patch::{child, pointer, PatchOp};
 
 pub(crate) fn affinity(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateError> {
-    if ctx.skip.contains(&Mutation::Affinity) {
+    // A pod claiming its profile's aligned rails (DRA) is placed by its claim: the device
+    // taints keep failed rails out, so a degraded node's healthy pairs stay usable.
+    if ctx.skip.contains(&Mutation::Affinity) || ctx.dra.is_some() {
         return Ok(());
     }
     let accept_simulated = ctx.profile.spec.certification.accept_simulated;

@@ -7,6 +7,7 @@ use crate::error::MutateError;
 
 mod affinity;
 mod annotations;
+mod dra;
 mod ipc_lock;
 mod nccl_env;
 mod network;
@@ -21,7 +22,7 @@ pub(crate) type Step = fn(&Ctx<'_>, &mut Draft) -> Result<(), MutateError>;
 
 /// Every step, in order: container changes first (the preflight copy sees them all), the
 /// output annotations last (they list every mutation).
-pub(crate) const ALL: [Step; 8] = [
+pub(crate) const ALL: [Step; 9] = [
     nccl_env::nccl_env,
     ipc_lock::ipc_lock,
     shm::shm,
@@ -29,5 +30,7 @@ pub(crate) const ALL: [Step; 8] = [
     network::network,
     affinity::affinity,
     preflight::preflight,
+    // Records that `rdma` and `affinity` left a DRA pod to its claim.
+    dra::dra,
     annotations::annotations,
 ];

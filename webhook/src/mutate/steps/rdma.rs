@@ -12,7 +12,8 @@ pub(crate) fn rdma(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateError> 
     let Some(r) = ctx.profile.spec.rdma.as_ref() else {
         return Ok(());
     };
-    if ctx.skip.contains(&Mutation::Rdma) {
+    // A pod claiming its profile's aligned rails gets its NICs from DRA.
+    if ctx.skip.contains(&Mutation::Rdma) || ctx.dra.is_some() {
         return Ok(());
     }
     for shadow in &mut draft.containers {

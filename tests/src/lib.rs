@@ -2,9 +2,11 @@
 //!
 //! [`ControlPlane::start`] runs etcd and kube-apiserver on free loopback ports in a temp dir:
 //! token auth, RBAC, secure port only, generated certificates. It hands out a `kube::Client`
-//! and a kubeconfig, can start kube-scheduler with an extenders stanza, creates fake Nodes
-//! and test namespaces, and stops everything it started on drop — also when a test panics,
-//! in which case the logs are kept and their path printed.
+//! and a kubeconfig, can start kube-scheduler with an extenders stanza (and, on 1.37,
+//! kube-controller-manager with the DRA controllers), creates fake Nodes and test
+//! namespaces, and stops everything it started on drop — also when a test panics, in which
+//! case the logs are kept and their path printed. [`dra`] publishes DRA ResourceSlices as
+//! the dranet and NVIDIA GPU drivers do.
 //!
 //! Two Kubernetes versions ([`KubeVersion`], chosen by `RAILGUARD_KUBE_VERSION`): the 1.20
 //! floor (the default; built from Debian's source package by `tests/scripts/control-plane.sh`,
@@ -15,6 +17,7 @@
 pub mod chart_values;
 pub mod chromium;
 pub mod daemon;
+pub mod dra;
 pub mod helm;
 pub mod install;
 pub mod node;
@@ -245,6 +248,19 @@ pub struct ApiServerOptions {
 const ETCD_START_TIMEOUT: Duration = Duration::from_secs(120);
 const APISERVER_START_TIMEOUT: Duration = Duration::from_secs(240);
 const SCHEDULER_START_TIMEOUT: Duration = Duration::from_secs(120);
+const CONTROLLER_MANAGER_START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The kube-controller-manager controllers [`ControlPlane::start_controller_manager`] runs
+/// (names from `cmd/kube-controller-manager/names/controller_names.go`, k8s.io/kubernetes
+/// v1.37.2): ResourceClaims from a pod's templates and their deallocation
+/// (`resourceclaim-controller`), the eviction of pods whose claims hold a `NoExecute`
+/// tainted device (`device-taint-eviction-controller`, `pkg/controller/devicetainteviction`),
+/// and the collection of generated claims whose pod is gone (`garbage-collector-controller`).
+pub const DRA_CONTROLLERS: &[&str] = &[
+    "resourceclaim-controller",
+    "device-taint-eviction-controller",
+    "garbage-collector-controller",
+];
 
 /// A running etcd + kube-apiserver (+ optional kube-scheduler).
 pub struct ControlPlane {
@@ -774,6 +790,90 @@ impl ControlPlane {
     /// Stops kube-scheduler if running (so a test can restart it with another config).
     pub fn stop_scheduler(&mut self) {
         if let Some(i) = self.procs.iter().position(|p| p.name == "kube-scheduler") {
+            let mut p = self.procs.remove(i);
+            terminate(&mut p.child);
+        }
+    }
+
+    /// Starts the modern (1.37) kube-controller-manager with [`DRA_CONTROLLERS`]: what turns
+    /// a pod's ResourceClaimTemplate into its ResourceClaim, deallocates the claims of pods
+    /// that are gone, evicts the pods of claims allocated a `NoExecute`-tainted device and
+    /// collects the claims of deleted pods. See
+    /// [`ControlPlane::start_controller_manager_with`].
+    pub async fn start_controller_manager(&mut self) -> Result<()> {
+        self.start_controller_manager_with(DRA_CONTROLLERS).await
+    }
+
+    /// Starts the 1.37 kube-controller-manager (from the same bin dir as kube-apiserver) with
+    /// `controllers` (`--controllers`, names of `cmd/kube-controller-manager/names` of
+    /// k8s.io/kubernetes v1.37.2; `*` for all on-by-default ones) under the admin
+    /// kubeconfig, with the control plane's service-account key and CA, no leader election,
+    /// and its secure port on a leased loopback port (authenticated and authorized through
+    /// the API server, like the v1 scheduler's), which is how a start is seen to succeed.
+    ///
+    /// Not `*` by default: with it the node-lifecycle-controller would mark the harness's
+    /// kubelet-less Nodes `Unknown` after `--node-monitor-grace-period` (50 s) and taint them
+    /// unreachable, which is no part of what the DRA tests look at. The 1.20 control
+    /// plane's real node starts its own kube-controller-manager ([`RealNode`]).
+    pub async fn start_controller_manager_with(&mut self, controllers: &[&str]) -> Result<()> {
+        if self.version != KubeVersion::V1_37 {
+            bail!(
+                "start_controller_manager runs the {MODERN_KUBE_MINOR} kube-controller-manager; \
+                 this control plane is {}",
+                self.version
+            );
+        }
+        let d = self.dir.path().to_path_buf();
+        let kcm = self.bin.join("kube-controller-manager");
+        if !kcm.is_file() {
+            bail!(
+                "{} is missing (tests/scripts/control-plane-modern.sh builds it)",
+                kcm.display()
+            );
+        }
+        let kubeconfig = self.kubeconfig.clone();
+        let controllers = controllers.join(",");
+        self.spawn_on_ports(
+            "kube-controller-manager",
+            1,
+            CONTROLLER_MANAGER_START_TIMEOUT,
+            |p| {
+                let mut cmd = Command::new(&kcm);
+                cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+                    .arg(format!("--controllers={controllers}"))
+                    .arg("--use-service-account-credentials=false")
+                    .arg(format!(
+                        "--service-account-private-key-file={}",
+                        d.join("sa.key").display()
+                    ))
+                    .arg(format!("--root-ca-file={}", d.join("ca.crt").display()))
+                    .arg("--leader-elect=false")
+                    .arg("--bind-address=127.0.0.1")
+                    .arg(format!("--secure-port={}", p[0]))
+                    .arg(format!("--cert-dir={}", d.join("kcm-certs").display()))
+                    .arg(format!(
+                        "--authentication-kubeconfig={}",
+                        kubeconfig.display()
+                    ))
+                    .arg(format!(
+                        "--authorization-kubeconfig={}",
+                        kubeconfig.display()
+                    ))
+                    .arg("--v=2");
+                cmd
+            },
+        )
+        .await?;
+        self.check_alive()
+    }
+
+    /// Stops kube-controller-manager if running.
+    pub fn stop_controller_manager(&mut self) {
+        if let Some(i) = self
+            .procs
+            .iter()
+            .position(|p| p.name == "kube-controller-manager")
+        {
             let mut p = self.procs.remove(i);
             terminate(&mut p.child);
         }

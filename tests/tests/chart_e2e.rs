@@ -1149,10 +1149,15 @@ fn fleet_controller_runs_once_for_every_profile_and_ships_the_dashboard_on_reque
             .unwrap()
             .iter()
             .map(|e| {
-                (
-                    e["name"].as_str().unwrap().to_string(),
-                    e["value"].as_str().unwrap().to_string(),
-                )
+                // A downward-API value as `fieldRef:<path>`.
+                let value = match e["value"].as_str() {
+                    Some(v) => v.to_string(),
+                    None => format!(
+                        "fieldRef:{}",
+                        e["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap()
+                    ),
+                };
+                (e["name"].as_str().unwrap().to_string(), value)
             })
             .collect()
     };
@@ -1185,6 +1190,9 @@ fn fleet_controller_runs_once_for_every_profile_and_ships_the_dashboard_on_reque
                 ("RAILGUARD_FLEET_SETTLE_SECS", "5"),
                 ("RAILGUARD_METRICS_LISTEN", "0.0.0.0:9464"),
                 ("RAILGUARD_LOG_FORMAT", "json"),
+                // The leader-election Lease's namespace and this replica's identity.
+                ("POD_NAMESPACE", "fieldRef:metadata.namespace"),
+                ("POD_NAME", "fieldRef:metadata.name"),
             ]
             .map(|(k, v)| (k.to_string(), v.to_string()))
         )

@@ -7,40 +7,48 @@
 //! name their bus id and preferred HCA; their devices are published as ResourceSlices the
 //! way dranet (`dra.net`) and NVIDIA's GPU driver (`gpu.nvidia.com`) publish them
 //! (`railguard_tests::dra`), with `resource.kubernetes.io/pcieRoot` from the tree by the
-//! upstream rule. DeviceTaintRules follow the certificates ([`wait_rules`]); the
-//! scheduler allocates the chart's aligned-rail claims (`railguard-<profile>-<n>-rails`:
-//! GPU i and NIC i under one PCIe root). No kubelet runs: a pod's placement is its
-//! `spec.nodeName` and its claims' `status.allocation`.
+//! upstream rule. The real fleet controller (`railguard-prober fleet --watch`) keeps the
+//! DeviceTaintRules ([`wait_rules`] checks them against `api::dra`); the scheduler
+//! allocates the chart's aligned-rail claims (`railguard-<profile>-<n>-rails`: GPU i and
+//! NIC i under one PCIe root). No kubelet runs: a pod's placement is its `spec.nodeName`
+//! and its claims' `status.allocation`.
 //!
 //! - a failed rail keeps 8-rail claims off its node; a 4-rail claim still lands there, on
 //!   healthy pairs only (the NIC of a link-down rail, the NIC and GPU of a GPUDirect
 //!   fault are never allocated); recertified, the rule goes and a waiting 8-rail claim
 //!   fits there;
-//! - `NoExecute`: the device taint eviction controller of kube-controller-manager evicts
-//!   the pods whose claims hold the device, and only those;
-//! - a plain `nvidia.com/gpu` request, served by the GPU class's `extendedResourceName`,
-//!   gets an untainted GPU or waits.
+//! - `NoExecute` (the profile's `dra.taintEffect`): kube-controller-manager's device taint
+//!   eviction controller marks the pods whose claims hold a tainted device
+//!   (`DisruptionTarget`) and deletes them, and only those; a bound pod with the default
+//!   grace period stays `Terminating` (no kubelet confirms its end), one with grace 0 is
+//!   gone;
+//! - a plain `nvidia.com/gpu` request, served by the GPU class's `extendedResourceName`
+//!   (the Node has no such allocatable: no device plugin), gets an untainted GPU or waits,
+//!   and gets the formerly tainted one once the node is recertified.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{Api, ListParams, PostParams};
 use kube::Client;
 use railguard_api::dra::{
-    self as api_dra, plan_rules, rail_devices, rail_taint_reasons, rule_object, wanted_rules,
-    DraSpec, DraTaintEffect, ExistingRule, WantedRule,
+    self as api_dra, plan_rules, rail_devices, rail_taint_reasons, wanted_rules, DraSpec,
+    DraTaintEffect, ExistingRule, WantedRule,
 };
 use railguard_api::{Certificate, FabricProfile, NodeFabric, RailFault, RailVerdict, Verdict};
+use railguard_tests::daemon::{wait_ready, Daemon, ANY_LOOPBACK_PORT};
 use railguard_tests::dra::{
-    self, claim_pod, claim_template, delete_pod_now, device_classes, layout_from_sysfs,
-    publish_slices, wait_allocated, Allocated, NodeLayout, SysfsTree,
+    self, claim_pod, claim_template, delete_pod_now, device_classes, extended_resource_pod,
+    layout_from_sysfs, publish_slices, wait_allocated, Allocated, NodeLayout, SysfsTree,
 };
+use railguard_tests::sim_prober::prober_bin_dir;
 use railguard_tests::{
-    eventually, failed_scheduling_messages, fixture_profile, ApiServerOptions, ControlPlane,
-    KubeVersion, NotYet,
+    eventually, failed_scheduling_messages, fixture_profile, labels, ApiServerOptions,
+    ControlPlane, KubeVersion, NotYet,
 };
 
 const NS: &str = "dra";
@@ -114,37 +122,52 @@ impl Hardware {
     }
 }
 
-/// A 1.37 control plane with scheduler and controller manager, the profile's DeviceClasses
-/// and 1-, 4- and 8-rail templates in [`NS`].
+/// A 1.37 control plane with scheduler and controller manager, the FabricProfile CRD and
+/// the profile (its `dra.taintEffect` as given), the profile's DeviceClasses and 1-, 4- and
+/// 8-rail templates in [`NS`], and the fleet controller.
 struct Cluster {
     cp: ControlPlane,
     hw: Hardware,
     layouts: BTreeMap<String, NodeLayout>,
+    /// The profile's `dra`, as the fleet controller reads it.
+    spec: DraSpec,
+    fleet: Daemon,
 }
 
 impl Cluster {
-    async fn start(extended_resource: Option<&str>) -> Result<Cluster> {
+    async fn start(extended_resource: Option<&str>, effect: DraTaintEffect) -> Result<Cluster> {
         let t0 = Instant::now();
         let mut cp =
             ControlPlane::start_version(KubeVersion::V1_37, &ApiServerOptions::default()).await?;
         cp.start_scheduler("[]").await?;
         cp.start_controller_manager().await?;
-        eprintln!(
-            "dra_e2e: control plane up in {:.1}s",
-            t0.elapsed().as_secs_f64()
-        );
-        cp.create_namespace(NS, &BTreeMap::new()).await?;
+        cp.apply_fabricprofile_crd().await?;
         let client = cp.client();
+        let hw = Hardware::dgx_h100()?;
+        let mut profile = hw.profile.clone();
+        profile.spec.dra.taint_effect = effect;
+        let spec = profile.spec.dra.clone();
+        Api::<FabricProfile>::all(client.clone())
+            .create(&PostParams::default(), &profile)
+            .await?;
+        cp.create_namespace(NS, &BTreeMap::new()).await?;
         for class in device_classes(PROFILE, extended_resource) {
             dra::apply(&client, &class).await?;
         }
         for rails in [1, 4, 8] {
             dra::apply(&client, &claim_template(PROFILE, NS, rails)).await?;
         }
+        let fleet = start_fleet(&cp).await?;
+        eprintln!(
+            "dra_e2e: control plane, scheduler, controller manager and fleet controller up in {:.1}s",
+            t0.elapsed().as_secs_f64()
+        );
         Ok(Cluster {
             cp,
-            hw: Hardware::dgx_h100()?,
+            hw,
             layouts: BTreeMap::new(),
+            spec,
+            fleet,
         })
     }
 
@@ -155,7 +178,13 @@ impl Cluster {
     /// A Node (no `nvidia.com/gpu` allocatable: no device plugin), its certificate and its
     /// two ResourceSlices.
     async fn add_node(&mut self, name: &str, faults: &[(&str, RailFault)]) -> Result<()> {
-        self.cp.create_node(name, &BTreeMap::new(), &[]).await?;
+        self.cp
+            .create_node(
+                name,
+                &labels(&[("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3")]),
+                &[],
+            )
+            .await?;
         self.cp
             .publish_certificate(name, &self.hw.certificate(name, faults))
             .await?;
@@ -178,18 +207,53 @@ impl Cluster {
             .context("creating a pod")?;
         Ok(())
     }
+
+    /// The rules railguard wants now, once the fleet controller keeps exactly them.
+    async fn wait_rules(&mut self) -> Result<Vec<WantedRule>> {
+        let logs = self.cp.log_dir().to_path_buf();
+        self.fleet.assert_running(&logs);
+        wait_rules(&self.client(), &self.spec).await
+    }
 }
 
-/// The DeviceTaintRules railguard's fleet controller keeps for the cluster's Nodes, once
-/// the API serves exactly them (by name, among the rules labelled
-/// `app.kubernetes.io/managed-by=railguard-fleet`).
+/// The real fleet controller, one replica, reconciling every 3 s.
+async fn start_fleet(cp: &ControlPlane) -> Result<Daemon> {
+    let bin = prober_bin_dir()?;
+    let logs = cp.log_dir();
+    let mut cmd = Command::new(bin.join("railguard-prober"));
+    cmd.arg("fleet")
+        .env("RAILGUARD_FLEET_WATCH", "true")
+        .env("RAILGUARD_KUBECONFIG", cp.kubeconfig_path())
+        .env("RAILGUARD_FLEET_INTERVAL_SECS", "3")
+        .env("RAILGUARD_FLEET_SETTLE_SECS", "1")
+        .env("RAILGUARD_METRICS_LISTEN", ANY_LOOPBACK_PORT)
+        .env("POD_NAMESPACE", "default")
+        .env("POD_NAME", "railguard-fleet-0")
+        .env("RAILGUARD_LOG", "info");
+    let mut fleet = Daemon::spawn("railguard-fleet", &mut cmd, logs);
+    let url = format!("http://{}", fleet.listen_addr("--metrics-listen").await);
+    wait_ready(
+        &format!("{url}/readyz"),
+        "fleet controller",
+        &mut fleet,
+        logs,
+    )
+    .await;
+    let log = std::fs::read_to_string(&fleet.log)?;
+    if !log.contains("DRA device taints on") {
+        bail!("the fleet controller does not say DRA is on:\n{log}");
+    }
+    Ok(fleet)
+}
+
+/// The DeviceTaintRules railguard wants for the cluster's Nodes now, computed with the
+/// `api::dra` functions over the Nodes' certificates and the ResourceSlices (per Node its
+/// rails mapped to devices by [`rail_devices`], the reasons by [`rail_taint_reasons`], the
+/// rules by [`wanted_rules`]), once the API serves exactly them among the rules labelled
+/// `app.kubernetes.io/managed-by=railguard-fleet`: same names, devices, taint and effect.
 ///
-/// The controller (`railguard-prober fleet --watch`, `prober/cli/src/fleet/`) is being
-/// written; until it runs here, this plays its reconcile with the same `api::dra`
-/// functions it uses: per Node its certificate's rails mapped to the slices' devices
-/// ([`rail_devices`]), the reasons ([`rail_taint_reasons`]), the rules
-/// ([`wanted_rules`], [`rule_object`]) and the writes ([`plan_rules`]). With the controller,
-/// only the wait remains.
+/// The fleet controller (`railguard-prober fleet --watch`, `prober/cli/src/fleet/dra.rs`)
+/// writes them; this only computes what it must have written and waits for it.
 async fn wait_rules(client: &Client, spec: &DraSpec) -> Result<Vec<WantedRule>> {
     let now = Timestamp::now();
     let slices = dra::read_slices(client).await?;
@@ -218,48 +282,31 @@ async fn wait_rules(client: &Client, spec: &DraSpec) -> Result<Vec<WantedRule>> 
         api_dra::MANAGED_BY
     ));
     let rules = dra::taint_rules(client);
-    let existing: Vec<ExistingRule> = rules
-        .list(&managed)
-        .await?
-        .items
-        .iter()
-        .filter_map(|r| ExistingRule::from_object(&serde_json::to_value(r).ok()?))
-        .collect();
-    let plan = plan_rules(&wanted, &existing);
-    for rule in &plan.apply {
-        dra::apply(client, &rule_object(rule)).await?;
-    }
-    for name in &plan.delete {
-        rules.delete(name, &DeleteParams::default()).await?;
-    }
-    let want: BTreeSet<String> = wanted.iter().map(|w| w.name.clone()).collect();
     eventually(
-        Duration::from_secs(30),
-        "the DeviceTaintRules railguard wants",
+        Duration::from_secs(60),
+        "the fleet controller's DeviceTaintRules",
         || async {
-            let have: BTreeSet<String> = rules
+            let existing: Vec<ExistingRule> = rules
                 .list(&managed)
                 .await?
                 .items
-                .into_iter()
-                .filter_map(|r| r.metadata.name)
+                .iter()
+                .filter_map(|r| ExistingRule::from_object(&serde_json::to_value(r).ok()?))
                 .collect();
-            Ok(if have == want {
+            let plan = plan_rules(&wanted, &existing);
+            Ok(if plan.apply.is_empty() && plan.delete.is_empty() {
                 Ok(())
             } else {
-                Err(NotYet(format!("{have:?}, want {want:?}")))
+                Err(NotYet(format!(
+                    "missing or different: {:?}; not wanted: {:?}",
+                    plan.apply.iter().map(|w| &w.name).collect::<Vec<_>>(),
+                    plan.delete
+                )))
             })
         },
     )
     .await?;
     Ok(wanted)
-}
-
-fn dra_spec(effect: DraTaintEffect) -> DraSpec {
-    DraSpec {
-        taint_effect: effect,
-        ..DraSpec::default()
-    }
 }
 
 /// Every GPU/NIC request pair of a rails claim is allocated, on `node`, under one root.
@@ -321,7 +368,7 @@ fn template(rails: u32) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rail_claims_stay_off_failed_rails_and_fit_again_after_recertification() -> Result<()> {
     let t0 = Instant::now();
-    let mut c = Cluster::start(None).await?;
+    let mut c = Cluster::start(None, DraTaintEffect::NoSchedule).await?;
     let client = c.client();
     let (healthy, link_down, gdr) = ("gpu-a", "gpu-b", "gpu-c");
     let (down_rail, gdr_rail) = ("mlx5_3:1", "mlx5_9:1");
@@ -329,19 +376,19 @@ async fn rail_claims_stay_off_failed_rails_and_fit_again_after_recertification()
     c.add_node(link_down, &[(down_rail, RailFault::LinkDown)])
         .await?;
     c.add_node(gdr, &[(gdr_rail, RailFault::Gpudirect)]).await?;
-    let spec = dra_spec(DraTaintEffect::NoSchedule);
-    let rules = wait_rules(&client, &spec).await?;
+    let rules = c.wait_rules().await?;
 
     // The rules: the NIC of the link-down rail; the NIC and the GPU of the GPUDirect one.
+    let layouts = c.layouts.clone();
     let nic = |node: &str, rail: &str| {
-        let p = c.layouts[node].pair(rail).unwrap();
+        let p = layouts[node].pair(rail).unwrap();
         (
             api_dra::DRANET_DRIVER.to_string(),
             NodeLayout::nic_device(&p.nic),
         )
     };
     let gpu = |node: &str, rail: &str| {
-        let p = c.layouts[node].pair(rail).unwrap();
+        let p = layouts[node].pair(rail).unwrap();
         (
             api_dra::NVIDIA_GPU_DRIVER.to_string(),
             NodeLayout::gpu_device(&p.gpu),
@@ -414,7 +461,7 @@ async fn rail_claims_stay_off_failed_rails_and_fit_again_after_recertification()
     let why = assert_unschedulable(&client, "train-8c").await?;
     eprintln!("dra_e2e: (c) train-8c waits while the rule is there: {why}");
     c.recertify(link_down, &[]).await?;
-    let rules = wait_rules(&client, &spec).await?;
+    let rules = c.wait_rules().await?;
     assert_eq!(tainted_on(&rules, link_down), BTreeSet::new());
     assert_eq!(tainted_on(&rules, gdr).len(), 2);
     let (node, alloc) = wait_allocated(&client, NS, "train-8c", BIND).await?;
@@ -427,6 +474,248 @@ async fn rail_claims_stay_off_failed_rails_and_fit_again_after_recertification()
     );
     eprintln!(
         "dra_e2e: (c) train-8c on {node} after recertification; {:.1}s in all",
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The rail (`hca:port`) whose NIC `alloc` holds on `layout`'s node.
+fn rail_of_nic(layout: &NodeLayout, alloc: &[Allocated]) -> String {
+    let nic = alloc
+        .iter()
+        .find(|a| a.driver == api_dra::DRANET_DRIVER)
+        .unwrap_or_else(|| panic!("no NIC in {alloc:?}"));
+    layout
+        .pairs
+        .iter()
+        .find(|p| NodeLayout::nic_device(&p.nic) == nic.device)
+        .unwrap_or_else(|| panic!("{} is no rail's NIC", nic.device))
+        .rail
+        .clone()
+}
+
+/// The pod's `DisruptionTarget` condition (reason, message), if any, and whether it is being
+/// deleted; `None` once it is gone.
+async fn disruption(
+    client: &Client,
+    pod: &str,
+) -> Result<Option<(Option<(String, String)>, bool)>> {
+    let Some(p) = Api::<Pod>::namespaced(client.clone(), NS)
+        .get_opt(pod)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let cond = p
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+        .map(|c| (c.reason.unwrap_or_default(), c.message.unwrap_or_default()));
+    Ok(Some((cond, p.metadata.deletion_timestamp.is_some())))
+}
+
+/// (d) `NoExecute`: the device taint eviction controller evicts exactly the pods whose
+/// claims hold a tainted device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_execute_device_taints_evict_the_pods_holding_the_devices() -> Result<()> {
+    let t0 = Instant::now();
+    let mut c = Cluster::start(None, DraTaintEffect::NoExecute).await?;
+    let client = c.client();
+    let node = "gpu-d";
+    c.add_node(node, &[]).await?;
+    assert!(c.wait_rules().await?.is_empty());
+    let layout = c.layouts[node].clone();
+
+    // Three 1-rail pods on the node, bound, their claims allocated. `victim-now` may go at
+    // once (grace 0); the others have the default 30 s.
+    let mut now_pod = claim_pod("victim-now", &template(1));
+    now_pod
+        .spec
+        .as_mut()
+        .unwrap()
+        .termination_grace_period_seconds = Some(0);
+    let mut rails = BTreeMap::new();
+    for pod in [
+        claim_pod("victim", &template(1)),
+        now_pod,
+        claim_pod("bystander", &template(1)),
+    ] {
+        let name = pod.metadata.name.clone().unwrap();
+        c.create_pod(pod).await?;
+        let (bound, alloc) = wait_allocated(&client, NS, &name, BIND).await?;
+        assert_eq!(bound, node);
+        assert_aligned(&layout, &alloc, 1);
+        rails.insert(name, (rail_of_nic(&layout, &alloc), alloc));
+    }
+    let (victim_rail, victim_alloc) = rails["victim"].clone();
+    let (now_rail, now_alloc) = rails["victim-now"].clone();
+    let (_, bystander_alloc) = rails["bystander"].clone();
+    eprintln!("dra_e2e: (d) victim on {victim_rail}, victim-now on {now_rail}");
+
+    // The victim's rail loses its link (its NIC is tainted), victim-now's its GPUDirect path
+    // (NIC and GPU): NoExecute, as the profile says.
+    c.recertify(
+        node,
+        &[
+            (victim_rail.as_str(), RailFault::LinkDown),
+            (now_rail.as_str(), RailFault::Gpudirect),
+        ],
+    )
+    .await?;
+    let rules = c.wait_rules().await?;
+    assert_eq!(rules.len(), 3, "{rules:?}");
+    assert!(rules.iter().all(|r| r.effect == DraTaintEffect::NoExecute));
+    let tainted = tainted_on(&rules, node);
+    let held = |alloc: &[Allocated]| -> BTreeSet<(String, String)> {
+        alloc
+            .iter()
+            .map(|a| (a.driver.clone(), a.device.clone()))
+            .collect()
+    };
+    assert_eq!(held(&victim_alloc).intersection(&tainted).count(), 1);
+    assert_eq!(held(&now_alloc).intersection(&tainted).count(), 2);
+    assert!(held(&bystander_alloc).is_disjoint(&tainted));
+
+    // The victim is marked and deleted; bound and with no kubelet to confirm its end, it
+    // stays Terminating. victim-now (grace 0) is gone.
+    let (reason, message) = eventually(BIND, "the victim marked and deleted", || async {
+        Ok(match disruption(&client, "victim").await? {
+            Some((Some(cond), true)) => Ok(cond),
+            other => Err(NotYet(format!("{other:?}"))),
+        })
+    })
+    .await?;
+    assert_eq!(reason, "DeletionByDeviceTaintManager", "{message}");
+    eventually(BIND, "victim-now gone", || async {
+        Ok(match disruption(&client, "victim-now").await? {
+            None => Ok(()),
+            Some(seen) => Err(NotYet(format!("{seen:?}"))),
+        })
+    })
+    .await?;
+    let events = eventually(BIND, "the eviction event of the victim", || async {
+        let reasons: Vec<String> = Api::<Event>::namespaced(client.clone(), NS)
+            .list(&ListParams::default().fields("involvedObject.name=victim"))
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .collect();
+        Ok(
+            if reasons.iter().any(|r| r == "DeviceTaintManagerEviction") {
+                Ok(reasons)
+            } else {
+                Err(NotYet(format!("{reasons:?}")))
+            },
+        )
+    })
+    .await?;
+    // The victim's rule says what it did.
+    let victim_nic = victim_alloc
+        .iter()
+        .find(|a| a.driver == api_dra::DRANET_DRIVER)
+        .unwrap()
+        .device
+        .clone();
+    let rule = rules
+        .iter()
+        .find(|r| r.device.device == victim_nic)
+        .unwrap()
+        .name
+        .clone();
+    // The victim's rule reports the eviction done (kube-controller-manager updates the
+    // status some 10 s after an eviction): no pod pending, one evicted. The Terminating
+    // victim counts as evicted, not pending.
+    let status = eventually(BIND, "the rule's eviction completed", || async {
+        let r = serde_json::to_value(dra::taint_rules(&client).get(&rule).await?)?;
+        let cond = r
+            .pointer("/status/conditions")
+            .and_then(|c| c.as_array())
+            .and_then(|c| {
+                c.iter()
+                    .find(|c| c["type"] == "EvictionInProgress")
+                    .cloned()
+            });
+        Ok(match cond {
+            Some(c) if c["reason"] == "Completed" => Ok(c),
+            other => Err(NotYet(format!("{other:?}"))),
+        })
+    })
+    .await?;
+    assert_eq!(status["status"], "False", "{status}");
+    assert_eq!(
+        status["message"], "1 pod evicted since starting the controller.",
+        "{status}"
+    );
+    eprintln!("dra_e2e: (d) victim: {reason}: {message}; events {events:?}; rule {rule}: {status}");
+
+    // The bystander holds no tainted device: left alone (by now the controller has
+    // evicted what it was going to and reported it).
+    assert_eq!(
+        disruption(&client, "bystander").await?,
+        Some((None, false)),
+        "the bystander was disturbed"
+    );
+    eprintln!("dra_e2e: (d) passed in {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// (e) A plain `nvidia.com/gpu` request is served by DRA from the GPU class (the Node has
+/// no such allocatable) and gets only untainted GPUs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extended_resource_gpu_requests_get_untainted_gpus_only() -> Result<()> {
+    let t0 = Instant::now();
+    let mut c = Cluster::start(Some(GPU_RESOURCE), DraTaintEffect::NoSchedule).await?;
+    let client = c.client();
+    let node = "gpu-e";
+    // Every rail but one fails on its GPUDirect path: seven GPUs tainted, one not.
+    let healthy_rail = "mlx5_6:1";
+    let rails: Vec<String> =
+        c.hw.profile
+            .spec
+            .rails
+            .iter()
+            .map(|r| format!("{}:{}", r.hca, r.port))
+            .collect();
+    let faults: Vec<(&str, RailFault)> = rails
+        .iter()
+        .filter(|r| *r != healthy_rail)
+        .map(|r| (r.as_str(), RailFault::Gpudirect))
+        .collect();
+    c.add_node(node, &faults).await?;
+    let n = Api::<Node>::all(client.clone()).get(node).await?;
+    let allocatable = n.status.and_then(|s| s.allocatable).unwrap_or_default();
+    assert!(!allocatable.contains_key(GPU_RESOURCE), "{allocatable:?}");
+    let rules = c.wait_rules().await?;
+    assert_eq!(rules.len(), 14, "seven NICs and seven GPUs");
+    let healthy_gpu = NodeLayout::gpu_device(&c.layouts[node].pair(healthy_rail).unwrap().gpu);
+
+    c.create_pod(extended_resource_pod("cuda-1", GPU_RESOURCE, 1))
+        .await?;
+    let (bound, alloc) = wait_allocated(&client, NS, "cuda-1", BIND).await?;
+    assert_eq!(bound, node);
+    assert_eq!(alloc.len(), 1, "{alloc:?}");
+    assert_eq!(alloc[0].driver, api_dra::NVIDIA_GPU_DRIVER);
+    assert_eq!(alloc[0].pool, node);
+    assert_eq!(alloc[0].device, healthy_gpu, "{alloc:?}");
+    eprintln!("dra_e2e: (e) cuda-1 on {bound}: {alloc:?}");
+
+    c.create_pod(extended_resource_pod("cuda-2", GPU_RESOURCE, 1))
+        .await?;
+    let why = assert_unschedulable(&client, "cuda-2").await?;
+    eprintln!("dra_e2e: (e) cuda-2 waits: {why}");
+
+    // Recertified healthy: the rules go and the waiting request gets a GPU.
+    c.recertify(node, &[]).await?;
+    assert!(c.wait_rules().await?.is_empty());
+    let (bound, alloc) = wait_allocated(&client, NS, "cuda-2", BIND).await?;
+    assert_eq!(bound, node);
+    assert_eq!(alloc.len(), 1, "{alloc:?}");
+    assert_ne!(alloc[0].device, healthy_gpu, "{alloc:?}");
+    eprintln!(
+        "dra_e2e: (e) cuda-2 on {bound} after recertification: {alloc:?}; {:.1}s in all",
         t0.elapsed().as_secs_f64()
     );
     Ok(())

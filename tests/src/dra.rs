@@ -687,7 +687,9 @@ pub async fn read_slices(client: &Client) -> Result<Vec<api_dra::ResourceSlice>>
 /// The DeviceClasses of `profile`, as `charts/railguard/templates/dra.yaml` renders them
 /// for the default drivers: `railguard-<profile>-nic` (dranet's RDMA NICs) and
 /// `railguard-<profile>-gpu` (NVIDIA's whole GPUs), the latter serving
-/// `extended_resource` (`nvidia.com/gpu`) when given.
+/// `extended_resource` (`nvidia.com/gpu`) when given. For where Helm cannot run (the DRA
+/// scheduler bench); the end-to-end tests apply [`chart_objects`], and `dra_e2e` checks
+/// that this and [`claim_template`] build the same specs.
 pub fn device_classes(profile: &str, extended_resource: Option<&str>) -> Vec<Value> {
     let nic = api_dra::DRANET_DRIVER;
     let gpu = api_dra::NVIDIA_GPU_DRIVER;
@@ -741,6 +743,61 @@ pub fn claim_template(profile: &str, namespace: &str, rails: u32) -> Value {
         },
         "spec": { "spec": { "devices": { "requests": requests, "constraints": constraints } } },
     })
+}
+
+/// The version `helm template --kube-version` gets for the modern control plane.
+pub const CHART_KUBE_VERSION: &str = "v1.37.2";
+
+/// What a 1.37 server adds to Helm's built-in API list, as far as the chart asks
+/// (`charts/railguard/templates/_dra.tpl` `railguard.draServed` checks
+/// `resource.k8s.io/v1/DeviceTaintRule`).
+pub fn chart_api_versions() -> Vec<String> {
+    [
+        "resource.k8s.io/v1",
+        "resource.k8s.io/v1/DeviceClass",
+        "resource.k8s.io/v1/DeviceTaintRule",
+        "resource.k8s.io/v1/ResourceClaim",
+        "resource.k8s.io/v1/ResourceClaimTemplate",
+        "resource.k8s.io/v1/ResourceSlice",
+        "policy/v1/PodDisruptionBudget",
+        "batch/v1/CronJob",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// The chart's values for its DRA objects: claim templates in `namespaces`, the GPU class
+/// serving `extended_resource` when given.
+pub fn chart_values(namespaces: &[&str], extended_resource: Option<&str>) -> String {
+    json!({ "dra": {
+        "enabled": true,
+        "claimTemplateNamespaces": namespaces,
+        "gpuExtendedResourceName": extended_resource.unwrap_or(""),
+    }})
+    .to_string()
+}
+
+/// The chart's DRA objects (its DeviceClasses and ResourceClaimTemplates,
+/// `charts/railguard/templates/dra.yaml`) as the real Helm renders them with the default
+/// values and `values` (YAML or JSON) for a 1.37 server.
+pub fn chart_objects(values: &str) -> Result<Vec<Value>> {
+    let docs = crate::helm::shared().template_values(
+        "railguard",
+        "railguard",
+        &["{}", values],
+        &chart_api_versions(),
+        CHART_KUBE_VERSION,
+    )?;
+    Ok(docs
+        .into_iter()
+        .map(|d| d.obj)
+        .filter(|o| {
+            o["apiVersion"]
+                .as_str()
+                .is_some_and(|v| v.starts_with(&format!("{GROUP}/")))
+        })
+        .collect())
 }
 
 /// Server-side applies a `resource.k8s.io/v1` object (namespaced when its metadata names a

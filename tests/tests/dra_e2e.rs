@@ -42,8 +42,9 @@ use railguard_api::dra::{
 use railguard_api::{Certificate, FabricProfile, NodeFabric, RailFault, RailVerdict, Verdict};
 use railguard_tests::daemon::{wait_ready, Daemon, ANY_LOOPBACK_PORT};
 use railguard_tests::dra::{
-    self, claim_pod, claim_template, delete_pod_now, device_classes, extended_resource_pod,
-    layout_from_sysfs, publish_slices, wait_allocated, Allocated, NodeLayout, SysfsTree,
+    self, chart_objects, chart_values, claim_pod, claim_template, delete_pod_now, device_classes,
+    extended_resource_pod, layout_from_sysfs, publish_slices, wait_allocated, Allocated,
+    NodeLayout, SysfsTree,
 };
 use railguard_tests::sim_prober::prober_bin_dir;
 use railguard_tests::{
@@ -123,8 +124,8 @@ impl Hardware {
 }
 
 /// A 1.37 control plane with scheduler and controller manager, the FabricProfile CRD and
-/// the profile (its `dra.taintEffect` as given), the profile's DeviceClasses and 1-, 4- and
-/// 8-rail templates in [`NS`], and the fleet controller.
+/// the profile (its `dra.taintEffect` as given), the chart's DeviceClasses and claim
+/// templates (8, 4, 2 and 1 rails) in [`NS`], and the fleet controller.
 struct Cluster {
     cp: ControlPlane,
     hw: Hardware,
@@ -151,11 +152,19 @@ impl Cluster {
             .create(&PostParams::default(), &profile)
             .await?;
         cp.create_namespace(NS, &BTreeMap::new()).await?;
-        for class in device_classes(PROFILE, extended_resource) {
-            dra::apply(&client, &class).await?;
-        }
+        // The chart's DeviceClasses and claim templates, as the real Helm renders them.
+        let shipped = chart_objects(&chart_values(&[NS], extended_resource))?;
         for rails in [1, 4, 8] {
-            dra::apply(&client, &claim_template(PROFILE, NS, rails)).await?;
+            let name = template(rails);
+            if !shipped
+                .iter()
+                .any(|o| o["metadata"]["name"] == name.as_str())
+            {
+                bail!("the chart renders no ResourceClaimTemplate {name}");
+            }
+        }
+        for obj in &shipped {
+            dra::apply(&client, obj).await?;
         }
         let fleet = start_fleet(&cp).await?;
         eprintln!(
@@ -719,4 +728,37 @@ async fn extended_resource_gpu_requests_get_untainted_gpus_only() -> Result<()> 
         t0.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The harness's own builders (`railguard_tests::dra::device_classes`, `claim_template`,
+/// which the DRA scheduler bench uses) build exactly what the chart ships.
+#[test]
+fn the_harness_builders_build_what_the_chart_ships() {
+    let shipped = chart_objects(&chart_values(&[NS], Some(GPU_RESOURCE))).unwrap();
+    let built: Vec<serde_json::Value> = device_classes(PROFILE, Some(GPU_RESOURCE))
+        .into_iter()
+        .chain([1, 2, 4, 8].map(|n| claim_template(PROFILE, NS, n)))
+        .collect();
+    for b in &built {
+        let (kind, name) = (&b["kind"], &b["metadata"]["name"]);
+        let s = shipped
+            .iter()
+            .find(|o| &o["kind"] == kind && &o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("the chart ships no {kind} {name}"));
+        assert_eq!(
+            s["metadata"]["namespace"], b["metadata"]["namespace"],
+            "{kind} {name}"
+        );
+        assert_eq!(s["spec"], b["spec"], "{kind} {name}");
+    }
+    let ours: Vec<String> = shipped
+        .iter()
+        .filter(|o| o["metadata"]["labels"]["railguard.io/profile"] == PROFILE)
+        .map(|o| format!("{} {}", o["kind"], o["metadata"]["name"]))
+        .collect();
+    assert_eq!(
+        ours.len(),
+        built.len(),
+        "the chart ships more for {PROFILE}: {ours:?}"
+    );
 }

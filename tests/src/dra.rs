@@ -43,7 +43,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::Client;
-use railguard_api::dra::{self as api_dra, DeviceKind};
+use railguard_api::dra as api_dra;
 use railguard_api::Certificate;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -683,67 +683,6 @@ pub async fn read_slices(client: &Client) -> Result<Vec<api_dra::ResourceSlice>>
 
 // ---------------------------------------------------------------------------------------
 // Classes, templates, pods.
-
-/// The DeviceClasses of `profile`, as `charts/railguard/templates/dra.yaml` renders them
-/// for the default drivers: `railguard-<profile>-nic` (dranet's RDMA NICs) and
-/// `railguard-<profile>-gpu` (NVIDIA's whole GPUs), the latter serving
-/// `extended_resource` (`nvidia.com/gpu`) when given. For where Helm cannot run (the DRA
-/// scheduler bench); the end-to-end tests apply [`chart_objects`], and `dra_e2e` checks
-/// that this and [`claim_template`] build the same specs.
-pub fn device_classes(profile: &str, extended_resource: Option<&str>) -> Vec<Value> {
-    let nic = api_dra::DRANET_DRIVER;
-    let gpu = api_dra::NVIDIA_GPU_DRIVER;
-    let mut gpu_class = json!({
-        "apiVersion": format!("{GROUP}/{VERSION}"), "kind": "DeviceClass",
-        "metadata": { "name": api_dra::device_class_name(profile, DeviceKind::Gpu) },
-        "spec": { "selectors": [{ "cel": { "expression": format!(
-            "device.driver == '{gpu}' && device.attributes['{gpu}'].?type.orValue('') == 'gpu'"
-        ) } }] },
-    });
-    if let Some(er) = extended_resource {
-        gpu_class["spec"]["extendedResourceName"] = json!(er);
-    }
-    vec![
-        json!({
-            "apiVersion": format!("{GROUP}/{VERSION}"), "kind": "DeviceClass",
-            "metadata": { "name": api_dra::device_class_name(profile, DeviceKind::Nic) },
-            "spec": { "selectors": [{ "cel": { "expression": format!(
-                "device.driver == '{nic}' && device.attributes['{nic}'].?rdma.orValue(false) == true"
-            ) } }] },
-        }),
-        gpu_class,
-    ]
-}
-
-/// The ResourceClaimTemplate `railguard-<profile>-<rails>-rails` in `namespace`, as the
-/// chart renders it: requests `gpu-i` and `nic-i` (one device each) and per pair a
-/// constraint `matchAttribute: resource.kubernetes.io/pcieRoot`.
-pub fn claim_template(profile: &str, namespace: &str, rails: u32) -> Value {
-    let gpu_class = api_dra::device_class_name(profile, DeviceKind::Gpu);
-    let nic_class = api_dra::device_class_name(profile, DeviceKind::Nic);
-    let mut requests = Vec::new();
-    let mut constraints = Vec::new();
-    for i in 0..rails {
-        for (kind, class) in [("gpu", &gpu_class), ("nic", &nic_class)] {
-            requests.push(json!({
-                "name": format!("{kind}-{i}"),
-                "exactly": { "deviceClassName": class, "allocationMode": "ExactCount", "count": 1 },
-            }));
-        }
-        constraints.push(json!({
-            "requests": [format!("gpu-{i}"), format!("nic-{i}")],
-            "matchAttribute": api_dra::attr::PCIE_ROOT,
-        }));
-    }
-    json!({
-        "apiVersion": format!("{GROUP}/{VERSION}"), "kind": "ResourceClaimTemplate",
-        "metadata": {
-            "name": api_dra::claim_template_name(profile, rails),
-            "namespace": namespace,
-        },
-        "spec": { "spec": { "devices": { "requests": requests, "constraints": constraints } } },
-    })
-}
 
 /// The version `helm template --kube-version` gets for the modern control plane.
 pub const CHART_KUBE_VERSION: &str = "v1.37.2";

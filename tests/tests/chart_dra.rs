@@ -79,7 +79,8 @@ fn is_dra(d: &Json) -> bool {
 }
 
 /// The profiles `set` has the chart render (enabled), with their `spec.dra` values.
-fn enabled_profiles(set: &ValuesSet, extra: &str) -> BTreeMap<String, Json> {
+/// The enabled profiles of the values: name → (spec.dra, spec.rails).
+fn enabled_profiles(set: &ValuesSet, extra: &str) -> BTreeMap<String, (Json, Json)> {
     let mut values = set.values().unwrap();
     let over: Json = serde_yaml_ng::from_str(extra).unwrap();
     railguard_tests::merge_json(&mut values, over);
@@ -88,7 +89,12 @@ fn enabled_profiles(set: &ValuesSet, extra: &str) -> BTreeMap<String, Json> {
         .unwrap()
         .iter()
         .filter(|(_, p)| p["enabled"] == true)
-        .map(|(n, p)| (n.clone(), p["spec"]["dra"].clone()))
+        .map(|(n, p)| {
+            (
+                n.clone(),
+                (p["spec"]["dra"].clone(), p["spec"]["rails"].clone()),
+            )
+        })
         .collect()
 }
 
@@ -124,11 +130,48 @@ fn strs(v: &Json) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Checks one ResourceClaimTemplate: `n` GPU and `n` NIC requests of one device each, of the
-/// profile's classes, and one pcieRoot constraint per pair (GPU i with NIC i), nothing else.
-fn check_template(t: &Json, profile: &str, n: u32) {
+/// Checks one ResourceClaimTemplate. Whole node (every rail of a one-GPU-per-rail profile):
+/// two requests of `n` devices, the profile's GPU and NIC classes, no constraint (every GPU
+/// has its own rail's NIC). Otherwise `n` GPU and `n` NIC requests of one device each and one
+/// pcieRoot constraint per pair (GPU i with NIC i), nothing else.
+fn check_template(t: &Json, profile: &str, n: u32, whole_node: bool) {
     let what = format!("{}/{}", t["metadata"]["namespace"], name(t));
     let devices = &t["spec"]["spec"]["devices"];
+    if whole_node {
+        let requests = devices["requests"].as_array().unwrap();
+        let got: Vec<(String, String, u64)> = requests
+            .iter()
+            .map(|r| {
+                assert_eq!(r["exactly"]["allocationMode"], "ExactCount", "{what}: {r}");
+                (
+                    r["name"].as_str().unwrap().to_string(),
+                    r["exactly"]["deviceClassName"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                    r["exactly"]["count"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "gpus".into(),
+                    device_class_name(profile, DeviceKind::Gpu),
+                    u64::from(n)
+                ),
+                (
+                    "nics".into(),
+                    device_class_name(profile, DeviceKind::Nic),
+                    u64::from(n)
+                ),
+            ],
+            "{what}: the whole node in two counted requests"
+        );
+        assert!(devices["constraints"].is_null(), "{what}: no constraint");
+        return;
+    }
     let requests = devices["requests"].as_array().unwrap();
     assert_eq!(requests.len(), 2 * n as usize, "{what}: requests");
     let gpu_class = device_class_name(profile, DeviceKind::Gpu);
@@ -178,7 +221,15 @@ fn check_dra_objects(docs: &[Json], set: &ValuesSet, extra: &str, namespaces: &[
     assert!(!profiles.is_empty(), "{}", set.label);
     let mut want_classes = BTreeSet::new();
     let mut want_templates = BTreeSet::new();
-    for (profile, spec) in &profiles {
+    for (profile, (spec, rails)) in &profiles {
+        let rails = rails.as_array().unwrap();
+        // Every rail of a one-GPU-per-rail profile: the whole-node form.
+        let whole_node = |n: u32| {
+            n as usize == rails.len()
+                && rails
+                    .iter()
+                    .all(|r| r["gpus"].as_array().is_some_and(|g| g.len() == 1))
+        };
         let spec: DraSpec = if spec.is_null() {
             DraSpec::default()
         } else {
@@ -206,7 +257,7 @@ fn check_dra_objects(docs: &[Json], set: &ValuesSet, extra: &str, namespaces: &[
                         && name(d) == claim_template_name(profile, n)
                 })
                 .unwrap_or_else(|| panic!("{}: no {}", set.label, claim_template_name(profile, n)));
-            check_template(t, profile, n);
+            check_template(t, profile, n, whole_node(n));
         }
     }
     let classes: BTreeSet<String> = kind(docs, "DeviceClass")
@@ -259,7 +310,16 @@ fn a_1_37_server_gets_the_profiles_classes_and_aligned_claim_templates() {
         check_dra_objects(&docs, set, "{}", &[set.namespace]);
         // The shipped profiles take the CRD's defaults: dranet and NVIDIA's driver, 8/4/2/1.
         let defaults = DraSpec::default();
-        for profile in enabled_profiles(set, "{}").keys() {
+        for (profile, (_, rails)) in enabled_profiles(set, "{}") {
+            let profile = &profile;
+            // Only the profile's rail HCAs, each once, in the profile's order.
+            let mut hcas: Vec<String> = Vec::new();
+            for r in rails.as_array().unwrap() {
+                let h = format!("'{}'", r["hca"].as_str().unwrap());
+                if !hcas.contains(&h) {
+                    hcas.push(h);
+                }
+            }
             let class = |k| {
                 let n = device_class_name(profile, k);
                 kind(&docs, "DeviceClass")
@@ -273,7 +333,8 @@ fn a_1_37_server_gets_the_profiles_classes_and_aligned_claim_templates() {
             assert_eq!(
                 nic["spec"]["selectors"],
                 json!([{"cel": {"expression": format!(
-                    "device.driver == '{d}' && device.attributes['{d}'].?rdma.orValue(false) == true",
+                    "device.driver == '{d}' && device.attributes['{d}'].?rdma.orValue(false) == true && device.attributes['{d}'].?rdmaDevice.orValue('') in [{}]",
+                    hcas.join(", "),
                     d = defaults.nic_driver
                 )}}])
             );
@@ -364,7 +425,7 @@ dra:
         .unwrap();
     assert_eq!(
         nic["spec"]["selectors"][0]["cel"]["expression"],
-        "device.driver == 'nic.example.com' && device.attributes['nic.example.com'].?rdma.orValue(false) == true"
+        "device.driver == 'nic.example.com' && device.attributes['nic.example.com'].?rdma.orValue(false) == true && device.attributes['nic.example.com'].?rdmaDevice.orValue('') in ['mlx5_0', 'mlx5_3', 'mlx5_4', 'mlx5_5', 'mlx5_6', 'mlx5_9', 'mlx5_10', 'mlx5_11']"
     );
     // The literal names, in case both sides drift together.
     assert_eq!(

@@ -906,6 +906,7 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     );
     let reasons = failed
         .1
+        .as_ref()
         .map(|c| c["reasons"].to_string())
         .unwrap_or_default();
     ensure!(

@@ -148,6 +148,10 @@ fn good() -> Evidence {
             allocatable: Some("1k".into()),
         }),
         findings: vec![],
+        gpu_rails: [("0000:1b:00.0", "mlx5_0:1"), ("0000:43:00.0", "mlx5_1:1")]
+            .iter()
+            .map(|(g, r)| (g.to_string(), r.to_string()))
+            .collect(),
     }
 }
 
@@ -939,4 +943,42 @@ fn a_failed_rail_degrades_the_node_and_only_all_rails_failing_fails_it() {
     let a = assess(&p, &all, &[]);
     assert_eq!(a.verdict, Verdict::Failed);
     assert_eq!(a.usable_rails, 0);
+}
+
+/// A fatal finding about one rail's own device (its GPU's PCIe link, its HCA) fails that rail
+/// with the matching fault, not the node: the node is degraded on its other rails. A finding
+/// about anything else (a bridge, the node) still fails the node.
+#[test]
+fn a_finding_on_a_rails_device_fails_that_rail() {
+    use railguard_api::{Finding, FindingKind, RailFault, Severity};
+    let p = profile();
+    let mut e = good();
+    e.findings = vec![Finding {
+        kind: FindingKind::PcieDowngrade,
+        severity: Severity::Warning,
+        subject: "0000:43:00.0".into(),
+        message: "GPU 0000:43:00.0 PCIe link runs at x8 16 GT/s below its maximum x16 32 GT/s"
+            .into(),
+        evidence: vec![],
+    }];
+    let a = assess(&p, &e, &[]);
+    assert_eq!(a.verdict, Verdict::Degraded, "{:?}", a.reasons);
+    assert_eq!(a.usable_rails, 1);
+    assert_eq!(a.rails[1].verdict, RailVerdict::Failed);
+    assert_eq!(a.rails[1].faults, vec![RailFault::Pcie]);
+    assert!(
+        a.rails[1].reasons[0].starts_with("rail mlx5_1:1: pcie-downgrade on 0000:43:00.0"),
+        "{:?}",
+        a.rails[1].reasons
+    );
+    assert_eq!(a.rails[0].verdict, RailVerdict::Healthy);
+    // The same by the HCA's PCI address, on a passive check.
+    e.after[0].pci_address = Some("0000:18:00.0".into());
+    e.findings[0].subject = "0000:18:00.0".into();
+    let a = assess_passive(&p, &e, Some(Verdict::Certified), &[]);
+    assert_eq!(a.verdict, Verdict::Degraded, "{:?}", a.reasons);
+    assert_eq!(a.rails[0].faults, vec![RailFault::Pcie]);
+    // A bridge's link is the node's.
+    e.findings[0].subject = "0000:15:01.0".into();
+    assert_eq!(assess(&p, &e, &[]).verdict, Verdict::Failed);
 }

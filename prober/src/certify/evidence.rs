@@ -161,4 +161,7 @@ pub struct Evidence {
     pub exposure: Option<ResourceExposure>,
     /// Discovery's readiness findings at the end of the window (warning and above).
     pub findings: Vec<railguard_api::Finding>,
+    /// Each GPU's PCI address (normalized, `0000:1b:00.0`) → the rail (`hca:port`) it uses:
+    /// a finding about that GPU's link is a fault of that rail's GPU↔NIC path.
+    pub gpu_rails: BTreeMap<String, String>,
 }

@@ -54,6 +54,9 @@ struct Findings {
     nccl_bandwidth: Vec<String>,
     /// Profile rails the NCCL loopback did not use (NCCL skips ports that are not ACTIVE).
     nccl_unused: BTreeSet<String>,
+    /// Fatal findings about one rail's own devices (its HCA, its GPU's link), by rail: they
+    /// fail that rail, not the node.
+    rail_findings: BTreeMap<String, Vec<(RailFault, String)>>,
     regressions: Vec<String>,
     /// Drops the whole fleet shares (fleet drift): said, not held against the node.
     fleet_wide: Vec<String>,
@@ -214,6 +217,7 @@ pub fn assess_in_fleet(
         let after = reading(&evidence.after, spec);
         let (mut failures, deltas) =
             check_rail_passive(spec, before, after, &t.counter_growth, &watched);
+        failures.extend(node.rail_findings.remove(&id).unwrap_or_default());
         let mut regressions = Vec::new();
         let bench = evidence
             .benches
@@ -362,8 +366,9 @@ pub fn assess_passive(
     for spec in &profile.rails {
         let before = reading(&evidence.before, spec);
         let after = reading(&evidence.after, spec);
-        let (failures, deltas) =
+        let (mut failures, deltas) =
             check_rail_passive(spec, before, after, &t.counter_growth, &watched);
+        failures.extend(node.rail_findings.remove(&spec.id()).unwrap_or_default());
         let prev = previous_rails
             .iter()
             .find(|r| r.hca == spec.hca && r.port == spec.port);
@@ -429,13 +434,62 @@ pub fn assess_passive(
     }
 }
 
+/// The rail a fatal finding is about, with its fault class, when it names one rail's own
+/// device: the rail (`mlx5_4:1`), its HCA's PCI function, or the PCI address of a GPU whose
+/// preferred HCA it is. A PCIe link below its capability there is the rail's `pcie` fault; a
+/// detoured or unregistrable GPU path its `gpudirect` fault. Anything else stays the node's.
+fn finding_rail(
+    profile: &FabricProfileSpec,
+    evidence: &Evidence,
+    f: &railguard_api::Finding,
+) -> Option<(String, RailFault)> {
+    use railguard_api::FindingKind as K;
+    let subject = f.subject.trim();
+    let rail = profile
+        .rails
+        .iter()
+        .map(RailSpec::id)
+        .find(|id| id == subject)
+        .or_else(|| {
+            let addr = railguard_api::dra::normalize_pci_address(subject);
+            evidence
+                .after
+                .iter()
+                .find(|p| {
+                    p.pci_address
+                        .as_deref()
+                        .is_some_and(|a| railguard_api::dra::normalize_pci_address(a) == addr)
+                })
+                .map(PortReading::id)
+                .or_else(|| evidence.gpu_rails.get(&addr).cloned())
+        })
+        .filter(|id| profile.rails.iter().any(|r| r.id() == *id))?;
+    let fault = match f.kind {
+        K::PcieDowngrade => RailFault::Pcie,
+        K::AcsRedirect | K::GpuMemoryRegistration | K::FarNic => RailFault::Gpudirect,
+        K::PortDown => RailFault::LinkDown,
+        K::PortRateLow => RailFault::LinkRate,
+        _ => RailFault::Failed,
+    };
+    Some((rail, fault))
+}
+
 fn common_checks(profile: &FabricProfileSpec, evidence: &Evidence, node: &mut Findings) {
     for f in railguard_api::finding::fatal_findings(
         &evidence.findings,
         &profile.certification.fatal_findings,
     ) {
-        node.failures
-            .push(railguard_api::finding::finding_reason(f));
+        let reason = railguard_api::finding::finding_reason(f);
+        match finding_rail(profile, evidence, f) {
+            Some((rail, fault)) => {
+                let text = format!("rail {rail}: {reason}");
+                node.rail_findings
+                    .entry(rail)
+                    .or_default()
+                    .push((fault, text));
+            }
+            None => node.failures.push(reason),
+        }
     }
     let expected = profile.signature();
     if let Some(sig) = &evidence.layout_signature {

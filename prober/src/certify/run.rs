@@ -506,9 +506,21 @@ pub async fn gather_invasive_with(
             software,
             exposure,
             findings: reported_findings(&last),
+            gpu_rails: gpu_rails(&last),
         },
         gpus: gpu_affinity(&last),
     })
+}
+
+/// Each GPU's PCI address → the rail (`hca:port`) of its preferred HCA.
+pub fn gpu_rails(d: &Discovery) -> BTreeMap<String, String> {
+    gpu_affinity(d)
+        .into_iter()
+        .filter_map(|g| {
+            let addr = railguard_api::dra::normalize_pci_address(g.pci_bus_id.as_deref()?);
+            Some((addr, format!("{}:{}", g.preferred_hca, g.port.unwrap_or(1))))
+        })
+        .collect()
 }
 
 /// The findings a certificate carries: warning and above (informational ones stay in
@@ -545,6 +557,7 @@ pub async fn gather_passive(
             software,
             exposure,
             findings: reported_findings(&last),
+            gpu_rails: gpu_rails(&last),
         },
         gpus: gpu_affinity(&last),
     })

@@ -23,17 +23,33 @@ use railguard_prober_cli::fleet::METRIC_NAMES;
 use railguard_tests::chart_values::DEFAULT;
 use railguard_tests::daemon::{wait_ready, Daemon, ANY_LOOPBACK_PORT};
 use railguard_tests::install::apply_objects;
-use railguard_tests::{eventually, fixture_profile, labels, workspace_binary, ControlPlane};
+use railguard_tests::{
+    eventually, fixture_profile, labels, workspace_binary, ControlPlane, KubeVersion,
+};
 use serde_json::{json, Value};
 
 const SLOW: &str = "gpu-05";
 const NODES: usize = 8;
 
 /// The chart's objects with the default values, as `helm template` renders them for 1.20.
-fn rendered() -> Vec<Value> {
-    DEFAULT
-        .objects_1_20()
-        .expect("helm template renders the chart")
+/// The chart as `helm install` renders it against the server the test runs on: on 1.37 the
+/// server serves DRA, so the fleet controller's ClusterRole grants what its DRA part reads
+/// and writes.
+fn rendered(version: KubeVersion) -> Vec<Value> {
+    match version {
+        KubeVersion::V1_20 => DEFAULT
+            .objects_1_20()
+            .expect("helm template renders the chart"),
+        KubeVersion::V1_37 => DEFAULT
+            .render(
+                &railguard_tests::dra::chart_api_versions(),
+                railguard_tests::dra::CHART_KUBE_VERSION,
+            )
+            .expect("helm template renders the chart")
+            .into_iter()
+            .map(|d| d.obj)
+            .collect(),
+    }
 }
 
 fn is_fleet(d: &Value) -> bool {
@@ -93,7 +109,7 @@ async fn the_fleet_controller_needs_no_more_than_the_charts_rbac() {
     cp.apply_fabricprofile_crd().await.unwrap();
     let admin = cp.client();
     let logs = cp.log_dir().to_path_buf();
-    let docs = rendered();
+    let docs = rendered(cp.kube_version());
 
     // The chart's identity for the controller.
     cp.create_namespace(DEFAULT.namespace, &labels(&[]))
@@ -105,12 +121,22 @@ async fn the_fleet_controller_needs_no_more_than_the_charts_rbac() {
             is_fleet(d)
                 && matches!(
                     d["kind"].as_str(),
-                    Some("ServiceAccount" | "ClusterRole" | "ClusterRoleBinding")
+                    Some(
+                        "ServiceAccount"
+                            | "ClusterRole"
+                            | "ClusterRoleBinding"
+                            | "Role"
+                            | "RoleBinding"
+                    )
                 )
         })
         .cloned()
         .collect();
-    assert_eq!(identity.len(), 3, "ServiceAccount, ClusterRole, binding");
+    assert_eq!(
+        identity.len(),
+        5,
+        "ServiceAccount, ClusterRole and binding, the leader Lease's Role and binding"
+    );
     apply_objects(&admin, DEFAULT.namespace, &identity)
         .await
         .unwrap();
@@ -163,7 +189,15 @@ async fn the_fleet_controller_needs_no_more_than_the_charts_rbac() {
         cmd.arg(a.as_str().unwrap());
     }
     for e in container["env"].as_array().unwrap() {
-        cmd.env(e["name"].as_str().unwrap(), e["value"].as_str().unwrap());
+        let name = e["name"].as_str().unwrap();
+        // The downward API, as the kubelet fills it in.
+        let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+            Some("metadata.namespace") => DEFAULT.namespace.to_string(),
+            Some("metadata.name") => "railguard-fleet-0".to_string(),
+            Some(other) => panic!("{name}: fieldRef {other}"),
+            None => e["value"].as_str().unwrap().to_string(),
+        };
+        cmd.env(name, value);
     }
     cmd.env("RAILGUARD_METRICS_LISTEN", ANY_LOOPBACK_PORT)
         .env("RAILGUARD_KUBECONFIG", &kubeconfig)

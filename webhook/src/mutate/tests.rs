@@ -1466,7 +1466,7 @@ fn a_pod_claiming_its_profiles_aligned_rails_gets_all_but_affinity_and_rdma() {
         assert_eq!(plan.warnings[0].kind, WarningKind::Dra);
         assert_eq!(
             plan.warnings[0].message,
-            "DRA claim railguard-h100-ndr-8-rails: node affinity and rdma/rdma_shared_device_a left to DRA"
+            "DRA claim railguard-h100-ndr-8-rails: node affinity, rdma/rdma_shared_device_a and networks left to DRA"
         );
     }
 }

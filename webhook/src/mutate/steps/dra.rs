@@ -1,7 +1,8 @@
 //! `dra-claims`: a pod that claims its profile's aligned rails (`railguard-<profile>-<n>-rails`,
 //! DRA, Kubernetes 1.37+) gets its NICs and GPUs from that claim, on the node the scheduler
 //! allocates it on, and the fleet controller's device taints keep failed rails out. So
-//! `affinity` (the certified-node rule) and `rdma` (the RDMA device resource) leave it alone;
+//! `affinity` (the certified-node rule), `rdma` (the RDMA device resource) and `network` (the
+//! profile's Multus networks: the NIC driver attaches the allocated NICs) leave it alone;
 //! this step records that decision: the mutation `dra-claims` in `railguard.io/mutations` and
 //! a `dra` warning. The rest of the configuration (NCCL, IPC_LOCK, /dev/shm) is the same.
 
@@ -22,7 +23,7 @@ pub(crate) fn dra(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateError> {
     draft.plan.warn(
         WarningKind::Dra,
         format!(
-            "DRA claim {}: node affinity and {rdma} left to DRA",
+            "DRA claim {}: node affinity, {rdma} and networks left to DRA",
             claim.source
         ),
     );
@@ -61,7 +62,7 @@ mod tests {
         assert_eq!(draft.plan.warnings[0].kind, WarningKind::Dra);
         assert_eq!(
             draft.plan.warnings[0].message,
-            "DRA claim railguard-h100-ndr-4-rails: node affinity and rdma/rdma_shared_device_a left to DRA"
+            "DRA claim railguard-h100-ndr-4-rails: node affinity, rdma/rdma_shared_device_a and networks left to DRA"
         );
     }
 

@@ -1,6 +1,9 @@
 //! `network`: the profile's Multus networks merged into the pod's
 //! `k8s.v1.cni.cncf.io/networks` annotation, in the form the user wrote it. Not for
-//! hostNetwork pods. An annotation that does not parse is left alone, with a warning.
+//! hostNetwork pods, nor for pods claiming their rails through DRA: the NIC driver (dranet)
+//! moves the allocated NICs into the pod, and a Multus SR-IOV attachment on top would take
+//! a second interface on the same rails. An annotation that does not parse is left alone,
+//! with a warning.
 
 use railguard_api::keys;
 
@@ -13,6 +16,7 @@ pub(crate) fn network(ctx: &Ctx<'_>, draft: &mut Draft) -> Result<(), MutateErro
     if wanted.is_empty()
         || ctx.skip.contains(&Mutation::Network)
         || ctx.spec.host_network.unwrap_or(false)
+        || ctx.dra.is_some()
     {
         return Ok(());
     }
@@ -91,5 +95,29 @@ mod tests {
         assert!(draft.annotations.is_empty());
         assert_eq!(draft.plan.warnings[0].kind, WarningKind::Network);
         assert!(draft.done.is_empty());
+    }
+
+    #[test]
+    fn a_pod_claiming_its_rails_through_dra_gets_no_multus_networks() {
+        let p = pod_of(json!([{"name": "t", "resources": {"claims": [{"name": "rails"}]}}]));
+        let mut p = p;
+        if let Some(spec) = p.spec.as_mut() {
+            spec.resource_claims = Some(vec![serde_json::from_value(json!({
+                "name": "rails", "resourceClaimTemplateName": "railguard-roce-cloud-8-rails"
+            }))
+            .unwrap()]);
+        }
+        let mut roce = profile(ROCE);
+        roce.spec.default = true;
+        let (profiles, ns, config) = (
+            vec![roce],
+            NamespaceInfo::new("ml"),
+            WebhookConfig::default(),
+        );
+        let (ctx, mut draft) = open(&p, &ns, &profiles, &config);
+        assert!(ctx.dra.is_some(), "recognised as a DRA pod");
+        network(&ctx, &mut draft).unwrap();
+        assert!(draft.annotations.is_empty());
+        assert!(!draft.done.contains(&Mutation::Network));
     }
 }

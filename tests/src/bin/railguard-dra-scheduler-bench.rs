@@ -172,6 +172,18 @@ async fn main() -> Result<()> {
         .collect();
     let ns_refs: Vec<&str> = namespaces.iter().map(String::as_str).collect();
     let chart = dra::chart_objects(&dra::chart_values(&ns_refs, None))?;
+    let form = chart
+        .iter()
+        .find(|o| {
+            o["metadata"]["name"] == api_dra::claim_template_name(PROFILE, args.rails).as_str()
+        })
+        .map(|t| {
+            t["spec"]["spec"]["devices"]["requests"]
+                .as_array()
+                .map_or(0, Vec::len)
+        })
+        .unwrap_or(0);
+    eprintln!("claim template: {form} requests");
     let template = api_dra::claim_template_name(PROFILE, args.rails);
     if !chart
         .iter()
@@ -576,11 +588,11 @@ async fn cleanup(client: &Client, ns: &str) -> Result<()> {
 
 fn print_report(args: &Args, tainted: usize, placeable: usize, runs: &[Run]) {
     println!(
-        "\nkube-scheduler 1.37, {} nodes x 8 GPU+NIC pairs ({} ResourceSlices), {tainted} with one failed rail; {} pods per mode claiming {} aligned rails; rates over the {placeable} placeable pods\n",
+        "\nkube-scheduler 1.37, {} nodes x 8 GPU+NIC pairs ({} ResourceSlices), {tainted} with one failed rail; {} pods per mode claiming {} aligned rails (the chart's template); rates over the {placeable} placeable pods\n",
         args.nodes,
         args.nodes * 2,
         args.pods,
-        args.rails
+        args.rails,
     );
     println!("| # | mode | placed | start→last | pods/s (start→last) | pods/s (first→last) |");
     println!("| --- | --- | --- | --- | --- | --- |");

@@ -462,13 +462,20 @@ async fn install_crd(client: &kube::Client, file: &str) -> ApiResource {
         || {
             let (client, group, kind) = (client.clone(), group.clone(), kind.clone());
             async move {
-                let d = Discovery::new(client).run().await?;
-                Ok(d.get(&group).and_then(|g| {
-                    g.recommended_resources()
-                        .into_iter()
-                        .find(|(r, caps)| r.kind == kind && caps.scope == Scope::Namespaced)
-                        .map(|(r, _)| r)
-                }))
+                // Right after the CRD is created, discovery can list its group before the
+                // group's own endpoint serves it (404 page not found): not yet.
+                let d = match Discovery::new(client).run().await {
+                    Ok(d) => d,
+                    Err(e) => return Ok(Err(railguard_tests::NotYet(format!("discovery: {e}")))),
+                };
+                Ok(d.get(&group)
+                    .and_then(|g| {
+                        g.recommended_resources()
+                            .into_iter()
+                            .find(|(r, caps)| r.kind == kind && caps.scope == Scope::Namespaced)
+                            .map(|(r, _)| r)
+                    })
+                    .ok_or_else(|| railguard_tests::NotYet(format!("{kind} not in discovery"))))
             }
         },
     )

@@ -173,10 +173,22 @@ async fn the_daemon_writes_the_node_file_and_a_failed_rail_leaves_it() -> Result
     assert!(generation(&failed) > generation(&certified), "{failed}");
     let out = nccl_env(&bin, &node_file, &sysfs, &["--json"])?;
     let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-    // A failed certificate: the plugin answers nothing, and says so.
-    assert_eq!(out.status.code(), Some(1), "{v}");
-    assert_eq!(v["unhealthy"], true, "{v}");
-    assert!(v["warnings"].to_string().contains("is failed"), "{v}");
+    // One rail failed, the others pass: the certificate is degraded and the plugin answers
+    // the healthy rails only, and says which it left out.
+    assert_eq!(failed["certificate"]["verdict"], "degraded", "{failed}");
+    assert_eq!(out.status.code(), Some(0), "{v}");
+    assert_eq!(v["unhealthy"], false, "{v}");
+    let hca = v["variables"]["NCCL_IB_HCA"].as_str().unwrap_or_default();
+    assert!(
+        hca.starts_with('=') && !hca.contains("mlx5_4") && hca.contains("mlx5_0:1"),
+        "{v}"
+    );
+    assert!(
+        v["info"]
+            .to_string()
+            .contains("rails not answered: mlx5_4:1 (failed)"),
+        "{v}"
+    );
 
     let pid = daemon.id().context("daemon pid")?;
     std::process::Command::new("kill")

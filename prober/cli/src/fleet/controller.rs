@@ -284,7 +284,10 @@ async fn recompute(
         if let Err(e) = mark_nodes(client, &analysis, &by_name).await {
             first_error.get_or_insert(e);
         }
-        let plans = upkeep_plans(p, dra.is_some(), &analysis, memory.fabrics.fabrics(), now);
+        let dra_nodes = dra
+            .map(|c| c.nodes_with_slices(&[&p.spec.dra.nic_driver, &p.spec.dra.gpu_driver]))
+            .unwrap_or_default();
+        let plans = upkeep_plans(p, &dra_nodes, &analysis, memory.fabrics.fabrics(), now);
         for (_, u) in &plans {
             if let TaintWanted::Set(reason) = u.taint {
                 *tainted.entry((p.name().to_string(), reason)).or_insert(0) += 1;
@@ -333,21 +336,23 @@ async fn recompute(
 
 /// The upkeep of every node of `profile` (those labelled for it or certified for it), with
 /// each node's state for messages.
+/// `dra_nodes`: the nodes whose rails DRA devices carry (slices of the profile's drivers):
+/// there a degraded node's bad rails are device taints, not a node taint.
 fn upkeep_plans<'a>(
     profile: &FabricProfile,
-    device_taints: bool,
+    dra_nodes: &BTreeSet<String>,
     analysis: &FleetAnalysis,
     fabrics: impl Iterator<Item = &'a NodeFabric>,
     now: Timestamp,
 ) -> Vec<(String, NodeUpkeep)> {
-    let policy = UpkeepPolicy {
-        taints: profile.spec.certification.taints,
-        filter_outliers: profile.spec.fleet.outliers == OutlierAction::Filter,
-        device_taints,
-    };
     fabrics
         .filter(|f| super::profile_of(f) == Some(profile.name()))
         .map(|f| {
+            let policy = UpkeepPolicy {
+                taints: profile.spec.certification.taints,
+                filter_outliers: profile.spec.fleet.outliers == OutlierAction::Filter,
+                device_taints: dra_nodes.contains(&f.name),
+            };
             let u = node_upkeep(f, policy, analysis.is_outlier(&f.name), now);
             (f.name.clone(), u)
         })

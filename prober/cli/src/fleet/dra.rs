@@ -145,6 +145,20 @@ impl DraCaches {
             .collect()
     }
 
+    /// The nodes with a node-local ResourceSlice of one of `drivers` (empty names ignored).
+    pub fn nodes_with_slices(&self, drivers: &[&str]) -> BTreeSet<String> {
+        self.slices
+            .state()
+            .iter()
+            .filter_map(|o| {
+                let spec = o.data.get("spec")?;
+                let driver = spec.get("driver")?.as_str()?;
+                let node = spec.get("nodeName")?.as_str()?;
+                (!driver.is_empty() && drivers.contains(&driver)).then(|| node.to_string())
+            })
+            .collect()
+    }
+
     fn rules(&self) -> Vec<ExistingRule> {
         self.rules
             .state()

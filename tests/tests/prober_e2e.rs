@@ -282,20 +282,24 @@ async fn simulated_nodes_certify_fail_on_faults_and_flip_on_passive_counters() -
         .path()
         .join("sysfs-gpu-c/sys/class/infiniband/mlx5_4/ports/1/counters/symbol_error");
     // One rail of eight failing passively leaves the node degraded on the other seven.
-    let failed = eventually(Duration::from_secs(60), "passive rail failure on gpu-c", || {
-        let counter = counter.clone();
-        let nodes = nodes.clone();
-        async move {
-            // Link errors keep coming while the cable is bad.
-            let now: u64 = std::fs::read_to_string(&counter)?.trim().parse()?;
-            std::fs::write(&counter, format!("{}\n", now + 3))?;
-            let f = fabric(&nodes, "gpu-c").await?;
-            Ok(match f.state {
-                FabricState::Degraded(c) => Some(c),
-                _ => None,
-            })
-        }
-    })
+    let failed = eventually(
+        Duration::from_secs(60),
+        "passive rail failure on gpu-c",
+        || {
+            let counter = counter.clone();
+            let nodes = nodes.clone();
+            async move {
+                // Link errors keep coming while the cable is bad.
+                let now: u64 = std::fs::read_to_string(&counter)?.trim().parse()?;
+                std::fs::write(&counter, format!("{}\n", now + 3))?;
+                let f = fabric(&nodes, "gpu-c").await?;
+                Ok(match f.state {
+                    FabricState::Degraded(c) => Some(c),
+                    _ => None,
+                })
+            }
+        },
+    )
     .await?;
     assert!(
         failed

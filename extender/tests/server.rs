@@ -76,9 +76,13 @@ async fn start_with(source: Source, config: ExtenderConfig) -> Running {
     .unwrap();
     let health = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let health_port = health.local_addr().unwrap().port();
-    let health =
-        railguard_runtime::spawn_serve(health, server::health_router(state.clone()), None, limits)
-            .unwrap();
+    let health = railguard_runtime::spawn_serve(
+        health,
+        server::health_router(state.clone(), Default::default()),
+        None,
+        limits,
+    )
+    .unwrap();
     let client = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).unwrap())
         .build()

@@ -3,8 +3,10 @@
 //! fires, a bounded TLS handshake, a connection cap, and graceful shutdown.
 //!
 //! A slow client holds neither a socket nor a task for long: the TLS handshake and the
-//! request head (also the wait for the next request on a kept-alive connection) each get
-//! `header_read_timeout`; the body and the handler get the request timeout
+//! request head (from its first byte) each get `header_read_timeout`; a connection waiting
+//! for its next request gets `idle_timeout`, longer than the Go clients' 90 s, so the client
+//! is the one that closes an idle connection (a server closing it races the next request the
+//! client writes there); the body and the handler get the request timeout
 //! ([`limit_requests`]). At `max_connections` the longest-idle connection (no request in
 //! flight: handshaking, sending a head slowly, or kept alive) is closed to make room, so a
 //! flood of idle or slow connections cannot lock a legitimate client out. Only when every
@@ -12,6 +14,21 @@
 //! then refused.
 //!
 //! HTTP/2 is not served: a TLS config handed here must offer ALPN `http/1.1` (or none).
+//!
+//! Draining loses no request. kube-apiserver and kube-scheduler are Go clients: they keep
+//! pooled keep-alive connections (which conntrack keeps pinned to this pod after its
+//! endpoint is gone), and Go's transport does not replay a POST it has written
+//! (`Request.isReplayable`, `persistConn.shouldRetryRequest` in net/http/transport.go). A
+//! server that closes a kept-alive connection between two requests therefore races the
+//! next request written on it, and the loser is an admission refused with `EOF`. So from
+//! [`Served::drain`] on, every response carries `Connection: close` and its connection ends
+//! right after it (the client then dials again, reaching a ready replica); new connections
+//! are still accepted (kube-proxy may route here until the endpoint update reaches it) and
+//! each serves one request. At [`Served::stop`] the listener closes, a connection with a
+//! request in flight, or one opened but not yet used, finishes its one request first; only
+//! a connection that has been idle since before the drain is closed at once (with a drain
+//! delay of a few seconds under load, the connections a client still uses have all ended
+//! by then). The task returns when no connection is left, or after `shutdown_grace`.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -21,7 +38,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -40,9 +57,12 @@ const EVICT_GRACE: Duration = Duration::from_millis(200);
 /// Connection-level limits of one listener.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServeLimits {
-    /// Bound on the TLS handshake, on reading a request head, and on a kept-alive
-    /// connection's wait for its next request.
+    /// Bound on the TLS handshake and on reading a request head, from its first byte.
     pub header_read_timeout: Duration,
+    /// How long a connection may wait for its next request (its first one included)
+    /// before it is closed. Longer than the clients' own idle timeout, so that the client
+    /// closes first and never writes a request on a connection the server is closing.
+    pub idle_timeout: Duration,
     /// Most connections open at once.
     pub max_connections: usize,
     /// How long shutdown lets requests in flight finish.
@@ -53,11 +73,18 @@ impl Default for ServeLimits {
     fn default() -> Self {
         Self {
             header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(DEFAULT_IDLE_TIMEOUT_SECONDS),
             max_connections: 512,
             shutdown_grace: Duration::from_secs(5),
         }
     }
 }
+
+/// The server's idle timeout by default: above the 90 s `IdleConnTimeout` that
+/// kube-apiserver's webhook client and kube-scheduler's extender client get from
+/// `http.DefaultTransport` (through `SetTransportDefaults` in
+/// k8s.io/apimachinery/pkg/util/net/http.go).
+pub const DEFAULT_IDLE_TIMEOUT_SECONDS: u64 = 120;
 
 /// Request-level limits, applied as tower layers by [`limit_requests`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,14 +98,22 @@ pub struct RequestLimits {
 /// The serving flags every long-running binary shares (flattened into its `Cli`).
 #[derive(Clone, Debug, PartialEq, Eq, clap::Args)]
 pub struct ServeArgs {
-    /// Seconds a client gets for the TLS handshake and each request head (and a kept-alive
-    /// connection to send its next request) before the connection is closed.
+    /// Seconds a client gets for the TLS handshake, and for each request head from its
+    /// first byte, before the connection is closed.
     #[arg(
         long,
         env = "RAILGUARD_HEADER_READ_TIMEOUT_SECONDS",
         default_value_t = 10
     )]
     pub header_read_timeout_seconds: u64,
+    /// Seconds a kept-alive connection may wait for its next request before it is closed;
+    /// keep it above the clients' idle timeout (90 s for kube-apiserver and kube-scheduler).
+    #[arg(
+        long,
+        env = "RAILGUARD_IDLE_TIMEOUT_SECONDS",
+        default_value_t = DEFAULT_IDLE_TIMEOUT_SECONDS
+    )]
+    pub idle_timeout_seconds: u64,
     /// Most connections open at once per listener; at the cap the longest-idle connection
     /// is closed to make room.
     #[arg(long, env = "RAILGUARD_MAX_CONNECTIONS", default_value_t = 512)]
@@ -93,6 +128,7 @@ impl ServeArgs {
     pub fn limits(&self, shutdown_grace: Duration) -> ServeLimits {
         ServeLimits {
             header_read_timeout: Duration::from_secs(self.header_read_timeout_seconds.max(1)),
+            idle_timeout: Duration::from_secs(self.idle_timeout_seconds.max(1)),
             max_connections: self.max_connections.max(1),
             shutdown_grace,
         }
@@ -123,10 +159,13 @@ pub fn limit_requests(router: Router, limits: &RequestLimits) -> Router {
 /// Where a TLS listener gets its config for each new connection (a reloader swaps it).
 pub type TlsConfigSource = Arc<dyn Fn() -> Arc<rustls::ServerConfig> + Send + Sync>;
 
-/// A started [`serve`]: its address, and the token that stops it.
+/// A started [`serve`]: its address, and the tokens that drain and stop it.
 #[derive(Debug)]
 pub struct Served {
     pub addr: SocketAddr,
+    /// Cancel to drain: every response from then on closes its connection.
+    pub drain: CancellationToken,
+    /// Cancel to stop accepting and finish (implies `drain`).
     pub stop: CancellationToken,
     pub task: tokio::task::JoinHandle<io::Result<()>>,
 }
@@ -139,22 +178,39 @@ pub fn spawn_serve(
     limits: ServeLimits,
 ) -> io::Result<Served> {
     let addr = listener.local_addr()?;
+    let drain = CancellationToken::new();
     let stop = CancellationToken::new();
-    let stopped = stop.clone();
+    let (draining, stopped) = (drain.clone(), stop.clone());
     let task = tokio::spawn(async move {
-        serve(listener, router, tls, limits, stopped.cancelled_owned()).await
+        serve(
+            listener,
+            router,
+            tls,
+            limits,
+            draining,
+            stopped.cancelled_owned(),
+        )
+        .await
     });
-    Ok(Served { addr, stop, task })
+    Ok(Served {
+        addr,
+        drain,
+        stop,
+        task,
+    })
 }
 
 /// Serves `router` on `listener` (TLS when `tls` is given) until `shutdown` resolves, then
 /// stops accepting, lets requests in flight finish within `limits.shutdown_grace` and
-/// returns. Errors only when the listener cannot be used; a failed connection is logged.
+/// returns. From `drain` on (and from `shutdown`), each response closes its connection
+/// (see the module's notes). Errors only when the listener cannot be used; a failed
+/// connection is logged.
 pub async fn serve(
     listener: std::net::TcpListener,
     router: Router,
     tls: Option<TlsConfigSource>,
     limits: ServeLimits,
+    drain: CancellationToken,
     shutdown: impl Future<Output = ()> + Send,
 ) -> io::Result<()> {
     listener.set_nonblocking(true)?;
@@ -165,9 +221,15 @@ pub async fn serve(
     let stop = CancellationToken::new();
     let limits = Arc::new(limits);
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut drain_logged = false;
     loop {
         let (tcp, peer) = tokio::select! {
             _ = &mut shutdown => break,
+            _ = drain.cancelled(), if !drain_logged => {
+                drain_logged = true;
+                tracing::info!(addr = ?listener.local_addr().ok(), "draining: each response closes its connection");
+                continue;
+            }
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -197,13 +259,19 @@ pub async fn serve(
         let limits = limits.clone();
         let stop = stop.clone();
         let registry = registry.clone();
+        let drain = drain.clone();
         tokio::spawn(async move {
-            connection(tcp, peer, tls, router, &limits, &conn, &stop).await;
+            let ends = Ends {
+                drain: &drain,
+                stop: &stop,
+            };
+            connection(tcp, peer, tls, router, &limits, &conn, ends).await;
             registry.remove(conn.id);
             drop(permit);
         });
     }
     drop(listener);
+    drain.cancel();
     stop.cancel();
     // Every connection gives its slot back once it has closed (each is bounded by the grace).
     let all = u32::try_from(max).unwrap_or(u32::MAX);
@@ -212,8 +280,16 @@ pub async fn serve(
     Ok(())
 }
 
+/// The listener's drain and stop, as one connection sees them.
+#[derive(Clone, Copy)]
+struct Ends<'a> {
+    drain: &'a CancellationToken,
+    stop: &'a CancellationToken,
+}
+
 /// One connection: the TLS handshake (bounded), then HTTP/1.1 until it closes, is evicted
-/// or the server stops.
+/// or the server stops. A handshake under way when the server stops goes on: its client is
+/// about to send a request on it.
 async fn connection(
     tcp: TcpStream,
     peer: SocketAddr,
@@ -221,11 +297,11 @@ async fn connection(
     router: Router,
     limits: &ServeLimits,
     conn: &Arc<Conn>,
-    stop: &CancellationToken,
+    ends: Ends<'_>,
 ) {
     let _ = tcp.set_nodelay(true);
     match tls {
-        None => http(tcp, peer, router, limits, conn, stop).await,
+        None => http(tcp, peer, router, limits, conn, ends).await,
         Some(config) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(config());
             let handshake = tokio::time::timeout(limits.header_read_timeout, acceptor.accept(tcp));
@@ -242,9 +318,8 @@ async fn connection(
                     }
                 },
                 _ = conn.evict.notified() => return,
-                _ = stop.cancelled() => return,
             };
-            http(stream, peer, router, limits, conn, stop).await
+            http(stream, peer, router, limits, conn, ends).await
         }
     }
 }
@@ -255,28 +330,45 @@ async fn http<I>(
     router: Router,
     limits: &ServeLimits,
     conn: &Arc<Conn>,
-    stop: &CancellationToken,
+    ends: Ends<'_>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let tracked = conn.clone();
+    let draining = ends.drain.clone();
     let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
         let busy = Busy::new(tracked.clone());
         let router = router.clone();
+        let draining = draining.clone();
         async move {
-            let response = router.oneshot(req.map(axum::body::Body::new)).await;
+            let mut response = router.oneshot(req.map(axum::body::Body::new)).await;
+            // Looked at once the answer is ready, so a request that began before the drain
+            // closes its connection too; hyper ends the connection after this response.
+            if draining.is_cancelled() {
+                if let Ok(r) = response.as_mut() {
+                    r.headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+            }
             drop(busy);
             response
         }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
+    // hyper's one timer runs from when it waits for a head, so it is the idle timeout; the
+    // head's own bound (from its first byte) is kept below, by `Watched`.
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
+        .header_read_timeout(limits.idle_timeout.max(limits.header_read_timeout))
         .keep_alive(true);
-    let served = builder.serve_connection(TokioIo::new(io), service);
+    let watched = Watched {
+        io,
+        conn: conn.clone(),
+    };
+    let served = builder.serve_connection(TokioIo::new(watched), service);
     let mut served = std::pin::pin!(served);
     let mut deadline: Option<Instant> = None;
+    let mut head_deadline: Option<Instant> = None;
     loop {
         tokio::select! {
             r = served.as_mut() => {
@@ -284,6 +376,18 @@ async fn http<I>(
                     tracing::debug!(%peer, error = %e, "connection closed with an error");
                 }
                 return;
+            }
+            _ = conn.head_begun.notified() => {
+                head_deadline = conn.head_since().map(|t| t + limits.header_read_timeout);
+            }
+            _ = sleep_until(head_deadline), if head_deadline.is_some() => {
+                match conn.head_since() {
+                    Some(t) if t + limits.header_read_timeout <= Instant::now() => {
+                        tracing::debug!(%peer, "request head timed out");
+                        return;
+                    }
+                    since => head_deadline = since.map(|t| t + limits.header_read_timeout),
+                }
             }
             _ = conn.evict.notified(), if deadline.is_none() => {
                 served.as_mut().graceful_shutdown();
@@ -295,12 +399,78 @@ async fn http<I>(
                 };
                 deadline = Some(Instant::now() + grace);
             }
-            _ = stop.cancelled(), if deadline.is_none() => {
-                served.as_mut().graceful_shutdown();
+            _ = ends.stop.cancelled(), if deadline.is_none() => {
+                // Only a connection idle since an earlier request is closed now: one with a
+                // request in flight ends after its `Connection: close` response, and one not
+                // yet used carries the request its client opened it for (or hits the header
+                // timeout).
+                let busy = conn.busy.load(Ordering::Acquire) > 0;
+                let used = conn.requests.load(Ordering::Acquire) > 0;
+                if used && !busy && conn.head_since().is_none() {
+                    served.as_mut().graceful_shutdown();
+                }
                 deadline = Some(Instant::now() + limits.shutdown_grace);
             }
             _ = sleep_until(deadline), if deadline.is_some() => return,
         }
+    }
+}
+
+/// A connection's byte stream, noting when the first byte of a request head arrives (a read
+/// while no request is in flight), so a head that trickles in is cut off.
+struct Watched<I> {
+    io: I,
+    conn: Arc<Conn>,
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.conn.head_arrived();
+        }
+        polled
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
     }
 }
 
@@ -322,9 +492,33 @@ struct Conn {
     id: u64,
     /// Requests in flight.
     busy: AtomicUsize,
+    /// Requests begun on this connection.
+    requests: AtomicU64,
     /// Since when no request has been in flight.
     idle_since: Mutex<Instant>,
+    /// When the first byte of a request head not yet parsed arrived.
+    head_since: Mutex<Option<Instant>>,
+    head_begun: Notify,
     evict: Notify,
+}
+
+impl Conn {
+    fn head_since(&self) -> Option<Instant> {
+        self.head_since.lock().ok().and_then(|t| *t)
+    }
+
+    /// Bytes arrived: with no request in flight they begin a head, and its clock starts.
+    fn head_arrived(&self) {
+        if self.busy.load(Ordering::Acquire) > 0 {
+            return;
+        }
+        if let Ok(mut since) = self.head_since.lock() {
+            if since.is_none() {
+                *since = Some(Instant::now());
+                self.head_begun.notify_one();
+            }
+        }
+    }
 }
 
 impl Registry {
@@ -332,7 +526,10 @@ impl Registry {
         let conn = Arc::new(Conn {
             id: self.next.fetch_add(1, Ordering::Relaxed),
             busy: AtomicUsize::new(0),
+            requests: AtomicU64::new(0),
             idle_since: Mutex::new(Instant::now()),
+            head_since: Mutex::new(None),
+            head_begun: Notify::new(),
             evict: Notify::new(),
         });
         if let Ok(mut open) = self.open.lock() {
@@ -374,6 +571,10 @@ struct Busy(Arc<Conn>);
 impl Busy {
     fn new(conn: Arc<Conn>) -> Self {
         conn.busy.fetch_add(1, Ordering::AcqRel);
+        conn.requests.fetch_add(1, Ordering::AcqRel);
+        if let Ok(mut since) = conn.head_since.lock() {
+            *since = None;
+        }
         Busy(conn)
     }
 }

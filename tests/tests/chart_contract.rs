@@ -1540,3 +1540,49 @@ fn chart_version_and_app_version_are_the_workspace_version() {
         "Chart.yaml appVersion"
     );
 }
+
+/// `--name=N` among a container's args.
+fn seconds_arg(container: &Json, name: &str) -> Option<u64> {
+    container["args"]
+        .as_array()?
+        .iter()
+        .filter_map(Json::as_str)
+        .find_map(|a| a.strip_prefix(&format!("{name}=")))
+        .and_then(|v| v.parse().ok())
+}
+
+/// A draining webhook or extender is never killed by the kubelet before it has drained and
+/// finished its requests: the pod's terminationGracePeriodSeconds exceeds every draining
+/// container's `--shutdown-delay-seconds` + `--shutdown-grace-seconds` (issue #43).
+#[test]
+fn every_draining_container_gets_its_delay_and_grace_before_the_kubelet_kills_it() {
+    let mut checked = 0;
+    for set in ALL_SETS {
+        for obj in rendered_objects(set) {
+            let Some(spec) = pod_spec(&obj) else { continue };
+            // The kubelet's default when the field is absent.
+            let termination = spec["terminationGracePeriodSeconds"].as_u64().unwrap_or(30);
+            for c in spec["containers"].as_array().into_iter().flatten() {
+                let delay = seconds_arg(c, "--shutdown-delay-seconds");
+                let grace = seconds_arg(c, "--shutdown-grace-seconds");
+                let (Some(delay), Some(grace)) = (delay, grace) else {
+                    continue;
+                };
+                checked += 1;
+                assert!(
+                    delay >= 5 && termination > delay + grace,
+                    "{}: {} {} container {}: delay {delay} s, grace {grace} s, terminationGracePeriodSeconds {termination}",
+                    set.label,
+                    obj["kind"],
+                    obj["metadata"]["name"],
+                    c["name"]
+                );
+            }
+        }
+    }
+    // The webhook and the extender (sidecar or Deployment) of every values set.
+    assert!(
+        checked >= 2 * ALL_SETS.len(),
+        "{checked} draining containers checked"
+    );
+}

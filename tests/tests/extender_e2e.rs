@@ -121,9 +121,13 @@ async fn start_extender(client: Client) -> Extender {
     .unwrap();
     let health = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let health_port = health.local_addr().unwrap().port();
-    let health =
-        railguard_runtime::spawn_serve(health, server::health_router(state.clone()), None, limits)
-            .unwrap();
+    let health = railguard_runtime::spawn_serve(
+        health,
+        server::health_router(state.clone(), Default::default()),
+        None,
+        limits,
+    )
+    .unwrap();
     Extender {
         url: format!("http://127.0.0.1:{port}"),
         health: format!("http://127.0.0.1:{health_port}"),

@@ -423,9 +423,13 @@ async fn serve_on(
 impl RunningServer {
     /// Marks the server not ready while it keeps serving admission requests: the API server
     /// stops picking this pod once the endpoint update reaches it. Call, wait a few
-    /// seconds, then [`RunningServer::shutdown`].
+    /// seconds, then [`RunningServer::shutdown`]. From now on each response also closes its
+    /// connection, so the API server's pooled connections move to a ready replica one by one,
+    /// each right after an answer (never between two requests; see `railguard_runtime::serve`).
     pub fn begin_drain(&self) {
         self.draining.store(true, Ordering::Relaxed);
+        self.webhook.drain.cancel();
+        self.plain.drain.cancel();
     }
 
     /// Stops accepting, lets in-flight requests finish (up to the grace period), then stops.

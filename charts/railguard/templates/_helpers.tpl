@@ -177,6 +177,8 @@ reached on localhost) or "deployment" (its own Deployment behind a Service). */}
     - --metrics-listen=0.0.0.0:{{ int .Values.extender.metricsPort }}
     - --gpu-resources={{ join "," .Values.extender.gpuResources }}
     - --log-format={{ .Values.logFormat }}
+    - --shutdown-delay-seconds={{ int .Values.extender.shutdown.delaySeconds }}
+    - --shutdown-grace-seconds={{ int .Values.extender.shutdown.graceSeconds }}
     {{- with .Values.extender.jobLabelKeys }}
     - --job-label-keys={{ join "," . }}
     {{- end }}
@@ -218,6 +220,12 @@ reached on localhost) or "deployment" (its own Deployment behind a Service). */}
     {{- toYaml .Values.extender.resources | nindent 4 }}
   securityContext:
     {{- include "railguard.restrictedContainer" . | nindent 4 }}
+{{- end -}}
+
+{{/* terminationGracePeriodSeconds of a pod running the extender: its drain delay and grace,
+and 5 s to exit. */}}
+{{- define "railguard.extenderTerminationGrace" -}}
+{{- add (int .Values.extender.shutdown.delaySeconds) (int .Values.extender.shutdown.graceSeconds) 5 -}}
 {{- end -}}
 
 {{/* Where kube-scheduler reaches the extender. */}}

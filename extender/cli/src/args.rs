@@ -98,6 +98,11 @@ pub struct Cli {
     /// How long shutdown waits for requests in flight, seconds.
     #[arg(long, env = "RAILGUARD_SHUTDOWN_GRACE_SECONDS", default_value_t = 5)]
     pub shutdown_grace_seconds: u64,
+    /// After SIGTERM, keep serving this many seconds while /readyz reports not ready (each
+    /// answer closing its connection), so kube-scheduler and kube-proxy move off this pod
+    /// before the listener closes.
+    #[arg(long, env = "RAILGUARD_SHUTDOWN_DELAY_SECONDS", default_value_t = 5)]
+    pub shutdown_delay_seconds: u64,
     #[command(flatten)]
     pub serve: ServeArgs,
     /// Log format: `text` (coloured only on a terminal) or `json` lines. The filter comes

@@ -1,6 +1,7 @@
 //! `railguard-extender`: the kube-scheduler extender binary.
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -131,17 +132,28 @@ async fn run(args: Cli) -> anyhow::Result<()> {
         limits.clone(),
     )
     .context("cannot serve the extender listener")?;
+    let draining = Arc::new(AtomicBool::new(false));
     let health = railguard_runtime::spawn_serve(
         metrics_listener,
-        limit_requests(server::health_router(state), &requests),
+        limit_requests(server::health_router(state, draining.clone()), &requests),
         None,
         limits,
     )
     .context("cannot serve the metrics listener")?;
+    let (drain_extender, drain_health) = (extender.drain.clone(), health.drain.clone());
     let (stop_extender, stop_health) = (extender.stop.clone(), health.stop.clone());
+    let delay = Duration::from_secs(args.shutdown_delay_seconds);
     tokio::spawn(async move {
         railguard_runtime::shutdown_signal().await;
-        tracing::info!("shutting down");
+        tracing::info!(
+            delay_seconds = delay.as_secs(),
+            "stop requested: not ready, still serving"
+        );
+        draining.store(true, Ordering::Relaxed);
+        drain_extender.cancel();
+        drain_health.cancel();
+        tokio::time::sleep(delay).await;
+        tracing::info!("shutting down; finishing in-flight requests");
         stop_extender.cancel();
         stop_health.cancel();
     });

@@ -1,5 +1,6 @@
 //! The HTTP side: routers, handlers, how each request error is answered, and serving.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -209,15 +210,23 @@ pub fn extender_router(state: Arc<AppState>, max_body_bytes: usize) -> Router {
 }
 
 /// Router of the plain health and metrics port.
-pub fn health_router(state: Arc<AppState>) -> Router {
+/// `/healthz`, `/readyz` and `/metrics`. Once `draining` is set `/readyz` answers 503, so
+/// the extender's endpoint is taken out of its Service before the listener closes.
+pub fn health_router(state: Arc<AppState>, draining: Arc<AtomicBool>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
+        .route(
+            "/readyz",
+            get(move |s: State<Arc<AppState>>| readyz(s, draining.clone())),
+        )
         .route("/metrics", get(metrics_handler))
         .with_state(state)
 }
 
-async fn readyz(State(state): State<Arc<AppState>>) -> Response {
+async fn readyz(State(state): State<Arc<AppState>>, draining: Arc<AtomicBool>) -> Response {
+    if draining.load(Ordering::Relaxed) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining\n").into_response();
+    }
     match state.ready() {
         Ok(()) => (StatusCode::OK, "ready\n").into_response(),
         Err(pending) => (

@@ -89,6 +89,8 @@ pub async fn serve<O: Observed>(
         app,
         None,
         railguard_runtime::ServeLimits::default(),
+        // Scrapes need no drain: the listener closes when the prober stops.
+        stop.clone(),
         stop.cancelled_owned(),
     )
     .await

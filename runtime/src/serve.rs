@@ -24,11 +24,14 @@
 //! [`Served::drain`] on, every response carries `Connection: close` and its connection ends
 //! right after it (the client then dials again, reaching a ready replica); new connections
 //! are still accepted (kube-proxy may route here until the endpoint update reaches it) and
-//! each serves one request. At [`Served::stop`] the listener closes, a connection with a
-//! request in flight, or one opened but not yet used, finishes its one request first; only
-//! a connection that has been idle since before the drain is closed at once (with a drain
-//! delay of a few seconds under load, the connections a client still uses have all ended
-//! by then). The task returns when no connection is left, or after `shutdown_grace`.
+//! each serves one request. At [`Served::stop`] the listener closes; a connection with a
+//! request in flight finishes it (its answer says close); one accepted within the last
+//! second and not used yet stays open until it is a second old, for the request its client
+//! dialed it for; any other idle connection is closed at once (with a drain delay of a few
+//! seconds under load, the connections a client still uses have all ended by then; what is
+//! left is what Go's transport parked unused, as it does with a connection it dialed for a
+//! request another connection took). The task returns when no connection is left, or after
+//! `shutdown_grace`.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -51,6 +54,9 @@ use tower::ServiceExt;
 
 /// How long a new connection waits for a slot when every connection is busy with a request.
 pub const ADMISSION_WAIT: Duration = Duration::from_secs(1);
+/// At stop, how long a connection not used yet may stay open from when it was accepted,
+/// for the request its client opened it for.
+const FRESH_CONNECTION_WINDOW: Duration = Duration::from_secs(1);
 /// How long an evicted idle connection gets to close on its own before it is dropped.
 const EVICT_GRACE: Duration = Duration::from_millis(200);
 
@@ -369,6 +375,7 @@ async fn http<I>(
     let mut served = std::pin::pin!(served);
     let mut deadline: Option<Instant> = None;
     let mut head_deadline: Option<Instant> = None;
+    let mut close_idle_at: Option<Instant> = None;
     loop {
         tokio::select! {
             r = served.as_mut() => {
@@ -400,16 +407,20 @@ async fn http<I>(
                 deadline = Some(Instant::now() + grace);
             }
             _ = ends.stop.cancelled(), if deadline.is_none() => {
-                // Only a connection idle since an earlier request is closed now: one with a
-                // request in flight ends after its `Connection: close` response, and one not
-                // yet used carries the request its client opened it for (or hits the header
-                // timeout).
-                let busy = conn.busy.load(Ordering::Acquire) > 0;
+                // A connection with a request in flight (or a head arriving) ends after its
+                // `Connection: close` answer. An idle one is closed now, except one opened
+                // within FRESH_CONNECTION_WINDOW and not used yet: its client has most likely
+                // dialed it for a request it is about to send.
+                let fresh_until = conn.opened + FRESH_CONNECTION_WINDOW;
                 let used = conn.requests.load(Ordering::Acquire) > 0;
-                if used && !busy && conn.head_since().is_none() {
+                close_idle_at = Some(if used { Instant::now() } else { fresh_until });
+                deadline = Some(Instant::now() + limits.shutdown_grace);
+            }
+            _ = sleep_until(close_idle_at), if close_idle_at.is_some() => {
+                close_idle_at = None;
+                if conn.busy.load(Ordering::Acquire) == 0 && conn.head_since().is_none() {
                     served.as_mut().graceful_shutdown();
                 }
-                deadline = Some(Instant::now() + limits.shutdown_grace);
             }
             _ = sleep_until(deadline), if deadline.is_some() => return,
         }
@@ -494,6 +505,8 @@ struct Conn {
     busy: AtomicUsize,
     /// Requests begun on this connection.
     requests: AtomicU64,
+    /// When it was accepted.
+    opened: Instant,
     /// Since when no request has been in flight.
     idle_since: Mutex<Instant>,
     /// When the first byte of a request head not yet parsed arrived.
@@ -527,6 +540,7 @@ impl Registry {
             id: self.next.fetch_add(1, Ordering::Relaxed),
             busy: AtomicUsize::new(0),
             requests: AtomicU64::new(0),
+            opened: Instant::now(),
             idle_since: Mutex::new(Instant::now()),
             head_since: Mutex::new(None),
             head_begun: Notify::new(),

@@ -260,12 +260,21 @@ async fn while_draining_each_response_closes_its_connection_and_nothing_closes_b
 
 #[tokio::test]
 async fn stop_finishes_requests_in_flight_and_serves_connections_opened_for_one() {
-    let served = start(router(), limits(8), None);
+    let served = start(
+        router(),
+        ServeLimits {
+            shutdown_grace: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(10),
+            ..limits(8)
+        },
+        None,
+    );
     let mut idle = TcpStream::connect(served.addr).await.unwrap();
     assert!(keep_alive_get(&mut idle, "/", "ok")
         .await
         .starts_with("HTTP/1.1 200"));
     let mut fresh = TcpStream::connect(served.addr).await.unwrap();
+    let mut silent = TcpStream::connect(served.addr).await.unwrap();
     let mut busy = TcpStream::connect(served.addr).await.unwrap();
     busy.write_all(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
         .await
@@ -295,7 +304,10 @@ async fn stop_finishes_requests_in_flight_and_serves_connections_opened_for_one(
         TcpStream::connect(served.addr).await.is_err(),
         "still accepting"
     );
-    tokio::time::timeout(Duration::from_secs(3), served.task)
+    // A fresh connection that sends nothing is closed once it is a second old, well before
+    // the 5 s grace ends; then nothing is left and the server returns.
+    assert!(closes_within(&mut silent, Duration::from_millis(1500)).await);
+    tokio::time::timeout(Duration::from_secs(1), served.task)
         .await
         .unwrap()
         .unwrap()

@@ -766,111 +766,18 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     );
     eprintln!("helm test passed in {:.1}s", t_test.elapsed().as_secs_f64());
 
-    // `helm upgrade` and `helm rollback` under admission load: a changed pod template rolls
-    // the webhook and the rollback rolls it back, while
-    // training pods are created back to back (failurePolicy Fail: a moment without a webhook
-    // fails a create). Nothing generated is re-rolled, the Node's certificate and the
+    // The disruption series (issue #43): admission load runs throughout (dry-run training
+    // pod creates, ~64/s over 8 connections' worth of concurrent clients, failurePolicy
+    // Fail), while the webhook is rolled by `helm upgrade` with a changed pod template,
+    // rolled back by `helm rollback`, has a pod deleted, a pod evicted as a drain does, and
+    // one of its two replicas SIGKILLed, four times each. Not one admission may fail except
+    // inside a SIGKILL window; nothing generated is re-rolled, the Node's certificate and the
     // profiles stay the same objects.
     let kept_before = kept_state(&client).await?;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let load = tokio::spawn(admission_load(pods.clone(), stop.clone()));
-    let t_upgrade = Instant::now();
-    let out = helm.on_cluster(
-        kubeconfig,
-        [
-            "upgrade",
-            RELEASE,
-            chart_dir().to_str().context("chart path")?,
-            "-n",
-            NAMESPACE,
-            "--reuse-values",
-            "--set-string",
-            "webhook.podAnnotations.railguard\\.io/e2e-rollout=1",
-            "--wait",
-            "--timeout",
-            "5m",
-        ],
-    )?;
-    eprintln!("{}", out.trim());
-    wait_workloads_ready(&client, NAMESPACE, &objects, Duration::from_secs(300)).await?;
-    let rolled = webhook_pods_with_rollout_annotation(&client).await?;
-    ensure!(
-        rolled.len() == 2,
-        "the upgrade rolled both webhook replicas: {rolled:?}"
-    );
-    // `helm rollback` to the installed revision, under the same load: the webhook rolls back.
-    let out = helm.on_cluster(
-        kubeconfig,
-        [
-            "rollback",
-            RELEASE,
-            "1",
-            "-n",
-            NAMESPACE,
-            "--wait",
-            "--timeout",
-            "5m",
-        ],
-    )?;
-    eprintln!("{}", out.trim());
-    wait_workloads_ready(&client, NAMESPACE, &objects, Duration::from_secs(300)).await?;
-    eventually(
-        Duration::from_secs(120),
-        "the rollback to replace the annotated webhook replicas",
-        || async {
-            Ok::<_, anyhow::Error>(
-                webhook_pods_with_rollout_annotation(&client)
-                    .await?
-                    .is_empty()
-                    .then_some(()),
-            )
-        },
-    )
-    .await?;
-    let history = helm.on_cluster(
-        kubeconfig,
-        ["history", RELEASE, "-n", NAMESPACE, "-o", "json"],
-    )?;
-    let history: Value = serde_json::from_str(&history)?;
-    ensure!(
-        history.as_array().map(Vec::len) == Some(3)
-            && history[2]["description"]
-                .as_str()
-                .is_some_and(|d| d.contains("Rollback to 1")),
-        "helm history after the rollback: {history}"
-    );
-    // A little more load after the rollback, on the restored replicas only.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let load = load.await.context("admission load task")?;
-    let upgrade_secs = t_upgrade.elapsed().as_secs_f64();
-    let mut latencies = load.latencies_ms.clone();
-    latencies.sort_by(f64::total_cmp);
-    let pct = |q: f64| {
-        latencies
-            .get((latencies.len().saturating_sub(1) as f64 * q) as usize)
-            .copied()
-            .unwrap_or(f64::NAN)
-    };
-    eprintln!(
-        "helm upgrade and rollback under admission load: {:.1}s, {} creates, {} failed, latency p50 {:.0} ms p99 {:.0} ms max {:.0} ms",
-        upgrade_secs,
-        load.latencies_ms.len() + load.failures.len(),
-        load.failures.len(),
-        pct(0.5),
-        pct(0.99),
-        pct(1.0)
-    );
-    ensure!(
-        load.failures.is_empty(),
-        "admission failed during helm upgrade or rollback: {:?}",
-        load.failures
-    );
-    ensure!(
-        load.latencies_ms.len() >= 10,
-        "only {} creates during the upgrade",
-        load.latencies_ms.len()
-    );
+    disruption_series(node, &helm, kubeconfig, &client, &objects).await?;
+    // The extender: the chart's scheduler (with its extender sidecar) is rolled while
+    // training pods are placed through it.
+    scheduler_rollout(&helm, kubeconfig, &client, &pods, &objects).await?;
     let kept_after = kept_state(&client).await?;
     ensure!(
         kept_after == kept_before,
@@ -1197,42 +1104,463 @@ async fn uninstalled(client: &Client, objects: &[Value]) -> Result<()> {
 }
 
 /// What admission saw while the chart was upgraded: each create's latency, or its error.
-struct AdmissionLoad {
-    latencies_ms: Vec<f64>,
-    failures: Vec<String>,
+/// One admission of the load: when it began (since the series began), how long it took,
+/// and its error.
+struct Admission {
+    at: Duration,
+    latency_ms: f64,
+    error: Option<String>,
 }
 
-/// Training pods created (and deleted) back to back until `stop`; each must come back
-/// mutated.
+/// Creates per second the load offers (in all), and how many clients it spreads them over.
+const LOAD_RATE: u32 = 64;
+const LOAD_CLIENTS: u32 = 8;
+
+/// Training pods created with `dryRun=All` (the webhooks run, sideEffects None; nothing is
+/// stored or scheduled) at [`LOAD_RATE`] until `stop`; each must come back mutated.
 async fn admission_load(
     pods: Api<Pod>,
+    client_id: u32,
+    began: Instant,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-) -> AdmissionLoad {
-    let mut load = AdmissionLoad {
-        latencies_ms: Vec::new(),
-        failures: Vec::new(),
+) -> Vec<Admission> {
+    let interval = Duration::from_secs_f64(f64::from(LOAD_CLIENTS) / f64::from(LOAD_RATE));
+    let params = PostParams {
+        dry_run: true,
+        ..PostParams::default()
     };
-    let mut i = 0;
+    let mut out = Vec::new();
+    let mut next = Instant::now();
+    let mut i = 0u64;
     while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-        let name = format!("during-upgrade-{i}");
+        let name = format!("load-{client_id}-{i}");
         i += 1;
-        let pod = match training_pod(&name, &[], Some(1)) {
-            Ok(p) => p,
-            Err(e) => {
-                load.failures.push(format!("{name}: {e:#}"));
-                break;
-            }
-        };
+        let at = began.elapsed();
         let t = Instant::now();
-        match pods.create(&PostParams::default(), &pod).await {
-            Ok(p) if mutated(&p) => load.latencies_ms.push(t.elapsed().as_secs_f64() * 1e3),
-            Ok(_) => load.failures.push(format!("{name}: admitted unmutated")),
-            Err(e) => load.failures.push(format!("{name}: {e}")),
+        let error = match training_pod(&name, &[], Some(1)) {
+            Err(e) => Some(format!("{e:#}")),
+            Ok(pod) => match pods.create(&params, &pod).await {
+                Ok(p) if mutated(&p) => None,
+                Ok(_) => Some("admitted unmutated".into()),
+                Err(e) => Some(e.to_string()),
+            },
+        };
+        out.push(Admission {
+            at,
+            latency_ms: t.elapsed().as_secs_f64() * 1e3,
+            error: error.map(|e| format!("{name}: {e}")),
+        });
+        next += interval;
+        let now = Instant::now();
+        if next > now {
+            tokio::time::sleep(next - now).await;
+        } else {
+            next = now;
         }
-        let _ = pods.delete(&name, &DeleteParams::default()).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    load
+    out
+}
+
+/// The webhook pods, (name, uid), not terminating.
+async fn webhook_pods(client: &Client) -> Result<Vec<(String, String)>> {
+    Ok(Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+        .list(&ListParams::default().labels("app.kubernetes.io/component=webhook"))
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| Some((p.metadata.name?, p.metadata.uid?)))
+        .collect())
+}
+
+/// Until both webhook replicas are ready, no webhook pod is terminating, and the Service
+/// has both and only both as ready endpoints.
+async fn webhook_settled(client: &Client) -> Result<()> {
+    use k8s_openapi::api::core::v1::Endpoints;
+    eventually(
+        Duration::from_secs(180),
+        "two ready webhook replicas behind the Service",
+        || async {
+            let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+                .list(&ListParams::default().labels("app.kubernetes.io/component=webhook"))
+                .await?
+                .items;
+            let ready = pods
+                .iter()
+                .filter(|p| {
+                    p.metadata.deletion_timestamp.is_none()
+                        && p.status
+                            .as_ref()
+                            .and_then(|s| s.conditions.as_ref())
+                            .is_some_and(|c| {
+                                c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                            })
+                })
+                .count();
+            let ep = Api::<Endpoints>::namespaced(client.clone(), NAMESPACE)
+                .get(&format!("{RELEASE}-webhook"))
+                .await?;
+            let subsets = ep.subsets.unwrap_or_default();
+            let addresses: usize = subsets
+                .iter()
+                .map(|s| s.addresses.as_ref().map_or(0, Vec::len))
+                .sum();
+            let not_ready: usize = subsets
+                .iter()
+                .map(|s| s.not_ready_addresses.as_ref().map_or(0, Vec::len))
+                .sum();
+            Ok((pods.len() == 2 && ready == 2 && addresses == 2 && not_ready == 0).then_some(()))
+        },
+    )
+    .await
+}
+
+/// The host pid of the `railguard-webhook` process in pod `uid` (cgroupfs paths name the
+/// pod, `pod<uid>`).
+fn webhook_host_pid(uid: &str) -> Result<u32> {
+    let underscored = uid.replace('-', "_");
+    for entry in std::fs::read_dir("/proc")? {
+        let entry = entry?;
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+        if !String::from_utf8_lossy(argv0).ends_with("railguard-webhook") {
+            continue;
+        }
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        if cgroup.contains(&format!("pod{uid}")) || cgroup.contains(&format!("pod{underscored}")) {
+            return Ok(pid);
+        }
+    }
+    bail!("no railguard-webhook process in pod {uid}")
+}
+
+/// How a SIGKILLed replica's admissions fail (kube-apiserver calls a webhook once, with no
+/// retry: k8s.io/apiserver/pkg/admission/plugin/webhook/mutating/dispatcher.go; client-go's
+/// `Request.Do` retries a POST only on a 429 or 5xx answer with Retry-After, never on a
+/// connection error: k8s.io/client-go/rest/request.go, `IsRetryableFunc` limited to GET).
+fn sigkill_failure_kind(error: &str) -> &'static str {
+    if error.contains("connection refused") {
+        "dialed the dead replica before its endpoint was removed (connection refused)"
+    } else if error.contains("EOF") || error.contains("connection reset") {
+        "in flight on the killed process (EOF / connection reset)"
+    } else if error.contains("timeout") || error.contains("deadline") {
+        "sent to the killed process and never answered (timeout)"
+    } else {
+        "other"
+    }
+}
+
+async fn disruption_series(
+    node: &RealNode,
+    helm: &Helm,
+    kubeconfig: &Path,
+    client: &Client,
+    objects: &[Value],
+) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), TRAINING);
+    webhook_settled(client).await?;
+    let began = Instant::now();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load: Vec<_> = (0..LOAD_CLIENTS)
+        .map(|c| tokio::spawn(admission_load(pods.clone(), c, began, stop.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let chart = chart_dir();
+    let chart = chart.to_str().context("chart path")?.to_string();
+    // (kind, began, ended) of each disruption; SIGKILL windows end once both replicas are
+    // ready behind the Service again.
+    let mut disruptions: Vec<(&'static str, Duration, Duration)> = Vec::new();
+    for round in 0..4 {
+        // helm upgrade with a changed pod template: both replicas roll (maxSurge 1).
+        let t = began.elapsed();
+        let annotation = format!("webhook.podAnnotations.railguard\\.io/e2e-rollout={round}");
+        let out = tokio::task::block_in_place(|| {
+            helm.on_cluster(
+                kubeconfig,
+                [
+                    "upgrade",
+                    RELEASE,
+                    &chart,
+                    "-n",
+                    NAMESPACE,
+                    "--reuse-values",
+                    "--set-string",
+                    &annotation,
+                    "--wait",
+                    "--timeout",
+                    "5m",
+                ],
+            )
+        })?;
+        eprintln!("{}", out.trim());
+        webhook_settled(client).await?;
+        let rolled = webhook_pods_with_rollout_annotation(client).await?;
+        ensure!(
+            rolled.len() == 2,
+            "the upgrade rolled both webhook replicas: {rolled:?}"
+        );
+        disruptions.push(("helm upgrade", t, began.elapsed()));
+
+        // helm rollback to the revision before: the replicas roll back.
+        let t = began.elapsed();
+        let out = tokio::task::block_in_place(|| {
+            helm.on_cluster(
+                kubeconfig,
+                [
+                    "rollback",
+                    RELEASE,
+                    "-n",
+                    NAMESPACE,
+                    "--wait",
+                    "--timeout",
+                    "5m",
+                ],
+            )
+        })?;
+        eprintln!("{}", out.trim());
+        webhook_settled(client).await?;
+        let rolled = webhook_pods_with_rollout_annotation(client).await?;
+        ensure!(
+            rolled.is_empty(),
+            "the rollback restored the template of the revision before: {rolled:?}"
+        );
+        disruptions.push(("helm rollback", t, began.elapsed()));
+
+        // A webhook pod deleted (its terminationGracePeriodSeconds applies).
+        let t = began.elapsed();
+        let hooks = webhook_pods(client).await?;
+        Api::<Pod>::namespaced(client.clone(), NAMESPACE)
+            .delete(&hooks[0].0, &DeleteParams::default())
+            .await?;
+        webhook_settled(client).await?;
+        disruptions.push(("pod deleted", t, began.elapsed()));
+
+        // A webhook pod evicted, as `kubectl drain` does (the PDB allows one).
+        let t = began.elapsed();
+        let hooks = webhook_pods(client).await?;
+        let status = evict(node, NAMESPACE, &hooks[1].0).await?;
+        ensure!(
+            status == 201,
+            "eviction of {} answered {status}",
+            hooks[1].0
+        );
+        webhook_settled(client).await?;
+        disruptions.push(("pod evicted", t, began.elapsed()));
+
+        // SIGKILL of one of the two replicas' process; the kubelet restarts its container.
+        let hooks = webhook_pods(client).await?;
+        let pid = webhook_host_pid(&hooks[round % 2].1)?;
+        let t = began.elapsed();
+        let killed = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()?;
+        ensure!(killed.success(), "kill -KILL {pid}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        webhook_settled(client).await?;
+        // kube-proxy's rules follow the endpoints within its sync period.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        disruptions.push(("SIGKILL", t, began.elapsed()));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut admissions = Vec::new();
+    for task in load {
+        admissions.extend(task.await.context("admission load task")?);
+    }
+    wait_workloads_ready(client, NAMESPACE, objects, Duration::from_secs(300)).await?;
+    let secs = began.elapsed().as_secs_f64();
+
+    let in_sigkill = |a: &Admission| {
+        disruptions.iter().any(|(kind, from, to)| {
+            *kind == "SIGKILL"
+                && a.at + Duration::from_millis(a.latency_ms as u64) >= *from
+                && a.at <= *to
+        })
+    };
+    let mut latencies: Vec<f64> = admissions
+        .iter()
+        .filter(|a| a.error.is_none())
+        .map(|a| a.latency_ms)
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    let pct = |q: f64| {
+        latencies
+            .get((latencies.len().saturating_sub(1) as f64 * q).round() as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    let failed: Vec<&Admission> = admissions.iter().filter(|a| a.error.is_some()).collect();
+    let outside: Vec<&str> = failed
+        .iter()
+        .filter(|a| !in_sigkill(a))
+        .filter_map(|a| a.error.as_deref())
+        .collect();
+    let mut by_kind: BTreeMap<&str, usize> = BTreeMap::new();
+    for a in failed.iter().filter(|a| in_sigkill(a)) {
+        *by_kind
+            .entry(sigkill_failure_kind(a.error.as_deref().unwrap_or_default()))
+            .or_default() += 1;
+    }
+    let mut kinds: BTreeMap<&str, (usize, f64)> = BTreeMap::new();
+    for (kind, from, to) in &disruptions {
+        let e = kinds.entry(kind).or_default();
+        e.0 += 1;
+        e.1 = e.1.max((*to - *from).as_secs_f64());
+    }
+    eprintln!(
+        "disruption series: {:.0} s, {} admissions ({:.1}/s) over {LOAD_CLIENTS} clients, {} disruptions {:?}",
+        secs,
+        admissions.len(),
+        admissions.len() as f64 / secs,
+        disruptions.len(),
+        kinds
+    );
+    eprintln!(
+        "| admissions | failed outside SIGKILL | failed in SIGKILL windows | p50 ms | p99 ms | max ms |"
+    );
+    eprintln!(
+        "| {} | {} | {} | {:.1} | {:.1} | {:.1} |",
+        admissions.len(),
+        outside.len(),
+        failed.len() - outside.len(),
+        pct(0.5),
+        pct(0.99),
+        pct(1.0)
+    );
+    for (kind, n) in &by_kind {
+        eprintln!("SIGKILL failures, {kind}: {n}");
+    }
+    for a in failed.iter().take(20) {
+        eprintln!(
+            "failed at {:.1}s: {}",
+            a.at.as_secs_f64(),
+            a.error.as_deref().unwrap_or_default()
+        );
+    }
+    ensure!(
+        outside.is_empty(),
+        "{} admissions failed outside SIGKILL windows: {:?}",
+        outside.len(),
+        &outside[..outside.len().min(10)]
+    );
+    ensure!(
+        !by_kind.contains_key("other"),
+        "a SIGKILL window saw a failure of no known kind: {:?}",
+        failed
+            .iter()
+            .filter_map(|a| a.error.as_deref())
+            .collect::<Vec<_>>()
+    );
+    ensure!(disruptions.len() >= 20, "{} disruptions", disruptions.len());
+    ensure!(
+        admissions.len() >= 5000 && admissions.len() as f64 / secs >= 50.0,
+        "load too light: {} admissions in {secs:.0} s",
+        admissions.len()
+    );
+    Ok(())
+}
+
+/// Reasons kube-scheduler gives when an extender call fails (v1.20
+/// pkg/scheduler/core/generic_scheduler.go wraps the extender's error into the FitError's
+/// event; the error names the extender's URL).
+fn extender_error(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.contains("extender") && (m.contains("eof") || m.contains("connection") || m.contains("post "))
+}
+
+/// The chart's scheduler rolled three times (`helm upgrade` with a changed pod template,
+/// its extender a sidecar) while training pods are created one after another: each is
+/// placed, none gets a FailedScheduling from an extender error.
+async fn scheduler_rollout(
+    helm: &Helm,
+    kubeconfig: &Path,
+    client: &Client,
+    pods: &Api<Pod>,
+    objects: &[Value],
+) -> Result<()> {
+    let chart = chart_dir();
+    let chart = chart.to_str().context("chart path")?.to_string();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let placing = {
+        let (pods, client, stop) = (pods.clone(), client.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut waits = Vec::new();
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let name = format!("through-scheduler-rollout-{i}");
+                i += 1;
+                let t = Instant::now();
+                pods.create(&PostParams::default(), &training_pod(&name, &[], Some(1))?)
+                    .await?;
+                let placed = eventually(
+                    Duration::from_secs(120),
+                    &format!("{name} to be placed"),
+                    || async {
+                        let p = pods.get(&name).await?;
+                        Ok::<_, anyhow::Error>(p.spec.and_then(|s| s.node_name).map(|_| ()))
+                    },
+                )
+                .await;
+                let events = failed_scheduling_messages(&client, TRAINING, &name).await?;
+                placed?;
+                waits.push(t.elapsed());
+                let extender: Vec<_> = events.iter().filter(|m| extender_error(m)).collect();
+                ensure!(
+                    extender.is_empty(),
+                    "{name} waited on an extender error: {extender:?}"
+                );
+                // Gone from the API at once (the kubelet stops its container later), so its
+                // GPU is free for the next pod.
+                pods.delete(
+                    &name,
+                    &DeleteParams {
+                        grace_period_seconds: Some(0),
+                        ..DeleteParams::default()
+                    },
+                )
+                .await?;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Ok::<_, anyhow::Error>(waits)
+        })
+    };
+    for round in 0..3 {
+        let annotation = format!("scheduler.podAnnotations.railguard\\.io/e2e-rollout={round}");
+        let out = tokio::task::block_in_place(|| {
+            helm.on_cluster(
+                kubeconfig,
+                [
+                    "upgrade",
+                    RELEASE,
+                    &chart,
+                    "-n",
+                    NAMESPACE,
+                    "--reuse-values",
+                    "--set-string",
+                    &annotation,
+                    "--wait",
+                    "--timeout",
+                    "5m",
+                ],
+            )
+        })?;
+        eprintln!("{}", out.trim());
+        wait_workloads_ready(client, NAMESPACE, objects, Duration::from_secs(300)).await?;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let waits = placing.await.context("placing task")??;
+    let max = waits.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "scheduler rollouts: {} pods placed through 3 rollouts of the scheduler and its extender, longest wait {:.1} s, no extender error",
+        waits.len(),
+        max.as_secs_f64()
+    );
+    ensure!(waits.len() >= 3, "only {} pods placed", waits.len());
+    Ok(())
 }
 
 /// The generated Secrets' data, the webhooks' caBundles, the Node's certificate and the

@@ -19,6 +19,13 @@
 //! - a port taken down in the node's sysfs makes the prober fail the node: new training
 //!   pods stay Pending (the extender's reason in the events of one that skipped the
 //!   injected affinity), while a pod without GPUs still runs;
+//! - the disruption series (issue #43): dry-run training pod creates at 64/s over 8
+//!   clients while the webhook goes through 20 disruptions (`helm upgrade` with a changed
+//!   pod template, `helm rollback`, a deleted pod, an evicted pod, SIGKILL of one of two
+//!   replicas; four of each): no admission fails outside a SIGKILL window, and those inside
+//!   are of the kinds kube-apiserver does not retry; then the scheduler with its extender
+//!   sidecar is rolled three times while training pods are placed, none hitting an
+//!   extender error;
 //! - webhook pods evicted one at a time: the PodDisruptionBudget refuses the second while
 //!   the first is replaced, and admission keeps answering throughout;
 //! - `helm uninstall` removes railguard's workloads, webhook registrations and the chart's

@@ -1260,6 +1260,39 @@ fn sigkill_failure_kind(error: &str) -> &'static str {
     }
 }
 
+/// `helm upgrade --reuse-values` with the `railguard.io/e2e-rollout` pod annotation of
+/// `component` (`webhook`, `scheduler`) set to `round`: a changed pod template, so it rolls.
+fn roll_with_annotation(
+    helm: &Helm,
+    kubeconfig: &Path,
+    component: &str,
+    round: usize,
+) -> Result<()> {
+    let chart = chart_dir();
+    let chart = chart.to_str().context("chart path")?;
+    let annotation = format!("{component}.podAnnotations.railguard\\.io/e2e-rollout={round}");
+    let out = tokio::task::block_in_place(|| {
+        helm.on_cluster(
+            kubeconfig,
+            [
+                "upgrade",
+                RELEASE,
+                chart,
+                "-n",
+                NAMESPACE,
+                "--reuse-values",
+                "--set-string",
+                &annotation,
+                "--wait",
+                "--timeout",
+                "5m",
+            ],
+        )
+    })?;
+    eprintln!("{}", out.trim());
+    Ok(())
+}
+
 async fn disruption_series(
     node: &RealNode,
     helm: &Helm,
@@ -1275,34 +1308,13 @@ async fn disruption_series(
         .map(|c| tokio::spawn(admission_load(pods.clone(), c, began, stop.clone())))
         .collect();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let chart = chart_dir();
-    let chart = chart.to_str().context("chart path")?.to_string();
     // (kind, began, ended) of each disruption; SIGKILL windows end once both replicas are
     // ready behind the Service again.
     let mut disruptions: Vec<(&'static str, Duration, Duration)> = Vec::new();
     for round in 0..4 {
         // helm upgrade with a changed pod template: both replicas roll (maxSurge 1).
         let t = began.elapsed();
-        let annotation = format!("webhook.podAnnotations.railguard\\.io/e2e-rollout={round}");
-        let out = tokio::task::block_in_place(|| {
-            helm.on_cluster(
-                kubeconfig,
-                [
-                    "upgrade",
-                    RELEASE,
-                    &chart,
-                    "-n",
-                    NAMESPACE,
-                    "--reuse-values",
-                    "--set-string",
-                    &annotation,
-                    "--wait",
-                    "--timeout",
-                    "5m",
-                ],
-            )
-        })?;
-        eprintln!("{}", out.trim());
+        roll_with_annotation(helm, kubeconfig, "webhook", round)?;
         webhook_settled(client).await?;
         let rolled = webhook_pods_with_rollout_annotation(client).await?;
         ensure!(
@@ -1488,8 +1500,6 @@ async fn scheduler_rollout(
     pods: &Api<Pod>,
     objects: &[Value],
 ) -> Result<()> {
-    let chart = chart_dir();
-    let chart = chart.to_str().context("chart path")?.to_string();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let placing = {
         let (pods, client, stop) = (pods.clone(), client.clone(), stop.clone());
@@ -1535,26 +1545,7 @@ async fn scheduler_rollout(
         })
     };
     for round in 0..3 {
-        let annotation = format!("scheduler.podAnnotations.railguard\\.io/e2e-rollout={round}");
-        let out = tokio::task::block_in_place(|| {
-            helm.on_cluster(
-                kubeconfig,
-                [
-                    "upgrade",
-                    RELEASE,
-                    &chart,
-                    "-n",
-                    NAMESPACE,
-                    "--reuse-values",
-                    "--set-string",
-                    &annotation,
-                    "--wait",
-                    "--timeout",
-                    "5m",
-                ],
-            )
-        })?;
-        eprintln!("{}", out.trim());
+        roll_with_annotation(helm, kubeconfig, "scheduler", round)?;
         wait_workloads_ready(client, NAMESPACE, objects, Duration::from_secs(300)).await?;
     }
     tokio::time::sleep(Duration::from_secs(5)).await;

@@ -186,3 +186,136 @@ pub async fn wait_workloads_ready(
     let still = last.lock().unwrap_or_else(|p| p.into_inner()).join(", ");
     result.with_context(|| format!("not ready: {still}"))
 }
+
+/// The chart's fleet controller, run the way its Deployment runs it: the chart's
+/// ServiceAccount, ClusterRole, Role and their bindings applied, then the real
+/// `railguard-prober` with the container's args and env (the downward API filled in as the
+/// kubelet does). Only the metrics address moves to loopback and the in-cluster credentials
+/// become a kubeconfig holding a token of that ServiceAccount, so every request it makes is
+/// judged by the chart's RBAC.
+pub struct ChartFleet {
+    pub daemon: crate::daemon::Daemon,
+    /// `http://` + its metrics address.
+    pub url: String,
+    /// A kubeconfig with the ServiceAccount's token alone.
+    pub kubeconfig: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// Whether a rendered object belongs to the fleet controller.
+pub fn is_fleet(obj: &Value) -> bool {
+    obj["metadata"]["labels"]["app.kubernetes.io/component"] == "fleet"
+}
+
+impl ChartFleet {
+    /// Applies the fleet identity of `docs` (the chart rendered for this server) in
+    /// `namespace` and starts the controller as `name` (its log: `<name>.log`), ready.
+    pub async fn start(
+        cp: &crate::ControlPlane,
+        docs: &[Value],
+        namespace: &str,
+        name: &'static str,
+    ) -> Result<ChartFleet> {
+        let admin = cp.client();
+        let identity: Vec<Value> = docs
+            .iter()
+            .filter(|d| {
+                is_fleet(d)
+                    && matches!(
+                        d["kind"].as_str(),
+                        Some(
+                            "ServiceAccount"
+                                | "ClusterRole"
+                                | "ClusterRoleBinding"
+                                | "Role"
+                                | "RoleBinding"
+                        )
+                    )
+            })
+            .cloned()
+            .collect();
+        if identity.len() != 5 {
+            bail!(
+                "the chart renders {} fleet identity objects, not 5 (ServiceAccount, ClusterRole and binding, the Lease's Role and binding)",
+                identity.len()
+            );
+        }
+        apply_objects(&admin, namespace, &identity).await?;
+        let deployment = docs
+            .iter()
+            .find(|d| is_fleet(d) && d["kind"] == "Deployment")
+            .context("the chart renders no fleet Deployment")?;
+        let pod = &deployment["spec"]["template"]["spec"];
+        let account = pod["serviceAccountName"]
+            .as_str()
+            .context("the fleet pod names no ServiceAccount")?;
+        let token = crate::service_account_token(&admin, namespace, account, None).await?;
+        let dir = tempfile::tempdir()?;
+        let admin_config = std::fs::read_to_string(cp.kubeconfig_path())?;
+        if !admin_config.contains(cp.admin_token()) {
+            bail!("the control plane's kubeconfig is no token kubeconfig");
+        }
+        let kubeconfig = dir.path().join("fleet.kubeconfig");
+        std::fs::write(&kubeconfig, admin_config.replace(cp.admin_token(), &token))?;
+
+        let prober = crate::workspace_binary("railguard-prober-cli", "railguard-prober")?;
+        let container = &pod["containers"][0];
+        let mut cmd = std::process::Command::new(&prober);
+        for a in container["args"]
+            .as_array()
+            .context("fleet container args")?
+        {
+            cmd.arg(a.as_str().context("an arg that is no string")?);
+        }
+        let pod_name = format!("{name}-0");
+        for e in container["env"].as_array().context("fleet container env")? {
+            let var = e["name"].as_str().context("an env var without a name")?;
+            let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("metadata.namespace") => namespace.to_string(),
+                Some("metadata.name") => pod_name.clone(),
+                Some(other) => bail!("{var}: fieldRef {other} is not filled in here"),
+                None => e["value"]
+                    .as_str()
+                    .with_context(|| format!("{var}: neither a value nor a fieldRef"))?
+                    .to_string(),
+            };
+            cmd.env(var, value);
+        }
+        cmd.env("RAILGUARD_METRICS_LISTEN", crate::daemon::ANY_LOOPBACK_PORT)
+            .env("RAILGUARD_KUBECONFIG", &kubeconfig)
+            .env("RAILGUARD_LOG", "info")
+            .env("HOSTNAME", &pod_name);
+        let logs = cp.log_dir();
+        let mut daemon = crate::daemon::Daemon::spawn(name, &mut cmd, logs);
+        let url = format!("http://{}", daemon.listen_addr("--metrics-listen").await);
+        crate::daemon::wait_ready(
+            &format!("{url}/readyz"),
+            "fleet controller",
+            &mut daemon,
+            logs,
+        )
+        .await;
+        Ok(ChartFleet {
+            daemon,
+            url,
+            kubeconfig,
+            _dir: dir,
+        })
+    }
+
+    /// A client that authenticates as the fleet's ServiceAccount.
+    pub async fn client(&self) -> Result<Client> {
+        let config = kube::config::Kubeconfig::read_from(&self.kubeconfig)?;
+        let config = kube::Config::from_custom_kubeconfig(
+            config,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await?;
+        Ok(Client::try_from(config)?)
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> Result<String> {
+        Ok(std::fs::read_to_string(&self.daemon.log)?)
+    }
+}

@@ -4,7 +4,7 @@
 //! `railguard-<profile>-<n>-rails` (n GPU+NIC pairs, each pair under one PCIe root), with the
 //! names `railguard_api::dra` gives (a drift between the two fails here); for a 1.20 server,
 //! a server without DeviceTaintRule, or `dra.enabled=false`, none of it, and the fleet
-//! controller's ClusterRole gets the DRA rules only where DRA is served. The last test
+//! controller's ClusterRole gets the DRA rules only with `dra.deviceTaints` (off by default) where DRA is served. The last test
 //! dry-runs the DRA objects against the real kube-apiserver of the pass (1.37 under
 //! `RAILGUARD_KUBE_VERSION=1.37`; on 1.20 it checks that the server's own Capabilities
 //! render nothing DRA). helm and kubectl come from `tests/scripts/helm.sh`.
@@ -357,33 +357,6 @@ fn a_1_37_server_gets_the_profiles_classes_and_aligned_claim_templates() {
                 );
             }
         }
-        // The fleet controller reads slices and keeps its DeviceTaintRules.
-        let role = fleet_role(&docs);
-        let rules: BTreeMap<Vec<String>, BTreeSet<String>> = resource_rules(role)
-            .iter()
-            .map(|r| {
-                (
-                    strs(&r["resources"]),
-                    strs(&r["verbs"]).into_iter().collect(),
-                )
-            })
-            .collect();
-        let set_of = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
-        assert_eq!(
-            rules,
-            BTreeMap::from([
-                (
-                    vec!["resourceslices".to_string()],
-                    set_of(&["get", "list", "watch"])
-                ),
-                (
-                    vec!["devicetaintrules".to_string()],
-                    set_of(&["get", "list", "watch", "create", "update", "patch", "delete"])
-                ),
-            ]),
-            "{}",
-            set.label
-        );
     }
 }
 
@@ -535,20 +508,122 @@ fn nothing_dra_renders_without_device_taint_rules_or_when_disabled() {
                 "{label} {}: resource.k8s.io",
                 set.label
             );
+            // Device taints are off by default: no DRA permission anywhere.
             let role = fleet_role(&docs);
-            if label == "dra.enabled=false" {
-                // The controller's permissions follow the server, not the chart's classes:
-                // the profiles' spec.dra say what it taints.
-                assert_eq!(resource_rules(role).len(), 2, "{label} {}", set.label);
-            } else {
-                assert!(
-                    resource_rules(role).is_empty(),
-                    "{label} {}: {role}",
+            assert!(
+                resource_rules(role).is_empty(),
+                "{label} {}: {role}",
+                set.label
+            );
+        }
+    }
+}
+
+/// The value of `var` in the fleet controller's container.
+fn fleet_env(docs: &[Json], var: &str) -> Option<String> {
+    let deployment = kind(docs, "Deployment")
+        .into_iter()
+        .find(|d| d["metadata"]["labels"]["app.kubernetes.io/component"] == "fleet")
+        .expect("the fleet Deployment");
+    deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == var)
+        .map(|e| e["value"].as_str().unwrap().to_string())
+}
+
+/// Day one changes nothing: DeviceTaintRules taint a device for every claim, so the fleet
+/// controller keeps them only with `dra.deviceTaints` (off by default) on a server that serves
+/// them; its RBAC for ResourceSlices and DeviceTaintRules is rendered only then, and the
+/// binary's default (`--dra-taints`) is the chart's.
+#[test]
+fn device_taint_rules_are_opt_in_and_so_is_their_rbac() {
+    let on = "dra:\n  deviceTaints: true\n";
+    let cases: [(&str, Vec<String>, &str, &str, bool); 4] = [
+        ("1.37, defaults", dra_api_versions(), KUBE_1_37, "{}", false),
+        (
+            "1.37, deviceTaints",
+            dra_api_versions(),
+            KUBE_1_37,
+            on,
+            true,
+        ),
+        (
+            "1.37, deviceTaints, dra.enabled=false",
+            dra_api_versions(),
+            KUBE_1_37,
+            "dra:\n  deviceTaints: true\n  enabled: false\n",
+            true,
+        ),
+        (
+            "1.20, deviceTaints",
+            kube_1_20_api_versions(),
+            KUBE_1_20_VERSION,
+            on,
+            false,
+        ),
+    ];
+    for (label, api_versions, kube_version, extra, taints) in cases {
+        for set in [&DEFAULT, &ALL_PROFILES, &ROCE] {
+            let docs = render_extra(set, extra, &api_versions, kube_version)
+                .unwrap_or_else(|e| panic!("{label} {}: {e:#}", set.label));
+            let rules = resource_rules(fleet_role(&docs));
+            let want = if taints { 2 } else { 0 };
+            assert_eq!(rules.len(), want, "{label} {}: {rules:?}", set.label);
+            if taints {
+                // It reads slices and keeps its DeviceTaintRules.
+                let rules: BTreeMap<Vec<String>, BTreeSet<String>> = rules
+                    .iter()
+                    .map(|r| {
+                        (
+                            strs(&r["resources"]),
+                            strs(&r["verbs"]).into_iter().collect(),
+                        )
+                    })
+                    .collect();
+                let set_of = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+                assert_eq!(
+                    rules,
+                    BTreeMap::from([
+                        (
+                            vec!["resourceslices".to_string()],
+                            set_of(&["get", "list", "watch"])
+                        ),
+                        (
+                            vec!["devicetaintrules".to_string()],
+                            set_of(&[
+                                "get", "list", "watch", "create", "update", "patch", "delete"
+                            ])
+                        ),
+                    ]),
+                    "{label} {}",
                     set.label
                 );
             }
+            assert_eq!(
+                fleet_env(&docs, "RAILGUARD_DRA_TAINTS").as_deref(),
+                Some(if taints { "true" } else { "false" }),
+                "{label} {}",
+                set.label
+            );
         }
     }
+    // The binary's default is the chart's.
+    let chart_default = DEFAULT.values().unwrap()["dra"]["deviceTaints"].clone();
+    assert_eq!(chart_default, json!(false));
+    let cli = <railguard_prober_cli::Cli as clap::CommandFactory>::command();
+    let flag = cli
+        .find_subcommand("fleet")
+        .unwrap()
+        .get_arguments()
+        .find(|a| a.get_long() == Some("dra-taints"))
+        .expect("fleet --dra-taints");
+    assert_eq!(
+        flag.get_default_values(),
+        [std::ffi::OsStr::new("false")],
+        "--dra-taints defaults to the chart's dra.deviceTaints"
+    );
 }
 
 #[test]

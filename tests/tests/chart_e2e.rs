@@ -1188,6 +1188,8 @@ fn fleet_controller_runs_once_for_every_profile_and_ships_the_dashboard_on_reque
             [
                 ("RAILGUARD_FLEET_INTERVAL_SECS", "60"),
                 ("RAILGUARD_FLEET_SETTLE_SECS", "5"),
+                // Device taints are opt-in (dra.deviceTaints), and there is no DRA on 1.20.
+                ("RAILGUARD_DRA_TAINTS", "false"),
                 ("RAILGUARD_METRICS_LISTEN", "0.0.0.0:9464"),
                 ("RAILGUARD_LOG_FORMAT", "json"),
                 // The leader-election Lease's namespace and this replica's identity.

@@ -11,21 +11,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: a failed setup fails the test loudly
 
-use std::process::Command;
 use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Event, Node, Secret};
 use kube::api::{Api, ListParams, PostParams};
-use kube::Client;
 use railguard_api::{keys, FabricProfile, Verdict};
 use railguard_prober_cli::fleet::METRIC_NAMES;
 use railguard_tests::chart_values::DEFAULT;
-use railguard_tests::daemon::{wait_ready, Daemon, ANY_LOOPBACK_PORT};
-use railguard_tests::install::apply_objects;
-use railguard_tests::{
-    eventually, fixture_profile, labels, workspace_binary, ControlPlane, KubeVersion,
-};
+use railguard_tests::install::{is_fleet, ChartFleet};
+use railguard_tests::{eventually, fixture_profile, labels, ControlPlane, KubeVersion};
 use serde_json::{json, Value};
 
 const SLOW: &str = "gpu-05";
@@ -50,28 +45,6 @@ fn rendered(version: KubeVersion) -> Vec<Value> {
             .map(|d| d.obj)
             .collect(),
     }
-}
-
-fn is_fleet(d: &Value) -> bool {
-    d["metadata"]["labels"]["app.kubernetes.io/component"] == "fleet"
-}
-
-/// A kubeconfig for the same API server that authenticates with `token` only.
-fn token_kubeconfig(cp: &ControlPlane, token: &str, dir: &std::path::Path) -> std::path::PathBuf {
-    let admin = std::fs::read_to_string(cp.kubeconfig_path()).unwrap();
-    assert!(admin.contains(cp.admin_token()), "a token kubeconfig");
-    let path = dir.join("fleet.kubeconfig");
-    std::fs::write(&path, admin.replace(cp.admin_token(), token)).unwrap();
-    path
-}
-
-async fn client_of(kubeconfig: &std::path::Path) -> Client {
-    let config = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
-    let config =
-        kube::Config::from_custom_kubeconfig(config, &kube::config::KubeConfigOptions::default())
-            .await
-            .unwrap();
-    Client::try_from(config).unwrap()
 }
 
 /// Whether the exposition has `name`: a sample of it (a histogram's as `_bucket`, `_sum`,
@@ -104,49 +77,23 @@ fn exposition_names_are_read_by_family_and_sample() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fleet_controller_needs_no_more_than_the_charts_rbac() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let prober = workspace_binary("railguard-prober-cli", "railguard-prober").unwrap();
     let cp = ControlPlane::start().await.expect("control plane");
     cp.apply_fabricprofile_crd().await.unwrap();
     let admin = cp.client();
     let logs = cp.log_dir().to_path_buf();
     let docs = rendered(cp.kube_version());
 
-    // The chart's identity for the controller.
     cp.create_namespace(DEFAULT.namespace, &labels(&[]))
-        .await
-        .unwrap();
-    let identity: Vec<Value> = docs
-        .iter()
-        .filter(|d| {
-            is_fleet(d)
-                && matches!(
-                    d["kind"].as_str(),
-                    Some(
-                        "ServiceAccount"
-                            | "ClusterRole"
-                            | "ClusterRoleBinding"
-                            | "Role"
-                            | "RoleBinding"
-                    )
-                )
-        })
-        .cloned()
-        .collect();
-    assert_eq!(
-        identity.len(),
-        5,
-        "ServiceAccount, ClusterRole and binding, the leader Lease's Role and binding"
-    );
-    apply_objects(&admin, DEFAULT.namespace, &identity)
         .await
         .unwrap();
     let deployment = docs
         .iter()
         .find(|d| is_fleet(d) && d["kind"] == "Deployment")
         .expect("the fleet Deployment");
-    let pod = &deployment["spec"]["template"]["spec"];
-    let account = pod["serviceAccountName"].as_str().unwrap();
-    assert_eq!(account, "railguard-fleet");
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["serviceAccountName"],
+        "railguard-fleet"
+    );
 
     // One profile, eight certified nodes; one rail of one node 6% slow, above 360 Gb/s.
     let profile = fixture_profile("dgx-h100-ndr.yaml").unwrap();
@@ -178,43 +125,10 @@ async fn the_fleet_controller_needs_no_more_than_the_charts_rbac() {
     }
 
     // The chart's container, with the ServiceAccount's token for the in-cluster config.
-    let dir = tempfile::tempdir().unwrap();
-    let token = railguard_tests::service_account_token(&admin, DEFAULT.namespace, account, None)
+    let mut controller = ChartFleet::start(&cp, &docs, DEFAULT.namespace, "railguard-fleet-rbac")
         .await
         .unwrap();
-    let kubeconfig = token_kubeconfig(&cp, &token, dir.path());
-    let container = &pod["containers"][0];
-    let mut cmd = Command::new(&prober);
-    for a in container["args"].as_array().unwrap() {
-        cmd.arg(a.as_str().unwrap());
-    }
-    for e in container["env"].as_array().unwrap() {
-        let name = e["name"].as_str().unwrap();
-        // The downward API, as the kubelet fills it in.
-        let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
-            Some("metadata.namespace") => DEFAULT.namespace.to_string(),
-            Some("metadata.name") => "railguard-fleet-0".to_string(),
-            Some(other) => panic!("{name}: fieldRef {other}"),
-            None => e["value"].as_str().unwrap().to_string(),
-        };
-        cmd.env(name, value);
-    }
-    cmd.env("RAILGUARD_METRICS_LISTEN", ANY_LOOPBACK_PORT)
-        .env("RAILGUARD_KUBECONFIG", &kubeconfig)
-        .env("RAILGUARD_LOG", "info")
-        .env("HOSTNAME", "railguard-fleet-0");
-    let mut controller = Daemon::spawn("railguard-fleet-rbac", &mut cmd, &logs);
-    let url = format!(
-        "http://{}",
-        controller.listen_addr("--metrics-listen").await
-    );
-    wait_ready(
-        &format!("{url}/readyz"),
-        "fleet controller",
-        &mut controller,
-        &logs,
-    )
-    .await;
+    let url = controller.url.clone();
 
     // Its writes go through: the condition, the Event and status.fleet.
     let condition = eventually(Duration::from_secs(90), "the slow node is marked", || {
@@ -282,7 +196,7 @@ async fn the_fleet_controller_needs_no_more_than_the_charts_rbac() {
     assert!(!fleet.baseline.is_empty());
 
     // Nothing it asked for was refused.
-    controller.assert_running(&logs);
+    controller.daemon.assert_running(&logs);
     let log = std::fs::read_to_string(logs.join("railguard-fleet-rbac.log")).unwrap();
     assert!(
         !log.to_lowercase().contains("forbidden"),
@@ -311,7 +225,7 @@ async fn the_fleet_controller_needs_no_more_than_the_charts_rbac() {
     // And no more than that: no Secret, no deleting Nodes. (It may patch Nodes, for the
     // fabric-unhealthy taint and the expiry label; which of railguard's outputs it may
     // change is the node guard's to decide: node_guard_e2e.)
-    let sa = client_of(&kubeconfig).await;
+    let sa = controller.client().await.unwrap();
     let as_fleet: Api<Node> = Api::all(sa.clone());
     match as_fleet.delete(SLOW, &Default::default()).await {
         Err(kube::Error::Api(e)) => assert_eq!(e.code, 403, "{e:?}"),

@@ -24,7 +24,10 @@
 //!   gone;
 //! - a plain `nvidia.com/gpu` request, served by the GPU class's `extendedResourceName`
 //!   (the Node has no such allocatable: no device plugin), gets an untainted GPU or waits,
-//!   and gets the formerly tainted one once the node is recertified.
+//!   and gets the formerly tainted one once the node is recertified;
+//! - day one: with the chart's default values (`dra.deviceTaints` off) the fleet controller,
+//!   run as the chart runs it, writes no DeviceTaintRule and no taint over failed and
+//!   expired certificates, and claims are allocated as if railguard were not there.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
@@ -231,6 +234,8 @@ async fn start_fleet(cp: &ControlPlane) -> Result<Daemon> {
     let mut cmd = Command::new(bin.join("railguard-prober"));
     cmd.arg("fleet")
         .env("RAILGUARD_FLEET_WATCH", "true")
+        // Opt-in (the chart's dra.deviceTaints): these runs are about the rules.
+        .env("RAILGUARD_DRA_TAINTS", "true")
         .env("RAILGUARD_KUBECONFIG", cp.kubeconfig_path())
         .env("RAILGUARD_FLEET_INTERVAL_SECS", "3")
         .env("RAILGUARD_FLEET_SETTLE_SECS", "1")
@@ -738,5 +743,171 @@ async fn extended_resource_gpu_requests_get_untainted_gpus_only() -> Result<()> 
         "dra_e2e: (e) cuda-2 on {bound} after recertification: {alloc:?}; {:.1}s in all",
         t0.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+/// Day one changes nothing (#44): the chart's defaults on 1.37, with DRA served, slices
+/// published and a failed rail and an expired certificate on the Nodes. The fleet controller
+/// runs exactly as the chart renders it (its env, its ServiceAccount and RBAC): it computes
+/// the fleet, says DRA taints are off, and writes no DeviceTaintRule and no Node taint; an
+/// 8-rail claim on each node is allocated, the failed rail's NIC included, as without
+/// railguard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_charts_defaults_write_no_device_taint_and_change_no_placement() -> Result<()> {
+    use railguard_tests::chart_values::DEFAULT;
+    use railguard_tests::install::ChartFleet;
+
+    let mut cp =
+        ControlPlane::start_version(KubeVersion::V1_37, &ApiServerOptions::default()).await?;
+    cp.start_scheduler("[]").await?;
+    cp.start_controller_manager().await?;
+    cp.apply_fabricprofile_crd().await?;
+    let client = cp.client();
+    let hw = Hardware::dgx_h100()?;
+    Api::<FabricProfile>::all(client.clone())
+        .create(&PostParams::default(), &hw.profile)
+        .await?;
+    let ns = DEFAULT.namespace;
+    cp.create_namespace(ns, &BTreeMap::new()).await?;
+    // The chart as `helm install` renders it with its defaults against this server.
+    let docs: Vec<serde_json::Value> = DEFAULT
+        .render(&dra::chart_api_versions(), dra::CHART_KUBE_VERSION)?
+        .into_iter()
+        .map(|d| d.obj)
+        .collect();
+    let shipped: Vec<&serde_json::Value> = docs
+        .iter()
+        .filter(|d| {
+            d["apiVersion"]
+                .as_str()
+                .is_some_and(|v| v.starts_with("resource.k8s.io/"))
+        })
+        .collect();
+    if !shipped
+        .iter()
+        .any(|d| d["metadata"]["name"] == template(8).as_str())
+    {
+        bail!("the default chart ships no {} on 1.37", template(8));
+    }
+    for obj in &shipped {
+        dra::apply(&client, obj).await?;
+    }
+
+    // A node with a link-down rail, and one whose certificate expired an hour ago.
+    let (down_node, expired_node, down_rail) = ("gpu-a", "gpu-b", "mlx5_3:1");
+    let mut layouts = BTreeMap::new();
+    for (node, faults) in [
+        (down_node, vec![(down_rail, RailFault::LinkDown)]),
+        (expired_node, vec![]),
+    ] {
+        cp.create_node(
+            node,
+            &labels(&[("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3")]),
+            &[],
+        )
+        .await?;
+        let mut cert = hw.certificate(node, &faults);
+        if node == expired_node {
+            cert.issued_at = Timestamp::now() - jiff::SignedDuration::from_hours(7);
+            cert.expires_at = Timestamp::now() - jiff::SignedDuration::from_hours(1);
+        }
+        cp.publish_certificate(node, &cert).await?;
+        let layout = hw.layout(node)?;
+        publish_slices(&client, &layout).await?;
+        layouts.insert(node, layout);
+    }
+
+    let mut fleet = ChartFleet::start(&cp, &docs, ns, "railguard-fleet-day-one").await?;
+    // It ran over both nodes: status.fleet is computed, and the expired certificate's node
+    // is `pending` (the one write day one makes, a label only the webhook's affinity reads).
+    let profiles: Api<FabricProfile> = Api::all(client.clone());
+    eventually(Duration::from_secs(90), "status.fleet", || {
+        let profiles = profiles.clone();
+        async move {
+            Ok(profiles
+                .get_status(PROFILE)
+                .await?
+                .status
+                .and_then(|s| s.fleet)
+                .and_then(|f| f.computed_at))
+        }
+    })
+    .await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    eventually(Duration::from_secs(90), "the expired node pending", || {
+        let nodes = nodes.clone();
+        async move {
+            let n = nodes.get(expired_node).await?;
+            Ok(n.metadata
+                .labels
+                .and_then(|l| l.get(railguard_api::keys::LABEL_FABRIC).cloned())
+                .filter(|v| v == "pending"))
+        }
+    })
+    .await?;
+
+    // Claims land as they would without railguard: both nodes serve all eight pairs.
+    let mut placed = BTreeMap::new();
+    for pod in ["train-8a", "train-8b"] {
+        Api::<Pod>::namespaced(client.clone(), ns)
+            .create(&PostParams::default(), &claim_pod(pod, &template(8)))
+            .await?;
+        let (node, alloc) = wait_allocated(&client, ns, pod, BIND).await?;
+        assert_aligned(&layouts[node.as_str()], &alloc, 8);
+        placed.insert(node, alloc);
+    }
+    assert_eq!(
+        placed.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+        BTreeSet::from([down_node, expired_node]),
+        "one 8-rail claim on each node, the failed and the expired one"
+    );
+    let down_nic = NodeLayout::nic_device(&layouts[down_node].pair(down_rail).unwrap().nic);
+    assert!(
+        placed[down_node].iter().any(|a| a.device == down_nic),
+        "the failed rail's NIC {down_nic} is allocated as without railguard: {:?}",
+        placed[down_node]
+    );
+
+    // Several recomputations later (settle 5 s): no rule, no taint, nothing refused.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    fleet.daemon.assert_running(cp.log_dir());
+    let rules = dra::taint_rules(&client)
+        .list(&ListParams::default())
+        .await?;
+    assert!(
+        rules.items.is_empty(),
+        "DeviceTaintRules exist: {:?}",
+        rules
+            .items
+            .iter()
+            .map(|r| r.metadata.name.clone())
+            .collect::<Vec<_>>()
+    );
+    for node in nodes.list(&ListParams::default()).await? {
+        let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+        assert!(
+            taints.is_empty(),
+            "{:?} tainted: {taints:?}",
+            node.metadata.name
+        );
+    }
+    let log = fleet.log()?;
+    assert!(
+        log.contains("DRA device taints off (--dra-taints=false"),
+        "the controller says DRA taints are off:\n{log}"
+    );
+    assert!(
+        !log.to_lowercase().contains("forbidden"),
+        "a request of the fleet controller was refused:\n{log}"
+    );
+    // And it may not write one: the default RBAC has no DeviceTaintRule.
+    let as_fleet = fleet.client().await?;
+    match dra::taint_rules(&as_fleet)
+        .list(&ListParams::default())
+        .await
+    {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 403, "{e:?}"),
+        other => bail!("the default fleet identity reads DeviceTaintRules: {other:?}"),
+    }
     Ok(())
 }

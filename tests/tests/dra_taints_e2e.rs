@@ -36,6 +36,8 @@ fn fleet(bin: &std::path::Path, kubeconfig: &std::path::Path, identity: &str) ->
     let mut c = Command::new(bin.join("railguard-prober"));
     c.arg("fleet")
         .env("RAILGUARD_FLEET_WATCH", "true")
+        // Opt-in (the chart's dra.deviceTaints): these runs are about the rules.
+        .env("RAILGUARD_DRA_TAINTS", "true")
         .env("RAILGUARD_KUBECONFIG", kubeconfig)
         .env("RAILGUARD_FLEET_INTERVAL_SECS", "3")
         .env("RAILGUARD_FLEET_SETTLE_SECS", "1")

@@ -13,6 +13,14 @@ true
 {{- end -}}
 {{- end -}}
 
+{{/* Non-empty when the fleet controller keeps DeviceTaintRules: DRA is served and
+     dra.deviceTaints (opt-in). Its RBAC for them is rendered only then. */}}
+{{- define "railguard.draTaints" -}}
+{{- if and .Values.dra.deviceTaints (include "railguard.draServed" .) -}}
+true
+{{- end -}}
+{{- end -}}
+
 {{/* Non-empty when the chart ships its DeviceClasses and ResourceClaimTemplates: DRA is
      served and dra.enabled. */}}
 {{- define "railguard.draObjects" -}}

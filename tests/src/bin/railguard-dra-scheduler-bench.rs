@@ -383,6 +383,8 @@ async fn start_controller(
         Command::new(bin.join("railguard-prober"))
             .arg("fleet")
             .env("RAILGUARD_FLEET_WATCH", "true")
+            // Opt-in (the chart's dra.deviceTaints): these runs are about the rules.
+            .env("RAILGUARD_DRA_TAINTS", "true")
             .env("RAILGUARD_KUBECONFIG", cp.kubeconfig_path())
             .env("RAILGUARD_METRICS_LISTEN", ANY_LOOPBACK_PORT)
             .env("POD_NAMESPACE", "default")

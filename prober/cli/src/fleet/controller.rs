@@ -149,7 +149,9 @@ pub async fn run(client: Client, args: &FleetArgs) -> anyhow::Result<()> {
     // DRA: decided once at start-up, and said once.
     let mut dra_task = None;
     let dra = if !args.dra_taints {
-        tracing::info!("DRA device taints off (--dra-taints=false)");
+        tracing::info!(
+            "DRA device taints off (--dra-taints=false, the default; the chart's dra.deviceTaints)"
+        );
         None
     } else {
         match super::dra::availability(&client).await? {

@@ -57,7 +57,9 @@ pub struct FleetArgs {
     pub settle_secs: u64,
     /// Controller: keep DRA DeviceTaintRules for unhealthy rails where the API server serves
     /// `resource.k8s.io/v1` DeviceTaintRules (Kubernetes 1.37+); elsewhere nothing DRA runs.
-    #[arg(long, env = "RAILGUARD_DRA_TAINTS", default_value_t = true, action = clap::ArgAction::Set)]
+    /// Off by default, as in the chart (`dra.deviceTaints`): a rule taints the device for
+    /// every claim, not only railguard's.
+    #[arg(long, env = "RAILGUARD_DRA_TAINTS", default_value_t = false, action = clap::ArgAction::Set)]
     pub dra_taints: bool,
     /// Controller: write only while holding the Lease `railguard-fleet` (several replicas,
     /// one writer).

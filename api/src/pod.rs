@@ -62,18 +62,65 @@ pub fn holds_gpu(pod: &Pod, gpu_resources: &[String]) -> bool {
     !is_finished(pod) && requests_gpu(pod, gpu_resources)
 }
 
+/// Whether resource `name` matches `pattern`: the same name, or with each `*` standing for
+/// any run of characters. The NVIDIA device plugin names a GPU's shares as it is configured
+/// (`nvidia.com/mig-1g.10gb` under the mixed MIG strategy, `nvidia.com/gpu.shared` for
+/// time-slicing with `renameByDefault`), so a fixed list would miss the next profile.
+pub fn resource_matches(pattern: &str, name: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let Some(first) = parts.next() else {
+        return false;
+    };
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let tail: Vec<&str> = parts.collect();
+    let Some((last, middle)) = tail.split_last() else {
+        // No `*`: the whole name.
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+/// Whether any container (init containers included) asks for a non-zero quantity of a
+/// resource matching one of `patterns` ([`resource_matches`]).
+pub fn requests_matching(pod: &Pod, patterns: &[String]) -> bool {
+    pod.spec.as_ref().is_some_and(|spec| {
+        spec.containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .any(|c| {
+                let Some(r) = &c.resources else { return false };
+                r.limits
+                    .iter()
+                    .chain(r.requests.iter())
+                    .flat_map(|m| m.iter())
+                    .any(|(name, q)| {
+                        !is_zero_quantity(&q.0)
+                            && patterns.iter().any(|p| resource_matches(p, name))
+                    })
+            })
+    })
+}
+
 /// Whether the pod holds (or will hold) devices an invasive test would disturb: not
-/// finished, and asking for one of `resources` (the GPUs and the profile's RDMA resource, so
-/// a storage client on the same HCAs counts) or holding any DRA claim (a GPU or NIC
-/// allocated through `resource.k8s.io` shows up as `spec.resourceClaims`, not as a
-/// resource request).
+/// finished, and asking for a resource matching one of `resources` (the GPUs, their MIG and
+/// time-sliced shares, and the profile's RDMA resource, so a storage client on the same HCAs
+/// counts) or holding any DRA claim (a GPU or NIC allocated through `resource.k8s.io` shows
+/// up as `spec.resourceClaims`, not as a resource request).
 pub fn holds_devices(pod: &Pod, resources: &[String]) -> bool {
     let claims = pod
         .spec
         .as_ref()
         .and_then(|s| s.resource_claims.as_ref())
         .is_some_and(|c| !c.is_empty());
-    !is_finished(pod) && (claims || requests_gpu(pod, resources))
+    !is_finished(pod) && (claims || requests_matching(pod, resources))
 }
 
 #[cfg(test)]
@@ -100,6 +147,54 @@ mod tests {
             p["status"] = serde_json::json!({"phase": phase});
         }
         pod(p)
+    }
+
+    #[test]
+    fn resource_patterns_match_mig_and_time_sliced_names() {
+        for (pattern, name, want) in [
+            ("nvidia.com/gpu", "nvidia.com/gpu", true),
+            ("nvidia.com/gpu", "nvidia.com/gpu.shared", false),
+            ("nvidia.com/gpu", "nvidia.com/gp", false),
+            ("nvidia.com/gpu.shared", "nvidia.com/gpu.shared", true),
+            ("nvidia.com/mig-*", "nvidia.com/mig-1g.10gb", true),
+            ("nvidia.com/mig-*", "nvidia.com/mig-", true),
+            ("nvidia.com/mig-*", "nvidia.com/gpu", false),
+            ("nvidia.com/*", "nvidia.com/gpu", true),
+            ("*.com/gpu", "nvidia.com/gpu", true),
+            ("nvidia.com/mig-*.*gb", "nvidia.com/mig-3g.40gb", true),
+            ("nvidia.com/mig-*.*gb", "nvidia.com/mig-3g", false),
+            ("a*a", "a", false),
+            ("*", "anything", true),
+        ] {
+            assert_eq!(resource_matches(pattern, name), want, "{pattern} {name}");
+        }
+    }
+
+    #[test]
+    fn a_mig_or_time_sliced_pod_holds_devices_under_the_default_patterns() {
+        let patterns: Vec<String> = [
+            "nvidia.com/gpu",
+            "nvidia.com/gpu.shared",
+            "nvidia.com/mig-*",
+        ]
+        .map(String::from)
+        .to_vec();
+        let of = |name: &str, q: &str| {
+            pod(serde_json::json!({
+                "metadata": {"name": "p"},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {name: q}}}]}
+            }))
+        };
+        assert!(holds_devices(&of("nvidia.com/mig-1g.10gb", "1"), &patterns));
+        assert!(holds_devices(&of("nvidia.com/gpu.shared", "2"), &patterns));
+        assert!(holds_devices(&of("nvidia.com/gpu", "8"), &patterns));
+        assert!(!holds_devices(
+            &of("nvidia.com/mig-1g.10gb", "0"),
+            &patterns
+        ));
+        assert!(!holds_devices(&of("cpu", "4"), &patterns));
+        // Exact names still mean exactly that name.
+        assert!(!holds_devices(&of("nvidia.com/mig-1g.10gb", "1"), &gpu()));
     }
 
     #[test]

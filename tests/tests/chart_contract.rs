@@ -1586,3 +1586,46 @@ fn every_draining_container_gets_its_delay_and_grace_before_the_kubelet_kills_it
         "{checked} draining containers checked"
     );
 }
+
+/// What makes a pod a GPU pod for the probers and the campaign is one list: the chart's
+/// `prober.gpuResources` is rendered as RAILGUARD_GPU_RESOURCES of every prober and campaign
+/// container, and equals the binaries' `--gpu-resources` default (MIG and time-sliced
+/// patterns included), so a pod the chart counts is counted by a hand-run daemon too.
+#[test]
+fn the_gpu_resource_patterns_are_the_binaries_defaults() {
+    let cli = railguard_prober_cli::Cli::command();
+    let default_of = |sub: &str| -> String {
+        let arg = cli
+            .find_subcommand(sub)
+            .unwrap_or_else(|| panic!("no {sub} subcommand"))
+            .get_arguments()
+            .find(|a| a.get_long() == Some("gpu-resources"))
+            .unwrap_or_else(|| panic!("{sub} has no --gpu-resources"))
+            .clone();
+        arg.get_default_values()
+            .iter()
+            .map(|v| v.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let daemon = default_of("daemon");
+    assert!(daemon.contains("nvidia.com/mig-*"), "{daemon}");
+    assert_eq!(default_of("campaign"), daemon);
+    assert_eq!(default_of("peer-endpoint"), daemon);
+    let mut seen = 0;
+    for obj in rendered_objects(&DEFAULT) {
+        let Some(spec) = pod_spec(&obj) else { continue };
+        for c in spec["containers"].as_array().into_iter().flatten() {
+            for e in c["env"].as_array().into_iter().flatten() {
+                if e["name"] == "RAILGUARD_GPU_RESOURCES" {
+                    assert_eq!(e["value"], daemon.as_str(), "{}", c["name"]);
+                    seen += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        seen >= 2,
+        "the daemon and the peer endpoint at least: {seen}"
+    );
+}

@@ -106,13 +106,14 @@ pub struct PeerEndpointArgs {
     /// without it checks no pods).
     #[arg(long, env = "RAILGUARD_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-    /// Extended resources that make a pod a GPU pod.
+    /// Resources that make a pod a GPU pod: names, or patterns where `*` stands for any
+    /// characters (MIG slices `nvidia.com/mig-*`, time-sliced `nvidia.com/gpu.shared`).
     #[arg(
         long = "gpu-resources",
         alias = "gpu-resource",
         env = "RAILGUARD_GPU_RESOURCES",
         value_delimiter = ',',
-        default_value = "nvidia.com/gpu"
+        default_value = "nvidia.com/gpu,nvidia.com/gpu.shared,nvidia.com/mig-*"
     )]
     pub gpu_resources: Vec<String>,
     /// Limit for one side-channel step, seconds.
@@ -321,13 +322,14 @@ pub struct CampaignArgs {
     /// Run tests even on nodes with GPU pods.
     #[arg(long, env = "RAILGUARD_ALLOW_GPU_PODS")]
     pub allow_gpu_pods: bool,
-    /// Extended resources that make a pod a GPU pod.
+    /// Resources that make a pod a GPU pod: names, or patterns where `*` stands for any
+    /// characters (MIG slices `nvidia.com/mig-*`, time-sliced `nvidia.com/gpu.shared`).
     #[arg(
         long = "gpu-resources",
         alias = "gpu-resource",
         env = "RAILGUARD_GPU_RESOURCES",
         value_delimiter = ',',
-        default_value = "nvidia.com/gpu"
+        default_value = "nvidia.com/gpu,nvidia.com/gpu.shared,nvidia.com/mig-*"
     )]
     pub gpu_resources: Vec<String>,
     /// Shuffle the ring with this seed (default: keep node-name order).

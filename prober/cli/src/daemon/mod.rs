@@ -58,12 +58,14 @@ pub struct DaemonArgs {
     /// Random spread added to every interval, percent.
     #[arg(long, env = "RAILGUARD_JITTER_PERCENT", default_value_t = 10)]
     pub jitter_percent: u32,
-    /// Resources that make a pod a GPU pod (no invasive run while one is on the node).
+    /// Resources that make a pod a GPU pod: names, or patterns where `*` stands for any
+    /// characters (MIG slices `nvidia.com/mig-*`, time-sliced `nvidia.com/gpu.shared`).
+    /// No invasive run while one is on the node.
     #[arg(
         long,
         env = "RAILGUARD_GPU_RESOURCES",
         value_delimiter = ',',
-        default_value = "nvidia.com/gpu"
+        default_value = "nvidia.com/gpu,nvidia.com/gpu.shared,nvidia.com/mig-*"
     )]
     pub gpu_resources: Vec<String>,
     /// Metrics and health listener (plain HTTP).

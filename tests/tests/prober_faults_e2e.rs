@@ -15,6 +15,10 @@
 //!   invasive: it is kept, an Event says why, and it is honoured once the pod is gone.
 //! - Nor does one on a node that is cordoned, in a maintenance window or used by a pod of the
 //!   profile's RDMA resource; once it is free the run goes, tainted `testing` meanwhile.
+//! - Every invasive run is tainted `testing`, `certification.taints` off too; a GPU pod (a
+//!   MIG slice) that arrives during the run stops it: the stand-in is killed, the Node is
+//!   restored from its certificate, the taint lifted, the request kept and honoured once
+//!   the pod is gone.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -1138,5 +1142,172 @@ async fn the_invasive_cap_runs_one_node_at_a_time() -> Result<()> {
         let status = tokio::time::timeout(Duration::from_secs(60), d.wait()).await??;
         assert!(status.success(), "{status}");
     }
+    Ok(())
+}
+
+/// A profile without `certification.taints` (the default): the daemon's invasive run still
+/// taints the node `testing`; a pod asking for a MIG slice (`nvidia.com/mig-1g.10gb`, one of
+/// the default GPU patterns) bound to the node mid-run stops it within the pod check's
+/// period: the Node shows its certificate again with no new run in its history, the taint is lifted, an `InvasiveRunAbandoned` Event says why
+/// and the request stays. With the pod gone the run goes again and certifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_gpu_pod_arriving_mid_run_stops_it_and_the_node_is_restored() -> Result<()> {
+    use k8s_openapi::api::core::v1::{Event, Pod};
+    let cp = ControlPlane::start().await?;
+    let client = cp.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let work = tempfile::tempdir()?;
+    // The shipped profile (no certification.taints), its NCCL step run by nccl-tests'
+    // all_reduce_perf so the slowed stand-in keeps the run under way.
+    let mut slowed = profile();
+    assert!(!slowed.spec.certification.taints, "the default profile");
+    slowed.spec.certification.nccl_runner = railguard_api::profile::NcclRunner::NcclTests;
+    let profile_file = work.path().join("profile-nccl-tests.yaml");
+    std::fs::write(&profile_file, serde_yaml_ng::to_string(&slowed)?)?;
+    let prober = Prober {
+        profile_file,
+        ..sim_prober(&cp, work.path())
+    };
+    let name = "gpu-r";
+    certified_node(&prober, &cp, name).await?;
+    let (before, _) = node_certificate(&nodes, name).await?;
+    let ask = json!({"metadata": {"annotations": {keys::ANNOTATION_RECERTIFY: "now"}}});
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&ask))
+        .await?;
+
+    let slow = slow_all_reduce_perf(work.path(), &prober.bin, 20)?;
+    let log_path = work.path().join("daemon.log");
+    let mut d = prober
+        .command("daemon", name, MODEL)
+        .args(["--interval-secs", "3600", "--passive-interval-secs", "1"])
+        .args([
+            "--window-ms",
+            "100",
+            "--poll-ms",
+            "200",
+            "--jitter-percent",
+            "0",
+        ])
+        .arg("--metrics-listen")
+        .arg(ANY_LOOPBACK_PORT)
+        .arg("--nccl-binary")
+        .arg(&slow)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path)?)
+        .spawn()?;
+    let metrics = logged_listen_addr(
+        &mut d,
+        &log_path,
+        "--metrics-listen",
+        Duration::from_secs(60),
+    )
+    .await?;
+    // The stand-in as the kernel runs a script: `/bin/sh PATH ARGS` (the daemon's own
+    // command line names the path too, after --nccl-binary).
+    let running = || -> Result<bool> {
+        let out = std::process::Command::new("pgrep")
+            .arg("-f")
+            .arg(format!("^/bin/sh {}", slow.to_str().context("a path")?))
+            .output()?;
+        Ok(out.status.success())
+    };
+    // The run is under way: tainted `testing` though the profile keeps no taints, the
+    // slowed NCCL step running.
+    eventually(
+        Duration::from_secs(60),
+        "the testing taint and the slowed NCCL step",
+        || async {
+            let node = nodes.get(name).await?;
+            Ok(
+                (railguard_taint(&node).as_deref() == Some(keys::taint_reason::TESTING)
+                    && label(&node, keys::LABEL_FABRIC) == Some(keys::fabric::PENDING)
+                    && running()?)
+                .then_some(()),
+            )
+        },
+    )
+    .await?;
+
+    // A MIG slice's pod is bound to the node (it names the node, as a scheduler that
+    // tolerates every taint would bind it).
+    cp.create_namespace("ml", &labels(&[])).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "ml");
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "infer-0"},
+        "spec": {"nodeName": name, "containers": [{"name": "c", "image": "vllm",
+            "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}]},
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    let aborted = "railguard_prober_runs_total{kind=\"invasive\",outcome=\"aborted-gpu-pods\"}";
+    eventually(Duration::from_secs(30), "the run abandoned", || async {
+        Ok((metric_value(metrics, aborted).await? >= 1.0).then_some(()))
+    })
+    .await?;
+    let (after, node) = node_certificate(&nodes, name).await?;
+    assert_eq!(after.generation, before.generation, "nothing published");
+    assert_eq!(after.history.len(), before.history.len(), "no run recorded");
+    assert_shows_certified(&node);
+    assert_eq!(railguard_taint(&node), None, "the testing taint lifted");
+    assert!(
+        node.metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .contains_key(keys::ANNOTATION_RECERTIFY),
+        "the request stays"
+    );
+    // Dropped with the run: killed (kill_on_drop), not left running on the GPUs.
+    eventually(Duration::from_secs(5), "the stand-in killed", || async {
+        Ok((!running()?).then_some(()))
+    })
+    .await?;
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let event = eventually(
+        Duration::from_secs(30),
+        "an InvasiveRunAbandoned event",
+        || async {
+            Ok(events
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.involved_object.name.as_deref() == Some(name)
+                        && e.reason.as_deref() == Some("InvasiveRunAbandoned")
+                }))
+        },
+    )
+    .await?;
+    let message = event.message.unwrap_or_default();
+    assert!(message.contains("ml/infer-0"), "{message}");
+    assert!(
+        message.contains("arrived during the invasive run"),
+        "{message}"
+    );
+
+    // The pod goes: the kept request runs to its end, and the taint goes with it.
+    pods.delete(
+        "infer-0",
+        &kube::api::DeleteParams::default().grace_period(0),
+    )
+    .await?;
+    let node = eventually(Duration::from_secs(120), "the requested run", || async {
+        let (cert, node) = node_certificate(&nodes, name).await?;
+        let asked = node
+            .metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .contains_key(keys::ANNOTATION_RECERTIFY);
+        Ok((cert.history.len() == before.history.len() + 1 && !asked).then_some(node))
+    })
+    .await?;
+    assert_shows_certified(&node);
+    assert_eq!(railguard_taint(&node), None, "lifted when it ended");
+    sigterm(&d)?;
+    let status = tokio::time::timeout(Duration::from_secs(60), d.wait()).await??;
+    assert!(status.success(), "{status}");
     Ok(())
 }

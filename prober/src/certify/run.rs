@@ -193,6 +193,15 @@ pub fn rail_gpus(rail_gpus: &[u32], gpus: &[discover::Gpu]) -> Option<RailGpus> 
     Some(RailGpus { near, far })
 }
 
+/// Sets its flag when dropped: the future holding it was dropped.
+struct AbandonOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// Native RDMA per profile rail: host memory, then GPU memory of the rail's own GPU (the
 /// GPU↔HCA path) and of a GPU on the other socket, then nothing else. Runs on a blocking
 /// thread: verbs calls block. Each rail is one step of `progress`.
@@ -209,10 +218,15 @@ pub async fn bench_rails(
         .map(|r| (r.hca.clone(), r.port, rail_gpus(&r.gpus, gpus)))
         .collect();
     let total = rails.len();
+    // An abandoned run (a GPU pod arrived, shutdown) drops this future, but not the blocking
+    // thread: the guard tells it to stop after the rail under way.
+    let abandoned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let _guard = AbandonOnDrop(abandoned.clone());
     let joined = tokio::task::spawn_blocking(move || {
         rails
             .into_iter()
             .enumerate()
+            .take_while(|_| !abandoned.load(std::sync::atomic::Ordering::SeqCst))
             .map(|(i, (hca, port, gpu))| {
                 let label = format!("RDMA {}/{total} {hca}:{port}", i + 1);
                 let bench = bench_rail(

@@ -201,6 +201,23 @@ pub enum RunTaint {
     /// controller would keep (`failed`, `degraded`) or goes (certified, or the node restored
     /// to its certificate, `pending`). A taint of another reason is the fleet controller's.
     Ended(Verdict),
+    /// The run ended on a profile without `certification.taints`, or was abandoned: the
+    /// `testing` taint goes, whatever the verdict (nothing else is the prober's to keep).
+    Lifted,
+}
+
+/// The taint the fleet controller writes, given what its upkeep wants and the Node's taints:
+/// a `testing` taint is the prober's, set for an invasive run and lifted by the prober when
+/// the run ends, is abandoned, or at the prober's start. The controller never lifts it (on a
+/// profile without `certification.taints` it would otherwise clear it mid-run and let every
+/// scheduler place pods on GPUs under test); a verdict's taint may replace it.
+pub fn fleet_taint_wanted(wanted: TaintWanted, taints: &[Taint]) -> TaintWanted {
+    let testing =
+        railguard_taint(taints).is_some_and(|t| t.value.as_deref() == Some(taint_reason::TESTING));
+    match wanted {
+        TaintWanted::Clear if testing => TaintWanted::Keep,
+        other => other,
+    }
 }
 
 /// The merge patch for `run` on a Node carrying `taints`, or `None` when there is nothing to
@@ -218,6 +235,7 @@ pub fn run_taint_patch(
             Verdict::Degraded => TaintWanted::Set(taint_reason::DEGRADED),
             Verdict::Certified | Verdict::Pending => TaintWanted::Clear,
         },
+        (RunTaint::Lifted, Some(taint_reason::TESTING)) => TaintWanted::Clear,
         _ => return None,
     };
     upkeep_patch(
@@ -465,6 +483,37 @@ mod tests {
         );
         assert_eq!(cleared[0].reason, "FabricUnhealthyCleared");
         assert_eq!(cleared[0].kind, "Normal");
+    }
+
+    #[test]
+    fn the_fleet_never_lifts_a_runs_testing_taint_and_the_prober_always_does() {
+        let testing = taint(keys::TAINT_FABRIC_UNHEALTHY, "testing", "NoSchedule");
+        let failed = taint(keys::TAINT_FABRIC_UNHEALTHY, "failed", "NoSchedule");
+        let on = std::slice::from_ref(&testing);
+        assert_eq!(
+            fleet_taint_wanted(TaintWanted::Clear, on),
+            TaintWanted::Keep
+        );
+        assert_eq!(
+            fleet_taint_wanted(TaintWanted::Set(taint_reason::FAILED), on),
+            TaintWanted::Set(taint_reason::FAILED)
+        );
+        assert_eq!(
+            fleet_taint_wanted(TaintWanted::Clear, std::slice::from_ref(&failed)),
+            TaintWanted::Clear
+        );
+        assert_eq!(
+            fleet_taint_wanted(TaintWanted::Clear, &[]),
+            TaintWanted::Clear
+        );
+        // Lifted: the testing taint goes whatever the run found; another is not the run's.
+        let p = run_taint_patch(RunTaint::Lifted, on, Some("7")).unwrap();
+        assert_eq!(p["spec"]["taints"], Value::Null, "{p}");
+        assert_eq!(
+            run_taint_patch(RunTaint::Lifted, std::slice::from_ref(&failed), Some("8")),
+            None
+        );
+        assert_eq!(run_taint_patch(RunTaint::Lifted, &[], Some("9")), None);
     }
 
     #[test]

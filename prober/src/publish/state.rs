@@ -35,6 +35,9 @@ pub struct NodeState {
     pub fabric_label: Option<String>,
     /// Why no invasive test may start here now ([`unavailable_for_tests`]).
     pub unavailable_for_tests: Option<String>,
+    /// The Node carries railguard's `testing` taint: an invasive run is under way, or one
+    /// was left by a prober killed mid-run.
+    pub run_tainted: bool,
 }
 
 impl NodeState {
@@ -72,6 +75,16 @@ impl NodeState {
                 .is_some_and(|v| !v.trim().is_empty()),
             fabric_label: fabric_label_of(node),
             unavailable_for_tests: unavailable_for_tests(node),
+            run_tainted: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| {
+                    t.iter().any(|t| {
+                        t.key == keys::TAINT_FABRIC_UNHEALTHY
+                            && t.value.as_deref() == Some(keys::taint_reason::TESTING)
+                    })
+                }),
         }
     }
 
@@ -84,18 +97,37 @@ impl NodeState {
     }
 }
 
+/// Karpenter's taint on a node it is disrupting (consolidation, drift, expiry): the node is
+/// about to be drained and deleted (karpenter `pkg/apis/v1/taints.go`, `DisruptedTaintKey`).
+pub const TAINT_KARPENTER_DISRUPTED: &str = "karpenter.sh/disrupted";
+
 /// Pure: why `node` is out of service for invasive tests, if it is: cordoned (which a
-/// drain starts with: `kubectl drain` cordons, then evicts) or in a maintenance window (the
-/// label `railguard.io/maintenance`, any value but `false`, set by whoever plans the window).
+/// drain starts with: `kubectl drain` cordons, then evicts), in a maintenance window (the
+/// label `railguard.io/maintenance`, any value but `false`, set by whoever plans the window),
+/// held by another quarantine: a `NoExecute` taint (the node lifecycle controller's
+/// `not-ready`/`unreachable`, a GPU health checker's), or Karpenter disrupting it.
 pub fn unavailable_for_tests(node: &Node) -> Option<String> {
     let spec = node.spec.as_ref();
+    let taints = spec.and_then(|s| s.taints.as_deref()).unwrap_or_default();
     let cordoned = spec.and_then(|s| s.unschedulable).unwrap_or(false)
-        || spec.and_then(|s| s.taints.as_ref()).is_some_and(|t| {
-            t.iter()
-                .any(|t| t.key == "node.kubernetes.io/unschedulable")
-        });
+        || taints
+            .iter()
+            .any(|t| t.key == "node.kubernetes.io/unschedulable");
     if cordoned {
         return Some("cordoned (spec.unschedulable; a drain starts so)".to_string());
+    }
+    if let Some(t) = taints.iter().find(|t| t.key == TAINT_KARPENTER_DISRUPTED) {
+        return Some(format!("being disrupted by Karpenter (taint {})", t.key));
+    }
+    if let Some(t) = taints.iter().find(|t| t.effect == "NoExecute") {
+        return Some(format!(
+            "held by a NoExecute taint ({}{}:NoExecute)",
+            t.key,
+            t.value
+                .as_deref()
+                .map(|v| format!("={v}"))
+                .unwrap_or_default()
+        ));
     }
     node.metadata
         .labels
@@ -123,6 +155,37 @@ pub fn fabric_label_of(node: &Node) -> Option<String> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn no_execute_taints_and_karpenter_disruption_hold_invasive_tests() {
+        let with = |taints: serde_json::Value| -> Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "n"}, "spec": {"taints": taints}
+            }))
+            .unwrap()
+        };
+        let held = unavailable_for_tests(&with(serde_json::json!([
+            {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
+        ])))
+        .unwrap();
+        assert!(
+            held.contains("node.kubernetes.io/unreachable:NoExecute"),
+            "{held}"
+        );
+        let held = unavailable_for_tests(&with(serde_json::json!([
+            {"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}
+        ])))
+        .unwrap();
+        assert!(held.contains("Karpenter"), "{held}");
+        // NoSchedule taints of others, and railguard's own, hold nothing.
+        let free = with(serde_json::json!([
+            {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+            {"key": keys::TAINT_FABRIC_UNHEALTHY, "value": "testing", "effect": "NoSchedule"}
+        ]));
+        assert_eq!(unavailable_for_tests(&free), None);
+        assert!(NodeState::of(&free).run_tainted);
+        assert!(!NodeState::of(&with(serde_json::json!([]))).run_tainted);
+    }
 
     #[test]
     fn the_snapshot_reads_certificate_resource_condition_and_recertify() {

@@ -172,6 +172,46 @@ pub fn recertify_deferred_event(pods: &[String], retry_in: Duration) -> NodeEven
     }
 }
 
+/// How often an invasive run looks for pods that arrived on the node.
+pub const RUN_POD_CHECK: Duration = Duration::from_secs(2);
+
+/// How an invasive run that was started ended.
+#[derive(Debug)]
+enum InvasiveEnd {
+    /// It ran and published its certificate.
+    Published,
+    /// GPU pods came: after the taint, before the run (`during: false`), or while it ran.
+    /// The Node is restored from its certificate and the taint lifted; nothing published.
+    Abandoned { pods: Vec<String>, during: bool },
+}
+
+/// Pure: the Event for an invasive run abandoned because GPU pods came to the node.
+pub fn invasive_abandoned_event(pods: &[String], during: bool, retry_in: Duration) -> NodeEvent {
+    const SHOWN: usize = 5;
+    let mut names = pods
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if pods.len() > SHOWN {
+        names.push_str(&format!(" and {} more", pods.len() - SHOWN));
+    }
+    let when = if during {
+        "arrived during the invasive run"
+    } else {
+        "were bound before the testing taint took effect"
+    };
+    NodeEvent {
+        reason: "InvasiveRunAbandoned",
+        kind: "Warning",
+        message: format!(
+            "GPU pods {when} ({names}): the run stopped, the node is restored from its certificate and the testing taint lifted; retried once no GPU pod is left (checked every {} s)",
+            retry_in.as_secs().max(1)
+        ),
+    }
+}
+
 /// Pure: the Event for a requested run held back because the node is out of service for
 /// tests, posted once per request.
 pub fn recertify_unavailable_event(reason: &str, retry_in: Duration) -> NodeEvent {
@@ -417,37 +457,89 @@ impl Loop {
         ))
     }
 
-    async fn invasive(&self, state: &mut NodeState, recertify: bool) -> anyhow::Result<()> {
+    /// One invasive run, tainted `testing` (NoSchedule) whatever `certification.taints`
+    /// says, so no scheduler (the default one, Kueue, KAI) places a pod on GPUs under test.
+    /// The pods are checked again once the taint is on (one bound between the first check
+    /// and the taint is caught), and every [`RUN_POD_CHECK`] during the run (a pod that
+    /// tolerates the taint or names the node): either way the run is abandoned, the Node
+    /// restored from its certificate and the taint lifted; the request stays.
+    async fn invasive(
+        &self,
+        client: &kube::Client,
+        state: &mut NodeState,
+        recertify: bool,
+    ) -> anyhow::Result<InvasiveEnd> {
         let tainting = self.ctx.profile.spec.certification.taints;
-        if tainting {
-            // Every scheduler's pods stay off for the run, not only railguard-aware ones.
-            self.publisher.set_run_taint(RunTaint::Testing).await?;
-        }
+        // In flight from the taint on: a shutdown or an error from here restores and lifts.
         self.invasive_in_flight.store(true, Ordering::SeqCst);
-        let run = certify_with_state(&self.ctx, Some(state), true, Arc::new(NoProgress)).await;
-        let out = match run {
-            Ok(out) => out,
+        if let Err(e) = self.publisher.set_run_taint(RunTaint::Testing).await {
+            self.invasive_in_flight.store(false, Ordering::SeqCst);
+            return Err(e.into());
+        }
+        let bound = match self.gpu_pods(client).await {
+            Ok(pods) => pods,
             Err(e) => {
-                // The run marked the node pending and will not publish: give it back.
                 self.restore().await;
-                return Err(e.into());
+                return Err(e);
+            }
+        };
+        if !bound.is_empty() {
+            self.restore().await;
+            return Ok(InvasiveEnd::Abandoned {
+                pods: bound,
+                during: false,
+            });
+        }
+        let run = certify_with_state(&self.ctx, Some(state), true, Arc::new(NoProgress));
+        let arrived = self.pods_arriving(client);
+        let out = tokio::select! {
+            run = run => match run {
+                Ok(out) => out,
+                Err(e) => {
+                    // The run marked the node pending and will not publish: give it back.
+                    self.restore().await;
+                    return Err(e.into());
+                }
+            },
+            pods = arrived => {
+                // Dropping the run kills its NCCL children and stops the RDMA tests after
+                // the rail under way.
+                self.restore().await;
+                return Ok(InvasiveEnd::Abandoned { pods, during: true });
             }
         };
         self.invasive_in_flight.store(false, Ordering::SeqCst);
-        if tainting {
-            self.publisher
-                .set_run_taint(RunTaint::Ended(out.certificate.verdict))
-                .await?;
-        }
+        let ended = if tainting {
+            RunTaint::Ended(out.certificate.verdict)
+        } else {
+            RunTaint::Lifted
+        };
+        self.publisher.set_run_taint(ended).await?;
         self.metrics.record(&out.certificate, "invasive");
         if recertify {
             self.publisher.clear_recertify().await?;
         }
-        Ok(())
+        Ok(InvasiveEnd::Published)
+    }
+
+    /// Resolves with the pods in use once there are any (checked every [`RUN_POD_CHECK`]; a
+    /// failed list is logged and retried, never taken for "no pods").
+    async fn pods_arriving(&self, client: &kube::Client) -> Vec<String> {
+        loop {
+            tokio::time::sleep(RUN_POD_CHECK).await;
+            match self.gpu_pods(client).await {
+                Ok(pods) if !pods.is_empty() => return pods,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(node = %self.ctx.node, error = %format!("{e:#}"), "cannot list the node's pods during the invasive run; retrying");
+                }
+            }
+        }
     }
 
     /// After an invasive run that will not publish: labels and condition follow the
-    /// certificate on the Node again (best effort; logged when it fails).
+    /// certificate on the Node again, and the `testing` taint goes (best effort; logged when
+    /// it fails).
     async fn restore(&self) {
         let spec = &self.ctx.profile.spec;
         let mut state = NodeState::default();
@@ -458,13 +550,16 @@ impl Loop {
         {
             Ok(cert) => {
                 self.invasive_in_flight.store(false, Ordering::SeqCst);
-                if spec.certification.taints {
-                    let verdict = cert
-                        .as_ref()
-                        .map_or(railguard_api::Verdict::Pending, |c| c.verdict);
-                    if let Err(e) = self.publisher.set_run_taint(RunTaint::Ended(verdict)).await {
-                        tracing::warn!(node = %self.ctx.node, error = %railguard_runtime::error_chain(&e), "interrupted run: cannot lift the testing taint");
-                    }
+                let ended = if spec.certification.taints {
+                    RunTaint::Ended(
+                        cert.as_ref()
+                            .map_or(railguard_api::Verdict::Pending, |c| c.verdict),
+                    )
+                } else {
+                    RunTaint::Lifted
+                };
+                if let Err(e) = self.publisher.set_run_taint(ended).await {
+                    tracing::warn!(node = %self.ctx.node, error = %railguard_runtime::error_chain(&e), "interrupted run: cannot lift the testing taint");
                 }
                 tracing::info!(node = %self.ctx.node, verdict = %cert.as_ref().map(|c| c.verdict.as_label()).unwrap_or("none"), "interrupted run: node restored from its certificate");
             }
@@ -627,7 +722,7 @@ impl Loop {
                     }
                 };
                 let (slot, ran) = tokio::join!(keep, async {
-                    let ran = self.invasive(state, recertify).await;
+                    let ran = self.invasive(client, state, recertify).await;
                     keeping.cancel();
                     ran
                 });
@@ -635,7 +730,27 @@ impl Loop {
                 if let Err(e) = slot.release().await {
                     tracing::warn!(node = %self.ctx.node, slot = %name, error = %railguard_runtime::error_chain(&e), "cannot give the invasive slot back; it frees itself when its Lease expires");
                 }
-                ran?;
+                if let InvasiveEnd::Abandoned { pods, during } = ran? {
+                    let retry = jittered(passive_every, jitter);
+                    let outcome = if during {
+                        "aborted-gpu-pods"
+                    } else {
+                        "deferred-gpu-pods"
+                    };
+                    self.metrics.run("invasive", outcome);
+                    tracing::warn!(node = %self.ctx.node, pods = %pods.join(","), during, retry_s = retry.as_secs(), "invasive run abandoned: GPU pods on the node; node restored from its certificate, testing taint lifted");
+                    let ev = invasive_abandoned_event(&pods, during, passive_every);
+                    if let Err(e) = self.publisher.record_event(state, &ev).await {
+                        tracing::warn!(node = %self.ctx.node, error = %railguard_runtime::error_chain(&e), "cannot post the InvasiveRunAbandoned event");
+                    }
+                    if requested {
+                        plan.next_recertify_check = Instant::now() + retry;
+                    }
+                    if due {
+                        plan.next_invasive = Some(Instant::now() + retry);
+                    }
+                    return Ok(());
+                }
                 plan.deferral_reported = false;
                 plan.next_invasive = Some(Instant::now() + jittered(interval, jitter));
                 plan.next_passive = Instant::now() + jittered(passive_every, jitter);
@@ -684,6 +799,23 @@ impl Loop {
     }
 
     async fn run(self, client: kube::Client, stop: CancellationToken) {
+        // A predecessor killed mid-run (SIGKILL, OOM, a reboot) left the Node tainted
+        // `testing` or `pending`: no run is under way now, so the Node follows its
+        // certificate again before the first step (the next run is decided as usual).
+        match self.publisher.read_state().await {
+            Ok(state)
+                if state.run_tainted
+                    || state.fabric_label.as_deref()
+                        == Some(railguard_api::keys::fabric::PENDING) =>
+            {
+                tracing::info!(node = %self.ctx.node, run_tainted = state.run_tainted, "a run left unfinished by an earlier prober: restoring the node");
+                self.restore().await;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(node = %self.ctx.node, error = %railguard_runtime::error_chain(&e), "cannot read the node at start; an unfinished run is restored at the next run's end");
+            }
+        }
         let (_, passive_every) = self.intervals();
         let poll = Duration::from_millis(self.args.poll_ms.max(100));
         let grace = Duration::from_secs(self.args.shutdown_grace_secs);

@@ -29,8 +29,8 @@ use railguard_api::fleet::{reason, BaselineSnapshot, FleetStatus};
 use railguard_api::{keys, FabricProfile, NodeFabric, ProfileObject};
 use railguard_prober::fleet::marks::{mark_event, node_condition, WantedCondition};
 use railguard_prober::fleet::upkeep::{
-    node_upkeep, railguard_taint, upkeep_events, upkeep_patch, NodeUpkeep, TaintWanted,
-    UpkeepPolicy,
+    fleet_taint_wanted, node_upkeep, railguard_taint, upkeep_events, upkeep_patch, NodeUpkeep,
+    TaintWanted, UpkeepPolicy,
 };
 use railguard_prober::fleet::{fleet_status, FleetAnalysis};
 use railguard_prober::publish::{event_object, NodeEvent, EVENT_NAMESPACE};
@@ -378,6 +378,10 @@ async fn upkeep_nodes(
                 .as_ref()
                 .and_then(|s| s.taints.as_deref())
                 .unwrap_or_default();
+            let u = NodeUpkeep {
+                taint: fleet_taint_wanted(u.taint, taints),
+                ..u
+            };
             let patch = upkeep_patch(u, taints, node.metadata.resource_version.as_deref())?;
             Some((node, u, patch))
         })

@@ -14,4 +14,5 @@ pub mod preflight;
 pub mod progress;
 pub mod publish;
 pub mod rdma;
+pub mod test_lock;
 pub mod topo;

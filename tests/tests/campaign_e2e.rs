@@ -102,83 +102,24 @@ async fn campaign_names_the_culprits_in_certificates_and_keeps_healthy_nodes_cer
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
     let wrong_token = dir.path().join("wrong-token");
     std::fs::write(&wrong_token, "a-token-nobody-else-has-123").unwrap();
-    let models = root.join("prober/models");
 
     let nodes: Api<Node> = Api::all(client.clone());
     let names: Vec<String> = (0..9).map(|i| format!("node-{i}")).collect();
     let mut endpoints = Vec::new();
     for (i, name) in names.iter().enumerate() {
-        cp.create_node(
-            name,
-            &labels(&[("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3")]),
-            &[("nvidia.com/gpu", "8")],
-        )
-        .await
-        .unwrap();
-        // What the certifier would have published: certified, with labels that match.
-        let cert = certificate(&profile, name);
-        let patch = json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {
-                "name": name,
-                "labels": {
-                    keys::LABEL_FABRIC: "certified",
-                    keys::LABEL_PROFILE: profile.name(),
-                    keys::LABEL_SIGNATURE: profile.spec.signature(),
-                },
-                "annotations": {
-                    keys::ANNOTATION_CERTIFICATE: cert.to_annotation().unwrap(),
-                },
-            }
-        });
-        nodes
-            .patch(
-                name,
-                &PatchParams::apply(keys::PROBER_FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
-            .unwrap();
         let model = if i == 2 {
             "h100-rate-downshift.yaml"
         } else {
             "dgx-h100.yaml"
         };
-        // Port 0 on the node's own loopback address; the endpoint logs the port it got.
-        let listen = format!("127.0.0.{}:0", 50 + i);
-        let log = cp.log_dir().join(format!("endpoint-{name}.log"));
-        let mut cmd = Command::new(&bin);
-        cmd.arg("peer-endpoint")
-            .args(["--node", name, "--profile", "h100-ndr", "--listen", &listen])
-            .arg("--token-file")
-            .arg(if i == 8 { &wrong_token } else { &token_file })
-            .arg("--sim")
-            .arg(models.join(model))
-            .arg("--kubeconfig")
-            .arg(cp.kubeconfig_path())
-            .env("RAILGUARD_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap());
-        if i == 4 {
-            cmd.args(["--sim-link", "node-5=dead@mlx5_0"]);
-        }
-        let mut child = Proc(cmd.spawn().unwrap());
-        let addr = logged_listen_addr(&mut child.0, &log, "--listen", Duration::from_secs(30))
-            .await
-            .unwrap_or_else(|e| panic!("endpoint {name} did not start: {e:#}"))
-            .to_string();
-        // Where the node's peer endpoint listens (set by whoever deploys the endpoint).
-        nodes
-            .patch(
-                name,
-                &PatchParams::apply("railguard-tests").force(),
-                &Patch::Apply(&json!({
-                    "apiVersion": "v1", "kind": "Node",
-                    "metadata": { "name": name, "annotations": { "railguard.io/peer-endpoint": addr } },
-                })),
-            )
-            .await
-            .unwrap();
+        let token = if i == 8 { &wrong_token } else { &token_file };
+        let extra: &[&str] = if i == 4 {
+            &["--sim-link", "node-5=dead@mlx5_0"]
+        } else {
+            &[]
+        };
+        let child =
+            certified_node_with_endpoint(&cp, &bin, &profile, name, i, model, token, extra).await;
         endpoints.push(Some(child));
     }
     // (c) node-7 dies.
@@ -395,6 +336,89 @@ async fn campaign_names_the_culprits_in_certificates_and_keeps_healthy_nodes_cer
     drop(endpoints);
 }
 
+/// A certified node `name` (labels and certificate as the certifier publishes them) with its
+/// `railguard-prober peer-endpoint` on 127.0.0.(50+i), simulated as `model`, holding
+/// `token_file`, with `extra` arguments; its address in the node's annotation.
+#[allow(clippy::too_many_arguments)]
+async fn certified_node_with_endpoint(
+    cp: &ControlPlane,
+    bin: &Path,
+    profile: &FabricProfile,
+    name: &str,
+    i: usize,
+    model: &str,
+    token_file: &Path,
+    extra: &[&str],
+) -> Proc {
+    let nodes: Api<Node> = Api::all(cp.client());
+    let models = workspace_root().join("prober/models");
+    cp.create_node(
+        name,
+        &labels(&[("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3")]),
+        &[("nvidia.com/gpu", "8")],
+    )
+    .await
+    .unwrap();
+    // What the certifier would have published: certified, with labels that match.
+    let cert = certificate(profile, name);
+    let patch = json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                keys::LABEL_FABRIC: "certified",
+                keys::LABEL_PROFILE: profile.name(),
+                keys::LABEL_SIGNATURE: profile.spec.signature(),
+            },
+            "annotations": {
+                keys::ANNOTATION_CERTIFICATE: cert.to_annotation().unwrap(),
+            },
+        }
+    });
+    nodes
+        .patch(
+            name,
+            &PatchParams::apply(keys::PROBER_FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .unwrap();
+    // Port 0 on the node's own loopback address; the endpoint logs the port it got.
+    let listen = format!("127.0.0.{}:0", 50 + i);
+    let log = cp.log_dir().join(format!("endpoint-{name}.log"));
+    let mut cmd = Command::new(bin);
+    cmd.arg("peer-endpoint")
+        .args(["--node", name, "--profile", "h100-ndr", "--listen", &listen])
+        .arg("--token-file")
+        .arg(token_file)
+        .arg("--sim")
+        .arg(models.join(model))
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig_path())
+        .env("RAILGUARD_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    cmd.args(extra);
+    let mut child = Proc(cmd.spawn().unwrap());
+    let addr = logged_listen_addr(&mut child.0, &log, "--listen", Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("endpoint {name} did not start: {e:#}"))
+        .to_string();
+    // Where the node's peer endpoint listens (set by whoever deploys the endpoint).
+    nodes
+        .patch(
+            name,
+            &PatchParams::apply("railguard-tests").force(),
+            &Patch::Apply(&json!({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": { "name": name, "annotations": { "railguard.io/peer-endpoint": addr } },
+            })),
+        )
+        .await
+        .unwrap();
+    child
+}
+
 /// The certificate node-8 started with (times and all), rebuilt from what it holds now: the
 /// campaign must not have changed a single field.
 fn certificate_without_times(now: &Certificate, profile: &FabricProfile) -> Certificate {
@@ -402,4 +426,146 @@ fn certificate_without_times(now: &Certificate, profile: &FabricProfile) -> Cert
     c.issued_at = now.issued_at;
     c.expires_at = now.expires_at;
     c
+}
+
+/// A campaign started while a node's own invasive run holds it (#44): node-1's endpoint
+/// shares its test lock with the node's daemon (`--test-lock-file`, as the chart renders
+/// both containers); the run's hold is taken with the daemon's own call
+/// (`NodeTestLock::try_exclusive`). Every test on node-1's rails is refused as busy, so it is
+/// inconclusive: node-1 is not blamed, nor are its peers, and no certificate loses a rail.
+/// The run over, the next campaign tests node-1 as any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaign_started_mid_run_leaves_the_running_node_alone_and_blames_nobody() {
+    let bin = prober_bin();
+    let cp = ControlPlane::start().await.expect("control plane");
+    cp.apply_fabricprofile_crd().await.expect("CRD");
+    let client = cp.client();
+    let profile_yaml =
+        std::fs::read_to_string(workspace_root().join("api/fixtures/profiles/dgx-h100-ndr.yaml"))
+            .unwrap();
+    let profile = profiles_from_yaml(&profile_yaml).unwrap().remove(0);
+    Api::<FabricProfile>::all(client.clone())
+        .create(&PostParams::default(), &profile)
+        .await
+        .unwrap();
+    cp.create_namespace("railguard", &labels(&[]))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let lock_file = dir.path().join("rails.lock");
+    let names = ["node-0", "node-1", "node-2", "node-3"];
+    let mut endpoints = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let lock = lock_file.to_str().unwrap();
+        let extra: &[&str] = if *name == "node-1" {
+            &["--test-lock-file", lock]
+        } else {
+            &[]
+        };
+        endpoints.push(
+            certified_node_with_endpoint(
+                &cp,
+                &bin,
+                &profile,
+                name,
+                i,
+                "dgx-h100.yaml",
+                &token_file,
+                extra,
+            )
+            .await,
+        );
+    }
+    let campaign = || {
+        Command::new(&bin)
+            .arg("campaign")
+            .args(["--profile", "h100-ndr", "--lease-namespace", "railguard"])
+            .args(["--test-timeout-secs", "20", "--iterations", "1"])
+            .arg("--kubeconfig")
+            .arg(cp.kubeconfig_path())
+            .arg("--token-file")
+            .arg(&token_file)
+            .env("RAILGUARD_LOG", "info")
+            .output()
+            .unwrap()
+    };
+    let nodes: Api<Node> = Api::all(client.clone());
+    let verdicts = || async {
+        let now = jiff::Timestamp::now();
+        let mut v = BTreeMap::new();
+        for n in names {
+            let node = nodes.get(n).await.unwrap();
+            let f = NodeFabric::from_node(&node, now);
+            let c = f.state.certificate().cloned().unwrap();
+            v.insert(
+                n.to_string(),
+                (
+                    f.state.kind(),
+                    c.rails
+                        .iter()
+                        .filter(|r| r.verdict != RailVerdict::Healthy)
+                        .count(),
+                ),
+            );
+        }
+        v
+    };
+
+    // node-1 is under its own invasive run.
+    let run = railguard_prober::test_lock::NodeTestLock::new(&lock_file)
+        .try_exclusive()
+        .unwrap()
+        .expect("the node is free");
+    let out = campaign();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "nobody is blamed:\n{stdout}\n{stderr}"
+    );
+    // node-1's endpoint refused every rail, saying why; nothing was written about node-1.
+    let endpoint_log = std::fs::read_to_string(cp.log_dir().join("endpoint-node-1.log")).unwrap();
+    assert!(
+        endpoint_log.contains("the node's own invasive certification is running"),
+        "the refusal says why:\n{endpoint_log}"
+    );
+    assert!(
+        !stderr.contains("campaign findings written node=node-1"),
+        "node-1 untouched:\n{stderr}"
+    );
+    for (n, (state, unhealthy)) in verdicts().await {
+        assert_eq!((state, unhealthy), ("certified", 0), "{n}:\n{stdout}");
+    }
+    drop(run);
+
+    // The run over: node-1 is tested like the others, and the lock is free again after.
+    let out = campaign();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stderr.contains("campaign findings written node=node-1"),
+        "node-1 tested after the run:\n{stderr}"
+    );
+    for (n, (state, unhealthy)) in verdicts().await {
+        assert_eq!((state, unhealthy), ("certified", 0), "{n}:\n{stdout}");
+    }
+    let c1 = NodeFabric::from_node(&nodes.get("node-1").await.unwrap(), jiff::Timestamp::now())
+        .state
+        .certificate()
+        .cloned()
+        .unwrap();
+    assert!(
+        c1.rails.iter().any(|r| r.wire.iter().any(|w| w.ok)),
+        "node-1's rails tested after the run: {:?}",
+        c1.rails.iter().map(|r| &r.wire).collect::<Vec<_>>()
+    );
+    assert!(railguard_prober::test_lock::NodeTestLock::new(&lock_file)
+        .try_exclusive()
+        .unwrap()
+        .is_some());
+    drop(endpoints);
 }

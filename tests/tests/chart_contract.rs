@@ -1629,3 +1629,55 @@ fn the_gpu_resource_patterns_are_the_binaries_defaults() {
         "the daemon and the peer endpoint at least: {seen}"
     );
 }
+
+/// The daemon and the peer endpoint exclude each other's tests through one lock file
+/// (`--test-lock-file`): the chart must give both containers the same path, on a volume both
+/// mount at the same place, or each would lock a file of its own and the exclusion be void.
+#[test]
+fn the_daemon_and_the_peer_endpoint_share_one_test_lock() {
+    let mut probers = 0;
+    for obj in rendered_objects(&DEFAULT) {
+        if obj["kind"] != "DaemonSet" {
+            continue;
+        }
+        let Some(spec) = pod_spec(&obj) else { continue };
+        let containers = spec["containers"].as_array().unwrap();
+        let of = |name: &str| containers.iter().find(|c| c["name"] == name);
+        let (Some(daemon), Some(endpoint)) = (of("daemon"), of("peer-endpoint")) else {
+            continue;
+        };
+        probers += 1;
+        let lock = |c: &Json| -> (String, String) {
+            let path = c["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["name"] == "RAILGUARD_TEST_LOCK_FILE")
+                .and_then(|e| e["value"].as_str())
+                .unwrap_or_else(|| panic!("{}: no RAILGUARD_TEST_LOCK_FILE", c["name"]))
+                .to_string();
+            // The innermost mount holding the path (mounts may nest).
+            let volume = c["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| path.starts_with(&format!("{}/", m["mountPath"].as_str().unwrap())))
+                .max_by_key(|m| m["mountPath"].as_str().unwrap().len())
+                .unwrap_or_else(|| panic!("{}: {path} is on no mounted volume", c["name"]))["name"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            (path, volume)
+        };
+        let (path, volume) = lock(daemon);
+        assert_eq!(lock(endpoint), (path, volume.clone()));
+        let v = spec["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == volume.as_str())
+            .expect("the lock's volume");
+        assert!(v.get("emptyDir").is_some(), "{v}");
+    }
+    assert!(probers >= 1, "no prober DaemonSet rendered");
+}

@@ -1311,3 +1311,80 @@ async fn a_gpu_pod_arriving_mid_run_stops_it_and_the_node_is_restored() -> Resul
     assert!(status.success(), "{status}");
     Ok(())
 }
+
+/// The other side of the exclusion with the campaign (#44): while a pair test holds the
+/// node's test lock shared (the peer endpoint's hold, taken with its own call), a requested
+/// invasive run does not start: no `testing` taint, no `pending`, outcome
+/// `deferred-pair-test`, the request kept. The pair test over, the run goes and certifies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_invasive_run_waits_for_the_pair_test_on_its_rails() -> Result<()> {
+    let cp = ControlPlane::start().await?;
+    let nodes: Api<Node> = Api::all(cp.client());
+    let work = tempfile::tempdir()?;
+    let prober = sim_prober(&cp, work.path());
+    let name = "gpu-p";
+    certified_node(&prober, &cp, name).await?;
+    let (before, _) = node_certificate(&nodes, name).await?;
+    let lock_file = work.path().join("rails.lock");
+    let pair_test = railguard_prober::test_lock::NodeTestLock::new(&lock_file)
+        .try_shared()?
+        .context("the lock is free")?;
+    let ask = json!({"metadata": {"annotations": {keys::ANNOTATION_RECERTIFY: "now"}}});
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&ask))
+        .await?;
+    let log_path = work.path().join("daemon.log");
+    let mut d = prober
+        .command("daemon", name, MODEL)
+        .args(["--interval-secs", "3600", "--passive-interval-secs", "1"])
+        .args([
+            "--window-ms",
+            "100",
+            "--poll-ms",
+            "200",
+            "--jitter-percent",
+            "0",
+        ])
+        .arg("--metrics-listen")
+        .arg(ANY_LOOPBACK_PORT)
+        .arg("--test-lock-file")
+        .arg(&lock_file)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path)?)
+        .spawn()?;
+    let metrics = logged_listen_addr(
+        &mut d,
+        &log_path,
+        "--metrics-listen",
+        Duration::from_secs(60),
+    )
+    .await?;
+    let deferred = "railguard_prober_runs_total{kind=\"invasive\",outcome=\"deferred-pair-test\"}";
+    eventually(Duration::from_secs(60), "held back twice", || async {
+        Ok((metric_value(metrics, deferred).await? >= 2.0).then_some(()))
+    })
+    .await?;
+    let (cert, node) = node_certificate(&nodes, name).await?;
+    assert_eq!(cert.history.len(), before.history.len(), "no run");
+    assert_shows_certified(&node);
+    assert_eq!(railguard_taint(&node), None, "not tainted while held back");
+
+    drop(pair_test);
+    let node = eventually(Duration::from_secs(90), "the requested run", || async {
+        let (cert, node) = node_certificate(&nodes, name).await?;
+        let asked = node
+            .metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .contains_key(keys::ANNOTATION_RECERTIFY);
+        Ok((cert.history.len() == before.history.len() + 1 && !asked).then_some(node))
+    })
+    .await?;
+    assert_shows_certified(&node);
+    assert_eq!(railguard_taint(&node), None);
+    sigterm(&d)?;
+    let status = tokio::time::timeout(Duration::from_secs(60), d.wait()).await??;
+    assert!(status.success(), "{status}");
+    Ok(())
+}

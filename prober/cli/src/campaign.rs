@@ -167,6 +167,11 @@ pub struct PeerEndpointArgs {
     /// Where the NCCL debug logs of pair tests are kept (the latest per peer and scope).
     #[arg(long, env = "RAILGUARD_NCCL_LOG_DIR", value_hint = ValueHint::DirPath)]
     pub nccl_log_dir: Option<PathBuf>,
+    /// The node's test lock, the file the daemon's `--test-lock-file` names: every pair test
+    /// holds it shared and is refused as busy while the node's own invasive run holds it
+    /// (the chart shares it between the two containers). Unset: pair tests do not look.
+    #[arg(long, env = "RAILGUARD_TEST_LOCK_FILE", value_hint = ValueHint::FilePath)]
+    pub test_lock_file: Option<PathBuf>,
 }
 
 impl PeerEndpointArgs {
@@ -232,6 +237,11 @@ impl PeerEndpointArgs {
         peer.io_timeout = Duration::from_secs(self.io_timeout_secs.max(1));
         peer.handshake_timeout = handshake_timeout;
         let mut cfg = EndpointConfig::new(peer, &token, engine, gpu_pods);
+        if let Some(path) = &self.test_lock_file {
+            cfg.locks = railguard_prober::rdma::RailLocks::with_node_lock(
+                railguard_prober::test_lock::NodeTestLock::new(path),
+            );
+        }
         cfg.io_timeout = Duration::from_secs(self.io_timeout_secs.max(1));
         cfg.limits = ConnectionLimits {
             handshake_timeout,

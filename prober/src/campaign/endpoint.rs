@@ -1004,6 +1004,7 @@ pub fn classify(e: &RdmaError) -> RailReport {
         | RdmaError::PeerProtocol { .. }
         | RdmaError::PeerRefused { .. }
         | RdmaError::Busy { .. }
+        | RdmaError::NodeBusy { .. }
         | RdmaError::InvalidRequest { .. } => RailReport::Inconclusive { reason },
         // A kind this match does not know yet proves nothing about the wire.
         #[allow(unreachable_patterns)]

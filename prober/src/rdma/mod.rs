@@ -373,6 +373,13 @@ pub enum RdmaError {
     },
     #[error("rail {hca}:{port} is busy with another test")]
     Busy { hca: String, port: u32 },
+    /// The node is not lending rails to pair tests now (its own invasive run holds it).
+    #[error("rail {hca}:{port} is busy: {reason}")]
+    NodeBusy {
+        hca: String,
+        port: u32,
+        reason: String,
+    },
     #[error(
         "RDMA WRITE on {hca}:{port} completed, but {wrong} of {bytes} bytes at the target differ from the source"
     )]
@@ -404,6 +411,7 @@ impl RdmaError {
             RdmaError::PeerRefused { .. } => "peer-refused",
             RdmaError::PeerTimeout { .. } => "peer-timeout",
             RdmaError::Busy { .. } => "busy",
+            RdmaError::NodeBusy { .. } => "node-busy",
             RdmaError::DataMismatch { .. } => "data-mismatch",
         }
     }

@@ -101,6 +101,11 @@ pub struct DaemonArgs {
     /// release namespace).
     #[arg(long, env = "RAILGUARD_LEASE_NAMESPACE", default_value = "default")]
     pub lease_namespace: String,
+    /// The node's test lock, shared with the peer endpoint's `--test-lock-file`: an invasive
+    /// run holds it alone and waits (deferred, never queued) while a campaign pair test on
+    /// this node's rails holds it. Unset: runs do not look.
+    #[arg(long, env = "RAILGUARD_TEST_LOCK_FILE", value_hint = ValueHint::FilePath)]
+    pub test_lock_file: Option<PathBuf>,
 }
 
 /// What the loop does about an invasive run now.
@@ -698,6 +703,29 @@ impl Loop {
         };
         match invasive_decision(due, requested, &pods, unavailable) {
             InvasiveDecision::Run => {
+                // Not beside a campaign pair test on this node's rails: held for the run.
+                let _node_lock = match &self.args.test_lock_file {
+                    None => None,
+                    Some(path) => {
+                        match railguard_prober::test_lock::NodeTestLock::new(path)
+                            .try_exclusive()?
+                        {
+                            Some(hold) => Some(hold),
+                            None => {
+                                let retry = jittered(passive_every, jitter.max(50));
+                                self.metrics.run("invasive", "deferred-pair-test");
+                                tracing::info!(node = %self.ctx.node, retry_s = retry.as_secs(), "invasive run held back: a campaign pair test is using the node's rails");
+                                if requested {
+                                    plan.next_recertify_check = Instant::now() + retry;
+                                }
+                                if due {
+                                    plan.next_invasive = Some(Instant::now() + retry);
+                                }
+                                return Ok(());
+                            }
+                        }
+                    }
+                };
                 // The cluster-wide cap: no slot, no run (an API error too: nothing starts on
                 // a slot not proven held).
                 let Some(slot) = self.slots.acquire(jiff::Timestamp::now()).await? else {

@@ -83,8 +83,10 @@ const PROFILE_ARGS: [(&str, &str, bool); 2] = [
 
 /// Prober subcommands the chart runs that serve no one profile, so take no `--profile`:
 /// `peer-token` (the init container that fills and writes the campaign's shared token),
-/// `upgrade-crd` (the CRD hook) and `verify-install` (`helm test`).
-const PROFILE_FREE_SUBCOMMANDS: &[&str] = &["peer-token", "upgrade-crd", "verify-install"];
+/// `upgrade-crd` (the CRD hook), `cleanup` (the uninstall hook, every Node) and
+/// `verify-install` (`helm test`).
+const PROFILE_FREE_SUBCOMMANDS: &[&str] =
+    &["peer-token", "upgrade-crd", "cleanup", "verify-install"];
 
 /// Where images put our binaries (the Dockerfiles' ENTRYPOINT directory).
 const IMAGE_BIN_DIR: &str = "/usr/local/bin";

@@ -546,7 +546,7 @@ async fn helm_upgrade_keeps_what_the_pods_or_the_previous_release_put_in_the_sec
         );
         assert_eq!(both_secrets(&client).await, filled, "kept by helm upgrade");
     }
-    helm_on(&cp, &["uninstall", "railguard"]);
+    helm_on(&cp, &["uninstall", "railguard", "--no-hooks"]);
 
     // The previous release generated them in its templates; the upgrade keeps its data.
     let previous =

@@ -12,7 +12,8 @@
 //! creates its ServiceAccount and RBAC from that output, and runs the hook Job's container
 //! (its args and env as rendered) with the real `railguard-prober` under that ServiceAccount's
 //! token, before `helm upgrade`, as Helm orders it. The real node (`real_node_e2e`) runs the
-//! hook as Helm does, on a kubelet. The webhook's self-managed pass runs in-process as the
+//! hook as Helm does, on a kubelet. After `helm uninstall --no-hooks` it plays the
+//! post-delete clean-up hook (`templates/cleanup.yaml`) the same way. The webhook's self-managed pass runs in-process as the
 //! webhook runs it at start (`cert_sync::sync_once`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: a failed setup fails the test loudly
@@ -232,17 +233,37 @@ async fn webhook_provisions_itself(client: &Client, dir: &Path) {
         .unwrap();
 }
 
-/// The chart's pre-install/pre-upgrade hook as Helm would run it, under its own
-/// ServiceAccount: the rendered ServiceAccount and RBAC are created, the Job's container
-/// runs as a child process. Returns its stdout.
+/// The chart's pre-install/pre-upgrade hook as Helm would run it.
 async fn run_crd_hook(run: &Run<'_>, values: &[&Path]) -> String {
+    run_hook(
+        run,
+        values,
+        "templates/crd-upgrade.yaml",
+        "pre-install,pre-upgrade",
+    )
+    .await
+}
+
+/// One of the chart's hooks (`template`, annotated `hook`) as Helm would run it, under its
+/// own ServiceAccount: rendered with this server's capabilities (on 1.37 its DRA kinds), the
+/// ServiceAccount and RBAC are created, the Job's container runs as a child process.
+/// Returns its stdout.
+async fn run_hook(run: &Run<'_>, values: &[&Path], template: &str, hook: &str) -> String {
     let mut args = vec![
         "template".to_string(),
         RELEASE.into(),
         current_chart().display().to_string(),
         "--show-only".into(),
-        "templates/crd-upgrade.yaml".into(),
+        template.into(),
     ];
+    if run.cp.kube_version() == railguard_tests::KubeVersion::V1_37 {
+        for v in railguard_tests::dra::chart_api_versions() {
+            args.push("--api-versions".into());
+            args.push(v);
+        }
+        args.push("--kube-version".into());
+        args.push(railguard_tests::dra::CHART_KUBE_VERSION.into());
+    }
     for v in values {
         args.push("-f".into());
         args.push(v.display().to_string());
@@ -255,7 +276,7 @@ async fn run_crd_hook(run: &Run<'_>, values: &[&Path]) -> String {
     for doc in docs {
         let obj = doc.obj;
         assert_eq!(
-            obj["metadata"]["annotations"]["helm.sh/hook"], "pre-install,pre-upgrade",
+            obj["metadata"]["annotations"]["helm.sh/hook"], hook,
             "{obj}"
         );
         let kind = obj["kind"].as_str().unwrap().to_string();
@@ -322,7 +343,7 @@ async fn run_crd_hook(run: &Run<'_>, values: &[&Path]) -> String {
     let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
-        "the CRD hook failed: {}{}",
+        "the {template} hook failed: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -537,7 +558,7 @@ async fn helm_installs_upgrades_rolls_back_and_uninstalls_keeping_every_secret_c
     assert_eq!(history[3]["chart"], "railguard-0.1.0");
 
     // 5. helm uninstall: railguard's objects go; the CRD, the Nodes' certificates stay.
-    run.helm(&["uninstall", RELEASE]);
+    run.helm(&["uninstall", RELEASE, "--no-hooks"]);
     railguard_tests::eventually(
         std::time::Duration::from_secs(30),
         "the release's Deployments and webhook configurations are deleted",
@@ -562,8 +583,108 @@ async fn helm_installs_upgrades_rolls_back_and_uninstalls_keeping_every_secret_c
     assert_eq!(
         state_of_nodes(&client).await,
         installed.node_certificates,
-        "uninstall touches no Node"
+        "uninstall without hooks touches no Node"
     );
+    // 6. The post-delete hook: what railguard put on the Nodes goes (its taint, labels and
+    //    conditions; on 1.37 its DeviceTaintRules), others' stay, and so do the certificates.
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .patch(
+            "gpu-0",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"taints": [
+                {"key": keys::TAINT_FABRIC_UNHEALTHY, "value": "failed", "effect": "NoSchedule"},
+                {"key": "example.com/theirs", "value": "x", "effect": "NoSchedule"},
+            ]}})),
+        )
+        .await
+        .unwrap();
+    nodes
+        .patch_status(
+            "gpu-0",
+            &PatchParams::default(),
+            &Patch::Strategic(serde_json::json!({"status": {"conditions": [
+                {"type": keys::CONDITION_FABRIC_READY, "status": "False", "reason": "Failed"},
+            ]}})),
+        )
+        .await
+        .unwrap();
+    let rules = (run.cp.kube_version() == railguard_tests::KubeVersion::V1_37)
+        .then(|| railguard_tests::dra::taint_rules(&client));
+    if let Some(rules) = &rules {
+        for (name, managed) in [("railguard-gpu-0-mlx5-0", true), ("someone-elses", false)] {
+            let mut labels = serde_json::Map::new();
+            if managed {
+                labels.insert(
+                    railguard_api::dra::LABEL_MANAGED_BY.into(),
+                    railguard_api::dra::MANAGED_BY.into(),
+                );
+            }
+            let rule: DynamicObject = serde_json::from_value(serde_json::json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+                "metadata": {"name": name, "labels": labels},
+                "spec": {
+                    "deviceSelector": {"driver": "dra.net", "pool": "gpu-0", "device": "pci-0000-1a-00-0"},
+                    "taint": {"key": "railguard.io/rail", "value": "link-down", "effect": "NoSchedule"},
+                },
+            }))
+            .unwrap();
+            rules.create(&Default::default(), &rule).await.unwrap();
+        }
+    }
+    let cleaned = run_hook(&run, &[&values], "templates/cleanup.yaml", "post-delete").await;
+    assert!(cleaned.contains("node(s) cleaned"), "{cleaned}");
+    let node = nodes.get("gpu-0").await.unwrap();
+    let taints: Vec<String> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| t.key)
+        .collect();
+    assert_eq!(
+        taints,
+        ["example.com/theirs"],
+        "only railguard's taint goes"
+    );
+    let conditions: Vec<String> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.type_)
+        .collect();
+    assert!(
+        !conditions.iter().any(|c| c.starts_with("Railguard")),
+        "{conditions:?}"
+    );
+    for (name, (labels, certificate)) in state_of_nodes(&client).await {
+        assert!(
+            labels.is_empty(),
+            "{name} keeps railguard labels: {labels:?}"
+        );
+        assert_eq!(
+            certificate, installed.node_certificates[&name].1,
+            "{name}: the certificate stays"
+        );
+    }
+    if let Some(rules) = &rules {
+        let left: Vec<String> = rules
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|r| r.metadata.name)
+            .collect();
+        assert_eq!(left, ["someone-elses"], "only railguard's rules go");
+        rules
+            .delete("someone-elses", &Default::default())
+            .await
+            .unwrap();
+    }
     // The same release installs again over what uninstall left.
     run.helm(&[
         "install",

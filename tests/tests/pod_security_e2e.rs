@@ -256,7 +256,7 @@ async fn the_chart_installs_the_probers_privileged_and_everything_else_restricte
         ["CronJob", "CronJob", "DaemonSet", "DaemonSet"],
         "{found:?}"
     );
-    // webhook, extender, scheduler, fleet; the CRD upgrade Job and the helm test Pod.
+    // webhook, extender, scheduler, fleet; the CRD upgrade and uninstall clean-up Jobs and the helm test Pod.
     assert_eq!(
         kinds(RELEASE_NS),
         [
@@ -264,6 +264,7 @@ async fn the_chart_installs_the_probers_privileged_and_everything_else_restricte
             "Deployment",
             "Deployment",
             "Deployment",
+            "Job",
             "Job",
             "Pod"
         ],

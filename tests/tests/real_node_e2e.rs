@@ -29,8 +29,9 @@
 //! - webhook pods evicted one at a time: the PodDisruptionBudget refuses the second while
 //!   the first is replaced, and admission keeps answering throughout;
 //! - `helm uninstall` removes railguard's workloads, webhook registrations and the chart's
-//!   FabricProfiles, and leaves the FabricProfile CRD and the Node's labels, condition and
-//!   certificate as they were (README, "Install").
+//!   FabricProfiles; its post-delete hook Job runs on the kubelet and takes railguard's
+//!   labels, condition and any railguard taint off the Node; the FabricProfile CRD and the
+//!   Node's certificate stay (README, "Install").
 //!
 //! One test: only one real node fits on a machine.
 
@@ -970,16 +971,49 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
     wait_workloads_ready(&client, NAMESPACE, &objects, Duration::from_secs(180)).await?;
 
     // Uninstall: railguard's workloads, its webhook registrations and the chart's profiles
-    // go; the CRD stays (deleting it would delete every profile anyone made with it), and so
-    // does what the prober published on the Node.
-    let before = fabric_state(&nodes).await?;
-    let out = helm.on_cluster(kubeconfig, ["uninstall", RELEASE, "-n", NAMESPACE])?;
-    eprintln!("{}", out.trim());
-    uninstalled(&client, &objects).await?;
-    let after = fabric_state(&nodes).await?;
+    // go; the CRD stays (deleting it would delete every profile anyone made with it). The
+    // post-delete hook runs on the kubelet: railguard's labels, condition and taint leave the
+    // Node, its certificate stays.
+    let (label, cond, cert) = fabric_state(&nodes).await?;
     ensure!(
-        after == before,
-        "helm uninstall changed the Node: {before:?} -> {after:?}"
+        label.is_some() && cond.is_some() && cert.is_some(),
+        "before uninstall the Node carries railguard's label, condition and certificate: {label:?} {cond:?}"
+    );
+    nodes
+        .patch(
+            REAL_NODE_NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"taints": [
+                {"key": keys::TAINT_FABRIC_UNHEALTHY, "value": "degraded", "effect": "NoSchedule"}
+            ]}})),
+        )
+        .await?;
+    let t_uninstall = Instant::now();
+    let out = helm.on_cluster(kubeconfig, ["uninstall", RELEASE, "-n", NAMESPACE])?;
+    eprintln!(
+        "{} ({:.1}s with the clean-up hook)",
+        out.trim(),
+        t_uninstall.elapsed().as_secs_f64()
+    );
+    uninstalled(&client, &objects).await?;
+    let (label_after, cond_after, cert_after) = fabric_state(&nodes).await?;
+    ensure!(
+        label_after.is_none() && cond_after.is_none(),
+        "helm uninstall left railguard's label or condition: {label_after:?} {cond_after:?}"
+    );
+    ensure!(cert_after == cert, "helm uninstall changed the certificate");
+    let node = nodes.get(REAL_NODE_NAME).await?;
+    let left: Vec<String> = node
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| t.key)
+        .filter(|k| k.starts_with("railguard.io/"))
+        .collect();
+    ensure!(
+        left.is_empty(),
+        "helm uninstall left railguard taints: {left:?}"
     );
     Ok(())
 }

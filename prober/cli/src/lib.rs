@@ -12,6 +12,7 @@
 pub mod analyze;
 pub mod campaign;
 pub mod certify;
+pub mod cleanup;
 pub mod daemon;
 pub mod discover;
 pub mod fleet;
@@ -33,6 +34,7 @@ use railguard_runtime::LogFormat;
 use crate::analyze::AnalyzeArgs;
 use crate::campaign::{CampaignArgs, PeerEndpointArgs};
 use crate::certify::CertifyArgs;
+use crate::cleanup::CleanupArgs;
 use crate::daemon::DaemonArgs;
 use crate::discover::{AffinityArgs, DiscoverArgs, EmitProfileArgs};
 use crate::fleet::FleetArgs;
@@ -223,6 +225,15 @@ Example:
 
 Exit status: 0 current (created, applied or a newer one kept), 2 error.")]
     UpgradeCrd(UpgradeCrdArgs),
+    /// Takes railguard's taint, labels and conditions off every Node and deletes the fleet
+    /// controller's DeviceTaintRules (the chart's post-delete hook: `helm uninstall` leaves
+    /// no railguard taint or rule). The certificate annotations stay.
+    #[command(after_help = "\
+Example:
+  railguard-prober cleanup --kubeconfig ~/.kube/config --keep-node-state false
+
+Exit status: 0 cleaned, 2 error.")]
+    Cleanup(CleanupArgs),
     /// The chart's `helm test`: the webhook answers a GPU pod's admission through its
     /// Service with the CA it serves, and enough Nodes are certified.
     #[command(after_help = "\
@@ -309,6 +320,7 @@ impl Command {
             Command::Certify(a) => block_on(a.run()),
             Command::Daemon(a) => block_on(a.run()).map(|()| Outcome::default()),
             Command::UpgradeCrd(a) => block_on(a.run()),
+            Command::Cleanup(a) => block_on(a.run()),
             Command::VerifyInstall(a) => block_on(a.run()),
         }
     }

@@ -7,6 +7,7 @@
 //! [`record_snapshot`] keeps that history. The controller (`railguard-prober fleet --watch`)
 //! and the report only move data in and out.
 
+pub mod cleanup;
 pub mod html;
 pub mod marks;
 pub mod report;

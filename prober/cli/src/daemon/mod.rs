@@ -177,6 +177,18 @@ pub fn recertify_deferred_event(pods: &[String], retry_in: Duration) -> NodeEven
     }
 }
 
+/// Pure: whether a Node read at the daemon's start needs [`Loop::restore`]: tainted
+/// `testing` or labelled `pending` with no run under way (a predecessor killed mid-run), or
+/// its fabric label is not what its certificate says (an uninstall's clean-up took it).
+fn labels_need_restoring(state: &NodeState, now: jiff::Timestamp) -> bool {
+    let pending = state.fabric_label.as_deref() == Some(railguard_api::keys::fabric::PENDING);
+    let mismatched = state
+        .certificate
+        .as_ref()
+        .is_some_and(|c| state.fabric_label.as_deref() != Some(c.fabric_label(now)));
+    state.run_tainted || pending || mismatched
+}
+
 /// How often an invasive run looks for pods that arrived on the node.
 pub const RUN_POD_CHECK: Duration = Duration::from_secs(2);
 
@@ -828,15 +840,12 @@ impl Loop {
 
     async fn run(self, client: kube::Client, stop: CancellationToken) {
         // A predecessor killed mid-run (SIGKILL, OOM, a reboot) left the Node tainted
-        // `testing` or `pending`: no run is under way now, so the Node follows its
-        // certificate again before the first step (the next run is decided as usual).
+        // `testing` or `pending`, or an uninstall's clean-up took the labels of a certificate
+        // that is still there: no run is under way now, so the Node follows its certificate
+        // again before the first step (the next run is decided as usual).
         match self.publisher.read_state().await {
-            Ok(state)
-                if state.run_tainted
-                    || state.fabric_label.as_deref()
-                        == Some(railguard_api::keys::fabric::PENDING) =>
-            {
-                tracing::info!(node = %self.ctx.node, run_tainted = state.run_tainted, "a run left unfinished by an earlier prober: restoring the node");
+            Ok(state) if labels_need_restoring(&state, jiff::Timestamp::now()) => {
+                tracing::info!(node = %self.ctx.node, run_tainted = state.run_tainted, label = ?state.fabric_label, "the node does not show its certificate (a run left unfinished, or labels cleaned): restoring it");
                 self.restore().await;
             }
             Ok(_) => {}
@@ -994,6 +1003,54 @@ impl DaemonArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_that_does_not_show_its_certificate_is_restored_at_start() {
+        let now = jiff::Timestamp::now();
+        let profile = railguard_api::profiles_from_yaml(include_str!(
+            "../../../../api/fixtures/profiles/dgx-h100-ndr.yaml"
+        ))
+        .unwrap()
+        .remove(0);
+        let cert = railguard_sim::certificates::certificate(
+            &profile,
+            railguard_api::Verdict::Certified,
+            now,
+            390.0,
+            46.0,
+        );
+        let shown = NodeState {
+            certificate: Some(cert),
+            fabric_label: Some("certified".into()),
+            ..NodeState::default()
+        };
+        assert!(!labels_need_restoring(&shown, now));
+        let cleaned = NodeState {
+            fabric_label: None,
+            ..shown.clone()
+        };
+        assert!(
+            labels_need_restoring(&cleaned, now),
+            "labels taken by a clean-up"
+        );
+        let left = NodeState {
+            run_tainted: true,
+            ..shown.clone()
+        };
+        assert!(
+            labels_need_restoring(&left, now),
+            "a testing taint left behind"
+        );
+        assert!(
+            !labels_need_restoring(&NodeState::default(), now),
+            "a new node: nothing to restore"
+        );
+        let pending = NodeState {
+            fabric_label: Some("pending".into()),
+            ..NodeState::default()
+        };
+        assert!(labels_need_restoring(&pending, now));
+    }
 
     #[test]
     fn backoff_grows_and_caps() {

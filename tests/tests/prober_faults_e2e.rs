@@ -841,6 +841,27 @@ async fn metric_value(metrics: std::net::SocketAddr, metric: &str) -> Result<f64
 }
 
 /// Our taint's value on `node`, if it carries it.
+/// Waits until the requested run on `name` has ended: one run more in the certificate's
+/// history than `runs_before`, and the `railguard.io/recertify` request gone. The Node then.
+async fn requested_run_done(
+    nodes: &Api<Node>,
+    name: &str,
+    runs_before: usize,
+    timeout: Duration,
+) -> Result<Node> {
+    eventually(timeout, "the requested run", || async {
+        let (cert, node) = node_certificate(nodes, name).await?;
+        let asked = node
+            .metadata
+            .annotations
+            .clone()
+            .unwrap_or_default()
+            .contains_key(keys::ANNOTATION_RECERTIFY);
+        Ok((cert.history.len() == runs_before + 1 && !asked).then_some(node))
+    })
+    .await
+}
+
 fn railguard_taint(node: &Node) -> Option<String> {
     node.spec
         .as_ref()
@@ -1012,17 +1033,8 @@ async fn invasive_runs_wait_for_a_node_in_service_and_free_and_taint_it_while_th
         },
     )
     .await?;
-    let node = eventually(Duration::from_secs(90), "the requested run", || async {
-        let (cert, node) = node_certificate(&nodes, name).await?;
-        let asked = node
-            .metadata
-            .annotations
-            .clone()
-            .unwrap_or_default()
-            .contains_key(keys::ANNOTATION_RECERTIFY);
-        Ok((cert.history.len() == before.history.len() + 1 && !asked).then_some(node))
-    })
-    .await?;
+    let node =
+        requested_run_done(&nodes, name, before.history.len(), Duration::from_secs(90)).await?;
     assert_shows_certified(&node);
     assert_eq!(railguard_taint(&node), None, "lifted when it certified");
     sigterm(&d)?;
@@ -1293,17 +1305,8 @@ async fn a_gpu_pod_arriving_mid_run_stops_it_and_the_node_is_restored() -> Resul
         &kube::api::DeleteParams::default().grace_period(0),
     )
     .await?;
-    let node = eventually(Duration::from_secs(120), "the requested run", || async {
-        let (cert, node) = node_certificate(&nodes, name).await?;
-        let asked = node
-            .metadata
-            .annotations
-            .clone()
-            .unwrap_or_default()
-            .contains_key(keys::ANNOTATION_RECERTIFY);
-        Ok((cert.history.len() == before.history.len() + 1 && !asked).then_some(node))
-    })
-    .await?;
+    let node =
+        requested_run_done(&nodes, name, before.history.len(), Duration::from_secs(120)).await?;
     assert_shows_certified(&node);
     assert_eq!(railguard_taint(&node), None, "lifted when it ended");
     sigterm(&d)?;
@@ -1370,17 +1373,8 @@ async fn an_invasive_run_waits_for_the_pair_test_on_its_rails() -> Result<()> {
     assert_eq!(railguard_taint(&node), None, "not tainted while held back");
 
     drop(pair_test);
-    let node = eventually(Duration::from_secs(90), "the requested run", || async {
-        let (cert, node) = node_certificate(&nodes, name).await?;
-        let asked = node
-            .metadata
-            .annotations
-            .clone()
-            .unwrap_or_default()
-            .contains_key(keys::ANNOTATION_RECERTIFY);
-        Ok((cert.history.len() == before.history.len() + 1 && !asked).then_some(node))
-    })
-    .await?;
+    let node =
+        requested_run_done(&nodes, name, before.history.len(), Duration::from_secs(90)).await?;
     assert_shows_certified(&node);
     assert_eq!(railguard_taint(&node), None);
     sigterm(&d)?;

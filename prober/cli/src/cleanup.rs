@@ -9,7 +9,6 @@ use anyhow::Context;
 use clap::{Args, ValueHint};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
-use kube::core::{ApiResource, GroupVersionKind};
 use kube::{Api, Client};
 use railguard_api::{dra, keys};
 use railguard_prober::fleet::cleanup::node_cleanup;
@@ -129,12 +128,10 @@ async fn delete_rules(client: &Client) -> anyhow::Result<String> {
             return Err(e).context("cannot read the API server's resource.k8s.io/v1 resources")
         }
     }
-    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "resource.k8s.io",
-        "v1",
-        "DeviceTaintRule",
-    ));
-    let api = Api::<DynamicObject>::all_with(client.clone(), &ar);
+    let api = Api::<DynamicObject>::all_with(
+        client.clone(),
+        &crate::fleet::dra::resource("DeviceTaintRule"),
+    );
     let ours =
         ListParams::default().labels(&format!("{}={}", dra::LABEL_MANAGED_BY, dra::MANAGED_BY));
     let names: Vec<String> = api

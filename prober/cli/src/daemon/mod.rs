@@ -154,8 +154,8 @@ pub fn invasive_decision(
     }
 }
 
-/// Pure: the Event for a requested run held back by GPU pods, posted once per request.
-pub fn recertify_deferred_event(pods: &[String], retry_in: Duration) -> NodeEvent {
+/// Pure: the first pods by name for an Event, and how many more.
+fn pod_names(pods: &[String]) -> String {
     const SHOWN: usize = 5;
     let mut names = pods
         .iter()
@@ -166,6 +166,12 @@ pub fn recertify_deferred_event(pods: &[String], retry_in: Duration) -> NodeEven
     if pods.len() > SHOWN {
         names.push_str(&format!(" and {} more", pods.len() - SHOWN));
     }
+    names
+}
+
+/// Pure: the Event for a requested run held back by GPU pods, posted once per request.
+pub fn recertify_deferred_event(pods: &[String], retry_in: Duration) -> NodeEvent {
+    let names = pod_names(pods);
     NodeEvent {
         reason: "RecertifyDeferred",
         kind: "Normal",
@@ -204,16 +210,7 @@ enum InvasiveEnd {
 
 /// Pure: the Event for an invasive run abandoned because GPU pods came to the node.
 pub fn invasive_abandoned_event(pods: &[String], during: bool, retry_in: Duration) -> NodeEvent {
-    const SHOWN: usize = 5;
-    let mut names = pods
-        .iter()
-        .take(SHOWN)
-        .cloned()
-        .collect::<Vec<_>>()
-        .join(", ");
-    if pods.len() > SHOWN {
-        names.push_str(&format!(" and {} more", pods.len() - SHOWN));
-    }
+    let names = pod_names(pods);
     let when = if during {
         "arrived during the invasive run"
     } else {

@@ -25,7 +25,7 @@ use tokio::sync::Notify;
 /// Rule writes in flight at once.
 const WRITE_CONCURRENCY: usize = 8;
 
-fn resource(kind: &str) -> ApiResource {
+pub(crate) fn resource(kind: &str) -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk("resource.k8s.io", "v1", kind))
 }
 

@@ -1,22 +1,28 @@
-//! README's command reference is generated from the binaries' own clap definitions and must
-//! be up to date, so it cannot drift: the tables between `<!-- reference:start -->` and
-//! `<!-- reference:end -->` are exactly what [`reference`] renders. After changing a flag:
+//! The command reference in `docs/reference.md` is generated from the binaries' own clap
+//! definitions and must be up to date, so it cannot drift: the tables between
+//! `<!-- reference:start -->` and `<!-- reference:end -->` are exactly what [`reference`]
+//! renders. After changing a flag:
 //!
 //! ```sh
 //! RAILGUARD_UPDATE_README=1 cargo test -p railguard-tests --test readme_reference
 //! ```
 //!
 //! Also checked here: every flag is also a `RAILGUARD_*` variable, every binary and prober
-//! subcommand shows an example invocation in `--help`, and the "Configuration variables"
-//! table names each variable's real flag.
+//! subcommand shows an example invocation in `--help`, the "Configuration variables" table
+//! of `docs/reference.md` names each variable's real flag, README.md stays a page a newcomer
+//! reads to the end (at most [`README_MAX_LINES`] lines, its two set-up commands first), and
+//! every relative link of README.md and `docs/*.md` reaches an existing file (and heading).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 
 use clap::{Arg, Command, CommandFactory};
 use railguard_tests::workspace_root;
 
 const START: &str = "<!-- reference:start -->";
 const END: &str = "<!-- reference:end -->";
+/// Where the generated command reference and the "Configuration variables" table live.
+const REFERENCE: &str = "docs/reference.md";
 
 fn binaries() -> Vec<Command> {
     let mut cmds = vec![
@@ -134,34 +140,44 @@ fn reference() -> String {
 }
 
 #[test]
-fn readme_reference_matches_the_clap_definitions() {
-    let path = workspace_root().join("README.md");
-    let readme = std::fs::read_to_string(&path).expect("README.md");
-    let (Some(start), Some(end)) = (readme.find(START), readme.find(END)) else {
-        panic!("README.md has no {START} ... {END} block");
+fn command_reference_matches_the_clap_definitions() {
+    let path = workspace_root().join(REFERENCE);
+    let doc = std::fs::read_to_string(&path).expect(REFERENCE);
+    let (Some(start), Some(end)) = (doc.find(START), doc.find(END)) else {
+        panic!("{REFERENCE} has no {START} ... {END} block");
     };
-    let current = &readme[start + START.len()..end];
+    let current = &doc[start + START.len()..end];
     let wanted = reference();
     if current == wanted {
         return;
     }
     if std::env::var_os("RAILGUARD_UPDATE_README").is_some() {
-        let updated = format!(
-            "{}{wanted}{}",
-            &readme[..start + START.len()],
-            &readme[end..]
-        );
-        std::fs::write(&path, updated).expect("write README.md");
+        let updated = format!("{}{wanted}{}", &doc[..start + START.len()], &doc[end..]);
+        std::fs::write(&path, updated).expect("write the reference");
         return;
     }
     let first_difference = current
         .lines()
         .zip(wanted.lines())
         .find(|(a, b)| a != b)
-        .map(|(a, b)| format!("README: {a}\nclap:   {b}"))
+        .map(|(a, b)| format!("{REFERENCE}: {a}\nclap:   {b}"))
         .unwrap_or_else(|| "(one is a prefix of the other)".into());
     panic!(
-        "README's command reference is stale; run\n  RAILGUARD_UPDATE_README=1 cargo test -p railguard-tests --test readme_reference\nfirst difference:\n{first_difference}"
+        "the command reference in {REFERENCE} is stale; run\n  RAILGUARD_UPDATE_README=1 cargo test -p railguard-tests --test readme_reference\nfirst difference:\n{first_difference}"
+    );
+}
+
+/// The generated reference lives in docs/reference.md only: README links to it instead.
+#[test]
+fn readme_holds_no_generated_reference() {
+    let readme = std::fs::read_to_string(workspace_root().join("README.md")).expect("README.md");
+    assert!(
+        !readme.contains(START) && !readme.contains(END),
+        "README.md has a generated reference block; it belongs in {REFERENCE}"
+    );
+    assert!(
+        readme.contains(&format!("]({REFERENCE}#command-reference)")),
+        "README.md does not link {REFERENCE}#command-reference"
     );
 }
 
@@ -214,17 +230,17 @@ fn every_help_shows_an_example_invocation() {
     }
 }
 
-/// README's "Configuration variables" table: each variable is the flag it says, wherever
+/// The "Configuration variables" table of docs/reference.md: each variable is the flag it says, wherever
 /// the binaries read it; variables not read by clap are named in [`OUTSIDE_CLAP`].
 const OUTSIDE_CLAP: [&str; 1] = ["RAILGUARD_LOG"];
 
 #[test]
 fn configuration_variables_table_names_the_real_flags() {
-    let readme = std::fs::read_to_string(workspace_root().join("README.md")).expect("README.md");
-    let start = readme
+    let doc = std::fs::read_to_string(workspace_root().join(REFERENCE)).expect(REFERENCE);
+    let start = doc
         .find("\n## Configuration variables\n")
         .expect("a Configuration variables section");
-    let section = &readme[start + 1..];
+    let section = &doc[start + 1..];
     let end = section[3..].find("\n## ").map_or(section.len(), |i| i + 3);
     let mut flags_of: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for cmd in binaries() {
@@ -267,13 +283,211 @@ fn configuration_variables_table_names_the_real_flags() {
             };
             match flags_of.get(var) {
                 None => problems.push(format!("{var}: no binary reads it")),
-                Some(real) if real.iter().any(|f| f != want) => {
-                    problems.push(format!("{var}: README says {want}, clap says {real:?}"))
-                }
+                Some(real) if real.iter().any(|f| f != want) => problems.push(format!(
+                    "{var}: {REFERENCE} says {want}, clap says {real:?}"
+                )),
                 Some(_) => {}
             }
         }
     }
     assert!(rows >= 8, "only {rows} rows found");
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// README.md is the page a newcomer reads to the end; the rest is in docs/.
+const README_MAX_LINES: usize = 320;
+
+/// The two set-up commands README.md opens with, exactly.
+const SET_UP: [&str; 2] = [
+    "./demo.sh                  # the demo: real kube-apiserver + kube-scheduler, webhook, extender, six simulated DGX H100 nodes",
+    "tests/scripts/test-all.sh  # all tests (installs prerequisites with apt, builds and caches the local control plane)",
+];
+
+#[test]
+fn readme_is_short_and_opens_with_its_two_set_up_commands() {
+    let readme = std::fs::read_to_string(workspace_root().join("README.md")).expect("README.md");
+    let lines: Vec<&str> = readme.lines().collect();
+    assert!(
+        lines.len() <= README_MAX_LINES,
+        "README.md has {} lines, more than {README_MAX_LINES}: move detail into docs/ and link it",
+        lines.len()
+    );
+    assert_eq!(
+        lines.get(..5),
+        Some(&["# railguard", "", "```", SET_UP[0], SET_UP[1]][..]),
+        "README.md no longer opens with its two set-up commands"
+    );
+    assert_eq!(lines.get(5), Some(&"```"));
+}
+
+/// The text outside fenced code blocks, with inline code spans blanked: what renders as
+/// Markdown, where headings and links are. A code span may go on over a line break, never
+/// over a blank line.
+fn prose(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    let mut in_code = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            in_code = false;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        if line.trim().is_empty() {
+            in_code = false;
+        }
+        let kept: String = line
+            .chars()
+            .map(|c| {
+                if c == '`' {
+                    in_code = !in_code;
+                    ' '
+                } else if in_code {
+                    ' '
+                } else {
+                    c
+                }
+            })
+            .collect();
+        out.push(kept);
+    }
+    out
+}
+
+/// GitHub's anchor of a heading: lower case, punctuation but `-` and `_` dropped, spaces
+/// turned into `-` (inline code and emphasis marks go with the punctuation).
+fn slug(heading: &str) -> String {
+    heading
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            '-' | '_' => Some(c),
+            c if c.is_alphanumeric() => Some(c),
+            _ => None,
+        })
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+/// The anchors a Markdown file's headings give (a repeated heading gets `-1`, `-2`, ...).
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut out = BTreeSet::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced || !line.starts_with('#') {
+            continue;
+        }
+        let title = line.trim_start_matches('#');
+        if !title.starts_with(' ') {
+            continue;
+        }
+        let base = slug(title.trim());
+        let n = seen.entry(base.clone()).or_insert(0);
+        out.insert(if *n == 0 {
+            base.clone()
+        } else {
+            format!("{base}-{n}")
+        });
+        *n += 1;
+    }
+    out
+}
+
+/// Every `[text](target)` and `![alt](target)` target of the rendered text.
+fn link_targets(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in prose(text) {
+        let mut rest = line.as_str();
+        while let Some(i) = rest.find("](") {
+            rest = &rest[i + 2..];
+            let Some(close) = rest.find(')') else { break };
+            out.push(rest[..close].trim().to_string());
+            rest = &rest[close + 1..];
+        }
+    }
+    out
+}
+
+/// README.md and every `docs/*.md`: each relative link (and image) reaches an existing
+/// file, and a `#anchor` into a Markdown file one of its headings.
+#[test]
+fn every_relative_link_of_readme_and_docs_reaches_a_file() {
+    let root = workspace_root();
+    let mut problems = Vec::new();
+    let mut files = vec![root.join("README.md")];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .map(|e| e.expect("docs/ entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    assert!(!docs.is_empty(), "no docs/*.md");
+    files.extend(docs);
+    let mut links = 0;
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("a Markdown file");
+        let name = file
+            .strip_prefix(&root)
+            .unwrap_or(&file)
+            .display()
+            .to_string();
+        let dir = file.parent().expect("a directory").to_path_buf();
+        for target in link_targets(&text) {
+            if target.is_empty() {
+                problems.push(format!("{name}: an empty link"));
+                continue;
+            }
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            links += 1;
+            let (path, anchor) = match target.split_once('#') {
+                Some((p, a)) => (p, Some(a)),
+                None => (target.as_str(), None),
+            };
+            let resolved: PathBuf = if path.is_empty() {
+                file.clone()
+            } else if path.starts_with('/') {
+                problems.push(format!(
+                    "{name}: `{target}` is absolute; link relative to the file"
+                ));
+                continue;
+            } else {
+                dir.join(path)
+            };
+            let Ok(resolved) = resolved.canonicalize() else {
+                problems.push(format!("{name}: `{target}` does not exist"));
+                continue;
+            };
+            let Some(anchor) = anchor else { continue };
+            if resolved.extension().is_some_and(|e| e == "md") {
+                let linked = std::fs::read_to_string(&resolved).expect("the linked file");
+                if !anchors(&linked).contains(anchor) {
+                    problems.push(format!("{name}: `{target}`: no heading gives #{anchor}"));
+                }
+            }
+        }
+    }
+    assert!(links >= 20, "only {links} relative links found");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_link_checker_finds_links_and_anchors() {
+    let text = "# Top\n\n## `certify --json`\n\n## Rails → devices (`a::b`)\n\n## Top\n\n```sh\n# not a heading\n[no](link.md)\n```\nSee [a](x.md#y), ![b](c.png) and `[code](z.md)`, `a\nspan` [d](e.md).\n";
+    assert_eq!(link_targets(text), ["x.md#y", "c.png", "e.md"]);
+    let got = anchors(text);
+    let want: BTreeSet<String> = ["top", "certify---json", "rails--devices-ab", "top-1"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    assert_eq!(got, want);
 }

@@ -1,6 +1,6 @@
-//! README's "JSON output" section is the contract of every `--json`: each key the real
-//! output has is documented there, and each documented key that is not marked *only when*
-//! is in every output (`a[].b`: in the elements of a non-empty list `a`).
+//! The "JSON output" section of `docs/reference.md` is the contract of every `--json`: each
+//! key the real output has is documented there, and each documented key that is not marked
+//! *only when* is in every output (`a[].b`: in the elements of a non-empty list `a`).
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,6 +17,9 @@ fn manifest(p: &str) -> PathBuf {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/..")).join(p)
 }
 
+/// Where the keys are documented (relative to `prober/`, as [`manifest`] joins it).
+const REFERENCE: &str = "../docs/reference.md";
+
 /// A documented key and whether it may be absent.
 #[derive(Debug)]
 struct Key {
@@ -25,11 +28,11 @@ struct Key {
 
 /// The "JSON output" section: first command of each `###` heading -> its keys.
 fn documented() -> BTreeMap<String, BTreeMap<String, Key>> {
-    let readme = std::fs::read_to_string(manifest("../README.md")).unwrap();
-    let start = readme
+    let doc = std::fs::read_to_string(manifest(REFERENCE)).unwrap();
+    let start = doc
         .find("\n## JSON output\n")
-        .expect("README has a JSON output section");
-    let section = &readme[start + 1..];
+        .expect("docs/reference.md has a JSON output section");
+    let section = &doc[start + 1..];
     let end = section[3..].find("\n## ").map_or(section.len(), |i| i + 3);
     let mut out: BTreeMap<String, BTreeMap<String, Key>> = BTreeMap::new();
     let mut current: Option<String> = None;
@@ -128,7 +131,9 @@ fn check(command: &str, docs: &BTreeMap<String, Key>, outputs: &[Value]) -> Vec<
     for (i, v) in outputs.iter().enumerate() {
         let have = paths(v);
         for p in have.iter().filter(|p| !docs.contains_key(*p)) {
-            problems.push(format!("{command} output {i}: key `{p}` is not in README"));
+            problems.push(format!(
+                "{command} output {i}: key `{p}` is not in docs/reference.md"
+            ));
         }
         let lists = non_empty_lists(v);
         for k in docs.iter().filter(|(_, k)| !k.optional).map(|(k, _)| k) {
@@ -138,7 +143,7 @@ fn check(command: &str, docs: &BTreeMap<String, Key>, outputs: &[Value]) -> Vec<
             };
             if applies && !have.contains(k) {
                 problems.push(format!(
-                    "{command} output {i}: README's `{k}` is missing (mark it \"only when ...\"?)"
+                    "{command} output {i}: docs/reference.md's `{k}` is missing (mark it \"only when ...\"?)"
                 ));
             }
         }
@@ -153,7 +158,7 @@ fn profile_file() -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readme_documents_every_json_key() {
+async fn reference_documents_every_json_key() {
     let docs = documented();
     assert_eq!(
         docs.keys().map(String::as_str).collect::<Vec<_>>(),
@@ -282,7 +287,7 @@ async fn readme_documents_every_json_key() {
     }
     assert!(
         problems.is_empty(),
-        "README \"JSON output\" is out of date:\n{}",
+        "docs/reference.md \"JSON output\" is out of date:\n{}",
         problems.join("\n")
     );
 }

@@ -215,6 +215,61 @@ pub struct RailResult {
     /// runbook's comparison with a GPU on the other socket.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_memory: Option<GpuMemoryResult>,
+    /// Set while a passive check's failure holds the rail (passive healing,
+    /// `certification.passiveHealWindows`): how long it has been clean, how often it failed
+    /// again, and what it was before. Absent on every rail an invasive run judged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passive_hold: Option<PassiveHold>,
+}
+
+/// A rail held by a passive failure (`link-down`, `link-rate`, `errors`) until it heals
+/// passively: it stays failed until `cleanWindows` reaches the profile's
+/// `passiveHealWindows` doubled once per flap (N, 2N, 4N, at most 8N), then shows `before`
+/// again and stays held (a further failure is one more flap) for as many clean checks again;
+/// then the hold goes. Kept in the certificate so that it survives a prober restart.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PassiveHold {
+    /// Consecutive clean passive checks since the rail's last passive failure.
+    #[serde(default)]
+    pub clean_windows: u32,
+    /// Passive failures of the rail after the first, during the hold.
+    #[serde(default)]
+    pub flaps: u32,
+    /// The rail as it was before its first passive failure: what a heal restores.
+    pub before: RailBefore,
+}
+
+/// What a rail was before a passive failure held it ([`PassiveHold::before`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RailBefore {
+    pub verdict: RailVerdict,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<RailFault>,
+}
+
+/// Key of the node's passive hold in the certificate JSON ([`Certificate::passive_hold`]).
+pub const PASSIVE_HOLD_KEY: &str = "passiveHold";
+
+/// The node's side of passive healing: the verdict and reasons the node had before a passive
+/// rail failure changed them, restored when every held rail has healed and nothing else
+/// failed. Absent when no passive failure holds the node's verdict.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodePassiveHold {
+    pub before: NodeBefore,
+}
+
+/// The node's verdict and reasons before a passive failure ([`NodePassiveHold::before`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeBefore {
+    pub verdict: Verdict,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reasons: Vec<String>,
 }
 
 /// The GPU-memory test of a rail (its bandwidth is [`RailResult::write_bw_gpu_gbps`]).
@@ -525,6 +580,31 @@ impl Certificate {
             }
             _ => {
                 self.extra.remove(NCCL_PAIRS_KEY);
+            }
+        }
+    }
+}
+
+// The node's passive hold lives in the extension map under PASSIVE_HOLD_KEY, as the NCCL pair
+// results do: every writer of this version keeps `extra`, an invasive certificate starts
+// without it (and so clears it), and no constructor of a Certificate changes.
+impl Certificate {
+    /// The node's passive hold (`None` when there is none, or the entry is unreadable: then
+    /// the node keeps its verdict until an invasive run, as without passive healing).
+    pub fn passive_hold(&self) -> Option<NodePassiveHold> {
+        self.extra
+            .get(PASSIVE_HOLD_KEY)
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+    }
+
+    /// Sets or (`None`) removes the node's passive hold.
+    pub fn set_passive_hold(&mut self, hold: Option<&NodePassiveHold>) {
+        match hold.map(serde_json::to_value) {
+            Some(Ok(v)) => {
+                self.extra.insert(PASSIVE_HOLD_KEY.to_string(), v);
+            }
+            _ => {
+                self.extra.remove(PASSIVE_HOLD_KEY);
             }
         }
     }

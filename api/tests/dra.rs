@@ -65,6 +65,7 @@ fn certificate(verdict: Verdict) -> Certificate {
             faults: vec![],
             wire: vec![],
             gpu_memory: None,
+            passive_hold: None,
         })
         .collect();
     let gpus = (0..8)

@@ -214,6 +214,15 @@ fn validation_enforces_the_crd_schema_bounds() {
     p.spec.certification.ttl_seconds = u64::MAX;
     assert_eq!(invalid_fields(&p), vec!["spec.certification.ttlSeconds"]);
 
+    let mut p = h100();
+    p.spec.certification.passive_heal_windows = railguard_api::profile::MAX_PASSIVE_HEAL_WINDOWS;
+    assert!(p.validate().is_ok());
+    p.spec.certification.passive_heal_windows += 1;
+    assert_eq!(
+        invalid_fields(&p),
+        vec!["spec.certification.passiveHealWindows"]
+    );
+
     use kube::CustomResourceExt;
     let schema = serde_json::to_value(railguard_api::FabricProfile::crd()).unwrap();
     let spec = &schema["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
@@ -226,6 +235,28 @@ fn validation_enforces_the_crd_schema_bounds() {
         spec["certification"]["properties"]["historyDepth"]["maximum"],
         f64::from(railguard_api::profile::MAX_HISTORY_DEPTH)
     );
+    let heal = &spec["certification"]["properties"]["passiveHealWindows"];
+    assert_eq!(
+        heal["maximum"],
+        f64::from(railguard_api::profile::MAX_PASSIVE_HEAL_WINDOWS)
+    );
+    assert_eq!(
+        (heal["minimum"].clone(), heal["default"].clone()),
+        (0.0.into(), 5.into())
+    );
+}
+
+/// `certification.passiveHealWindows`: 5 when absent, 0 (never heal passively) allowed.
+#[test]
+fn passive_heal_windows_default_and_zero() {
+    let p = h100();
+    assert_eq!(p.spec.certification.passive_heal_windows, 5);
+    let c: railguard_api::profile::CertificationSpec =
+        serde_json::from_value(serde_json::json!({"passiveHealWindows": 0})).unwrap();
+    assert_eq!(c.passive_heal_windows, 0);
+    let mut p = h100();
+    p.spec.certification.passive_heal_windows = 0;
+    assert!(p.validate().is_ok());
 }
 
 /// The prober runs `ncclTests.binary` as root on every node of the profile: only plain
@@ -402,6 +433,7 @@ fn certificate(now: Timestamp, verdict: Verdict, ttl_secs: i64) -> Certificate {
                 reasons: vec![],
                 wire: vec![],
                 gpu_memory: None,
+                passive_hold: None,
             })
             .collect(),
         gpus: vec![GpuAffinity {
@@ -449,6 +481,68 @@ fn certificate_round_trips_and_keeps_unknown_fields() {
     // JSON keys are camelCase, PathType is PIX/PXB..., verdicts lowercase.
     assert!(
         text.contains("\"issuedAt\"") && text.contains("\"PXB\"") && text.contains("\"certified\"")
+    );
+}
+
+/// Passive healing's state (issue #44): a certificate without it (every one written before)
+/// parses with none; one with it round-trips; none written where none is held.
+#[test]
+fn passive_holds_are_optional_and_round_trip() {
+    use railguard_api::certificate::{
+        NodeBefore, NodePassiveHold, PassiveHold, RailBefore, PASSIVE_HOLD_KEY,
+    };
+    let now = Timestamp::from_second(1_800_000_000).unwrap();
+    let old = certificate(now, Verdict::Certified, 3600);
+    let text = old.to_annotation().unwrap();
+    assert!(!text.contains("passiveHold"), "{text}");
+    let parsed = Certificate::from_annotation(&text).unwrap();
+    assert_eq!(parsed.passive_hold(), None);
+    assert!(parsed.rails.iter().all(|r| r.passive_hold.is_none()));
+
+    let mut held = old.clone();
+    held.verdict = Verdict::Degraded;
+    held.rails[0].verdict = RailVerdict::Failed;
+    held.rails[0].faults = vec![RailFault::Errors];
+    held.rails[0].passive_hold = Some(PassiveHold {
+        clean_windows: 2,
+        flaps: 1,
+        before: RailBefore {
+            verdict: RailVerdict::Healthy,
+            reasons: vec![],
+            faults: vec![],
+        },
+    });
+    let node = NodePassiveHold {
+        before: NodeBefore {
+            verdict: Verdict::Certified,
+            reasons: vec![],
+        },
+    };
+    held.set_passive_hold(Some(&node));
+    let v: serde_json::Value = serde_json::from_str(&held.to_annotation().unwrap()).unwrap();
+    assert_eq!(
+        v["rails"][0]["passiveHold"],
+        serde_json::json!({"cleanWindows": 2, "flaps": 1, "before": {"verdict": "healthy"}})
+    );
+    assert_eq!(
+        v[PASSIVE_HOLD_KEY],
+        serde_json::json!({"before": {"verdict": "certified"}})
+    );
+    let back = Certificate::from_annotation(&v.to_string()).unwrap();
+    assert_eq!(back, held);
+    assert_eq!(back.passive_hold(), Some(node));
+    held.set_passive_hold(None);
+    assert_eq!(held.passive_hold(), None);
+    assert!(!held.extra.contains_key(PASSIVE_HOLD_KEY));
+    // An unreadable node hold is no hold (the node then keeps its verdict until an invasive
+    // run), and the certificate still parses.
+    let mut v = v;
+    v[PASSIVE_HOLD_KEY] = serde_json::json!("garbage");
+    assert_eq!(
+        Certificate::from_annotation(&v.to_string())
+            .unwrap()
+            .passive_hold(),
+        None
     );
 }
 

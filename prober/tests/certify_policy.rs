@@ -982,3 +982,272 @@ fn a_finding_on_a_rails_device_fails_that_rail() {
     e.findings[0].subject = "0000:15:01.0".into();
     assert_eq!(assess(&p, &e, &[]).verdict, Verdict::Failed);
 }
+
+/// Passive healing, as the daemon runs it: each passive check is judged against the
+/// certificate on the Node (read back from its annotation, as after a restart) and the
+/// resulting certificate published.
+mod passive_healing {
+    use super::*;
+    use railguard_api::{Certificate, RailFault};
+    use railguard_prober::certify::assess_passive_against;
+    use railguard_prober::publish::event_for;
+
+    fn subject(p: &FabricProfileSpec) -> Subject<'_> {
+        Subject {
+            node: "gpu-1",
+            profile_name: "test-ndr",
+            profile: p,
+            signature: None,
+            gpus: vec![],
+            simulated: false,
+        }
+    }
+
+    fn window() -> Evidence {
+        let mut e = good();
+        e.benches.clear();
+        e.nccl.clear();
+        e
+    }
+
+    /// A window in which rail `i`'s symbol_error counter grew.
+    fn tick(i: usize) -> Evidence {
+        let mut e = window();
+        e.after[i].counters.insert("symbol_error".into(), 99);
+        e
+    }
+
+    /// One passive check against `cert`, through the annotation (what a restarted prober
+    /// reads).
+    fn check(p: &FabricProfileSpec, cert: &Certificate, e: &Evidence) -> Certificate {
+        let on_node = Certificate::from_annotation(&cert.to_annotation().unwrap()).unwrap();
+        let a = assess_passive_against(p, e, Some(&on_node));
+        let now = on_node.passive_checked_at.unwrap() + jiff::SignedDuration::from_secs(60);
+        passive_certificate(&subject(p), &a, Some(&on_node), now)
+    }
+
+    fn invasive(p: &FabricProfileSpec, e: &Evidence, history: &[HistoryEntry]) -> Certificate {
+        let a = assess(p, e, history);
+        let now = Timestamp::from_second(1_700_000_000).unwrap();
+        invasive_certificate(&subject(p), &a, &e.software, None, now)
+    }
+
+    fn profile_healing(n: u32) -> FabricProfileSpec {
+        let mut p = profile();
+        p.certification.passive_heal_windows = n;
+        p
+    }
+
+    #[test]
+    fn the_default_is_five_windows() {
+        assert_eq!(profile().certification.passive_heal_windows, 5);
+    }
+
+    #[test]
+    fn a_counter_tick_fails_the_rail_and_n_clean_windows_restore_the_certified_node() {
+        let p = profile_healing(3);
+        let certified = invasive(&p, &good(), &[]);
+        assert_eq!(certified.verdict, Verdict::Certified);
+
+        let failed = check(&p, &certified, &tick(0));
+        assert_eq!(failed.verdict, Verdict::Degraded);
+        assert_eq!(failed.rails[0].verdict, RailVerdict::Failed);
+        assert_eq!(failed.rails[0].faults, vec![RailFault::Errors]);
+        let hold = failed
+            .passive_hold()
+            .expect("the node's verdict before is recorded");
+        assert_eq!(hold.before.verdict, Verdict::Certified);
+        let ev = event_for(&failed, Some(&certified), false).unwrap();
+        assert_eq!(ev.reason, "Regressed");
+
+        let mut c = failed.clone();
+        for i in 1..3 {
+            let next = check(&p, &c, &window());
+            assert_eq!(next.verdict, Verdict::Degraded, "clean window {i}");
+            assert_eq!(next.rails[0].verdict, RailVerdict::Failed);
+            assert_eq!(
+                next.rails[0].passive_hold.as_ref().unwrap().clean_windows,
+                i
+            );
+            assert_eq!(
+                next.reasons, failed.reasons,
+                "the failure is still the reason"
+            );
+            // The count is news: it is written, so a restarted prober goes on counting.
+            assert!(railguard_prober::certify::record::passive_is_news(
+                &c,
+                &next,
+                Some("degraded"),
+                next.passive_checked_at.unwrap()
+            ));
+            assert_eq!(event_for(&next, Some(&c), false), None);
+            c = next;
+        }
+        let healed = check(&p, &c, &window());
+        assert_eq!(healed.verdict, Verdict::Certified);
+        assert!(healed.reasons.is_empty(), "{:?}", healed.reasons);
+        assert_eq!(healed.usable_rails, Some(2));
+        assert_eq!(healed.rails[0].verdict, RailVerdict::Healthy);
+        assert!(healed.rails[0].faults.is_empty());
+        assert_eq!(healed.passive_hold(), None);
+        assert!(healed.rails[0].passive_hold.is_some(), "on probation");
+        assert_eq!(healed.issued_at, certified.issued_at);
+        assert_eq!(healed.expires_at, certified.expires_at);
+        let ev = event_for(&healed, Some(&c), false).unwrap();
+        assert_eq!((ev.reason, ev.kind), ("RailHealedPassively", "Normal"));
+        assert!(
+            ev.message
+                .contains("mlx5_0:1 after 3 consecutive clean passive checks")
+                && ev.message.contains("node certified again (was degraded)"),
+            "{}",
+            ev.message
+        );
+        // Probation runs out: the certificate is as small as before the failure.
+        let mut c = healed;
+        for _ in 0..3 {
+            c = check(&p, &c, &window());
+        }
+        assert!(c.rails.iter().all(|r| r.passive_hold.is_none()));
+        let text = c.to_annotation().unwrap();
+        assert!(!text.contains("passiveHold"), "{text}");
+        assert_eq!(c.verdict, Verdict::Certified);
+    }
+
+    #[test]
+    fn a_tick_during_the_hold_resets_the_count_and_doubles_the_requirement() {
+        let p = profile_healing(2);
+        let mut c = check(&p, &invasive(&p, &good(), &[]), &tick(1));
+        c = check(&p, &c, &window());
+        c = check(&p, &c, &tick(1));
+        let hold = c.rails[1].passive_hold.clone().unwrap();
+        assert_eq!((hold.clean_windows, hold.flaps), (0, 1));
+        let mut windows = 0;
+        while c.verdict != Verdict::Certified {
+            c = check(&p, &c, &window());
+            windows += 1;
+            assert!(windows <= 4);
+        }
+        assert_eq!(windows, 4, "2N after one flap");
+        // A tick on probation (the hold after the heal) is one more flap: 4N.
+        c = check(&p, &c, &tick(1));
+        assert_eq!(c.verdict, Verdict::Degraded);
+        assert_eq!(c.rails[1].passive_hold.as_ref().unwrap().flaps, 2);
+        let mut windows = 0;
+        while c.verdict != Verdict::Certified {
+            c = check(&p, &c, &window());
+            windows += 1;
+        }
+        assert_eq!(windows, 8);
+    }
+
+    #[test]
+    fn the_node_returns_to_degraded_when_another_rail_was_degraded_by_the_invasive_run() {
+        let p = profile_healing(1);
+        let history = vec![
+            pass(1, 380.0, 460.0, "550.54.15"),
+            pass(2, 380.0, 470.0, "550.54.15"),
+        ];
+        let degraded = invasive(&p, &good(), &history);
+        assert_eq!(degraded.verdict, Verdict::Degraded);
+        assert_eq!(degraded.rails[0].verdict, RailVerdict::Degraded);
+        // Rail 1 goes down, then both fail at once: no rail usable.
+        let mut down = window();
+        down.after[1].state = "DOWN".into();
+        let c = check(&p, &degraded, &down);
+        assert_eq!(c.verdict, Verdict::Degraded);
+        assert_eq!(c.rails[1].faults, vec![RailFault::LinkDown]);
+        down.after[0].phys_state = Some("3: Disabled".into());
+        let c = check(&p, &c, &down);
+        assert_eq!(c.verdict, Verdict::Failed);
+        assert_eq!(c.usable_rails, Some(0));
+        let hold = c.rails[1].passive_hold.clone().unwrap();
+        assert_eq!(
+            (hold.clean_windows, hold.flaps),
+            (0, 0),
+            "down in two checks in a row: one failure, not a flap"
+        );
+        // Clean again: each rail back to what it was, the node to degraded with its reasons.
+        let healed = check(&p, &c, &window());
+        assert_eq!(healed.verdict, Verdict::Degraded);
+        assert_eq!(healed.reasons, degraded.reasons);
+        assert_eq!(healed.rails[0].verdict, RailVerdict::Degraded);
+        assert_eq!(healed.rails[0].reasons, degraded.rails[0].reasons);
+        assert_eq!(healed.rails[1].verdict, RailVerdict::Healthy);
+        assert_eq!(
+            event_for(&healed, Some(&c), false).unwrap().reason,
+            "RailHealedPassively"
+        );
+    }
+
+    #[test]
+    fn an_invasive_failed_rail_is_never_healed_passively() {
+        let p = profile_healing(1);
+        let mut e = good();
+        e.benches[1].write_bw_host_gbps = Some(100.0);
+        let rdma = invasive(&p, &e, &[]);
+        assert_eq!(rdma.rails[1].faults, vec![RailFault::Rdma]);
+        assert_eq!(rdma.verdict, Verdict::Degraded);
+        // Clean windows, then a tick on that same rail, then clean windows again.
+        let mut c = check(&p, &rdma, &window());
+        c = check(&p, &c, &tick(1));
+        assert_eq!(c.rails[1].passive_hold, None);
+        for _ in 0..20 {
+            c = check(&p, &c, &window());
+            assert_eq!(c.rails[1].verdict, RailVerdict::Failed);
+            assert_eq!(c.verdict, Verdict::Degraded);
+        }
+        // A passive failure of the other rail heals; the rdma rail stays failed.
+        c = check(&p, &c, &tick(0));
+        assert_eq!(c.usable_rails, Some(0));
+        c = check(&p, &c, &window());
+        assert_eq!(c.rails[0].verdict, RailVerdict::Healthy);
+        assert_eq!(c.rails[1].verdict, RailVerdict::Failed);
+        assert_eq!(c.verdict, Verdict::Degraded);
+    }
+
+    #[test]
+    fn an_invasive_run_clears_the_hold_and_the_count() {
+        let p = profile_healing(4);
+        let mut c = check(&p, &invasive(&p, &good(), &[]), &tick(0));
+        c = check(&p, &c, &tick(0));
+        c = check(&p, &c, &window());
+        assert!(c.passive_hold().is_some() && c.rails[0].passive_hold.is_some());
+        let a = assess(&p, &good(), &c.history);
+        let now = c.passive_checked_at.unwrap() + jiff::SignedDuration::from_secs(60);
+        let renewed = invasive_certificate(&subject(&p), &a, &good().software, Some(&c), now);
+        assert_eq!(renewed.verdict, Verdict::Certified);
+        assert_eq!(renewed.passive_hold(), None);
+        assert!(renewed.rails.iter().all(|r| r.passive_hold.is_none()));
+        // The next tick starts from N again.
+        let again = check(&p, &renewed, &tick(0));
+        let hold = again.rails[0].passive_hold.clone().unwrap();
+        assert_eq!((hold.clean_windows, hold.flaps), (0, 0));
+    }
+
+    #[test]
+    fn zero_windows_keep_the_failure_until_an_invasive_run() {
+        let p = profile_healing(0);
+        let mut c = check(&p, &invasive(&p, &good(), &[]), &tick(0));
+        for _ in 0..50 {
+            c = check(&p, &c, &window());
+            assert_eq!(c.verdict, Verdict::Degraded);
+            assert_eq!(c.rails[0].verdict, RailVerdict::Failed);
+        }
+        assert!(!c.to_annotation().unwrap().contains("passiveHold"));
+    }
+
+    #[test]
+    fn a_node_level_failure_during_the_hold_is_not_healed() {
+        let p = profile_healing(1);
+        let c = check(&p, &invasive(&p, &good(), &[]), &tick(0));
+        let mut foreign = window();
+        foreign.layout_signature = Some("v1-other".into());
+        let c = check(&p, &c, &foreign);
+        assert_eq!(c.verdict, Verdict::Failed);
+        assert_eq!(c.passive_hold(), None);
+        // The rail heals, the node stays failed until an invasive run.
+        let c = check(&p, &c, &window());
+        assert_eq!(c.rails[0].verdict, RailVerdict::Healthy);
+        assert_eq!(c.verdict, Verdict::Failed);
+    }
+}

@@ -42,6 +42,7 @@ pub fn certificate(
             reasons: Vec::new(),
             wire: Vec::new(),
             gpu_memory: None,
+            passive_hold: None,
         })
         .collect();
     Certificate {

@@ -197,6 +197,7 @@ mod tests {
             reasons: vec![],
             wire: vec![],
             gpu_memory: None,
+            passive_hold: None,
         };
         Certificate {
             version: CERTIFICATE_VERSION,

@@ -1,10 +1,11 @@
 //! Certification: rail checks over a counters window, native RDMA and NCCL evidence, the
-//! policy that turns evidence into a verdict ([`policy`], pure), the node's history
-//! ([`history`]), the certificate record ([`record`]) and the comparison matrix
-//! ([`matrix`]). [`run`] gathers the evidence on a node; [`once`] is one whole run
+//! policy that turns evidence into a verdict ([`policy`], pure; passive healing: [`heal`]),
+//! the node's history ([`history`]), the certificate record ([`record`]) and the comparison
+//! matrix ([`matrix`]). [`run`] gathers the evidence on a node; [`once`] is one whole run
 //! (read the Node, gather, assess, record, publish).
 
 pub mod evidence;
+pub mod heal;
 pub mod history;
 pub mod matrix;
 pub mod once;
@@ -19,4 +20,4 @@ pub use evidence::{
 pub use once::{
     certify_once, passive_once, CertifyError, CertifyOutcome, NodeContext, PassiveOutcome,
 };
-pub use policy::{assess, assess_passive, Assessment};
+pub use policy::{assess, assess_passive, assess_passive_against, Assessment};

@@ -10,7 +10,7 @@ use railguard_api::{Certificate, FabricProfile, Verdict};
 
 use super::evidence::ResourceExposure;
 use super::matrix::{matrix_rows, render_matrix};
-use super::policy::{assess_in_fleet, assess_passive};
+use super::policy::{assess_in_fleet, assess_passive_against};
 use super::record::{invasive_certificate, passive_certificate, passive_is_news, Subject};
 use super::run::{gather_invasive_with, gather_passive, GatherError, NodeSetup};
 use crate::progress::Progress;
@@ -184,12 +184,8 @@ pub async fn passive_once(
     let previous = state.certificate.clone();
     let exposure = ctx.exposure(Some(state));
     let gathered = gather_passive(&ctx.setup, spec, window, exposure).await?;
-    let assessment = assess_passive(
-        spec,
-        &gathered.evidence,
-        previous.as_ref().map(|c| c.verdict),
-        previous.as_ref().map(|c| c.rails.as_slice()).unwrap_or(&[]),
-    );
+    // The certificate carries the passive holds (passive healing), so they survive a restart.
+    let assessment = assess_passive_against(spec, &gathered.evidence, previous.as_ref());
     if previous.is_none() && assessment.verdict != Verdict::Failed {
         return Ok(PassiveOutcome::NothingToPublish);
     }
@@ -212,6 +208,9 @@ pub async fn passive_once(
     let cert = publisher.publish(state, &cert, false).await?;
     if cert.verdict == Verdict::Failed {
         tracing::warn!(node = %ctx.node, reasons = ?cert.reasons, "passive check failed the node");
+    }
+    if assessment.restored {
+        tracing::info!(node = %ctx.node, verdict = %cert.verdict, "passive check healed the node: every rail a passive failure held is clean again");
     }
     Ok(PassiveOutcome::Published(Box::new(cert)))
 }

@@ -8,10 +8,13 @@
 //! the profile's, the RDMA resource not advertised). Degraded: every hard rule holds but a
 //! figure dropped beyond the profile's tolerance below the node's own history median.
 //! Certified: neither.
+//!
+//! A passive check's failure of a rail heals after `certification.passiveHealWindows` clean
+//! checks (the rule and its flap damping: [`super::heal`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use railguard_api::certificate::{GpuMemoryResult, HistoryEntry};
+use railguard_api::certificate::{GpuMemoryResult, HistoryEntry, NodePassiveHold};
 use railguard_api::{
     FabricProfileSpec, NcclResult, RailFault, RailResult, RailSpec, RailVerdict, Transport, Verdict,
 };
@@ -20,6 +23,7 @@ use super::evidence::{
     watched_counters, Evidence, NcclRunEvidence, PortReading, RailBench, RUN_GDR_OFF, RUN_MAIN,
     RUN_NVLINK,
 };
+use super::heal::{node_step, rail_step, PreviousNode};
 use super::history::{history_medians, software_changes, HistoryMedians};
 use crate::nccl::round2;
 
@@ -40,6 +44,13 @@ pub struct Assessment {
     pub usable_rails: u32,
     /// The findings the certificate records (the fatal ones are also in `reasons`).
     pub findings: Vec<railguard_api::Finding>,
+    /// After a passive check: the node's passive hold to record (its verdict before a
+    /// passive rail failure); `None` after an invasive run, which clears it.
+    pub passive_hold: Option<NodePassiveHold>,
+    /// After a passive check: `verdict` and `reasons` are the node's from before a passive
+    /// failure, restored because every held rail healed (the certificate takes the reasons
+    /// even when empty).
+    pub restored: bool,
 }
 
 #[derive(Default)]
@@ -322,6 +333,7 @@ pub fn assess_in_fleet(
             faults,
             wire: Vec::new(),
             gpu_memory: bench.and_then(gpu_memory_result),
+            passive_hold: None,
         });
     }
 
@@ -350,19 +362,65 @@ fn gpu_memory_result(bench: &RailBench) -> Option<GpuMemoryResult> {
 }
 
 /// Judges a passive check (counters, link state, exposure) against the last certificate's
-/// state. A passive failure fails the node at once; a passive pass keeps the earlier verdict
-/// (only an invasive run can certify).
+/// verdict and rails, without the node's passive hold ([`assess_passive_against`] has it): a
+/// passive failure fails the rail at once; a pass keeps the earlier verdict, except that a
+/// rail held by a passive failure heals after `certification.passiveHealWindows` clean checks
+/// ([`super::heal`]).
 pub fn assess_passive(
     profile: &FabricProfileSpec,
     evidence: &Evidence,
     previous_verdict: Option<Verdict>,
     previous_rails: &[RailResult],
 ) -> Assessment {
+    passive_assessment(
+        profile,
+        evidence,
+        PreviousNode {
+            verdict: previous_verdict,
+            reasons: &[],
+            hold: None,
+        },
+        previous_rails,
+    )
+}
+
+/// Judges a passive check against the last certificate (`None`: there is none): a passive
+/// failure fails the rail at once (the node `degraded` while other rails pass); a pass keeps
+/// the earlier verdict (only an invasive run can certify), except that passive healing
+/// ([`super::heal`], `certification.passiveHealWindows`) restores a rail held by a passive
+/// failure after enough clean checks, and the node to its verdict before once every held
+/// rail has healed.
+pub fn assess_passive_against(
+    profile: &FabricProfileSpec,
+    evidence: &Evidence,
+    previous: Option<&railguard_api::Certificate>,
+) -> Assessment {
+    let hold = previous.and_then(railguard_api::Certificate::passive_hold);
+    passive_assessment(
+        profile,
+        evidence,
+        PreviousNode {
+            verdict: previous.map(|c| c.verdict),
+            reasons: previous.map_or(&[], |c| c.reasons.as_slice()),
+            hold: hold.as_ref(),
+        },
+        previous.map_or(&[], |c| c.rails.as_slice()),
+    )
+}
+
+fn passive_assessment(
+    profile: &FabricProfileSpec,
+    evidence: &Evidence,
+    previous: PreviousNode<'_>,
+    previous_rails: &[RailResult],
+) -> Assessment {
     let t = &profile.thresholds;
+    let heal_windows = profile.certification.passive_heal_windows;
     let watched = watched_counters(t);
     let mut node = Findings::default();
     common_checks(profile, evidence, &mut node);
     let mut rails = Vec::new();
+    let mut changes = Vec::new();
     for spec in &profile.rails {
         let before = reading(&evidence.before, spec);
         let after = reading(&evidence.after, spec);
@@ -375,15 +433,8 @@ pub fn assess_passive(
         let faults = rail_faults(&failures);
         let failures: Vec<String> = failures.into_iter().map(|(_, r)| r).collect();
         node.rail_failures.extend(failures.iter().cloned());
-        let (verdict, reasons, faults) = if failures.is_empty() {
-            (
-                prev.map(|p| p.verdict).unwrap_or(RailVerdict::Healthy),
-                prev.map(|p| p.reasons.clone()).unwrap_or_default(),
-                prev.map(|p| p.faults.clone()).unwrap_or_default(),
-            )
-        } else {
-            (RailVerdict::Failed, failures, faults)
-        };
+        let step = rail_step(heal_windows, prev, failures, faults);
+        changes.push(step.change);
         rails.push(RailResult {
             hca: spec.hca.clone(),
             port: spec.port,
@@ -399,38 +450,36 @@ pub fn assess_passive(
             latency_us: prev.and_then(|p| p.latency_us),
             gid_index: prev.and_then(|p| p.gid_index),
             counter_deltas: deltas,
-            verdict,
-            reasons,
-            faults,
+            verdict: step.verdict,
+            reasons: step.reasons,
+            faults: step.faults,
             wire: prev.map(|p| p.wire.clone()).unwrap_or_default(),
             gpu_memory: prev.and_then(|p| p.gpu_memory.clone()),
+            passive_hold: step.hold,
         });
     }
     let usable = rails
         .iter()
         .filter(|r| r.verdict != RailVerdict::Failed)
         .count();
-    // A rail that fails passively fails only itself while others pass (`degraded`); a node
-    // failure, or every rail failing, fails the node; a pass keeps the earlier verdict.
-    let verdict = if !node.failures.is_empty() || usable == 0 {
-        Verdict::Failed
-    } else if node.rail_failures.is_empty() {
-        previous_verdict.unwrap_or(Verdict::Pending)
-    } else if previous_verdict == Some(Verdict::Failed) {
-        Verdict::Failed
-    } else {
-        Verdict::Degraded
-    };
-    let mut reasons = node.failures;
-    reasons.extend(node.rail_failures);
+    let step = node_step(
+        heal_windows,
+        previous,
+        &node.failures,
+        &node.rail_failures,
+        &rails,
+        &changes,
+    );
     Assessment {
-        verdict,
-        reasons,
+        verdict: step.verdict,
+        reasons: step.reasons,
         rails,
         nccl: None,
         regressed: false,
         usable_rails: usable as u32,
         findings: evidence.findings.clone(),
+        passive_hold: step.hold,
+        restored: step.restored,
     }
 }
 
@@ -800,6 +849,8 @@ fn finish(
         regressed,
         usable_rails: usable as u32,
         findings: Vec::new(),
+        passive_hold: None,
+        restored: false,
     }
 }
 

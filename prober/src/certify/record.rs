@@ -31,6 +31,8 @@ impl Subject<'_> {
 
 /// The certificate of an invasive run: issued now, valid for the profile's TTL, with this
 /// run appended to the history (kept to the profile's depth).
+/// It carries no passive hold, on the node or a rail: an invasive run clears every hold and
+/// count of passive healing ([`super::heal`]).
 pub fn invasive_certificate(
     subject: &Subject<'_>,
     assessment: &Assessment,
@@ -106,7 +108,8 @@ pub fn passive_is_news(
 }
 
 /// The certificate after a passive check: issue and expiry times stay those of the last
-/// invasive run; rails, verdict and reasons reflect the check.
+/// invasive run; rails, verdict and reasons reflect the check, and the node's passive hold
+/// ([`Certificate::passive_hold`]) is the assessment's.
 pub fn passive_certificate(
     subject: &Subject<'_>,
     assessment: &Assessment,
@@ -118,11 +121,14 @@ pub fn passive_certificate(
             let mut c = prev.clone();
             c.generation = prev.generation + 1;
             c.verdict = assessment.verdict;
-            if matches!(assessment.verdict, Verdict::Failed | Verdict::Degraded)
-                && !assessment.reasons.is_empty()
+            // A heal restores the reasons from before the passive failure, none included.
+            if assessment.restored
+                || (matches!(assessment.verdict, Verdict::Failed | Verdict::Degraded)
+                    && !assessment.reasons.is_empty())
             {
                 c.reasons = assessment.reasons.clone();
             }
+            c.set_passive_hold(assessment.passive_hold.as_ref());
             c.usable_rails = Some(assessment.usable_rails);
             c.rails = assessment.rails.clone();
             c.findings = assessment.findings.clone();
@@ -131,28 +137,32 @@ pub fn passive_certificate(
             c.simulated |= subject.simulated;
             c
         }
-        None => Certificate {
-            version: CERTIFICATE_VERSION,
-            generation: 1,
-            issued_at: now,
-            // Nothing invasive ever passed here, so nothing is valid.
-            expires_at: now,
-            profile: subject.profile_name.to_string(),
-            signature: subject.signature(),
-            node: Some(subject.node.to_string()),
-            verdict: assessment.verdict,
-            reasons: assessment.reasons.clone(),
-            usable_rails: Some(assessment.usable_rails),
-            rails: assessment.rails.clone(),
-            gpus: subject.gpus.clone(),
-            nccl: None,
-            findings: assessment.findings.clone(),
-            software: BTreeMap::new(),
-            passive_checked_at: Some(now),
-            history: Vec::new(),
-            simulated: subject.simulated,
-            extra: BTreeMap::new(),
-        },
+        None => {
+            let mut c = Certificate {
+                version: CERTIFICATE_VERSION,
+                generation: 1,
+                issued_at: now,
+                // Nothing invasive ever passed here, so nothing is valid.
+                expires_at: now,
+                profile: subject.profile_name.to_string(),
+                signature: subject.signature(),
+                node: Some(subject.node.to_string()),
+                verdict: assessment.verdict,
+                reasons: assessment.reasons.clone(),
+                usable_rails: Some(assessment.usable_rails),
+                rails: assessment.rails.clone(),
+                gpus: subject.gpus.clone(),
+                nccl: None,
+                findings: assessment.findings.clone(),
+                software: BTreeMap::new(),
+                passive_checked_at: Some(now),
+                history: Vec::new(),
+                simulated: subject.simulated,
+                extra: BTreeMap::new(),
+            };
+            c.set_passive_hold(assessment.passive_hold.as_ref());
+            c
+        }
     }
 }
 

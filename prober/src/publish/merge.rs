@@ -134,6 +134,7 @@ mod tests {
             reasons: vec![],
             wire: vec![],
             gpu_memory: None,
+            passive_hold: None,
         };
         Certificate {
             version: railguard_api::certificate::CERTIFICATE_VERSION,

@@ -1227,3 +1227,57 @@ fn simulated_certificates_are_stored_only_for_profiles_that_accept_them() {
     );
     assert_eq!((a.outcome, a.writer), ("allowed", "allowed-group"));
 }
+
+/// Passive healing's state in a certificate (a rail's `passiveHold`, the node's
+/// `passiveHold`): the prober stores it and a heal's write, and the campaign, which parses
+/// both certificates, records findings in one that carries it.
+#[test]
+fn certificates_with_passive_holds_are_stored_like_any_other() {
+    let held = |verdict: &str, rail: &str, clean: u32| {
+        json!({
+            "version": 1, "generation": 4,
+            "issuedAt": "2026-01-01T00:00:00Z", "expiresAt": "2026-01-02T00:00:00Z",
+            "profile": "h100", "signature": "abc", "verdict": verdict,
+            "rails": [{"hca": "mlx5_0", "port": 1, "state": "ACTIVE", "verdict": rail,
+                       "faults": if rail == "failed" { json!(["errors"]) } else { json!([]) },
+                       "passiveHold": {"cleanWindows": clean, "flaps": 1,
+                                       "before": {"verdict": "healthy"}}}],
+            "passiveHold": {"before": {"verdict": "certified"}},
+        })
+        .to_string()
+    };
+    let failed = with_annotation(
+        with_label(certified(), keys::LABEL_FABRIC, Some("degraded")),
+        keys::ANNOTATION_CERTIFICATE,
+        &held("degraded", "failed", 0),
+    );
+    let d = decide_update(
+        &certified(),
+        &failed,
+        &prober("p-a"),
+        pod_on("gpu-a", "p-a"),
+    );
+    assert_eq!(
+        d,
+        Decision::Allowed(Writer::OwnProber { pod: "p-a".into() })
+    );
+    let healed = with_annotation(
+        certified(),
+        keys::ANNOTATION_CERTIFICATE,
+        &held("certified", "healthy", 10),
+    );
+    let d = decide_update(&failed, &healed, &prober("p-a"), pod_on("gpu-a", "p-a"));
+    assert_eq!(
+        d,
+        Decision::Allowed(Writer::OwnProber { pod: "p-a".into() })
+    );
+    let counted = with_annotation(
+        failed.clone(),
+        keys::ANNOTATION_CERTIFICATE,
+        &held("degraded", "failed", 1),
+    );
+    assert_eq!(
+        decide_update(&failed, &counted, &campaign(), PodLookup::Missing),
+        Decision::Allowed(Writer::Campaign)
+    );
+}

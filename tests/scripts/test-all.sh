@@ -36,7 +36,8 @@ RAILGUARD_KUBE_VERSION=1.37 cargo test --workspace \
   --test control_plane_e2e --test webhook_e2e --test webhook_certs_e2e --test extender_e2e \
   --test admission_to_placement_e2e --test prober_e2e --test prober_faults_e2e --test campaign_e2e \
   --test chart_e2e --test node_guard_e2e --test invalid_profile_e2e --test campaign_identity_e2e \
-  --test fleet_e2e --test chart_fleet_rbac_e2e --test helm_lifecycle_e2e --test pod_security_e2e "$@"
+  --test fleet_e2e --test chart_fleet_rbac_e2e --test helm_lifecycle_e2e --test pod_security_e2e \
+  --test prober_node_policy_e2e "$@"
 
 # Formatting and lints over every target (tests and benches included), warnings as errors.
 if command -v rustup >/dev/null 2>&1; then

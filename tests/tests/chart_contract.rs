@@ -1356,12 +1356,14 @@ fn the_process_environment_is_not_read() {
 /// The webhook mounts the NCCL plugin and its node file from where the prober daemon puts
 /// them: `--nccl-plugin-path` is `libnccl-env-railguard.so` in the daemon's
 /// `RAILGUARD_NCCL_PLUGIN_INSTALL_DIR`, `--nccl-config-path` is its
-/// `RAILGUARD_NCCL_CONFIG_FILE`, in every values set and with the directories moved.
+/// `RAILGUARD_NCCL_CONFIG_FILE`, in every values set (for each daemon that installs the
+/// plugin: see the next test) and with the directories moved.
 #[test]
 fn the_webhooks_nccl_paths_are_where_the_prober_installs_and_writes() {
     let moved = ValuesSet {
         label: "ncclPlugin moved",
-        values: "ncclPlugin: {hostDir: /var/lib/rg/nccl-plugin, configDir: /var/run/rg}\n",
+        values: "ncclPlugin: {hostDir: /var/lib/rg/nccl-plugin, configDir: /var/run/rg}\n\
+                 fabricProfiles: {h100-ndr: {spec: {nccl: {delivery: Plugin}}}}\n",
         ..DEFAULT
     };
     let mut checked = 0;
@@ -1393,7 +1395,9 @@ fn the_webhooks_nccl_paths_are_where_the_prober_installs_and_writes() {
         assert!(!daemons.is_empty(), "{}: no prober daemon", set.label);
         for d in daemons {
             let env = d.env_map();
-            let install_dir = &env["RAILGUARD_NCCL_PLUGIN_INSTALL_DIR"];
+            let Some(install_dir) = env.get("RAILGUARD_NCCL_PLUGIN_INSTALL_DIR") else {
+                continue;
+            };
             assert_eq!(
                 plugin_path,
                 format!("{install_dir}/libnccl-env-railguard.so"),
@@ -1415,7 +1419,133 @@ fn the_webhooks_nccl_paths_are_where_the_prober_installs_and_writes() {
             assert_eq!(config_path, "/var/run/rg/nccl.json");
         }
     }
-    assert!(checked > ALL_SETS.len(), "{checked} daemons checked");
+    // The moved set's Plugin profile, the real-node set's `install: always` (2 profiles).
+    assert!(checked >= 3, "{checked} daemons checked");
+}
+
+/// The NCCL plugin's host directories (`ncclPlugin.hostDir`, `configDir`: hostPath volumes
+/// the daemon writes the plugin library and the node file into) go only to the prober
+/// DaemonSet of a profile whose `spec.nccl.delivery` is `Plugin`: with the default values
+/// (no Plugin profile) no prober writes the host at all; with one Plugin profile only its
+/// DaemonSet mounts them and gets `RAILGUARD_NCCL_PLUGIN_INSTALL_DIR` and
+/// `RAILGUARD_NCCL_CONFIG_FILE`; `ncclPlugin.install: always` gives them to every one.
+#[test]
+fn the_nccl_plugin_is_written_to_the_host_only_for_plugin_profiles() {
+    /// The plugin's volumes, the daemon's mounts of them and its plugin variables.
+    type Parts = (Vec<String>, Vec<String>, Vec<String>);
+    /// Per prober DaemonSet, its [`Parts`].
+    fn plugin_parts(docs: &[Json]) -> BTreeMap<String, Parts> {
+        let strings = |v: &Json, key: &str| -> Vec<String> {
+            v.as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|x| x[key].as_str())
+                .filter(|n| n.starts_with("nccl-") || n.starts_with("RAILGUARD_NCCL_"))
+                .filter(|n| *n != "RAILGUARD_NCCL_LIBRARY")
+                .map(str::to_string)
+                .collect()
+        };
+        docs.iter()
+            .filter(|d| d["kind"] == "DaemonSet")
+            .map(|d| {
+                let spec = pod_spec(d).unwrap();
+                let daemon = spec["containers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|c| c["name"] == "daemon")
+                    .unwrap();
+                for c in spec["containers"].as_array().unwrap() {
+                    if c["name"] != "daemon" {
+                        assert!(
+                            strings(&c["volumeMounts"], "name").is_empty(),
+                            "only the daemon writes the plugin: {c}"
+                        );
+                    }
+                }
+                (
+                    d["metadata"]["name"].as_str().unwrap().to_string(),
+                    (
+                        strings(&spec["volumes"], "name"),
+                        strings(&daemon["volumeMounts"], "name"),
+                        strings(&daemon["env"], "name"),
+                    ),
+                )
+            })
+            .collect()
+    }
+    let none = || (Vec::new(), Vec::new(), Vec::new());
+    let all = || {
+        (
+            vec!["nccl-plugin".to_string(), "nccl-config".to_string()],
+            vec!["nccl-plugin".to_string(), "nccl-config".to_string()],
+            vec![
+                "RAILGUARD_NCCL_PLUGIN_INSTALL_DIR".to_string(),
+                "RAILGUARD_NCCL_CONFIG_FILE".to_string(),
+            ],
+        )
+    };
+    let cases = [
+        (DEFAULT, [none(), none()]),
+        (
+            ValuesSet {
+                label: "h100-ndr delivers through the plugin",
+                values: "fabricProfiles: {h100-ndr: {spec: {nccl: {delivery: Plugin}}}}\n",
+                ..DEFAULT
+            },
+            [none(), all()],
+        ),
+        (
+            ValuesSet {
+                label: "both profiles say Env",
+                values: "fabricProfiles: {h100-ndr: {spec: {nccl: {delivery: Env}}}}\n",
+                ..DEFAULT
+            },
+            [none(), none()],
+        ),
+        (
+            ValuesSet {
+                label: "ncclPlugin.install always",
+                values: "ncclPlugin: {install: always}\n",
+                ..DEFAULT
+            },
+            [all(), all()],
+        ),
+    ];
+    for (set, [a100, h100]) in cases {
+        let docs = rendered_objects(&set);
+        let parts = plugin_parts(&docs);
+        let want = BTreeMap::from([
+            ("railguard-prober-a100-hdr".to_string(), a100),
+            ("railguard-prober-h100-ndr".to_string(), h100),
+        ]);
+        assert_eq!(parts, want, "{}", set.label);
+    }
+    // A profile that is Plugin but disabled puts nothing anywhere.
+    let docs = rendered_objects(&ValuesSet {
+        label: "the RoCE profile is Plugin, and off",
+        values: "fabricProfiles: {roce-cloud: {spec: {nccl: {delivery: Plugin}}}}\n",
+        ..DEFAULT
+    });
+    assert!(plugin_parts(&docs).values().all(|p| *p == none()));
+    // The schema knows the two modes only.
+    let out = railguard_tests::helm::shared()
+        .template_output(
+            &ValuesSet {
+                label: "install typo",
+                values: "ncclPlugin: {install: sometimes}\n",
+                ..DEFAULT
+            },
+            &railguard_tests::helm::kube_1_20_api_versions(),
+            railguard_tests::helm::KUBE_1_20_VERSION,
+        )
+        .unwrap();
+    assert!(!out.status.success(), "install: sometimes rendered");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ncclPlugin") && err.contains("install"),
+        "{err}"
+    );
 }
 
 /// The prober containers of `docs`: (DaemonSet name, container, the pod's volumes).

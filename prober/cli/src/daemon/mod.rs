@@ -440,6 +440,29 @@ pub fn install_nccl_plugin(source: &Path, dir: &Path) -> anyhow::Result<Option<P
     Ok(Some(dest))
 }
 
+/// What a daemon whose profile delivers NCCL settings through the plugin
+/// (`nccl.delivery: Plugin`) lacks of it: `--nccl-plugin-install-dir` and/or
+/// `--nccl-config-file`; empty when it has both or the profile does not use the plugin. The
+/// chart gives both only to the probers of its Plugin profiles (`ncclPlugin.install: auto`),
+/// so a profile switched to Plugin outside its values finds them missing.
+pub fn nccl_plugin_missing(
+    spec: &railguard_api::FabricProfileSpec,
+    install_dir: Option<&Path>,
+    config_file: Option<&Path>,
+) -> Vec<&'static str> {
+    if spec.nccl.delivery != railguard_api::profile::NcclDelivery::Plugin {
+        return Vec::new();
+    }
+    let mut missing = Vec::new();
+    if install_dir.is_none() {
+        missing.push("--nccl-plugin-install-dir");
+    }
+    if config_file.is_none() {
+        missing.push("--nccl-config-file");
+    }
+    missing
+}
+
 /// When the next checks are due.
 struct Schedule {
     /// None until the first step has read the Node ([`first_invasive_in`]).
@@ -963,6 +986,14 @@ impl DaemonArgs {
             .clone()
             .context("the daemon needs a cluster client")?;
         tracing::info!(node = %ctx.node, profile = ctx.profile.name(), "daemon started");
+        let missing = nccl_plugin_missing(
+            &ctx.profile.spec,
+            self.nccl_plugin_install_dir.as_deref(),
+            self.nccl_config_file.as_deref(),
+        );
+        if !missing.is_empty() {
+            tracing::warn!(node = %ctx.node, profile = ctx.profile.name(), missing = %missing.join(", "), "the profile delivers NCCL settings through the environment plugin (nccl.delivery: Plugin), but this daemon installs no plugin or writes no node file: its pods find neither. The chart gives both to the probers of profiles that are Plugin in its values; set ncclPlugin.install=always for a profile switched outside them");
+        }
         let (node_cache, node_watch) = watch_own_node(&client, &ctx.node);
         let slots = InvasiveSlots::new(
             &client,
@@ -1000,6 +1031,33 @@ impl DaemonArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plugin_profile_without_the_plugins_paths_is_reported() {
+        let mut profile = railguard_api::profiles_from_yaml(include_str!(
+            "../../../../api/fixtures/profiles/dgx-h100-ndr.yaml"
+        ))
+        .unwrap()
+        .remove(0);
+        let (dir, file) = (
+            Path::new("/opt/railguard/nccl"),
+            Path::new("/run/railguard/nccl.json"),
+        );
+        assert!(
+            nccl_plugin_missing(&profile.spec, None, None).is_empty(),
+            "Env"
+        );
+        profile.spec.nccl.delivery = railguard_api::profile::NcclDelivery::Plugin;
+        assert!(nccl_plugin_missing(&profile.spec, Some(dir), Some(file)).is_empty());
+        assert_eq!(
+            nccl_plugin_missing(&profile.spec, None, None),
+            ["--nccl-plugin-install-dir", "--nccl-config-file"]
+        );
+        assert_eq!(
+            nccl_plugin_missing(&profile.spec, Some(dir), None),
+            ["--nccl-config-file"]
+        );
+    }
 
     #[test]
     fn a_node_that_does_not_show_its_certificate_is_restored_at_start() {

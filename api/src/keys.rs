@@ -44,6 +44,10 @@ pub const SIMULATED: &str = "true";
 pub const ANNOTATION_CERTIFICATE: &str = "railguard.io/certificate";
 /// Node annotation: ask the prober for an invasive run now (any non-empty value).
 pub const ANNOTATION_RECERTIFY: &str = "railguard.io/recertify";
+/// Node annotation: the daemon waits for an invasive slot since (RFC 3339), renewed while it
+/// waits; the fleet controller queues such nodes oldest certificate first
+/// ([`crate::invasive`]).
+pub const ANNOTATION_INVASIVE_WAITING: &str = "railguard.io/invasive-waiting";
 
 /// Node condition type published by the prober.
 pub const CONDITION_FABRIC_READY: &str = "RailguardFabricReady";

@@ -9,6 +9,7 @@ pub mod dra;
 pub mod error;
 pub mod finding;
 pub mod fleet;
+pub mod invasive;
 pub mod keys;
 pub mod node;
 pub mod pod;

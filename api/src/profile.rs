@@ -354,6 +354,19 @@ pub struct CertificationSpec {
     #[serde(default = "default_passive_interval")]
     #[schemars(range(min = 1, max = MAX_SECONDS))]
     pub passive_interval_seconds: u64,
+    /// Passive healing: a rail that a passive check failed (its port down or flapping, its
+    /// link layer or rate wrong, its error counters growing: faults `link-down`, `link-rate`,
+    /// `errors`) is restored to what it was before, and the node to its verdict before, after
+    /// this many consecutive clean passive checks, without waiting for the next invasive run.
+    /// Flap damping: each further passive failure of the rail before it heals, or within its
+    /// hold (as many clean checks again after the heal), restarts the count and doubles the
+    /// checks required (N, 2N, 4N, at most 8N); an invasive run clears every hold. A rail
+    /// that an invasive test failed (`rdma`, `latency`, `gpudirect`, `pcie`, `wire`,
+    /// `failed`) is never healed passively. `0`: a passive pass keeps the earlier verdict
+    /// (only an invasive run restores a rail). docs/passive-healing.md has the rule.
+    #[serde(default = "default_passive_heal_windows")]
+    #[schemars(range(min = 0, max = MAX_PASSIVE_HEAL_WINDOWS))]
+    pub passive_heal_windows: u32,
     /// How many past results a certificate keeps as history.
     #[serde(default = "default_history")]
     #[schemars(range(min = 1, max = MAX_HISTORY_DEPTH))]
@@ -389,12 +402,14 @@ pub struct CertificationSpec {
     #[serde(default)]
     pub taints: bool,
     /// At most this many of the profile's nodes run an invasive test at once, cluster-wide:
-    /// each run first takes one of as many `coordination.k8s.io` Leases
-    /// ([`FabricProfile::invasive_slot_leases`]) and waits while all are held. Size it so
-    /// that nodes × run length ÷ this stays under `intervalSeconds`.
-    #[serde(default = "default_max_concurrent_invasive")]
-    #[schemars(range(min = 1, max = MAX_CONCURRENT_INVASIVE))]
-    pub max_concurrent_invasive: u32,
+    /// a count (`4`) or a percentage of the profile's nodes (`"5%"`, rounded up, at least
+    /// one). Each run first takes one of as many `coordination.k8s.io` Leases
+    /// ([`FabricProfile::invasive_slot_leases`]) and waits while all are held; waiting
+    /// nodes take them oldest certificate first (`status.invasive.queue`, kept by the fleet
+    /// controller; without it a percentage is one slot). Size it so that nodes × run length
+    /// ÷ slots stays under `intervalSeconds` (BENCHMARKS.md, "Certification wave").
+    #[serde(default)]
+    pub max_concurrent_invasive: crate::invasive::MaxConcurrentInvasive,
     /// Count certificates made by a simulated engine and stand-in (`simulated: true`, the
     /// `railguard.io/simulated` label) as certification. Off (the default) they certify
     /// nothing: the extender refuses such nodes, the webhook's affinity requires the label's
@@ -404,12 +419,7 @@ pub struct CertificationSpec {
     pub accept_simulated: bool,
 }
 
-/// Most invasive slots a profile may ask for (one Lease each).
-pub const MAX_CONCURRENT_INVASIVE: u32 = 256;
-
-fn default_max_concurrent_invasive() -> u32 {
-    4
-}
+pub use crate::invasive::MAX_CONCURRENT_INVASIVE;
 
 /// Largest message of an NCCL pair sweep (16 GiB, past every real plateau).
 pub const MAX_NCCL_PAIR_BYTES: u64 = 16 << 30;
@@ -696,6 +706,7 @@ impl Default for CertificationSpec {
             ttl_seconds: default_ttl(),
             interval_seconds: default_interval(),
             passive_interval_seconds: default_passive_interval(),
+            passive_heal_windows: default_passive_heal_windows(),
             history_depth: default_history(),
             nccl_runner: NcclRunner::default(),
             nccl_tests: NcclTestsSpec::default(),
@@ -704,7 +715,7 @@ impl Default for CertificationSpec {
             fatal_findings: default_fatal_findings(),
             nccl_pair: None,
             taints: false,
-            max_concurrent_invasive: default_max_concurrent_invasive(),
+            max_concurrent_invasive: Default::default(),
             accept_simulated: false,
         }
     }
@@ -718,6 +729,12 @@ fn default_interval() -> u64 {
 }
 fn default_passive_interval() -> u64 {
     60
+}
+/// Most clean passive checks [`CertificationSpec::passive_heal_windows`] may require (the
+/// flap damping asks for up to eight times as many).
+pub const MAX_PASSIVE_HEAL_WINDOWS: u32 = 1000;
+fn default_passive_heal_windows() -> u32 {
+    5
 }
 fn default_history() -> u32 {
     5
@@ -1068,6 +1085,10 @@ pub struct FabricProfileStatus {
     /// The fleet baseline of the profile's certified nodes, its outliers and drift.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<crate::fleet::FleetStatus>,
+    /// The invasive slots resolved against the profile's nodes and the queue of nodes
+    /// waiting for one (written by the fleet controller).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invasive: Option<crate::invasive::InvasiveStatus>,
 }
 
 impl FabricProfileSpec {
@@ -1337,10 +1358,10 @@ impl FabricProfileSpec {
                 });
             }
         }
-        if c.max_concurrent_invasive == 0 || c.max_concurrent_invasive > MAX_CONCURRENT_INVASIVE {
+        if let Some(message) = c.max_concurrent_invasive.problem() {
             problems.push(FieldProblem {
                 field: "spec.certification.maxConcurrentInvasive".into(),
-                message: format!("must be between 1 and {MAX_CONCURRENT_INVASIVE}"),
+                message,
             });
         }
         if c.history_depth == 0 || c.history_depth > MAX_HISTORY_DEPTH {
@@ -1362,6 +1383,14 @@ impl FabricProfileSpec {
             problems.push(FieldProblem {
                 field: "spec.certification.passiveIntervalSeconds".into(),
                 message: "must be positive".into(),
+            });
+        }
+        if c.passive_heal_windows > MAX_PASSIVE_HEAL_WINDOWS {
+            problems.push(FieldProblem {
+                field: "spec.certification.passiveHealWindows".into(),
+                message: format!(
+                    "must be at most {MAX_PASSIVE_HEAL_WINDOWS} (0: never heal passively)"
+                ),
             });
         }
         if !is_plain_absolute_path(&c.nccl_tests.binary) {
@@ -1457,13 +1486,19 @@ impl FabricProfile {
         self.metadata.name.as_deref().unwrap_or_default()
     }
 
-    /// The Leases an invasive run of this profile's nodes takes one of
-    /// (`certification.maxConcurrentInvasive` of them, in the prober's namespace): the
-    /// chart's RBAC names exactly these.
-    pub fn invasive_slot_leases(&self) -> Vec<String> {
-        (0..self.spec.certification.max_concurrent_invasive)
+    /// The Leases an invasive run of this profile's nodes takes one of when the profile has
+    /// `slots` slots (`certification.maxConcurrentInvasive` resolved, in the prober's
+    /// namespace).
+    pub fn invasive_slot_leases(&self, slots: u32) -> Vec<String> {
+        (0..slots.min(MAX_CONCURRENT_INVASIVE))
             .map(|i| format!("railguard-invasive-{}-{i}", self.name()))
             .collect()
+    }
+
+    /// Every Lease the profile's slots can ever use: the chart's RBAC names exactly these
+    /// (all [`MAX_CONCURRENT_INVASIVE`] for a percentage).
+    pub fn all_invasive_slot_leases(&self) -> Vec<String> {
+        self.invasive_slot_leases(self.spec.certification.max_concurrent_invasive.most_slots())
     }
 
     /// Validates metadata and spec.

@@ -2263,7 +2263,7 @@ async fn dry_run_rejects_a_newer_clusters_chart(
 }
 
 /// The prober may take and renew exactly the invasive-slot Leases the binary names for each
-/// rendered profile (`FabricProfile::invasive_slot_leases`), with the default cap and a
+/// rendered profile (`FabricProfile::all_invasive_slot_leases`), with the default cap and a
 /// profile's own, and nothing else in the namespace.
 #[test]
 fn the_probers_lease_role_names_the_slots_the_binary_takes() {
@@ -2272,12 +2272,14 @@ fn the_probers_lease_role_names_the_slots_the_binary_takes() {
         values: "fabricProfiles:\n  roce-cloud:\n    enabled: true\n    spec:\n      certification:\n        maxConcurrentInvasive: 2\n",
         ..DEFAULT
     };
-    for (set, slots) in [(&ALL_PROFILES, 4 + 4 + 4), (&OWN_CAP, 4 + 4 + 2)] {
+    // The default is a percentage: every Lease a profile's slots can resolve to.
+    const ALL: usize = railguard_api::invasive::MAX_CONCURRENT_INVASIVE as usize;
+    for (set, slots) in [(&ALL_PROFILES, 3 * ALL), (&OWN_CAP, 2 * ALL + 2)] {
         let docs = render(set);
         let mut wanted = BTreeSet::new();
         for obj in all(&docs, "FabricProfile") {
             let p: railguard_api::FabricProfile = serde_json::from_value(obj.clone()).unwrap();
-            wanted.extend(p.invasive_slot_leases());
+            wanted.extend(p.all_invasive_slot_leases());
         }
         assert_eq!(wanted.len(), slots, "{}", set.label);
         let role = find(&docs, "Role", "railguard-prober-invasive-slots");

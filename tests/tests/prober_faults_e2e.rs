@@ -1054,8 +1054,9 @@ async fn the_invasive_cap_runs_one_node_at_a_time() -> Result<()> {
     let nodes: Api<Node> = Api::all(client.clone());
     let work = tempfile::tempdir()?;
     let mut capped = profile();
-    capped.spec.certification.max_concurrent_invasive = 1;
-    let slot = capped.invasive_slot_leases().remove(0);
+    capped.spec.certification.max_concurrent_invasive =
+        railguard_api::invasive::MaxConcurrentInvasive::Count(1);
+    let slot = capped.invasive_slot_leases(1).remove(0);
     let profile_file = work.path().join("profile-cap-1.yaml");
     std::fs::write(&profile_file, serde_yaml_ng::to_string(&capped)?)?;
     let prober = Prober {
@@ -1380,5 +1381,146 @@ async fn an_invasive_run_waits_for_the_pair_test_on_its_rails() -> Result<()> {
     sigterm(&d)?;
     let status = tokio::time::timeout(Duration::from_secs(60), d.wait()).await??;
     assert!(status.success(), "{status}");
+    Ok(())
+}
+
+/// A prober killed mid-run (SIGKILL: no shutdown, no restore) never leaves its Node marked
+/// longer than its slot Lease: the fleet controller, as the chart runs it
+/// (`RAILGUARD_LEASE_NAMESPACE`), leaves the Node alone while the run's Lease is renewed,
+/// and once the Lease expires gives it back its certificate's state — `certified`, the
+/// `testing` taint lifted — with an `InvasiveRunOrphaned` Event. The daemon also takes its
+/// slot in the queue the controller keeps: `status.invasive` names the profile's slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_prober_killed_mid_run_never_leaves_its_node_pending_longer_than_its_lease() -> Result<()>
+{
+    use k8s_openapi::api::core::v1::Event;
+    use railguard_prober::certify::slots::SLOT_LEASE_SECONDS;
+    use railguard_tests::daemon::Daemon;
+    let cp = ControlPlane::start().await?;
+    cp.apply_fabricprofile_crd().await?;
+    let client = cp.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let work = tempfile::tempdir()?;
+    let mut slowed = profile();
+    slowed.spec.certification.nccl_runner = railguard_api::profile::NcclRunner::NcclTests;
+    let profile_file = work.path().join("profile-nccl-tests.yaml");
+    std::fs::write(&profile_file, serde_yaml_ng::to_string(&slowed)?)?;
+    Api::<FabricProfile>::all(client.clone())
+        .create(&PostParams::default(), &slowed)
+        .await?;
+    let prober = Prober {
+        profile_file,
+        ..sim_prober(&cp, work.path())
+    };
+    let name = "gpu-k";
+    certified_node(&prober, &cp, name).await?;
+    let (before, _) = node_certificate(&nodes, name).await?;
+    let logs = cp.log_dir().to_path_buf();
+    let mut fleet = Daemon::spawn(
+        "railguard-fleet",
+        std::process::Command::new(prober.bin.join("railguard-prober"))
+            .arg("fleet")
+            .env("RAILGUARD_FLEET_WATCH", "true")
+            .env("RAILGUARD_KUBECONFIG", cp.kubeconfig_path())
+            .env("RAILGUARD_FLEET_INTERVAL_SECS", "2")
+            .env("RAILGUARD_FLEET_SETTLE_SECS", "1")
+            .env("RAILGUARD_LEADER_ELECT", "false")
+            .env("RAILGUARD_LEASE_NAMESPACE", "default")
+            .env("RAILGUARD_METRICS_LISTEN", ANY_LOOPBACK_PORT)
+            .env("RAILGUARD_LOG", "info"),
+        &logs,
+    );
+    let profiles: Api<FabricProfile> = Api::all(client.clone());
+    let status = eventually(
+        Duration::from_secs(60),
+        "the fleet controller's status.invasive",
+        || async {
+            Ok(profiles
+                .get_status(slowed.name())
+                .await?
+                .status
+                .and_then(|s| s.invasive))
+        },
+    )
+    .await?;
+    // The default 5% of one node: one slot, nobody waiting.
+    assert_eq!((status.nodes, status.slots, status.waiting), (1, 1, 0));
+
+    let ask = json!({"metadata": {"annotations": {keys::ANNOTATION_RECERTIFY: "now"}}});
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&ask))
+        .await?;
+    let slow = slow_all_reduce_perf(work.path(), &prober.bin, 600)?;
+    let mut d = prober
+        .command("daemon", name, MODEL)
+        .args(["--interval-secs", "3600", "--passive-interval-secs", "3600"])
+        .args(["--poll-ms", "200", "--jitter-percent", "0"])
+        .arg("--metrics-listen")
+        .arg(ANY_LOOPBACK_PORT)
+        .arg("--nccl-binary")
+        .arg(&slow)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let marked = |node: &Node| {
+        railguard_taint(node).as_deref() == Some(keys::taint_reason::TESTING)
+            && label(node, keys::LABEL_FABRIC) == Some(keys::fabric::PENDING)
+    };
+    eventually(Duration::from_secs(60), "the run under way", || async {
+        Ok(marked(&nodes.get(name).await?).then_some(()))
+    })
+    .await?;
+    // While the prober renews its slot, the controller leaves the run alone.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(marked(&nodes.get(name).await?), "a live run is left alone");
+    fleet.assert_running(&logs);
+
+    d.start_kill()?;
+    d.wait().await?;
+    let killed = std::time::Instant::now();
+    let node = eventually(
+        Duration::from_secs(u64::from(SLOT_LEASE_SECONDS.unsigned_abs()) + 30),
+        "the orphaned run's node restored",
+        || async {
+            let node = nodes.get(name).await?;
+            Ok((!marked(&node) && railguard_taint(&node).is_none()).then_some(node))
+        },
+    )
+    .await?;
+    let took = killed.elapsed();
+    assert_eq!(
+        label(&node, keys::LABEL_FABRIC),
+        Some(keys::fabric::CERTIFIED)
+    );
+    let (after, _) = node_certificate(&nodes, name).await?;
+    assert_eq!(after, before, "the certificate is untouched");
+    // Not before the Lease could expire (its last renewal was at most a third of it ago).
+    assert!(
+        took >= Duration::from_secs(u64::from(SLOT_LEASE_SECONDS.unsigned_abs()) * 2 / 3 - 5),
+        "restored after {took:?}: before the Lease expired"
+    );
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    eventually(
+        Duration::from_secs(30),
+        "an InvasiveRunOrphaned event",
+        || async {
+            Ok(events
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.involved_object.name.as_deref() == Some(name)
+                        && e.reason.as_deref() == Some("InvasiveRunOrphaned")
+                }))
+        },
+    )
+    .await?;
+    // The stand-in the killed daemon left behind.
+    let _ = std::process::Command::new("pkill")
+        .arg("-f")
+        .arg(format!("^/bin/sh {}", slow.display()))
+        .status();
+    fleet.assert_running(&logs);
     Ok(())
 }

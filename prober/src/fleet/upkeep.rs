@@ -220,6 +220,69 @@ pub fn fleet_taint_wanted(wanted: TaintWanted, taints: &[Taint]) -> TaintWanted 
     }
 }
 
+/// An invasive run whose prober died (SIGKILL, OOM, its pod deleted) leaves its Node
+/// marked: tainted `testing`, or `pending` over a certificate that is still valid. A prober
+/// holds its profile's slot Lease for the whole run and takes it before marking the Node,
+/// so a marked Node that no live slot Lease names (`run_alive` false) is orphaned, and the
+/// fleet controller gives it back the state its certificate describes: never longer than
+/// the Lease (60 s) plus one recomputation. Returns that merge patch (the label from the
+/// certificate, the `testing` taint lifted; the Node at `resource_version`), or `None`.
+pub fn orphaned_run_patch(
+    fabric: &NodeFabric,
+    taints: &[Taint],
+    resource_version: Option<&str>,
+    run_alive: bool,
+    now: jiff::Timestamp,
+) -> Option<Value> {
+    if run_alive {
+        return None;
+    }
+    let testing =
+        railguard_taint(taints).is_some_and(|t| t.value.as_deref() == Some(taint_reason::TESTING));
+    // `pending` over a valid certificate is a run's mark; over an expired one it is the
+    // expiry flip, which stays.
+    let label = match &fabric.state {
+        FabricState::Pending {
+            previous: Some(cert),
+        } if !cert.is_expired(now) && cert.verdict != Verdict::Pending => {
+            Some(cert.fabric_label(now))
+        }
+        _ => None,
+    };
+    if !testing && label.is_none() {
+        return None;
+    }
+    let mut metadata = json!({ "resourceVersion": resource_version });
+    if let Some(l) = label {
+        metadata["labels"] = json!({ keys::LABEL_FABRIC: l });
+    }
+    let mut patch = json!({ "metadata": metadata });
+    if testing {
+        let t = others(taints);
+        patch["spec"] = json!({ "taints": if t.is_empty() { Value::Null } else { json!(t) } });
+    }
+    Some(patch)
+}
+
+/// A Lease as [`holds_live_lease`] reads it: holder identity, renew time, duration (s).
+pub type LeaseHold = (Option<String>, Option<jiff::Timestamp>, Option<i32>);
+
+/// Whether `holder` holds a live Lease among `leases` at `now`, allowing `skew` for the
+/// clocks of the prober and this controller.
+pub fn holds_live_lease(
+    holder: &str,
+    leases: &[LeaseHold],
+    now: jiff::Timestamp,
+    skew: jiff::SignedDuration,
+) -> bool {
+    leases.iter().any(|(h, renewed, secs)| {
+        h.as_deref() == Some(holder)
+            && renewed.is_some_and(|r| {
+                r + jiff::SignedDuration::from_secs(i64::from(secs.unwrap_or(0))) + skew > now
+            })
+    })
+}
+
 /// The merge patch for `run` on a Node carrying `taints`, or `None` when there is nothing to
 /// change ([`upkeep_patch`] writes it).
 pub fn run_taint_patch(
@@ -298,6 +361,51 @@ mod tests {
             effect: effect.into(),
             time_added: None,
         }
+    }
+
+    #[test]
+    fn a_run_whose_prober_died_is_given_back_its_certificates_state() {
+        use railguard_api::keys::fabric as label;
+        let now = before_expiry();
+        let testing = [taint(
+            keys::TAINT_FABRIC_UNHEALTHY,
+            taint_reason::TESTING,
+            TAINT_EFFECT,
+        )];
+        let marked = fabric(Some(label::PENDING), Some("certified"), now);
+        let p = orphaned_run_patch(&marked, &testing, Some("7"), false, now).unwrap();
+        assert_eq!(
+            p["metadata"]["labels"][keys::LABEL_FABRIC],
+            label::CERTIFIED
+        );
+        assert_eq!(p["metadata"]["resourceVersion"], "7");
+        assert!(p["spec"]["taints"].is_null());
+        // A live run is left alone; so are the expiry flip and a node that shows no run.
+        assert!(orphaned_run_patch(&marked, &testing, None, true, now).is_none());
+        let later = after_expiry();
+        let flipped = fabric(Some(label::PENDING), Some("certified"), later);
+        assert!(orphaned_run_patch(&flipped, &[], None, false, later).is_none());
+        let certified = fabric(Some(label::CERTIFIED), Some("certified"), now);
+        assert!(orphaned_run_patch(&certified, &[], None, false, now).is_none());
+        // A failed node gets its label back; a testing taint alone is lifted.
+        let failed = fabric(Some(label::PENDING), Some("failed"), now);
+        let p = orphaned_run_patch(&failed, &[], None, false, now).unwrap();
+        assert_eq!(p["metadata"]["labels"][keys::LABEL_FABRIC], label::FAILED);
+        assert!(p.get("spec").is_none());
+        let p = orphaned_run_patch(&certified, &testing, None, false, now).unwrap();
+        assert!(p["metadata"].get("labels").is_none());
+        assert!(p["spec"]["taints"].is_null());
+        // Liveness: the holder, its renewal and the Lease's duration.
+        let leases = [(
+            Some("gpu-a".to_string()),
+            Some(now - jiff::SignedDuration::from_secs(50)),
+            Some(60),
+        )];
+        let skew = jiff::SignedDuration::from_secs(5);
+        assert!(holds_live_lease("gpu-a", &leases, now, skew));
+        assert!(!holds_live_lease("gpu-b", &leases, now, skew));
+        let late = now + jiff::SignedDuration::from_secs(20);
+        assert!(!holds_live_lease("gpu-a", &leases, late, skew));
     }
 
     #[test]

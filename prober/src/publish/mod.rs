@@ -207,7 +207,7 @@ pub const EVENT_NAMESPACE: &str = "default";
 /// The Event a published certificate deserves, if any.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeEvent {
-    /// `Certified`, `CertificationFailed` or `Regressed`.
+    /// `Certified`, `CertificationFailed`, `Regressed` or `RailHealedPassively`.
     pub reason: &'static str,
     /// `Normal` or `Warning`.
     pub kind: &'static str,
@@ -215,12 +215,18 @@ pub struct NodeEvent {
 }
 
 /// Pure: which Event (if any) a new certificate calls for. A passive check that changes
-/// nothing records no Event; every invasive result does.
+/// nothing records no Event; every invasive result does; a passive check that healed rails
+/// records `RailHealedPassively` ([`crate::certify::heal::heal_event`]).
 pub fn event_for(
     cert: &Certificate,
     previous: Option<&Certificate>,
     invasive: bool,
 ) -> Option<NodeEvent> {
+    if !invasive {
+        if let Some(ev) = crate::certify::heal::heal_event(cert, previous) {
+            return Some(ev);
+        }
+    }
     let changed = previous.is_none_or(|p| p.verdict != cert.verdict);
     if !invasive && !changed {
         return None;
@@ -632,6 +638,42 @@ impl NodePublisher {
             .and_then(|s| s.fleet)
             .map(|f| f.drift.into_iter().map(|d| d.measurement).collect())
             .unwrap_or_default())
+    }
+
+    /// Sets (`Some(since)`) or clears `railguard.io/invasive-waiting`: the daemon waits for
+    /// an invasive slot (a merge patch of that one annotation; the fleet controller queues
+    /// waiting nodes by it).
+    pub async fn mark_invasive_waiting(
+        &self,
+        since: Option<Timestamp>,
+    ) -> Result<(), PublishError> {
+        let value = since.map(|t| t.to_string());
+        let patch =
+            json!({"metadata": {"annotations": {keys::ANNOTATION_INVASIVE_WAITING: value}}});
+        self.nodes()
+            .patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|source| PublishError::Apply {
+                node: self.node.clone(),
+                source,
+            })?;
+        Ok(())
+    }
+
+    /// `status.invasive` of `profile` (the fleet controller's slot count and queue), if any.
+    pub async fn invasive_status(
+        &self,
+        profile: &str,
+    ) -> Result<Option<railguard_api::invasive::InvasiveStatus>, PublishError> {
+        let api = Api::<railguard_api::FabricProfile>::all(self.client.clone());
+        let object = api
+            .get_opt(profile)
+            .await
+            .map_err(|source| PublishError::GetProfile {
+                profile: profile.to_string(),
+                source,
+            })?;
+        Ok(object.and_then(|p| p.status).and_then(|s| s.invasive))
     }
 
     /// Clears `railguard.io/recertify` after honouring it (a merge patch: the annotation

@@ -320,8 +320,8 @@ struct Loop {
     /// This node, watched (a field selector on its name): each step reads it here instead of
     /// a GET every poll (2,000 nodes polling every 10 s are 200 requests a second).
     node_cache: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Node>,
-    /// The profile's invasive slots (`certification.maxConcurrentInvasive`).
-    slots: InvasiveSlots,
+    /// The namespace of the invasive slot Leases.
+    lease_namespace: String,
 }
 
 /// Where the NCCL plugin's node file goes, and what it says about this machine.
@@ -472,6 +472,9 @@ struct Schedule {
     next_recertify_check: Instant,
     /// The Event for the current held-back request was posted.
     deferral_reported: bool,
+    /// When this daemon last wrote its `railguard.io/invasive-waiting` mark (held back by the
+    /// cap); renewed every [`railguard_api::invasive::WAITING_RENEW`] while it waits.
+    waiting_renewed: Option<Instant>,
 }
 
 impl Loop {
@@ -760,10 +763,8 @@ impl Loop {
                 };
                 // The cluster-wide cap: no slot, no run (an API error too: nothing starts on
                 // a slot not proven held).
-                let Some(slot) = self.slots.acquire(jiff::Timestamp::now()).await? else {
+                let Some(slot) = self.take_slot(client, plan).await? else {
                     let retry = jittered(passive_every, jitter.max(50));
-                    self.metrics.run("invasive", "deferred-concurrency-cap");
-                    tracing::info!(node = %self.ctx.node, cap = self.ctx.profile.spec.certification.max_concurrent_invasive, retry_s = retry.as_secs(), "invasive run held back: every invasive slot of the profile is held by another node");
                     if requested {
                         plan.next_recertify_check = Instant::now() + retry;
                     }
@@ -817,6 +818,7 @@ impl Loop {
                 return Ok(());
             }
             InvasiveDecision::Defer { requested, pods } => {
+                self.clear_waiting_mark(plan).await;
                 let retry = jittered(passive_every, jitter);
                 if requested {
                     plan.next_recertify_check = Instant::now() + retry;
@@ -834,6 +836,7 @@ impl Loop {
                 }
             }
             InvasiveDecision::Unavailable { requested, reason } => {
+                self.clear_waiting_mark(plan).await;
                 let retry = jittered(passive_every, jitter);
                 if requested {
                     plan.next_recertify_check = Instant::now() + retry;
@@ -856,6 +859,85 @@ impl Loop {
             plan.next_passive = Instant::now() + jittered(passive_every, jitter);
         }
         Ok(())
+    }
+
+    /// Takes one of the profile's invasive slots in this node's turn
+    /// ([`railguard_api::invasive::slot_turn`]): `None` (the node marked waiting, so the fleet
+    /// controller queues it) when it is not its turn or every slot is held.
+    async fn take_slot(
+        &self,
+        client: &kube::Client,
+        plan: &mut Schedule,
+    ) -> anyhow::Result<Option<railguard_prober::certify::slots::HeldSlot>> {
+        let cap = self.ctx.profile.spec.certification.max_concurrent_invasive;
+        let now = jiff::Timestamp::now();
+        let status = match self
+            .publisher
+            .invasive_status(self.ctx.profile.name())
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                // As without a fleet controller: never more slots than asked for.
+                tracing::warn!(node = %self.ctx.node, error = %railguard_runtime::error_chain(&e), "cannot read the profile's invasive queue; taking slots first come, first served");
+                None
+            }
+        };
+        let turn = railguard_api::invasive::slot_turn(cap, status.as_ref(), &self.ctx.node, now);
+        let held = if turn.may_take {
+            let slots = InvasiveSlots::new(
+                client,
+                &self.lease_namespace,
+                &self.ctx.profile.invasive_slot_leases(turn.slots),
+                &self.ctx.node,
+            );
+            slots.acquire(now).await?
+        } else {
+            None
+        };
+        match held {
+            Some(slot) => {
+                self.clear_waiting_mark(plan).await;
+                Ok(Some(slot))
+            }
+            None => {
+                self.metrics.run("invasive", "deferred-concurrency-cap");
+                let why = turn.why_not.unwrap_or_else(|| {
+                    "every invasive slot of the profile is held by another node".into()
+                });
+                tracing::info!(node = %self.ctx.node, cap = %cap, slots = turn.slots, "invasive run held back: {why}");
+                let renew = railguard_api::invasive::WAITING_RENEW.unsigned_abs();
+                if plan.waiting_renewed.is_none_or(|at| at.elapsed() >= renew) {
+                    match self.publisher.mark_invasive_waiting(Some(now)).await {
+                        Ok(()) => plan.waiting_renewed = Some(Instant::now()),
+                        Err(e) => {
+                            tracing::warn!(node = %self.ctx.node, error = %railguard_runtime::error_chain(&e), "cannot mark the node waiting for an invasive slot; it is not queued")
+                        }
+                    }
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    /// Takes the node out of the invasive queue: its run started, or it no longer waits.
+    /// Read from the watched Node, so a mark left by a predecessor goes too.
+    async fn clear_waiting_mark(&self, plan: &mut Schedule) {
+        let marked = self.node_cache.state().iter().any(|n| {
+            n.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(railguard_api::keys::ANNOTATION_INVASIVE_WAITING))
+        });
+        if !marked && plan.waiting_renewed.is_none() {
+            return;
+        }
+        match self.publisher.mark_invasive_waiting(None).await {
+            Ok(()) => plan.waiting_renewed = None,
+            Err(e) => {
+                tracing::warn!(node = %self.ctx.node, error = %railguard_runtime::error_chain(&e), "cannot clear the node's invasive-waiting mark; the fleet controller drops it when it ages")
+            }
+        }
     }
 
     async fn run(self, client: kube::Client, stop: CancellationToken) {
@@ -881,6 +963,7 @@ impl Loop {
             next_passive: Instant::now() + jittered(passive_every, self.args.jitter_percent),
             next_recertify_check: Instant::now(),
             deferral_reported: false,
+            waiting_renewed: None,
         };
         let mut failures = 0u32;
         loop {
@@ -995,14 +1078,8 @@ impl DaemonArgs {
             tracing::warn!(node = %ctx.node, profile = ctx.profile.name(), missing = %missing.join(", "), "the profile delivers NCCL settings through the environment plugin (nccl.delivery: Plugin), but this daemon installs no plugin or writes no node file: its pods find neither. The chart gives both to the probers of profiles that are Plugin in its values; set ncclPlugin.install=always for a profile switched outside them");
         }
         let (node_cache, node_watch) = watch_own_node(&client, &ctx.node);
-        let slots = InvasiveSlots::new(
-            &client,
-            &self.lease_namespace,
-            &ctx.profile.invasive_slot_leases(),
-            &ctx.node,
-        );
         let l = Loop {
-            slots,
+            lease_namespace: self.lease_namespace.clone(),
             node_cache,
             ctx,
             publisher,

@@ -26,11 +26,12 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use railguard_api::fleet::OutlierAction;
 use railguard_api::fleet::{reason, BaselineSnapshot, FleetStatus};
+use railguard_api::invasive::{InvasiveStatus, STATUS_FRESH};
 use railguard_api::{keys, FabricProfile, NodeFabric, ProfileObject};
 use railguard_prober::fleet::marks::{mark_event, node_condition, WantedCondition};
 use railguard_prober::fleet::upkeep::{
-    fleet_taint_wanted, node_upkeep, railguard_taint, upkeep_events, upkeep_patch, NodeUpkeep,
-    TaintWanted, UpkeepPolicy,
+    fleet_taint_wanted, holds_live_lease, node_upkeep, orphaned_run_patch, railguard_taint,
+    upkeep_events, upkeep_patch, LeaseHold, NodeUpkeep, TaintWanted, UpkeepPolicy,
 };
 use railguard_prober::fleet::{fleet_status, FleetAnalysis};
 use railguard_prober::publish::{event_object, NodeEvent, EVENT_NAMESPACE};
@@ -55,6 +56,8 @@ struct Memory {
     drifting: BTreeMap<String, BTreeSet<String>>,
     /// The Nodes decoded, reused while unchanged.
     fabrics: super::FabricCache,
+    /// The last `status.invasive` written (without `computedAt`) and when.
+    invasive_written: BTreeMap<String, (InvasiveStatus, Timestamp)>,
 }
 
 pub async fn run(client: Client, args: &FleetArgs) -> anyhow::Result<()> {
@@ -194,7 +197,7 @@ pub async fn run(client: Client, args: &FleetArgs) -> anyhow::Result<()> {
             &client,
             &nodes,
             &profiles,
-            args.profile.as_deref(),
+            args,
             &mut memory,
             &metrics,
             dra.as_ref(),
@@ -257,12 +260,14 @@ async fn recompute(
     client: &Client,
     nodes: &Store<Node>,
     profiles: &Store<ProfileObject>,
-    only: Option<&str>,
+    args: &FleetArgs,
     memory: &mut Memory,
     metrics: &FleetMetrics,
     dra: Option<&super::dra::DraCaches>,
 ) -> anyhow::Result<usize> {
     let now = Timestamp::now();
+    let only = args.profile.as_deref();
+    let lease_namespace = args.lease_namespace.as_deref();
     let profiles: Vec<FabricProfile> = profiles
         .state()
         .iter()
@@ -277,6 +282,19 @@ async fn recompute(
         .iter()
         .filter_map(|n| Some((n.metadata.name.as_deref()?, n.as_ref())))
         .collect();
+    let waiting: BTreeMap<String, Timestamp> = nodes
+        .iter()
+        .filter_map(|n| {
+            let since = n
+                .metadata
+                .annotations
+                .as_ref()?
+                .get(keys::ANNOTATION_INVASIVE_WAITING)?
+                .parse()
+                .ok()?;
+            Some((n.metadata.name.clone()?, since))
+        })
+        .collect();
     let mut analyses = Vec::new();
     let mut drift_series = Vec::new();
     let mut tainted = BTreeMap::new();
@@ -289,7 +307,18 @@ async fn recompute(
         let dra_nodes = dra
             .map(|c| c.nodes_with_slices(&[&p.spec.dra.nic_driver, &p.spec.dra.gpu_driver]))
             .unwrap_or_default();
-        let plans = upkeep_plans(p, &dra_nodes, &analysis, memory.fabrics.fabrics(), now);
+        let mut plans = upkeep_plans(p, &dra_nodes, &analysis, memory.fabrics.fabrics(), now);
+        if let Some(ns) = lease_namespace {
+            match restore_orphaned_runs(client, ns, p, memory.fabrics.fabrics(), &by_name, now)
+                .await
+            {
+                // Those Nodes changed: their upkeep waits for the next recomputation.
+                Ok(restored) => plans.retain(|(name, _)| !restored.contains(name)),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
         for (_, u) in &plans {
             if let TaintWanted::Set(reason) = u.taint {
                 *tainted.entry((p.name().to_string(), reason)).or_insert(0) += 1;
@@ -298,7 +327,8 @@ async fn recompute(
         if let Err(e) = upkeep_nodes(client, plans, &by_name).await {
             first_error.get_or_insert(e);
         }
-        match write_status(client, p, &analysis, memory, now).await {
+        let invasive = super::invasive_status_of(p, memory.fabrics.fabrics(), &waiting, now);
+        match write_status(client, p, &analysis, invasive, memory, now).await {
             Ok(status) => {
                 for d in &status.drift {
                     drift_series.push((
@@ -392,6 +422,112 @@ async fn upkeep_nodes(
         .try_collect::<Vec<()>>()
         .await?;
     Ok(())
+}
+
+/// How far the probers' clocks (which stamp a Lease's renewal) may run behind this one.
+const LEASE_CLOCK_SKEW: jiff::SignedDuration = jiff::SignedDuration::from_secs(5);
+
+/// Gives each Node of `profile` that shows an invasive run no live slot Lease in
+/// `namespace` names (its prober died mid-run) its certificate's state back
+/// ([`orphaned_run_patch`]), with an `InvasiveRunOrphaned` Event. The Leases are listed
+/// only when some Node shows a run. Returns the Nodes written.
+async fn restore_orphaned_runs<'a>(
+    client: &Client,
+    namespace: &str,
+    profile: &FabricProfile,
+    fabrics: impl Iterator<Item = &'a NodeFabric>,
+    nodes: &BTreeMap<&str, &Node>,
+    now: Timestamp,
+) -> anyhow::Result<BTreeSet<String>> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let mut restored = BTreeSet::new();
+    let mut leases: Option<Vec<LeaseHold>> = None;
+    for f in fabrics.filter(|f| super::profile_of(f) == Some(profile.name())) {
+        let Some(node) = nodes.get(f.name.as_str()) else {
+            continue;
+        };
+        let taints = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_deref())
+            .unwrap_or_default();
+        let rv = node.metadata.resource_version.as_deref();
+        // Would the Node be restored if nothing ran? Only then are the Leases read.
+        if orphaned_run_patch(f, taints, rv, false, now).is_none() {
+            continue;
+        }
+        if leases.is_none() {
+            let list = Api::<Lease>::namespaced(client.clone(), namespace)
+                .list(&Default::default())
+                .await
+                .with_context(|| format!("cannot list the invasive-slot Leases in {namespace}"))?;
+            leases = Some(
+                list.items
+                    .into_iter()
+                    .filter_map(|l| l.spec)
+                    .map(|s| {
+                        (
+                            s.holder_identity,
+                            s.renew_time.map(|t| t.0),
+                            s.lease_duration_seconds,
+                        )
+                    })
+                    .collect(),
+            );
+        }
+        let alive = holds_live_lease(
+            &f.name,
+            leases.as_deref().unwrap_or_default(),
+            now,
+            LEASE_CLOCK_SKEW,
+        );
+        let Some(patch) = orphaned_run_patch(f, taints, rv, alive, now) else {
+            continue;
+        };
+        let pp = PatchParams {
+            field_manager: Some(keys::FLEET_FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        match Api::<Node>::all(client.clone())
+            .patch(&f.name, &pp, &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            // The Node changed since the cache saw it (the run may just have ended): the
+            // next recomputation looks again.
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "cannot restore node {} after its prober's run was orphaned",
+                        f.name
+                    )
+                })
+            }
+        }
+        let ev = NodeEvent {
+            reason: "InvasiveRunOrphaned",
+            kind: "Warning",
+            message: format!(
+                "an invasive run's marks stayed after its prober stopped renewing its slot (died mid-run): the node is given back the state its certificate describes ({}={}), the testing taint lifted",
+                keys::LABEL_FABRIC,
+                patch["metadata"]["labels"][keys::LABEL_FABRIC].as_str().unwrap_or("unchanged"),
+            ),
+        };
+        let involved = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(f.name.clone()),
+            uid: node.metadata.uid.clone(),
+            ..ObjectReference::default()
+        };
+        if let Err(e) = record(client, involved, &ev).await {
+            tracing::warn!(node = %f.name, error = %railguard_runtime::error_chain(&e), "cannot record the InvasiveRunOrphaned event");
+        }
+        tracing::warn!(node = %f.name, message = %ev.message, "orphaned invasive run");
+        restored.insert(f.name.clone());
+    }
+    Ok(restored)
 }
 
 async fn write_upkeep(
@@ -554,12 +690,15 @@ async fn record(
         .map(|_| ())
 }
 
-/// Writes `status.fleet` of the profile when it changed, keeping the history in memory, and
-/// records a `FleetDrift` Event for measurements that start drifting.
+/// Writes `status.fleet` and `status.invasive` of the profile when either changed (and
+/// `status.invasive` at least every third of [`STATUS_FRESH`], so daemons keep following its
+/// queue), keeping the history in memory, and records a `FleetDrift` Event for measurements
+/// that start drifting.
 async fn write_status(
     client: &Client,
     profile: &FabricProfile,
     analysis: &FleetAnalysis,
+    invasive: InvasiveStatus,
     memory: &mut Memory,
     now: Timestamp,
 ) -> anyhow::Result<FleetStatus> {
@@ -583,12 +722,20 @@ async fn write_status(
         s.computed_at = None;
         *w == s
     });
-    if !unchanged {
+    let invasive_unchanged = memory
+        .invasive_written
+        .get(&name)
+        .is_some_and(|(w, at)| *w == invasive && now.duration_since(*at) < STATUS_FRESH / 3);
+    if !unchanged || !invasive_unchanged {
+        let stamped = InvasiveStatus {
+            computed_at: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now)),
+            ..invasive.clone()
+        };
         let body = json!({
             "apiVersion": "railguard.io/v1alpha1",
             "kind": "FabricProfile",
             "metadata": { "name": name },
-            "status": { "fleet": status },
+            "status": { "fleet": status, "invasive": stamped },
         });
         api.patch_status(
             &name,
@@ -596,11 +743,16 @@ async fn write_status(
             &Patch::Apply(&body),
         )
         .await
-        .with_context(|| format!("cannot write status.fleet of FabricProfile {name}"))?;
+        .with_context(|| {
+            format!("cannot write status.fleet and status.invasive of FabricProfile {name}")
+        })?;
         let mut s = status.clone();
         s.computed_at = None;
         memory.written.insert(name.clone(), s);
         memory.history.insert(name.clone(), status.history.clone());
+        memory
+            .invasive_written
+            .insert(name.clone(), (invasive, now));
     }
     let reported = memory.drifting.entry(name.clone()).or_default();
     let new: Vec<_> = status

@@ -75,6 +75,12 @@ pub struct FleetArgs {
     /// Controller: `/metrics`, `/healthz` and `/readyz` on this address.
     #[arg(long, env = "RAILGUARD_METRICS_LISTEN", default_value = "0.0.0.0:9464")]
     pub metrics_listen: SocketAddr,
+    /// Controller: namespace of the probers' invasive-slot Leases (the daemons'
+    /// `--lease-namespace`). A Node left `testing` or `pending` by a run that no live Lease
+    /// there names (its prober died mid-run) is given back its certificate's state. Unset:
+    /// such Nodes wait for their prober's restart.
+    #[arg(long, env = "RAILGUARD_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
 }
 
 impl FleetArgs {
@@ -208,6 +214,37 @@ pub fn profile_of(n: &NodeFabric) -> Option<&str> {
     n.profile
         .as_deref()
         .or_else(|| n.state.certificate().map(|c| c.profile.as_str()))
+}
+
+/// `status.invasive` of `profile` (without `computedAt`): its nodes, the slots its
+/// `maxConcurrentInvasive` resolves to, and the queue of its nodes whose waiting mark
+/// (`waiting`, from the Nodes' `railguard.io/invasive-waiting`) still counts at `now`.
+pub fn invasive_status_of<'a>(
+    profile: &railguard_api::FabricProfile,
+    fabrics: impl Iterator<Item = &'a NodeFabric>,
+    waiting: &BTreeMap<String, Timestamp>,
+    now: Timestamp,
+) -> railguard_api::invasive::InvasiveStatus {
+    use railguard_api::invasive::{invasive_status, waiting_mark_counts, WaitingNode};
+    let mut nodes = 0u32;
+    let mut queue = Vec::new();
+    for f in fabrics.filter(|f| profile_of(f) == Some(profile.name())) {
+        nodes += 1;
+        if waiting
+            .get(&f.name)
+            .is_some_and(|since| waiting_mark_counts(*since, now))
+        {
+            queue.push(WaitingNode {
+                name: f.name.clone(),
+                certified_at: f.state.certificate().map(|c| c.issued_at),
+            });
+        }
+    }
+    invasive_status(
+        profile.spec.certification.max_concurrent_invasive,
+        nodes,
+        queue,
+    )
 }
 
 /// The fleet input of one node.

@@ -121,7 +121,7 @@ scheduler:
 /// Every example profile of values.yaml enabled (the default set's release).
 pub const ALL_PROFILES: ValuesSet = ValuesSet {
     label: "every example profile",
-    values: "fabricProfiles:\n  roce-cloud: {enabled: true}\n",
+    values: "fabricProfiles:\n  roce-cloud: {enabled: true}\n  h200-ndr: {enabled: true}\n  b200-ndr: {enabled: true}\n",
     ..DEFAULT
 };
 

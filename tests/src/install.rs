@@ -234,9 +234,9 @@ impl ChartFleet {
             })
             .cloned()
             .collect();
-        if identity.len() != 5 {
+        if identity.len() != 7 {
             bail!(
-                "the chart renders {} fleet identity objects, not 5 (ServiceAccount, ClusterRole and binding, the Lease's Role and binding)",
+                "the chart renders {} fleet identity objects, not 7 (ServiceAccount, ClusterRole and binding, the leader Lease's Role and binding, the slot Leases' Role and binding)",
                 identity.len()
             );
         }

@@ -983,7 +983,12 @@ fn chart_profiles_are_the_repository_fixtures() {
         .into_iter()
         .cloned()
         .collect::<Vec<_>>();
-    assert_eq!(rendered.len(), 3);
+    assert_eq!(rendered.len(), 5);
+    assert_eq!(
+        rendered.len(),
+        fixtures.len(),
+        "one fixture per chart profile"
+    );
     for obj in rendered {
         let p: railguard_api::FabricProfile = serde_json::from_value(obj).expect("a FabricProfile");
         let name = p.metadata.name.clone().unwrap();
@@ -1190,6 +1195,8 @@ fn fleet_controller_runs_once_for_every_profile_and_ships_the_dashboard_on_reque
                 ("RAILGUARD_FLEET_SETTLE_SECS", "5"),
                 // Device taints are opt-in (dra.deviceTaints), and there is no DRA on 1.20.
                 ("RAILGUARD_DRA_TAINTS", "false"),
+                // The probers' namespace, where their slot Leases are (orphaned runs).
+                ("RAILGUARD_LEASE_NAMESPACE", "railguard"),
                 ("RAILGUARD_METRICS_LISTEN", "0.0.0.0:9464"),
                 ("RAILGUARD_LOG_FORMAT", "json"),
                 // The leader-election Lease's namespace and this replica's identity.
@@ -1503,8 +1510,12 @@ fn the_probers_move_to_their_own_privileged_namespace_and_everything_else_stays(
             let component = d.obj["metadata"]["labels"]["app.kubernetes.io/component"]
                 .as_str()
                 .unwrap_or_default();
+            // The node guard's and the fleet controller's reads of the probers' namespace
+            // (the probers' pods, their slot Leases) are Roles there.
             let privileged = matches!(component, "prober" | "campaign")
-                || (d.kind().starts_with("Role") && d.name().ends_with("-webhook-node-guard"));
+                || (d.kind().starts_with("Role")
+                    && (d.name().ends_with("-webhook-node-guard")
+                        || d.name().ends_with("-fleet-invasive-slots")));
             if d.kind() == "RoleBinding" && ns == "kube-system" {
                 continue; // the scheduler's extension-apiserver-authentication-reader
             }
@@ -2274,7 +2285,8 @@ fn the_probers_lease_role_names_the_slots_the_binary_takes() {
     };
     // The default is a percentage: every Lease a profile's slots can resolve to.
     const ALL: usize = railguard_api::invasive::MAX_CONCURRENT_INVASIVE as usize;
-    for (set, slots) in [(&ALL_PROFILES, 3 * ALL), (&OWN_CAP, 2 * ALL + 2)] {
+    // ALL_PROFILES: h100-ndr, h200-ndr, b200-ndr, a100-hdr and roce-cloud.
+    for (set, slots) in [(&ALL_PROFILES, 5 * ALL), (&OWN_CAP, 2 * ALL + 2)] {
         let docs = render(set);
         let mut wanted = BTreeSet::new();
         for obj in all(&docs, "FabricProfile") {

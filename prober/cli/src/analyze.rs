@@ -20,7 +20,7 @@ pub struct AnalyzeArgs {
     /// Which profile of --profile-file (default: its first).
     #[arg(long, env = "RAILGUARD_PROFILE", requires = "profile_file")]
     pub profile: Option<String>,
-    /// Print JSON instead of text (keys: README, "JSON output").
+    /// Print JSON instead of text (keys: docs/reference.md, "JSON output").
     #[arg(long, env = "RAILGUARD_JSON")]
     pub json: bool,
 }

@@ -364,7 +364,7 @@ pub struct CampaignArgs {
     #[arg(long, env = "RAILGUARD_DRY_RUN")]
     pub dry_run: bool,
     /// Print the campaign report (or the judged 2-node NCCL log) as JSON instead of text
-    /// (keys: README, "JSON output"). No progress is drawn then.
+    /// (keys: docs/reference.md, "JSON output"). No progress is drawn then.
     #[arg(long, env = "RAILGUARD_JSON")]
     pub json: bool,
     /// Instead of a campaign: render (and with --launch, create) the 2-node nccl-tests MPIJob

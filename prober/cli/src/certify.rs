@@ -119,7 +119,7 @@ pub struct CertifyArgs {
     /// Publish the certificate on the Node (labels, annotation, condition, Event).
     #[arg(long, env = "RAILGUARD_PUBLISH")]
     pub publish: bool,
-    /// Print the certificate as JSON instead of the matrix (keys: README, "JSON output").
+    /// Print the certificate as JSON instead of the matrix (keys: docs/reference.md, "JSON output").
     /// No progress is drawn then.
     #[arg(long, env = "RAILGUARD_JSON")]
     pub json: bool,

@@ -18,7 +18,7 @@ pub struct DiscoverArgs {
     /// NVML is only consulted when this is `/`.
     #[arg(long, env = "RAILGUARD_SYSFS_ROOT", default_value = "/")]
     pub sysfs_root: PathBuf,
-    /// Print JSON instead of tables (keys: README, "JSON output").
+    /// Print JSON instead of tables (keys: docs/reference.md, "JSON output").
     #[arg(long, env = "RAILGUARD_JSON")]
     pub json: bool,
 }
@@ -29,7 +29,7 @@ pub struct AffinityArgs {
     /// A saved `nvidia-smi topo -m` output.
     #[arg(long, env = "RAILGUARD_TOPO")]
     pub topo: PathBuf,
-    /// Print JSON instead of a table (keys: README, "JSON output").
+    /// Print JSON instead of a table (keys: docs/reference.md, "JSON output").
     #[arg(long, env = "RAILGUARD_JSON")]
     pub json: bool,
 }

@@ -13,7 +13,7 @@ pub struct PreflightArgs {
     /// Root of the container's filesystem view (tests use a fake tree).
     #[arg(long, env = "RAILGUARD_PREFLIGHT_ROOT", default_value = "/")]
     pub root: PathBuf,
-    /// Print the checks as JSON on stdout, passed or not (keys: README, "JSON output").
+    /// Print the checks as JSON on stdout, passed or not (keys: docs/reference.md, "JSON output").
     #[arg(long, env = "RAILGUARD_JSON")]
     pub json: bool,
 }

@@ -24,9 +24,103 @@ fn h100() -> FabricProfile {
     p.remove(0)
 }
 
+/// The DGX profiles shipped for each GPU generation: fixture, name, GFD product label, the
+/// HCA model and line rate its header comment cites (with the vendor page), and the rate.
+const SHIPPED_GPU_PROFILES: [(&str, &str, &str, &str, u32); 4] = [
+    (
+        "dgx-h100-ndr.yaml",
+        "h100-ndr",
+        "NVIDIA-H100-80GB-HBM3",
+        "ConnectX-7",
+        400,
+    ),
+    (
+        "dgx-h200-ndr.yaml",
+        "h200-ndr",
+        "NVIDIA-H200",
+        "ConnectX-7",
+        400,
+    ),
+    (
+        "dgx-b200-ndr.yaml",
+        "b200-ndr",
+        "NVIDIA-B200",
+        "ConnectX-7",
+        400,
+    ),
+    (
+        "dgx-a100-hdr.yaml",
+        "a100-hdr",
+        "NVIDIA-A100-SXM4-80GB",
+        "ConnectX-6",
+        200,
+    ),
+];
+
+#[test]
+fn each_shipped_gpu_profile_validates_and_has_the_rate_and_hca_its_comment_cites() {
+    for (file, name, product, hca_model, rate) in SHIPPED_GPU_PROFILES {
+        let text = fixture(file);
+        let p = profiles_from_yaml(&text)
+            .unwrap_or_else(|e| panic!("{file}: {e}"))
+            .remove(0);
+        p.validate().unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert_eq!(p.name(), name, "{file}");
+        assert_eq!(
+            p.spec
+                .node_selector
+                .get("nvidia.com/gpu.product")
+                .map(String::as_str),
+            Some(product),
+            "{file}: selected by GPU Feature Discovery's product label"
+        );
+        // The header comment (before the object) names the HCA model and the line rate.
+        let header: String = text
+            .lines()
+            .take_while(|l| l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            header.contains(hca_model),
+            "{file}: comment cites {hca_model}"
+        );
+        assert!(
+            header.contains(&format!("{rate} Gb/s")),
+            "{file}: comment cites {rate} Gb/s"
+        );
+        // One InfiniBand rail per GPU, each at the cited line rate.
+        assert_eq!(p.spec.rails.len(), 8, "{file}");
+        for (i, r) in p.spec.rails.iter().enumerate() {
+            assert_eq!(r.link_layer, LinkLayer::Ib, "{file} rail {i}");
+            assert_eq!(r.rate_gbps, rate, "{file} rail {i}");
+            assert_eq!(r.gpus, [u32::try_from(i).unwrap()], "{file} rail {i}");
+        }
+        // Thresholds a healthy node reaches at that rate: the HCA loopback at most 90% of
+        // the line rate, the NCCL loopback (bounded by one rail, rate/8 GB/s) at most 80%.
+        let t = &p.spec.thresholds;
+        let rate = f64::from(rate);
+        assert!(t.write_bw_host_gbps <= 0.9 * rate, "{file}");
+        assert!(
+            t.write_bw_gpu_gbps.unwrap_or(0.0) <= t.write_bw_host_gbps,
+            "{file}"
+        );
+        assert!(t.busbw_plateau_gbps <= 0.8 * rate / 8.0, "{file}");
+    }
+    // Where the comment cites a vendor page, it is NVIDIA's documentation.
+    for file in ["dgx-h200-ndr.yaml", "dgx-b200-ndr.yaml"] {
+        assert!(fixture(file).contains("https://docs.nvidia.com/"), "{file}");
+    }
+}
+
 #[test]
 fn example_profiles_are_valid() {
-    for f in ["dgx-h100-ndr.yaml", "dgx-a100-hdr.yaml", "roce-cloud.yaml"] {
+    for f in [
+        "dgx-h100-ndr.yaml",
+        "dgx-h200-ndr.yaml",
+        "dgx-b200-ndr.yaml",
+        "dgx-a100-hdr.yaml",
+        "roce-cloud.yaml",
+    ] {
         let profiles = profiles_from_yaml(&fixture(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
         assert_eq!(profiles.len(), 1, "{f}");
         assert_eq!(profiles[0].spec.rails.len(), 8, "{f}");

@@ -25,6 +25,7 @@ pub mod preflight;
 pub mod profile_source;
 pub mod progress;
 pub mod sim;
+pub mod unprofiled;
 pub mod upgrade_crd;
 pub mod verify_install;
 

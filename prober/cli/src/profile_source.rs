@@ -13,17 +13,20 @@
 //!   `NoProfile`, or `NcclBinaryNotAllowed`) and the message saying which profile and field, keeps `/healthz` and
 //!   `/metrics` served (`railguard_prober_fabric_profiles_invalid{profile}`), looks again
 //!   every `--poll-ms`, and starts certifying as soon as the profile is fixed. The certificate
-//!   already on the Node is left as it is.
+//!   already on the Node is left as it is. A GPU node that no profile matches (`NoProfile`)
+//!   also gets one Warning Event `Unprofiled` and `railguard_prober_unprofiled` 1
+//!   ([`crate::unprofiled`]).
 
 use std::time::Duration;
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Event, Node, ObjectReference};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use railguard_api::profile_list::{partition, ProfileObject};
 use railguard_api::{keys, FabricProfile, InvalidProfile};
 use railguard_prober::certify::NodeContext;
+use railguard_prober::publish::{event_object, EVENT_NAMESPACE};
 use railguard_runtime::InvalidProfiles;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -129,12 +132,16 @@ pub async fn wait_for_context(
 ) -> anyhow::Result<Option<NodeContext>> {
     let mut reported: Option<String> = None;
     let mut invalid = InvalidProfiles::default();
+    // Whether this node was looked at as a GPU node no profile matches (and its Event, if
+    // one was due, posted): once per process, not per poll.
+    let mut unprofiled_checked = false;
     loop {
         metrics.heartbeat();
         match args.context(Some(client.clone())).await {
             Ok(ctx) => {
                 let changes = invalid.replace([]);
                 metrics.record_invalid_profiles(&changes);
+                metrics.set_unprofiled(false);
                 if reported.is_some() {
                     tracing::info!(
                         profile = ctx.profile.name(),
@@ -149,6 +156,17 @@ pub async fn wait_for_context(
                 };
                 let changes = invalid.replace(unusable.invalid.iter().cloned());
                 metrics.record_invalid_profiles(&changes);
+                if unusable.reason != REASON_NO_PROFILE {
+                    metrics.set_unprofiled(false);
+                } else if !unprofiled_checked {
+                    let node = args.node_name()?;
+                    match report_unprofiled(client, &node, unusable, metrics).await {
+                        Ok(()) => unprofiled_checked = true,
+                        Err(e) => {
+                            tracing::warn!(node = %node, error = %format!("{e:#}"), "cannot report the node as unprofiled")
+                        }
+                    }
+                }
                 if reported.as_deref() != Some(unusable.message.as_str()) {
                     tracing::warn!(
                         reason = unusable.reason,
@@ -171,6 +189,39 @@ pub async fn wait_for_context(
             _ = tokio::time::sleep(poll) => {}
         }
     }
+}
+
+/// A GPU node that no profile matches: `railguard_prober_unprofiled` 1 and one Warning
+/// Event `Unprofiled` on the Node ([`crate::unprofiled::unprofiled_event`]).
+async fn report_unprofiled(
+    client: &Client,
+    node: &str,
+    u: &UnusableProfile,
+    metrics: &Metrics,
+) -> anyhow::Result<()> {
+    let current = Api::<Node>::all(client.clone())
+        .get(node)
+        .await
+        .with_context(|| format!("cannot read node {node}"))?;
+    let Some(ev) = crate::unprofiled::unprofiled_event(u.reason, &current, &u.message) else {
+        metrics.set_unprofiled(false);
+        return Ok(());
+    };
+    metrics.set_unprofiled(true);
+    let involved = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.to_string()),
+        uid: current.metadata.uid.clone(),
+        ..ObjectReference::default()
+    };
+    let event = event_object(involved, &ev, keys::PROBER_FIELD_MANAGER, node);
+    Api::<Event>::namespaced(client.clone(), EVENT_NAMESPACE)
+        .create(&PostParams::default(), &event)
+        .await
+        .with_context(|| format!("cannot record the {} Event on node {node}", ev.reason))?;
+    tracing::warn!(node = %node, "GPU node matches no FabricProfile; Event {} posted", ev.reason);
+    Ok(())
 }
 
 /// The condition the Node carries while its profile cannot be used: `Unknown` (the prober

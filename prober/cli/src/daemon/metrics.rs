@@ -48,6 +48,8 @@ pub struct Metrics {
     stall_after: Mutex<Duration>,
     /// 1 for each FabricProfile skipped as invalid, by name.
     profiles_invalid: railguard_runtime::InvalidProfileGauge,
+    /// 1 while this node is a GPU node no FabricProfile matches (`crate::unprofiled`).
+    unprofiled: Gauge,
 }
 
 impl Metrics {
@@ -92,6 +94,12 @@ impl Metrics {
             "FabricProfiles skipped as invalid (1 per profile, by name)",
             profiles_invalid.clone(),
         );
+        let unprofiled = Gauge::default();
+        registry.register(
+            "unprofiled",
+            "1 while this node is a GPU node that no FabricProfile matches (nothing is certified)",
+            unprofiled.clone(),
+        );
         Metrics {
             registry,
             rail_bw,
@@ -104,6 +112,7 @@ impl Metrics {
             alive_at: Mutex::new(Instant::now()),
             stall_after: Mutex::new(stall_after),
             profiles_invalid,
+            unprofiled,
         }
     }
 
@@ -177,6 +186,11 @@ impl Metrics {
         changes.record(&self.profiles_invalid);
     }
 
+    /// Sets `unprofiled`: whether this node is a GPU node no profile matches.
+    pub(crate) fn set_unprofiled(&self, unprofiled: bool) {
+        self.unprofiled.set(i64::from(unprofiled));
+    }
+
     /// Text exposition format.
     pub fn encode(&self) -> String {
         let mut s = String::new();
@@ -213,5 +227,15 @@ mod tests {
         assert!(!m.alive(), "no heartbeat within the bound");
         m.heartbeat();
         assert!(m.alive());
+    }
+
+    #[test]
+    fn the_unprofiled_gauge_is_exported_and_follows_the_node() {
+        let m = Metrics::new(Duration::from_secs(60));
+        assert!(m.encode().contains("railguard_prober_unprofiled 0\n"));
+        m.set_unprofiled(true);
+        assert!(m.encode().contains("railguard_prober_unprofiled 1\n"));
+        m.set_unprofiled(false);
+        assert!(m.encode().contains("railguard_prober_unprofiled 0\n"));
     }
 }

@@ -103,11 +103,13 @@ impl FleetArgs {
 
     async fn report(&self, client: &Client) -> anyhow::Result<Outcome> {
         let (profiles, _invalid) = crate::profile_source::cluster_profiles(client).await?;
-        let profiles = select(profiles, self.profile.as_deref())?;
         let nodes = Api::<Node>::all(client.clone())
             .list(&Default::default())
             .await
             .context("cannot list Nodes")?;
+        // Against every valid profile, whichever --profile shows.
+        let unprofiled = crate::unprofiled::unprofiled_gpu_nodes(&nodes.items, &profiles);
+        let profiles = select(profiles, self.profile.as_deref())?;
         let now = Timestamp::now();
         let fabrics: Vec<NodeFabric> = nodes
             .items
@@ -135,7 +137,10 @@ impl FleetArgs {
         }
         let any_outlier = views.iter().any(|(a, _)| !a.outliers.is_empty());
         let text = if self.json {
-            let json: Vec<ProfileView> = views.iter().map(|(a, s)| ProfileView::of(a, s)).collect();
+            let json = FleetView {
+                profiles: views.iter().map(|(a, s)| ProfileView::of(a, s)).collect(),
+                unprofiled,
+            };
             let mut t = serde_json::to_string_pretty(&json)?;
             t.push('\n');
             t
@@ -153,6 +158,7 @@ impl FleetArgs {
                 }
                 t.push('\n');
             }
+            t.push_str(&unprofiled_section(&unprofiled));
             if let Some(path) = &self.html {
                 t.push_str(&format!("report written to {}\n", path.display()));
             }
@@ -286,7 +292,33 @@ fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()>
     std::fs::rename(&tmp, path)
 }
 
-/// `--json`: one object per profile.
+/// The table's `unprofiled` section: the GPU nodes no profile selects (none: one line
+/// saying so).
+fn unprofiled_section(nodes: &[String]) -> String {
+    if nodes.is_empty() {
+        return "unprofiled: none (every GPU node belongs to a FabricProfile)\n".into();
+    }
+    let mut s = format!(
+        "unprofiled: {} GPU node(s) no FabricProfile selects, certified by nothing\n",
+        nodes.len()
+    );
+    for n in nodes {
+        s.push_str(&format!("  {n}\n"));
+    }
+    s
+}
+
+/// `--json`: the profiles' fleets and the GPU nodes that belong to none.
+#[derive(Serialize)]
+struct FleetView {
+    /// One object per profile.
+    profiles: Vec<ProfileView>,
+    /// GPU nodes (`nvidia.com/gpu.present=true` or allocatable `nvidia.com/gpu`) that no
+    /// valid profile's nodeSelector (nor their `railguard.io/profile` label) places, by name.
+    unprofiled: Vec<String>,
+}
+
+/// One profile's fleet.
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct ProfileView {
@@ -382,6 +414,27 @@ mod tests {
     fn bw(cache: &FabricCache, name: &str) -> Option<f64> {
         let f = cache.fabrics().find(|f| f.name == name)?;
         f.state.certificate()?.rails.first()?.write_bw_host_gbps
+    }
+
+    #[test]
+    fn the_report_lists_unprofiled_gpu_nodes_under_their_own_key_and_heading() {
+        let nodes = vec!["b200-1".to_string(), "l40s-2".to_string()];
+        let section = unprofiled_section(&nodes);
+        assert!(
+            section.starts_with("unprofiled: 2 GPU node(s)"),
+            "{section}"
+        );
+        assert!(section.contains("\n  b200-1\n  l40s-2\n"), "{section}");
+        assert!(unprofiled_section(&[]).starts_with("unprofiled: none"));
+        let json = serde_json::to_value(FleetView {
+            profiles: Vec::new(),
+            unprofiled: nodes,
+        })
+        .unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"profiles": [], "unprofiled": ["b200-1", "l40s-2"]})
+        );
     }
 
     #[test]

@@ -14,5 +14,6 @@ pub mod preflight;
 pub mod progress;
 pub mod publish;
 pub mod rdma;
+pub mod telemetry;
 pub mod test_lock;
 pub mod topo;

@@ -1762,6 +1762,49 @@ fn the_gpu_resource_patterns_are_the_binaries_defaults() {
     );
 }
 
+/// Passive rail telemetry runs at one interval whether the chart or a hand-run daemon starts
+/// it: the daemon container's RAILGUARD_TELEMETRY_INTERVAL_MS (from
+/// `prober.telemetry.intervalMs`) equals the binary's `--telemetry-interval-ms` default.
+#[test]
+fn the_telemetry_interval_is_the_binarys_default() {
+    let cli = railguard_prober_cli::Cli::command();
+    let default: String = cli
+        .find_subcommand("daemon")
+        .expect("daemon subcommand")
+        .get_arguments()
+        .find(|a| a.get_long() == Some("telemetry-interval-ms"))
+        .expect("daemon has --telemetry-interval-ms")
+        .get_default_values()
+        .iter()
+        .map(|v| v.to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(default, "1000");
+    let mut seen = 0;
+    for obj in rendered_objects(&DEFAULT) {
+        let Some(spec) = pod_spec(&obj) else { continue };
+        for c in spec["containers"].as_array().into_iter().flatten() {
+            let value = c["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["name"] == "RAILGUARD_TELEMETRY_INTERVAL_MS")
+                .map(|e| e["value"].clone());
+            if c["name"] == "daemon" {
+                assert_eq!(
+                    value,
+                    Some(default.as_str().into()),
+                    "{}",
+                    obj["metadata"]["name"]
+                );
+                seen += 1;
+            } else {
+                assert_eq!(value, None, "{}: only the daemon reads it", c["name"]);
+            }
+        }
+    }
+    assert!(seen >= 1, "no daemon container rendered");
+}
+
 /// The daemon and the peer endpoint exclude each other's tests through one lock file
 /// (`--test-lock-file`): the chart must give both containers the same path, on a volume both
 /// mount at the same place, or each would lock a file of its own and the exclusion be void.

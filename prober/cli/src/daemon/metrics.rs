@@ -41,6 +41,8 @@ pub struct Metrics {
     /// `expiresAt` of the node's certificate, Unix seconds (0 before the first).
     expires_at: Gauge,
     runs: Family<RunLabels, Counter>,
+    /// Passive rail telemetry (`super::telemetry`), published by its own task.
+    pub(crate) telemetry: super::telemetry::TelemetryMetrics,
     ready: AtomicBool,
     alive_at: Mutex<Instant>,
     /// The loop is stuck when its last heartbeat is older than this (set again once the
@@ -88,6 +90,7 @@ impl Metrics {
             expires_at.clone(),
         );
         registry.register("runs", "Checks run, by kind and outcome", runs.clone());
+        let telemetry = super::telemetry::TelemetryMetrics::register(&mut registry);
         let profiles_invalid = railguard_runtime::InvalidProfileGauge::default();
         registry.register(
             "fabric_profiles_invalid",
@@ -108,6 +111,7 @@ impl Metrics {
             busbw,
             expires_at,
             runs,
+            telemetry,
             ready: AtomicBool::new(false),
             alive_at: Mutex::new(Instant::now()),
             stall_after: Mutex::new(stall_after),

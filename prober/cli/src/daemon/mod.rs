@@ -11,6 +11,7 @@
 //! port ([`metrics`]).
 
 pub mod metrics;
+pub mod telemetry;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -106,6 +107,11 @@ pub struct DaemonArgs {
     /// this node's rails holds it. Unset: runs do not look.
     #[arg(long, env = "RAILGUARD_TEST_LOCK_FILE", value_hint = ValueHint::FilePath)]
     pub test_lock_file: Option<PathBuf>,
+    /// Passive rail telemetry: every this many milliseconds, read each rail's `counters/`
+    /// and `hw_counters/` from sysfs and publish per-rail rates as metrics
+    /// (`railguard_prober_rail_*`); 0 turns it off.
+    #[arg(long, env = "RAILGUARD_TELEMETRY_INTERVAL_MS", default_value_t = 1000)]
+    pub telemetry_interval_ms: u64,
 }
 
 /// What the loop does about an invasive run now.
@@ -1077,6 +1083,15 @@ impl DaemonArgs {
         if !missing.is_empty() {
             tracing::warn!(node = %ctx.node, profile = ctx.profile.name(), missing = %missing.join(", "), "the profile delivers NCCL settings through the environment plugin (nccl.delivery: Plugin), but this daemon installs no plugin or writes no node file: its pods find neither. The chart gives both to the probers of profiles that are Plugin in its values; set ncclPlugin.install=always for a profile switched outside them");
         }
+        let telemetry_task = telemetry::interval(self.telemetry_interval_ms).map(|every| {
+            tokio::spawn(telemetry::run(
+                ctx.setup.sysfs_root.clone(),
+                ctx.profile.spec.rails.iter().map(Into::into).collect(),
+                every,
+                metrics.telemetry.clone(),
+                stop.clone(),
+            ))
+        });
         let (node_cache, node_watch) = watch_own_node(&client, &ctx.node);
         let l = Loop {
             lease_namespace: self.lease_namespace.clone(),
@@ -1095,6 +1110,9 @@ impl DaemonArgs {
         };
         l.run(client, stop.clone()).await;
         node_watch.abort();
+        if let Some(t) = telemetry_task {
+            t.abort();
+        }
         stop.cancel();
         stop_serving.cancel();
         signals.abort();

@@ -1856,3 +1856,64 @@ fn the_daemon_and_the_peer_endpoint_share_one_test_lock() {
     }
     assert!(probers >= 1, "no prober DaemonSet rendered");
 }
+
+/// Taints named in `prober.holdTaints` hold the daemon's invasive runs and the campaign's
+/// tests: the chart renders them, comma-separated as the binaries read `--hold-taints`, into
+/// both containers, and by default renders none, as the binaries default to none.
+#[test]
+fn the_hold_taints_reach_the_daemon_and_the_campaign_as_the_binaries_read_them() {
+    let cli = railguard_prober_cli::Cli::command();
+    for sub in ["daemon", "campaign"] {
+        let arg = cli
+            .find_subcommand(sub)
+            .unwrap_or_else(|| panic!("no {sub} subcommand"))
+            .get_arguments()
+            .find(|a| a.get_long() == Some("hold-taints"))
+            .unwrap_or_else(|| panic!("{sub} has no --hold-taints"))
+            .clone();
+        assert!(arg.get_default_values().is_empty(), "{sub}");
+        assert_eq!(arg.get_value_delimiter(), Some(','), "{sub}");
+        assert_eq!(
+            arg.get_env().map(|e| e.to_string_lossy().into_owned()),
+            Some("RAILGUARD_HOLD_TAINTS".to_string()),
+            "{sub}"
+        );
+    }
+    let holds = |set: &ValuesSet| -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for obj in rendered_objects(set) {
+            let Some(spec) = pod_spec(&obj) else { continue };
+            for c in spec["containers"].as_array().into_iter().flatten() {
+                for e in c["env"].as_array().into_iter().flatten() {
+                    if e["name"] == "RAILGUARD_HOLD_TAINTS" {
+                        out.push((
+                            c["name"].as_str().unwrap_or_default().to_string(),
+                            e["value"].as_str().unwrap_or_default().to_string(),
+                        ));
+                    }
+                }
+            }
+        }
+        out
+    };
+    let default = holds(&DEFAULT);
+    assert!(!default.is_empty());
+    assert!(default.iter().all(|(_, v)| v.is_empty()), "{default:?}");
+    const HELD: ValuesSet = ValuesSet {
+        label: "hold taints and a campaign",
+        values: "prober:\n  holdTaints: [nvidia.com/gpu-health, \"*.example.com/quarantine=true\"]\n  campaign:\n    enabled: true\n",
+        ..DEFAULT
+    };
+    let held = holds(&HELD);
+    let containers: std::collections::BTreeSet<&str> =
+        held.iter().map(|(c, _)| c.as_str()).collect();
+    assert!(
+        containers.len() >= 2,
+        "the daemon and the campaign: {held:?}"
+    );
+    assert!(
+        held.iter()
+            .all(|(_, v)| v == "nvidia.com/gpu-health,*.example.com/quarantine=true"),
+        "{held:?}"
+    );
+}

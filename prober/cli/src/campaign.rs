@@ -342,6 +342,10 @@ pub struct CampaignArgs {
         default_value = "nvidia.com/gpu,nvidia.com/gpu.shared,nvidia.com/mig-*"
     )]
     pub gpu_resources: Vec<String>,
+    /// Taints that keep a node out of the campaign like the built-in holds (as the daemon's
+    /// `--hold-taints`): keys or `key=value`, `*` for any characters.
+    #[arg(long, env = "RAILGUARD_HOLD_TAINTS", value_delimiter = ',')]
+    pub hold_taints: Vec<String>,
     /// Shuffle the ring with this seed (default: keep node-name order).
     #[arg(long, env = "RAILGUARD_SHUFFLE_SEED")]
     pub shuffle_seed: Option<u64>,
@@ -540,7 +544,11 @@ impl CampaignArgs {
                 warn!(node = %name, "no endpoint (annotation, InternalIP or --endpoint); skipped");
                 continue;
             };
-            if let Some(why) = railguard_prober::publish::unavailable_for_tests(&node) {
+            let held = railguard_prober::publish::held_by_named_taint(
+                &railguard_prober::publish::NodeState::of(&node).taints,
+                &self.hold_taints,
+            );
+            if let Some(why) = railguard_prober::publish::unavailable_for_tests(&node).or(held) {
                 warn!(node = %name, reason = %why, "the node is out of service for tests; skipped");
                 continue;
             }

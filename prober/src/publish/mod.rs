@@ -14,7 +14,7 @@ pub mod nccl_node_file;
 mod state;
 
 pub use nccl_node_file::{nccl_node_file, write_if_changed, NodeFacts, RailFacts, WriteFileError};
-pub use state::{unavailable_for_tests, ConditionSeen, NodeState};
+pub use state::{held_by_named_taint, unavailable_for_tests, ConditionSeen, NodeState};
 
 use std::collections::BTreeMap;
 

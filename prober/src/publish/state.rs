@@ -38,6 +38,9 @@ pub struct NodeState {
     /// The Node carries railguard's `testing` taint: an invasive run is under way, or one
     /// was left by a prober killed mid-run.
     pub run_tainted: bool,
+    /// The Node's taints as `key`, `key=value` and their effect, for holds named in a value
+    /// ([`held_by_named_taint`]).
+    pub taints: Vec<(String, Option<String>, String)>,
 }
 
 impl NodeState {
@@ -75,6 +78,14 @@ impl NodeState {
                 .is_some_and(|v| !v.trim().is_empty()),
             fabric_label: fabric_label_of(node),
             unavailable_for_tests: unavailable_for_tests(node),
+            taints: node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.as_deref())
+                .unwrap_or_default()
+                .iter()
+                .map(|t| (t.key.clone(), t.value.clone(), t.effect.clone()))
+                .collect(),
             run_tainted: node
                 .spec
                 .as_ref()
@@ -142,6 +153,39 @@ pub fn unavailable_for_tests(node: &Node) -> Option<String> {
         })
 }
 
+/// Pure: the first of `taints` (key, value, effect) that a hold of `holds` names: a key
+/// (`nvidia.com/gpu-health`), a key and value (`example.com/quarantine=true`), either with
+/// `*` for any characters (`*.example.com/*`). Such a taint holds invasive runs and campaign
+/// tests like the built-in holds of [`unavailable_for_tests`] (`--hold-taints`, the chart's
+/// `prober.holdTaints`): a health checker's NoSchedule quarantine, a team's own marker.
+pub fn held_by_named_taint(
+    taints: &[(String, Option<String>, String)],
+    holds: &[String],
+) -> Option<String> {
+    taints.iter().find_map(|(key, value, effect)| {
+        let hold = holds
+            .iter()
+            .map(|h| h.trim())
+            .filter(|h| !h.is_empty())
+            .find(|h| match h.split_once('=') {
+                Some((k, v)) => {
+                    railguard_api::pod::resource_matches(k, key)
+                        && value
+                            .as_deref()
+                            .is_some_and(|val| railguard_api::pod::resource_matches(v, val))
+                }
+                None => railguard_api::pod::resource_matches(h, key),
+            })?;
+        Some(format!(
+            "held by the taint {key}{}:{effect} (--hold-taints {hold})",
+            value
+                .as_deref()
+                .map(|v| format!("={v}"))
+                .unwrap_or_default()
+        ))
+    })
+}
+
 /// The Node's `railguard.io/fabric` label.
 pub fn fabric_label_of(node: &Node) -> Option<String> {
     node.metadata
@@ -155,6 +199,38 @@ pub fn fabric_label_of(node: &Node) -> Option<String> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_taint_named_in_the_holds_keeps_tests_off() {
+        let taints = vec![
+            (
+                "nvidia.com/gpu-health".to_string(),
+                Some("xid-79".to_string()),
+                "NoSchedule".to_string(),
+            ),
+            (
+                "team.example.com/quarantine".to_string(),
+                Some("true".to_string()),
+                "NoSchedule".to_string(),
+            ),
+        ];
+        let held = |holds: &[&str]| {
+            held_by_named_taint(
+                &taints,
+                &holds.iter().map(|h| h.to_string()).collect::<Vec<_>>(),
+            )
+        };
+        assert_eq!(held(&[]), None);
+        assert_eq!(held(&["other.io/x", " "]), None);
+        let why = held(&["nvidia.com/gpu-health"]).unwrap();
+        assert!(
+            why.contains("nvidia.com/gpu-health=xid-79:NoSchedule"),
+            "{why}"
+        );
+        assert!(held(&["*.example.com/quarantine=true"]).is_some());
+        assert!(held(&["team.example.com/quarantine=false"]).is_none());
+        assert!(held(&["nvidia.com/gpu-health=xid-*"]).is_some());
+    }
 
     #[test]
     fn no_execute_taints_and_karpenter_disruption_hold_invasive_tests() {

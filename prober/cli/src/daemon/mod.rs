@@ -69,6 +69,11 @@ pub struct DaemonArgs {
         default_value = "nvidia.com/gpu,nvidia.com/gpu.shared,nvidia.com/mig-*"
     )]
     pub gpu_resources: Vec<String>,
+    /// Taints that hold invasive runs like the built-in holds (cordon, NoExecute,
+    /// `karpenter.sh/disrupted`, the maintenance label): keys or `key=value`, `*` for any
+    /// characters (`nvidia.com/gpu-health`, `*.example.com/quarantine=true`).
+    #[arg(long, env = "RAILGUARD_HOLD_TAINTS", value_delimiter = ',')]
+    pub hold_taints: Vec<String>,
     /// Metrics and health listener (plain HTTP).
     #[arg(long, env = "RAILGUARD_METRICS_LISTEN", default_value = "0.0.0.0:9464")]
     pub metrics_listen: SocketAddr,
@@ -736,7 +741,9 @@ impl Loop {
         });
         let due = now >= next_invasive;
         let requested = recertify && now >= plan.next_recertify_check;
-        let unavailable = state.unavailable_for_tests.as_deref();
+        let held =
+            railguard_prober::publish::held_by_named_taint(&state.taints, &self.args.hold_taints);
+        let unavailable = state.unavailable_for_tests.as_deref().or(held.as_deref());
         let pods = if (due || requested) && unavailable.is_none() {
             self.gpu_pods(client).await?
         } else {

@@ -306,7 +306,7 @@ webhook:
     enabled: true
     namespaceLabel: {key: team.example/gpu, value: enabled}
     podSelector:
-      matchExpressions: [{key: kueue.x-k8s.io/queue-name, operator: Exists}]
+      matchExpressions: [{key: kueue.x-k8s.io/podset, operator: Exists}]
   objectSelector:
     matchExpressions: [{key: railguard.io/opt-out, operator: DoesNotExist}]
 "#,
@@ -332,9 +332,9 @@ webhook:
                 for pod in [
                     label(&[]),
                     label(&[("railguard.io/inject", "true")]),
-                    label(&[("kueue.x-k8s.io/queue-name", "team-a")]),
+                    label(&[("kueue.x-k8s.io/podset", "team-a")]),
                     label(&[
-                        ("kueue.x-k8s.io/queue-name", "team-a"),
+                        ("kueue.x-k8s.io/podset", "team-a"),
                         ("railguard.io/opt-out", ""),
                     ]),
                 ] {

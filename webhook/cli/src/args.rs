@@ -74,8 +74,9 @@ pub struct Cli {
     #[arg(long, env = "RAILGUARD_OPT_IN_NAMESPACE_SELECTOR")]
     pub opt_in_namespace_selector: Option<String>,
     /// Opt-in scope: pods whose own labels this selector matches are configured in any
-    /// namespace not excluded (JSON LabelSelector; with Kueue:
-    /// `{"matchExpressions":[{"key":"kueue.x-k8s.io/queue-name","operator":"Exists"}]}`).
+    /// namespace not excluded (JSON LabelSelector; with Kueue, the label Kueue puts on the pod
+    /// template of every Job, JobSet or Kubeflow job it admits:
+    /// `{"matchExpressions":[{"key":"kueue.x-k8s.io/podset","operator":"Exists"}]}`).
     #[arg(long, env = "RAILGUARD_OPT_IN_POD_SELECTOR")]
     pub opt_in_pod_selector: Option<String>,
     /// Resource names that make a container a GPU container (comma list).

@@ -282,7 +282,7 @@ mod tests {
         let c = cli(&[
             "--mode=Audit",
             r#"--opt-in-namespace-selector={"matchLabels":{"railguard.io/inject":"true"}}"#,
-            r#"--opt-in-pod-selector={"matchExpressions":[{"key":"kueue.x-k8s.io/queue-name","operator":"Exists"}]}"#,
+            r#"--opt-in-pod-selector={"matchExpressions":[{"key":"kueue.x-k8s.io/podset","operator":"Exists"}]}"#,
         ]);
         let config = webhook_config(&c, None).unwrap();
         assert_eq!(config.mode, AdmissionMode::Audit);
@@ -293,7 +293,7 @@ mod tests {
             .admits(&labels("railguard.io/inject", "true"), &none));
         assert!(config
             .scope
-            .admits(&none, &labels("kueue.x-k8s.io/queue-name", "q")));
+            .admits(&none, &labels("kueue.x-k8s.io/podset", "q")));
         assert!(!config.scope.admits(&none, &none));
         assert_eq!(
             cli(&["--mode", "enforce"]).mode,

@@ -1312,7 +1312,7 @@ fn an_opt_in_scope_admits_pods_by_namespace_or_pod_label_only() {
     // The Kueue pattern: every pod Kueue admits carries its queue's name.
     let queued = LabelSelector {
         match_expressions: vec![LabelSelectorRequirement {
-            key: "kueue.x-k8s.io/queue-name".into(),
+            key: "kueue.x-k8s.io/podset".into(),
             operator: SelectorOperator::Exists,
             values: vec![],
         }],
@@ -1345,7 +1345,7 @@ fn an_opt_in_scope_admits_pods_by_namespace_or_pod_label_only() {
         .labels
         .as_mut()
         .unwrap()
-        .insert("kueue.x-k8s.io/queue-name".into(), "training".into());
+        .insert("kueue.x-k8s.io/podset".into(), "training".into());
     let plan = mutate(&queued_pod, &ns("ml"), &profiles(), &config).unwrap();
     assert_eq!(plan.outcome, Outcome::Mutated);
     // Excluded namespaces stay excluded whatever their labels.

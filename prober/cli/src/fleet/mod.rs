@@ -222,6 +222,23 @@ pub fn profile_of(n: &NodeFabric) -> Option<&str> {
         .or_else(|| n.state.certificate().map(|c| c.profile.as_str()))
 }
 
+/// Whether `f` is one of `profile`'s nodes for its slots: labelled or certified for it, or,
+/// before its first run has labelled it (a cold node), selected by the profile's non-empty
+/// `nodeSelector`, as the chart places the profile's probers. Without that a cold fleet
+/// would count no nodes and a percentage would resolve to one slot.
+pub fn counts_for_slots(profile: &railguard_api::FabricProfile, f: &NodeFabric) -> bool {
+    match profile_of(f) {
+        Some(p) => p == profile.name(),
+        None => {
+            let selector = &profile.spec.node_selector;
+            !selector.is_empty()
+                && selector
+                    .iter()
+                    .all(|(k, v)| f.labels.get(k).is_some_and(|l| l == v))
+        }
+    }
+}
+
 /// `status.invasive` of `profile` (without `computedAt`): its nodes, the slots its
 /// `maxConcurrentInvasive` resolves to, and the queue of its nodes whose waiting mark
 /// (`waiting`, from the Nodes' `railguard.io/invasive-waiting`) still counts at `now`.
@@ -234,7 +251,7 @@ pub fn invasive_status_of<'a>(
     use railguard_api::invasive::{invasive_status, waiting_mark_counts, WaitingNode};
     let mut nodes = 0u32;
     let mut queue = Vec::new();
-    for f in fabrics.filter(|f| profile_of(f) == Some(profile.name())) {
+    for f in fabrics.filter(|f| counts_for_slots(profile, f)) {
         nodes += 1;
         if waiting
             .get(&f.name)
@@ -414,6 +431,52 @@ mod tests {
     fn bw(cache: &FabricCache, name: &str) -> Option<f64> {
         let f = cache.fabrics().find(|f| f.name == name)?;
         f.state.certificate()?.rails.first()?.write_bw_host_gbps
+    }
+
+    #[test]
+    fn a_cold_node_counts_for_the_slots_of_the_profile_that_selects_it() {
+        let text = include_str!("../../../../api/fixtures/profiles/dgx-h100-ndr.yaml");
+        let profile = railguard_api::profiles_from_yaml(text).unwrap().remove(0);
+        assert!(
+            !profile.spec.node_selector.is_empty(),
+            "the fixture selects"
+        );
+        let now = Timestamp::now();
+        let fabric = |labels: &[(&str, &str)], cert: bool| {
+            let mut n = if cert {
+                node("gpu-c", "1", 390.0, &profile)
+            } else {
+                Node::default()
+            };
+            n.metadata.name = Some("gpu-c".into());
+            let l = n.metadata.labels.get_or_insert_with(Default::default);
+            for (k, v) in labels {
+                l.insert(k.to_string(), v.to_string());
+            }
+            NodeFabric::from_node(&n, now)
+        };
+        let selected: Vec<(&str, &str)> = profile
+            .spec
+            .node_selector
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        // Cold (no label, no certificate) but selected: counted, and queued while waiting.
+        let cold = fabric(&selected, false);
+        assert!(counts_for_slots(&profile, &cold));
+        assert!(!counts_for_slots(&profile, &fabric(&[], false)));
+        // Labelled for another profile: not this one's, whatever it selects.
+        let mut other = selected.clone();
+        other.push((railguard_api::keys::LABEL_PROFILE, "a100-hdr"));
+        assert!(!counts_for_slots(&profile, &fabric(&other, false)));
+        assert!(
+            counts_for_slots(&profile, &fabric(&[], true)),
+            "certified for it"
+        );
+        let waiting = BTreeMap::from([("gpu-c".to_string(), now)]);
+        let status = invasive_status_of(&profile, [&cold].into_iter(), &waiting, now);
+        assert_eq!((status.nodes, status.waiting), (1, 1));
+        assert_eq!(status.queue, ["gpu-c"]);
     }
 
     #[test]

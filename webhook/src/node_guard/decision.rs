@@ -343,7 +343,8 @@ pub enum Denial {
     },
     #[error(
         "the fleet controller may change node {node}'s {label} label only from certified to \
-         pending when its certificate has expired: {problem}"
+         pending when its certificate has expired, or from pending back to what the node's \
+         certificate says when a prober died mid-run: {problem}"
     )]
     FleetLabelNotExpiry {
         node: String,
@@ -641,13 +642,45 @@ fn fleet_change(change: NodeChange<'_>, changed: &[Output]) -> Result<Writer, De
         });
     }
     if changed.contains(&Output::Label(keys::LABEL_FABRIC)) {
-        expiry_flip(change).map_err(|problem| Denial::FleetLabelNotExpiry {
-            node: node.to_string(),
-            label: keys::LABEL_FABRIC,
-            problem,
-        })?;
+        if let Err(expiry) = expiry_flip(change) {
+            orphan_restore(change).map_err(|restore| Denial::FleetLabelNotExpiry {
+                node: node.to_string(),
+                label: keys::LABEL_FABRIC,
+                problem: format!("{expiry}; {restore}"),
+            })?;
+        }
     }
     Ok(Writer::Fleet)
+}
+
+/// The other label change the fleet controller makes: a run's `pending` mark back to the
+/// label the node's own (unchanged) certificate gives now, after the prober that marked it
+/// died mid-run (its slot Lease expired). It certifies nothing the prober did not: the
+/// label becomes what the prober's certificate already says.
+fn orphan_restore(change: NodeChange<'_>) -> Result<(), String> {
+    let before = change.old.and_then(|v| v.label(keys::LABEL_FABRIC));
+    let after = change.new.label(keys::LABEL_FABRIC);
+    if before != Some(keys::fabric::PENDING) {
+        return Err("only a pending mark is given back to its certificate".to_string());
+    }
+    let raw = change
+        .new
+        .annotation(keys::ANNOTATION_CERTIFICATE)
+        .ok_or_else(|| "the node has no certificate to give it back to".to_string())?;
+    let cert = Certificate::from_annotation(raw).map_err(|e| {
+        format!(
+            "its certificate does not parse: {}",
+            railguard_api::error::error_chain(&e)
+        )
+    })?;
+    let wanted = cert.fabric_label(change.now);
+    if wanted == keys::fabric::PENDING || after != Some(wanted) {
+        return Err(format!(
+            "its certificate gives {wanted}, not {}",
+            after.unwrap_or("(none)")
+        ));
+    }
+    Ok(())
 }
 
 /// The one label change the fleet controller makes: `certified` to `pending` on a node

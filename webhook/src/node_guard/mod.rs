@@ -30,8 +30,10 @@
 //!   label, the certificate and the condition of a node that has a certificate, keeping the
 //!   certificate's profile, signature and node (findings change a verdict, never what the
 //!   node is certified for);
-//! - the fleet controller's service account: the `RailguardFleetOutlier` condition and
-//!   nothing else (the prober and the campaign may not change that one);
+//! - the fleet controller's service account: the `RailguardFleetOutlier` condition (the
+//!   prober and the campaign may not change that one), and the fabric label only from
+//!   `certified` to `pending` on expiry or from a dead prober's `pending` back to what the
+//!   node's certificate says;
 //! - members of the allowed groups (`--node-guard-allowed-groups`, `system:masters` by
 //!   default: they bypass RBAC and can delete this webhook's configuration anyway, so
 //!   denying them would only slow down a repair);

@@ -1094,6 +1094,23 @@ fn the_fleet_controller_may_only_take_an_expired_certification_out_of_service() 
     }
     let d = denial(after_expiry(&pending, &old));
     assert!(d.to_string().contains("from pending to certified"), "{d}");
+    // Before expiry, a run's pending mark goes back to the valid certificate's label (a
+    // prober that died mid-run), and to nothing else.
+    assert_eq!(
+        at("2026-01-01T12:00:00Z", &pending, &old),
+        Decision::Allowed(Writer::Fleet)
+    );
+    for value in [Some("failed"), Some("degraded"), None] {
+        let d = denial(at(
+            "2026-01-01T12:00:00Z",
+            &pending,
+            &with_label(old.clone(), keys::LABEL_FABRIC, value),
+        ));
+        assert!(
+            d.to_string().contains("its certificate gives certified"),
+            "{d}"
+        );
+    }
     let rewritten = with_annotation(
         pending.clone(),
         keys::ANNOTATION_CERTIFICATE,

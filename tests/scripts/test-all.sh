@@ -15,6 +15,10 @@ export RAILGUARD_KUBE_MODERN_BIN_DIR="$(bash tests/scripts/control-plane-modern.
 # server-side dry-run the chart with them, and fail without them.
 RAILGUARD_HELM_BIN_DIR="$(bash tests/scripts/helm.sh | tail -1)"
 export RAILGUARD_HELM_BIN_DIR
+# The real Kueue controller manager (v0.17.0, from the Go module proxy, cached the same way)
+# that tests/tests/kueue_e2e.rs runs on the 1.37 control plane.
+RAILGUARD_KUEUE_DIR="$(bash tests/scripts/kueue.sh | tail -1)"
+export RAILGUARD_KUEUE_DIR
 # The real NCCL (the PyPI wheel nvidia-nccl-cu12, pinned and sha256-checked, cached the same
 # way) that the NCCL environment plugin is tested inside (nccl-env/tests/real_nccl.rs).
 export RAILGUARD_NCCL_LIB_DIR="$(bash tests/scripts/nccl-wheel.sh | tail -1)"

@@ -202,6 +202,45 @@ pub struct ChartFleet {
     _dir: tempfile::TempDir,
 }
 
+/// A rendered container's `args`, as its binary gets them.
+pub fn container_args(container: &Value) -> Result<Vec<String>> {
+    container["args"]
+        .as_array()
+        .context("container args")?
+        .iter()
+        .map(|a| {
+            a.as_str()
+                .map(str::to_string)
+                .context("an arg that is no string")
+        })
+        .collect()
+}
+
+/// A rendered container's `env` with the downward API filled in as the kubelet does for a
+/// pod `pod_name` in `namespace` (only the pod's namespace and name are filled in); none
+/// when the container sets none.
+pub fn container_env(
+    container: &Value,
+    namespace: &str,
+    pod_name: &str,
+) -> Result<Vec<(String, String)>> {
+    let mut env = Vec::new();
+    for e in container["env"].as_array().into_iter().flatten() {
+        let var = e["name"].as_str().context("an env var without a name")?;
+        let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+            Some("metadata.namespace") => namespace.to_string(),
+            Some("metadata.name") => pod_name.to_string(),
+            Some(other) => bail!("{var}: fieldRef {other} is not filled in here"),
+            None => e["value"]
+                .as_str()
+                .with_context(|| format!("{var}: neither a value nor a fieldRef"))?
+                .to_string(),
+        };
+        env.push((var.to_string(), value));
+    }
+    Ok(env)
+}
+
 /// Whether a rendered object belongs to the fleet controller.
 pub fn is_fleet(obj: &Value) -> bool {
     obj["metadata"]["labels"]["app.kubernetes.io/component"] == "fleet"
@@ -261,26 +300,9 @@ impl ChartFleet {
         let prober = crate::workspace_binary("railguard-prober-cli", "railguard-prober")?;
         let container = &pod["containers"][0];
         let mut cmd = std::process::Command::new(&prober);
-        for a in container["args"]
-            .as_array()
-            .context("fleet container args")?
-        {
-            cmd.arg(a.as_str().context("an arg that is no string")?);
-        }
+        cmd.args(container_args(container)?);
         let pod_name = format!("{name}-0");
-        for e in container["env"].as_array().context("fleet container env")? {
-            let var = e["name"].as_str().context("an env var without a name")?;
-            let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
-                Some("metadata.namespace") => namespace.to_string(),
-                Some("metadata.name") => pod_name.clone(),
-                Some(other) => bail!("{var}: fieldRef {other} is not filled in here"),
-                None => e["value"]
-                    .as_str()
-                    .with_context(|| format!("{var}: neither a value nor a fieldRef"))?
-                    .to_string(),
-            };
-            cmd.env(var, value);
-        }
+        cmd.envs(container_env(container, namespace, &pod_name)?);
         cmd.env("RAILGUARD_METRICS_LISTEN", crate::daemon::ANY_LOOPBACK_PORT)
             .env("RAILGUARD_KUBECONFIG", &kubeconfig)
             .env("RAILGUARD_LOG", "info")

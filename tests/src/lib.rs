@@ -20,6 +20,7 @@ pub mod daemon;
 pub mod dra;
 pub mod helm;
 pub mod install;
+pub mod kueue;
 pub mod node;
 pub mod ports;
 pub mod sim_prober;

@@ -66,7 +66,7 @@ pub enum QuantityError {
 /// `outer: inner: innermost` on one line, the way every railguard component prints an error
 /// with its causes. A source whose text the message before it already contains (errors that
 /// format their source into their own message) is skipped.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let one_line = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
     let mut s = one_line(&e.to_string());
     let mut cur = e.source();

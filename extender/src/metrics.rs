@@ -45,7 +45,7 @@ pub struct Metrics {
     pub cache_objects: Family<CacheLabels, Gauge>,
     pub watch_errors: Family<CacheLabels, Counter>,
     /// 1 for each FabricProfile skipped as invalid, by name.
-    pub profiles_invalid: railguard_runtime::InvalidProfileGauge,
+    pub profiles_invalid: railguard_kube::InvalidProfileGauge,
     pub tls_reloads: Family<ResultLabels, Counter>,
 }
 
@@ -77,7 +77,7 @@ impl Metrics {
         let cache_age_seconds = Family::default();
         let cache_objects = Family::<CacheLabels, Gauge>::default();
         let watch_errors = Family::<CacheLabels, Counter>::default();
-        let profiles_invalid = railguard_runtime::InvalidProfileGauge::default();
+        let profiles_invalid = railguard_kube::InvalidProfileGauge::default();
         registry.register(
             "fabric_profiles_invalid",
             "FabricProfiles skipped as invalid (1 per profile, by name)",

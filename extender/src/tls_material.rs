@@ -2,14 +2,14 @@
 //! chart's Secret: a CA (`ca.crt`), the extender's serving pair (`tls.crt`, `tls.key`) and
 //! kube-scheduler's client pair (`client.crt`, `client.key`), all signed by that CA. The
 //! CA's key is not kept: the set is issued once, together, and replaced as a whole (see
-//! [`railguard_runtime::secret_fill`]). No IO here.
+//! [`railguard_kube::secret_fill`]). No IO here.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use railguard_runtime::pki::time::OffsetDateTime;
-use railguard_runtime::pki::{Authority, CaPathLen, Leaf, Usage, Validity};
-use railguard_runtime::PkiError;
+use railguard_kube::pki::time::OffsetDateTime;
+use railguard_kube::pki::{Authority, CaPathLen, Leaf, Usage, Validity};
+use railguard_kube::PkiError;
 
 /// The Secret's keys, each also the file name the pods read (the scheduler's tlsConfig and
 /// the extender's `--tls-*` flags).
@@ -78,7 +78,7 @@ pub fn issue(
 mod tests {
     #![allow(clippy::unwrap_used)]
 
-    use railguard_runtime::secret_fill::{assess, Fill};
+    use railguard_kube::secret_fill::{assess, Fill};
 
     use super::*;
 

@@ -106,7 +106,9 @@ pub fn answers_for_process(env: &dyn Fn(&str) -> Option<String>, now: jiff::Time
     }
 }
 
-/// `e: its source: …`, one line.
+/// `e: its source: …`, one line: `railguard_api::error::error_chain`'s rule without its
+/// de-duplication. Its own copy because this crate is loaded into NCCL's process and links
+/// nothing of railguard's Kubernetes model (Cargo.toml).
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut next = e.source();

@@ -1,40 +1,30 @@
 //! The plumbing every railguard binary repeats, in one place: logging set-up
 //! ([`init_logging`], one `--log-format` for all), start-up failures that print as one line
 //! naming the thing and the fix ([`StartupError`], [`error_line`]), listeners bound with
-//! that error ([`bind`]), the Kubernetes client from `--kubeconfig` ([`kube_client`]),
-//! FabricProfiles from a file ([`read_profiles`]), the shutdown signal
-//! ([`shutdown_signal`]), hardened serving ([`serve`], [`limit_requests`]), the private PKIs
-//! railguard issues ([`pki`]) and Secrets a component fills once ([`secret_fill`]).
+//! that error ([`bind`]), FabricProfiles from a file ([`read_profiles`]), the shutdown
+//! signal ([`shutdown_signal`]), hardened serving ([`serve`], [`limit_requests`]) and TLS
+//! files reloaded as they change ([`TlsReloader`]). Nothing here talks to the API server:
+//! that is `railguard-kube`'s (`kube/`).
 //!
 //! Exit codes shared by the binaries: [`EXIT_FAIL`] for a failed verdict (prober only),
 //! [`EXIT_ERROR`] for usage, configuration and runtime errors (clap's own usage errors
 //! exit 2 as well).
 
-mod client;
 mod error;
 mod files;
-pub mod lease;
 mod listen;
 mod logging;
-pub mod pki;
-mod profile_reports;
 mod profiles;
-pub mod secret_fill;
 mod serve;
 mod signal;
 mod tls;
 mod tls_reload;
 
-pub use client::kube_client;
-pub use error::{describe_io, error_chain, error_line, PkiError, SecretFillError, StartupError};
+pub use error::{describe_io, error_chain, error_line, StartupError};
 pub use files::write_atomic;
 pub use listen::{bind, logged_listen_addr};
 pub use logging::{
     filter_directives, init_logging, init_logging_with, use_ansi, LogFormat, LOG_FILTER_VARS,
-};
-pub use profile_reports::{
-    InvalidProfileGauge, InvalidProfiles, ProfileChanges, ProfileLabels, ProfileStatusWriter,
-    PROFILE_STATUS_MANAGER,
 };
 pub use profiles::read_profiles;
 pub use serve::{

@@ -20,7 +20,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -153,25 +153,9 @@ exec "$@""#,
             .with_context(|| format!("applying {}", path.display()))?;
             names.push(name);
         }
-        let start = Instant::now();
         for name in names {
-            loop {
-                let established = api
-                    .get(&name)
-                    .await?
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True");
-                if established {
-                    break;
-                }
-                if start.elapsed() > Duration::from_secs(60) {
-                    bail!("CRD {name} not established after 60 s");
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            self.wait_crd_established(&name, Duration::from_secs(60))
+                .await?;
         }
         Ok(())
     }

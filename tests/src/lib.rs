@@ -895,24 +895,39 @@ impl ControlPlane {
             &Patch::Apply(&crd),
         )
         .await?;
+        self.wait_crd_established(&name, Duration::from_secs(30))
+            .await?;
+        // Discovery may lag the condition slightly.
+        let profiles: Api<railguard_api::FabricProfile> = Api::all(self.client.clone());
+        let start = Instant::now();
+        while profiles.list(&Default::default()).await.is_err() {
+            if start.elapsed() > Duration::from_secs(30) {
+                bail!("CRD {name} established but not served after 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(())
+    }
+
+    /// Waits until the CustomResourceDefinition `name` is Established.
+    pub async fn wait_crd_established(&self, name: &str, timeout: Duration) -> Result<()> {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
         let start = Instant::now();
         loop {
-            let c = api.get(&name).await?;
-            let established = c
+            let established = api
+                .get(name)
+                .await?
                 .status
                 .and_then(|s| s.conditions)
                 .unwrap_or_default()
                 .iter()
                 .any(|c| c.type_ == "Established" && c.status == "True");
             if established {
-                // Discovery may lag the condition slightly.
-                let profiles: Api<railguard_api::FabricProfile> = Api::all(self.client.clone());
-                if profiles.list(&Default::default()).await.is_ok() {
-                    return Ok(());
-                }
+                return Ok(());
             }
-            if start.elapsed() > Duration::from_secs(30) {
-                bail!("CRD {name} not established after 30s");
+            if start.elapsed() > timeout {
+                bail!("CRD {name} not established after {timeout:?}");
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }

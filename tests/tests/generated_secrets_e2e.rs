@@ -27,7 +27,7 @@ use k8s_openapi::ByteString;
 use kube::api::{Api, PostParams};
 use kube::Client;
 use railguard_api::{FabricProfile, Verdict};
-use railguard_runtime::secret_fill::{fill_secret, FillAction, SecretToFill};
+use railguard_kube::secret_fill::{fill_secret, FillAction, SecretToFill};
 use railguard_sim::certificates as synth;
 use railguard_tests::chart_values::DEFAULT;
 use railguard_tests::daemon::{wait_ready, Daemon, ANY_LOOPBACK_PORT};
@@ -153,7 +153,7 @@ async fn secret_data(client: &Client, name: &str) -> BTreeMap<String, Vec<u8>> {
         .get(name)
         .await
         .unwrap();
-    railguard_runtime::secret_fill::secret_data(&secret)
+    railguard_kube::secret_fill::secret_data(&secret)
 }
 
 fn count(logs: &[String], needle: &str) -> usize {
@@ -489,7 +489,7 @@ async fn fill_as_the_pods_do(client: &Client) {
     let filled = fill_secret(client, &tls, || {
         railguard_extender::tls_material::issue(
             &spec,
-            railguard_runtime::pki::time::OffsetDateTime::now_utc(),
+            railguard_kube::pki::time::OffsetDateTime::now_utc(),
         )
         .map_err(|e| e.into())
     })

@@ -15,7 +15,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use railguard_api::profile_list::{partition, ProfileObject};
 use railguard_api::FabricProfile;
-use railguard_runtime::{InvalidProfiles, ProfileStatusWriter};
+use railguard_kube::{InvalidProfiles, ProfileStatusWriter};
 use tokio::sync::mpsc;
 
 use crate::config::NamespaceInfo;

@@ -246,7 +246,7 @@ async fn settle_secret(
             .and_then(|s| s.data.clone())
             .unwrap_or_default();
         merged.extend(data);
-        let written = railguard_runtime::secret_fill::write_data(
+        let written = railguard_kube::secret_fill::write_data(
             secrets,
             &pp,
             &opts.namespace,

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use railguard_runtime::pki::{Authority, CaPathLen, Leaf, Usage, Validity};
+use railguard_kube::pki::{Authority, CaPathLen, Leaf, Usage, Validity};
 use rcgen::KeyPair;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use time::OffsetDateTime;

@@ -73,7 +73,7 @@ pub enum CertError {
     #[error("cannot generate a certificate")]
     Generate {
         #[source]
-        source: railguard_runtime::PkiError,
+        source: railguard_kube::PkiError,
     },
 }
 

@@ -55,7 +55,7 @@ pub struct Metrics {
     /// Profiles usable now.
     pub profiles: Gauge,
     /// 1 for each FabricProfile skipped as invalid, by name.
-    pub profiles_invalid: railguard_runtime::InvalidProfileGauge,
+    pub profiles_invalid: railguard_kube::InvalidProfileGauge,
     /// Node guard decisions (`/validate-nodes`) by outcome and writer.
     pub node_guard_decisions: Family<NodeGuardLabels, Counter>,
     /// Pod decisions taken from the decision cache (`hit`) or made (`miss`).
@@ -106,7 +106,7 @@ impl Metrics {
         );
         let profiles = Gauge::default();
         registry.register("profiles", "FabricProfiles in use", profiles.clone());
-        let profiles_invalid = railguard_runtime::InvalidProfileGauge::default();
+        let profiles_invalid = railguard_kube::InvalidProfileGauge::default();
         registry.register(
             "fabric_profiles_invalid",
             "FabricProfiles skipped as invalid (1 per profile, by name)",

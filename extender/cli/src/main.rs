@@ -68,7 +68,7 @@ async fn run(args: Cli) -> anyhow::Result<()> {
             profiles: Arc::new(profiles),
         }
     } else {
-        let client = railguard_runtime::kube_client(
+        let client = railguard_kube::kube_client(
             args.kubeconfig.as_deref(),
             "--kubeconfig",
             "pass --kubeconfig, run in a cluster, or use --standalone --profiles FILE",

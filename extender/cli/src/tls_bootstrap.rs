@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, ValueHint};
 use railguard_extender::tls_material::{self, TlsMaterialSpec, KEYS};
-use railguard_runtime::pki::time::OffsetDateTime;
-use railguard_runtime::secret_fill::{fill_secret, FillAction, SecretToFill};
+use railguard_kube::pki::time::OffsetDateTime;
+use railguard_kube::secret_fill::{fill_secret, FillAction, SecretToFill};
 use railguard_runtime::{LogFormat, TlsFiles};
 
 /// The field manager of the Secret's data written here.
@@ -121,7 +121,7 @@ pub async fn run(args: &TlsBootstrapArgs) -> anyhow::Result<()> {
         )
         .into());
     }
-    let client = railguard_runtime::kube_client(
+    let client = railguard_kube::kube_client(
         args.kubeconfig.as_deref(),
         "--kubeconfig",
         "pass --kubeconfig, or run in a cluster",

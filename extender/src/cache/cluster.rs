@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use railguard_api::profile_list::{partition, ProfileObject};
 use railguard_api::{FabricProfile, NodeFabric};
-use railguard_runtime::InvalidProfiles;
+use railguard_kube::InvalidProfiles;
 
 use crate::cache::{Applied, BoundPod, CachedNode, JobPlacements, NodeIndex, ProfileSet, Store};
 use crate::decision::ExtenderConfig;

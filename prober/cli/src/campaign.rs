@@ -63,7 +63,7 @@ impl TokenArgs {
 }
 
 async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Client> {
-    Ok(railguard_runtime::kube_client(
+    Ok(railguard_kube::kube_client(
         kubeconfig.map(PathBuf::as_path),
         "--kubeconfig",
         "pass --kubeconfig, or run in a cluster",
@@ -491,11 +491,10 @@ impl CampaignArgs {
                         anyhow!("leader election needs --identity (RAILGUARD_IDENTITY)")
                     })?;
                 let lease = LeaderLease::new(
-                    &client,
-                    &self.lease_namespace,
+                    Api::namespaced(client.clone(), &self.lease_namespace),
                     lease_name,
                     &identity,
-                    self.lease_duration_secs,
+                    Duration::from_secs(u64::from(self.lease_duration_secs.unsigned_abs())),
                 );
                 let Some(leadership) = Leadership::acquire(lease).await? else {
                     info!(lease = %lease_name, "another coordinator holds the lease; nothing to do");

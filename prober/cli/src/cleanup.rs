@@ -35,7 +35,7 @@ pub struct CleanupArgs {
 
 impl CleanupArgs {
     pub async fn run(self) -> anyhow::Result<Outcome> {
-        let client = railguard_runtime::kube_client(
+        let client = railguard_kube::kube_client(
             self.kubeconfig.as_deref(),
             "--kubeconfig",
             "pass --kubeconfig, or run in a cluster",

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, ValueHint};
+use railguard_kube::secret_fill::{fill_secret, FillAction, SecretToFill};
 use railguard_prober::campaign::token::{generate_token, load_token, TokenSource, TOKEN_KEY};
-use railguard_runtime::secret_fill::{fill_secret, FillAction, SecretToFill};
 
 use crate::Outcome;
 
@@ -36,7 +36,7 @@ pub struct PeerTokenArgs {
 
 impl PeerTokenArgs {
     pub async fn run(self) -> anyhow::Result<Outcome> {
-        let client = railguard_runtime::kube_client(
+        let client = railguard_kube::kube_client(
             self.kubeconfig.as_deref(),
             "--kubeconfig",
             "pass --kubeconfig, or run in a cluster",

@@ -25,9 +25,9 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use railguard_api::profile_list::{partition, ProfileObject};
 use railguard_api::{keys, FabricProfile, InvalidProfile};
+use railguard_kube::InvalidProfiles;
 use railguard_prober::certify::NodeContext;
 use railguard_prober::publish::{event_object, EVENT_NAMESPACE};
-use railguard_runtime::InvalidProfiles;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 

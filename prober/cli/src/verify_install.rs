@@ -11,6 +11,7 @@ use clap::{Args, ValueHint};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::ListParams;
 use kube::Api;
+use railguard_api::error::error_chain;
 use railguard_api::{keys, Verdict};
 use serde_json::{json, Value as Json};
 
@@ -119,19 +120,6 @@ pub fn judge_answer(status: u16, body: &[u8]) -> Result<String, String> {
     })
 }
 
-/// An error and its causes, one after another (reqwest's own message hides the cause: DNS,
-/// TLS verification, connection refused).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 /// Nodes whose railguard certification is `certified`, by name.
 pub fn certified_nodes(nodes: &[Node]) -> Vec<String> {
     nodes
@@ -192,7 +180,7 @@ impl VerifyInstallArgs {
         if self.min_certified_nodes == 0 {
             return Ok(Outcome::pass(text));
         }
-        let client = railguard_runtime::kube_client(
+        let client = railguard_kube::kube_client(
             self.kubeconfig.as_deref(),
             "--kubeconfig",
             "pass --kubeconfig, or run in a cluster",

@@ -7,21 +7,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::Client;
 use railguard_api::{keys, Certificate, FabricProfile, Verdict};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+pub use railguard_kube::lease::LeaderLease;
+
 use super::verdict::NodeFindings;
 use super::CampaignError;
-use crate::certify::run::error_chain;
 use crate::publish::merge::{campaign_fabric_label, merge_findings};
 use crate::publish::{after_conflict, write_condition, WRITE_ATTEMPTS};
+use railguard_api::error::error_chain;
 
 /// The log of an MPIJob's launcher once it finished, and how it finished.
 #[derive(Debug, Clone, PartialEq)]
@@ -355,11 +355,13 @@ impl Leadership {
     /// Takes the lease: `Ok(None)` when another coordinator holds it.
     pub async fn acquire(lease: LeaderLease) -> Result<Option<Leadership>, CampaignError> {
         let started = Instant::now();
-        if !lease.try_acquire(Timestamp::now()).await? {
+        if !take_lease(&lease, Timestamp::now()).await? {
             return Ok(None);
         }
         Ok(Some(Leadership {
-            renew_deadline: renew_deadline(lease.duration_secs),
+            renew_deadline: renew_deadline(
+                i32::try_from(lease.duration().as_secs()).unwrap_or(i32::MAX),
+            ),
             lease,
             last_renewed: Arc::new(Mutex::new(started)),
             lost: CancellationToken::new(),
@@ -399,7 +401,7 @@ impl Leadership {
             });
         }
         let started = Instant::now();
-        match self.lease.try_acquire(Timestamp::now()).await {
+        match take_lease(&self.lease, Timestamp::now()).await {
             Ok(true) => {
                 if let Ok(mut t) = self.last_renewed.lock() {
                     *t = started;
@@ -434,151 +436,15 @@ impl Leadership {
     }
 }
 
-/// Leader election through a `coordination.k8s.io/v1` Lease: one coordinator at a time.
-#[derive(Clone)]
-pub struct LeaderLease {
-    api: Api<Lease>,
-    name: String,
-    identity: String,
-    duration_secs: i32,
-}
-
-impl LeaderLease {
-    pub fn new(
-        client: &Client,
-        namespace: &str,
-        name: &str,
-        identity: &str,
-        duration_secs: i32,
-    ) -> Self {
-        LeaderLease {
-            api: Api::namespaced(client.clone(), namespace),
-            name: name.to_string(),
-            identity: identity.to_string(),
-            duration_secs,
-        }
-    }
-
-    /// Takes (or renews) the lease. `Ok(false)` when another holder's lease is still valid.
-    pub async fn try_acquire(&self, now: Timestamp) -> Result<bool, CampaignError> {
-        let kube_err = |what: &str| {
-            let what = format!("{what} lease {}", self.name);
-            move |source| CampaignError::Kube { what, source }
-        };
-        let existing = self
-            .api
-            .get_opt(&self.name)
-            .await
-            .map_err(kube_err("get"))?;
-        let spec = LeaseSpec {
-            holder_identity: Some(self.identity.clone()),
-            lease_duration_seconds: Some(self.duration_secs),
-            renew_time: Some(MicroTime(now)),
-            acquire_time: Some(MicroTime(now)),
-            ..LeaseSpec::default()
-        };
-        match existing {
-            None => {
-                let lease = Lease {
-                    metadata: ObjectMeta {
-                        name: Some(self.name.clone()),
-                        ..ObjectMeta::default()
-                    },
-                    spec: Some(spec),
-                };
-                match self.api.create(&PostParams::default(), &lease).await {
-                    Ok(_) => Ok(true),
-                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-                    Err(source) => Err(CampaignError::Kube {
-                        what: format!("create lease {}", self.name),
-                        source,
-                    }),
-                }
-            }
-            Some(mut lease) => {
-                let current = lease.spec.clone().unwrap_or_default();
-                if !lease_available(&current, &self.identity, now) {
-                    return Ok(false);
-                }
-                let mut spec = spec;
-                if current.holder_identity.as_deref() == Some(self.identity.as_str()) {
-                    spec.acquire_time = current.acquire_time.clone();
-                }
-                spec.lease_transitions = current.lease_transitions;
-                lease.spec = Some(spec);
-                // Replace carries the resourceVersion: a concurrent taker makes this a 409.
-                match self
-                    .api
-                    .replace(&self.name, &PostParams::default(), &lease)
-                    .await
-                {
-                    Ok(_) => Ok(true),
-                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-                    Err(source) => Err(CampaignError::Kube {
-                        what: format!("take lease {}", self.name),
-                        source,
-                    }),
-                }
-            }
-        }
-    }
-
-    /// Gives the lease up if this holder has it (the holder cleared, so the next taker need
-    /// not wait for it to expire). `Ok(false)`: someone else holds it, or it was taken
-    /// meanwhile (a 409); nothing written.
-    pub async fn release(&self) -> Result<bool, CampaignError> {
-        let kube_err = |what: &str| {
-            let what = format!("{what} lease {}", self.name);
-            move |source| CampaignError::Kube { what, source }
-        };
-        let Some(mut lease) = self
-            .api
-            .get_opt(&self.name)
-            .await
-            .map_err(kube_err("get"))?
-        else {
-            return Ok(false);
-        };
-        let mut spec = lease.spec.clone().unwrap_or_default();
-        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
-            return Ok(false);
-        }
-        spec.holder_identity = None;
-        spec.renew_time = None;
-        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
-        lease.spec = Some(spec);
-        match self
-            .api
-            .replace(&self.name, &PostParams::default(), &lease)
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-            Err(source) => Err(CampaignError::Kube {
-                what: format!("release lease {}", self.name),
-                source,
-            }),
-        }
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-}
-
-/// Whether `identity` may take a lease with `spec` at `now`: free, ours, or expired.
-pub fn lease_available(spec: &LeaseSpec, identity: &str, now: Timestamp) -> bool {
-    match spec.holder_identity.as_deref() {
-        None | Some("") => true,
-        Some(h) if h == identity => true,
-        Some(_) => {
-            let Some(renew) = spec.renew_time.as_ref().or(spec.acquire_time.as_ref()) else {
-                return true;
-            };
-            let duration = i64::from(spec.lease_duration_seconds.unwrap_or(15));
-            now.as_second() >= renew.0.as_second() + duration
-        }
-    }
+/// One round on `lease` at `now` ([`LeaderLease::try_lead_at`]), its API error named.
+pub async fn take_lease(lease: &LeaderLease, now: Timestamp) -> Result<bool, CampaignError> {
+    lease
+        .try_lead_at(now)
+        .await
+        .map_err(|source| CampaignError::Kube {
+            what: format!("take lease {}", lease.name()),
+            source,
+        })
 }
 
 #[cfg(test)]
@@ -652,33 +518,5 @@ mod tests {
                 "campaign: rail mlx5_4:1 slow".to_string()
             )
         );
-    }
-
-    #[test]
-    fn lease_rules() {
-        let now: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
-        let at = |s: &str| Some(MicroTime(s.parse().unwrap()));
-        let spec = |holder: Option<&str>, renew: Option<MicroTime>| LeaseSpec {
-            holder_identity: holder.map(String::from),
-            lease_duration_seconds: Some(30),
-            renew_time: renew,
-            ..LeaseSpec::default()
-        };
-        assert!(lease_available(&spec(None, None), "me", now));
-        assert!(lease_available(
-            &spec(Some("me"), at("2026-01-01T00:00:59Z")),
-            "me",
-            now
-        ));
-        assert!(!lease_available(
-            &spec(Some("other"), at("2026-01-01T00:00:59Z")),
-            "me",
-            now
-        ));
-        assert!(lease_available(
-            &spec(Some("other"), at("2026-01-01T00:00:29Z")),
-            "me",
-            now
-        ));
     }
 }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use railguard_api::error::error_chain;
 use railguard_api::profile::NcclRunner;
 use railguard_api::{FabricProfileSpec, GpuAffinity};
 
@@ -435,18 +436,6 @@ pub async fn nccl_runs(
         progress.step_done();
     }
     (runs, digest)
-}
-
-/// `outer: inner: innermost`, the way operators read error chains.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// The steps of one invasive window: one per rail, one per NCCL run.

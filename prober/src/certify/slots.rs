@@ -8,13 +8,13 @@
 use std::time::Duration;
 
 use jiff::Timestamp;
-use kube::Client;
+use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::campaign::kube::LeaderLease;
+use crate::campaign::kube::{take_lease, LeaderLease};
 use crate::campaign::CampaignError;
-use crate::certify::run::error_chain;
+use railguard_api::error::error_chain;
 
 /// How long a slot stays held without renewal: a prober killed mid-run frees it then.
 pub const SLOT_LEASE_SECONDS: i32 = 60;
@@ -51,7 +51,14 @@ impl InvasiveSlots {
         let leases = order
             .into_iter()
             .filter_map(|i| names.get(i))
-            .map(|name| LeaderLease::new(client, namespace, name, identity, SLOT_LEASE_SECONDS))
+            .map(|name| {
+                LeaderLease::new(
+                    Api::namespaced(client.clone(), namespace),
+                    name,
+                    identity,
+                    Duration::from_secs(u64::from(SLOT_LEASE_SECONDS.unsigned_abs())),
+                )
+            })
             .collect();
         InvasiveSlots { leases }
     }
@@ -60,7 +67,7 @@ impl InvasiveSlots {
     /// error: no run starts on a slot it could not prove it holds.
     pub async fn acquire(&self, now: Timestamp) -> Result<Option<HeldSlot>, CampaignError> {
         for lease in &self.leases {
-            if lease.try_acquire(now).await? {
+            if take_lease(lease, now).await? {
                 return Ok(Some(HeldSlot {
                     lease: lease.clone(),
                 }));
@@ -86,7 +93,7 @@ impl HeldSlot {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(period) => {}
             }
-            match self.lease.try_acquire(Timestamp::now()).await {
+            match take_lease(&self.lease, Timestamp::now()).await {
                 Ok(true) => {}
                 Ok(false) => {
                     warn!(lease = %self.name(), "the invasive slot was taken by another node mid-run");
@@ -100,7 +107,14 @@ impl HeldSlot {
 
     /// Gives the slot back.
     pub async fn release(self) -> Result<(), CampaignError> {
-        self.lease.release().await.map(|_| ())
+        self.lease
+            .release()
+            .await
+            .map(|_| ())
+            .map_err(|source| CampaignError::Kube {
+                what: format!("release lease {}", self.lease.name()),
+                source,
+            })
     }
 }
 

@@ -12,6 +12,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use railguard_api::error::error_chain;
 use railguard_gpu::collective::SweepPoint;
 use railguard_gpu::{CudaDriver, CudaError, Device, Nccl, NcclError, UniqueId, UNIQUE_ID_BYTES};
 use serde::{Deserialize, Serialize};
@@ -144,17 +145,6 @@ fn nccl_failure(e: &NcclError) -> RanksFailure {
         NcclError::InvalidArgument { .. } => FailureKind::Invalid,
     };
     RanksFailure::new(kind, error_chain(e))
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
 }
 
 /// The unique id as it travels (lowercase hex).

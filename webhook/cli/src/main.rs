@@ -211,7 +211,7 @@ async fn start_self_signed(
 }
 
 async fn kube_client(kubeconfig: Option<&Path>) -> Result<kube::Client, StartupError> {
-    railguard_runtime::kube_client(
+    railguard_kube::kube_client(
         kubeconfig,
         "--kubeconfig",
         "pass --kubeconfig, run in a cluster, or use --profiles FILE (standalone)",

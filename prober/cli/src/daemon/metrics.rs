@@ -49,7 +49,7 @@ pub struct Metrics {
     /// profile, which bounds a run, is known).
     stall_after: Mutex<Duration>,
     /// 1 for each FabricProfile skipped as invalid, by name.
-    profiles_invalid: railguard_runtime::InvalidProfileGauge,
+    profiles_invalid: railguard_kube::InvalidProfileGauge,
     /// 1 while this node is a GPU node no FabricProfile matches (`crate::unprofiled`).
     unprofiled: Gauge,
 }
@@ -91,7 +91,7 @@ impl Metrics {
         );
         registry.register("runs", "Checks run, by kind and outcome", runs.clone());
         let telemetry = super::telemetry::TelemetryMetrics::register(&mut registry);
-        let profiles_invalid = railguard_runtime::InvalidProfileGauge::default();
+        let profiles_invalid = railguard_kube::InvalidProfileGauge::default();
         registry.register(
             "fabric_profiles_invalid",
             "FabricProfiles skipped as invalid (1 per profile, by name)",
@@ -186,7 +186,7 @@ impl Metrics {
     }
 
     /// Sets `fabric_profiles_invalid` from what changed.
-    pub(crate) fn record_invalid_profiles(&self, changes: &railguard_runtime::ProfileChanges) {
+    pub(crate) fn record_invalid_profiles(&self, changes: &railguard_kube::ProfileChanges) {
         changes.record(&self.profiles_invalid);
     }
 

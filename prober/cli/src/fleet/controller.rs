@@ -136,7 +136,7 @@ pub async fn run(client: Client, args: &FleetArgs) -> anyhow::Result<()> {
                     std::process::id()
                 )
             });
-        let lease = railguard_runtime::lease::LeaderLease::new(
+        let lease = railguard_kube::lease::LeaderLease::new(
             Api::namespaced(client.clone(), &namespace),
             LEASE_NAME,
             &identity,

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
 
-use crate::error::{error_chain, StartupError};
+use railguard_runtime::{error_chain, StartupError};
 
 /// A client from `kubeconfig` (given with `flag`), else the inferred configuration.
 /// `fix_without` is what to do when nothing can be inferred (e.g. `pass --kubeconfig, or use

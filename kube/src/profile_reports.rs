@@ -163,7 +163,7 @@ impl ProfileStatusWriter {
             .patch_status(name, &params, &Patch::Apply(&body))
             .await
         {
-            tracing::warn!(profile = %name, error = %crate::error_chain(&e), "cannot write FabricProfile status");
+            tracing::warn!(profile = %name, error = %railguard_api::error::error_chain(&e), "cannot write FabricProfile status");
         }
         if became_invalid {
             let reference = ObjectReference {
@@ -176,7 +176,7 @@ impl ProfileStatusWriter {
             };
             let event = self.event(reference, &condition.message);
             if let Err(e) = self.events.create(&PostParams::default(), &event).await {
-                tracing::warn!(profile = %name, error = %crate::error_chain(&e), "cannot record the InvalidProfile Event");
+                tracing::warn!(profile = %name, error = %railguard_api::error::error_chain(&e), "cannot record the InvalidProfile Event");
             }
         }
     }

@@ -207,7 +207,7 @@ mod tests {
             write("tls.key", &set.server.key),
             write("ca.crt", &set.ca.cert),
         );
-        crate::server_tls(crate::TlsFiles {
+        railguard_runtime::server_tls(railguard_runtime::TlsFiles {
             cert: &cert,
             key: &key,
             client_ca: Some(&ca),

@@ -51,7 +51,10 @@ pub fn lease_decision(spec: Option<&LeaseSpec>, me: &str, now: Timestamp) -> Lea
     }
 }
 
-/// One candidate for one Lease.
+/// One candidate for one Lease: a leader election (the fleet controller, the campaign
+/// coordinator) or a slot (a node's invasive run). Cheap to clone; clones share the
+/// leader flag.
+#[derive(Clone)]
 pub struct LeaderLease {
     api: Api<Lease>,
     name: String,
@@ -71,36 +74,47 @@ impl LeaderLease {
         }
     }
 
+    /// The Lease's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its `leaseDurationSeconds`.
+    pub fn duration(&self) -> Duration {
+        self.duration
+    }
+
     /// Whether this candidate held the Lease at its last try (shared with the renew task).
     pub fn leader_flag(&self) -> Arc<AtomicBool> {
         self.leader.clone()
     }
 
-    /// One round: read the Lease and renew, take or leave it. Returns whether this
-    /// candidate holds it now. A lost race (409) or an API error means not leading.
+    /// One round at the current time; see [`LeaderLease::try_lead_at`].
     pub async fn try_lead(&self) -> Result<bool, kube::Error> {
-        let now = Timestamp::now();
+        self.try_lead_at(Timestamp::now()).await
+    }
+
+    /// One round: read the Lease and renew, take or leave it ([`lease_decision`] at `now`).
+    /// Returns whether this candidate holds it now. A lost race (409) means not holding it;
+    /// any other API error is returned (and clears the leader flag's claim to nothing: the
+    /// caller decides how long a holder that cannot renew still counts as one).
+    pub async fn try_lead_at(&self, now: Timestamp) -> Result<bool, kube::Error> {
         let current = self.api.get_opt(&self.name).await?;
-        let decision = lease_decision(
-            current.as_ref().and_then(|l| l.spec.as_ref()),
-            &self.identity,
-            now,
-        );
+        let current_spec = current.as_ref().and_then(|l| l.spec.as_ref());
+        let decision = lease_decision(current_spec, &self.identity, now);
         let led = match decision {
             LeaseDecision::Follow => false,
             LeaseDecision::Renew | LeaseDecision::Acquire => {
-                let transitions = current
-                    .as_ref()
-                    .and_then(|l| l.spec.as_ref())
-                    .and_then(|s| s.lease_transitions)
-                    .unwrap_or(0);
-                let acquired = match (decision, current.as_ref().and_then(|l| l.spec.as_ref())) {
+                let transitions = current_spec.and_then(|s| s.lease_transitions).unwrap_or(0);
+                let acquired = match (decision, current_spec) {
                     (LeaseDecision::Renew, Some(s)) => s.acquire_time.clone(),
                     _ => Some(MicroTime(now)),
                 };
                 let spec = LeaseSpec {
                     holder_identity: Some(self.identity.clone()),
-                    lease_duration_seconds: Some(self.duration.as_secs().max(1) as i32),
+                    lease_duration_seconds: Some(
+                        i32::try_from(self.duration.as_secs().max(1)).unwrap_or(i32::MAX),
+                    ),
                     acquire_time: acquired,
                     renew_time: Some(MicroTime(now)),
                     lease_transitions: Some(if decision == LeaseDecision::Acquire {
@@ -110,6 +124,7 @@ impl LeaderLease {
                     }),
                     ..LeaseSpec::default()
                 };
+                // Replace carries the resourceVersion read: a concurrent taker makes it a 409.
                 let result = match current {
                     Some(mut lease) => {
                         lease.spec = Some(spec);
@@ -138,12 +153,39 @@ impl LeaderLease {
         let was = self.leader.swap(led, Ordering::SeqCst);
         if was != led {
             if led {
-                tracing::info!(lease = %self.name, identity = %self.identity, "became the leader");
+                tracing::info!(lease = %self.name, identity = %self.identity, "holds the lease");
             } else {
-                tracing::info!(lease = %self.name, identity = %self.identity, "not the leader");
+                tracing::info!(lease = %self.name, identity = %self.identity, "does not hold the lease");
             }
         }
         Ok(led)
+    }
+
+    /// Gives the Lease up if this candidate holds it (the holder cleared, so the next taker
+    /// need not wait for it to expire). `Ok(false)`: someone else holds it, or it was taken
+    /// meanwhile (a 409); nothing written.
+    pub async fn release(&self) -> Result<bool, kube::Error> {
+        self.leader.store(false, Ordering::SeqCst);
+        let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+            return Ok(false);
+        };
+        let mut spec = lease.spec.clone().unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return Ok(false);
+        }
+        spec.holder_identity = None;
+        spec.renew_time = None;
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+        lease.spec = Some(spec);
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Tries every third of the lease duration until `stop`; then gives the Lease up (so a
@@ -161,16 +203,9 @@ impl LeaderLease {
                 () = tokio::time::sleep(period) => {}
             }
         }
-        if self.leader.swap(false, Ordering::SeqCst) {
-            if let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await {
-                if let Some(spec) = lease.spec.as_mut() {
-                    spec.holder_identity = None;
-                    spec.renew_time = None;
-                }
-                let _ = self
-                    .api
-                    .replace(&self.name, &PostParams::default(), &lease)
-                    .await;
+        if self.leader.load(Ordering::SeqCst) {
+            if let Err(e) = self.release().await {
+                tracing::warn!(lease = %self.name, error = %e, "cannot give the leader lease up");
             }
         }
     }

@@ -1,0 +1,23 @@
+//! railguard's Kubernetes layer: every conversation a component has with the API server
+//! that is not a one-off of its shell lives here, in one copy. The client from
+//! `--kubeconfig` ([`kube_client`]); leader and slot election on a Lease ([`lease`]); the
+//! FabricProfile catalog's status and Events ([`ProfileStatusWriter`], [`InvalidProfiles`]);
+//! Secrets a component fills once ([`secret_fill`]) and the private PKIs they hold
+//! ([`pki`]).
+//!
+//! Decisions stay pure and in `railguard-api` or the component libraries; this crate only
+//! reads, writes and retries.
+
+mod client;
+mod error;
+pub mod lease;
+pub mod pki;
+mod profile_reports;
+pub mod secret_fill;
+
+pub use client::kube_client;
+pub use error::{PkiError, SecretFillError};
+pub use profile_reports::{
+    InvalidProfileGauge, InvalidProfiles, ProfileChanges, ProfileLabels, ProfileStatusWriter,
+    PROFILE_STATUS_MANAGER,
+};

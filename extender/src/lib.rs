@@ -12,10 +12,7 @@
 pub mod cache;
 pub mod decision;
 pub mod error;
-pub mod metrics;
 pub mod pod;
-pub mod server;
-pub mod tls_material;
 pub mod wire;
 
 pub use decision::{

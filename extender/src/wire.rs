@@ -495,7 +495,7 @@ fn fleet_outlier_condition<'de, D: Deserializer<'de>>(
 }
 
 /// Decodes the part of a raw Node that railguard interprets.
-pub(crate) fn decode_node(raw: &RawValue, index: usize) -> Result<Node, ExtenderError> {
+pub fn decode_node(raw: &RawValue, index: usize) -> Result<Node, ExtenderError> {
     let slim: SlimNode = serde_json::from_str(raw.get())
         .map_err(|source| ExtenderError::NodeJson { index, source })?;
     if slim.metadata.name.as_deref().is_none_or(str::is_empty) {

@@ -427,7 +427,7 @@ fn alerts_read_only_exported_metrics() {
             ][..],
         ),
         (
-            "extender/src/metrics.rs",
+            "extender/cli/src/metrics.rs",
             &["\"railguard_extender\"", "\"request_errors\""][..],
         ),
     ] {

@@ -13,10 +13,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Client;
 use railguard_api::{FabricProfile, Verdict};
-use railguard_extender::cache::ClusterState;
-use railguard_extender::metrics::Metrics;
-use railguard_extender::server::{self, AppState, Source};
 use railguard_extender::ExtenderConfig;
+use railguard_extender_cli::cache::ClusterState;
+use railguard_extender_cli::metrics::Metrics;
+use railguard_extender_cli::server::{self, AppState, Source};
 use railguard_sim::certificates as synth;
 use railguard_tests::{
     eventually, failed_scheduling_messages, fixture_profile, labels, merge_json, pod_node,

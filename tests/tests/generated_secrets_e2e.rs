@@ -472,7 +472,7 @@ async fn both_secrets(client: &Client) -> BTreeMap<&'static str, BTreeMap<String
 
 /// What the init containers do, in-process: fill each Secret the way its command does.
 async fn fill_as_the_pods_do(client: &Client) {
-    let spec = railguard_extender::tls_material::TlsMaterialSpec {
+    let spec = railguard_extender_cli::tls_material::TlsMaterialSpec {
         ca_common_name: "railguard-extender-ca".into(),
         server_common_name: "railguard-extender".into(),
         server_ips: vec!["127.0.0.1".parse().unwrap()],
@@ -483,11 +483,11 @@ async fn fill_as_the_pods_do(client: &Client) {
     let tls = SecretToFill {
         namespace: NS,
         name: TLS_SECRET,
-        keys: &railguard_extender::tls_material::KEYS,
+        keys: &railguard_extender_cli::tls_material::KEYS,
         field_manager: railguard_extender_cli::tls_bootstrap::FIELD_MANAGER,
     };
     let filled = fill_secret(client, &tls, || {
-        railguard_extender::tls_material::issue(
+        railguard_extender_cli::tls_material::issue(
             &spec,
             railguard_kube::pki::time::OffsetDateTime::now_utc(),
         )

@@ -28,9 +28,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::Client;
 use railguard_api::{FabricProfile, ProfileObject, Verdict};
-use railguard_extender::cache::ClusterState;
-use railguard_extender::server::{self as extender_server, AppState as ExtenderState, Source};
 use railguard_extender::ExtenderConfig;
+use railguard_extender_cli::cache::ClusterState;
+use railguard_extender_cli::server::{self as extender_server, AppState as ExtenderState, Source};
 use railguard_sim::certificates as synth;
 use railguard_tests::daemon::ANY_LOOPBACK_PORT;
 use railguard_tests::{
@@ -238,7 +238,7 @@ async fn invalid_profiles_are_skipped_and_reported_and_the_valid_one_is_served()
     let webhook_metrics_url = format!("http://{}/metrics", webhook.metrics_addr);
 
     // The extender, cluster mode.
-    let extender_metrics = Arc::new(railguard_extender::metrics::Metrics::new());
+    let extender_metrics = Arc::new(railguard_extender_cli::metrics::Metrics::new());
     let cluster = Arc::new(ClusterState::new(ExtenderConfig::default()));
     let watches = tokio::spawn(
         cluster

@@ -7,7 +7,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand, ValueHint};
 use railguard_runtime::{LogFormat, RequestLimits, ServeArgs, ServeLimits};
 
-use railguard_extender::server::{default_max_body_bytes, DEFAULT_MAX_NODES};
+use crate::server::{default_max_body_bytes, DEFAULT_MAX_NODES};
 use railguard_extender::ExtenderConfig;
 
 /// Example invocations shown by `--help`.

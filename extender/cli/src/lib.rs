@@ -5,6 +5,10 @@
 //! arguments with the binary's own definition.
 
 mod args;
+pub mod cache;
+pub mod metrics;
+pub mod server;
 pub mod tls_bootstrap;
+pub mod tls_material;
 
 pub use args::{Cli, Command, EXAMPLES};

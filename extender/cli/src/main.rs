@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use railguard_extender::cache::ClusterState;
-use railguard_extender::metrics::{Metrics, ResultLabels};
-use railguard_extender::server::{self, AppState, Source};
+use railguard_extender_cli::cache::ClusterState;
+use railguard_extender_cli::metrics::{Metrics, ResultLabels};
+use railguard_extender_cli::server::{self, AppState, Source};
 use railguard_extender_cli::{tls_bootstrap, Cli, Command};
 use railguard_runtime::{
     error_line, limit_requests, StartupError, TlsFiles, TlsReloader, EXIT_ERROR,

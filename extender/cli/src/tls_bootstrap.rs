@@ -10,9 +10,9 @@ use std::error::Error;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
+use crate::tls_material::{self, TlsMaterialSpec, KEYS};
 use anyhow::Context;
 use clap::{Args, ValueHint};
-use railguard_extender::tls_material::{self, TlsMaterialSpec, KEYS};
 use railguard_kube::pki::time::OffsetDateTime;
 use railguard_kube::secret_fill::{fill_secret, FillAction, SecretToFill};
 use railguard_runtime::{LogFormat, TlsFiles};

@@ -70,7 +70,7 @@ impl<V> Store<V> {
             .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
     }
 
-    pub(crate) fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<V>>> {
+    pub fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<V>>> {
         let guard = self.map.write().unwrap_or_else(PoisonError::into_inner);
         // Bumped while holding the lock: a reader comparing versions either sees the bump or
         // reads the map before this write.

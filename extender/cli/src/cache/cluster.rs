@@ -9,9 +9,11 @@ use railguard_api::profile_list::{partition, ProfileObject};
 use railguard_api::{FabricProfile, NodeFabric};
 use railguard_kube::InvalidProfiles;
 
-use crate::cache::{Applied, BoundPod, CachedNode, JobPlacements, NodeIndex, ProfileSet, Store};
-use crate::decision::ExtenderConfig;
 use crate::metrics::{CacheLabels, Metrics};
+use railguard_extender::cache::{
+    Applied, BoundPod, CachedNode, JobPlacements, NodeIndex, ProfileSet, Store,
+};
+use railguard_extender::decision::ExtenderConfig;
 
 /// Everything the extender caches about the cluster.
 #[derive(Debug)]
@@ -296,10 +298,10 @@ impl ClusterState {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::cache::{Applier, Change};
+    use railguard_extender::cache::{Applier, Change};
 
     fn object(name: &str, port: u64) -> ProfileObject {
-        let text = include_str!("../../../api/fixtures/profiles/dgx-h100-ndr.yaml");
+        let text = include_str!("../../../../api/fixtures/profiles/dgx-h100-ndr.yaml");
         let profile = railguard_api::profiles_from_yaml(text).unwrap().remove(0);
         let mut v = serde_json::to_value(profile).unwrap();
         v["metadata"]["name"] = name.into();

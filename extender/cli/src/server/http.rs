@@ -14,10 +14,10 @@ use axum::Extension;
 use axum::Router;
 use jiff::Timestamp;
 
-use crate::error::ExtenderError;
 use crate::metrics::{ModeLabels, ReasonLabels};
 use crate::server::{answer_filter, answer_prioritize, AppState, Source};
-use crate::wire::{Candidates, ExtenderArgs, ExtenderFilterResult, Request};
+use railguard_extender::error::ExtenderError;
+use railguard_extender::wire::{Candidates, ExtenderArgs, ExtenderFilterResult, Request};
 
 /// Counts a failed request by its metric reason.
 fn count_error(state: &AppState, e: &ExtenderError) {

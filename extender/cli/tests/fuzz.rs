@@ -12,7 +12,7 @@
 
 mod common;
 
-#[path = "../../api/tests/fuzz_support/mod.rs"]
+#[path = "../../../api/tests/fuzz_support/mod.rs"]
 mod fuzz_support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -21,11 +21,11 @@ use std::sync::{Arc, OnceLock};
 use common::*;
 use fuzz_support::{check_error, config, mutated, raw_bytes, raw_text};
 use proptest::prelude::*;
-use railguard_extender::cache::ClusterState;
-use railguard_extender::metrics::Metrics;
-use railguard_extender::server::{answer_filter, answer_prioritize, AppState, Source};
 use railguard_extender::wire::{Candidates, ExtenderArgs, MAX_EXTENDER_PRIORITY};
 use railguard_extender::{ExtenderConfig, ExtenderError};
+use railguard_extender_cli::cache::ClusterState;
+use railguard_extender_cli::metrics::Metrics;
+use railguard_extender_cli::server::{answer_filter, answer_prioritize, AppState, Source};
 use serde_json::Value;
 
 const ARGS_TOKENS: &[&str] = &[
@@ -74,7 +74,7 @@ const ARGS_TOKENS: &[&str] = &[
 ];
 
 /// Candidate bounds: none allowed, one, the recorded request's size, the default.
-const MAX_NODES: &[usize] = &[0, 1, 3, railguard_extender::server::DEFAULT_MAX_NODES];
+const MAX_NODES: &[usize] = &[0, 1, 3, railguard_extender_cli::server::DEFAULT_MAX_NODES];
 
 /// The recorded requests of both modes, and both modes with the training pod for the H100
 /// profile over the six railguard nodes (certificates, labels, allocatable).
@@ -108,7 +108,7 @@ fn state(source: Source) -> AppState {
     AppState {
         source,
         config: ExtenderConfig::default(),
-        max_nodes: railguard_extender::server::DEFAULT_MAX_NODES,
+        max_nodes: railguard_extender_cli::server::DEFAULT_MAX_NODES,
         metrics: Arc::new(Metrics::new()),
     }
 }
@@ -254,7 +254,7 @@ proptest! {
 fn seeds_are_answered_in_both_modes() {
     let seeds = seeds();
     for seed in &seeds {
-        args_property(seed, railguard_extender::server::DEFAULT_MAX_NODES).unwrap();
+        args_property(seed, railguard_extender_cli::server::DEFAULT_MAX_NODES).unwrap();
     }
     for (seed, names) in [(&seeds[3], false), (&seeds[4], true)] {
         let request = ExtenderArgs::decode(seed, 100).unwrap();

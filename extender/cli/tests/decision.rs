@@ -12,13 +12,14 @@ use common::*;
 use jiff::SignedDuration;
 use railguard_api::fleet::OutlierAction;
 use railguard_api::{NodeFabric, RailVerdict, Verdict};
-use railguard_extender::cache::{Applier, CachedNode, Change, ClusterState, NodeIndex};
+use railguard_extender::cache::{Applier, CachedNode, Change, NodeIndex};
 use railguard_extender::decision::{
     check_node, filter_by, prioritize_scores, topology_keys_for, JobTopology,
 };
 use railguard_extender::{
     filter, prioritize, target_for, ExtenderConfig, NodeSlot, PodFacts, PodTarget, RejectReason,
 };
+use railguard_extender_cli::cache::ClusterState;
 use railguard_sim::certificates as synth;
 
 fn slots(nodes: &[NodeFabric]) -> Vec<NodeSlot<'_>> {
@@ -880,7 +881,7 @@ fn prechecked_verdicts_equal_the_pure_filter_over_generated_nodes() {
 
 #[test]
 fn cache_prechecks_follow_profile_changes() {
-    use railguard_extender::cache::ClusterState;
+    use railguard_extender_cli::cache::ClusterState;
     let mut profiles = profiles();
     let cluster = ClusterState::new(ExtenderConfig::default());
     let nodes = six_nodes_at(&profiles, jiff::Timestamp::now());

@@ -11,8 +11,9 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
 use railguard_api::{NodeFabric, ProfileObject};
 
-use crate::cache::{bound_pod, Applied, Applier, CachedNode, Change, ClusterState, Store};
+use crate::cache::ClusterState;
 use crate::metrics::{CacheLabels, Metrics};
+use railguard_extender::cache::{bound_pod, Applied, Applier, CachedNode, Change, Store};
 
 impl ClusterState {
     /// Runs the four watches until the returned future is dropped.

@@ -16,17 +16,18 @@ use std::time::{Duration, Instant};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use railguard_api::{NodeFabric, Verdict};
-use railguard_extender::cache::{BoundPod, CachedNode, ClusterState, NodeIndex};
-use railguard_extender::metrics::Metrics;
-use railguard_extender::server::{self, AppState, Source};
+use railguard_extender::cache::{BoundPod, CachedNode, NodeIndex};
 use railguard_extender::wire::ExtenderArgs;
 use railguard_extender::ExtenderConfig;
+use railguard_extender_cli::cache::ClusterState;
+use railguard_extender_cli::metrics::Metrics;
+use railguard_extender_cli::server::{self, AppState, Source};
 use railguard_sim::certificates as synth;
 use serde_json::json;
 
 const NODES: usize = 5_000;
-const ARGS_FULL: &str = include_str!("../fixtures/extender-args-sample.json");
-const H100: &str = include_str!("../../api/fixtures/profiles/dgx-h100-ndr.yaml");
+const ARGS_FULL: &str = include_str!("../../fixtures/extender-args-sample.json");
+const H100: &str = include_str!("../../../api/fixtures/profiles/dgx-h100-ndr.yaml");
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;

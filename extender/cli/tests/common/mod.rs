@@ -7,17 +7,17 @@ use railguard_api::fleet::reason;
 use railguard_api::{FabricProfile, NodeFabric, Verdict};
 use railguard_sim::certificates as synth;
 
-pub const ARGS_FULL: &str = include_str!("../../fixtures/extender-args-sample.json");
-pub const ARGS_NAMES: &str = include_str!("../../fixtures/extender-args-nodecache-sample.json");
+pub const ARGS_FULL: &str = include_str!("../../../fixtures/extender-args-sample.json");
+pub const ARGS_NAMES: &str = include_str!("../../../fixtures/extender-args-nodecache-sample.json");
 pub const PRIORITIZE_NAMES: &str =
-    include_str!("../../fixtures/extender-prioritize-nodecache-sample.json");
+    include_str!("../../../fixtures/extender-prioritize-nodecache-sample.json");
 
 pub fn profiles() -> Vec<FabricProfile> {
     let mut out = Vec::new();
     for text in [
-        include_str!("../../../api/fixtures/profiles/dgx-h100-ndr.yaml"),
-        include_str!("../../../api/fixtures/profiles/dgx-a100-hdr.yaml"),
-        include_str!("../../../api/fixtures/profiles/roce-cloud.yaml"),
+        include_str!("../../../../api/fixtures/profiles/dgx-h100-ndr.yaml"),
+        include_str!("../../../../api/fixtures/profiles/dgx-a100-hdr.yaml"),
+        include_str!("../../../../api/fixtures/profiles/roce-cloud.yaml"),
     ] {
         out.extend(railguard_api::profiles_from_yaml(text).unwrap());
     }

@@ -7,17 +7,18 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use railguard_api::{FabricProfile, NodeFabric};
 
-use crate::cache::NodeIndex;
-use crate::cache::{CachedNode, ClusterState, ProfileSet};
-use crate::decision::{
+use crate::cache::ClusterState;
+use crate::metrics::ReasonLabels;
+use crate::server::{AppState, Profiles, Source};
+use railguard_extender::cache::NodeIndex;
+use railguard_extender::cache::{CachedNode, ProfileSet};
+use railguard_extender::decision::{
     filter_by, prioritize, prioritize_scores, shift_lowest_to_zero, target_for, topology_keys_for,
     ExtenderConfig, JobTopology, NodeSlot, PodTarget,
 };
-use crate::error::ExtenderError;
-use crate::metrics::ReasonLabels;
-use crate::pod::PodFacts;
-use crate::server::{AppState, Profiles, Source};
-use crate::wire::{
+use railguard_extender::error::ExtenderError;
+use railguard_extender::pod::PodFacts;
+use railguard_extender::wire::{
     decode_node, Candidates, ExtenderFilterResult, HostPriority, NodeList, NodeName, Request,
 };
 
@@ -231,7 +232,7 @@ fn keep_passed<'a>(names: Vec<NodeName<'a>>, passed: &[usize]) -> Vec<NodeName<'
 
 fn record_rejections(
     state: &AppState,
-    reasons: &std::collections::BTreeMap<crate::decision::RejectReason, u64>,
+    reasons: &std::collections::BTreeMap<railguard_extender::decision::RejectReason, u64>,
 ) {
     for (reason, n) in reasons {
         state

@@ -12,10 +12,11 @@ use std::sync::Arc;
 
 use railguard_api::FabricProfile;
 
-use crate::cache::{ClusterState, ProfileSet};
-use crate::decision::ExtenderConfig;
-use crate::error::Unsynced;
+use crate::cache::ClusterState;
 use crate::metrics::Metrics;
+use railguard_extender::cache::ProfileSet;
+use railguard_extender::decision::ExtenderConfig;
+use railguard_extender::error::Unsynced;
 
 pub use answer::{answer_filter, answer_prioritize};
 pub use http::{extender_router, health_router};

@@ -8,11 +8,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use common::*;
-use railguard_extender::cache::ClusterState;
-use railguard_extender::metrics::Metrics;
-use railguard_extender::server::{self, AppState, Source};
 use railguard_extender::wire::{ExtenderFilterResult, HostPriority};
 use railguard_extender::ExtenderConfig;
+use railguard_extender_cli::cache::ClusterState;
+use railguard_extender_cli::metrics::Metrics;
+use railguard_extender_cli::server::{self, AppState, Source};
 use serde_json::{json, Value};
 
 struct Running {

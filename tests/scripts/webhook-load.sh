@@ -42,7 +42,7 @@ if [ ! -x "$hey" ]; then
 fi
 
 # The bench binary itself (not `cargo bench`), so the server is this script's own child.
-bin=$(cargo bench -p railguard-webhook --bench http_load --no-run --message-format=json \
+bin=$(cargo bench -p railguard-webhook-cli --bench http_load --no-run --message-format=json \
   | grep '"name":"http_load"' \
   | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
 [ -x "$bin" ] || { echo "webhook-load: no http_load bench binary built" >&2; exit 1; }

@@ -418,7 +418,7 @@ fn alerts_read_only_exported_metrics() {
             ][..],
         ),
         (
-            "webhook/src/metrics.rs",
+            "webhook/cli/src/metrics.rs",
             &[
                 "\"railguard_webhook\"",
                 "\"internal_errors\"",

@@ -36,8 +36,8 @@ use railguard_api::{keys, Verdict};
 use railguard_sim::certificates as synth;
 use railguard_tests::helm::Helm;
 use railguard_tests::{fixture_profile, labels, workspace_root, ControlPlane};
-use railguard_webhook::cert_sync::{self, SelfSignedOptions};
-use railguard_webhook::certs::{time, CertSpec};
+use railguard_webhook_cli::cert_sync::{self, SelfSignedOptions};
+use railguard_webhook_cli::certs::{time, CertSpec};
 use serde_json::{json, Value as Json};
 
 const NS: &str = "railguard";

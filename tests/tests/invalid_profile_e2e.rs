@@ -36,11 +36,11 @@ use railguard_tests::daemon::ANY_LOOPBACK_PORT;
 use railguard_tests::{
     eventually, fixture_profile, labels, workspace_root, ControlPlane, ServingCertificate,
 };
-use railguard_webhook::catalog::Catalog;
 use railguard_webhook::decisions::{CacheLimits, DecisionCache};
-use railguard_webhook::server::{self as webhook_server, AppState, ServeOptions};
-use railguard_webhook::tls::CertReloader;
 use railguard_webhook::{FailureMode, WebhookConfig};
+use railguard_webhook_cli::catalog::Catalog;
+use railguard_webhook_cli::server::{self as webhook_server, AppState, ServeOptions};
+use railguard_webhook_cli::tls::CertReloader;
 use serde_json::{json, Value};
 
 const MANAGER: &str = "railguard-e2e";
@@ -220,7 +220,7 @@ async fn invalid_profiles_are_skipped_and_reported_and_the_valid_one_is_served()
     let tmp = tempfile::tempdir().unwrap();
     let tls = ServingCertificate::loopback("railguard-webhook-ca").unwrap();
     tls.write_pair(tmp.path()).unwrap();
-    let webhook_metrics = Arc::new(railguard_webhook::metrics::Metrics::new());
+    let webhook_metrics = Arc::new(railguard_webhook_cli::metrics::Metrics::new());
     let catalog = Catalog::cluster(client.clone(), webhook_metrics.clone());
     let state = Arc::new(AppState {
         catalog: catalog.clone(),
@@ -741,7 +741,7 @@ async fn a_profile_with_the_old_unit_names_is_served_with_a_deprecation_warning(
         other => panic!("a profile without a plateau threshold was stored: {other:?}"),
     }
 
-    let metrics = Arc::new(railguard_webhook::metrics::Metrics::new());
+    let metrics = Arc::new(railguard_webhook_cli::metrics::Metrics::new());
     let catalog = Catalog::cluster(client.clone(), metrics);
     let served = eventually(WAIT, "the webhook serves old-names", || async {
         Ok(catalog

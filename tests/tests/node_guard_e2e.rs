@@ -887,8 +887,8 @@ fn bundles(hooks: impl Iterator<Item = Option<ByteString>>) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn self_managed_certificates_trust_the_ca_in_the_node_guard_configuration() {
     use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-    use railguard_webhook::cert_sync::{self, SelfSignedOptions};
-    use railguard_webhook::certs::{time, CertSpec};
+    use railguard_webhook_cli::cert_sync::{self, SelfSignedOptions};
+    use railguard_webhook_cli::certs::{time, CertSpec};
 
     let cp = ControlPlane::start().await.expect("control plane");
     let client = cp.client();

@@ -10,8 +10,8 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, PostParams};
 use railguard_tests::ControlPlane;
-use railguard_webhook::cert_sync::{self, SecretAction, SelfSignedOptions};
-use railguard_webhook::certs::{self, time, CertSpec, SecretDecision};
+use railguard_webhook_cli::cert_sync::{self, SecretAction, SelfSignedOptions};
+use railguard_webhook_cli::certs::{self, time, CertSpec, SecretDecision};
 use rustls::pki_types::CertificateDer;
 use serde_json::json;
 
@@ -113,7 +113,8 @@ async fn self_managed_certificates_provision_noop_and_rotate() {
         material.tls_key.as_bytes()
     );
     // The written pair loads as a serving config (what the reloader does).
-    railguard_webhook::tls::load_server_config(&opts.tls_cert, &opts.tls_key).expect("pair loads");
+    railguard_webhook_cli::tls::load_server_config(&opts.tls_cert, &opts.tls_key)
+        .expect("pair loads");
     let ca1 = certs_in(material.ca_crt.as_bytes());
     for bundle in bundles(&configs, "railguard-certs-e2e").await {
         assert_eq!(certs_in(&bundle), ca1);

@@ -17,12 +17,12 @@ use kube::Client;
 use railguard_api::profile::{AdmissionMode, Enforcement};
 use railguard_api::{profiles_from_yaml, FabricProfile};
 use railguard_tests::{eventually, labels, workspace_root, ControlPlane, ServingCertificate};
-use railguard_webhook::catalog::Catalog;
 use railguard_webhook::decisions::{CacheLimits, DecisionCache};
-use railguard_webhook::metrics::Metrics;
-use railguard_webhook::server::{self, AppState, ServeOptions};
-use railguard_webhook::tls::CertReloader;
 use railguard_webhook::{FailureMode, WebhookConfig};
+use railguard_webhook_cli::catalog::Catalog;
+use railguard_webhook_cli::metrics::Metrics;
+use railguard_webhook_cli::server::{self, AppState, ServeOptions};
+use railguard_webhook_cli::tls::CertReloader;
 use serde_json::{json, Value};
 
 fn fixture_profile(file: &str) -> FabricProfile {

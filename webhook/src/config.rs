@@ -121,3 +121,6 @@ impl FailureMode {
         }
     }
 }
+
+/// A consistent snapshot of the profiles, sorted by name (selector matches take the first).
+pub type ProfileSet = std::sync::Arc<Vec<railguard_api::FabricProfile>>;

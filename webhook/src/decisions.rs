@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::catalog::ProfileSet;
+use crate::config::ProfileSet;
 use crate::config::{NamespaceInfo, WebhookConfig};
 use crate::review::Decision;
 

@@ -6,30 +6,22 @@
 //! certificate reloader and the reflector caches — only adapts data around it.
 #![forbid(unsafe_code)]
 
-pub mod catalog;
-pub mod cert_sync;
-pub mod certs;
 pub mod config;
 pub mod decisions;
 pub mod error;
 pub mod json_text;
-pub mod metrics;
 pub mod mutate;
-pub mod namespace_lookup;
 pub mod networks;
 pub mod node_guard;
 pub mod patch;
 pub mod review;
 pub mod runbook;
 pub mod selection;
-pub mod server;
-pub mod tls;
 
 pub use config::{
-    FailureMode, NamespaceInfo, WebhookConfig, DEFAULT_NCCL_CONFIG_PATH, DEFAULT_NCCL_PLUGIN_PATH,
+    FailureMode, NamespaceInfo, ProfileSet, WebhookConfig, DEFAULT_NCCL_CONFIG_PATH,
+    DEFAULT_NCCL_PLUGIN_PATH,
 };
-pub use error::{
-    CertError, CertSpecError, CertSyncError, DecodeError, MutateError, NetworksError, TlsError,
-};
+pub use error::{DecodeError, MutateError, NetworksError};
 pub use mutate::{mutate, Mutation, Outcome, Plan, Warning, WarningKind};
 pub use patch::PatchOp;

@@ -9,7 +9,7 @@ use railguard_api::FabricProfile;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::catalog::ProfileSet;
+use crate::config::ProfileSet;
 use crate::config::{FailureMode, NamespaceInfo, WebhookConfig};
 use crate::decisions::{DecisionCache, Lookup};
 use crate::error::DecodeError;

@@ -17,10 +17,10 @@ use std::sync::{Arc, OnceLock};
 use fuzz_support::{check_error, config, mutated, mutated_text, raw_bytes, raw_text};
 use k8s_openapi::api::core::v1::Pod;
 use proptest::prelude::*;
-use railguard_webhook::catalog::ProfileSet;
 use railguard_webhook::decisions::{CacheLimits, DecisionCache};
 use railguard_webhook::networks::{merge, NetworksAnnotation};
 use railguard_webhook::review::{admit, admit_cached, decode};
+use railguard_webhook::ProfileSet;
 use railguard_webhook::{FailureMode, NamespaceInfo, WebhookConfig};
 use serde_json::{json, Value};
 

@@ -5,6 +5,16 @@
 #![forbid(unsafe_code)]
 
 pub mod args;
+pub mod catalog;
+pub mod cert_sync;
+pub mod certs;
+pub mod error;
+pub mod metrics;
+pub mod namespace_lookup;
+pub mod node_guard_cache;
+pub mod server;
 pub mod settings;
+pub mod tls;
 
 pub use args::{Cli, FailureMode, EXAMPLES};
+pub use error::{CertError, CertSpecError, CertSyncError, TlsError};

@@ -5,12 +5,13 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::server::ServeOptions;
+use crate::TlsError;
 use railguard_api::selector::LabelSelector;
 use railguard_runtime::StartupError;
 use railguard_webhook::config::Scope;
 use railguard_webhook::node_guard::GuardPolicy;
-use railguard_webhook::server::ServeOptions;
-use railguard_webhook::{TlsError, WebhookConfig};
+use railguard_webhook::WebhookConfig;
 
 use crate::Cli;
 

@@ -714,3 +714,37 @@ fn expiry_flip(change: NodeChange<'_>) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Strips a Node to its protected outputs.
+pub fn keep_outputs(node: &mut k8s_openapi::api::core::v1::Node) {
+    let (labels, annotations, conditions): (Vec<&str>, Vec<&str>, Vec<&str>) = PROTECTED
+        .iter()
+        .fold(Default::default(), |(mut l, mut a, mut c), o| {
+            match *o {
+                Output::Label(k) => l.push(k),
+                Output::Annotation(k) => a.push(k),
+                Output::Condition(t) => c.push(t),
+            }
+            (l, a, c)
+        });
+    let meta = &mut node.metadata;
+    meta.managed_fields.get_or_insert_with(Vec::new).clear();
+    meta.labels
+        .get_or_insert_with(Default::default)
+        .retain(|k, _| labels.contains(&k.as_str()));
+    meta.annotations
+        .get_or_insert_with(Default::default)
+        .retain(|k, _| annotations.contains(&k.as_str()));
+    node.spec = None;
+    if let Some(status) = node.status.as_mut() {
+        let kept = status
+            .conditions
+            .take()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| conditions.contains(&c.type_.as_str()))
+            .collect();
+        *status = Default::default();
+        status.conditions = Some(kept);
+    }
+}

@@ -45,18 +45,16 @@
 //! `certification.acceptSimulated` (read from the webhook's profile cache).
 //!
 //! A change that touches no protected output is allowed without a lookup, so kubelet status
-//! updates cost a comparison. Handlers read the pod cache only ([`probers::ProberPods`]),
+//! updates cost a comparison. Handlers read the pod cache only (the shell's `node_guard_cache::probers::ProberPods`),
 //! never the API server.
 
 pub mod decision;
-pub mod nodes;
-pub mod probers;
 
 use serde_json::value::RawValue;
 
 pub use decision::{
-    changed_outputs, check_simulated, decide, Decision, Denial, GuardPolicy, NodeChange, NodeView,
-    Output, PodLookup, ProberPod, Writer, PROTECTED,
+    changed_outputs, check_simulated, decide, keep_outputs, Decision, Denial, GuardPolicy,
+    NodeChange, NodeView, Output, PodLookup, ProberPod, Writer, PROTECTED,
 };
 
 use crate::review::{AdmissionRequest, ReviewResponse};
@@ -74,7 +72,7 @@ pub struct NodeAdmission {
 
 /// Decides a decoded request (pure; `lookup` is [`decide`]'s, `profile_accepts`
 /// [`check_simulated`]'s; `cached` gives the guard's own view of a Node, used when
-/// `oldObject` is byte-identical to `object`, see [`nodes`]). A request that is not a Node
+/// `oldObject` is byte-identical to `object`, see `railguard_webhook_cli::node_guard_cache::nodes`). A request that is not a Node
 /// CREATE or UPDATE is allowed with a warning (the webhook configuration is wrong); a Node
 /// that does not decode is denied with the reason.
 pub fn admit_node(
@@ -191,16 +189,6 @@ fn parse(raw: Option<&RawValue>, what: &str) -> Result<Option<NodeView>, String>
     serde_json::from_str(raw.get())
         .map(Some)
         .map_err(|e| format!("{what} is not a Node: {e}"))
-}
-
-/// Whether a reflector `store` has completed its first list: `wait_until_ready` resolves
-/// at once when it has, so polling it once tells.
-fn store_synced<K>(store: &kube::runtime::reflector::Store<K>) -> bool
-where
-    K: kube::Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
 }
 
 #[cfg(test)]

@@ -1019,7 +1019,7 @@ fn cached_nodes_keep_only_the_outputs_and_compare_equal_to_the_review() {
              "message": "slow", "lastHeartbeatTime": "2026-01-01T00:00:00Z"}]},
     }))
     .unwrap();
-    nodes::keep_outputs(&mut node);
+    keep_outputs(&mut node);
     assert_eq!(node.metadata.labels.as_ref().unwrap().len(), 1);
     assert_eq!(node.metadata.annotations.as_ref().unwrap().len(), 1);
     assert!(node.spec.is_none());

@@ -30,7 +30,7 @@ pub struct ResultLabels {
 
 /// Labels of a node guard decision: `outcome` (`untouched`, `allowed`, `denied`, `ignored`,
 /// `malformed`) and `writer` (who was allowed, or who asked when denied; see
-/// [`crate::node_guard::NodeAdmission`]).
+/// [`railguard_webhook::node_guard::NodeAdmission`]).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeGuardLabels {
     pub outcome: String,

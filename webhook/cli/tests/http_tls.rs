@@ -10,22 +10,22 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Pod;
-use railguard_webhook::catalog::Catalog;
 use railguard_webhook::decisions::{CacheLimits, DecisionCache};
-use railguard_webhook::metrics::Metrics;
-use railguard_webhook::node_guard::nodes::NodeOutputs;
-use railguard_webhook::node_guard::probers::ProberPods;
 use railguard_webhook::node_guard::GuardPolicy;
-use railguard_webhook::server::{self, AppState, NodeGuardState, RunningServer, ServeOptions};
-use railguard_webhook::tls::CertReloader;
 use railguard_webhook::{FailureMode, WebhookConfig};
+use railguard_webhook_cli::catalog::Catalog;
+use railguard_webhook_cli::metrics::Metrics;
+use railguard_webhook_cli::node_guard_cache::nodes::NodeOutputs;
+use railguard_webhook_cli::node_guard_cache::probers::ProberPods;
+use railguard_webhook_cli::server::{self, AppState, NodeGuardState, RunningServer, ServeOptions};
+use railguard_webhook_cli::tls::CertReloader;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const SAMPLE: &str = include_str!("../fixtures/admission-review-sample.json");
+const SAMPLE: &str = include_str!("../../fixtures/admission-review-sample.json");
 const PROFILES: &[&str] = &[
-    include_str!("../../api/fixtures/profiles/dgx-h100-ndr.yaml"),
-    include_str!("../../api/fixtures/profiles/roce-cloud.yaml"),
+    include_str!("../../../api/fixtures/profiles/dgx-h100-ndr.yaml"),
+    include_str!("../../../api/fixtures/profiles/roce-cloud.yaml"),
 ];
 
 struct Ca {
@@ -659,7 +659,7 @@ async fn readyz_waits_for_the_node_guard_caches() {
         },
         probers: ProberPods::watch(client.clone(), "railguard-system", "app=prober"),
         nodes: NodeOutputs::watch(client),
-        catalog: railguard_webhook::catalog::Catalog::standalone(Vec::new()),
+        catalog: railguard_webhook_cli::catalog::Catalog::standalone(Vec::new()),
         metrics: Arc::new(Metrics::new()),
     });
     let routes = server::admission_routes().merge(server::node_guard_routes(guard.clone()));

@@ -12,9 +12,9 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 
-use super::decision::{NodeView, Output, PROTECTED};
+use railguard_webhook::node_guard::{keep_outputs, NodeView};
 
 /// See the module docs.
 #[derive(Clone)]
@@ -53,36 +53,5 @@ impl NodeOutputs {
         let node = self.store.get(&ObjectRef::new(name))?;
         let value = serde_json::to_value(&*node).ok()?;
         serde_json::from_value(value).ok()
-    }
-}
-
-/// Strips a Node to its protected outputs.
-pub fn keep_outputs(node: &mut Node) {
-    let (labels, annotations, conditions): (Vec<&str>, Vec<&str>, Vec<&str>) = PROTECTED
-        .iter()
-        .fold(Default::default(), |(mut l, mut a, mut c), o| {
-            match *o {
-                Output::Label(k) => l.push(k),
-                Output::Annotation(k) => a.push(k),
-                Output::Condition(t) => c.push(t),
-            }
-            (l, a, c)
-        });
-    node.managed_fields_mut().clear();
-    node.labels_mut()
-        .retain(|k, _| labels.contains(&k.as_str()));
-    node.annotations_mut()
-        .retain(|k, _| annotations.contains(&k.as_str()));
-    node.spec = None;
-    if let Some(status) = node.status.as_mut() {
-        let kept = status
-            .conditions
-            .take()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|c| conditions.contains(&c.type_.as_str()))
-            .collect();
-        *status = Default::default();
-        status.conditions = Some(kept);
     }
 }

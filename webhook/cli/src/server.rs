@@ -16,14 +16,14 @@ use railguard_runtime::{limit_requests, RequestLimits, ServeLimits, Served, TlsC
 use tokio::sync::watch;
 
 use crate::catalog::Catalog;
-use crate::config::{FailureMode, WebhookConfig};
-use crate::decisions::DecisionCache;
 use crate::metrics::{
     AdmissionLabels, KindLabels, Metrics, ModeLabels, NodeGuardLabels, ResultLabels,
 };
-use crate::node_guard;
-use crate::review;
 use crate::tls::CertReloader;
+use railguard_webhook::config::{FailureMode, WebhookConfig};
+use railguard_webhook::decisions::DecisionCache;
+use railguard_webhook::node_guard;
+use railguard_webhook::review;
 
 /// What the handlers share.
 pub struct AppState {
@@ -86,8 +86,8 @@ pub fn admission_routes() -> Router<Arc<AppState>> {
 /// metrics.
 pub struct NodeGuardState {
     pub policy: node_guard::GuardPolicy,
-    pub probers: node_guard::probers::ProberPods,
-    pub nodes: node_guard::nodes::NodeOutputs,
+    pub probers: crate::node_guard_cache::probers::ProberPods,
+    pub nodes: crate::node_guard_cache::nodes::NodeOutputs,
     /// The FabricProfiles, for whether a simulated certificate may be stored.
     pub catalog: Arc<crate::catalog::Catalog>,
     pub metrics: Arc<Metrics>,
@@ -221,7 +221,7 @@ fn json(body: Vec<u8>) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-fn bad_request(state: &AppState, e: &crate::error::DecodeError) -> Response {
+fn bad_request(state: &AppState, e: &railguard_webhook::error::DecodeError) -> Response {
     state.metrics.bad_requests.inc();
     let message = railguard_api::error::error_chain(e);
     tracing::warn!(error = %message, "rejected a body that is not an AdmissionReview");

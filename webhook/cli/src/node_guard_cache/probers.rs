@@ -10,7 +10,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client, ResourceExt};
 
-use super::decision::{PodLookup, ProberPod};
+use railguard_webhook::node_guard::{PodLookup, ProberPod};
 
 /// See the module docs.
 #[derive(Clone)]

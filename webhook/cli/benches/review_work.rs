@@ -5,7 +5,7 @@
 //! after the first the decision cache answers; `mutate-distinct` cycles through 1,000 pods
 //! that differ in one env value, more than the cache holds, so every one is decided.
 //!
-//! Build: `cargo bench -p railguard-webhook --bench review_work --no-run`, then count with
+//! Build: `cargo bench -p railguard-webhook-cli --bench review_work --no-run`, then count with
 //! `valgrind --tool=cachegrind --cache-sim=no <binary> mutate|mutate-distinct|noop ITERS` at two ITERS
 //! (say 10 and 1010): the difference of the `I refs` totals over 1000 is the instructions
 //! per request, start-up excluded. Run alone (`cargo bench`), it times 20000 of each.

@@ -16,13 +16,11 @@ use kube::{Api, Client};
 use railguard_api::profile_list::{partition, ProfileObject};
 use railguard_api::FabricProfile;
 use railguard_kube::{InvalidProfiles, ProfileStatusWriter};
+use railguard_webhook::ProfileSet;
 use tokio::sync::mpsc;
 
-use crate::config::NamespaceInfo;
 use crate::namespace_lookup::{LookupLimits, NamespaceLookups};
-
-/// A consistent snapshot of the profiles, sorted by name (selector matches take the first).
-pub type ProfileSet = Arc<Vec<FabricProfile>>;
+use railguard_webhook::config::NamespaceInfo;
 
 pub struct Catalog {
     profiles: RwLock<ProfileSet>,

@@ -10,17 +10,17 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use k8s_openapi::api::core::v1::Pod;
-use railguard_webhook::catalog::Catalog;
 use railguard_webhook::decisions::{CacheLimits, DecisionCache};
 use railguard_webhook::error::DecodeError;
-use railguard_webhook::metrics::Metrics;
 use railguard_webhook::review::{self, ReviewResponse};
-use railguard_webhook::server::{self, AppState};
 use railguard_webhook::{FailureMode, NamespaceInfo, Warning, WarningKind, WebhookConfig};
+use railguard_webhook_cli::catalog::Catalog;
+use railguard_webhook_cli::metrics::Metrics;
+use railguard_webhook_cli::server::{self, AppState};
 use serde_json::json;
 
-pub const H100: &str = include_str!("../../../api/fixtures/profiles/dgx-h100-ndr.yaml");
-const SAMPLE: &str = include_str!("../../fixtures/admission-review-sample.json");
+pub const H100: &str = include_str!("../../../../api/fixtures/profiles/dgx-h100-ndr.yaml");
+const SAMPLE: &str = include_str!("../../../fixtures/admission-review-sample.json");
 
 /// The review recorded from kube-apiserver 1.20, turned into an 8-GPU, 3-container pod.
 pub fn review_body() -> Vec<u8> {

@@ -4,7 +4,7 @@
 //! it to the library's admission routes, so both endpoints share the listener, the TLS stack,
 //! the limits and the process. Prints a table: throughput, p50/p99 latency, the server's RSS.
 //!
-//! Run: `cargo bench -p railguard-webhook --bench http_load`
+//! Run: `cargo bench -p railguard-webhook-cli --bench http_load`
 //! Knobs (env): LOAD_CONNECTIONS (10), LOAD_REQUESTS (20000 per endpoint and round),
 //! LOAD_ROUNDS (2), LOAD_PACED_SECONDS (5).
 //!
@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use railguard_webhook::server::{self, ServeOptions};
-use railguard_webhook::tls::CertReloader;
+use railguard_webhook_cli::server::{self, ServeOptions};
+use railguard_webhook_cli::tls::CertReloader;
 
 mod support;
 

@@ -478,6 +478,17 @@ impl Certificate {
     }
 
     /// The annotation value (compact JSON).
+    /// The certificate an object's annotations carry (`railguard.io/certificate`): `None`
+    /// without one, else the annotation parsed. The one way every component reads a Node's
+    /// certificate.
+    pub fn of_annotations(
+        annotations: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> Option<Result<Self, CertificateError>> {
+        annotations?
+            .get(crate::keys::ANNOTATION_CERTIFICATE)
+            .map(|raw| Certificate::from_annotation(raw))
+    }
+
     pub fn to_annotation(&self) -> Result<String, CertificateError> {
         serde_json::to_string(self).map_err(|source| CertificateError::Json { source })
     }

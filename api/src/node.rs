@@ -89,12 +89,8 @@ impl NodeFabric {
             .and_then(|s| s.allocatable.as_ref())
             .map(|a| a.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect())
             .unwrap_or_default();
-        let annotation = node
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(keys::ANNOTATION_CERTIFICATE));
-        let mut state = interpret(&labels, annotation.map(String::as_str), now);
+        let certificate = Certificate::of_annotations(node.metadata.annotations.as_ref());
+        let mut state = interpret_certificate(&labels, certificate, now);
         // A certificate counts only on the Node it names: copied elsewhere it proves nothing.
         if let Some(named) = state.certificate().and_then(|c| c.node.clone()) {
             if named != name {
@@ -129,10 +125,19 @@ impl NodeFabric {
     }
 }
 
-/// The pure core of [`NodeFabric::from_node`].
+/// The pure core of [`NodeFabric::from_node`], from the annotation's text.
 pub fn interpret(
     labels: &BTreeMap<String, String>,
     annotation: Option<&str>,
+    now: Timestamp,
+) -> FabricState {
+    interpret_certificate(labels, annotation.map(Certificate::from_annotation), now)
+}
+
+/// [`interpret`] with the annotation already parsed ([`Certificate::of_annotations`]).
+pub fn interpret_certificate(
+    labels: &BTreeMap<String, String>,
+    certificate: Option<Result<Certificate, crate::CertificateError>>,
     now: Timestamp,
 ) -> FabricState {
     let label = labels.get(keys::LABEL_FABRIC).map(String::as_str);
@@ -150,9 +155,9 @@ pub fn interpret(
             }
         },
     };
-    let certificate = match annotation {
+    let certificate = match certificate {
         None => None,
-        Some(raw) => match Certificate::from_annotation(raw) {
+        Some(parsed) => match parsed {
             Ok(c) => Some(Box::new(c)),
             Err(e) => {
                 return FabricState::Unreadable {

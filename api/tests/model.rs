@@ -578,6 +578,31 @@ fn certificate_round_trips_and_keeps_unknown_fields() {
     );
 }
 
+/// The one rule for reading an object's certificate: none without the annotation (or without
+/// annotations), the parse result with it, junk an error and never a silent "none".
+#[test]
+fn the_certificate_of_annotations_is_absent_parsed_or_an_error() {
+    let now = Timestamp::from_second(1_800_000_000).unwrap();
+    let c = certificate(now, Verdict::Certified, 3600);
+    assert!(Certificate::of_annotations(None).is_none());
+    let mut annotations = BTreeMap::from([("other".to_string(), "x".to_string())]);
+    assert!(Certificate::of_annotations(Some(&annotations)).is_none());
+    annotations.insert(
+        keys::ANNOTATION_CERTIFICATE.into(),
+        c.to_annotation().unwrap(),
+    );
+    assert_eq!(
+        Certificate::of_annotations(Some(&annotations))
+            .unwrap()
+            .unwrap(),
+        c
+    );
+    annotations.insert(keys::ANNOTATION_CERTIFICATE.into(), "{not json".into());
+    assert!(Certificate::of_annotations(Some(&annotations))
+        .unwrap()
+        .is_err());
+}
+
 /// Passive healing's state (issue #44): a certificate without it (every one written before)
 /// parses with none; one with it round-trips; none written where none is held.
 #[test]

@@ -211,20 +211,14 @@ pub async fn write_findings(
                 what: format!("get node {node_name}"),
                 source,
             })?;
-        let Some(raw) = node
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(keys::ANNOTATION_CERTIFICATE))
-        else {
+        let Some(parsed) = Certificate::of_annotations(node.metadata.annotations.as_ref()) else {
             warn!(node = %node_name, "node has no certificate; campaign results not written");
             return Ok(None);
         };
-        let mut cert =
-            Certificate::from_annotation(raw).map_err(|source| CampaignError::Certificate {
-                node: node_name.to_string(),
-                source,
-            })?;
+        let mut cert = parsed.map_err(|source| CampaignError::Certificate {
+            node: node_name.to_string(),
+            source,
+        })?;
         let before = cert.clone();
         merge_findings(&mut cert, findings);
         if cert == before {

@@ -47,9 +47,8 @@ impl NodeState {
     /// Pure: the snapshot of a Node object.
     pub fn of(node: &Node) -> Self {
         let annotations = node.metadata.annotations.as_ref();
-        let certificate = annotations
-            .and_then(|a| a.get(keys::ANNOTATION_CERTIFICATE))
-            .and_then(|raw| match Certificate::from_annotation(raw) {
+        let certificate = Certificate::of_annotations(annotations)
+            .and_then(|parsed| match parsed {
                 Ok(c) => Some(c),
                 Err(e) => {
                     tracing::warn!(error = %e, "existing certificate annotation is unreadable; replacing it");

@@ -136,6 +136,11 @@ impl NodeView {
         self.metadata.labels.as_ref()?.get(key).map(String::as_str)
     }
 
+    /// Its certificate ([`Certificate::of_annotations`]).
+    pub fn certificate(&self) -> Option<Result<Certificate, railguard_api::CertificateError>> {
+        Certificate::of_annotations(self.metadata.annotations.as_ref())
+    }
+
     pub fn annotation(&self, key: &str) -> Option<&str> {
         self.metadata
             .annotations
@@ -663,16 +668,16 @@ fn orphan_restore(change: NodeChange<'_>) -> Result<(), String> {
     if before != Some(keys::fabric::PENDING) {
         return Err("only a pending mark is given back to its certificate".to_string());
     }
-    let raw = change
+    let cert = change
         .new
-        .annotation(keys::ANNOTATION_CERTIFICATE)
-        .ok_or_else(|| "the node has no certificate to give it back to".to_string())?;
-    let cert = Certificate::from_annotation(raw).map_err(|e| {
-        format!(
-            "its certificate does not parse: {}",
-            railguard_api::error::error_chain(&e)
-        )
-    })?;
+        .certificate()
+        .ok_or_else(|| "the node has no certificate to give it back to".to_string())?
+        .map_err(|e| {
+            format!(
+                "its certificate does not parse: {}",
+                railguard_api::error::error_chain(&e)
+            )
+        })?;
     let wanted = cert.fabric_label(change.now);
     if wanted == keys::fabric::PENDING || after != Some(wanted) {
         return Err(format!(
@@ -696,16 +701,16 @@ fn expiry_flip(change: NodeChange<'_>) -> Result<(), String> {
             after.unwrap_or("(none)")
         ));
     }
-    let raw = change
+    let cert = change
         .new
-        .annotation(keys::ANNOTATION_CERTIFICATE)
-        .ok_or_else(|| "the node has no certificate".to_string())?;
-    let cert = Certificate::from_annotation(raw).map_err(|e| {
-        format!(
-            "its certificate does not parse: {}",
-            railguard_api::error::error_chain(&e)
-        )
-    })?;
+        .certificate()
+        .ok_or_else(|| "the node has no certificate".to_string())?
+        .map_err(|e| {
+            format!(
+                "its certificate does not parse: {}",
+                railguard_api::error::error_chain(&e)
+            )
+        })?;
     if cert.fabric_label(change.now) != keys::fabric::PENDING {
         return Err(format!(
             "its {} certificate expires at {}",

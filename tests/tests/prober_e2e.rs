@@ -278,6 +278,11 @@ async fn simulated_nodes_certify_fail_on_faults_and_flip_on_passive_counters() -
         log.contains("no invasive run at start"),
         "the daemon retested a node with a valid certificate at start:\n{log}"
     );
+    // The run's lines carry its span, so an operator can follow one node's certification.
+    assert!(
+        log.contains("certification{node=gpu-c profile=") && log.contains("run=\"invasive\""),
+        "the invasive run's lines are in its certification span:\n{log}"
+    );
     let counter = work
         .path()
         .join("sysfs-gpu-c/sys/class/infiniband/mlx5_4/ports/1/counters/symbol_error");

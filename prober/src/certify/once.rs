@@ -102,7 +102,9 @@ pub async fn certify_once(
 
 /// [`certify_once`] from a Node already read (`None` without a cluster): pending label,
 /// evidence, verdict, certificate, publish. The outcome's certificate is the one published
-/// (with the campaign's findings merged in), else this run's.
+/// (with the campaign's findings merged in), else this run's. Every log line of the run is
+/// inside a `certification` span naming the node and profile.
+#[tracing::instrument(name = "certification", skip_all, fields(node = %ctx.node, profile = %ctx.profile.name(), run = "invasive"))]
 pub async fn certify_with_state(
     ctx: &NodeContext,
     mut state: Option<&mut NodeState>,
@@ -173,7 +175,9 @@ pub async fn certify_with_state(
 }
 
 /// One passive check (ports over `window`) against the Node read in `state`, publishing the
-/// updated certificate when there is one to update or the check failed the node.
+/// updated certificate when there is one to update or the check failed the node (in a
+/// `certification` span, `run = "passive"`).
+#[tracing::instrument(name = "certification", skip_all, fields(node = %ctx.node, profile = %ctx.profile.name(), run = "passive"))]
 pub async fn passive_once(
     ctx: &NodeContext,
     state: &mut NodeState,

@@ -14,6 +14,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use railguard_runtime::{limit_requests, RequestLimits, ServeLimits, Served, TlsConfigSource};
 use tokio::sync::watch;
+use tracing::Instrument as _;
 
 use crate::catalog::Catalog;
 use crate::metrics::{
@@ -139,11 +140,28 @@ async fn node_guard_handler(State(guard): State<Arc<NodeGuardState>>, body: Byte
             return json(response.encode());
         }
     };
+    let span = tracing::info_span!(
+        "node_admission",
+        uid = %request.uid,
+        node = request.name.as_deref().unwrap_or(""),
+        user = %request.user_info.username,
+        operation = %request.operation,
+    );
+    answer_node_admission(&guard, &request, count)
+        .instrument(span)
+        .await
+}
+
+async fn answer_node_admission(
+    guard: &NodeGuardState,
+    request: &review::AdmissionRequest<'_>,
+    count: impl Fn(&str, &str),
+) -> Response {
     if guard.policy.is_prober(&request.user_info) && !guard.probers.is_synced() {
         guard.probers.wait_synced(PROBER_CACHE_WAIT).await;
     }
     let admission = node_guard::admit_node(
-        &request,
+        request,
         &guard.policy,
         |pod| guard.probers.lookup(pod),
         |node| guard.nodes.view(node),
@@ -234,11 +252,29 @@ async fn mutate_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Resp
         Ok(r) => r,
         Err(e) => return bad_request(&state, &e),
     };
+    // One span per admission: every line logged while answering it names the request.
+    let span = tracing::info_span!(
+        "admission",
+        uid = %request.uid,
+        namespace = request.namespace.as_deref().unwrap_or(""),
+        pod = request.name.as_deref().unwrap_or(""),
+        user = %request.user_info.username,
+    );
+    answer_admission(&state, &request, start)
+        .instrument(span)
+        .await
+}
+
+async fn answer_admission(
+    state: &AppState,
+    request: &review::AdmissionRequest<'_>,
+    start: Instant,
+) -> Response {
     let ns_name = request.namespace.clone().unwrap_or_default();
     let namespace = state.catalog.namespace(&ns_name).await;
     let profiles = state.catalog.profiles();
     let admission = review::admit_cached(
-        &request,
+        request,
         &namespace,
         &profiles,
         &state.config,

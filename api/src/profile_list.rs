@@ -8,6 +8,7 @@
 //! whatever the others hold. [`decode_profile`] is the pure decision it makes.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -290,8 +291,92 @@ pub fn partition<'a>(
     (valid, invalid)
 }
 
+/// What changed in the set of invalid profiles.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ProfileChanges {
+    /// Invalid now and not before, or invalid for another reason.
+    pub newly_invalid: Vec<InvalidProfile>,
+    /// Invalid before, now valid or gone.
+    pub no_longer_invalid: Vec<String>,
+}
+
+/// The profiles skipped as invalid, by name, with their reasons. Pure: callers feed it the
+/// invalid objects of their cache and act on the changes (`railguard_kube` logs them and
+/// counts them in the `fabric_profiles_invalid` gauge).
+#[derive(Debug, Default)]
+pub struct InvalidProfiles {
+    current: BTreeMap<String, InvalidProfile>,
+}
+
+impl InvalidProfiles {
+    /// Replaces the whole set (after a list or a rebuild from a store).
+    pub fn replace(&mut self, now: impl IntoIterator<Item = InvalidProfile>) -> ProfileChanges {
+        let now: BTreeMap<String, InvalidProfile> =
+            now.into_iter().map(|p| (p.name.clone(), p)).collect();
+        let mut changes = ProfileChanges::default();
+        for (name, p) in &now {
+            if self.current.get(name).map(|o| &o.reason) != Some(&p.reason) {
+                changes.newly_invalid.push(p.clone());
+            }
+        }
+        for name in self.current.keys() {
+            if !now.contains_key(name) {
+                changes.no_longer_invalid.push(name.clone());
+            }
+        }
+        self.current = now;
+        changes
+    }
+
+    /// One object changed: `Some` when it is invalid, `None` when it is valid or deleted.
+    pub fn set(&mut self, name: &str, invalid: Option<InvalidProfile>) -> ProfileChanges {
+        let mut now = self.current.clone();
+        match invalid {
+            Some(p) => now.insert(name.to_string(), p),
+            None => now.remove(name),
+        };
+        self.replace(now.into_values())
+    }
+
+    pub fn len(&self) -> usize {
+        self.current.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.current.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    fn invalid(name: &str, reason: &str) -> InvalidProfile {
+        InvalidProfile {
+            name: name.into(),
+            generation: Some(1),
+            reason: reason.into(),
+        }
+    }
+
+    #[test]
+    fn each_invalid_profile_is_reported_once_per_change() {
+        let mut set = InvalidProfiles::default();
+        let c = set.replace([invalid("a", "port"), invalid("b", "rate")]);
+        assert_eq!(c.newly_invalid.len(), 2);
+        assert!(c.no_longer_invalid.is_empty());
+        // A resync with the same reasons: nothing new.
+        assert_eq!(
+            set.replace([invalid("a", "port"), invalid("b", "rate")]),
+            ProfileChanges::default()
+        );
+        // Another reason is news; a fixed one is no longer invalid.
+        let c = set.set("a", Some(invalid("a", "rails")));
+        assert_eq!(c.newly_invalid, [invalid("a", "rails")]);
+        let c = set.set("b", None);
+        assert_eq!(c.no_longer_invalid, ["b"]);
+        assert_eq!(set.len(), 1);
+        assert_eq!(set.set("b", None), ProfileChanges::default());
+    }
+
     use super::*;
 
     fn fixture() -> serde_json::Value {

@@ -1,7 +1,7 @@
 //! railguard's Kubernetes layer: every conversation a component has with the API server
 //! that is not a one-off of its shell lives here, in one copy. The client from
 //! `--kubeconfig` ([`kube_client`]); leader and slot election on a Lease ([`lease`]); the
-//! FabricProfile catalog's status and Events ([`ProfileStatusWriter`], [`InvalidProfiles`]);
+//! FabricProfile catalog's status and Events ([`ProfileStatusWriter`], [`log_profile_changes`]);
 //! Secrets a component fills once ([`secret_fill`]) and the private PKIs they hold
 //! ([`pki`]).
 //!
@@ -18,6 +18,6 @@ pub mod secret_fill;
 pub use client::kube_client;
 pub use error::{PkiError, SecretFillError};
 pub use profile_reports::{
-    InvalidProfileGauge, InvalidProfiles, ProfileChanges, ProfileLabels, ProfileStatusWriter,
-    PROFILE_STATUS_MANAGER,
+    log_profile_changes, record_profile_changes, InvalidProfileGauge, ProfileLabels,
+    ProfileStatusWriter, PROFILE_STATUS_MANAGER,
 };

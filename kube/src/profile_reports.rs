@@ -1,85 +1,30 @@
-//! Reporting FabricProfiles railguard skips: [`InvalidProfiles`] (every component: which
-//! are invalid now, logged once per change, for its `fabric_profiles_invalid` metric) and
+//! Reporting FabricProfiles railguard skips: the changes of the invalid set
+//! (`railguard_api::profile_list::InvalidProfiles`, pure) logged once per change
+//! ([`log_profile_changes`]) and counted in every component's `fabric_profiles_invalid`
+//! metric ([`InvalidProfileGauge`]), and
 //! [`ProfileStatusWriter`] (the webhook alone: the profile's `Valid` status condition and a
 //! Warning Event `InvalidProfile` when it becomes invalid).
-
-use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource};
-use railguard_api::profile_list::{ProfileObject, ValidCondition, INVALID_REASON};
-use railguard_api::{FabricProfile, InvalidProfile};
+use railguard_api::profile_list::{ProfileChanges, ProfileObject, ValidCondition, INVALID_REASON};
+use railguard_api::FabricProfile;
 
-/// What changed in the set of invalid profiles.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct ProfileChanges {
-    /// Invalid now and not before, or invalid for another reason.
-    pub newly_invalid: Vec<InvalidProfile>,
-    /// Invalid before, now valid or gone.
-    pub no_longer_invalid: Vec<String>,
-}
-
-/// The profiles skipped as invalid, by name, with their reasons. Pure: callers feed it the
-/// invalid objects of their cache and act on the changes (log, metric).
-#[derive(Debug, Default)]
-pub struct InvalidProfiles {
-    current: BTreeMap<String, InvalidProfile>,
-}
-
-impl InvalidProfiles {
-    /// Replaces the whole set (after a list or a rebuild from a store).
-    pub fn replace(&mut self, now: impl IntoIterator<Item = InvalidProfile>) -> ProfileChanges {
-        let now: BTreeMap<String, InvalidProfile> =
-            now.into_iter().map(|p| (p.name.clone(), p)).collect();
-        let mut changes = ProfileChanges::default();
-        for (name, p) in &now {
-            if self.current.get(name).map(|o| &o.reason) != Some(&p.reason) {
-                changes.newly_invalid.push(p.clone());
-            }
-        }
-        for name in self.current.keys() {
-            if !now.contains_key(name) {
-                changes.no_longer_invalid.push(name.clone());
-            }
-        }
-        self.current = now;
-        changes
+/// Logs the changes of the invalid set (`component` names who skips the profile).
+pub fn log_profile_changes(changes: &ProfileChanges, component: &str) {
+    for p in &changes.newly_invalid {
+        tracing::warn!(
+            component,
+            profile = %p.name,
+            generation = p.generation,
+            reason = %p.reason,
+            "skipping invalid FabricProfile (the other profiles are served)"
+        );
     }
-
-    /// One object changed: `Some` when it is invalid, `None` when it is valid or deleted.
-    pub fn set(&mut self, name: &str, invalid: Option<InvalidProfile>) -> ProfileChanges {
-        let mut now = self.current.clone();
-        match invalid {
-            Some(p) => now.insert(name.to_string(), p),
-            None => now.remove(name),
-        };
-        self.replace(now.into_values())
-    }
-
-    pub fn len(&self) -> usize {
-        self.current.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.current.is_empty()
-    }
-
-    /// Logs the changes (`component` names who skips the profile).
-    pub fn log(changes: &ProfileChanges, component: &str) {
-        for p in &changes.newly_invalid {
-            tracing::warn!(
-                component,
-                profile = %p.name,
-                generation = p.generation,
-                reason = %p.reason,
-                "skipping invalid FabricProfile (the other profiles are served)"
-            );
-        }
-        for name in &changes.no_longer_invalid {
-            tracing::info!(component, profile = %name, "FabricProfile no longer skipped");
-        }
+    for name in &changes.no_longer_invalid {
+        tracing::info!(component, profile = %name, "FabricProfile no longer skipped");
     }
 }
 
@@ -96,22 +41,20 @@ pub type InvalidProfileGauge = prometheus_client::metrics::family::Family<
     prometheus_client::metrics::gauge::Gauge,
 >;
 
-impl ProfileChanges {
-    /// Sets the gauge for the profiles that became invalid and removes it for those that no
-    /// longer are.
-    pub fn record(&self, gauge: &InvalidProfileGauge) {
-        for p in &self.newly_invalid {
-            gauge
-                .get_or_create(&ProfileLabels {
-                    profile: p.name.clone(),
-                })
-                .set(1);
-        }
-        for name in &self.no_longer_invalid {
-            gauge.remove(&ProfileLabels {
-                profile: name.clone(),
-            });
-        }
+/// Sets the gauge for the profiles that became invalid and removes it for those that no
+/// longer are.
+pub fn record_profile_changes(changes: &ProfileChanges, gauge: &InvalidProfileGauge) {
+    for p in &changes.newly_invalid {
+        gauge
+            .get_or_create(&ProfileLabels {
+                profile: p.name.clone(),
+            })
+            .set(1);
+    }
+    for name in &changes.no_longer_invalid {
+        gauge.remove(&ProfileLabels {
+            profile: name.clone(),
+        });
     }
 }
 
@@ -240,34 +183,6 @@ fn status_patch(object: &ProfileObject, c: &ValidCondition, now: &str) -> serde_
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn invalid(name: &str, reason: &str) -> InvalidProfile {
-        InvalidProfile {
-            name: name.into(),
-            generation: Some(1),
-            reason: reason.into(),
-        }
-    }
-
-    #[test]
-    fn each_invalid_profile_is_reported_once_per_change() {
-        let mut set = InvalidProfiles::default();
-        let c = set.replace([invalid("a", "port"), invalid("b", "rate")]);
-        assert_eq!(c.newly_invalid.len(), 2);
-        assert!(c.no_longer_invalid.is_empty());
-        // A resync with the same reasons: nothing new.
-        assert_eq!(
-            set.replace([invalid("a", "port"), invalid("b", "rate")]),
-            ProfileChanges::default()
-        );
-        // Another reason is news; a fixed one is no longer invalid.
-        let c = set.set("a", Some(invalid("a", "rails")));
-        assert_eq!(c.newly_invalid, [invalid("a", "rails")]);
-        let c = set.set("b", None);
-        assert_eq!(c.no_longer_invalid, ["b"]);
-        assert_eq!(set.len(), 1);
-        assert_eq!(set.set("b", None), ProfileChanges::default());
-    }
 
     #[test]
     fn the_status_patch_carries_the_condition_and_for_valid_profiles_the_layout() {

@@ -13,9 +13,10 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
+use railguard_api::profile_list::InvalidProfiles;
 use railguard_api::profile_list::{partition, ProfileObject};
 use railguard_api::FabricProfile;
-use railguard_kube::{InvalidProfiles, ProfileStatusWriter};
+use railguard_kube::ProfileStatusWriter;
 use railguard_webhook::ProfileSet;
 use tokio::sync::mpsc;
 
@@ -142,9 +143,9 @@ impl Catalog {
             Ok(mut set) => set.replace(invalid),
             Err(poisoned) => poisoned.into_inner().replace(invalid),
         };
-        InvalidProfiles::log(&changes, "webhook");
+        railguard_kube::log_profile_changes(&changes, "webhook");
         if let Some(m) = &self.metrics {
-            changes.record(&m.profiles_invalid);
+            railguard_kube::record_profile_changes(&changes, &m.profiles_invalid);
         }
         if let Some(tx) = &self.statuses {
             for o in objects.iter().filter(|o| o.condition_update().is_some()) {

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
+use railguard_api::profile_list::InvalidProfiles;
 use railguard_api::profile_list::{partition, ProfileObject};
 use railguard_api::{FabricProfile, NodeFabric};
-use railguard_kube::InvalidProfiles;
 
 use crate::metrics::{CacheLabels, Metrics};
 use railguard_extender::cache::{
@@ -119,8 +119,8 @@ impl ClusterState {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .replace(invalid);
-        InvalidProfiles::log(&changes, "extender");
-        changes.record(&metrics.profiles_invalid);
+        railguard_kube::log_profile_changes(&changes, "extender");
+        railguard_kube::record_profile_changes(&changes, &metrics.profiles_invalid);
         self.replace_profiles(valid);
     }
 

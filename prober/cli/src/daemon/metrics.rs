@@ -186,8 +186,11 @@ impl Metrics {
     }
 
     /// Sets `fabric_profiles_invalid` from what changed.
-    pub(crate) fn record_invalid_profiles(&self, changes: &railguard_kube::ProfileChanges) {
-        changes.record(&self.profiles_invalid);
+    pub(crate) fn record_invalid_profiles(
+        &self,
+        changes: &railguard_api::profile_list::ProfileChanges,
+    ) {
+        railguard_kube::record_profile_changes(changes, &self.profiles_invalid);
     }
 
     /// Sets `unprofiled`: whether this node is a GPU node no profile matches.

@@ -1,6 +1,18 @@
 //! Errors of the api crate.
 
-use crate::profile::FieldProblem;
+/// One problem found by [`crate::profile::FabricProfileSpec::validate`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldProblem {
+    /// Path of the offending field, e.g. `spec.rails[2].rateGbps`.
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for FieldProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
 
 /// A FabricProfile failed validation or could not be read.
 #[derive(Debug, thiserror::Error)]

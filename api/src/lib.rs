@@ -3,6 +3,7 @@
 //! Node's fabric state. Pure data and functions, no IO.
 #![forbid(unsafe_code)]
 
+pub mod campaign_findings;
 pub mod certificate;
 pub mod crd;
 pub mod dra;
@@ -18,6 +19,7 @@ pub mod profile_list;
 pub mod quantity;
 pub mod selector;
 pub mod signature;
+pub mod upkeep;
 
 pub use certificate::{
     Certificate, GpuAffinity, NcclResult, PathType, RailFault, RailResult, RailVerdict, Transport,

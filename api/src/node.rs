@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use crate::certificate::{human_duration, Certificate, Verdict};
 use crate::fleet::OutlierMark;
@@ -266,5 +267,70 @@ impl std::fmt::Display for FabricState {
             }
             FabricState::Unreadable { reason } => write!(f, "unreadable: {reason}"),
         }
+    }
+}
+
+/// An Event about a Node that railguard records (a certification's outcome, a healed rail,
+/// the fleet controller's marks and upkeep): the values; the shells write the Event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeEvent {
+    /// `Certified`, `CertificationFailed`, `Regressed` or `RailHealedPassively`.
+    pub reason: &'static str,
+    /// `Normal` or `Warning`.
+    pub kind: &'static str,
+    pub message: String,
+}
+
+/// Where Events about cluster-scoped objects (Nodes, FabricProfiles) are recorded.
+pub const EVENT_NAMESPACE: &str = "default";
+
+/// The longest Event message railguard writes, in characters (events.k8s.io caps a note at
+/// 1 KiB; `kubectl describe` shows no more).
+pub const EVENT_MESSAGE_CHARS: usize = 1024;
+
+impl NodeEvent {
+    /// The core v1 Event about `involved`, reported by `component` from `instance`, at `now`.
+    /// Core v1, in [`EVENT_NAMESPACE`]: Kubernetes 1.20's events.k8s.io/v1 refuses a
+    /// cluster-scoped `regarding` in a namespace.
+    pub fn to_event(
+        &self,
+        involved: ObjectReference,
+        component: &str,
+        instance: &str,
+        now: Timestamp,
+    ) -> Event {
+        let name = involved.name.clone().unwrap_or_default();
+        Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{name}.railguard-")),
+                namespace: Some(EVENT_NAMESPACE.into()),
+                ..ObjectMeta::default()
+            },
+            involved_object: involved,
+            reason: Some(self.reason.into()),
+            message: Some(self.message.chars().take(EVENT_MESSAGE_CHARS).collect()),
+            type_: Some(self.kind.into()),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            count: Some(1),
+            reporting_component: Some(component.into()),
+            reporting_instance: Some(instance.into()),
+            source: Some(EventSource {
+                component: Some(component.into()),
+                host: Some(instance.into()),
+            }),
+            ..Event::default()
+        }
+    }
+}
+
+/// The reference an Event about Node `name` carries.
+pub fn node_reference(name: &str, uid: Option<String>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(name.to_string()),
+        uid,
+        ..ObjectReference::default()
     }
 }

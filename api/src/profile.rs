@@ -9,48 +9,12 @@ use schemars::JsonSchema;
 use crate::finding::{FindingKind, DEFAULT_FATAL_FINDINGS};
 use serde::{Deserialize, Serialize};
 
+pub use crate::error::FieldProblem;
 use crate::error::ProfileError;
 use crate::quantity::parse_bytes;
 use crate::selector::LabelSelector;
+pub use crate::signature::LinkLayer;
 use crate::signature::{layout_signature, RailLayout};
-
-/// Link layer of a rail. Serialized as `IB` or `RoCE`.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
-)]
-pub enum LinkLayer {
-    /// InfiniBand (`link_layer` = `InfiniBand` in sysfs).
-    #[serde(rename = "IB")]
-    Ib,
-    /// RDMA over Converged Ethernet (`link_layer` = `Ethernet` in sysfs).
-    #[serde(rename = "RoCE")]
-    Roce,
-}
-
-impl LinkLayer {
-    /// Short name used in signatures and messages.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LinkLayer::Ib => "IB",
-            LinkLayer::Roce => "RoCE",
-        }
-    }
-
-    /// Maps the sysfs `link_layer` value (`InfiniBand`, `Ethernet`) to a link layer.
-    pub fn from_sysfs(value: &str) -> Option<Self> {
-        match value.trim() {
-            "InfiniBand" => Some(LinkLayer::Ib),
-            "Ethernet" => Some(LinkLayer::Roce),
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for LinkLayer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// One compute rail: an HCA port and the GPUs whose traffic it carries.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -1466,18 +1430,23 @@ fn check_number(out: &mut Vec<FieldProblem>, field: &str, v: f64, allow_zero: bo
     }
 }
 
-/// One problem found by [`FabricProfileSpec::validate`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FieldProblem {
-    /// Path of the offending field, e.g. `spec.rails[2].rateGbps`.
-    pub field: String,
-    pub message: String,
-}
-
-impl std::fmt::Display for FieldProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
-    }
+/// The profile among `profiles` whose rail layout this node has: an exact layout first, then
+/// one that differs only in a link's current rate (a downshifted link is then judged as that
+/// profile's rail). Pure.
+pub fn matching_profile<'a>(
+    profiles: &'a [FabricProfile],
+    layout: &[RailLayout],
+) -> Option<&'a FabricProfile> {
+    let exact = layout_signature(layout);
+    profiles
+        .iter()
+        .find(|p| p.spec.signature() == exact)
+        .or_else(|| {
+            profiles.iter().find(|p| {
+                crate::signature::certified_signature(layout, &p.spec.layout())
+                    == p.spec.signature()
+            })
+        })
 }
 
 impl FabricProfile {

@@ -10,9 +10,47 @@
 //!
 //! The result fits a label value (63 characters, alphanumerics and `-`).
 
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::profile::LinkLayer;
+/// Link layer of a rail. Serialized as `IB` or `RoCE`.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+pub enum LinkLayer {
+    /// InfiniBand (`link_layer` = `InfiniBand` in sysfs).
+    #[serde(rename = "IB")]
+    Ib,
+    /// RDMA over Converged Ethernet (`link_layer` = `Ethernet` in sysfs).
+    #[serde(rename = "RoCE")]
+    Roce,
+}
+
+impl LinkLayer {
+    /// Short name used in signatures and messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LinkLayer::Ib => "IB",
+            LinkLayer::Roce => "RoCE",
+        }
+    }
+
+    /// Maps the sysfs `link_layer` value (`InfiniBand`, `Ethernet`) to a link layer.
+    pub fn from_sysfs(value: &str) -> Option<Self> {
+        match value.trim() {
+            "InfiniBand" => Some(LinkLayer::Ib),
+            "Ethernet" => Some(LinkLayer::Roce),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for LinkLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// One rail as the signature sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]

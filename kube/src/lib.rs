@@ -10,6 +10,7 @@
 
 mod client;
 mod error;
+pub mod events;
 pub mod lease;
 pub mod pki;
 mod profile_reports;

@@ -5,12 +5,14 @@
 //! [`ProfileStatusWriter`] (the webhook alone: the profile's `Valid` status condition and a
 //! Warning Event `InvalidProfile` when it becomes invalid).
 
-use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, Resource};
+use railguard_api::node::NodeEvent;
 use railguard_api::profile_list::{ProfileChanges, ProfileObject, ValidCondition, INVALID_REASON};
 use railguard_api::FabricProfile;
+
+use crate::events::record_event;
 
 /// Logs the changes of the invalid set (`component` names who skips the profile).
 pub fn log_profile_changes(changes: &ProfileChanges, component: &str) {
@@ -70,10 +72,8 @@ pub const PROFILE_STATUS_MANAGER: &str = "railguard-webhook-profile-status";
 /// condition stays unwritten there, and the Event and the metric report it.
 pub struct ProfileStatusWriter {
     api: Api<FabricProfile>,
-    /// Core v1 Events in `default` (cluster-scoped objects): `kubectl describe` shows them,
-    /// and Kubernetes 1.20 takes them (its events.k8s.io/v1 refuses a cluster-scoped
-    /// `regarding` in a namespace).
-    events: Api<Event>,
+    /// For the Events ([`record_event`]).
+    client: Client,
     controller: String,
 }
 
@@ -81,7 +81,7 @@ impl ProfileStatusWriter {
     pub fn new(client: Client, controller: &str) -> Self {
         ProfileStatusWriter {
             api: Api::all(client.clone()),
-            events: Api::namespaced(client, "default"),
+            client,
             controller: controller.to_string(),
         }
     }
@@ -117,39 +117,22 @@ impl ProfileStatusWriter {
                 resource_version: object.metadata.resource_version.clone(),
                 ..Default::default()
             };
-            let event = self.event(reference, &condition.message);
-            if let Err(e) = self.events.create(&PostParams::default(), &event).await {
+            let event = NodeEvent {
+                reason: INVALID_REASON,
+                kind: "Warning",
+                message: condition.message.clone(),
+            };
+            if let Err(e) = record_event(
+                &self.client,
+                reference,
+                &event,
+                &self.controller,
+                &self.controller,
+            )
+            .await
+            {
                 tracing::warn!(profile = %name, error = %railguard_api::error::error_chain(&e), "cannot record the InvalidProfile Event");
             }
-        }
-    }
-}
-
-impl ProfileStatusWriter {
-    /// The Warning Event `InvalidProfile` about `regarding`.
-    fn event(&self, regarding: ObjectReference, message: &str) -> Event {
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let name = regarding.name.clone().unwrap_or_default();
-        Event {
-            metadata: ObjectMeta {
-                generate_name: Some(format!("{name}.railguard-")),
-                namespace: Some("default".into()),
-                ..ObjectMeta::default()
-            },
-            involved_object: regarding,
-            reason: Some(INVALID_REASON.into()),
-            message: Some(message.chars().take(1024).collect()),
-            type_: Some("Warning".into()),
-            first_timestamp: Some(now.clone()),
-            last_timestamp: Some(now),
-            count: Some(1),
-            reporting_component: Some(self.controller.clone()),
-            reporting_instance: Some(self.controller.clone()),
-            source: Some(EventSource {
-                component: Some(self.controller.clone()),
-                host: None,
-            }),
-            ..Event::default()
         }
     }
 }

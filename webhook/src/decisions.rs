@@ -22,7 +22,8 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::config::ProfileSet;
 use crate::config::{NamespaceInfo, WebhookConfig};
-use crate::review::Decision;
+use crate::mutate::{Plan, WarningKind};
+use crate::patch::{write_patch, EncodedPatch};
 
 /// How much the cache may hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,6 +247,46 @@ fn shape_hash(pod: &Pod, namespace: &NamespaceInfo) -> u64 {
     h.finish()
 }
 
+/// Room for a full mutation's patch (an 8-GPU pod's is about 3 KiB), so writing it does not
+/// grow the buffer.
+const PATCH_CAPACITY: usize = 4096;
+
+/// What [`mutate()`] decided for one pod, as the answer carries it: the part of an
+/// [`Admission`](crate::review::Admission) that does not depend on the request's uid, so [`DecisionCache`] can hold it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// A [`Outcome`] name.
+    ///
+    /// [`Outcome`]: crate::Outcome
+    pub outcome: &'static str,
+    pub profile: Option<String>,
+    pub patch: Option<Arc<EncodedPatch>>,
+    pub warnings: Vec<String>,
+    pub warning_kinds: Vec<WarningKind>,
+    /// Set when the pod is denied.
+    pub denial: Option<String>,
+}
+
+impl Decision {
+    pub fn from_plan(mut plan: Plan) -> Self {
+        let warning_kinds = plan.warnings.iter().map(|w| w.kind).collect();
+        let warnings = plan.warnings.drain(..).map(|w| w.message).collect();
+        let patch = (plan.deny.is_none() && !plan.ops.is_empty()).then(|| {
+            let mut patch = String::with_capacity(PATCH_CAPACITY);
+            write_patch(&plan.ops, &mut patch);
+            Arc::new(EncodedPatch::new(patch.into_bytes()))
+        });
+        Self {
+            outcome: plan.outcome.as_str(),
+            profile: plan.profile,
+            patch,
+            warnings,
+            warning_kinds,
+            denial: plan.deny,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -257,7 +298,6 @@ mod tests {
     use super::*;
     use crate::error::MutateError;
     use crate::mutate;
-    use crate::review::Decision;
 
     const H100: &str = include_str!("../../api/fixtures/profiles/dgx-h100-ndr.yaml");
     const ROCE: &str = include_str!("../../api/fixtures/profiles/roce-cloud.yaml");

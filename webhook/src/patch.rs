@@ -2,6 +2,7 @@
 //! merged); it never removes and never overwrites an array the user wrote — it appends with
 //! `/-` instead.
 
+use base64::Engine as _;
 use jsonptr::PointerBuf;
 
 use crate::json_text::{self, JsonText};
@@ -120,6 +121,34 @@ pub fn write_patch(ops: &[PatchOp], out: &mut String) {
         out.push('}');
     }
     out.push(']');
+}
+
+/// A JSON-patch document and its base64 form, written once: a cached decision answers many
+/// reviews with the same patch. Dereferences to the JSON.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncodedPatch {
+    json: Vec<u8>,
+    base64: String,
+}
+
+impl EncodedPatch {
+    pub fn new(json: Vec<u8>) -> Self {
+        let base64 = base64::engine::general_purpose::STANDARD.encode(&json);
+        Self { json, base64 }
+    }
+
+    /// The patch as base64, the form the AdmissionReview carries.
+    pub fn base64(&self) -> &str {
+        &self.base64
+    }
+}
+
+impl std::ops::Deref for EncodedPatch {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.json
+    }
 }
 
 #[cfg(test)]

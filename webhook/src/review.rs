@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use base64::Engine as _;
 use k8s_openapi::api::core::v1::Pod;
 use railguard_api::FabricProfile;
 use serde::Deserialize;
@@ -11,15 +10,12 @@ use serde_json::value::RawValue;
 
 use crate::config::ProfileSet;
 use crate::config::{FailureMode, NamespaceInfo, WebhookConfig};
+pub use crate::decisions::Decision;
 use crate::decisions::{DecisionCache, Lookup};
 use crate::error::DecodeError;
 use crate::json_text;
-use crate::mutate::{mutate, Plan, Warning, WarningKind};
-use crate::patch::write_patch;
-
-/// Room for a full mutation's patch (an 8-GPU pod's is about 3 KiB), so writing it does not
-/// grow the buffer.
-const PATCH_CAPACITY: usize = 4096;
+use crate::mutate::{mutate, Warning, WarningKind};
+pub use crate::patch::EncodedPatch;
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
@@ -143,34 +139,6 @@ pub fn decode(body: &[u8]) -> Result<AdmissionRequest<'_>, DecodeError> {
     })
 }
 
-/// A JSON-patch document and its base64 form, written once: a cached decision answers many
-/// reviews with the same patch. Dereferences to the JSON.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EncodedPatch {
-    json: Vec<u8>,
-    base64: String,
-}
-
-impl EncodedPatch {
-    pub fn new(json: Vec<u8>) -> Self {
-        let base64 = base64::engine::general_purpose::STANDARD.encode(&json);
-        Self { json, base64 }
-    }
-
-    /// The patch as base64, the form the AdmissionReview carries.
-    pub fn base64(&self) -> &str {
-        &self.base64
-    }
-}
-
-impl std::ops::Deref for EncodedPatch {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        &self.json
-    }
-}
-
 /// The AdmissionResponse railguard sends.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReviewResponse {
@@ -244,42 +212,6 @@ pub struct Admission {
     pub error: Option<String>,
     /// Whether [`admit_cached`] found the decision held (None: no cache was asked).
     pub cache: Option<Lookup>,
-}
-
-/// What [`mutate()`] decided for one pod, as the answer carries it: the part of an
-/// [`Admission`] that does not depend on the request's uid, so [`DecisionCache`] can hold it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Decision {
-    /// A [`Outcome`] name.
-    ///
-    /// [`Outcome`]: crate::Outcome
-    pub outcome: &'static str,
-    pub profile: Option<String>,
-    pub patch: Option<Arc<EncodedPatch>>,
-    pub warnings: Vec<String>,
-    pub warning_kinds: Vec<WarningKind>,
-    /// Set when the pod is denied.
-    pub denial: Option<String>,
-}
-
-impl Decision {
-    pub fn from_plan(mut plan: Plan) -> Self {
-        let warning_kinds = plan.warnings.iter().map(|w| w.kind).collect();
-        let warnings = plan.warnings.drain(..).map(|w| w.message).collect();
-        let patch = (plan.deny.is_none() && !plan.ops.is_empty()).then(|| {
-            let mut patch = String::with_capacity(PATCH_CAPACITY);
-            write_patch(&plan.ops, &mut patch);
-            Arc::new(EncodedPatch::new(patch.into_bytes()))
-        });
-        Self {
-            outcome: plan.outcome.as_str(),
-            profile: plan.profile,
-            patch,
-            warnings,
-            warning_kinds,
-            denial: plan.deny,
-        }
-    }
 }
 
 /// Decides a decoded request: only Pod CREATE is mutated; anything else is allowed as is
@@ -421,6 +353,7 @@ fn admit_with(
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
+    use base64::Engine as _;
     use serde::Serialize;
 
     use super::*;

@@ -6,14 +6,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::certification::{certify_once, NodeContext};
 use anyhow::Context;
 use clap::{Args, ValueHint};
 use kube::Client;
+use railguard_api::profile::matching_profile;
 use railguard_api::profile::NcclRunner;
 use railguard_api::{FabricProfile, Verdict};
-use railguard_prober::certify::once::matching_profile;
 use railguard_prober::certify::run::{HostSoftware, NodeSetup, SoftwareSource};
-use railguard_prober::certify::{certify_once, NodeContext};
 use railguard_prober::nccl::native::NativeNccl;
 use railguard_prober::publish::NodePublisher;
 use railguard_prober::rdma::{GpuMemory, RdmaEngine, VerbsEngine};

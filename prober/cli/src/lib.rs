@@ -11,6 +11,7 @@
 
 pub mod analyze;
 pub mod campaign;
+pub mod certification;
 pub mod certify;
 pub mod cleanup;
 pub mod daemon;

@@ -19,15 +19,16 @@
 
 use std::time::Duration;
 
+use crate::certification::NodeContext;
 use anyhow::Context;
-use k8s_openapi::api::core::v1::{Event, Node, ObjectReference};
-use kube::api::{Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
+use railguard_api::node::node_reference;
 use railguard_api::profile_list::InvalidProfiles;
 use railguard_api::profile_list::{partition, ProfileObject};
 use railguard_api::{keys, FabricProfile, InvalidProfile};
-use railguard_prober::certify::NodeContext;
-use railguard_prober::publish::{event_object, EVENT_NAMESPACE};
+use railguard_kube::events::record_event;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -208,16 +209,8 @@ async fn report_unprofiled(
         return Ok(());
     };
     metrics.set_unprofiled(true);
-    let involved = ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Node".into()),
-        name: Some(node.to_string()),
-        uid: current.metadata.uid.clone(),
-        ..ObjectReference::default()
-    };
-    let event = event_object(involved, &ev, keys::PROBER_FIELD_MANAGER, node);
-    Api::<Event>::namespaced(client.clone(), EVENT_NAMESPACE)
-        .create(&PostParams::default(), &event)
+    let involved = node_reference(node, current.metadata.uid.clone());
+    record_event(client, involved, &ev, keys::PROBER_FIELD_MANAGER, node)
         .await
         .with_context(|| format!("cannot record the {} Event on node {node}", ev.reason))?;
     tracing::warn!(node = %node, "GPU node matches no FabricProfile; Event {} posted", ev.reason);

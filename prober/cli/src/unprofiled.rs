@@ -14,8 +14,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
+use railguard_api::node::NodeEvent;
 use railguard_api::{keys, FabricProfile};
-use railguard_prober::publish::NodeEvent;
 
 /// The Event reason (Warning) on a GPU node no profile matches.
 pub const REASON_UNPROFILED: &str = "Unprofiled";

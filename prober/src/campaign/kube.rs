@@ -17,10 +17,10 @@ use tracing::{info, warn};
 
 pub use railguard_kube::lease::LeaderLease;
 
-use super::verdict::NodeFindings;
 use super::CampaignError;
-use crate::publish::merge::{campaign_fabric_label, merge_findings};
 use crate::publish::{after_conflict, write_condition, WRITE_ATTEMPTS};
+use railguard_api::campaign_findings::NodeFindings;
+use railguard_api::campaign_findings::{campaign_fabric_label, merge_findings};
 use railguard_api::error::error_chain;
 
 /// The log of an MPIJob's launcher once it finished, and how it finished.
@@ -186,7 +186,7 @@ pub async fn profile_nodes(
 /// Writes one node's findings into its certificate: labels and annotation by server-side
 /// apply (field manager `railguard-campaign`), optimistic on the resourceVersion of the Node
 /// just read and retried on a conflict, so the prober's results written meanwhile are merged,
-/// not overwritten ([`crate::publish::merge`]); then the `RailguardFabricReady` condition
+/// not overwritten ([`railguard_api::campaign_findings`]); then the `RailguardFabricReady` condition
 /// through the status subresource. With `leader`, every write is made only after a fresh
 /// proof that this coordinator still holds the lease ([`Leadership::confirm`]).
 /// Returns the certificate as written, or `None` when the node has no certificate to update.
@@ -220,7 +220,9 @@ pub async fn write_findings(
             source,
         })?;
         let before = cert.clone();
-        merge_findings(&mut cert, findings);
+        if let Err(e) = merge_findings(&mut cert, findings) {
+            warn!(node = %node_name, error = %e, "cannot encode campaign findings; applied, not stored");
+        }
         if cert == before {
             return Ok(Some(cert));
         }

@@ -5,7 +5,7 @@
 //! - [`wire`]: the coordinator's authenticated control channel to a peer endpoint;
 //! - [`endpoint`]: the peer endpoint a prober runs (control channel + RDMA side channel);
 //! - [`coordinator`]: runs a plan against endpoints and judges each rail;
-//! - [`verdict`]: the pure merge of a campaign's findings into a node's certificate;
+//! - the findings merge lives in [`railguard_api::campaign_findings`];
 //! - [`kube`]: the thin Kubernetes shell (nodes, endpoints, server-side apply, Lease);
 //! - [`nccl_pair`]: the endpoint's half of an NCCL pair test (this node's ranks in a child
 //!   process, the unique id sent to the peer over the control channel);
@@ -23,7 +23,6 @@ pub mod nccl_pair;
 pub mod plan;
 pub mod summary;
 pub mod token;
-pub mod verdict;
 pub mod wire;
 
 use crate::rdma::RdmaError;

@@ -33,7 +33,7 @@
 use railguard_api::certificate::{NodeBefore, NodePassiveHold, PassiveHold, RailBefore};
 use railguard_api::{Certificate, RailFault, RailResult, RailVerdict, Verdict};
 
-use crate::publish::NodeEvent;
+use railguard_api::node::NodeEvent;
 
 /// Each flap doubles the clean windows a held rail needs, at most this many times (N, 2N, 4N,
 /// 8N).

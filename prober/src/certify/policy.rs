@@ -77,7 +77,7 @@ struct Findings {
 /// that measurement (`status.fleet.drift`), a note that does not degrade the node.
 fn regressed_or_fleet_wide(
     drifting: &BTreeSet<String>,
-    measurement: &crate::fleet::Measurement,
+    measurement: &railguard_api::fleet::Measurement,
     regression: String,
     node_regressions: &mut Vec<String>,
     fleet_wide: &mut Vec<String>,
@@ -213,7 +213,7 @@ pub fn assess_in_fleet(
     history: &[HistoryEntry],
     drifting: &BTreeSet<String>,
 ) -> Assessment {
-    use crate::fleet::{Measurement, MeasurementKind};
+    use railguard_api::fleet::{Measurement, MeasurementKind};
     let t = &profile.thresholds;
     let watched = watched_counters(t);
     let medians = history_medians(history, profile.certification.history_depth as usize);
@@ -661,8 +661,8 @@ fn nccl_checks(
                 ) {
                     regressed_or_fleet_wide(
                         drifting,
-                        &crate::fleet::Measurement::node(
-                            crate::fleet::MeasurementKind::BusbwPlateau,
+                        &railguard_api::fleet::Measurement::node(
+                            railguard_api::fleet::MeasurementKind::BusbwPlateau,
                         ),
                         r,
                         &mut node.regressions,

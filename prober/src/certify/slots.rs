@@ -12,9 +12,28 @@ use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::campaign::kube::{take_lease, LeaderLease};
-use crate::campaign::CampaignError;
 use railguard_api::error::error_chain;
+use railguard_kube::lease::LeaderLease;
+
+/// An invasive slot's Lease could not be read or written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {what} invasive slot lease {lease}")]
+pub struct SlotError {
+    /// `take` or `release`.
+    pub what: &'static str,
+    pub lease: String,
+    #[source]
+    pub source: kube::Error,
+}
+
+/// One round on `lease` at `now` ([`LeaderLease::try_lead_at`]).
+async fn take_slot(lease: &LeaderLease, now: Timestamp) -> Result<bool, SlotError> {
+    lease.try_lead_at(now).await.map_err(|source| SlotError {
+        what: "take",
+        lease: lease.name().to_string(),
+        source,
+    })
+}
 
 /// How long a slot stays held without renewal: a prober killed mid-run frees it then.
 pub const SLOT_LEASE_SECONDS: i32 = 60;
@@ -65,9 +84,9 @@ impl InvasiveSlots {
 
     /// Takes a slot: `Ok(None)` when every slot is held by another node. An API error is an
     /// error: no run starts on a slot it could not prove it holds.
-    pub async fn acquire(&self, now: Timestamp) -> Result<Option<HeldSlot>, CampaignError> {
+    pub async fn acquire(&self, now: Timestamp) -> Result<Option<HeldSlot>, SlotError> {
         for lease in &self.leases {
-            if take_lease(lease, now).await? {
+            if take_slot(lease, now).await? {
                 return Ok(Some(HeldSlot {
                     lease: lease.clone(),
                 }));
@@ -93,7 +112,7 @@ impl HeldSlot {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(period) => {}
             }
-            match take_lease(&self.lease, Timestamp::now()).await {
+            match take_slot(&self.lease, Timestamp::now()).await {
                 Ok(true) => {}
                 Ok(false) => {
                     warn!(lease = %self.name(), "the invasive slot was taken by another node mid-run");
@@ -106,13 +125,14 @@ impl HeldSlot {
     }
 
     /// Gives the slot back.
-    pub async fn release(self) -> Result<(), CampaignError> {
+    pub async fn release(self) -> Result<(), SlotError> {
         self.lease
             .release()
             .await
             .map(|_| ())
-            .map_err(|source| CampaignError::Kube {
-                what: format!("release lease {}", self.lease.name()),
+            .map_err(|source| SlotError {
+                what: "release",
+                lease: self.lease.name().to_string(),
                 source,
             })
     }

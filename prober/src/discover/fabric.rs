@@ -14,44 +14,8 @@ use std::path::{Path, PathBuf};
 use railguard_api::LinkLayer;
 use serde::{Deserialize, Serialize};
 
-use super::pci::read_attr;
+use super::attr::{read_attr, Attr};
 use super::{Finding, FindingKind, Hca, HcaPort, PortState, Rail, Severity};
-
-/// One sysfs attribute as read.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum Attr<T> {
-    /// No such file (or the kernel says the value is not available): unknown.
-    #[default]
-    Absent,
-    /// The file is there but holds something we do not understand (the text, or why it
-    /// could not be read).
-    Junk(String),
-    Value(T),
-}
-
-impl<T> Attr<T> {
-    pub fn value(&self) -> Option<&T> {
-        match self {
-            Attr::Value(v) => Some(v),
-            _ => None,
-        }
-    }
-}
-
-impl Attr<String> {
-    /// Parses a text value; text that does not parse is junk.
-    fn parse<T>(self, parse: impl FnOnce(&str) -> Option<T>) -> Attr<T> {
-        match self {
-            Attr::Absent => Attr::Absent,
-            Attr::Junk(j) => Attr::Junk(j),
-            Attr::Value(text) => match parse(&text) {
-                Some(v) => Attr::Value(v),
-                None => Attr::Junk(text),
-            },
-        }
-    }
-}
 
 /// The type of a GID table entry (`gid_attrs/types/<i>`, the kernel's
 /// `ib_cache_gid_type_str`).

@@ -266,7 +266,7 @@ mod tests {
 
     #[test]
     fn discoverys_entries_become_the_positional_table() {
-        use super::super::fabric::Attr;
+        use super::super::attr::Attr;
         let e = |index: u32, gid: &str, t: GidType| GidEntry {
             index,
             gid: Attr::Value(gid.into()),

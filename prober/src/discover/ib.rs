@@ -265,7 +265,7 @@ pub fn read_port(root: &Path, hca: &str, port: u32) -> Result<HcaPort, DiscoverE
     // The physical-layer counters are read (and reported) by the fabric checks.
     let counters = hdir.join("ports").join(port.to_string()).join("counters");
     for (name, value) in &read.fabric.physical_counters {
-        if let super::fabric::Attr::Junk(text) = value {
+        if let super::attr::Attr::Junk(text) = value {
             problems.push(junk_file(hca, &counters.join(name), "a counter", text));
         }
     }

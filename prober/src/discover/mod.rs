@@ -8,6 +8,7 @@
 //! [`analyze`]) is pure.
 
 mod affinity;
+mod attr;
 mod error;
 mod fabric;
 pub mod gid;
@@ -27,9 +28,10 @@ use serde::{Deserialize, Serialize};
 pub use affinity::{
     affinity_findings, affinity_map, classify_nics, GpuRef, NicCandidate, PairPath,
 };
+pub use attr::Attr;
 pub use error::DiscoverError;
 pub use fabric::{
-    fabric_findings, gid_carrier, roce_path_mtu, Attr, GidCarrier, GidEntry, GidType, NetdevFacts,
+    fabric_findings, gid_carrier, roce_path_mtu, GidCarrier, GidEntry, GidType, NetdevFacts,
     PhysicalCounter, PortFabric, MIN_ROCE_NETDEV_MTU, PHYSICAL_COUNTERS,
 };
 pub use ib::{read_hcas, read_port, read_port_counters};

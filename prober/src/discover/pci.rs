@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use railguard_api::PathType;
 use serde::{Deserialize, Serialize};
 
-use super::fabric::Attr;
+use super::attr::{read_attr, Attr};
 use super::{
     ib, nvml, readiness, DiscoverError, Finding, FindingKind, Gpu, IndexOrder, Inventory, Severity,
 };
@@ -111,44 +111,6 @@ pub fn classify_path(a: &PciDevice, b: &PciDevice) -> PathType {
     } else {
         PathType::Pxb
     }
-}
-
-/// Reads a small sysfs attribute, trimmed: `Absent` when there is no such file, `Junk` when
-/// it cannot be read, is larger than a page or is not UTF-8 (with the text, lossily, or why),
-/// else the text. One `open` + one `read` + `close`: attributes fit in a page and a short
-/// read is the whole value (no size probe, no EOF read).
-pub(crate) fn read_attr(path: &Path) -> Attr<String> {
-    use std::io::Read;
-    let mut f = match fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Attr::Absent,
-        Err(e) => return Attr::Junk(format!("<unreadable: {e}>")),
-    };
-    let mut buf = [0u8; 4096];
-    let mut len = 0;
-    loop {
-        let n = match f.read(&mut buf[len..]) {
-            Ok(n) => n,
-            Err(e) => return Attr::Junk(format!("<unreadable: {e}>")),
-        };
-        len += n;
-        if n == 0 || len < buf.len() {
-            break;
-        }
-        if len == buf.len() {
-            // Larger than an attribute: not something we understand.
-            return Attr::Junk("<more than 4095 bytes>".into());
-        }
-    }
-    match std::str::from_utf8(&buf[..len]) {
-        Ok(text) => Attr::Value(text.trim().to_string()),
-        Err(_) => Attr::Junk(String::from_utf8_lossy(&buf[..len]).trim().to_string()),
-    }
-}
-
-/// [`read_attr`]'s text, `None` when absent or junk (for attributes nothing is decided on).
-pub(crate) fn read_trimmed(path: &Path) -> Option<String> {
-    read_attr(path).value().cloned()
 }
 
 /// A file that holds something discovery does not understand: a `sysfs-unreadable` finding

@@ -7,7 +7,8 @@ use std::path::Path;
 use railguard_api::PathType;
 use serde::{Deserialize, Serialize};
 
-use super::pci::{read_trimmed, AcsState, PciDevice};
+use super::attr::read_trimmed;
+use super::pci::{AcsState, PciDevice};
 use super::{AffinityMap, Finding, FindingKind, IndexOrder, Inventory, PortState, Rail, Severity};
 
 /// Kernel and driver facts that decide whether GPUDirect RDMA can work.

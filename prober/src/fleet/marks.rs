@@ -5,7 +5,7 @@
 use railguard_api::fleet::reason;
 
 use super::{FleetAnalysis, FleetNode};
-use crate::publish::NodeEvent;
+use railguard_api::node::NodeEvent;
 
 /// The most outlier marks a condition message names (the worst ones); the rest are counted.
 pub const MAX_MARKS_IN_MESSAGE: usize = 4;

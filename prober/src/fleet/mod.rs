@@ -11,7 +11,6 @@ pub mod cleanup;
 pub mod html;
 pub mod marks;
 pub mod report;
-pub mod upkeep;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -22,82 +21,12 @@ use railguard_api::fleet::{
     BaselineSnapshot, FleetDrift, FleetSpec, FleetSplit, FleetStatus, MeasurementBaseline,
     MAX_LISTED_OUTLIERS,
 };
+pub use railguard_api::fleet::{Measurement, MeasurementKind};
 use railguard_api::Certificate;
 
 /// The scale that makes the median absolute deviation estimate a standard deviation for
 /// normally distributed figures (1 / Φ⁻¹(3/4)).
 pub const MAD_SCALE: f64 = 1.4826;
-
-/// What a figure measures. Bandwidths are better higher, latency lower.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum MeasurementKind {
-    /// Per rail: RDMA WRITE bandwidth from host memory, Gb/s.
-    WriteBwHost,
-    /// Per rail: RDMA WRITE bandwidth from GPU memory (GPUDirect), Gb/s.
-    WriteBwGpu,
-    /// Per rail: small-message RDMA WRITE latency, µs.
-    Latency,
-    /// Per node: the NCCL all_reduce bus bandwidth plateau, GB/s.
-    BusbwPlateau,
-    /// Per node (full-node test) or per rail: the median busbw of the last campaign's NCCL
-    /// pair tests, GB/s.
-    PairBusbw,
-}
-
-impl MeasurementKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MeasurementKind::WriteBwHost => "writeBwHost",
-            MeasurementKind::WriteBwGpu => "writeBwGpu",
-            MeasurementKind::Latency => "latency",
-            MeasurementKind::BusbwPlateau => "busbwPlateau",
-            MeasurementKind::PairBusbw => "pairBusbw",
-        }
-    }
-
-    pub fn unit(self) -> &'static str {
-        match self {
-            MeasurementKind::WriteBwHost | MeasurementKind::WriteBwGpu => "Gb/s",
-            MeasurementKind::Latency => "µs",
-            MeasurementKind::BusbwPlateau | MeasurementKind::PairBusbw => "GB/s",
-        }
-    }
-
-    /// Whether a larger figure is better.
-    pub fn higher_is_better(self) -> bool {
-        !matches!(self, MeasurementKind::Latency)
-    }
-}
-
-/// One measurement: its kind and, for per-rail figures, the rail (`hca:port`).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Measurement {
-    pub kind: MeasurementKind,
-    pub rail: Option<String>,
-}
-
-impl Measurement {
-    pub fn node(kind: MeasurementKind) -> Self {
-        Measurement { kind, rail: None }
-    }
-
-    pub fn rail(kind: MeasurementKind, rail: impl Into<String>) -> Self {
-        Measurement {
-            kind,
-            rail: Some(rail.into()),
-        }
-    }
-}
-
-/// `writeBwHost/mlx5_0:1`, `busbwPlateau`: the key in `status.fleet` and in metrics.
-impl fmt::Display for Measurement {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.rail {
-            Some(r) => write!(f, "{}/{r}", self.kind.as_str()),
-            None => f.write_str(self.kind.as_str()),
-        }
-    }
-}
 
 /// The figures of one node's certificate, by measurement.
 pub type Figures = BTreeMap<Measurement, f64>;

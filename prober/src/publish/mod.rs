@@ -9,7 +9,6 @@
 //! what another writer (the campaign coordinator) put there meanwhile is merged
 //! ([`merge`]), never overwritten. An API error is an error, never "no certificate".
 
-pub mod merge;
 pub mod nccl_node_file;
 mod state;
 
@@ -19,11 +18,14 @@ pub use state::{held_by_named_taint, unavailable_for_tests, ConditionSeen, NodeS
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Event, Node, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
+use railguard_api::campaign_findings;
+use railguard_api::node::node_reference;
+pub use railguard_api::node::NodeEvent;
 use railguard_api::{keys, Certificate, Verdict};
+use railguard_kube::events::record_event;
 use serde_json::json;
 
 /// Why publishing failed.
@@ -166,52 +168,6 @@ pub async fn write_condition(
     }
     // Changing all along: whoever changes it writes a newer condition.
     Ok(None)
-}
-
-/// An Event about `involved` (a Node or another cluster-scoped object; such Events live in
-/// `default`), reported by `component` from `instance`.
-pub fn event_object(
-    involved: ObjectReference,
-    ev: &NodeEvent,
-    component: &str,
-    instance: &str,
-) -> Event {
-    let now = Timestamp::now();
-    let name = involved.name.clone().unwrap_or_default();
-    Event {
-        metadata: ObjectMeta {
-            generate_name: Some(format!("{name}.railguard-")),
-            namespace: Some(EVENT_NAMESPACE.into()),
-            ..ObjectMeta::default()
-        },
-        involved_object: involved,
-        reason: Some(ev.reason.into()),
-        message: Some(ev.message.clone()),
-        type_: Some(ev.kind.into()),
-        first_timestamp: Some(Time(now)),
-        last_timestamp: Some(Time(now)),
-        count: Some(1),
-        reporting_component: Some(component.into()),
-        reporting_instance: Some(instance.into()),
-        source: Some(k8s_openapi::api::core::v1::EventSource {
-            component: Some(component.into()),
-            host: Some(instance.into()),
-        }),
-        ..Event::default()
-    }
-}
-
-/// Where Events about cluster-scoped objects are recorded.
-pub const EVENT_NAMESPACE: &str = "default";
-
-/// The Event a published certificate deserves, if any.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeEvent {
-    /// `Certified`, `CertificationFailed`, `Regressed` or `RailHealedPassively`.
-    pub reason: &'static str,
-    /// `Normal` or `Warning`.
-    pub kind: &'static str,
-    pub message: String,
 }
 
 /// Pure: which Event (if any) a new certificate calls for. A passive check that changes
@@ -376,11 +332,11 @@ impl NodePublisher {
         }
     }
 
-    /// Writes the run's taint (`crate::fleet::upkeep::run_taint_patch`): a merge patch with
+    /// Writes the run's taint (`railguard_api::upkeep::run_taint_patch`): a merge patch with
     /// the read's resourceVersion, read again after a conflict.
     pub async fn set_run_taint(
         &self,
-        run: crate::fleet::upkeep::RunTaint,
+        run: railguard_api::upkeep::RunTaint,
     ) -> Result<(), PublishError> {
         for attempt in 0..WRITE_ATTEMPTS {
             let node = self.get_node().await?;
@@ -389,7 +345,7 @@ impl NodePublisher {
                 .as_ref()
                 .and_then(|s| s.taints.as_deref())
                 .unwrap_or_default();
-            let Some(patch) = crate::fleet::upkeep::run_taint_patch(
+            let Some(patch) = railguard_api::upkeep::run_taint_patch(
                 run,
                 taints,
                 node.metadata.resource_version.as_deref(),
@@ -528,7 +484,7 @@ impl NodePublisher {
 
     /// Publishes a certificate: labels + annotation (one apply), condition, Event. The
     /// certificate on the Node is read again first and the campaign's part of it carried
-    /// into `cert` ([`merge::carry_campaign`]). Returns the certificate as published;
+    /// into `cert` ([`campaign_findings::carry_campaign`]). Returns the certificate as published;
     /// afterwards `state` holds it.
     pub async fn publish(
         &self,
@@ -540,7 +496,14 @@ impl NodePublisher {
             let node = self.get_node().await?;
             let fresh = NodeState::of(&node);
             let mut merged = cert.clone();
-            merge::carry_campaign(&mut merged, fresh.certificate.as_ref());
+            if let Some(Err(e)) = fresh
+                .certificate
+                .as_ref()
+                .map(campaign_findings::stored_campaign_findings)
+            {
+                tracing::warn!(error = %e, "the certificate's campaign findings are unreadable; ignored");
+            }
+            campaign_findings::carry_campaign(&mut merged, fresh.certificate.as_ref());
             let annotation = merged
                 .to_annotation()
                 .map_err(|source| PublishError::Encode { source })?;
@@ -602,21 +565,18 @@ impl NodePublisher {
         state: &NodeState,
         ev: &NodeEvent,
     ) -> Result<(), PublishError> {
-        let involved = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(self.node.clone()),
-            uid: state.uid.clone(),
-            ..ObjectReference::default()
-        };
-        let event = event_object(involved, ev, keys::PROBER_FIELD_MANAGER, &self.node);
-        Api::<Event>::namespaced(self.client.clone(), EVENT_NAMESPACE)
-            .create(&PostParams::default(), &event)
-            .await
-            .map_err(|source| PublishError::Event {
-                node: self.node.clone(),
-                source,
-            })?;
+        record_event(
+            &self.client,
+            node_reference(&self.node, state.uid.clone()),
+            ev,
+            keys::PROBER_FIELD_MANAGER,
+            &self.node,
+        )
+        .await
+        .map_err(|source| PublishError::Event {
+            node: self.node.clone(),
+            source,
+        })?;
         Ok(())
     }
 

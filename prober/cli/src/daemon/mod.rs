@@ -19,16 +19,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::certification::certify_with_state;
+use crate::certification::{passive_once, NodeContext, PassiveOutcome};
 use anyhow::Context;
 use clap::{Args, ValueHint};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
+use railguard_api::upkeep::RunTaint;
 use railguard_prober::campaign::kube::gpu_pods_of;
-use railguard_prober::certify::once::certify_with_state;
 use railguard_prober::certify::run::invasive_steps;
 use railguard_prober::certify::slots::InvasiveSlots;
-use railguard_prober::certify::{passive_once, NodeContext, PassiveOutcome};
-use railguard_prober::fleet::upkeep::RunTaint;
 use railguard_prober::progress::NoProgress;
 use railguard_prober::publish::{
     nccl_node_file, write_if_changed, NodeEvent, NodeFacts, NodePublisher, NodeState,

@@ -4,7 +4,7 @@
 //! only what differs from what the objects carry: the `RailguardFleetOutlier` condition
 //! (and an Event when a node becomes or stops being an outlier), and `status.fleet` of the
 //! profile (and a `FleetDrift` Event when a measurement starts drifting), and each node's
-//! upkeep (`railguard_prober::fleet::upkeep`): an expired certification's label flipped to
+//! upkeep (`railguard_api::upkeep`): an expired certification's label flipped to
 //! `pending`, and the `railguard.io/fabric-unhealthy` taint of profiles that ask for it.
 //!
 //! Every write is derived from cluster state, and the chart runs one replica with the
@@ -19,22 +19,23 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Event, Node, ObjectReference};
-use kube::api::{Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use railguard_api::fleet::OutlierAction;
 use railguard_api::fleet::{reason, BaselineSnapshot, FleetStatus};
 use railguard_api::invasive::{InvasiveStatus, STATUS_FRESH};
-use railguard_api::{keys, FabricProfile, NodeFabric, ProfileObject};
-use railguard_prober::fleet::marks::{mark_event, node_condition, WantedCondition};
-use railguard_prober::fleet::upkeep::{
+use railguard_api::node::NodeEvent;
+use railguard_api::upkeep::{
     fleet_taint_wanted, holds_live_lease, node_upkeep, orphaned_run_patch, railguard_taint,
     upkeep_events, upkeep_patch, LeaseHold, NodeUpkeep, TaintWanted, UpkeepPolicy,
 };
+use railguard_api::{keys, FabricProfile, NodeFabric, ProfileObject};
+use railguard_kube::events::record_event;
+use railguard_prober::fleet::marks::{mark_event, node_condition, WantedCondition};
 use railguard_prober::fleet::{fleet_status, FleetAnalysis};
-use railguard_prober::publish::{event_object, NodeEvent, EVENT_NAMESPACE};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -683,11 +684,7 @@ async fn record(
     ev: &NodeEvent,
 ) -> Result<(), kube::Error> {
     let instance = std::env::var("HOSTNAME").unwrap_or_else(|_| keys::FLEET_FIELD_MANAGER.into());
-    let event = event_object(involved, ev, keys::FLEET_FIELD_MANAGER, &instance);
-    Api::<Event>::namespaced(client.clone(), EVENT_NAMESPACE)
-        .create(&PostParams::default(), &event)
-        .await
-        .map(|_| ())
+    record_event(client, involved, ev, keys::FLEET_FIELD_MANAGER, &instance).await
 }
 
 /// Writes `status.fleet` and `status.invasive` of the profile when either changed (and

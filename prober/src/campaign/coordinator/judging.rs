@@ -9,9 +9,9 @@ use railguard_api::RailVerdict;
 
 use super::{CampaignNode, Limits, TestRecord};
 use crate::campaign::plan::{Localization, NodeIx, RailOutcome};
-use crate::campaign::verdict::{NodeFindings, RailBlame};
 use crate::campaign::wire::{RailRef, RailReport};
 use crate::nccl::round2;
+use railguard_api::campaign_findings::{NodeFindings, RailBlame};
 
 /// Whether one rail's report passes the limits.
 pub fn judge(report: &RailReport, limits: &Limits) -> RailOutcome {

@@ -25,7 +25,6 @@ use super::identity::CoordinatorIdentity;
 use super::plan::{
     CampaignPlan, Localization, PairResult, PairTest, PlanOptions, Purpose, RailOutcome,
 };
-use super::verdict::NodeFindings;
 use super::wire::{
     AcceptPeerRequest, ControlRequest, ControlResponse, NcclTestRequest, RailRef, RailReport,
     RunTestRequest,
@@ -34,6 +33,7 @@ use super::CampaignError;
 use crate::progress::{NoProgress, Progress};
 use crate::rdma::peer::PairKey;
 use crate::rdma::{MemoryKind, TrafficClass};
+use railguard_api::campaign_findings::NodeFindings;
 
 /// A node taking part, with its endpoint address.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -13,9 +13,9 @@ use serde::{Deserialize, Serialize};
 
 use super::CampaignNode;
 use crate::campaign::plan::{Localization, NodeIx, Purpose, RailOutcome};
-use crate::campaign::verdict::{NodeFindings, RailBlame};
 use crate::campaign::wire::{NcclSide, NcclSideReport, RailRef};
 use crate::nccl::round2;
+use railguard_api::campaign_findings::{NodeFindings, RailBlame};
 
 /// What one NCCL pair test covers: the full node, or one rail with the GPUs it serves.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

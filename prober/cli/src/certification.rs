@@ -1,6 +1,8 @@
-//! One certification of this node, end to end: read the Node once, mark it pending, gather
-//! the evidence, assess it, record the certificate, publish it. And the daemon's passive
-//! check, the same way. The caller builds the [`NodeContext`] (and the runtime it runs on).
+//! One certification of this node, end to end (the orchestration; each step is the
+//! library's): read the Node once, mark it pending, gather the evidence (hardware), assess
+//! it (pure), record the certificate (pure), publish it (one write). And the daemon's
+//! passive check, the same way. The caller builds the [`NodeContext`] (and the runtime it
+//! runs on).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,13 +10,17 @@ use std::time::Duration;
 use jiff::Timestamp;
 use railguard_api::{Certificate, FabricProfile, Verdict};
 
-use super::evidence::ResourceExposure;
-use super::matrix::{matrix_rows, render_matrix};
-use super::policy::{assess_in_fleet, assess_passive_against};
-use super::record::{invasive_certificate, passive_certificate, passive_is_news, Subject};
-use super::run::{gather_invasive_with, gather_passive, GatherError, NodeSetup};
-use crate::progress::Progress;
-use crate::publish::{NodePublisher, NodeState, PublishError};
+use railguard_prober::certify::evidence::ResourceExposure;
+use railguard_prober::certify::matrix::{matrix_rows, render_matrix};
+use railguard_prober::certify::policy::{assess_in_fleet, assess_passive_against};
+use railguard_prober::certify::record::{
+    invasive_certificate, passive_certificate, passive_is_news, Subject,
+};
+use railguard_prober::certify::run::{
+    gather_invasive_with, gather_passive, GatherError, NodeSetup,
+};
+use railguard_prober::progress::Progress;
+use railguard_prober::publish::{NodePublisher, NodeState, PublishError};
 
 /// Everything a run on this node needs, resolved once by the caller.
 pub struct NodeContext {
@@ -53,24 +59,6 @@ pub enum PassiveOutcome {
     Unchanged,
     /// The updated certificate, published.
     Published(Box<Certificate>),
-}
-
-/// The profile among `profiles` whose rail layout this node has: an exact layout first, then
-/// one that differs only in a link's current rate (a downshifted link is then judged as that
-/// profile's rail). Pure.
-pub fn matching_profile<'a>(
-    profiles: &'a [FabricProfile],
-    layout: &[railguard_api::RailLayout],
-) -> Option<&'a FabricProfile> {
-    let exact = railguard_api::layout_signature(layout);
-    profiles
-        .iter()
-        .find(|p| p.spec.signature() == exact)
-        .or_else(|| {
-            profiles.iter().find(|p| {
-                railguard_api::certified_signature(layout, &p.spec.layout()) == p.spec.signature()
-            })
-        })
 }
 
 impl NodeContext {
@@ -162,7 +150,7 @@ pub async fn certify_with_state(
         cert.signature,
         render_matrix(&rows, &assessment)
     );
-    // What is published carries the campaign's findings on the Node (publish::merge).
+    // What is published carries the campaign's findings on the Node (`railguard_api::campaign_findings`).
     let cert = match (publish, &ctx.publisher, state) {
         (true, Some(p), Some(s)) => p.publish(s, &cert, true).await?,
         _ => cert,

@@ -9,12 +9,11 @@
 //! into one merge patch (label and taints together, guarded by the resourceVersion it was
 //! decided on) or nothing when the Node already carries it.
 
+use crate::keys::{self, taint_reason};
+use crate::node::NodeEvent;
+use crate::{FabricState, NodeFabric, Verdict};
 use k8s_openapi::api::core::v1::Taint;
-use railguard_api::keys::{self, taint_reason};
-use railguard_api::{FabricState, NodeFabric, Verdict};
 use serde_json::{json, Value};
-
-use crate::publish::NodeEvent;
 
 /// The taint's effect: new pods stay away, running jobs are left alone (a job that lands
 /// on a node whose certification lapses mid-run is the job's to judge, not ours to evict).
@@ -365,7 +364,7 @@ mod tests {
 
     #[test]
     fn a_run_whose_prober_died_is_given_back_its_certificates_state() {
-        use railguard_api::keys::fabric as label;
+        use crate::keys::fabric as label;
         let now = before_expiry();
         let testing = [taint(
             keys::TAINT_FABRIC_UNHEALTHY,

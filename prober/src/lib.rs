@@ -4,10 +4,8 @@
 //! (`railguard-prober-cli`), simulation is `railguard-sim`'s.
 
 pub mod analyze;
-pub mod campaign;
 pub mod certify;
 pub mod discover;
-pub mod fleet;
 pub mod gpu_check;
 pub mod nccl;
 pub mod preflight;

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use railguard_prober::campaign::coordinator::CampaignSettings;
+use railguard_campaign::coordinator::CampaignSettings;
 use railguard_prober::certify::run::bench_rails;
 use railguard_prober::progress::NoProgress;
 use railguard_prober::rdma::{

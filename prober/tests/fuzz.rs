@@ -24,8 +24,8 @@ use fuzz_support::{
 use proptest::prelude::*;
 use proptest::sample::Index;
 use railguard_api::FabricProfile;
+use railguard_campaign::wire::{self as control, ControlMessage};
 use railguard_prober::analyze::{analyze, render_report};
-use railguard_prober::campaign::wire::{self as control, ControlMessage};
 use railguard_prober::discover::{
     acs_from_config, discover, read_pci_devices, read_port, DiscoverError,
 };

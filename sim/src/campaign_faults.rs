@@ -1,11 +1,11 @@
-//! Fault simulation for the campaign planner ([`railguard_prober::campaign::plan`]): a fabric
+//! Fault simulation for the campaign planner ([`railguard_campaign::plan`]): a fabric
 //! with injected faults that answers pair tests the way the hardware would, a whole campaign
 //! run against it in memory, random fault placements for the scale benchmark, and the check
 //! that a localization found every fault and blamed nothing healthy.
 
 use std::collections::BTreeSet;
 
-use railguard_prober::campaign::plan::{
+use railguard_campaign::plan::{
     sweep_order, CampaignPlan, Localization, NodeIx, PairResult, PairTest, PlanError, PlanOptions,
     RailIx, RailOutcome,
 };

@@ -15,8 +15,8 @@ use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, T
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use railguard_api::{profiles_from_yaml, FabricProfile};
-use railguard_prober::campaign::endpoint::request;
-use railguard_prober::campaign::wire::{AcceptPeerRequest, ControlRequest};
+use railguard_campaign::endpoint::request;
+use railguard_campaign::wire::{AcceptPeerRequest, ControlRequest};
 use railguard_prober::rdma::peer::{run_write_test_initiator, PairKey, PeerTestRequest};
 use railguard_prober::rdma::{PeerConfig, RailLocks};
 use railguard_tests::ports::logged_listen_addr;

@@ -1017,11 +1017,11 @@ fn mpijob_template_is_the_probers_own() {
     )
     .unwrap();
     let prober =
-        std::fs::read_to_string(workspace_root().join("prober/templates/mpijob-nccl-pair.yaml"))
+        std::fs::read_to_string(workspace_root().join("campaign/templates/mpijob-nccl-pair.yaml"))
             .unwrap();
     assert_eq!(
         chart, prober,
-        "copy prober/templates/mpijob-nccl-pair.yaml into the chart"
+        "copy campaign/templates/mpijob-nccl-pair.yaml into the chart"
     );
     let docs = render(&DEFAULT);
     let cm = find(&docs, "ConfigMap", "railguard-campaign-mpijob");

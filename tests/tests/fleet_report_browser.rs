@@ -1,5 +1,5 @@
 //! The fleet's HTML report as a browser reads it: a generated fleet of 24 nodes × 8 rails,
-//! one node 15% slow on one rail, rendered by `railguard_prober::fleet::html`, loaded in
+//! one node 15% slow on one rail, rendered by `railguard_fleet::html`, loaded in
 //! headless Chromium (`--dump-dom`); the assertions are on the DOM Chromium built. Then a
 //! screenshot: `RAILGUARD_UPDATE_DOCS=1` writes it to docs/fleet-report.png.
 
@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use railguard_api::fleet::FleetSpec;
-use railguard_prober::fleet::{
+use railguard_fleet::{
     analyze_fleet, html::render_html, Figures, FleetNode, Measurement, MeasurementKind,
 };
 use railguard_tests::chromium;

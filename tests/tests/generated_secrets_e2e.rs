@@ -505,7 +505,7 @@ async fn fill_as_the_pods_do(client: &Client) {
     let filled = fill_secret(client, &token, || {
         Ok(BTreeMap::from([(
             "token".to_string(),
-            railguard_prober::campaign::token::generate_token().into_bytes(),
+            railguard_campaign::token::generate_token().into_bytes(),
         )]))
     })
     .await

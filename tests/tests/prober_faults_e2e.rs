@@ -36,7 +36,7 @@ use railguard_api::campaign_findings::campaign_findings;
 use railguard_api::campaign_findings::{NodeFindings, RailBlame};
 use railguard_api::certificate::WireResult;
 use railguard_api::{keys, profiles_from_yaml, Certificate, FabricProfile, RailVerdict, Verdict};
-use railguard_prober::campaign::kube::write_findings;
+use railguard_campaign::kube::write_findings;
 use railguard_prober::publish::NodePublisher;
 use railguard_tests::daemon::ANY_LOOPBACK_PORT;
 use railguard_tests::ports::logged_listen_addr;

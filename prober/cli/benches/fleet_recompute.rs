@@ -18,7 +18,7 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Node;
 use railguard_api::certificate::NcclPairResult;
 use railguard_api::{FabricProfile, Verdict};
-use railguard_prober::fleet::marks::node_condition;
+use railguard_fleet::marks::node_condition;
 use railguard_prober_cli::fleet::metrics::FleetMetrics;
 use railguard_prober_cli::fleet::FabricCache;
 use railguard_sim::certificates as synth;

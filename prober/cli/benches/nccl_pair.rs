@@ -14,7 +14,7 @@ mod nccl_lab;
 
 use std::time::{Duration, Instant};
 
-use railguard_prober::campaign::plan::RailOutcome;
+use railguard_campaign::plan::RailOutcome;
 
 use nccl_lab::*;
 
@@ -28,7 +28,7 @@ fn main() {
 }
 
 async fn nccl_pair_bench() {
-    use railguard_prober::campaign::plan::{sweep_order, PlanOptions};
+    use railguard_campaign::plan::{sweep_order, PlanOptions};
     use railguard_sim::campaign_faults::{random_faults, simulate};
 
     const REPS: usize = 5;

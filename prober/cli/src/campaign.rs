@@ -17,22 +17,22 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use railguard_prober::campaign::coordinator::{run_campaign_with, CampaignNode, CampaignSettings};
-use railguard_prober::campaign::endpoint::{serve, ConnectionLimits, EndpointConfig};
-use railguard_prober::campaign::identity::{
+use railguard_campaign::coordinator::{run_campaign_with, CampaignNode, CampaignSettings};
+use railguard_campaign::endpoint::{serve, ConnectionLimits, EndpointConfig};
+use railguard_campaign::identity::{
     CoordinatorCheck, CoordinatorIdentity, EndpointIdentityCheck, ServiceAccountRef,
     DEFAULT_AUDIENCE,
 };
-use railguard_prober::campaign::kube::{
+use railguard_campaign::kube::{
     collect_launcher_log, endpoint_of, profile_nodes, write_findings, GpuPodSource, LeaderLease,
     Leadership,
 };
-use railguard_prober::campaign::mpijob::{self, PairJob};
-use railguard_prober::campaign::nccl_pair::NcclRunner;
-use railguard_prober::campaign::summary::{found_faults, render_summary};
-use railguard_prober::campaign::token::{load_token, TokenSource};
-use railguard_prober::campaign::CampaignError;
-use railguard_prober::campaign::DEFAULT_PEER_PORT;
+use railguard_campaign::mpijob::{self, PairJob};
+use railguard_campaign::nccl_pair::NcclRunner;
+use railguard_campaign::summary::{found_faults, render_summary};
+use railguard_campaign::token::{load_token, TokenSource};
+use railguard_campaign::CampaignError;
+use railguard_campaign::DEFAULT_PEER_PORT;
 use railguard_prober::rdma::{PeerConfig, PeerRdmaEngine, VerbsEngine};
 use railguard_sim::{ModelSource, SIM_MODEL_PATH};
 
@@ -354,7 +354,7 @@ pub struct CampaignArgs {
     #[arg(
         long,
         env = "RAILGUARD_MAX_CONCURRENT_PAIRS",
-        default_value_t = railguard_prober::campaign::coordinator::DEFAULT_MAX_CONCURRENT_PAIRS,
+        default_value_t = railguard_campaign::coordinator::DEFAULT_MAX_CONCURRENT_PAIRS,
         value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096)
     )]
     pub max_concurrent_pairs: usize,

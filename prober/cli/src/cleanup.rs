@@ -1,7 +1,7 @@
 //! `railguard-prober cleanup`: takes off the Nodes what railguard put there, and deletes the
 //! fleet controller's DeviceTaintRules: the chart's `post-delete` hook, so `helm uninstall`
 //! leaves no railguard taint or rule behind. What each Node loses is
-//! `railguard_prober::fleet::cleanup::node_cleanup`; this adapts the cluster to it.
+//! `railguard_fleet::cleanup::node_cleanup`; this adapts the cluster to it.
 
 use std::path::PathBuf;
 
@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use railguard_api::{dra, keys};
-use railguard_prober::fleet::cleanup::node_cleanup;
+use railguard_fleet::cleanup::node_cleanup;
 
 use crate::Outcome;
 

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Args, ValueHint};
+use railguard_campaign::token::{generate_token, load_token, TokenSource, TOKEN_KEY};
 use railguard_kube::secret_fill::{fill_secret, FillAction, SecretToFill};
-use railguard_prober::campaign::token::{generate_token, load_token, TokenSource, TOKEN_KEY};
 
 use crate::Outcome;
 

@@ -11,11 +11,11 @@ use std::thread;
 use std::time::Duration;
 
 use endpoints::*;
-use railguard_prober::campaign::coordinator::{
+use railguard_campaign::coordinator::{
     run_campaign, CampaignNode, CampaignReport, CampaignSettings,
 };
-use railguard_prober::campaign::endpoint::request;
-use railguard_prober::campaign::wire::{ControlRequest, ControlResponse};
+use railguard_campaign::endpoint::request;
+use railguard_campaign::wire::{ControlRequest, ControlResponse};
 use railguard_prober::rdma::peer::{authenticate_initiator, Message, SideChannel};
 use railguard_prober::rdma::{MemoryKind, PeerConfig, PeerRdmaEngine};
 
@@ -297,7 +297,7 @@ async fn endpoint_refuses_wrong_token_other_profile_and_self_tests() {
     let mut s = settings();
     s.profile = "other".into();
     let run = |profile: &str, peer: &str| {
-        ControlRequest::RunTest(railguard_prober::campaign::wire::RunTestRequest {
+        ControlRequest::RunTest(railguard_campaign::wire::RunTestRequest {
             profile: profile.into(),
             peer_node: peer.into(),
             peer_addr: a.clone(),

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use railguard_prober::campaign::coordinator::{run_campaign, CampaignNode, CampaignSettings};
+use railguard_campaign::coordinator::{run_campaign, CampaignNode, CampaignSettings};
 use serde_json::Value;
 
 mod common;

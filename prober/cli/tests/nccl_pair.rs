@@ -12,9 +12,9 @@ mod nccl_lab;
 use std::time::{Duration, Instant};
 
 use railguard_api::{RailVerdict, Transport};
-use railguard_prober::campaign::coordinator::{run_campaign, run_nccl_scope, CampaignNode};
-use railguard_prober::campaign::plan::RailOutcome;
-use railguard_prober::campaign::wire::NcclSide;
+use railguard_campaign::coordinator::{run_campaign, run_nccl_scope, CampaignNode};
+use railguard_campaign::plan::RailOutcome;
+use railguard_campaign::wire::NcclSide;
 
 use nccl_lab::*;
 

@@ -14,11 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use endpoints::*;
-use railguard_prober::campaign::coordinator::{run_campaign, CampaignNode, CampaignSettings};
-use railguard_prober::campaign::endpoint::request;
-use railguard_prober::campaign::wire::{
-    ControlRequest, ControlResponse, RailReport, RunTestRequest,
-};
+use railguard_campaign::coordinator::{run_campaign, CampaignNode, CampaignSettings};
+use railguard_campaign::endpoint::request;
+use railguard_campaign::wire::{ControlRequest, ControlResponse, RailReport, RunTestRequest};
 use railguard_prober::rdma::MemoryKind;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
@@ -373,12 +371,11 @@ async fn a_pair_key_never_crosses_the_wire_in_the_clear() {
     let a_addr = a.addr.clone();
     let (proxy, recorded) = recording_proxy(a_addr).await;
     let key = railguard_prober::rdma::peer::PairKey::random().to_hex();
-    let announce =
-        ControlRequest::AcceptPeer(railguard_prober::campaign::wire::AcceptPeerRequest {
-            peer_node: "node-b".into(),
-            pair_key: key.clone(),
-            ttl_ms: 1000,
-        });
+    let announce = ControlRequest::AcceptPeer(railguard_campaign::wire::AcceptPeerRequest {
+        peer_node: "node-b".into(),
+        pair_key: key.clone(),
+        ttl_ms: 1000,
+    });
     // A shared-token endpoint refuses it, but it was sent, sealed and wrapped.
     let answer = request(&proxy, TOKEN.as_bytes(), &announce, None, T, T)
         .await

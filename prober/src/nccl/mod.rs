@@ -107,7 +107,7 @@ impl NcclObservation {
 
 /// `v` rounded to two decimals. Values beyond about 1.8e306 would overflow the scaling to
 /// infinity (a junk nccl-tests row did); they have no fraction left to round.
-pub(crate) fn round2(v: f64) -> f64 {
+pub fn round2(v: f64) -> f64 {
     let scaled = v * 100.0;
     if scaled.is_finite() {
         scaled.round() / 100.0

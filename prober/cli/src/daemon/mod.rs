@@ -26,7 +26,7 @@ use clap::{Args, ValueHint};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use railguard_api::upkeep::RunTaint;
-use railguard_prober::campaign::kube::gpu_pods_of;
+use railguard_campaign::kube::gpu_pods_of;
 use railguard_prober::certify::run::invasive_steps;
 use railguard_prober::certify::slots::InvasiveSlots;
 use railguard_prober::progress::NoProgress;

@@ -33,9 +33,9 @@ use railguard_api::upkeep::{
     upkeep_events, upkeep_patch, LeaseHold, NodeUpkeep, TaintWanted, UpkeepPolicy,
 };
 use railguard_api::{keys, FabricProfile, NodeFabric, ProfileObject};
+use railguard_fleet::marks::{mark_event, node_condition, WantedCondition};
+use railguard_fleet::{fleet_status, FleetAnalysis};
 use railguard_kube::events::record_event;
-use railguard_prober::fleet::marks::{mark_event, node_condition, WantedCondition};
-use railguard_prober::fleet::{fleet_status, FleetAnalysis};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;

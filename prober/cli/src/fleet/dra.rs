@@ -19,7 +19,7 @@ use railguard_api::dra::{
     ResourceSlice, WantedRule,
 };
 use railguard_api::{keys, FabricProfile, NodeFabric};
-use railguard_prober::fleet::FleetAnalysis;
+use railguard_fleet::FleetAnalysis;
 use tokio::sync::Notify;
 
 /// Rule writes in flight at once.

@@ -10,7 +10,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use railguard_prober::fleet::{report, FleetAnalysis};
+use railguard_fleet::{report, FleetAnalysis};
 
 /// Every metric the controller exports, as scraped (counters with `_total`); the chart's
 /// Grafana dashboard is checked against this list.
@@ -296,9 +296,7 @@ impl crate::health::Observed for FleetMetrics {
 mod tests {
     use super::*;
     use railguard_api::fleet::FleetSpec;
-    use railguard_prober::fleet::{
-        analyze_fleet, Figures, FleetNode, Measurement, MeasurementKind,
-    };
+    use railguard_fleet::{analyze_fleet, Figures, FleetNode, Measurement, MeasurementKind};
 
     fn fleet() -> Vec<FleetAnalysis> {
         let nodes = (0..10)

@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client};
 use railguard_api::fleet::FleetStatus;
 use railguard_api::{FabricProfile, FabricState, NodeFabric};
-use railguard_prober::fleet::{self, report, FleetAnalysis, FleetNode};
+use railguard_fleet::{report, FleetAnalysis, FleetNode};
 use serde::Serialize;
 
 use crate::{Outcome, Status};
@@ -131,7 +131,7 @@ impl FleetArgs {
         }
         if let Some(path) = &self.html {
             let analyses: Vec<FleetAnalysis> = views.iter().map(|(a, _)| a.clone()).collect();
-            let html = fleet::html::render_html(&analyses, now);
+            let html = railguard_fleet::html::render_html(&analyses, now);
             write_atomically(path, html.as_bytes())
                 .with_context(|| format!("cannot write the report to {}", path.display()))?;
         }
@@ -279,7 +279,7 @@ pub fn fleet_node(n: &NodeFabric) -> FleetNode {
         figures: n
             .state
             .certificate()
-            .map(fleet::measurements)
+            .map(railguard_fleet::measurements)
             .unwrap_or_default(),
         healthy_rails: n.state.certificate().map_or(0, FleetNode::healthy_rails_of),
     }
@@ -294,7 +294,7 @@ pub fn analyze<'a>(
         .filter(|n| profile_of(n) == Some(profile.name()))
         .map(fleet_node)
         .collect();
-    fleet::analyze_fleet(profile.name(), &profile.spec.fleet, members)
+    railguard_fleet::analyze_fleet(profile.name(), &profile.spec.fleet, members)
 }
 
 /// Writes a file whole or not at all (a reader never sees half a report).

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use railguard_api::profile::NcclPairSpec;
 use railguard_api::FabricProfile;
-use railguard_prober::campaign::coordinator::{
+use railguard_campaign::coordinator::{
     run_nccl_scope, CampaignNode, CampaignSettings, NcclScopeRecord, NcclSettings,
 };
-use railguard_prober::campaign::wire::NcclSide;
+use railguard_campaign::wire::NcclSide;
 
 pub(crate) const TOKEN: &str = "nccl-pair-test-token-0123456789";
 /// Two fake GPUs per node.

@@ -1,5 +1,5 @@
 //! The endpoint's half of an NCCL pair test: this node's ranks run in a child process (the
-//! prober's hidden [`RANKS_SUBCOMMAND`], see [`crate::nccl::ranks`]), whose NCCL debug log is
+//! prober's hidden [`RANKS_SUBCOMMAND`], see [`railguard_prober::nccl::ranks`]), whose NCCL debug log is
 //! captured and judged; the rank-0 endpoint sends the child's unique id to the peer's endpoint
 //! over the campaign's authenticated control channel ([`NcclJoinRequest`]) and waits for both
 //! sides. Every wait has a time limit, and a child whose test is over is killed.
@@ -12,9 +12,9 @@ use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 
 use super::wire::{NcclJoinRequest, NcclLogSummary, NcclSide, NcclTestRequest};
-use crate::nccl::ranks::{FailureKind, RanksLine};
+use railguard_prober::nccl::ranks::{FailureKind, RanksLine};
 
-pub use crate::nccl::ranks::RANKS_SUBCOMMAND;
+pub use railguard_prober::nccl::ranks::RANKS_SUBCOMMAND;
 
 /// How an endpoint starts its NCCL children.
 #[derive(Debug, Clone, PartialEq)]
@@ -268,7 +268,7 @@ pub fn side_of(line: RanksLine) -> NcclSide {
 
 /// The judged NCCL debug log of one child.
 pub fn summarize(log: &str) -> NcclLogSummary {
-    let r = crate::nccl::parse_debug_log(log);
+    let r = railguard_prober::nccl::parse_debug_log(log);
     NcclLogSummary {
         nccl_version: r.nccl_version,
         net: r.net,
@@ -283,8 +283,8 @@ pub fn summarize(log: &str) -> NcclLogSummary {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use crate::campaign::wire::RailRef;
-    use crate::nccl::ranks::RanksFailure;
+    use crate::wire::RailRef;
+    use railguard_prober::nccl::ranks::RanksFailure;
 
     #[test]
     fn hca_list_is_exact_match_and_logs_are_named_by_scope() {

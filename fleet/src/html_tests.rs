@@ -1,7 +1,7 @@
 //! The HTML report's structure, escaping and size over generated fleets.
 
 use super::*;
-use crate::fleet::{analyze_fleet, Figures, FleetNode};
+use crate::{analyze_fleet, Figures, FleetNode};
 use railguard_api::fleet::FleetSpec;
 
 fn rail(i: usize) -> String {

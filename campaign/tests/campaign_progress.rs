@@ -15,9 +15,7 @@ fn profile() -> railguard_api::FabricProfile {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_campaign_round_is_planned_and_each_pair_test_is_a_step() {
-    use railguard_prober::campaign::coordinator::{
-        run_campaign_with, CampaignNode, CampaignSettings,
-    };
+    use railguard_campaign::coordinator::{run_campaign_with, CampaignNode, CampaignSettings};
     let p = profile();
     let mut settings = CampaignSettings::from_profile(&p, &[7u8; 32]).unwrap();
     settings.io_timeout = Duration::from_millis(300);

@@ -30,10 +30,10 @@ use super::wire::{
     RunTestRequest,
 };
 use super::CampaignError;
-use crate::progress::{NoProgress, Progress};
-use crate::rdma::peer::PairKey;
-use crate::rdma::{MemoryKind, TrafficClass};
 use railguard_api::campaign_findings::NodeFindings;
+use railguard_prober::progress::{NoProgress, Progress};
+use railguard_prober::rdma::peer::PairKey;
+use railguard_prober::rdma::{MemoryKind, TrafficClass};
 
 /// A node taking part, with its endpoint address.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -93,12 +93,12 @@ impl CampaignSettings {
     /// Settings from a profile: its rails and host-memory thresholds, the default sweep.
     pub fn from_profile(profile: &FabricProfile, token: &[u8]) -> Result<Self, CampaignError> {
         let token = token.strip_suffix(b"\n").unwrap_or(token);
-        if token.len() < crate::rdma::peer::MIN_TOKEN_BYTES {
+        if token.len() < railguard_prober::rdma::peer::MIN_TOKEN_BYTES {
             return Err(CampaignError::Token {
                 reason: format!(
                     "{} bytes, at least {} are required",
                     token.len(),
-                    crate::rdma::peer::MIN_TOKEN_BYTES
+                    railguard_prober::rdma::peer::MIN_TOKEN_BYTES
                 ),
             });
         }

@@ -7,13 +7,11 @@ use std::collections::BTreeSet;
 
 use jiff::Timestamp;
 use railguard_api::RailVerdict;
-use railguard_prober::campaign::coordinator::{
-    findings, CampaignNode, Limits, RailRecord, TestRecord,
-};
-use railguard_prober::campaign::plan::{
+use railguard_campaign::coordinator::{findings, CampaignNode, Limits, RailRecord, TestRecord};
+use railguard_campaign::plan::{
     sweep_order, CampaignPlan, Localization, PlanOptions, Purpose, RailOutcome,
 };
-use railguard_prober::campaign::wire::{RailRef, RailReport};
+use railguard_campaign::wire::{RailRef, RailReport};
 use railguard_sim::campaign_faults::{check_localization, random_faults, simulate, FaultSet};
 
 fn faults(rails: &[(usize, usize)], nodes: &[usize], links: &[(usize, usize, usize)]) -> FaultSet {

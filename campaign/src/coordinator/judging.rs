@@ -8,10 +8,10 @@ use railguard_api::certificate::WireResult;
 use railguard_api::RailVerdict;
 
 use super::{CampaignNode, Limits, TestRecord};
-use crate::campaign::plan::{Localization, NodeIx, RailOutcome};
-use crate::campaign::wire::{RailRef, RailReport};
-use crate::nccl::round2;
+use crate::plan::{Localization, NodeIx, RailOutcome};
+use crate::wire::{RailRef, RailReport};
 use railguard_api::campaign_findings::{NodeFindings, RailBlame};
+use railguard_prober::nccl::round2;
 
 /// Whether one rail's report passes the limits.
 pub fn judge(report: &RailReport, limits: &Limits) -> RailOutcome {

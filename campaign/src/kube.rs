@@ -18,10 +18,10 @@ use tracing::{info, warn};
 pub use railguard_kube::lease::LeaderLease;
 
 use super::CampaignError;
-use crate::publish::{after_conflict, write_condition, WRITE_ATTEMPTS};
 use railguard_api::campaign_findings::NodeFindings;
 use railguard_api::campaign_findings::{campaign_fabric_label, merge_findings};
 use railguard_api::error::error_chain;
+use railguard_prober::publish::{after_conflict, write_condition, WRITE_ATTEMPTS};
 
 /// The log of an MPIJob's launcher once it finished, and how it finished.
 #[derive(Debug, Clone, PartialEq)]

@@ -12,10 +12,10 @@ use railguard_api::{FabricProfileSpec, RailVerdict, Transport};
 use serde::{Deserialize, Serialize};
 
 use super::CampaignNode;
-use crate::campaign::plan::{Localization, NodeIx, Purpose, RailOutcome};
-use crate::campaign::wire::{NcclSide, NcclSideReport, RailRef};
-use crate::nccl::round2;
+use crate::plan::{Localization, NodeIx, Purpose, RailOutcome};
+use crate::wire::{NcclSide, NcclSideReport, RailRef};
 use railguard_api::campaign_findings::{NodeFindings, RailBlame};
+use railguard_prober::nccl::round2;
 
 /// What one NCCL pair test covers: the full node, or one rail with the GPUs it serves.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -200,8 +200,8 @@ pub fn judge_pair(
     }
     let measured: Vec<(
         &str,
-        &[crate::nccl::ranks::PairPoint],
-        &crate::campaign::wire::NcclLogSummary,
+        &[railguard_prober::nccl::ranks::PairPoint],
+        &crate::wire::NcclLogSummary,
     )> = sides
         .iter()
         .filter_map(|s| match &s.side {
@@ -233,7 +233,7 @@ pub fn judge_pair(
         .map(|(_, pts, _)| pts.iter().map(|p| p.bytes).max().unwrap_or(0))
         .min()
         .unwrap_or(0);
-    let at_largest: Vec<&crate::nccl::ranks::PairPoint> = measured
+    let at_largest: Vec<&railguard_prober::nccl::ranks::PairPoint> = measured
         .iter()
         .filter_map(|(_, pts, _)| pts.iter().find(|p| p.bytes == largest))
         .collect();
@@ -513,8 +513,8 @@ pub fn nccl_findings(
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use crate::campaign::wire::NcclLogSummary;
-    use crate::nccl::ranks::PairPoint;
+    use crate::wire::NcclLogSummary;
+    use railguard_prober::nccl::ranks::PairPoint;
 
     fn rails() -> Vec<RailRef> {
         ["mlx5_0", "mlx5_3"]

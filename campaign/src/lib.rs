@@ -25,7 +25,7 @@ pub mod summary;
 pub mod token;
 pub mod wire;
 
-use crate::rdma::RdmaError;
+use railguard_prober::rdma::RdmaError;
 
 /// Everything a campaign can fail with.
 #[derive(Debug, thiserror::Error)]

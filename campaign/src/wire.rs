@@ -1,15 +1,15 @@
 //! The coordinator's control channel to a peer endpoint.
 //!
-//! It shares the endpoint's TCP port with the RDMA side channel ([`crate::rdma::peer`]) and
-//! speaks the same authenticated framing ([`crate::rdma::peer::channel`]); the frame tag tells them apart
+//! It shares the endpoint's TCP port with the RDMA side channel ([`railguard_prober::rdma::peer`]) and
+//! speaks the same authenticated framing ([`railguard_prober::rdma::peer::channel`]); the frame tag tells them apart
 //! (`RGCT` here, `RGRP` there). Each frame carries a JSON [`ControlMessage`] of at most
 //! [`MAX_FRAME_BYTES`].
 //!
 //! Authentication never sends the key: the two sides exchange nonces and prove knowledge of
 //! it with HMAC-SHA256 over both nonces and their role
-//! ([`crate::rdma::peer::channel::proof`]); proofs are checked in constant time. Version 2
+//! ([`railguard_prober::rdma::peer::channel::proof`]); proofs are checked in constant time. Version 2
 //! seals every frame after the challenge with the connection's session key
-//! ([`crate::rdma::peer::channel::Session`]): in version 1 the proof covered the nonces but
+//! ([`railguard_prober::rdma::peer::channel::Session`]): in version 1 the proof covered the nonces but
 //! not the request travelling next to it, so anyone on the path could swap the request.
 //!
 //! Sealed frames are authenticated, not encrypted; the secrets they carry (pair keys, tokens)
@@ -35,8 +35,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::codec::Framed;
 
 use super::CampaignError;
-use crate::rdma::peer::channel::{FrameCodec, FrameError, FrameFormat};
-use crate::rdma::{MemoryKind, TrafficClass};
+use railguard_prober::rdma::peer::channel::{FrameCodec, FrameError, FrameFormat};
+use railguard_prober::rdma::{MemoryKind, TrafficClass};
 
 pub const CONTROL_MAGIC: &[u8; 4] = b"RGCT";
 /// 2: frames after the challenge are sealed; pair keys and node identity.
@@ -161,7 +161,7 @@ pub enum ControlRequest {
 impl ControlRequest {
     /// The request with every secret it carries (pair keys) passed through `f`: wrapped for
     /// the connection before it is sent, unwrapped when it arrives
-    /// ([`crate::rdma::peer::channel::Session::wrap`]).
+    /// ([`railguard_prober::rdma::peer::channel::Session::wrap`]).
     pub fn map_secrets<E>(self, f: impl Fn(String) -> Result<String, E>) -> Result<Self, E> {
         Ok(match self {
             ControlRequest::RunTest(mut r) => {
@@ -186,7 +186,7 @@ impl ControlRequest {
 }
 
 /// What NCCL's debug log of one side showed (the judgement of
-/// [`crate::nccl::parse_debug_log`]).
+/// [`railguard_prober::nccl::parse_debug_log`]).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NcclLogSummary {
@@ -213,7 +213,7 @@ pub enum NcclSide {
     /// The ranks ran the sweep.
     #[serde(rename_all = "camelCase")]
     Measured {
-        points: Vec<crate::nccl::ranks::PairPoint>,
+        points: Vec<railguard_prober::nccl::ranks::PairPoint>,
         nranks: u32,
         gpus: Vec<String>,
         log: NcclLogSummary,
@@ -400,7 +400,7 @@ fn frame_error(peer: &str, e: FrameError) -> CampaignError {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use crate::rdma::peer::channel::HEAD_BYTES;
+    use railguard_prober::rdma::peer::channel::HEAD_BYTES;
     use tokio_util::bytes::BytesMut;
     use tokio_util::codec::Encoder;
 

@@ -1,11 +1,11 @@
 //! Scale simulation of the campaign planner: tests and rounds to localize k faults among N
 //! nodes, against all pairs. Prints a Markdown table for BENCHMARKS.md.
 //!
-//! `cargo bench -p railguard-prober --bench campaign_scale`
+//! `cargo bench -p railguard-campaign --bench campaign_scale`
 
 use std::time::Instant;
 
-use railguard_prober::campaign::plan::{sweep_order, PlanOptions};
+use railguard_campaign::plan::{sweep_order, PlanOptions};
 use railguard_sim::campaign_faults::{check_localization, random_faults, simulate};
 
 const RAILS: usize = 8;

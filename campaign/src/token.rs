@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use super::CampaignError;
-use crate::rdma::peer::MIN_TOKEN_BYTES;
+use railguard_prober::rdma::peer::MIN_TOKEN_BYTES;
 
 /// The key of the token in the chart's Secret (and the file name the pods read).
 pub const TOKEN_KEY: &str = "token";

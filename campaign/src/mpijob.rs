@@ -1,6 +1,6 @@
 //! The 2-node NCCL test of a campaign: an MPI Operator `MPIJob` (kubeflow.org/v2beta1) that
 //! runs nccl-tests' `all_reduce_perf` across one chosen pair, rendered from a configurable
-//! template (`prober/templates/mpijob-nccl-pair.yaml` by default), and the judgement of the
+//! template (`campaign/templates/mpijob-nccl-pair.yaml` by default), and the judgement of the
 //! log it leaves with the same analysis as `railguard-prober analyze`.
 //!
 //! Placeholders are `{{name}}`. Values are inserted as YAML-safe literals (strings quoted,
@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use super::CampaignError;
 
 /// The template shipped with the prober (and the chart).
-pub const DEFAULT_TEMPLATE: &str = include_str!("../../templates/mpijob-nccl-pair.yaml");
+pub const DEFAULT_TEMPLATE: &str = include_str!("../templates/mpijob-nccl-pair.yaml");
 
 /// What varies between two renders.
 #[derive(Debug, Clone, PartialEq)]
@@ -228,13 +228,16 @@ fn check(m: &Value, job: &PairJob) -> Result<(), CampaignError> {
 pub fn judge_log(
     texts: &[&str],
     profile: &FabricProfile,
-) -> Result<crate::analyze::AnalyzeReport, CampaignError> {
-    let obs = crate::nccl::NcclObservation::from_texts(texts.iter().copied()).map_err(|e| {
-        CampaignError::Template {
+) -> Result<railguard_prober::analyze::AnalyzeReport, CampaignError> {
+    let obs = railguard_prober::nccl::NcclObservation::from_texts(texts.iter().copied()).map_err(
+        |e| CampaignError::Template {
             reason: format!("cannot read the nccl-tests log: {e}"),
-        }
-    })?;
-    Ok(crate::analyze::analyze(&obs, Some(&profile.spec)))
+        },
+    )?;
+    Ok(railguard_prober::analyze::analyze(
+        &obs,
+        Some(&profile.spec),
+    ))
 }
 
 /// Labels the MPI Operator (v2) puts on an MPIJob's pods.
@@ -406,7 +409,7 @@ mod tests {
 
     #[test]
     fn collected_two_node_logs_are_judged_like_analyze() {
-        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../prober/fixtures");
         let read = |f: &str| std::fs::read_to_string(fixtures.join(f)).unwrap();
         let p = profile("dgx-h100-ndr.yaml");
         // A socket fallback between the two nodes always fails.
@@ -414,14 +417,14 @@ mod tests {
         let r = judge_log(&[&socket], &p).unwrap();
         assert_eq!(
             r.verdict,
-            crate::analyze::AnalyzeVerdict::Fail,
+            railguard_prober::analyze::AnalyzeVerdict::Fail,
             "{:?}",
             r.reasons
         );
         assert_eq!(r.transport, Some("Socket"));
         // A cut-short or garbage log is an error or unknown, never a pass.
         let r = judge_log(&["nothing useful here"], &p).unwrap();
-        assert_ne!(r.verdict, crate::analyze::AnalyzeVerdict::Pass);
+        assert_ne!(r.verdict, railguard_prober::analyze::AnalyzeVerdict::Pass);
     }
 
     #[test]

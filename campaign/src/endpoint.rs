@@ -1,6 +1,6 @@
 //! The peer endpoint a prober runs for campaigns: one TCP port for the coordinator's control
 //! channel ([`super::wire`]) and the RDMA side channel of other probers
-//! ([`crate::rdma::peer`]); the first four bytes of a connection pick the protocol.
+//! ([`railguard_prober::rdma::peer`]); the first four bytes of a connection pick the protocol.
 //!
 //! Rules: the coordinator must prove the shared token; a test for another profile is refused;
 //! one test per rail at a time (a second one is refused as busy, never queued, through the
@@ -40,15 +40,15 @@ use super::wire::{
     SESSION_PROTOCOL,
 };
 use super::CampaignError;
-use crate::rdma::peer::channel::{
+use railguard_prober::rdma::peer::channel::{
     decode_nonce, nonce, proof_hex, trim_token, verify_proof, FrameCodec, Session,
 };
-use crate::rdma::peer::wire::{read_error, write_error, FORMAT as RDMA_FORMAT};
-use crate::rdma::peer::{
+use railguard_prober::rdma::peer::wire::{read_error, write_error, FORMAT as RDMA_FORMAT};
+use railguard_prober::rdma::peer::{
     answer_hello, run_write_test_initiator, serve_authenticated, AuthenticatedPeer, Message,
     PairKey, PairKeys, RailGuard, SideChannel, MAGIC as RDMA_MAGIC,
 };
-use crate::rdma::{PeerConfig, PeerRdmaEngine, PeerTestRequest, RailLocks, RdmaError};
+use railguard_prober::rdma::{PeerConfig, PeerRdmaEngine, PeerTestRequest, RailLocks, RdmaError};
 
 /// Most rails one request may name (a node has at most a few dozen HCA ports).
 pub const MAX_RAILS_PER_REQUEST: usize = 64;
@@ -828,7 +828,7 @@ async fn run_nccl(cfg: &EndpointConfig, req: NcclTestRequest) -> ControlResponse
         }
     };
     let (unique_id, nranks, local_ranks) = match child.next_line(limit).await {
-        Ok(Some(crate::nccl::ranks::RanksLine::UniqueId {
+        Ok(Some(railguard_prober::nccl::ranks::RanksLine::UniqueId {
             id,
             nranks,
             local_ranks,

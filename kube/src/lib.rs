@@ -15,6 +15,8 @@ pub mod lease;
 pub mod pki;
 mod profile_reports;
 pub mod secret_fill;
+pub mod store;
+pub mod watch;
 
 pub use client::kube_client;
 pub use error::{PkiError, SecretFillError};

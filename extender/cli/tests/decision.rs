@@ -12,7 +12,7 @@ use common::*;
 use jiff::SignedDuration;
 use railguard_api::fleet::OutlierAction;
 use railguard_api::{NodeFabric, RailVerdict, Verdict};
-use railguard_extender::cache::{Applier, CachedNode, Change, NodeIndex};
+use railguard_extender::cache::{CachedNode, NodeIndex};
 use railguard_extender::decision::{
     check_node, filter_by, prioritize_scores, topology_keys_for, JobTopology,
 };
@@ -20,6 +20,7 @@ use railguard_extender::{
     filter, prioritize, target_for, ExtenderConfig, NodeSlot, PodFacts, PodTarget, RejectReason,
 };
 use railguard_extender_cli::cache::ClusterState;
+use railguard_kube::store::{Applier, Change};
 use railguard_sim::certificates as synth;
 
 fn slots(nodes: &[NodeFabric]) -> Vec<NodeSlot<'_>> {

@@ -1,21 +1,20 @@
-//! Where profiles and namespace labels come from: reflector caches in cluster mode, a YAML
+//! Where profiles and namespace labels come from: watched stores in cluster mode, a YAML
 //! file in standalone mode (where namespaces have no labels, so namespace-selector
 //! exemptions and the Pod Security label are never seen; listing namespaces by name in a
 //! profile's `exemptions.namespaces` still works).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use railguard_api::profile_list::InvalidProfiles;
 use railguard_api::profile_list::{partition, ProfileObject};
 use railguard_api::FabricProfile;
+use railguard_kube::store::Store;
+use railguard_kube::watch::{watch_into, Config};
 use railguard_kube::ProfileStatusWriter;
 use railguard_webhook::ProfileSet;
 use tokio::sync::mpsc;
@@ -25,7 +24,8 @@ use railguard_webhook::config::NamespaceInfo;
 
 pub struct Catalog {
     profiles: RwLock<ProfileSet>,
-    namespaces: Option<Store<Namespace>>,
+    /// Each namespace's labels, by name.
+    namespaces: Option<Arc<Store<BTreeMap<String, String>>>>,
     client: Option<Client>,
     /// Live GETs for namespaces the cache misses, bounded.
     lookups: NamespaceLookups,
@@ -59,8 +59,8 @@ impl Catalog {
     /// `fabric_profiles_invalid` metric, its `Valid=False` status condition and a Warning
     /// Event), the others are served.
     pub fn cluster(client: Client, metrics: Arc<crate::metrics::Metrics>) -> Arc<Self> {
-        let (ns_reader, ns_writer) = reflector::store::<Namespace>();
-        let (profile_reader, profile_writer) = reflector::store::<ProfileObject>();
+        let ns_store: Arc<Store<BTreeMap<String, String>>> = Arc::new(Store::new("namespaces"));
+        let profile_store: Arc<Store<ProfileObject>> = Arc::new(Store::new("fabricprofiles"));
         let (statuses, pending) = mpsc::unbounded_channel();
         tokio::spawn(write_statuses(
             ProfileStatusWriter::new(client.clone(), "railguard-webhook"),
@@ -68,7 +68,7 @@ impl Catalog {
         ));
         let catalog = Arc::new(Self {
             profiles: RwLock::new(Arc::new(Vec::new())),
-            namespaces: Some(ns_reader.clone()),
+            namespaces: Some(ns_store.clone()),
             client: Some(client.clone()),
             lookups: NamespaceLookups::new(LookupLimits::default()),
             ready: AtomicBool::new(false),
@@ -77,55 +77,43 @@ impl Catalog {
             metrics: Some(metrics.clone()),
         });
 
-        let ns_stream = reflector::reflector(
-            ns_writer,
-            watcher(
-                Api::<Namespace>::all(client.clone()),
-                watcher::Config::default(),
-            )
-            .default_backoff(),
-        );
+        let (store, ns_client) = (ns_store.clone(), client.clone());
         tokio::spawn(async move {
-            let mut s = std::pin::pin!(ns_stream);
-            while let Some(ev) = s.next().await {
-                if let Err(e) = ev {
-                    tracing::warn!(error = %e, "namespace watch error");
-                }
-            }
+            watch_into(
+                Api::<Namespace>::all(ns_client),
+                Config::default(),
+                &store,
+                |ns: &Namespace| Some(ns.labels().clone()),
+                |_| {},
+                |_| {},
+            )
+            .await;
         });
 
-        let profile_stream = reflector::reflector(
-            profile_writer,
-            watcher(
-                Api::<ProfileObject>::all(client),
-                watcher::Config::default(),
-            )
-            .default_backoff(),
-        );
         let weak = Arc::downgrade(&catalog);
-        let reader = profile_reader.clone();
+        let store = profile_store.clone();
         tokio::spawn(async move {
-            let mut s = std::pin::pin!(profile_stream);
-            while let Some(ev) = s.next().await {
-                let Some(catalog) = weak.upgrade() else {
-                    return;
-                };
-                match ev {
-                    Ok(_) => {
-                        let n = catalog.rebuild_profiles(&reader);
+            watch_into(
+                Api::<ProfileObject>::all(client),
+                Config::default(),
+                &store,
+                |p: &ProfileObject| Some(p.clone()),
+                |_| {
+                    if let Some(catalog) = weak.upgrade() {
+                        let n = catalog.rebuild_profiles(&store);
                         metrics.profiles.set(n as i64);
                     }
-                    Err(e) => tracing::warn!(error = %e, "FabricProfile watch error"),
-                }
-            }
+                },
+                |_| {},
+            )
+            .await;
         });
 
         let weak = Arc::downgrade(&catalog);
         tokio::spawn(async move {
-            let synced = ns_reader.wait_until_ready().await.is_ok()
-                && profile_reader.wait_until_ready().await.is_ok();
-            if let (true, Some(catalog)) = (synced, weak.upgrade()) {
-                catalog.rebuild_profiles(&profile_reader);
+            tokio::join!(ns_store.synced(), profile_store.synced());
+            if let Some(catalog) = weak.upgrade() {
+                catalog.rebuild_profiles(&profile_store);
                 catalog.ready.store(true, Ordering::Release);
                 tracing::info!("profile and namespace caches synced");
             }
@@ -137,7 +125,7 @@ impl Catalog {
     /// are reported (log and metric once per change) and every object whose status
     /// condition is out of date goes to the status writer.
     fn rebuild_profiles(&self, reader: &Store<ProfileObject>) -> usize {
-        let objects = reader.state();
+        let objects = reader.values();
         let (valid, invalid) = partition(objects.iter().map(|o| o.as_ref()));
         let changes = match self.invalid.lock() {
             Ok(mut set) => set.replace(invalid),
@@ -179,8 +167,8 @@ impl Catalog {
         let Some(store) = &self.namespaces else {
             return info;
         };
-        if let Some(ns) = store.get(&ObjectRef::new(name)) {
-            info.labels = ns.metadata.labels.clone().unwrap_or_default();
+        if let Some(labels) = store.get(name) {
+            info.labels = (*labels).clone();
             return info;
         }
         if let Some(client) = &self.client {

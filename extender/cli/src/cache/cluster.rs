@@ -10,10 +10,9 @@ use railguard_api::profile_list::{partition, ProfileObject};
 use railguard_api::{FabricProfile, NodeFabric};
 
 use crate::metrics::{CacheLabels, Metrics};
-use railguard_extender::cache::{
-    Applied, BoundPod, CachedNode, JobPlacements, NodeIndex, ProfileSet, Store,
-};
+use railguard_extender::cache::{BoundPod, CachedNode, JobPlacements, NodeIndex, ProfileSet};
 use railguard_extender::decision::ExtenderConfig;
+use railguard_kube::store::{Applied, Store};
 
 /// Everything the extender caches about the cluster.
 #[derive(Debug)]
@@ -298,7 +297,7 @@ impl ClusterState {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use railguard_extender::cache::{Applier, Change};
+    use railguard_kube::store::{Applier, Change};
 
     fn object(name: &str, port: u64) -> ProfileObject {
         let text = include_str!("../../../../api/fixtures/profiles/dgx-h100-ndr.yaml");
@@ -343,5 +342,89 @@ mod tests {
         assert_eq!(state.profile_set().profiles.len(), 2);
         let text = metrics.encode().unwrap();
         assert!(!text.contains("profile=\"bad\""), "{text}");
+    }
+}
+
+#[cfg(test)]
+mod placements_tests {
+    #![allow(clippy::unwrap_used)]
+    use railguard_extender::cache::{BoundPod, JobPlacements};
+    use railguard_kube::store::{Applied, Applier, Change, Store};
+
+    /// What the job index must equal: a scan of every cached pod.
+    fn scanned(store: &Store<BoundPod>, ns: &str, job: &(String, String)) -> Vec<String> {
+        let mut nodes: Vec<String> = store
+            .read()
+            .values()
+            .filter(|p| p.namespace == ns && &p.job == job)
+            .map(|p| p.node.clone())
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes
+    }
+
+    #[test]
+    fn job_placements_follow_every_pod_change() {
+        let store: Store<BoundPod> = Store::new("pods");
+        let jobs = JobPlacements::default();
+        let mut a = Applier::default();
+        let mut apply = |change| match a.apply(&store, change) {
+            Applied::Staged => {}
+            Applied::Replaced => jobs.rebuild(&store.read()),
+            Applied::Changed { old, new } => jobs.update(old.as_deref(), new.as_deref()),
+        };
+        let kind = "training.kubeflow.org/job-name".to_string();
+        let llm = (kind.clone(), "llm".to_string());
+        let other = (kind.clone(), "other".to_string());
+        let pod = |ns: &str, node: &str, job: &(String, String)| BoundPod {
+            namespace: ns.into(),
+            node: node.into(),
+            job: job.clone(),
+        };
+        let check = |jobs: &JobPlacements, store: &Store<BoundPod>| {
+            for ns in ["a", "b"] {
+                for job in [&llm, &other] {
+                    assert_eq!(jobs.nodes(ns, job), scanned(store, ns, job), "{ns} {job:?}");
+                }
+            }
+        };
+
+        apply(Change::Restart);
+        apply(Change::Listed("a/p0".into(), Some(pod("a", "n1", &llm))));
+        apply(Change::Listed("a/p1".into(), Some(pod("a", "n1", &llm))));
+        apply(Change::Listed("a/p2".into(), Some(pod("a", "n2", &llm))));
+        apply(Change::Listed("b/p0".into(), Some(pod("b", "n3", &llm))));
+        // Nothing is visible until the list completes.
+        assert!(jobs.nodes("a", &llm).is_empty());
+        apply(Change::ListDone);
+        assert_eq!(jobs.nodes("a", &llm), ["n1", "n2"]);
+        check(&jobs, &store);
+
+        // Two pods share n1: it stays until both are gone.
+        apply(Change::Changed("a/p0".into(), None));
+        assert_eq!(jobs.nodes("a", &llm), ["n1", "n2"]);
+        apply(Change::Changed("a/p1".into(), None));
+        assert_eq!(jobs.nodes("a", &llm), ["n2"]);
+        check(&jobs, &store);
+
+        // A pod relabelled to another job, a finished pod (converted to None), a re-sent
+        // identical object, and a pod of the same job name in another namespace.
+        apply(Change::Changed("a/p2".into(), Some(pod("a", "n2", &other))));
+        apply(Change::Changed("a/p3".into(), Some(pod("a", "n4", &llm))));
+        apply(Change::Changed("a/p3".into(), Some(pod("a", "n4", &llm))));
+        apply(Change::Changed("b/p0".into(), None));
+        apply(Change::Changed("b/p0".into(), None));
+        check(&jobs, &store);
+        assert_eq!(jobs.nodes("a", &other), ["n2"]);
+        assert!(jobs.nodes("b", &llm).is_empty());
+
+        // A relist replaces everything, including jobs that vanished meanwhile.
+        apply(Change::Restart);
+        apply(Change::Listed("b/p9".into(), Some(pod("b", "n9", &other))));
+        apply(Change::ListDone);
+        check(&jobs, &store);
+        assert!(jobs.nodes("a", &llm).is_empty());
+        assert_eq!(jobs.nodes("b", &other), ["n9"]);
     }
 }

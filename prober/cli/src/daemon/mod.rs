@@ -330,7 +330,7 @@ struct Loop {
     nccl_node_file: Option<NcclNodeFileSink>,
     /// This node, watched (a field selector on its name): each step reads it here instead of
     /// a GET every poll (2,000 nodes polling every 10 s are 200 requests a second).
-    node_cache: kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Node>,
+    node_cache: Arc<railguard_kube::store::Store<k8s_openapi::api::core::v1::Node>>,
     /// The namespace of the invasive slot Leases.
     lease_namespace: String,
 }
@@ -395,30 +395,24 @@ impl NcclNodeFileSink {
     }
 }
 
-/// A reflector over this one Node (`metadata.name` field selector), driven by a task the
+/// A watched store of this one Node (`metadata.name` field selector), driven by a task the
 /// caller aborts at shutdown. Watch errors are logged and retried with backoff; meanwhile
-/// the store keeps the last Node seen.
+/// (and while it relists) the store keeps the last Node seen.
 fn watch_own_node(
     client: &kube::Client,
     node: &str,
 ) -> (
-    kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Node>,
+    Arc<railguard_kube::store::Store<k8s_openapi::api::core::v1::Node>>,
     tokio::task::JoinHandle<()>,
 ) {
-    use futures::StreamExt;
-    use kube::runtime::{reflector, watcher, WatchStreamExt};
-    let (store, writer) = reflector::store();
+    use railguard_kube::store::Store;
+    use railguard_kube::watch::{watch_into, Config};
+    let store = Arc::new(Store::new("own-node"));
     let api = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone());
-    let config = watcher::Config::default().fields(&format!("metadata.name={node}"));
-    let node = node.to_string();
+    let config = Config::default().fields(&format!("metadata.name={node}"));
+    let fed = store.clone();
     let task = tokio::spawn(async move {
-        let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
-        futures::pin_mut!(stream);
-        while let Some(event) = stream.next().await {
-            if let Err(e) = event {
-                tracing::warn!(node = %node, error = %e, "watch of the node failed; retrying (steps GET it meanwhile only before the watch has listed)");
-            }
-        }
+        watch_into(api, config, &fed, |n| Some(n.clone()), |_| {}, |_| {}).await;
     });
     (store, task)
 }
@@ -648,9 +642,7 @@ impl Loop {
     async fn step(&self, client: &kube::Client, plan: &mut Schedule) -> anyhow::Result<()> {
         // The Node is read once per step; the step's writes read it again before writing,
         // and keep `state` current.
-        let cached = self
-            .node_cache
-            .get(&kube::runtime::reflector::ObjectRef::new(&self.ctx.node));
+        let cached = self.node_cache.get(&self.ctx.node);
         let mut state = match cached {
             Some(node) => NodeState::of(&node),
             // Until the watch has listed (or while it relists): a GET.
@@ -936,7 +928,7 @@ impl Loop {
     /// Takes the node out of the invasive queue: its run started, or it no longer waits.
     /// Read from the watched Node, so a mark left by a predecessor goes too.
     async fn clear_waiting_mark(&self, plan: &mut Schedule) {
-        let marked = self.node_cache.state().iter().any(|n| {
+        let marked = self.node_cache.values().iter().any(|n| {
             n.metadata
                 .annotations
                 .as_ref()

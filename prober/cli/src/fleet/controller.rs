@@ -21,8 +21,6 @@ use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::{Patch, PatchParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
 use railguard_api::fleet::OutlierAction;
 use railguard_api::fleet::{reason, BaselineSnapshot, FleetStatus};
@@ -36,6 +34,8 @@ use railguard_api::{keys, FabricProfile, NodeFabric, ProfileObject};
 use railguard_fleet::marks::{mark_event, node_condition, WantedCondition};
 use railguard_fleet::{fleet_status, FleetAnalysis};
 use railguard_kube::events::record_event;
+use railguard_kube::store::Store;
+use railguard_kube::watch::{watch_into, Config};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -80,36 +80,36 @@ pub async fn run(client: Client, args: &FleetArgs) -> anyhow::Result<()> {
     ));
 
     let changed = Arc::new(Notify::new());
-    let (nodes, nodes_writer) = reflector::store::<Node>();
-    let (profiles, profiles_writer) = reflector::store::<ProfileObject>();
-    let node_watch = reflect(
-        reflector::reflector(
-            nodes_writer,
-            watcher(Api::<Node>::all(client.clone()), watcher::Config::default()),
-        ),
-        changed.clone(),
-        "nodes",
-    );
-    let profile_watch = reflect(
-        reflector::reflector(
-            profiles_writer,
-            watcher(
-                Api::<ProfileObject>::all(client.clone()),
-                watcher::Config::default(),
-            ),
-        ),
-        changed.clone(),
-        "fabricprofiles",
-    );
-    let watches = tokio::spawn(async move {
-        tokio::join!(node_watch, profile_watch);
-    });
+    let nodes: Arc<Store<Node>> = Arc::new(Store::new("nodes"));
+    let profiles: Arc<Store<ProfileObject>> = Arc::new(Store::new("fabricprofiles"));
+    let watches = {
+        let (nodes, profiles, client) = (nodes.clone(), profiles.clone(), client.clone());
+        let (node_changed, profile_changed) = (changed.clone(), changed.clone());
+        tokio::spawn(async move {
+            tokio::join!(
+                watch_into(
+                    Api::<Node>::all(client.clone()),
+                    Config::default(),
+                    &nodes,
+                    |n: &Node| Some(without_managed_fields(n)),
+                    |_| node_changed.notify_one(),
+                    |_| {},
+                ),
+                watch_into(
+                    Api::<ProfileObject>::all(client),
+                    Config::default(),
+                    &profiles,
+                    |p: &ProfileObject| Some(p.clone()),
+                    |_| profile_changed.notify_one(),
+                    |_| {},
+                ),
+            );
+        })
+    };
     let shutdown = railguard_runtime::shutdown_signal();
     tokio::pin!(shutdown);
     tokio::select! {
-        r = async { tokio::try_join!(nodes.wait_until_ready(), profiles.wait_until_ready()) } => {
-            r.context("the Node and FabricProfile caches never filled")?;
-        }
+        _ = async { tokio::join!(nodes.synced(), profiles.synced()) } => {}
         () = &mut shutdown => {
             stop.cancel();
             watches.abort();
@@ -240,20 +240,12 @@ pub async fn run(client: Client, args: &FleetArgs) -> anyhow::Result<()> {
 const LEASE_NAME: &str = "railguard-fleet";
 const LEASE_DURATION: Duration = Duration::from_secs(15);
 
-/// Drives a reflector stream, telling the loop about every change.
-pub(super) async fn reflect<K, S>(stream: S, changed: Arc<Notify>, what: &'static str)
-where
-    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-{
-    let stream = stream.default_backoff();
-    futures::pin_mut!(stream);
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
-            Ok(_) => changed.notify_one(),
-            Err(e) => tracing::warn!(cache = what, error = %e, "watch failed; retrying"),
-        }
-    }
+/// A Node as the controller keeps it: without managedFields (most of a Node's bytes, and
+/// nothing the fleet reads).
+fn without_managed_fields(node: &Node) -> Node {
+    let mut n = node.clone();
+    n.metadata.managed_fields = None;
+    n
 }
 
 /// One recomputation over the caches; returns the number of profiles looked at.
@@ -270,12 +262,12 @@ async fn recompute(
     let only = args.profile.as_deref();
     let lease_namespace = args.lease_namespace.as_deref();
     let profiles: Vec<FabricProfile> = profiles
-        .state()
+        .values()
         .iter()
         .filter_map(|o| o.decoded.as_ref().ok().cloned())
         .filter(|p| only.is_none_or(|n| n == p.name()))
         .collect();
-    let nodes = nodes.state();
+    let nodes = nodes.values();
     memory
         .fabrics
         .refresh(nodes.iter().map(|n| n.as_ref()), now);

@@ -11,8 +11,6 @@ use anyhow::Context;
 use futures::{StreamExt, TryStreamExt};
 use jiff::Timestamp;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::watcher;
 use kube::{Api, Client};
 use railguard_api::dra::{
     self, plan_rules, rail_devices, rail_taint_reasons, rule_object, wanted_rules, ExistingRule,
@@ -20,6 +18,8 @@ use railguard_api::dra::{
 };
 use railguard_api::{keys, FabricProfile, NodeFabric};
 use railguard_fleet::FleetAnalysis;
+use railguard_kube::store::Store;
+use railguard_kube::watch::{watch_into, Config};
 use tokio::sync::Notify;
 
 /// Rule writes in flight at once.
@@ -77,8 +77,8 @@ pub async fn availability(client: &Client) -> anyhow::Result<Availability> {
 
 /// The caches the DRA reconciliation reads.
 pub struct DraCaches {
-    slices: Store<DynamicObject>,
-    rules: Store<DynamicObject>,
+    slices: Arc<Store<DynamicObject>>,
+    rules: Arc<Store<DynamicObject>>,
 }
 
 impl DraCaches {
@@ -90,47 +90,40 @@ impl DraCaches {
     ) -> anyhow::Result<(DraCaches, tokio::task::JoinHandle<()>)> {
         let slices_ar = resource("ResourceSlice");
         let rules_ar = resource("DeviceTaintRule");
-        let slices_writer = reflector::store::Writer::new(slices_ar.clone());
-        let slices = slices_writer.as_reader();
-        let rules_writer = reflector::store::Writer::new(rules_ar.clone());
-        let rules = rules_writer.as_reader();
-        let slice_watch = super::controller::reflect(
-            reflector::reflector(
-                slices_writer,
-                watcher(
-                    Api::<DynamicObject>::all_with(client.clone(), &slices_ar),
-                    watcher::Config::default(),
-                ),
-            ),
-            changed.clone(),
-            "resourceslices",
-        );
-        let rule_watch = super::controller::reflect(
-            reflector::reflector(
-                rules_writer,
-                watcher(
-                    Api::<DynamicObject>::all_with(client.clone(), &rules_ar),
-                    watcher::Config::default().labels(&format!(
-                        "{}={}",
-                        dra::LABEL_MANAGED_BY,
-                        dra::MANAGED_BY
-                    )),
-                ),
-            ),
-            changed,
-            "devicetaintrules",
-        );
-        let task = tokio::spawn(async move {
-            tokio::join!(slice_watch, rule_watch);
-        });
-        tokio::try_join!(slices.wait_until_ready(), rules.wait_until_ready())
-            .context("the ResourceSlice and DeviceTaintRule caches never filled")?;
+        let slices: Arc<Store<DynamicObject>> = Arc::new(Store::new("resourceslices"));
+        let rules: Arc<Store<DynamicObject>> = Arc::new(Store::new("devicetaintrules"));
+        let task = {
+            let (slices, rules, client) = (slices.clone(), rules.clone(), client.clone());
+            let slice_changed = changed.clone();
+            let selector = format!("{}={}", dra::LABEL_MANAGED_BY, dra::MANAGED_BY);
+            tokio::spawn(async move {
+                tokio::join!(
+                    watch_into(
+                        Api::<DynamicObject>::all_with(client.clone(), &slices_ar),
+                        Config::default(),
+                        &slices,
+                        |o: &DynamicObject| Some(o.clone()),
+                        |_| slice_changed.notify_one(),
+                        |_| {},
+                    ),
+                    watch_into(
+                        Api::<DynamicObject>::all_with(client, &rules_ar),
+                        Config::default().labels(&selector),
+                        &rules,
+                        |o: &DynamicObject| Some(o.clone()),
+                        |_| changed.notify_one(),
+                        |_| {},
+                    ),
+                );
+            })
+        };
+        tokio::join!(slices.synced(), rules.synced());
         Ok((DraCaches { slices, rules }, task))
     }
 
     fn slices(&self) -> Vec<ResourceSlice> {
         self.slices
-            .state()
+            .values()
             .iter()
             .filter_map(|o| {
                 let v = serde_json::to_value(o.as_ref()).ok()?;
@@ -148,7 +141,7 @@ impl DraCaches {
     /// The nodes with a node-local ResourceSlice of one of `drivers` (empty names ignored).
     pub fn nodes_with_slices(&self, drivers: &[&str]) -> BTreeSet<String> {
         self.slices
-            .state()
+            .values()
             .iter()
             .filter_map(|o| {
                 let spec = o.data.get("spec")?;
@@ -161,7 +154,7 @@ impl DraCaches {
 
     fn rules(&self) -> Vec<ExistingRule> {
         self.rules
-            .state()
+            .values()
             .iter()
             .filter_map(|o| ExistingRule::from_object(&serde_json::to_value(o.as_ref()).ok()?))
             .collect()

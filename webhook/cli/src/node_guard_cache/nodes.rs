@@ -8,50 +8,61 @@
 //! watch event: right after a Node's outputs changed, a write by someone else that leaves
 //! them as they now are can be refused once (the writer retries, as kubelets do).
 
-use futures::StreamExt;
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::Node;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, Client};
+use railguard_kube::store::Store;
+use railguard_kube::watch::{watch_into, Config};
 
 use railguard_webhook::node_guard::{keep_outputs, NodeView};
 
 /// See the module docs.
 #[derive(Clone)]
 pub struct NodeOutputs {
-    store: Store<Node>,
+    store: Arc<Store<NodeView>>,
 }
 
 impl NodeOutputs {
     /// Starts the watch of every Node in a task of its own.
     pub fn watch(client: Client) -> Self {
-        let (store, writer) = reflector::store::<Node>();
-        let stream = reflector::reflector(
-            writer,
-            watcher(Api::<Node>::all(client), watcher::Config::default())
-                .default_backoff()
-                .modify(keep_outputs),
-        );
+        let store = Arc::new(Store::new("node-guard-nodes"));
+        let fed = store.clone();
         tokio::spawn(async move {
-            let mut s = std::pin::pin!(stream);
-            while let Some(ev) = s.next().await {
-                if let Err(e) = ev {
-                    tracing::warn!(error = %e, "node guard: node watch error");
-                }
-            }
+            watch_into(
+                Api::<Node>::all(client),
+                Config::default(),
+                &fed,
+                view_of,
+                |_| {},
+                |_| {},
+            )
+            .await;
         });
         Self { store }
     }
 
     /// Whether the Node watch has listed once (before, a missing Node means nothing).
     pub fn is_synced(&self) -> bool {
-        super::store_synced(&self.store)
+        self.store.is_synced()
     }
 
     /// The cached outputs of Node `name`, None when the cache does not hold it.
     pub fn view(&self, name: &str) -> Option<NodeView> {
-        let node = self.store.get(&ObjectRef::new(name))?;
-        let value = serde_json::to_value(&*node).ok()?;
-        serde_json::from_value(value).ok()
+        self.store.get(name).map(|v| (*v).clone())
+    }
+}
+
+/// What the cache keeps of a Node: its protected outputs, decoded once per change. A Node
+/// that does not decode is not held (the guard then treats it as not cached), and said.
+fn view_of(node: &Node) -> Option<NodeView> {
+    let mut outputs = node.clone();
+    keep_outputs(&mut outputs);
+    match serde_json::to_value(&outputs).and_then(serde_json::from_value) {
+        Ok(view) => Some(view),
+        Err(e) => {
+            tracing::warn!(node = ?node.metadata.name, error = %e, "node guard: cannot decode the Node's outputs; not cached");
+            None
+        }
     }
 }

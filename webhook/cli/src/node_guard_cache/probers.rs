@@ -2,13 +2,13 @@
 //! pods of the prober namespace (the release namespace unless split) that carry the probers' labels (one per GPU node), fed by
 //! one watch. Handlers only read it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
+use railguard_kube::store::Store;
+use railguard_kube::watch::{watch_into, Config};
 
 use railguard_webhook::node_guard::{PodLookup, ProberPod};
 
@@ -16,39 +16,20 @@ use railguard_webhook::node_guard::{PodLookup, ProberPod};
 #[derive(Clone)]
 pub struct ProberPods {
     namespace: String,
-    store: Store<Pod>,
+    store: Arc<Store<ProberPod>>,
 }
 
 impl ProberPods {
     /// Starts the watch of pods in `namespace` matching the label `selector` (the probers'
-    /// DaemonSet labels) in a task of its own.
+    /// DaemonSet labels) in a task of its own. Only the facts the guard reads are kept: a
+    /// pod's spec and status are large.
     pub fn watch(client: Client, namespace: &str, selector: &str) -> Self {
-        let (store, writer) = reflector::store::<Pod>();
-        let config = watcher::Config::default().labels(selector);
-        let stream = reflector::reflector(
-            writer,
-            watcher(Api::<Pod>::namespaced(client, namespace), config)
-                .default_backoff()
-                // Only the facts the guard reads are kept: a pod's spec and status are large.
-                .modify(|pod: &mut Pod| {
-                    pod.managed_fields_mut().clear();
-                    pod.annotations_mut().clear();
-                    pod.status = None;
-                    if let Some(spec) = pod.spec.as_mut() {
-                        spec.containers.clear();
-                        spec.init_containers = None;
-                        spec.volumes = None;
-                    }
-                }),
-        );
-        let ns = namespace.to_string();
+        let store = Arc::new(Store::new("node-guard-prober-pods"));
+        let fed = store.clone();
+        let api = Api::<Pod>::namespaced(client, namespace);
+        let config = Config::default().labels(selector);
         tokio::spawn(async move {
-            let mut s = std::pin::pin!(stream);
-            while let Some(ev) = s.next().await {
-                if let Err(e) = ev {
-                    tracing::warn!(namespace = %ns, error = %e, "prober pod watch error");
-                }
-            }
+            watch_into(api, config, &fed, |p: &Pod| Some(facts(p)), |_| {}, |_| {}).await;
         });
         Self {
             namespace: namespace.to_string(),
@@ -58,11 +39,8 @@ impl ProberPods {
 
     /// What the cache knows of prober pod `name`.
     pub fn lookup(&self, name: &str) -> PodLookup {
-        match self
-            .store
-            .get(&ObjectRef::new(name).within(&self.namespace))
-        {
-            Some(pod) => PodLookup::Found(facts(&pod)),
+        match self.store.get(&format!("{}/{name}", self.namespace)) {
+            Some(pod) => PodLookup::Found((*pod).clone()),
             None if self.is_synced() => PodLookup::Missing,
             None => PodLookup::NotSynced,
         }
@@ -70,15 +48,12 @@ impl ProberPods {
 
     /// Whether the first list has completed.
     pub fn is_synced(&self) -> bool {
-        super::store_synced(&self.store)
+        self.store.is_synced()
     }
 
     /// Waits up to `timeout` for the first list (a request arriving right after start-up).
     pub async fn wait_synced(&self, timeout: Duration) -> bool {
-        matches!(
-            tokio::time::timeout(timeout, self.store.wait_until_ready()).await,
-            Ok(Ok(()))
-        )
+        self.store.wait_synced(timeout).await
     }
 }
 

@@ -1,10 +1,16 @@
 //! One keyed cache fed by a watch ([`Store`]), and how watch events reach it ([`Applier`]):
-//! a list is buffered and swapped in whole, so readers never see half of one.
+//! a list is buffered and swapped in whole, so readers never see half of one. Pure; the
+//! watch that feeds it is [`crate::watch::watch_into`]. Every cache railguard keeps (the
+//! extender's cluster state, the node guard's Nodes and prober pods, the fleet controller's
+//! Nodes, profiles and DRA objects) is one of these.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
+
+/// How often [`Store::wait_synced`] looks.
+const SYNC_POLL: Duration = Duration::from_millis(20);
 
 /// One keyed cache fed by a watch.
 #[derive(Debug)]
@@ -76,6 +82,23 @@ impl<V> Store<V> {
         // reads the map before this write.
         self.version.fetch_add(1, Ordering::AcqRel);
         guard
+    }
+
+    /// A snapshot of every value (for a recomputation over the whole cache).
+    pub fn values(&self) -> Vec<Arc<V>> {
+        self.read().values().cloned().collect()
+    }
+
+    /// Waits for the first complete list.
+    pub async fn synced(&self) {
+        while !self.is_synced() {
+            tokio::time::sleep(SYNC_POLL).await;
+        }
+    }
+
+    /// Waits up to `timeout` for the first complete list; whether it came.
+    pub async fn wait_synced(&self, timeout: Duration) -> bool {
+        tokio::time::timeout(timeout, self.synced()).await.is_ok()
     }
 
     /// Replaces the whole content (end of a list) and marks the cache synced.

@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use crate::error::CertificateError;
-use crate::profile::LinkLayer;
+use crate::signature::LinkLayer;
 
 /// The certificate format version this crate writes.
 pub const CERTIFICATE_VERSION: u32 = 1;

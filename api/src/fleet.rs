@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::profile::FieldProblem;
+use crate::error::FieldProblem;
 
 /// What a figure measures. Bandwidths are better higher, latency lower.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -8,14 +8,7 @@ use serde_json::Value as Json;
 
 use crate::helm::{self, HelmDoc};
 
-/// A release name, namespace and values overrides to render the chart with.
-#[derive(Debug, Clone, Copy)]
-pub struct ValuesSet {
-    pub label: &'static str,
-    pub release: &'static str,
-    pub namespace: &'static str,
-    pub values: &'static str,
-}
+pub use crate::helm::ValuesSet;
 
 impl ValuesSet {
     /// `helm template` of the chart with this set for a cluster serving `api_versions` at

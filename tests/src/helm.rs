@@ -10,7 +10,6 @@ use std::sync::OnceLock;
 use anyhow::{bail, Context, Result};
 use serde_json::Value as Json;
 
-use crate::chart_values::ValuesSet;
 use crate::{helm_binaries, workspace_root};
 
 /// The API group/versions a Kubernetes 1.20 API server serves (what `kubectl api-versions`
@@ -298,6 +297,16 @@ impl Helm {
             .output()
             .context("running kubectl")
     }
+}
+
+/// A release name, namespace and values overrides to render the chart with (the sets the
+/// tests use, and how each renders: `crate::chart_values`).
+#[derive(Debug, Clone, Copy)]
+pub struct ValuesSet {
+    pub label: &'static str,
+    pub release: &'static str,
+    pub namespace: &'static str,
+    pub values: &'static str,
 }
 
 /// The chart under test.

@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
-use railguard_tests::workspace_root;
+use railguard_tests::{rust_files, workspace_root};
 
 /// Where the pattern is found: `path:line: text`.
 fn bind_then_close(path: &Path, text: &str) -> Vec<String> {
@@ -83,42 +83,28 @@ fn used_beyond_its_address(text: &str, name: &str) -> bool {
     false
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let p = e.path();
-        if p.is_dir() {
-            if p.file_name().is_some_and(|n| n != "target") {
-                rust_files(&p, out);
-            }
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            out.push(p);
-        }
-    }
-}
-
 /// The harness: this crate's sources and tests, and every crate's `tests/` and `benches/`.
 fn harness_files() -> Vec<PathBuf> {
     let root = workspace_root();
-    let mut files = Vec::new();
-    rust_files(&root.join("tests/src"), &mut files);
-    rust_files(&root.join("tests/tests"), &mut files);
+    let mut files = rust_files(&root.join("tests/src"));
+    files.extend(rust_files(&root.join("tests/tests")));
     for krate in [
         "api",
         "runtime",
+        "kube",
         "webhook",
         "webhook/cli",
         "extender",
         "extender/cli",
         "prober",
         "prober/cli",
+        "campaign",
+        "fleet",
         "sim",
         "gpu",
     ] {
         for sub in ["tests", "benches"] {
-            rust_files(&root.join(krate).join(sub), &mut files);
+            files.extend(rust_files(&root.join(krate).join(sub)));
         }
     }
     files

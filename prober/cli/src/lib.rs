@@ -21,6 +21,7 @@ pub mod gpu_check;
 pub mod health;
 pub mod nccl_env;
 pub mod nccl_ranks;
+pub mod node_context;
 pub mod peer_token;
 pub mod preflight;
 pub mod profile_source;

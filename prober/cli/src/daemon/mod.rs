@@ -11,6 +11,7 @@
 //! port ([`metrics`]).
 
 pub mod metrics;
+pub mod profile_wait;
 pub mod telemetry;
 
 use std::net::SocketAddr;
@@ -37,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use metrics::Metrics;
 
-use crate::certify::NodeArgs;
+use crate::node_context::NodeArgs;
 
 /// `railguard-prober daemon`
 #[derive(Args, Debug, Clone)]
@@ -1059,8 +1060,7 @@ impl DaemonArgs {
         // A profile this node cannot use is waited for with health served and the Node's
         // condition saying why, never a crash-loop (see `profile_source`).
         let waited =
-            crate::profile_source::wait_for_context(&self.node, &client, &metrics, poll, &stop)
-                .await?;
+            profile_wait::wait_for_context(&self.node, &client, &metrics, poll, &stop).await?;
         let Some(ctx) = waited else {
             stop_serving.cancel();
             signals.abort();

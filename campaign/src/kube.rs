@@ -8,10 +8,9 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use kube::Client;
 use railguard_api::{keys, Certificate, FabricProfile, Verdict};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -21,7 +20,10 @@ use super::CampaignError;
 use railguard_api::campaign_findings::NodeFindings;
 use railguard_api::campaign_findings::{campaign_fabric_label, merge_findings};
 use railguard_api::error::error_chain;
-use railguard_prober::publish::{after_conflict, write_condition, WRITE_ATTEMPTS};
+use railguard_kube::node_writer::{
+    after_conflict, NodeWriter, OnConflict, Written, WRITE_ATTEMPTS,
+};
+use railguard_prober::publish::write_condition;
 
 /// The log of an MPIJob's launcher once it finished, and how it finished.
 #[derive(Debug, Clone, PartialEq)]
@@ -196,7 +198,7 @@ pub async fn write_findings(
     findings: &NodeFindings,
     leader: Option<&Leadership>,
 ) -> Result<Option<Certificate>, CampaignError> {
-    let nodes: Api<Node> = Api::all(client.clone());
+    let writer = NodeWriter::new(client.clone(), keys::CAMPAIGN_FIELD_MANAGER);
     let confirm = || async {
         match leader {
             Some(l) => l.confirm().await,
@@ -204,7 +206,7 @@ pub async fn write_findings(
         }
     };
     for attempt in 0..WRITE_ATTEMPTS {
-        let node = nodes
+        let node = writer
             .get(node_name)
             .await
             .map_err(|source| CampaignError::Kube {
@@ -246,52 +248,35 @@ pub async fn write_findings(
             (keys::LABEL_PROFILE, cert.profile.as_str()),
             (keys::LABEL_SIGNATURE, cert.signature.as_str()),
         ]);
-        let patch = json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": node_name,
-                "resourceVersion": node.metadata.resource_version,
-                "labels": labels,
-                "annotations": { keys::ANNOTATION_CERTIFICATE: annotation },
-            }
-        });
-        let pp = PatchParams::apply(keys::CAMPAIGN_FIELD_MANAGER).force();
+        let annotations = BTreeMap::from([(keys::ANNOTATION_CERTIFICATE, annotation.as_str())]);
+        // Merged onto the certificate as read: written on that read, or merged again.
+        let precondition = OnConflict::Precondition(node.metadata.resource_version.clone());
         confirm().await?;
-        match nodes.patch(node_name, &pp, &Patch::Apply(&patch)).await {
-            Ok(written) => {
-                // A node pending under its prober keeps its pending condition too.
-                if fabric != keys::fabric::PENDING {
-                    confirm().await?;
-                    let (status, reason, message) = campaign_condition(&cert);
-                    write_condition(
-                        &nodes,
-                        keys::CAMPAIGN_FIELD_MANAGER,
-                        written,
-                        &annotation,
-                        (status, reason, &message),
-                    )
-                    .await
-                    .map_err(|source| CampaignError::Kube {
-                        what: format!("patch condition of node {node_name}"),
-                        source,
-                    })?;
-                }
-                info!(node = %node_name, verdict = %cert.verdict, "campaign findings written");
-                return Ok(Some(cert));
-            }
-            Err(kube::Error::Api(e)) if e.code == 409 => {
-                warn!(node = %node_name, "certificate changed while writing; merging again");
-                after_conflict(attempt).await;
-                continue;
-            }
-            Err(source) => {
-                return Err(CampaignError::Kube {
-                    what: format!("apply certificate to node {node_name}"),
+        let written = writer
+            .apply_metadata(node_name, &labels, &annotations, &precondition)
+            .await
+            .map_err(|source| CampaignError::Kube {
+                what: format!("apply certificate to node {node_name}"),
+                source,
+            })?;
+        let Written::Done(written) = written else {
+            warn!(node = %node_name, "certificate changed while writing; merging again");
+            after_conflict(attempt).await;
+            continue;
+        };
+        // A node pending under its prober keeps its pending condition too.
+        if fabric != keys::fabric::PENDING {
+            confirm().await?;
+            let (status, reason, message) = campaign_condition(&cert);
+            write_condition(&writer, *written, &annotation, (status, reason, &message))
+                .await
+                .map_err(|source| CampaignError::Kube {
+                    what: format!("patch condition of node {node_name}"),
                     source,
-                })
-            }
+                })?;
         }
+        info!(node = %node_name, verdict = %cert.verdict, "campaign findings written");
+        return Ok(Some(cert));
     }
     Err(CampaignError::Node {
         node: node_name.to_string(),
@@ -447,6 +432,7 @@ pub async fn take_lease(lease: &LeaderLease, now: Timestamp) -> Result<bool, Cam
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+    use serde_json::json;
 
     fn pod(name: &str, phase: &str, gpu: Option<&str>) -> Pod {
         let mut v = json!({

@@ -12,6 +12,7 @@ mod client;
 mod error;
 pub mod events;
 pub mod lease;
+pub mod node_writer;
 pub mod pki;
 mod profile_reports;
 pub mod secret_fill;

@@ -8,10 +8,11 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Args, ValueHint};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, DynamicObject, ListParams};
 use kube::{Api, Client};
 use railguard_api::{dra, keys};
 use railguard_fleet::cleanup::node_cleanup;
+use railguard_kube::node_writer::{NodeWriter, OnConflict, Written};
 
 use crate::Outcome;
 
@@ -42,6 +43,7 @@ impl CleanupArgs {
         )
         .await?;
         let nodes: Api<Node> = Api::all(client.clone());
+        let writer = NodeWriter::new(client.clone(), FIELD_MANAGER);
         let list = nodes
             .list(&ListParams::default())
             .await
@@ -49,7 +51,7 @@ impl CleanupArgs {
         let mut cleaned = 0usize;
         for node in list.items {
             let name = node.metadata.name.clone().unwrap_or_default();
-            if clean_node(&nodes, node, self.keep_node_state).await? {
+            if clean_node(&writer, node, self.keep_node_state).await? {
                 cleaned += 1;
                 tracing::info!(node = %name, keep_node_state = self.keep_node_state, "node cleaned");
             }
@@ -70,7 +72,7 @@ impl CleanupArgs {
 
 /// Cleans one Node; whether it needed anything. A write refused because the Node changed
 /// (its resourceVersion) is planned again from a fresh read.
-async fn clean_node(nodes: &Api<Node>, mut node: Node, keep: bool) -> anyhow::Result<bool> {
+async fn clean_node(writer: &NodeWriter, mut node: Node, keep: bool) -> anyhow::Result<bool> {
     let name = node.metadata.name.clone().unwrap_or_default();
     let mut wrote = false;
     for attempt in 1..=ATTEMPTS {
@@ -78,24 +80,26 @@ async fn clean_node(nodes: &Api<Node>, mut node: Node, keep: bool) -> anyhow::Re
         if plan.is_empty() {
             return Ok(wrote);
         }
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..PatchParams::default()
-        };
-        if let Some(status) = &plan.status {
-            nodes
-                .patch_status(&name, &pp, &Patch::Strategic(status))
+        if let Some(status) = plan.status {
+            // Removing railguard's own conditions, whatever else changed.
+            writer
+                .patch_status(&name, status, &OnConflict::LastWriterWins)
                 .await
                 .with_context(|| {
                     format!("cannot remove railguard's conditions from node {name}")
                 })?;
             wrote = true;
         }
-        if let Some(patch) = &plan.node {
-            match nodes.patch(&name, &pp, &Patch::Merge(patch)).await {
-                Ok(_) => return Ok(true),
-                Err(kube::Error::Api(e)) if e.code == 409 && attempt < ATTEMPTS => {
+        if let Some(patch) = plan.node {
+            // The taint list is written whole: planned on this read, or planned again.
+            let precondition = OnConflict::Precondition(node.metadata.resource_version.clone());
+            match writer.merge(&name, patch, &precondition).await {
+                Ok(Written::Done(_)) => return Ok(true),
+                Ok(Written::Conflict) if attempt < ATTEMPTS => {
                     tracing::info!(node = %name, attempt, "node changed meanwhile; planning again");
+                }
+                Ok(Written::Conflict) => {
+                    anyhow::bail!("node {name} kept changing while railguard's marks were removed ({ATTEMPTS} attempts)")
                 }
                 Err(e) => {
                     return Err(e).with_context(|| {
@@ -109,7 +113,7 @@ async fn clean_node(nodes: &Api<Node>, mut node: Node, keep: bool) -> anyhow::Re
         } else {
             return Ok(true);
         }
-        node = nodes
+        node = writer
             .get(&name)
             .await
             .with_context(|| format!("cannot read node {name}"))?;

@@ -7,7 +7,8 @@
 //! decides on (the previous certificate, the RDMA resource). Every write reads the Node again
 //! and writes with that read's `resourceVersion` as a precondition, retried on a conflict, so
 //! what another writer (the campaign coordinator) put there meanwhile is merged
-//! ([`merge`]), never overwritten. An API error is an error, never "no certificate".
+//! ([`railguard_api::campaign_findings`]), never overwritten. Every write goes through
+//! [`railguard_kube::node_writer`]. An API error is an error, never "no certificate".
 
 pub mod nccl_node_file;
 mod state;
@@ -19,13 +20,13 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use railguard_api::campaign_findings;
 use railguard_api::node::node_reference;
 pub use railguard_api::node::NodeEvent;
 use railguard_api::{keys, Certificate, Verdict};
 use railguard_kube::events::record_event;
+use railguard_kube::node_writer::{NodeCondition, NodeWriter, OnConflict, Written};
 use serde_json::json;
 
 /// Why publishing failed.
@@ -79,21 +80,7 @@ pub enum PublishError {
     KeptChanging { node: String, attempts: usize },
 }
 
-/// How often a write is retried after a conflict (the Node changed between read and write).
-pub const WRITE_ATTEMPTS: usize = 16;
-
-/// Waits a little after the `attempt`th conflict: randomized and growing (20 ms to 640 ms),
-/// so two writers that keep meeting stop meeting.
-pub async fn after_conflict(attempt: usize) {
-    use rand::Rng;
-    let ceiling = 20u64 << attempt.min(5);
-    let ms = rand::thread_rng().gen_range(ceiling / 2..=ceiling);
-    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
-}
-
-fn is_conflict(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 409)
-}
+pub use railguard_kube::node_writer::{after_conflict, WRITE_ATTEMPTS};
 
 /// The raw certificate annotation of a Node.
 fn annotation_of(node: &Node) -> Option<&str> {
@@ -111,59 +98,33 @@ fn annotation_of(node: &Node) -> Option<&str> {
 /// condition never describes an older certificate than the annotation. Returns the condition
 /// as written.
 pub async fn write_condition(
-    nodes: &Api<Node>,
-    manager: &str,
+    writer: &NodeWriter,
     mut written: Node,
     annotation: &str,
     condition: (&str, &str, &str),
 ) -> Result<Option<ConditionSeen>, kube::Error> {
     let (status, reason, message) = condition;
     let name = written.metadata.name.clone().unwrap_or_default();
+    let condition = NodeCondition {
+        type_: keys::CONDITION_FABRIC_READY,
+        status,
+        reason,
+        message,
+    };
     for attempt in 0..WRITE_ATTEMPTS {
         if annotation_of(&written) != Some(annotation) {
             return Ok(None);
         }
-        let now = Timestamp::now();
-        // Keep lastTransitionTime when the status did not change.
-        let transition = match NodeState::of(&written).condition {
-            Some(c) if c.status == status => c.last_transition.unwrap_or(now),
-            _ => now,
-        };
-        // A strategic merge patch (conditions merge by type): before Kubernetes 1.22 managed
-        // fields do not tell the status subresource apart, so an apply here by the same
-        // manager would drop the labels and annotation that manager applied.
-        let patch = json!({
-            "metadata": { "resourceVersion": written.metadata.resource_version },
-            "status": {
-                "conditions": [{
-                    "type": keys::CONDITION_FABRIC_READY,
-                    "status": status,
-                    "reason": reason,
-                    "message": message,
-                    "lastHeartbeatTime": now.to_string(),
-                    "lastTransitionTime": transition.to_string(),
-                }]
-            }
-        });
-        let pp = PatchParams {
-            field_manager: Some(manager.into()),
-            ..PatchParams::default()
-        };
-        match nodes
-            .patch_status(&name, &pp, &Patch::Strategic(&patch))
-            .await
+        let precondition = OnConflict::Precondition(written.metadata.resource_version.clone());
+        match writer
+            .set_condition(&written, condition, &precondition)
+            .await?
         {
-            Ok(_) => {
-                return Ok(Some(ConditionSeen {
-                    status: status.to_string(),
-                    last_transition: Some(transition),
-                }))
-            }
-            Err(e) if is_conflict(&e) => {
+            Written::Done(node) => return Ok(NodeState::of(&node).condition),
+            Written::Conflict => {
                 after_conflict(attempt).await;
-                written = nodes.get(&name).await?;
+                written = writer.get(&name).await?;
             }
-            Err(e) => return Err(e),
         }
     }
     // Changing all along: whoever changes it writes a newer condition.
@@ -244,16 +205,18 @@ fn truncate(s: &str, max: usize) -> String {
     format!("{}...", &s[..end])
 }
 
-/// Writes to one Node.
+/// Writes to one Node (through [`NodeWriter`], as `railguard-prober`).
 #[derive(Clone)]
 pub struct NodePublisher {
     client: Client,
     node: String,
+    writer: NodeWriter,
 }
 
 impl NodePublisher {
     pub fn new(client: Client, node: impl Into<String>) -> Self {
         NodePublisher {
+            writer: NodeWriter::new(client.clone(), keys::PROBER_FIELD_MANAGER),
             client,
             node: node.into(),
         }
@@ -263,17 +226,13 @@ impl NodePublisher {
         &self.node
     }
 
-    fn nodes(&self) -> Api<Node> {
-        Api::all(self.client.clone())
-    }
-
     /// Reads the Node once: what a run needs to know of it ([`NodeState`]).
     pub async fn read_state(&self) -> Result<NodeState, PublishError> {
         Ok(NodeState::of(&self.get_node().await?))
     }
 
     async fn get_node(&self) -> Result<Node, PublishError> {
-        self.nodes()
+        self.writer
             .get(&self.node)
             .await
             .map_err(|source| PublishError::GetNode {
@@ -296,28 +255,18 @@ impl NodePublisher {
         if simulated && annotation.is_some() {
             labels.insert(keys::LABEL_SIMULATED, keys::SIMULATED);
         }
-        let mut annotations = serde_json::Map::new();
-        if let Some(a) = annotation {
-            annotations.insert(keys::ANNOTATION_CERTIFICATE.into(), json!(a));
-        }
-        let patch = json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": self.node,
-                "resourceVersion": read.metadata.resource_version,
-                "labels": labels,
-                "annotations": annotations,
-            }
-        });
-        let pp = PatchParams::apply(keys::PROBER_FIELD_MANAGER).force();
+        let annotations: BTreeMap<&str, &str> = annotation
+            .map(|a| (keys::ANNOTATION_CERTIFICATE, a))
+            .into_iter()
+            .collect();
+        let precondition = OnConflict::Precondition(read.metadata.resource_version.clone());
         match self
-            .nodes()
-            .patch(&self.node, &pp, &Patch::Apply(&patch))
+            .writer
+            .apply_metadata(&self.node, &labels, &annotations, &precondition)
             .await
         {
-            Ok(node) => Ok(Some(node)),
-            Err(e) if is_conflict(&e) => Ok(None),
+            Ok(Written::Done(node)) => Ok(Some(*node)),
+            Ok(Written::Conflict) => Ok(None),
             Err(source) => Err(PublishError::Apply {
                 node: self.node.clone(),
                 source,
@@ -352,17 +301,11 @@ impl NodePublisher {
             ) else {
                 return Ok(());
             };
-            let pp = PatchParams {
-                field_manager: Some(keys::PROBER_FIELD_MANAGER.into()),
-                ..PatchParams::default()
-            };
-            match self
-                .nodes()
-                .patch(&self.node, &pp, &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(e) if is_conflict(&e) => after_conflict(attempt).await,
+            // The taint list is written whole: decided on this read, or not at all.
+            let precondition = OnConflict::Precondition(node.metadata.resource_version.clone());
+            match self.writer.merge(&self.node, patch, &precondition).await {
+                Ok(Written::Done(_)) => return Ok(()),
+                Ok(Written::Conflict) => after_conflict(attempt).await,
                 Err(source) => {
                     return Err(PublishError::Taint {
                         node: self.node.clone(),
@@ -464,8 +407,7 @@ impl NodePublisher {
             let annotation = annotation_of(&written).unwrap_or_default().to_string();
             let (status, reason, message) = condition;
             if let Some(seen) = write_condition(
-                &self.nodes(),
-                keys::PROBER_FIELD_MANAGER,
+                &self.writer,
                 written,
                 &annotation,
                 (status, reason, &message),
@@ -542,8 +484,7 @@ impl NodePublisher {
     ) -> Result<(), PublishError> {
         let (status, reason, message) = condition_for(cert);
         let seen = write_condition(
-            &self.nodes(),
-            keys::PROBER_FIELD_MANAGER,
+            &self.writer,
             written,
             annotation,
             (status, reason, &message),
@@ -610,8 +551,8 @@ impl NodePublisher {
         let value = since.map(|t| t.to_string());
         let patch =
             json!({"metadata": {"annotations": {keys::ANNOTATION_INVASIVE_WAITING: value}}});
-        self.nodes()
-            .patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
+        self.writer
+            .merge(&self.node, patch, &OnConflict::LastWriterWins)
             .await
             .map_err(|source| PublishError::Apply {
                 node: self.node.clone(),
@@ -640,8 +581,8 @@ impl NodePublisher {
     /// belongs to whoever set it, not to the prober's apply).
     pub async fn clear_recertify(&self) -> Result<(), PublishError> {
         let patch = json!({"metadata": {"annotations": {keys::ANNOTATION_RECERTIFY: null}}});
-        self.nodes()
-            .patch(&self.node, &PatchParams::default(), &Patch::Merge(&patch))
+        self.writer
+            .merge(&self.node, patch, &OnConflict::LastWriterWins)
             .await
             .map_err(|source| PublishError::Apply {
                 node: self.node.clone(),

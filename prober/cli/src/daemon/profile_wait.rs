@@ -6,13 +6,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use railguard_api::keys;
 use railguard_api::node::node_reference;
 use railguard_api::profile_list::InvalidProfiles;
 use railguard_kube::events::record_event;
-use serde_json::json;
+use railguard_kube::node_writer::{NodeCondition, NodeWriter, OnConflict};
 use tokio_util::sync::CancellationToken;
 
 use super::Metrics;
@@ -119,38 +118,22 @@ async fn report_unprofiled(
 /// Sets `RailguardFabricReady` from [`unusable_condition`] (a strategic merge patch of the
 /// status, conditions merge by type; the transition time kept when the status is unchanged).
 async fn report_on_node(client: &Client, node: &str, u: &UnusableProfile) -> anyhow::Result<()> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let current = nodes
+    let writer = NodeWriter::new(client.clone(), keys::PROBER_FIELD_MANAGER);
+    let current = writer
         .get(node)
         .await
         .with_context(|| format!("cannot read node {node}"))?;
     let (status, reason, message) = unusable_condition(u);
-    let now = jiff::Timestamp::now().to_string();
-    let transition = current
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == keys::CONDITION_FABRIC_READY))
-        .filter(|c| c.status == status)
-        .and_then(|c| c.last_transition_time.as_ref())
-        .map(|t| t.0.to_string())
-        .unwrap_or_else(|| now.clone());
-    let patch = json!({
-        "status": { "conditions": [{
-            "type": keys::CONDITION_FABRIC_READY,
-            "status": status,
-            "reason": reason,
-            "message": message,
-            "lastHeartbeatTime": now,
-            "lastTransitionTime": transition,
-        }]}
-    });
-    let pp = PatchParams {
-        field_manager: Some(keys::PROBER_FIELD_MANAGER.into()),
-        ..PatchParams::default()
+    let condition = NodeCondition {
+        type_: keys::CONDITION_FABRIC_READY,
+        status,
+        reason,
+        message: &message,
     };
-    nodes
-        .patch_status(node, &pp, &Patch::Strategic(&patch))
+    // Nothing to merge with: the condition says why nothing is checked, whatever else the
+    // Node holds.
+    writer
+        .set_condition(&current, condition, &OnConflict::LastWriterWins)
         .await
         .with_context(|| {
             format!(

@@ -25,7 +25,7 @@ use kube::{Api, Client};
 use railguard_api::fleet::OutlierAction;
 use railguard_api::fleet::{reason, BaselineSnapshot, FleetStatus};
 use railguard_api::invasive::{InvasiveStatus, STATUS_FRESH};
-use railguard_api::node::NodeEvent;
+use railguard_api::node::{node_reference, NodeEvent};
 use railguard_api::upkeep::{
     fleet_taint_wanted, holds_live_lease, node_upkeep, orphaned_run_patch, railguard_taint,
     upkeep_events, upkeep_patch, LeaseHold, NodeUpkeep, TaintWanted, UpkeepPolicy,
@@ -34,6 +34,7 @@ use railguard_api::{keys, FabricProfile, NodeFabric, ProfileObject};
 use railguard_fleet::marks::{mark_event, node_condition, WantedCondition};
 use railguard_fleet::{fleet_status, FleetAnalysis};
 use railguard_kube::events::record_event;
+use railguard_kube::node_writer::{NodeCondition, NodeWriter, OnConflict, Written};
 use railguard_kube::store::Store;
 use railguard_kube::watch::{watch_into, Config};
 use serde_json::{json, Value};
@@ -477,18 +478,13 @@ async fn restore_orphaned_runs<'a>(
         let Some(patch) = orphaned_run_patch(f, taints, rv, alive, now) else {
             continue;
         };
-        let pp = PatchParams {
-            field_manager: Some(keys::FLEET_FIELD_MANAGER.into()),
-            ..PatchParams::default()
-        };
-        match Api::<Node>::all(client.clone())
-            .patch(&f.name, &pp, &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {}
+        let writer = NodeWriter::new(client.clone(), keys::FLEET_FIELD_MANAGER);
+        let precondition = OnConflict::Precondition(rv.map(str::to_string));
+        match writer.merge(&f.name, patch.clone(), &precondition).await {
+            Ok(Written::Done(_)) => {}
             // The Node changed since the cache saw it (the run may just have ended): the
             // next recomputation looks again.
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Ok(Written::Conflict) => continue,
             Err(e) => {
                 return Err(e).with_context(|| {
                     format!(
@@ -507,13 +503,7 @@ async fn restore_orphaned_runs<'a>(
                 patch["metadata"]["labels"][keys::LABEL_FABRIC].as_str().unwrap_or("unchanged"),
             ),
         };
-        let involved = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(f.name.clone()),
-            uid: node.metadata.uid.clone(),
-            ..ObjectReference::default()
-        };
+        let involved = node_reference(&f.name, node.metadata.uid.clone());
         if let Err(e) = record(client, involved, &ev).await {
             tracing::warn!(node = %f.name, error = %railguard_runtime::error_chain(&e), "cannot record the InvasiveRunOrphaned event");
         }
@@ -536,12 +526,10 @@ async fn write_upkeep(
         .and_then(|s| s.taints.as_deref())
         .and_then(railguard_taint)
         .and_then(|t| t.value.clone());
-    let pp = PatchParams {
-        field_manager: Some(keys::FLEET_FIELD_MANAGER.into()),
-        ..PatchParams::default()
-    };
-    Api::<Node>::all(client.clone())
-        .patch(&name, &pp, &Patch::Merge(&patch))
+    // The taint list is written whole: decided on the Node as cached, or not at all.
+    let precondition = OnConflict::Precondition(node.metadata.resource_version.clone());
+    let written = NodeWriter::new(client.clone(), keys::FLEET_FIELD_MANAGER)
+        .merge(&name, patch, &precondition)
         .await
         .with_context(|| {
             format!(
@@ -549,15 +537,13 @@ async fn write_upkeep(
                 keys::TAINT_FABRIC_UNHEALTHY
             )
         })?;
+    if let Written::Conflict = written {
+        tracing::info!(node = %name, "node changed since the cache saw it; its upkeep is decided again at the next recomputation");
+        return Ok(());
+    }
     let state = NodeFabric::from_node(node, Timestamp::now()).state.kind();
     for ev in upkeep_events(upkeep, before.as_deref(), state) {
-        let involved = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(name.clone()),
-            uid: node.metadata.uid.clone(),
-            ..ObjectReference::default()
-        };
+        let involved = node_reference(&name, node.metadata.uid.clone());
         record(client, involved, &ev)
             .await
             .with_context(|| format!("cannot record event {} on node {name}", ev.reason))?;
@@ -617,36 +603,16 @@ async fn write_mark(
     previous: Option<String>,
 ) -> anyhow::Result<()> {
     let name = node.metadata.name.clone().unwrap_or_default();
-    let now = Timestamp::now().to_string();
-    let transition = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|cs| cs.iter().find(|c| c.type_ == keys::CONDITION_FLEET_OUTLIER))
-        .filter(|c| c.status == wanted.status)
-        .and_then(|c| c.last_transition_time.as_ref())
-        .map(|t| t.0.to_string())
-        .unwrap_or_else(|| now.clone());
-    // A strategic merge patch: conditions merge by type, so the prober's own condition and
-    // the kubelet's stay as they are.
-    let patch = json!({
-        "status": {
-            "conditions": [{
-                "type": keys::CONDITION_FLEET_OUTLIER,
-                "status": wanted.status,
-                "reason": wanted.reason,
-                "message": wanted.message,
-                "lastHeartbeatTime": now,
-                "lastTransitionTime": transition,
-            }]
-        }
-    });
-    let pp = PatchParams {
-        field_manager: Some(keys::FLEET_FIELD_MANAGER.into()),
-        ..PatchParams::default()
+    // A condition of its own type: the prober's own condition and the kubelet's stay as
+    // they are, whatever else changed on the Node.
+    let condition = NodeCondition {
+        type_: keys::CONDITION_FLEET_OUTLIER,
+        status: wanted.status,
+        reason: wanted.reason,
+        message: &wanted.message,
     };
-    Api::<Node>::all(client.clone())
-        .patch_status(&name, &pp, &Patch::Strategic(&patch))
+    NodeWriter::new(client.clone(), keys::FLEET_FIELD_MANAGER)
+        .set_condition(node, condition, &OnConflict::LastWriterWins)
         .await
         .with_context(|| {
             format!(
@@ -655,13 +621,7 @@ async fn write_mark(
             )
         })?;
     if let Some(ev) = mark_event(previous.as_deref(), &wanted) {
-        let involved = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(name.clone()),
-            uid: node.metadata.uid.clone(),
-            ..ObjectReference::default()
-        };
+        let involved = node_reference(&name, node.metadata.uid.clone());
         record(client, involved, &ev)
             .await
             .with_context(|| format!("cannot record event {} on node {name}", ev.reason))?;

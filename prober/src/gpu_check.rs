@@ -126,19 +126,8 @@ pub struct NcclLayer {
     pub points: Vec<NcclPoint>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NcclPoint {
-    pub bytes: usize,
-    pub time_us: f64,
-    /// GB/s.
-    #[serde(rename = "algbwGBps")]
-    pub algbw_gbps: f64,
-    /// GB/s.
-    #[serde(rename = "busbwGBps")]
-    pub busbw_gbps: f64,
-    pub wrong: u64,
-}
+/// One point of the sweep: the ranks' own point ([`crate::nccl::ranks::PairPoint`]).
+pub type NcclPoint = crate::nccl::ranks::PairPoint;
 
 impl From<&SweepPoint> for NcclPoint {
     fn from(p: &SweepPoint) -> Self {

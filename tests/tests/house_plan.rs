@@ -112,7 +112,7 @@ fn referenced_paths(code: &str, module: &[String]) -> Vec<Vec<String>> {
     while i < code.len() {
         let rest = &code[i..];
         let starts_word = i == 0 || !is_ident(bytes[i - 1] as char);
-        let (base, mut j) = if starts_word && rest.starts_with("crate::") {
+        let (base, j) = if starts_word && rest.starts_with("crate::") {
             (Vec::new(), i + "crate::".len())
         } else if starts_word && rest.starts_with("super::") {
             let mut j = i;
@@ -130,26 +130,63 @@ fn referenced_paths(code: &str, module: &[String]) -> Vec<Vec<String>> {
             i += rest.chars().next().map_or(1, char::len_utf8);
             continue;
         };
-        let mut path = base;
-        loop {
-            let start = j;
-            while j < code.len() && is_ident(bytes[j] as char) {
-                j += 1;
-            }
-            if start == j {
-                break;
-            }
-            path.push(code[start..j].to_string());
-            if code[j..].starts_with("::") {
-                j += 2;
-            } else {
-                break;
-            }
-        }
-        out.push(path);
-        i = j.max(i + 1);
+        let (end, paths) = path_at(code, j, base);
+        out.extend(paths);
+        i = end.max(i + 1);
     }
     out
+}
+
+/// The paths written at `code[j..]` below `base`: `a::b::C`, or a group `{a, b::{c, D}}`.
+/// Returns where they end.
+fn path_at(code: &str, mut j: usize, mut path: Vec<String>) -> (usize, Vec<Vec<String>>) {
+    let bytes = code.as_bytes();
+    loop {
+        while j < code.len() && bytes[j].is_ascii_whitespace() {
+            j += 1;
+        }
+        if code[j..].starts_with('{') {
+            return group_at(code, j + 1, path);
+        }
+        let start = j;
+        while j < code.len() && is_ident(bytes[j] as char) {
+            j += 1;
+        }
+        if start == j {
+            return (j, vec![path]);
+        }
+        path.push(code[start..j].to_string());
+        if code[j..].starts_with("::") {
+            j += 2;
+        } else {
+            return (j, vec![path]);
+        }
+    }
+}
+
+/// The paths of a `{...}` group starting after its `{`, each below `base`.
+fn group_at(code: &str, mut j: usize, base: Vec<String>) -> (usize, Vec<Vec<String>>) {
+    let mut out = Vec::new();
+    loop {
+        while j < code.len()
+            && (code.as_bytes()[j].is_ascii_whitespace() || code.as_bytes()[j] == b',')
+        {
+            j += 1;
+        }
+        if j >= code.len() {
+            return (j, out);
+        }
+        if code[j..].starts_with('}') {
+            return (j + 1, out);
+        }
+        let (end, paths) = path_at(code, j, base.clone());
+        out.extend(paths);
+        // Skip what follows an item up to the next `,` or `}` (`as name`, `self`).
+        j = end;
+        while j < code.len() && !matches!(code.as_bytes()[j], b',' | b'}') {
+            j += 1;
+        }
+    }
 }
 
 /// The module a source file is: `src/discover/pci.rs` → `[discover, pci]`.

@@ -62,15 +62,6 @@ impl TokenArgs {
     }
 }
 
-async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Client> {
-    Ok(railguard_kube::kube_client(
-        kubeconfig.map(PathBuf::as_path),
-        "--kubeconfig",
-        "pass --kubeconfig, or run in a cluster",
-    )
-    .await?)
-}
-
 /// `railguard-prober peer-endpoint`: serve campaign tests for this node.
 #[derive(Args, Debug)]
 pub struct PeerEndpointArgs {
@@ -211,7 +202,7 @@ impl PeerEndpointArgs {
             .context("--coordinator-service-account")?;
         let coordinator_check = match coordinator {
             Some(coordinator) => Some(CoordinatorCheck {
-                client: kube_client(self.kubeconfig.as_ref())
+                client: crate::cluster_client(self.kubeconfig.as_deref())
                     .await
                     .context("checking the coordinator's token needs cluster access")?,
                 coordinator,
@@ -223,7 +214,7 @@ impl PeerEndpointArgs {
             warn!("simulated node without --kubeconfig: GPU pods are not checked");
             GpuPodSource::Unchecked
         } else {
-            let client = kube_client(self.kubeconfig.as_ref())
+            let client = crate::cluster_client(self.kubeconfig.as_deref())
                 .await
                 .context("the GPU pod check needs cluster access")?;
             GpuPodSource::Kube {
@@ -474,7 +465,7 @@ impl CampaignArgs {
 
     /// A campaign over the profile's nodes.
     async fn campaign(self) -> anyhow::Result<Outcome> {
-        let client = kube_client(self.kubeconfig.as_ref()).await?;
+        let client = crate::cluster_client(self.kubeconfig.as_deref()).await?;
         let profile = self.load_profile(Some(&client)).await?;
         let token = self.token.load()?;
         // The lease is renewed while the campaign runs; once it cannot be proven held, the
@@ -629,7 +620,7 @@ impl CampaignArgs {
             .split_once(',')
             .ok_or_else(|| anyhow!("--nccl-pair {pair:?} is not NODE_A,NODE_B"))?;
         let client = if self.launch || self.profile_file.is_none() {
-            Some(kube_client(self.kubeconfig.as_ref()).await?)
+            Some(crate::cluster_client(self.kubeconfig.as_deref()).await?)
         } else {
             None
         };

@@ -36,12 +36,7 @@ pub struct CleanupArgs {
 
 impl CleanupArgs {
     pub async fn run(self) -> anyhow::Result<Outcome> {
-        let client = railguard_kube::kube_client(
-            self.kubeconfig.as_deref(),
-            "--kubeconfig",
-            "pass --kubeconfig, or run in a cluster",
-        )
-        .await?;
+        let client = crate::cluster_client(self.kubeconfig.as_deref()).await?;
         let nodes: Api<Node> = Api::all(client.clone());
         let writer = NodeWriter::new(client.clone(), FIELD_MANAGER);
         let list = nodes

@@ -34,6 +34,17 @@ pub mod verify_install;
 use clap::{Parser, Subcommand};
 use railguard_runtime::LogFormat;
 
+/// The cluster client every subcommand uses: `--kubeconfig`, else in-cluster config or
+/// `$KUBECONFIG` (railguard_kube::kube_client, with the prober's flag named in its errors).
+pub async fn cluster_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    Ok(railguard_kube::kube_client(
+        kubeconfig,
+        "--kubeconfig",
+        "pass --kubeconfig, or run in a cluster",
+    )
+    .await?)
+}
+
 use crate::analyze::AnalyzeArgs;
 use crate::campaign::{CampaignArgs, PeerEndpointArgs};
 use crate::certify::CertifyArgs;

@@ -129,12 +129,7 @@ impl NodeArgs {
         if self.kubeconfig.is_none() && !required {
             return Ok(None);
         }
-        let client = railguard_kube::kube_client(
-            self.kubeconfig.as_deref(),
-            "--kubeconfig",
-            "pass --kubeconfig, or run in a cluster",
-        )
-        .await?;
+        let client = crate::cluster_client(self.kubeconfig.as_deref()).await?;
         Ok(Some(client))
     }
 

@@ -36,12 +36,7 @@ pub struct PeerTokenArgs {
 
 impl PeerTokenArgs {
     pub async fn run(self) -> anyhow::Result<Outcome> {
-        let client = railguard_kube::kube_client(
-            self.kubeconfig.as_deref(),
-            "--kubeconfig",
-            "pass --kubeconfig, or run in a cluster",
-        )
-        .await?;
+        let client = crate::cluster_client(self.kubeconfig.as_deref()).await?;
         let namespace = self
             .namespace
             .clone()

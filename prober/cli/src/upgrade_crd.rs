@@ -32,12 +32,7 @@ pub struct UpgradeCrdArgs {
 
 impl UpgradeCrdArgs {
     pub async fn run(self) -> anyhow::Result<Outcome> {
-        let client = railguard_kube::kube_client(
-            self.kubeconfig.as_deref(),
-            "--kubeconfig",
-            "pass --kubeconfig, or run in a cluster",
-        )
-        .await?;
+        let client = crate::cluster_client(self.kubeconfig.as_deref()).await?;
         let crds: Api<CustomResourceDefinition> = Api::all(client);
         let ours = fabric_profile_crd();
         let name = ours.metadata.name.clone().unwrap_or_default();

@@ -180,12 +180,7 @@ impl VerifyInstallArgs {
         if self.min_certified_nodes == 0 {
             return Ok(Outcome::pass(text));
         }
-        let client = railguard_kube::kube_client(
-            self.kubeconfig.as_deref(),
-            "--kubeconfig",
-            "pass --kubeconfig, or run in a cluster",
-        )
-        .await?;
+        let client = crate::cluster_client(self.kubeconfig.as_deref()).await?;
         let nodes: Api<Node> = Api::all(client);
         let params = ListParams::default().labels(keys::LABEL_FABRIC);
         loop {

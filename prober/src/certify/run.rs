@@ -496,23 +496,52 @@ pub async fn gather_invasive_with(
         };
         software.insert(key.into(), d);
     }
-    Ok(Gathered {
-        evidence: Evidence {
+    Ok(gathered(
+        profile,
+        &last,
+        Benchmarks {
             before,
-            after: port_readings(&last),
             benches,
             nccl,
+        },
+        software,
+        exposure,
+    ))
+}
+
+/// What a run measured besides the discovery it ends with.
+struct Benchmarks {
+    /// The port readings at the window's start.
+    before: Vec<PortReading>,
+    benches: Vec<RailBench>,
+    nccl: Vec<NcclRunEvidence>,
+}
+
+/// The evidence of a run that ended with discovery `last`.
+fn gathered(
+    profile: &FabricProfileSpec,
+    last: &Discovery,
+    measured: Benchmarks,
+    software: BTreeMap<String, String>,
+    exposure: Option<ResourceExposure>,
+) -> Gathered {
+    Gathered {
+        evidence: Evidence {
+            before: measured.before,
+            after: port_readings(last),
+            benches: measured.benches,
+            nccl: measured.nccl,
             layout_signature: Some(railguard_api::certified_signature(
                 &last.rail_layout(),
                 &profile.layout(),
             )),
             software,
             exposure,
-            findings: reported_findings(&last),
-            gpu_rails: gpu_rails(&last),
+            findings: reported_findings(last),
+            gpu_rails: gpu_rails(last),
         },
-        gpus: gpu_affinity(&last),
-    })
+        gpus: gpu_affinity(last),
+    }
 }
 
 /// Each GPU's PCI address → the rail (`hca:port`) of its preferred HCA.
@@ -547,23 +576,12 @@ pub async fn gather_passive(
     tokio::time::sleep(window).await;
     let last = discover_node(setup)?;
     let software = software_baseline(&last, profile, setup.software.as_ref());
-    Ok(Gathered {
-        evidence: Evidence {
-            before: port_readings(&first),
-            after: port_readings(&last),
-            benches: Vec::new(),
-            nccl: Vec::new(),
-            layout_signature: Some(railguard_api::certified_signature(
-                &last.rail_layout(),
-                &profile.layout(),
-            )),
-            software,
-            exposure,
-            findings: reported_findings(&last),
-            gpu_rails: gpu_rails(&last),
-        },
-        gpus: gpu_affinity(&last),
-    })
+    let measured = Benchmarks {
+        before: port_readings(&first),
+        benches: Vec::new(),
+        nccl: Vec::new(),
+    };
+    Ok(gathered(profile, &last, measured, software, exposure))
 }
 
 #[cfg(test)]

@@ -297,7 +297,7 @@ impl Discovery {
 /// Reads the machine under `root` (NVML is consulted only when `use_nvml` is set and the
 /// driver library loads).
 pub fn read(root: &Path, use_nvml: bool) -> Result<Inventory, DiscoverError> {
-    pci::read_inventory(root, use_nvml)
+    read_inventory(root, use_nvml)
 }
 
 /// Pure: every decision over an inventory.
@@ -309,4 +309,47 @@ pub fn analyze(inv: &Inventory) -> Discovery {
 pub fn discover(root: &Path, use_nvml: bool) -> Result<Discovery, DiscoverError> {
     let inv = read(root, use_nvml)?;
     Ok(analyze(&inv))
+}
+
+/// Reads everything discovery needs from `root`.
+fn read_inventory(root: &Path, use_nvml: bool) -> Result<Inventory, DiscoverError> {
+    if !root.is_dir() {
+        return Err(DiscoverError::NoRoot {
+            path: root.display().to_string(),
+        });
+    }
+    let (pci, mut read_problems) = pci::read_pci_devices(root)?;
+    let (hcas, hca_problems) = ib::read_hcas_with_problems(root, &pci);
+    read_problems.extend(hca_problems);
+    let platform = readiness::read_platform(root);
+
+    // PCI order first; NVML (when it answers) renumbers to what CUDA and users see.
+    let mut gpus: Vec<Gpu> = pci
+        .values()
+        .filter(|d| d.is_gpu())
+        .enumerate()
+        .map(|(i, d)| Gpu {
+            index: u32::try_from(i).unwrap_or(u32::MAX),
+            pci_bus_id: d.address.clone(),
+            numa: d.numa,
+            name: None,
+            uuid: None,
+        })
+        .collect();
+    let mut index_order = IndexOrder::Pci;
+    if use_nvml {
+        if let Ok(report) = nvml::nvml_gpus() {
+            if nvml::apply_nvml_order(&mut gpus, &report) {
+                index_order = IndexOrder::Nvml;
+            }
+        }
+    }
+    Ok(Inventory {
+        pci,
+        gpus,
+        hcas,
+        index_order,
+        platform,
+        read_problems,
+    })
 }

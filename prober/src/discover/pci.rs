@@ -9,9 +9,7 @@ use railguard_api::PathType;
 use serde::{Deserialize, Serialize};
 
 use super::attr::{read_attr, Attr};
-use super::{
-    ib, nvml, readiness, DiscoverError, Finding, FindingKind, Gpu, IndexOrder, Inventory, Severity,
-};
+use super::{DiscoverError, Finding, FindingKind, Severity};
 
 /// PCIe link status of a device (`None` = file missing or unreadable).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -434,49 +432,6 @@ fn read_numa(path: &Path, subject: &str, problems: &mut Vec<Finding>) -> Option<
             Ok(n) => u32::try_from(n).map(Some).map_err(|_| ()),
             Err(_) => Err(()),
         }
-    })
-}
-
-/// Reads everything discovery needs from `root`.
-pub(crate) fn read_inventory(root: &Path, use_nvml: bool) -> Result<Inventory, DiscoverError> {
-    if !root.is_dir() {
-        return Err(DiscoverError::NoRoot {
-            path: root.display().to_string(),
-        });
-    }
-    let (pci, mut read_problems) = read_pci_devices(root)?;
-    let (hcas, hca_problems) = ib::read_hcas_with_problems(root, &pci);
-    read_problems.extend(hca_problems);
-    let platform = readiness::read_platform(root);
-
-    // PCI order first; NVML (when it answers) renumbers to what CUDA and users see.
-    let mut gpus: Vec<Gpu> = pci
-        .values()
-        .filter(|d| d.is_gpu())
-        .enumerate()
-        .map(|(i, d)| Gpu {
-            index: u32::try_from(i).unwrap_or(u32::MAX),
-            pci_bus_id: d.address.clone(),
-            numa: d.numa,
-            name: None,
-            uuid: None,
-        })
-        .collect();
-    let mut index_order = IndexOrder::Pci;
-    if use_nvml {
-        if let Ok(report) = nvml::nvml_gpus() {
-            if nvml::apply_nvml_order(&mut gpus, &report) {
-                index_order = IndexOrder::Nvml;
-            }
-        }
-    }
-    Ok(Inventory {
-        pci,
-        gpus,
-        hcas,
-        index_order,
-        platform,
-        read_problems,
     })
 }
 

@@ -116,6 +116,20 @@ pub fn round2(v: f64) -> f64 {
     }
 }
 
+/// The last `max` bytes of `s` (trimmed, cut at a character boundary, `...` in front when
+/// cut): the end of a tool's output, where its error is.
+pub(crate) fn tail(s: &str, max: usize) -> String {
+    let t = s.trim();
+    if t.len() <= max {
+        return t.to_string();
+    }
+    let mut start = t.len() - max;
+    while !t.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("...{}", &t[start..])
+}
+
 #[cfg(test)]
 mod tests {
     use super::round2;

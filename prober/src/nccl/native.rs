@@ -4,6 +4,7 @@
 //! process) and read into the same [`NcclRun`] evidence: its result line becomes the table
 //! ([`PerfReport::from_native`]), its stderr is NCCL's debug log.
 
+use super::tail;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -204,18 +205,6 @@ pub fn observe(stdout: &str, log: &str) -> Result<NcclObservation, String> {
         Ok(RanksLine::UniqueId { .. }) => Err("the ranks stopped after their unique id".into()),
         Err(e) => Err(format!("unreadable result line {last:?}: {e}")),
     }
-}
-
-fn tail(s: &str, max: usize) -> String {
-    let t = s.trim();
-    if t.len() <= max {
-        return t.to_string();
-    }
-    let mut start = t.len() - max;
-    while !t.is_char_boundary(start) {
-        start += 1;
-    }
-    format!("...{}", &t[start..])
 }
 
 #[cfg(test)]

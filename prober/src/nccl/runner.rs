@@ -1,6 +1,7 @@
 //! Runs `all_reduce_perf` (nccl-tests) as a child process with NCCL debug logging into a
 //! per-run log, and parses what it printed.
 
+use super::tail;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -204,16 +205,4 @@ fn find_logs(dir: &Path, prefix: &str) -> Vec<PathBuf> {
 pub fn file_sha256(path: &Path) -> Option<String> {
     let bytes = std::fs::read(path).ok()?;
     Some(hex::encode(Sha256::digest(&bytes)))
-}
-
-fn tail(s: &str, max: usize) -> String {
-    let t = s.trim();
-    if t.len() <= max {
-        return t.to_string();
-    }
-    let mut start = t.len() - max;
-    while !t.is_char_boundary(start) {
-        start += 1;
-    }
-    format!("...{}", &t[start..])
 }

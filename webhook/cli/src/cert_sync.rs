@@ -211,7 +211,9 @@ async fn settle_secret(
             .get_opt(&opts.secret_name)
             .await
             .map_err(err("read"))?;
-        let data = current.as_ref().map(secret_bytes);
+        let data = current
+            .as_ref()
+            .map(railguard_kube::secret_fill::secret_data);
         let (reason, previous_ca) = match certs::assess_secret(data.as_ref(), &opts.spec, now) {
             SecretDecision::Keep { material, .. } => {
                 let action = if round == 0 {
@@ -381,19 +383,6 @@ fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), CertSyncE
         path: path.to_path_buf(),
         source,
     })
-}
-
-fn secret_bytes(secret: &Secret) -> BTreeMap<String, Vec<u8>> {
-    let mut out: BTreeMap<String, Vec<u8>> = secret
-        .data
-        .iter()
-        .flatten()
-        .map(|(k, v)| (k.clone(), v.0.clone()))
-        .collect();
-    for (k, v) in secret.string_data.iter().flatten() {
-        out.insert(k.clone(), v.clone().into_bytes());
-    }
-    out
 }
 
 fn bytes_map(material: &CertMaterial) -> BTreeMap<String, Vec<u8>> {

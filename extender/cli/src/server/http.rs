@@ -124,14 +124,13 @@ async fn filter_handler(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let start = Instant::now();
+    let span = request_span("filter");
+    let _entered = span.enter();
     let (body, unread) = match read_body(body, limit) {
         Ok(body) => (body, None),
         Err(e) => (Bytes::new(), Some(e)),
     };
-    let decoded = match unread {
-        Some(e) => Err(e),
-        None => ExtenderArgs::decode(&body, state.max_nodes),
-    };
+    let decoded = decode(&body, unread, state.max_nodes, &span);
     let (mode, result) = match decoded {
         Ok(req) => (mode_of(&req), answer_filter(&state, req, Timestamp::now())),
         Err(e) => ("invalid", Err(e)),
@@ -159,14 +158,13 @@ async fn prioritize_handler(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let start = Instant::now();
+    let span = request_span("prioritize");
+    let _entered = span.enter();
     let (body, unread) = match read_body(body, limit) {
         Ok(body) => (body, None),
         Err(e) => (Bytes::new(), Some(e)),
     };
-    let decoded = match unread {
-        Some(e) => Err(e),
-        None => ExtenderArgs::decode(&body, state.max_nodes),
-    };
+    let decoded = decode(&body, unread, state.max_nodes, &span);
     let (mode, result) = match decoded {
         // Encoded while the request lives: the answer borrows its names.
         Ok(req) => (
@@ -189,6 +187,38 @@ async fn prioritize_handler(
             (status, format!("{}\n", request_error_message(&e))).into_response()
         }
     }
+}
+
+/// The span every scheduling call's log lines are in: `extender_request`, its verb, and
+/// (once decoded) the request form and the number of candidate nodes.
+fn request_span(verb: &'static str) -> tracing::Span {
+    tracing::info_span!(
+        "extender_request",
+        verb,
+        mode = tracing::field::Empty,
+        nodes = tracing::field::Empty
+    )
+}
+
+/// The request decoded from `body` (or the reason it could not be read), its form and size
+/// recorded on `span`.
+fn decode<'a>(
+    body: &'a Bytes,
+    unread: Option<ExtenderError>,
+    max_nodes: usize,
+    span: &tracing::Span,
+) -> Result<Request<'a>, ExtenderError> {
+    let req = match unread {
+        Some(e) => return Err(e),
+        None => ExtenderArgs::decode(body, max_nodes)?,
+    };
+    span.record("mode", mode_of(&req));
+    let nodes = match &req.candidates {
+        Candidates::Nodes(n) => n.len(),
+        Candidates::Names(n) => n.len(),
+    };
+    span.record("nodes", nodes);
+    Ok(req)
 }
 
 /// The metric label for the request form.

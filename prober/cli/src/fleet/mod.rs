@@ -85,12 +85,7 @@ pub struct FleetArgs {
 
 impl FleetArgs {
     pub async fn run(self) -> anyhow::Result<Outcome> {
-        let client = railguard_kube::kube_client(
-            self.kubeconfig.as_deref(),
-            "--kubeconfig",
-            "pass --kubeconfig, or run in a cluster",
-        )
-        .await?;
+        let client = crate::cluster_client(self.kubeconfig.as_deref()).await?;
         if self.watch {
             if self.json || self.html.is_some() {
                 anyhow::bail!("--json and --html are for the report; --watch runs the controller");

@@ -274,7 +274,7 @@ mod tests {
     use crate::certificate::CERTIFICATE_VERSION;
     use crate::RailResult;
 
-    fn cert() -> Certificate {
+    pub(super) fn cert() -> Certificate {
         let rail = |hca: &str| RailResult {
             hca: hca.into(),
             port: 1,
@@ -563,48 +563,16 @@ mod merge_tests {
     }
 
     // A certified certificate with two rails (the library's unit tests do not use the
-    // simulator).
+    // simulator): the findings tests' one, issued and expiring `now`, without extras.
     fn two_rail_certificate(profile: &str, now: jiff::Timestamp) -> Certificate {
-        let rail = |hca: &str| crate::RailResult {
-            hca: hca.into(),
-            port: 1,
-            pci_address: None,
-            sriov_vfs: Vec::new(),
-            faults: Vec::new(),
-            link_layer: None,
-            state: "ACTIVE".into(),
-            rate_gbps: Some(400.0),
-            write_bw_host_gbps: Some(390.0),
-            write_bw_gpu_gbps: None,
-            latency_us: Some(2.0),
-            gid_index: None,
-            counter_deltas: BTreeMap::new(),
-            verdict: RailVerdict::Healthy,
-            reasons: vec![],
-            wire: vec![],
-            gpu_memory: None,
-            passive_hold: None,
-        };
         Certificate {
-            version: crate::certificate::CERTIFICATE_VERSION,
             generation: 1,
             issued_at: now,
             expires_at: now,
             profile: profile.into(),
-            signature: "sig".into(),
-            node: Some("a".into()),
-            verdict: Verdict::Certified,
-            usable_rails: None,
-            reasons: vec![],
-            rails: vec![rail("mlx5_0"), rail("mlx5_1")],
-            gpus: vec![],
-            nccl: None,
-            findings: vec![],
             software: BTreeMap::new(),
-            passive_checked_at: None,
-            history: vec![],
-            simulated: false,
             extra: BTreeMap::new(),
+            ..super::tests::cert()
         }
     }
 

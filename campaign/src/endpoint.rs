@@ -669,6 +669,20 @@ async fn admit(
     Ok(())
 }
 
+/// The refusal of a request [`admit`] refuses, logged; `None` when it is admitted.
+async fn refusal_of(
+    cfg: &EndpointConfig,
+    profile: &str,
+    peer_node: &str,
+    rails: &[RailRef],
+    allow_gpu_pods: bool,
+) -> Option<ControlResponse> {
+    let reason = admit(cfg, profile, peer_node, rails, allow_gpu_pods)
+        .await
+        .err()?;
+    Some(refusal(cfg, peer_node, reason))
+}
+
 fn refusal(cfg: &EndpointConfig, peer_node: &str, reason: String) -> ControlResponse {
     info!(node = %cfg.peer.node, peer_node = %peer_node, reason = %reason, "refused test");
     ControlResponse::Refused { reason }
@@ -676,16 +690,15 @@ fn refusal(cfg: &EndpointConfig, peer_node: &str, reason: String) -> ControlResp
 
 /// Checks a test request against this node, then runs every rail at once.
 async fn run_test(cfg: &EndpointConfig, req: RunTestRequest) -> ControlResponse {
-    if let Err(reason) = admit(
+    let refused = refusal_of(
         cfg,
         &req.profile,
         &req.peer_node,
         &req.rails,
         req.allow_gpu_pods,
-    )
-    .await
-    {
-        return refusal(cfg, &req.peer_node, reason);
+    );
+    if let Some(refused) = refused.await {
+        return refused;
     }
     let timeout = Duration::from_millis(req.timeout_ms.max(1));
     let deadline = tokio::time::Instant::now() + timeout;
@@ -787,16 +800,15 @@ fn nccl_result(cfg: &EndpointConfig, peer_node: &str, sides: Vec<NcclSide>) -> C
 /// the peer's endpoint and waits for both sides. When one side fails first, the other is
 /// stopped (its ranks would wait for the missing ones until the time limit).
 async fn run_nccl(cfg: &EndpointConfig, req: NcclTestRequest) -> ControlResponse {
-    if let Err(reason) = admit(
+    let refused = refusal_of(
         cfg,
         &req.profile,
         &req.peer_node,
         &req.rails,
         req.allow_gpu_pods,
-    )
-    .await
-    {
-        return refusal(cfg, &req.peer_node, reason);
+    );
+    if let Some(refused) = refused.await {
+        return refused;
     }
     let untested = |why: &str| NcclSide::Inconclusive {
         reason: format!("not started: {why}"),

@@ -125,6 +125,14 @@ impl NodeWriter {
         &self.manager
     }
 
+    /// A non-apply write under this writer's field manager.
+    fn update_params(&self) -> PatchParams {
+        PatchParams {
+            field_manager: Some(self.manager.clone()),
+            ..PatchParams::default()
+        }
+    }
+
     /// Reads Node `name`.
     pub async fn get(&self, name: &str) -> Result<Node, kube::Error> {
         self.nodes.get(name).await
@@ -171,10 +179,7 @@ impl NodeWriter {
         on_conflict: &OnConflict,
     ) -> Result<Written, kube::Error> {
         let patch = with_precondition(patch, on_conflict);
-        let pp = PatchParams {
-            field_manager: Some(self.manager.clone()),
-            ..PatchParams::default()
-        };
+        let pp = self.update_params();
         Self::answer(self.nodes.patch(name, &pp, &Patch::Merge(&patch)).await)
     }
 
@@ -214,10 +219,7 @@ impl NodeWriter {
         on_conflict: &OnConflict,
     ) -> Result<Written, kube::Error> {
         let patch = with_precondition(patch, on_conflict);
-        let pp = PatchParams {
-            field_manager: Some(self.manager.clone()),
-            ..PatchParams::default()
-        };
+        let pp = self.update_params();
         Self::answer(
             self.nodes
                 .patch_status(name, &pp, &Patch::Strategic(&patch))

@@ -33,27 +33,11 @@ pub fn server_tls(files: TlsFiles<'_>) -> Result<Arc<ServerConfig>, StartupError
         Some(ca) => {
             let mut roots = RootCertStore::empty();
             for cert in read_certs(ca, "the client CA", "--tls-client-ca")? {
-                roots.add(cert).map_err(|e| {
-                    StartupError::invalid(
-                        "client CA",
-                        ca,
-                        "--tls-client-ca",
-                        &e,
-                        "give the PEM certificate of the CA that issues the clients' certificates",
-                    )
-                })?;
+                roots.add(cert).map_err(|e| client_ca_error(ca, &e))?;
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
-                .map_err(|e| {
-                    StartupError::invalid(
-                        "client CA",
-                        ca,
-                        "--tls-client-ca",
-                        &e,
-                        "give the PEM certificate of the CA that issues the clients' certificates",
-                    )
-                })?;
+                .map_err(|e| client_ca_error(ca, &e))?;
             builder.with_client_cert_verifier(verifier)
         }
     };
@@ -107,6 +91,17 @@ fn pair_error(files: TlsFiles<'_>, e: &rustls::Error) -> StartupError {
         ),
         e.to_string(),
         "give a PEM certificate chain and the PEM private key that belongs to it",
+    )
+}
+
+/// The client CA (`--tls-client-ca`) cannot be used.
+fn client_ca_error(ca: &std::path::Path, e: &(dyn std::error::Error + 'static)) -> StartupError {
+    StartupError::invalid(
+        "client CA",
+        ca,
+        "--tls-client-ca",
+        e,
+        "give the PEM certificate of the CA that issues the clients' certificates",
     )
 }
 

@@ -89,16 +89,7 @@ pub fn pod_selects(spec: &PodSpec, pool: &BTreeMap<String, String>) -> bool {
             }
         }
     }
-    let terms = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|na| {
-            na.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-        .map(|r| r.node_selector_terms.as_slice())
-        .unwrap_or_default();
+    let terms = required_terms(spec);
     if terms.is_empty() {
         return names_pool;
     }
@@ -107,6 +98,19 @@ pub fn pod_selects(spec: &PodSpec, pool: &BTreeMap<String, String>) -> bool {
         TermVerdict::Rejects => false,
         TermVerdict::Accepts { names_pool: n } => names_pool || n,
     })
+}
+
+/// The pod's required node-affinity terms (ORed), empty when it has none.
+fn required_terms(spec: &PodSpec) -> &[NodeSelectorTerm] {
+    spec.affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|na| {
+            na.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default()
 }
 
 /// The pool label key on which the pod's own placement excludes the pool (a nodeSelector
@@ -123,16 +127,7 @@ pub fn pod_excludes<'p>(spec: &PodSpec, pool: &'p BTreeMap<String, String>) -> O
             }
         }
     }
-    let terms = spec
-        .affinity
-        .as_ref()
-        .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|na| {
-            na.required_during_scheduling_ignored_during_execution
-                .as_ref()
-        })
-        .map(|r| r.node_selector_terms.as_slice())
-        .unwrap_or_default();
+    let terms = required_terms(spec);
     let mut first = None;
     for term in terms {
         let rejecting = term.match_expressions.iter().flatten().find_map(|e| {

@@ -176,11 +176,7 @@ pub fn findings(
             nodes[b].name,
             rails[r].id()
         );
-        for n in [a, b] {
-            if let Some(f) = out.get_mut(&nodes[n].name) {
-                f.links.push(reason.clone());
-            }
-        }
+        note_link(&mut out, nodes, [a, b], &reason);
     }
     for &(a, b, r) in &loc.suspect_links {
         let reason = format!(
@@ -189,13 +185,23 @@ pub fn findings(
             nodes[b].name,
             rails[r].id()
         );
-        for n in [a, b] {
-            if let Some(f) = out.get_mut(&nodes[n].name) {
-                f.links.push(reason.clone());
-            }
-        }
+        note_link(&mut out, nodes, [a, b], &reason);
     }
     out
+}
+
+/// Notes `reason` about a link on both its ends.
+fn note_link(
+    out: &mut BTreeMap<String, NodeFindings>,
+    nodes: &[CampaignNode],
+    ends: [NodeIx; 2],
+    reason: &str,
+) {
+    for n in ends {
+        if let Some(f) = out.get_mut(&nodes[n].name) {
+            f.links.push(reason.to_string());
+        }
+    }
 }
 
 #[cfg(test)]

@@ -317,23 +317,20 @@ impl NodePublisher {
         Err(self.kept_changing())
     }
 
-    /// Marks the node `pending` while an invasive run is under way, keeping the certificate
-    /// on the Node (so no job lands mid-test, and nothing is lost if the run dies).
-    pub async fn mark_pending(
+    /// Applies the labels `labels_for` picks for the Node as read, keeping the certificate
+    /// annotation on it, retried on a conflict from a fresh read; afterwards `state` is
+    /// that read (with the fabric label written). Returns the Node as written.
+    async fn relabel_keeping_certificate(
         &self,
         state: &mut NodeState,
-        profile: &str,
-        signature: &str,
-    ) -> Result<(), PublishError> {
+        labels_for: impl for<'a> Fn(&'a NodeState) -> BTreeMap<&'static str, String>,
+    ) -> Result<Node, PublishError> {
         for attempt in 0..WRITE_ATTEMPTS {
             let node = self.get_node().await?;
             let fresh = NodeState::of(&node);
             let annotation = annotation_of(&node).filter(|_| fresh.certificate.is_some());
-            let labels = BTreeMap::from([
-                (keys::LABEL_FABRIC, keys::fabric::PENDING),
-                (keys::LABEL_PROFILE, profile),
-                (keys::LABEL_SIGNATURE, signature),
-            ]);
+            let wanted = labels_for(&fresh);
+            let labels = wanted.iter().map(|(k, v)| (*k, v.as_str())).collect();
             let simulated = fresh.certificate.as_ref().is_some_and(|c| c.simulated);
             let Some(written) = self
                 .apply_metadata(&node, labels, annotation, simulated)
@@ -342,21 +339,41 @@ impl NodePublisher {
                 after_conflict(attempt).await;
                 continue;
             };
-            let pending = Certificate {
-                verdict: Verdict::Pending,
-                ..fresh
-                    .certificate
-                    .clone()
-                    .unwrap_or_else(|| placeholder(profile, signature))
-            };
             *state = fresh;
             state.fabric_label = state::fabric_label_of(&written);
-            let annotation = annotation_of(&written).unwrap_or_default().to_string();
-            self.set_condition(state, written, &annotation, &pending)
-                .await?;
-            return Ok(());
+            return Ok(written);
         }
         Err(self.kept_changing())
+    }
+
+    /// Marks the node `pending` while an invasive run is under way, keeping the certificate
+    /// on the Node (so no job lands mid-test, and nothing is lost if the run dies).
+    pub async fn mark_pending(
+        &self,
+        state: &mut NodeState,
+        profile: &str,
+        signature: &str,
+    ) -> Result<(), PublishError> {
+        let written = self
+            .relabel_keeping_certificate(state, |_| {
+                BTreeMap::from([
+                    (keys::LABEL_FABRIC, keys::fabric::PENDING.to_string()),
+                    (keys::LABEL_PROFILE, profile.to_string()),
+                    (keys::LABEL_SIGNATURE, signature.to_string()),
+                ])
+            })
+            .await?;
+        let pending = Certificate {
+            verdict: Verdict::Pending,
+            ..state
+                .certificate
+                .clone()
+                .unwrap_or_else(|| placeholder(profile, signature))
+        };
+        let annotation = annotation_of(&written).unwrap_or_default().to_string();
+        let condition = condition_for(&pending);
+        self.set_condition(state, written, &annotation, condition)
+            .await
     }
 
     /// Gives the Node back the state the certificate on it describes, after an invasive run
@@ -369,59 +386,36 @@ impl NodePublisher {
         profile: &str,
         signature: &str,
     ) -> Result<Option<Certificate>, PublishError> {
-        for attempt in 0..WRITE_ATTEMPTS {
-            let node = self.get_node().await?;
-            let fresh = NodeState::of(&node);
-            let annotation = annotation_of(&node).filter(|_| fresh.certificate.is_some());
-            let labels = match &fresh.certificate {
+        let written = self
+            .relabel_keeping_certificate(state, |fresh| match &fresh.certificate {
                 Some(c) => BTreeMap::from([
-                    (keys::LABEL_FABRIC, c.fabric_label(Timestamp::now())),
-                    (keys::LABEL_PROFILE, c.profile.as_str()),
-                    (keys::LABEL_SIGNATURE, c.signature.as_str()),
+                    (
+                        keys::LABEL_FABRIC,
+                        c.fabric_label(Timestamp::now()).to_string(),
+                    ),
+                    (keys::LABEL_PROFILE, c.profile.clone()),
+                    (keys::LABEL_SIGNATURE, c.signature.clone()),
                 ]),
                 // Applying without the fabric label removes the prober's pending mark.
                 None => BTreeMap::from([
-                    (keys::LABEL_PROFILE, profile),
-                    (keys::LABEL_SIGNATURE, signature),
+                    (keys::LABEL_PROFILE, profile.to_string()),
+                    (keys::LABEL_SIGNATURE, signature.to_string()),
                 ]),
-            };
-            let simulated = fresh.certificate.as_ref().is_some_and(|c| c.simulated);
-            let Some(written) = self
-                .apply_metadata(&node, labels, annotation, simulated)
-                .await?
-            else {
-                after_conflict(attempt).await;
-                continue;
-            };
-            *state = fresh;
-            state.fabric_label = state::fabric_label_of(&written);
-            let cert = state.certificate.clone();
-            let condition = match &cert {
-                Some(c) => condition_for(c),
-                None => (
-                    "False",
-                    "Interrupted",
-                    "certification was interrupted before it finished".into(),
-                ),
-            };
-            let annotation = annotation_of(&written).unwrap_or_default().to_string();
-            let (status, reason, message) = condition;
-            if let Some(seen) = write_condition(
-                &self.writer,
-                written,
-                &annotation,
-                (status, reason, &message),
-            )
-            .await
-            .map_err(|source| PublishError::Condition {
-                node: self.node.clone(),
-                source,
-            })? {
-                state.condition = Some(seen);
-            }
-            return Ok(cert);
-        }
-        Err(self.kept_changing())
+            })
+            .await?;
+        let cert = state.certificate.clone();
+        let condition = match &cert {
+            Some(c) => condition_for(c),
+            None => (
+                "False",
+                "Interrupted",
+                "certification was interrupted before it finished".into(),
+            ),
+        };
+        let annotation = annotation_of(&written).unwrap_or_default().to_string();
+        self.set_condition(state, written, &annotation, condition)
+            .await?;
+        Ok(cert)
     }
 
     /// Publishes a certificate: labels + annotation (one apply), condition, Event. The
@@ -464,7 +458,7 @@ impl NodePublisher {
             let previous = fresh.certificate.clone();
             *state = fresh;
             state.fabric_label = state::fabric_label_of(&written);
-            self.set_condition(state, written, &annotation, &merged)
+            self.set_condition(state, written, &annotation, condition_for(&merged))
                 .await?;
             if let Some(ev) = event_for(&merged, previous.as_ref(), invasive) {
                 self.record_event(state, &ev).await?;
@@ -480,9 +474,9 @@ impl NodePublisher {
         state: &mut NodeState,
         written: Node,
         annotation: &str,
-        cert: &Certificate,
+        condition: (&'static str, &'static str, String),
     ) -> Result<(), PublishError> {
-        let (status, reason, message) = condition_for(cert);
+        let (status, reason, message) = condition;
         let seen = write_condition(
             &self.writer,
             written,

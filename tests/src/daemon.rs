@@ -8,10 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-/// What a railguard binary under test is told to listen on: port 0, so the kernel chooses
-/// and nothing can take the port between choosing and binding; [`Daemon::listen_addr`]
-/// reads the address back from its log.
-pub const ANY_LOOPBACK_PORT: &str = "127.0.0.1:0";
+pub use crate::ports::ANY_LOOPBACK_PORT;
 
 /// How long a daemon may take to bind its listeners (a loaded 2-core machine is slow).
 const LISTEN_TIMEOUT: Duration = Duration::from_secs(60);

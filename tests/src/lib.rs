@@ -211,6 +211,33 @@ pub fn workspace_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
+/// One MutatingWebhookConfiguration entry calling a webhook on loopback `port` for Pod
+/// CREATE, as the chart registers it (fail closed, reinvoked, 10 s); the caller adds the CA.
+pub fn pod_webhook_entry(name: &str, port: u16) -> serde_json::Value {
+    serde_json::json!({
+        "name": name,
+        "clientConfig": {"url": format!("https://127.0.0.1:{port}/mutate")},
+        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                   "resources": ["pods"], "scope": "Namespaced"}],
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Fail",
+        "reinvocationPolicy": "IfNeeded",
+        "timeoutSeconds": 10,
+    })
+}
+
+/// The Prometheus exposition a railguard metrics listener serves at `{base}/metrics`.
+pub async fn scrape_metrics(base: &str) -> Result<String> {
+    let response = reqwest::get(format!("{base}/metrics"))
+        .await
+        .with_context(|| format!("GET {base}/metrics"))?;
+    let status = response.status();
+    let text = response.text().await?;
+    anyhow::ensure!(status.is_success(), "GET {base}/metrics: {status}: {text}");
+    Ok(text)
+}
+
 /// The Rust sources below `dir`, recursively (build output directories skipped).
 pub fn rust_files(dir: &Path) -> Vec<PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {

@@ -256,6 +256,43 @@ pub fn tail(text: &str, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
+/// What a railguard binary under test is told to listen on: port 0, so the kernel chooses
+/// and nothing can take the port between choosing and binding; [`logged_listen_addr`] reads
+/// the address back from its log.
+pub const ANY_LOOPBACK_PORT: &str = "127.0.0.1:0";
+
+/// Starts `cmd` (a railguard server) with `--listen` and `--metrics-listen` on loopback port
+/// 0, its output to `log`, and waits until it says where both listen: the child, its listen
+/// address and its metrics address. A server that never says so is killed.
+pub async fn spawn_serving(
+    cmd: &mut std::process::Command,
+    log: &Path,
+    timeout: Duration,
+) -> Result<(Child, SocketAddr, SocketAddr)> {
+    let out = std::fs::File::create(log)?;
+    let mut child = cmd
+        .arg(format!("--listen={}", ANY_LOOPBACK_PORT))
+        .arg(format!("--metrics-listen={}", ANY_LOOPBACK_PORT))
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()?;
+    let addrs = async {
+        let listen = logged_listen_addr(&mut child, log, "--listen", timeout).await?;
+        let metrics = logged_listen_addr(&mut child, log, "--metrics-listen", timeout).await?;
+        Ok::<_, anyhow::Error>((listen, metrics))
+    }
+    .await;
+    match addrs {
+        Ok((listen, metrics)) => Ok((child, listen, metrics)),
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(e)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

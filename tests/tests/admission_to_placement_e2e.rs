@@ -25,7 +25,8 @@ use railguard_sim::certificates as synth;
 use railguard_tests::daemon::{spawn_extender, wait_ready, Daemon, ANY_LOOPBACK_PORT};
 use railguard_tests::{
     eventually, failed_scheduling_messages, fixture_profile, labels, merge_json, pod_node,
-    wait_bound, workspace_binary, ControlPlane, ServingCertificate,
+    pod_webhook_entry, scrape_metrics, wait_bound, workspace_binary, ControlPlane,
+    ServingCertificate,
 };
 use serde_json::{json, Value};
 
@@ -83,17 +84,7 @@ async fn register_webhook(client: &Client, port: u16, ca_pem: &str) {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": "railguard"},
-        "webhooks": [{
-            "name": "pods.railguard.io",
-            "clientConfig": {"url": format!("https://127.0.0.1:{port}/mutate")},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                       "resources": ["pods"], "scope": "Namespaced"}],
-            "admissionReviewVersions": ["v1"],
-            "sideEffects": "None",
-            "failurePolicy": "Fail",
-            "reinvocationPolicy": "IfNeeded",
-            "timeoutSeconds": 10,
-        }],
+        "webhooks": [pod_webhook_entry("pods.railguard.io", port)],
     }))
     .unwrap();
     for w in mwc.webhooks.iter_mut().flatten() {
@@ -430,12 +421,7 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
     assert_eq!(pod_node(&client, "ops", "unmutated").await, None);
 
     // The extender counted the degraded node's rejections.
-    let metrics = reqwest::get(format!("{extender_metrics}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = scrape_metrics(&extender_metrics).await.unwrap();
     assert!(
         metrics.contains("railguard_extender_nodes_rejected_total{reason=\"degraded\"}"),
         "{metrics}"

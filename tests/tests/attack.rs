@@ -11,13 +11,12 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use railguard_tests::daemon::ANY_LOOPBACK_PORT;
-use railguard_tests::ports::logged_listen_addr;
+use railguard_tests::ports::spawn_serving;
 use railguard_tests::{tls_connector, workspace_binary, workspace_root, ServingCertificate};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -93,26 +92,13 @@ async fn start(
 ) -> Target {
     let bin = workspace_binary(package, name).unwrap();
     let log = dir.join(format!("{name}.log"));
-    let out = std::fs::File::create(&log).unwrap();
-    let mut child = Command::new(bin)
-        .args(args)
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
         .args(limits_args())
-        .arg(format!("--listen={ANY_LOOPBACK_PORT}"))
-        .arg(format!("--metrics-listen={ANY_LOOPBACK_PORT}"))
         // Why a connection closed (timeout, eviction, parse error) is logged at debug: a
         // failed legitimate request shows it.
-        .env("RAILGUARD_LOG", "info,railguard_runtime=debug")
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .spawn()
-        .unwrap();
-    let addr = logged_listen_addr(&mut child, &log, "--listen", LISTEN_TIMEOUT)
-        .await
-        .unwrap();
-    let metrics = logged_listen_addr(&mut child, &log, "--metrics-listen", LISTEN_TIMEOUT)
-        .await
-        .unwrap();
+        .env("RAILGUARD_LOG", "info,railguard_runtime=debug");
+    let (child, addr, metrics) = spawn_serving(&mut cmd, &log, LISTEN_TIMEOUT).await.unwrap();
     let peak_rss_kib = Arc::new(AtomicU64::new(0));
     let sampling = Arc::new(AtomicBool::new(true));
     let (peak, on, pid) = (peak_rss_kib.clone(), sampling.clone(), child.id());

@@ -20,7 +20,9 @@ use railguard_api::{keys, FabricProfile, Verdict};
 use railguard_prober_cli::fleet::METRIC_NAMES;
 use railguard_tests::chart_values::DEFAULT;
 use railguard_tests::install::{is_fleet, ChartFleet};
-use railguard_tests::{eventually, fixture_profile, labels, ControlPlane, KubeVersion};
+use railguard_tests::{
+    eventually, fixture_profile, labels, scrape_metrics, ControlPlane, KubeVersion,
+};
 use serde_json::{json, Value};
 
 const SLOW: &str = "gpu-05";
@@ -204,12 +206,7 @@ async fn the_fleet_controller_needs_no_more_than_the_charts_rbac() {
     );
 
     // Its metrics: every name the dashboard may use.
-    let exposition = reqwest::get(format!("{url}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let exposition = scrape_metrics(&url).await.unwrap();
     let missing: Vec<&&str> = METRIC_NAMES
         .iter()
         .filter(|m| !exposes(&exposition, m))

@@ -137,16 +137,22 @@ struct Cluster {
     fleet: Daemon,
 }
 
+/// A Kubernetes 1.37 control plane with kube-scheduler and kube-controller-manager, the
+/// FabricProfile CRD applied, and the DGX H100 hardware model.
+async fn scheduling_cluster() -> Result<(ControlPlane, Client, Hardware)> {
+    let mut cp =
+        ControlPlane::start_version(KubeVersion::V1_37, &ApiServerOptions::default()).await?;
+    cp.start_scheduler("[]").await?;
+    cp.start_controller_manager().await?;
+    cp.apply_fabricprofile_crd().await?;
+    let client = cp.client();
+    Ok((cp, client, Hardware::dgx_h100()?))
+}
+
 impl Cluster {
     async fn start(extended_resource: Option<&str>, effect: DraTaintEffect) -> Result<Cluster> {
         let t0 = Instant::now();
-        let mut cp =
-            ControlPlane::start_version(KubeVersion::V1_37, &ApiServerOptions::default()).await?;
-        cp.start_scheduler("[]").await?;
-        cp.start_controller_manager().await?;
-        cp.apply_fabricprofile_crd().await?;
-        let client = cp.client();
-        let hw = Hardware::dgx_h100()?;
+        let (cp, client, hw) = scheduling_cluster().await?;
         let mut profile = hw.profile.clone();
         profile.spec.dra.taint_effect = effect;
         let spec = profile.spec.dra.clone();
@@ -757,13 +763,7 @@ async fn the_charts_defaults_write_no_device_taint_and_change_no_placement() -> 
     use railguard_tests::chart_values::DEFAULT;
     use railguard_tests::install::ChartFleet;
 
-    let mut cp =
-        ControlPlane::start_version(KubeVersion::V1_37, &ApiServerOptions::default()).await?;
-    cp.start_scheduler("[]").await?;
-    cp.start_controller_manager().await?;
-    cp.apply_fabricprofile_crd().await?;
-    let client = cp.client();
-    let hw = Hardware::dgx_h100()?;
+    let (cp, client, hw) = scheduling_cluster().await?;
     Api::<FabricProfile>::all(client.clone())
         .create(&PostParams::default(), &hw.profile)
         .await?;

@@ -23,7 +23,8 @@ use railguard_tests::daemon::{wait_ready, Daemon, ANY_LOOPBACK_PORT};
 use railguard_tests::dra::{layout_from_sysfs, publish_slices, taint_rules, SysfsTree};
 use railguard_tests::sim_prober::{h100_profile_file, prober_bin_dir, Prober};
 use railguard_tests::{
-    eventually, fixture_profile, labels, ApiServerOptions, ControlPlane, KubeVersion, NotYet,
+    eventually, fixture_profile, labels, scrape_metrics, ApiServerOptions, ControlPlane,
+    KubeVersion, NotYet,
 };
 use serde_json::json;
 
@@ -346,12 +347,7 @@ async fn on_kubernetes_1_20_the_controller_says_dra_is_off_once() {
         .count();
     assert_eq!(said, 1, "said once:\n{log}");
     assert!(!log.contains("resourceslices"), "no DRA watch:\n{log}");
-    let metrics = reqwest::get(format!("{url}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = scrape_metrics(&url).await.unwrap();
     assert!(
         metrics.contains("railguard_fleet_device_taint_rules 0"),
         "{metrics}"

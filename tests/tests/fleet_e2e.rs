@@ -19,7 +19,8 @@ use railguard_api::{keys, FabricProfile};
 use railguard_tests::daemon::{spawn_extender, wait_ready, Daemon, ANY_LOOPBACK_PORT};
 use railguard_tests::sim_prober::{prober_bin_dir, Prober};
 use railguard_tests::{
-    chromium, events_about, eventually, fixture_profile, labels, ControlPlane, ServingCertificate,
+    chromium, events_about, eventually, fixture_profile, labels, scrape_metrics, ControlPlane,
+    ServingCertificate,
 };
 use serde_json::{json, Value};
 
@@ -239,10 +240,7 @@ async fn the_fleet_controller_marks_a_slow_rail_that_passes_its_thresholds() -> 
     assert_eq!(fleet.consistent_rail_count, Some(8), "{fleet:?}");
 
     // Metrics: the outlier count and the slow rail at 85% of the median.
-    let scraped = reqwest::get(format!("{metrics_url}/metrics"))
-        .await?
-        .text()
-        .await?;
+    let scraped = scrape_metrics(&metrics_url).await?;
     assert!(
         scraped.contains("railguard_fleet_outliers{profile=\"h100-fleet\"} 1"),
         "{scraped}"
@@ -580,10 +578,7 @@ async fn unhealthy_nodes_are_tainted_and_the_default_scheduler_keeps_pods_off_th
             "{reason} in {events:?}"
         );
     }
-    let scraped = reqwest::get(format!("{metrics_url}/metrics"))
-        .await?
-        .text()
-        .await?;
+    let scraped = scrape_metrics(&metrics_url).await?;
     for reason in ["failed", "degraded", "expired"] {
         let series = format!(
             "railguard_fleet_tainted_nodes{{profile=\"h100-taints\",reason=\"{reason}\"}} 1"

@@ -18,6 +18,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: a failed setup fails the test loudly
 
+use railguard_kube::secret_fill::secret_data;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -93,15 +94,6 @@ fn previous_chart() -> PathBuf {
 
 fn current_chart() -> PathBuf {
     workspace_root().join("charts/railguard")
-}
-
-fn secret_data(secret: &Secret) -> BTreeMap<String, Vec<u8>> {
-    secret
-        .data
-        .iter()
-        .flatten()
-        .map(|(k, v)| (k.clone(), v.0.clone()))
-        .collect()
 }
 
 /// Everything an upgrade, a rollback or a re-render must not lose or re-roll.

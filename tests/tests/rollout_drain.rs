@@ -18,13 +18,12 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use railguard_tests::daemon::ANY_LOOPBACK_PORT;
-use railguard_tests::ports::logged_listen_addr;
+use railguard_tests::ports::spawn_serving;
 use railguard_tests::{tls_connector, workspace_binary, workspace_root, ServingCertificate};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -60,31 +59,18 @@ impl Drop for Webhook {
 async fn start_webhook(certs_dir: &Path, dir: &Path, n: usize) -> Webhook {
     let bin = workspace_binary("railguard-webhook-cli", "railguard-webhook").unwrap();
     let log = dir.join(format!("webhook-{n}.log"));
-    let out = std::fs::File::create(&log).unwrap();
     let profiles = workspace_root().join("api/fixtures/profiles/dgx-h100-ndr.yaml");
-    let mut child = Command::new(bin)
-        .arg(format!("--profiles={}", profiles.display()))
+    let mut cmd = Command::new(bin);
+    cmd.arg(format!("--profiles={}", profiles.display()))
         .arg(format!(
             "--tls-cert={}",
             certs_dir.join("tls.crt").display()
         ))
         .arg(format!("--tls-key={}", certs_dir.join("tls.key").display()))
-        .arg(format!("--listen={ANY_LOOPBACK_PORT}"))
-        .arg(format!("--metrics-listen={ANY_LOOPBACK_PORT}"))
         .arg(format!("--shutdown-delay-seconds={DRAIN_DELAY_S}"))
         .arg(format!("--shutdown-grace-seconds={GRACE_S}"))
-        .env("RAILGUARD_LOG", "info,railguard_runtime=debug")
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .spawn()
-        .unwrap();
-    let addr = logged_listen_addr(&mut child, &log, "--listen", LISTEN_TIMEOUT)
-        .await
-        .unwrap();
-    let metrics = logged_listen_addr(&mut child, &log, "--metrics-listen", LISTEN_TIMEOUT)
-        .await
-        .unwrap();
+        .env("RAILGUARD_LOG", "info,railguard_runtime=debug");
+    let (child, addr, metrics) = spawn_serving(&mut cmd, &log, LISTEN_TIMEOUT).await.unwrap();
     let webhook = Webhook {
         child,
         addr,

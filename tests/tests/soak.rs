@@ -15,7 +15,7 @@
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -25,8 +25,7 @@ use jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, PostParams};
 use railguard_api::{FabricProfile, Verdict};
 use railguard_sim::certificates as synth;
-use railguard_tests::daemon::ANY_LOOPBACK_PORT;
-use railguard_tests::ports::logged_listen_addr;
+use railguard_tests::ports::spawn_serving;
 use railguard_tests::{fixture_profile, labels, tls_connector, workspace_binary, ControlPlane};
 use rustls::pki_types::ServerName;
 use serde_json::{json, Value};
@@ -176,23 +175,9 @@ async fn start_server(
 ) -> Server {
     let bin = workspace_binary(package, name).unwrap();
     let log = dir.join(format!("{name}.log"));
-    let out = std::fs::File::create(&log).unwrap();
-    let mut child = Command::new(bin)
-        .args(&args)
-        .arg(format!("--listen={ANY_LOOPBACK_PORT}"))
-        .arg(format!("--metrics-listen={ANY_LOOPBACK_PORT}"))
-        .arg("--cert-poll-seconds=1")
-        .stdin(Stdio::null())
-        .stdout(out.try_clone().unwrap())
-        .stderr(out)
-        .spawn()
-        .unwrap();
-    let addr = logged_listen_addr(&mut child, &log, "--listen", LISTEN_TIMEOUT)
-        .await
-        .unwrap();
-    let metrics = logged_listen_addr(&mut child, &log, "--metrics-listen", LISTEN_TIMEOUT)
-        .await
-        .unwrap();
+    let mut cmd = Command::new(bin);
+    cmd.args(&args).arg("--cert-poll-seconds=1");
+    let (child, addr, metrics) = spawn_serving(&mut cmd, &log, LISTEN_TIMEOUT).await.unwrap();
     let rss = Arc::new(Mutex::new(Vec::new()));
     let sampling = Arc::new(AtomicBool::new(true));
     let (samples, on, pid, t0) = (rss.clone(), sampling.clone(), child.id(), Instant::now());

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: a failed setup fails the test loudly
 
+use railguard_kube::secret_fill::secret_data;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -17,15 +18,6 @@ use serde_json::json;
 
 fn certs_in(pem: &[u8]) -> Vec<CertificateDer<'static>> {
     certs::certificates_in(pem)
-}
-
-fn secret_data(secret: &Secret) -> BTreeMap<String, Vec<u8>> {
-    secret
-        .data
-        .iter()
-        .flatten()
-        .map(|(k, v)| (k.clone(), v.0.clone()))
-        .collect()
 }
 
 async fn bundles(api: &Api<MutatingWebhookConfiguration>, name: &str) -> Vec<Vec<u8>> {

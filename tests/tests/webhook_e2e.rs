@@ -16,7 +16,9 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Client;
 use railguard_api::profile::{AdmissionMode, Enforcement};
 use railguard_api::{profiles_from_yaml, FabricProfile};
-use railguard_tests::{eventually, labels, workspace_root, ControlPlane, ServingCertificate};
+use railguard_tests::{
+    eventually, labels, pod_webhook_entry, workspace_root, ControlPlane, ServingCertificate,
+};
 use railguard_webhook::decisions::{CacheLimits, DecisionCache};
 use railguard_webhook::{FailureMode, WebhookConfig};
 use railguard_webhook_cli::catalog::Catalog;
@@ -199,21 +201,7 @@ async fn webhook_configures_pods_created_through_the_api_server() {
 
     // Two entries calling the same endpoint: the second sees the pod the first mutated
     // and must return an empty patch (the reinvocation contract).
-    let webhook = |name: &str| {
-        json!({
-            "name": name,
-            "clientConfig": {
-                "url": format!("https://127.0.0.1:{}/mutate", srv.addr.port()),
-            },
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                       "resources": ["pods"], "scope": "Namespaced"}],
-            "admissionReviewVersions": ["v1"],
-            "sideEffects": "None",
-            "failurePolicy": "Fail",
-            "reinvocationPolicy": "IfNeeded",
-            "timeoutSeconds": 10,
-        })
-    };
+    let webhook = |name: &str| pod_webhook_entry(name, srv.addr.port());
     let mut mwc: MutatingWebhookConfiguration = serde_json::from_value(json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",

@@ -7,100 +7,13 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use common::serving::*;
 use common::*;
 use railguard_extender::wire::{ExtenderFilterResult, HostPriority};
 use railguard_extender::ExtenderConfig;
 use railguard_extender_cli::cache::ClusterState;
-use railguard_extender_cli::metrics::Metrics;
-use railguard_extender_cli::server::{self, AppState, Source};
+use railguard_extender_cli::server::Source;
 use serde_json::{json, Value};
-
-struct Running {
-    base: String,
-    health: String,
-    client: reqwest::Client,
-    stop: Vec<tokio_util::sync::CancellationToken>,
-    state: Arc<AppState>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.stop.iter().for_each(|s| s.cancel());
-    }
-}
-
-/// A CA and a serving certificate for 127.0.0.1 signed by it: (ca PEM, cert PEM, key PEM).
-fn tls_material() -> (String, String, String) {
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let ca = ca_params.self_signed(&ca_key).unwrap();
-    let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
-    (ca.pem(), cert.pem(), key.serialize_pem())
-}
-
-async fn start(source: Source) -> Running {
-    start_with(source, ExtenderConfig::default()).await
-}
-
-async fn start_with(source: Source, config: ExtenderConfig) -> Running {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let state = Arc::new(AppState {
-        source,
-        config,
-        max_nodes: server::DEFAULT_MAX_NODES,
-        metrics: Arc::new(Metrics::new()),
-    });
-    let (ca, cert, key) = tls_material();
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("tls.crt"), cert).unwrap();
-    std::fs::write(dir.path().join("tls.key"), key).unwrap();
-    let tls = railguard_runtime::server_tls(railguard_runtime::TlsFiles {
-        cert: &dir.path().join("tls.crt"),
-        key: &dir.path().join("tls.key"),
-        client_ca: None,
-    })
-    .unwrap();
-    let tls: railguard_runtime::TlsConfigSource = Arc::new(move || tls.clone());
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let limits = railguard_runtime::ServeLimits::default();
-    let extender = railguard_runtime::spawn_serve(
-        listener,
-        server::extender_router(state.clone(), 512 << 20),
-        Some(tls),
-        limits.clone(),
-    )
-    .unwrap();
-    let health = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let health_port = health.local_addr().unwrap().port();
-    let health = railguard_runtime::spawn_serve(
-        health,
-        server::health_router(state.clone(), Default::default()),
-        None,
-        limits,
-    )
-    .unwrap();
-    let client = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).unwrap())
-        .build()
-        .unwrap();
-    Running {
-        base: format!("https://127.0.0.1:{port}"),
-        health: format!("http://127.0.0.1:{health_port}"),
-        client,
-        stop: vec![extender.stop, health.stop],
-        state,
-    }
-}
-
-fn standalone() -> Source {
-    Source::Standalone {
-        profiles: Arc::new(profiles()),
-    }
-}
 
 /// A synced cluster cache holding the six nodes, namespaces and profiles.
 fn synced_cluster() -> Arc<ClusterState> {
@@ -124,23 +37,6 @@ fn full_args(pod: Value) -> String {
     args["Nodes"]["items"] = serde_json::to_value(nodes).unwrap();
     args["Pod"] = pod;
     args.to_string()
-}
-
-fn h100_pod() -> Value {
-    let profiles = profiles();
-    serde_json::to_value(training_pod(profile(&profiles, "h100-ndr"))).unwrap()
-}
-
-async fn post(r: &Running, path: &str, body: impl Into<reqwest::Body>) -> (u16, String) {
-    let resp = r
-        .client
-        .post(format!("{}{path}", r.base))
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    (resp.status().as_u16(), resp.text().await.unwrap())
 }
 
 /// The Prometheus text the extender's health listener serves.
@@ -593,51 +489,4 @@ async fn fleet_outliers_are_filtered_or_ranked_last_as_the_profile_says() {
             assert_eq!(scores(&text), want, "cache {cache}, {action:?}");
         }
     }
-}
-
-/// A log sink a test reads back.
-#[derive(Clone, Default)]
-struct LogLines(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogLines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-#[tokio::test]
-async fn every_scheduling_call_logs_inside_an_extender_request_span() {
-    let lines = LogLines::default();
-    let sink = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || sink.clone())
-        .finish();
-    // This test's runtime is one thread: the server's tasks log through this subscriber.
-    let _default = tracing::subscriber::set_default(subscriber);
-    let r = start(standalone()).await;
-    let mut args: Value = serde_json::from_str(ARGS_NAMES).unwrap();
-    args["Pod"] = h100_pod();
-    let (status, _) = post(&r, "/filter", args.to_string()).await;
-    assert_eq!(status, 200);
-    let (status, _) = post(&r, "/filter", "{not json").await;
-    assert_eq!(status, 400);
-    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-    let names = args["NodeNames"].as_array().map_or(0, Vec::len);
-    assert!(
-        text.contains(&format!(
-            "extender_request{{verb=\"filter\" mode=\"names\" nodes={names}}}"
-        )),
-        "{text}"
-    );
-    assert!(
-        text.lines()
-            .any(|l| l.contains("extender_request{verb=\"filter\"}")
-                && l.contains("filter request failed")),
-        "{text}"
-    );
 }

@@ -1,6 +1,8 @@
 //! Shared test material: the recorded kube-scheduler 1.20 requests and the example profiles.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod serving;
+
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use railguard_api::fleet::reason;

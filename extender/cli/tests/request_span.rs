@@ -1,0 +1,58 @@
+//! Every scheduling call logs inside an `extender_request` span. A test binary of its own:
+//! the subscriber is the process' global one, set before any span is created, so no other
+//! test's thread can cache a callsite as uninteresting first.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use common::serving::{h100_pod, post, standalone, start};
+use common::*;
+use serde_json::Value;
+
+/// A log sink a test reads back.
+#[derive(Clone, Default)]
+struct LogLines(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogLines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn every_scheduling_call_logs_inside_an_extender_request_span() {
+    let lines = LogLines::default();
+    let sink = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || sink.clone())
+        .finish();
+    tracing::subscriber::set_global_default(subscriber).unwrap();
+    let r = start(standalone()).await;
+    let mut args: Value = serde_json::from_str(ARGS_NAMES).unwrap();
+    args["Pod"] = h100_pod();
+    let (status, _) = post(&r, "/filter", args.to_string()).await;
+    assert_eq!(status, 200);
+    let (status, _) = post(&r, "/filter", "{not json").await;
+    assert_eq!(status, 400);
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let names = args["NodeNames"].as_array().map_or(0, Vec::len);
+    assert!(
+        text.contains(&format!(
+            "extender_request{{verb=\"filter\" mode=\"names\" nodes={names}}}"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.contains("extender_request{verb=\"filter\"}")
+                && l.contains("filter request failed")),
+        "{text}"
+    );
+}

@@ -454,6 +454,38 @@ pub struct Certificate {
 }
 
 impl Certificate {
+    /// A certificate of `verdict` for `profile` and `signature`, valid from `issued_at` to
+    /// `expires_at`, generation 0 and without evidence: what a caller fills in.
+    pub fn new(
+        profile: &str,
+        signature: &str,
+        verdict: Verdict,
+        issued_at: Timestamp,
+        expires_at: Timestamp,
+    ) -> Self {
+        Certificate {
+            version: CERTIFICATE_VERSION,
+            generation: 0,
+            issued_at,
+            expires_at,
+            profile: profile.to_string(),
+            signature: signature.to_string(),
+            node: None,
+            verdict,
+            reasons: Vec::new(),
+            usable_rails: None,
+            rails: Vec::new(),
+            gpus: Vec::new(),
+            nccl: None,
+            findings: Vec::new(),
+            software: BTreeMap::new(),
+            passive_checked_at: None,
+            history: Vec::new(),
+            simulated: false,
+            extra: BTreeMap::new(),
+        }
+    }
+
     /// Parses a certificate annotation. Rejects oversize input, malformed JSON and
     /// versions newer than this reader understands.
     pub fn from_annotation(value: &str) -> Result<Self, CertificateError> {

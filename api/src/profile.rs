@@ -503,32 +503,14 @@ impl NcclPairSpec {
         if let Some(v) = self.min_rail_busbw_gbps {
             check_number(out, &at("minRailBusbwGBps"), v, true);
         }
-        for (f, v) in [("minBytes", self.min_bytes), ("maxBytes", self.max_bytes)] {
-            if !(4..=MAX_NCCL_PAIR_BYTES).contains(&v) {
-                out.push(FieldProblem {
-                    field: at(f),
-                    message: format!("must be between 4 and {MAX_NCCL_PAIR_BYTES} bytes"),
-                });
-            }
-        }
+        sweep_size_problems(out, &at, self.min_bytes, self.max_bytes);
         if self.min_bytes > self.max_bytes {
             out.push(FieldProblem {
                 field: at("minBytes"),
                 message: format!("{} is above maxBytes ({})", self.min_bytes, self.max_bytes),
             });
         }
-        if self.warmup > 100 {
-            out.push(FieldProblem {
-                field: at("warmup"),
-                message: "must be at most 100".into(),
-            });
-        }
-        if self.iterations == 0 || self.iterations > 1000 {
-            out.push(FieldProblem {
-                field: at("iterations"),
-                message: "must be between 1 and 1000".into(),
-            });
-        }
+        sweep_round_problems(out, &at, self.warmup, self.iterations);
         if self.timeout_seconds == 0 || self.timeout_seconds > MAX_NCCL_PAIR_TIMEOUT_SECONDS {
             out.push(FieldProblem {
                 field: at("timeoutSeconds"),
@@ -543,6 +525,45 @@ impl NcclPairSpec {
                         .into(),
             });
         }
+    }
+}
+
+/// The message sizes of an NCCL sweep (`ncclPair`, `ncclNative`): each within 4 bytes and
+/// [`MAX_NCCL_PAIR_BYTES`].
+fn sweep_size_problems(
+    out: &mut Vec<FieldProblem>,
+    at: &dyn Fn(&str) -> String,
+    min_bytes: u64,
+    max_bytes: u64,
+) {
+    for (f, v) in [("minBytes", min_bytes), ("maxBytes", max_bytes)] {
+        if !(4..=MAX_NCCL_PAIR_BYTES).contains(&v) {
+            out.push(FieldProblem {
+                field: at(f),
+                message: format!("must be between 4 and {MAX_NCCL_PAIR_BYTES} bytes"),
+            });
+        }
+    }
+}
+
+/// The warm-up and timed rounds of an NCCL sweep: at most 100 and 1 to 1000.
+fn sweep_round_problems(
+    out: &mut Vec<FieldProblem>,
+    at: &dyn Fn(&str) -> String,
+    warmup: u32,
+    iterations: u32,
+) {
+    if warmup > 100 {
+        out.push(FieldProblem {
+            field: at("warmup"),
+            message: "must be at most 100".into(),
+        });
+    }
+    if !(1..=1000).contains(&iterations) {
+        out.push(FieldProblem {
+            field: at("iterations"),
+            message: "must be between 1 and 1000".into(),
+        });
     }
 }
 
@@ -618,32 +639,14 @@ impl NcclNativeSpec {
 
     fn problems(&self, out: &mut Vec<FieldProblem>) {
         let at = |f: &str| format!("spec.certification.ncclNative.{f}");
-        for (f, v) in [("minBytes", self.min_bytes), ("maxBytes", self.max_bytes)] {
-            if !(4..=MAX_NCCL_PAIR_BYTES).contains(&v) {
-                out.push(FieldProblem {
-                    field: at(f),
-                    message: format!("must be between 4 and {MAX_NCCL_PAIR_BYTES} bytes"),
-                });
-            }
-        }
+        sweep_size_problems(out, &at, self.min_bytes, self.max_bytes);
         if self.min_bytes > self.max_bytes {
             out.push(FieldProblem {
                 field: at("minBytes"),
                 message: "must not exceed maxBytes".into(),
             });
         }
-        if self.warmup > 100 {
-            out.push(FieldProblem {
-                field: at("warmup"),
-                message: "must be at most 100".into(),
-            });
-        }
-        if !(1..=1000).contains(&self.iterations) {
-            out.push(FieldProblem {
-                field: at("iterations"),
-                message: "must be between 1 and 1000".into(),
-            });
-        }
+        sweep_round_problems(out, &at, self.warmup, self.iterations);
     }
 }
 

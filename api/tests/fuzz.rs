@@ -13,7 +13,10 @@ mod fuzz_support;
 
 use std::collections::BTreeMap;
 
-use fuzz_support::{check_error, check_message, config, mutated_text, raw_bytes, raw_text};
+use fuzz_support::{
+    check_error, check_message, config, json_dictionary, mutated_text, raw_bytes, raw_text,
+    JSON_SYNTAX,
+};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -58,16 +61,8 @@ const CERTIFICATE: &str = r#"{"version":1,"generation":42,"issuedAt":"2026-11-29
 const MINIMAL_CERTIFICATE: &str = r#"{"version":1,"generation":1,"issuedAt":"2026-01-01T00:00:00Z",
 "expiresAt":"2026-01-02T00:00:00Z","profile":"p","signature":"s","verdict":"certified"}"#;
 
-const JSON_TOKENS: &[&str] = &[
-    "{",
-    "}",
-    "[",
-    "]",
-    ",",
-    ":",
-    "\"",
-    "null",
-    "true",
+/// The certificate annotation's own tokens, for [`JSON_TOKENS`] after [`JSON_SYNTAX`].
+const CERTIFICATE_TOKENS: &[&str] = &[
     "false",
     "\"version\":",
     "\"version\":2",
@@ -87,6 +82,9 @@ const JSON_TOKENS: &[&str] = &[
     "\\\"",
     "\\n",
 ];
+
+const JSON_TOKENS: &[&str] =
+    &json_dictionary::<{ JSON_SYNTAX.len() + CERTIFICATE_TOKENS.len() }>(CERTIFICATE_TOKENS);
 
 const YAML_TOKENS: &[&str] = &[
     "\n---\n",

@@ -36,7 +36,7 @@ use super::nccl_pair::NcclRunner;
 use super::wire::{
     self, AcceptPeerRequest, ControlChannel, ControlMessage, ControlRequest, ControlResponse,
     NcclJoinRequest, NcclSide, NcclSideReport, NcclTestRequest, RailRef, RailReport,
-    RailTestReport, RunTestRequest, CONTROL_MAGIC, ROLE_COORDINATOR, ROLE_ENDPOINT,
+    RailTestReport, RunTestRequest, TestScope, CONTROL_MAGIC, ROLE_COORDINATOR, ROLE_ENDPOINT,
     SESSION_PROTOCOL,
 };
 use super::CampaignError;
@@ -670,17 +670,17 @@ async fn admit(
 }
 
 /// The refusal of a request [`admit`] refuses, logged; `None` when it is admitted.
-async fn refusal_of(
-    cfg: &EndpointConfig,
-    profile: &str,
-    peer_node: &str,
-    rails: &[RailRef],
-    allow_gpu_pods: bool,
-) -> Option<ControlResponse> {
-    let reason = admit(cfg, profile, peer_node, rails, allow_gpu_pods)
-        .await
-        .err()?;
-    Some(refusal(cfg, peer_node, reason))
+async fn refusal_of(cfg: &EndpointConfig, test: TestScope<'_>) -> Option<ControlResponse> {
+    let reason = admit(
+        cfg,
+        test.profile,
+        test.peer_node,
+        test.rails,
+        test.allow_gpu_pods,
+    )
+    .await
+    .err()?;
+    Some(refusal(cfg, test.peer_node, reason))
 }
 
 fn refusal(cfg: &EndpointConfig, peer_node: &str, reason: String) -> ControlResponse {
@@ -690,14 +690,7 @@ fn refusal(cfg: &EndpointConfig, peer_node: &str, reason: String) -> ControlResp
 
 /// Checks a test request against this node, then runs every rail at once.
 async fn run_test(cfg: &EndpointConfig, req: RunTestRequest) -> ControlResponse {
-    let refused = refusal_of(
-        cfg,
-        &req.profile,
-        &req.peer_node,
-        &req.rails,
-        req.allow_gpu_pods,
-    );
-    if let Some(refused) = refused.await {
+    if let Some(refused) = refusal_of(cfg, req.scope()).await {
         return refused;
     }
     let timeout = Duration::from_millis(req.timeout_ms.max(1));
@@ -800,14 +793,7 @@ fn nccl_result(cfg: &EndpointConfig, peer_node: &str, sides: Vec<NcclSide>) -> C
 /// the peer's endpoint and waits for both sides. When one side fails first, the other is
 /// stopped (its ranks would wait for the missing ones until the time limit).
 async fn run_nccl(cfg: &EndpointConfig, req: NcclTestRequest) -> ControlResponse {
-    let refused = refusal_of(
-        cfg,
-        &req.profile,
-        &req.peer_node,
-        &req.rails,
-        req.allow_gpu_pods,
-    );
-    if let Some(refused) = refused.await {
+    if let Some(refused) = refusal_of(cfg, req.scope()).await {
         return refused;
     }
     let untested = |why: &str| NcclSide::Inconclusive {

@@ -178,9 +178,8 @@ impl NodeWriter {
         patch: Value,
         on_conflict: &OnConflict,
     ) -> Result<Written, kube::Error> {
-        let patch = with_precondition(patch, on_conflict);
-        let pp = self.update_params();
-        Self::answer(self.nodes.patch(name, &pp, &Patch::Merge(&patch)).await)
+        let patch = Patch::Merge(with_precondition(patch, on_conflict));
+        Self::answer(self.nodes.patch(name, &self.update_params(), &patch).await)
     }
 
     /// Writes `condition` on `node` (as read): a strategic merge patch of the status, the
@@ -218,13 +217,9 @@ impl NodeWriter {
         patch: Value,
         on_conflict: &OnConflict,
     ) -> Result<Written, kube::Error> {
-        let patch = with_precondition(patch, on_conflict);
+        let patch = Patch::Strategic(with_precondition(patch, on_conflict));
         let pp = self.update_params();
-        Self::answer(
-            self.nodes
-                .patch_status(name, &pp, &Patch::Strategic(&patch))
-                .await,
-        )
+        Self::answer(self.nodes.patch_status(name, &pp, &patch).await)
     }
 }
 

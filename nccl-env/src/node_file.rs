@@ -332,25 +332,9 @@ pub(crate) fn normalize_pci_address(s: &str) -> Option<String> {
 mod tests {
     use super::*;
 
-    const EXAMPLE: &str = r#"{
-      "version": 1,
-      "node": "gpu-a1",
-      "profile": "h100-ib",
-      "certificate": {"generation": 7, "verdict": "certified", "expiresAt": "2026-12-24T10:00:00Z"},
-      "rails": [
-        {"hca": "mlx5_0", "port": 1, "pciAddress": "0000:0c:00.0", "netdev": "ibp12s0", "gidIndex": 3, "health": "healthy"},
-        {"hca": "mlx5_1", "port": 1, "pciAddress": "0000:2A:00.0", "health": "failed"}
-      ],
-      "gpus": [
-        {"index": 0, "uuid": "GPU-aaaa", "pciBusId": "00000000:19:00.0", "rail": "mlx5_0:1"},
-        {"index": 1, "uuid": "GPU-bbbb", "pciBusId": "0000:3b:00.0", "rail": "mlx5_1:1"}
-      ],
-      "nccl": {"socketIfname": "=eth0", "trafficClass": 106, "serviceLevel": 3,
-               "env": {"NCCL_IB_QPS_PER_CONNECTION": "2"}, "enforce": true,
-               "onUnhealthy": "Fail", "consistentRails": true},
-      "fleet": {"consistentRailCount": 1},
-      "someFutureField": {"ignored": true}
-    }"#;
+    /// Every field of the node file, a PCI address in upper case and a field from a newer
+    /// writer.
+    const EXAMPLE: &str = include_str!("../fixtures/node-file-example.json");
 
     #[test]
     fn parses_every_field_of_the_documented_example() {

@@ -57,6 +57,16 @@ fn responder(
     (addr, h)
 }
 
+/// [`responder`] as most tests want it: node b of profile prof, mlx5_0 at 100 Gb/s, no rail
+/// locked.
+fn responder_b() -> (String, thread::JoinHandle<Result<ServedTest, RdmaError>>) {
+    responder(
+        cfg("b", "prof", TOKEN),
+        engine("b", 100.0, &["mlx5_0"]),
+        RailLocks::new(),
+    )
+}
+
 fn small_request(hca: &str) -> PeerTestRequest {
     let mut r = PeerTestRequest::host(hca, 1);
     r.sizes = vec![8, 4096, 1 << 20];
@@ -65,11 +75,7 @@ fn small_request(hca: &str) -> PeerTestRequest {
 
 #[test]
 fn simulated_pair_over_real_tcp() {
-    let (addr, h) = responder(
-        cfg("b", "prof", TOKEN),
-        engine("b", 100.0, &["mlx5_0"]),
-        RailLocks::new(),
-    );
+    let (addr, h) = responder_b();
     let out = run_write_test_initiator(
         &addr,
         &cfg("a", "prof", TOKEN),
@@ -91,11 +97,7 @@ fn simulated_pair_over_real_tcp() {
 
 #[test]
 fn wrong_token_fails_both_sides() {
-    let (addr, h) = responder(
-        cfg("b", "prof", TOKEN),
-        engine("b", 100.0, &["mlx5_0"]),
-        RailLocks::new(),
-    );
+    let (addr, h) = responder_b();
     let err = run_write_test_initiator(
         &addr,
         &cfg("a", "prof", "wrong-token-wrong-token"),
@@ -233,6 +235,18 @@ fn rogue(script: impl FnOnce(&mut SideChannel, &PeerConfig) + Send + 'static) ->
     addr
 }
 
+/// The rogue's Accept of the test for `hca`:1, on an endpoint of its own engine (returned,
+/// to stay open while the script goes on).
+fn accept_on(s: &mut SideChannel, hca: &str) -> Box<dyn RdmaEndpoint> {
+    let e = engine("rogue", 100.0, &[hca]);
+    let ep = e.open_endpoint(hca, 1, MemoryKind::Host, 1 << 20).unwrap();
+    let accept = Message::Accept {
+        responder: ep.info(),
+    };
+    s.send(&accept, "accept", T).unwrap();
+    ep
+}
+
 fn initiate(addr: &str) -> Result<PeerTestOutcome, RdmaError> {
     run_write_test_initiator(
         addr,
@@ -246,18 +260,7 @@ fn initiate(addr: &str) -> Result<PeerTestOutcome, RdmaError> {
 #[test]
 fn peer_claiming_another_hca_is_rejected() {
     let addr = rogue(|s, _| {
-        let e = engine("rogue", 100.0, &["mlx5_7"]);
-        let ep = e
-            .open_endpoint("mlx5_7", 1, MemoryKind::Host, 1 << 20)
-            .unwrap();
-        s.send(
-            &Message::Accept {
-                responder: ep.info(),
-            },
-            "accept",
-            T,
-        )
-        .unwrap();
+        let _endpoint = accept_on(s, "mlx5_7");
         let _ = s.recv("done", T);
     });
     let err = initiate(&addr).unwrap_err();
@@ -286,18 +289,7 @@ fn peer_disconnecting_mid_test_is_peer_gone() {
 
     // Gone after accepting: the writes "succeed" in simulation but the peer never says Bye.
     let addr = rogue(|s, _| {
-        let e = engine("rogue", 100.0, &["mlx5_0"]);
-        let ep = e
-            .open_endpoint("mlx5_0", 1, MemoryKind::Host, 1 << 20)
-            .unwrap();
-        s.send(
-            &Message::Accept {
-                responder: ep.info(),
-            },
-            "accept",
-            T,
-        )
-        .unwrap();
+        let _endpoint = accept_on(s, "mlx5_0");
         let _ = s.stream().shutdown(std::net::Shutdown::Both);
     });
     let err = initiate(&addr).unwrap_err();
@@ -316,11 +308,7 @@ fn dead_link_reports_failure_to_responder() {
         },
     );
     let a = SimulatedRdmaEngine::new(model).unwrap();
-    let (addr, h) = responder(
-        cfg("b", "prof", TOKEN),
-        engine("b", 100.0, &["mlx5_0"]),
-        RailLocks::new(),
-    );
+    let (addr, h) = responder_b();
     let err = run_write_test_initiator(
         &addr,
         &cfg("a", "prof", TOKEN),
@@ -419,11 +407,7 @@ fn tampered(
     Result<PeerTestOutcome, RdmaError>,
     Result<ServedTest, RdmaError>,
 ) {
-    let (addr, h) = responder(
-        cfg("b", "prof", TOKEN),
-        engine("b", 100.0, &["mlx5_0"]),
-        RailLocks::new(),
-    );
+    let (addr, h) = responder_b();
     let proxy = tampering_proxy(addr, tamper);
     let initiated = initiate(&proxy);
     (initiated, h.join().unwrap())

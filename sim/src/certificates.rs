@@ -45,33 +45,25 @@ pub fn certificate(
             passive_hold: None,
         })
         .collect();
+    let expires_at = issued_at
+        .checked_add(SignedDuration::from_secs(ttl))
+        .unwrap_or(Timestamp::MAX);
     Certificate {
-        version: railguard_api::certificate::CERTIFICATE_VERSION,
         generation: 1,
-        issued_at,
-        expires_at: issued_at
-            .checked_add(SignedDuration::from_secs(ttl))
-            .unwrap_or(Timestamp::MAX),
-        profile: profile.name().to_string(),
-        signature: profile.spec.signature(),
-        node: None,
-        verdict,
-        usable_rails: None,
-        reasons: Vec::new(),
         rails,
-        gpus: Vec::new(),
         nccl: Some(NcclResult {
             busbw_plateau_gbps: Some(busbw_gbps),
             transport: Some(Transport::Ib),
             gdr: Some(true),
             ..NcclResult::default()
         }),
-        findings: Vec::new(),
-        software: BTreeMap::new(),
-        passive_checked_at: None,
-        history: Vec::new(),
-        simulated: false,
-        extra: BTreeMap::new(),
+        ..Certificate::new(
+            profile.name(),
+            &profile.spec.signature(),
+            verdict,
+            issued_at,
+            expires_at,
+        )
     }
 }
 

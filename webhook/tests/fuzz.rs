@@ -14,7 +14,9 @@ mod fuzz_support;
 
 use std::sync::{Arc, OnceLock};
 
-use fuzz_support::{check_error, config, mutated, mutated_text, raw_bytes, raw_text};
+use fuzz_support::{
+    check_error, config, json_dictionary, mutated, mutated_text, raw_bytes, raw_text, JSON_SYNTAX,
+};
 use k8s_openapi::api::core::v1::Pod;
 use proptest::prelude::*;
 use railguard_webhook::decisions::{CacheLimits, DecisionCache};
@@ -28,16 +30,8 @@ const SAMPLE: &str = include_str!("../fixtures/admission-review-sample.json");
 const H100: &str = include_str!("../../api/fixtures/profiles/dgx-h100-ndr.yaml");
 const ROCE: &str = include_str!("../../api/fixtures/profiles/roce-cloud.yaml");
 
-const REVIEW_TOKENS: &[&str] = &[
-    "{",
-    "}",
-    "[",
-    "]",
-    ",",
-    ":",
-    "\"",
-    "null",
-    "true",
+/// An AdmissionReview's own tokens, for [`REVIEW_TOKENS`] after [`JSON_SYNTAX`].
+const POD_REVIEW_TOKENS: &[&str] = &[
     "false",
     "\"uid\":\"\"",
     "\"operation\":\"UPDATE\"",
@@ -69,6 +63,9 @@ const REVIEW_TOKENS: &[&str] = &[
     "\\u0000",
     "\\ud800",
 ];
+
+const REVIEW_TOKENS: &[&str] =
+    &json_dictionary::<{ JSON_SYNTAX.len() + POD_REVIEW_TOKENS.len() }>(POD_REVIEW_TOKENS);
 
 const NETWORK_TOKENS: &[&str] = &[
     ",",

@@ -12,22 +12,16 @@
 #[path = "../../api/tests/fuzz_support/mod.rs"]
 mod fuzz_support;
 
-use fuzz_support::{check_error, check_message, config, mutated, raw_bytes, raw_text};
+use fuzz_support::{
+    check_error, check_message, config, json_dictionary, mutated, raw_bytes, raw_text, JSON_SYNTAX,
+};
 use proptest::prelude::*;
 use railguard_webhook::node_guard::{admit_node, GuardPolicy, NodeView, PodLookup, ProberPod};
 use railguard_webhook::review::decode;
 use serde_json::{json, Value};
 
-const TOKENS: &[&str] = &[
-    "{",
-    "}",
-    "[",
-    "]",
-    ",",
-    ":",
-    "\"",
-    "null",
-    "true",
+/// A Node review's own tokens, for [`TOKENS`] after [`JSON_SYNTAX`].
+const NODE_REVIEW_TOKENS: &[&str] = &[
     "\"uid\":\"\"",
     "\"operation\":\"UPDATE\"",
     "\"operation\":\"CREATE\"",
@@ -54,6 +48,9 @@ const TOKENS: &[&str] = &[
     "\\u0000",
     "\\ud800",
 ];
+
+const TOKENS: &[&str] =
+    &json_dictionary::<{ JSON_SYNTAX.len() + NODE_REVIEW_TOKENS.len() }>(NODE_REVIEW_TOKENS);
 
 fn policy() -> GuardPolicy {
     GuardPolicy {

@@ -95,6 +95,30 @@ pub const WEIRD: &[&str] = &[
     "#",
 ];
 
+/// JSON's punctuation and literals: the start of every JSON format's dictionary, through
+/// [`json_dictionary`].
+pub const JSON_SYNTAX: &[&str] = &["{", "}", "[", "]", ",", ":", "\"", "null", "true"];
+
+/// A JSON format's dictionary: [`JSON_SYNTAX`], then the format's own `tokens`. `N` is the
+/// length of both together (`{ JSON_SYNTAX.len() + TOKENS.len() }`); any other fails to compile.
+pub const fn json_dictionary<const N: usize>(tokens: &[&'static str]) -> [&'static str; N] {
+    assert!(
+        N == JSON_SYNTAX.len() + tokens.len(),
+        "N must be the joined length"
+    );
+    let mut out = [""; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = if i < JSON_SYNTAX.len() {
+            JSON_SYNTAX[i]
+        } else {
+            tokens[i - JSON_SYNTAX.len()]
+        };
+        i += 1;
+    }
+    out
+}
+
 /// One edit of an input. Indices are taken modulo the input's length at that point.
 #[derive(Clone, Debug)]
 pub enum Mutation {

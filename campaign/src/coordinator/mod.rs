@@ -12,7 +12,7 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use railguard_api::FabricProfile;
 use serde::{Deserialize, Serialize};
-use tracing::{info, warn};
+use tracing::{info, info_span, warn, Instrument};
 
 pub use judging::{findings, judge};
 pub use nccl_judging::{
@@ -207,6 +207,9 @@ pub async fn run_campaign(
 
 /// [`run_campaign`], reporting to `progress`: each round's pair tests are planned as it
 /// starts (the plan adapts to results, so the total grows), each finished test is a step.
+/// Its log lines are in a `campaign` span (profile, nodes), each round's in a
+/// `campaign_round` span and each pair test's in a `campaign_pair` span naming both nodes.
+#[tracing::instrument(name = "campaign", skip_all, fields(profile = %settings.profile, nodes = nodes.len()))]
 pub async fn run_campaign_with(
     nodes: &[CampaignNode],
     settings: &CampaignSettings,
@@ -219,7 +222,8 @@ pub async fn run_campaign_with(
     let mut records = Vec::new();
     while let Some(round) = plan.next_round() {
         let n = plan.rounds();
-        info!(round = n, tests = round.len(), "campaign round");
+        let span = info_span!("campaign_round", round = n, tests = round.len());
+        span.in_scope(|| info!("campaign round"));
         progress.plan(round.len() as u64);
         progress.step(&format!(
             "round {n}: {} pair tests of {} rails",
@@ -227,14 +231,17 @@ pub async fn run_campaign_with(
             settings.rails.len()
         ));
         let runs = round.iter().map(|t| async move {
-            let record = run_pair(nodes, settings, *t, n).await;
+            let record = run_pair(nodes, settings, *t, n)
+                .instrument(pair_span(nodes, t.initiator, t.responder))
+                .await;
             progress.step_done();
             record
         });
-        for (test, record) in round
-            .iter()
-            .zip(run_at_most(runs, settings.max_concurrent_pairs).await)
-        {
+        for (test, record) in round.iter().zip(
+            run_at_most(runs, settings.max_concurrent_pairs)
+                .instrument(span)
+                .await,
+        ) {
             let outcomes = record.rails.iter().map(|r| r.outcome).collect();
             plan.record(PairResult {
                 test: *test,
@@ -394,6 +401,16 @@ where
         .await
 }
 
+/// The span of one pair test's log lines: `campaign_pair`, the node that starts the test
+/// and the one that answers it.
+fn pair_span(nodes: &[CampaignNode], initiator: usize, responder: usize) -> tracing::Span {
+    info_span!(
+        "campaign_pair",
+        initiator = %nodes[initiator].name,
+        responder = %nodes[responder].name
+    )
+}
+
 /// The NCCL phase: the same planner and localization as the RDMA tests, with one "rail" per
 /// scope (the full node, then each rail); a pair test runs its scopes one after the other,
 /// the pairs of a round at once.
@@ -407,12 +424,13 @@ pub async fn run_nccl_phase(
     let mut records = Vec::new();
     while let Some(round) = plan.next_round() {
         let n = plan.rounds();
-        info!(
+        let span = info_span!(
+            "nccl_round",
             round = n,
             pairs = round.len(),
-            scopes = nccl.scopes.len(),
-            "NCCL round"
+            scopes = nccl.scopes.len()
         );
+        span.in_scope(|| info!("NCCL round"));
         progress.plan(round.len() as u64);
         progress.step(&format!(
             "NCCL round {n}: {} pairs, {} tests each",
@@ -420,14 +438,17 @@ pub async fn run_nccl_phase(
             nccl.scopes.len()
         ));
         let runs = round.iter().map(|t| async move {
-            let record = run_nccl_pair(nodes, settings, nccl, *t, n).await;
+            let record = run_nccl_pair(nodes, settings, nccl, *t, n)
+                .instrument(pair_span(nodes, t.initiator, t.responder))
+                .await;
             progress.step_done();
             record
         });
-        for (test, record) in round
-            .iter()
-            .zip(run_at_most(runs, settings.max_concurrent_pairs).await)
-        {
+        for (test, record) in round.iter().zip(
+            run_at_most(runs, settings.max_concurrent_pairs)
+                .instrument(span)
+                .await,
+        ) {
             plan.record(PairResult {
                 test: *test,
                 rails: record.scopes.iter().map(|s| s.judgement.outcome).collect(),
@@ -484,7 +505,7 @@ pub async fn run_nccl_scope(
     let pair_key = match announce_pair(a, b, settings, answer_timeout).await {
         Ok(k) => k,
         Err(reason) => {
-            warn!(initiator = %a.name, responder = %b.name, error = %reason, "NCCL pair test without a result");
+            warn!(error = %reason, "NCCL pair test without a result");
             return no_sides(RailOutcome::Inconclusive, reason);
         }
     };
@@ -535,7 +556,7 @@ pub async fn run_nccl_scope(
         Err(e) => no_sides(RailOutcome::Inconclusive, format!("node {}: {e}", a.name)),
     };
     if let Some(e) = &record.error {
-        warn!(initiator = %a.name, responder = %b.name, scope = %scope.label(), error = %e, "NCCL pair test without a result");
+        warn!(scope = %scope.label(), error = %e, "NCCL pair test without a result");
     }
     record
 }
@@ -552,7 +573,7 @@ async fn run_pair(
     let pair_key = match announce_pair(a, b, settings, answer_timeout).await {
         Ok(k) => k,
         Err(reason) => {
-            warn!(initiator = %a.name, responder = %b.name, error = %reason, "pair test without a result");
+            warn!(error = %reason, "pair test without a result");
             let report = RailReport::Inconclusive {
                 reason: reason.clone(),
             };
@@ -643,7 +664,7 @@ async fn run_pair(
         }
     };
     if let Some(e) = &error {
-        warn!(initiator = %a.name, responder = %b.name, error = %e, "pair test without a result");
+        warn!(error = %e, "pair test without a result");
     }
     record(t, round, a, b, settings, reports, error)
 }

@@ -19,7 +19,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, OnceLock};
 
 use common::*;
-use fuzz_support::{check_error, config, mutated, raw_bytes, raw_text};
+use fuzz_support::{
+    check_error, config, json_dictionary, mutated, raw_bytes, raw_text, JSON_SYNTAX,
+};
 use proptest::prelude::*;
 use railguard_extender::wire::{Candidates, ExtenderArgs, MAX_EXTENDER_PRIORITY};
 use railguard_extender::{ExtenderConfig, ExtenderError};
@@ -28,16 +30,8 @@ use railguard_extender_cli::metrics::Metrics;
 use railguard_extender_cli::server::{answer_filter, answer_prioritize, AppState, Source};
 use serde_json::Value;
 
-const ARGS_TOKENS: &[&str] = &[
-    "{",
-    "}",
-    "[",
-    "]",
-    ",",
-    ":",
-    "\"",
-    "null",
-    "true",
+/// `ExtenderArgs`'s own tokens, for [`ARGS_TOKENS`] after [`JSON_SYNTAX`].
+const EXTENDER_ARGS_TOKENS: &[&str] = &[
     "false",
     "\"Pod\":",
     "\"pod\":",
@@ -73,6 +67,9 @@ const ARGS_TOKENS: &[&str] = &[
     "\\\"",
 ];
 
+const ARGS_TOKENS: &[&str] =
+    &json_dictionary::<{ JSON_SYNTAX.len() + EXTENDER_ARGS_TOKENS.len() }>(EXTENDER_ARGS_TOKENS);
+
 /// Candidate bounds: none allowed, one, the recorded request's size, the default.
 const MAX_NODES: &[usize] = &[0, 1, 3, railguard_extender_cli::server::DEFAULT_MAX_NODES];
 
@@ -82,18 +79,17 @@ fn seeds() -> Vec<Vec<u8>> {
     let profiles = profiles();
     let pod = serde_json::to_value(training_pod(profile(&profiles, "h100-ndr"))).unwrap();
     let mut full: Value = serde_json::from_str(ARGS_FULL).unwrap();
-    full["Nodes"]["items"] = serde_json::to_value(six_node_objects(&profiles, now())).unwrap();
+    let nodes = six_node_objects(&profiles, now());
+    full["Nodes"]["items"] = serde_json::to_value(&nodes).unwrap();
     full["Pod"] = pod.clone();
     let mut names: Value = serde_json::from_str(ARGS_NAMES).unwrap();
-    names["NodeNames"] = serde_json::json!([
-        "n-certified",
-        "n-other-profile",
-        "n-expired",
-        "n-degraded",
-        "n-failed",
-        "n-none",
-        "n-unknown"
-    ]);
+    // The same six nodes by name, then one that no cache knows.
+    let mut node_names: Vec<String> = nodes
+        .iter()
+        .map(|n| n.metadata.name.clone().unwrap())
+        .collect();
+    node_names.push("n-unknown".into());
+    names["NodeNames"] = serde_json::json!(node_names);
     names["Pod"] = pod;
     vec![
         ARGS_FULL.as_bytes().to_vec(),

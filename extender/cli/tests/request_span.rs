@@ -5,33 +5,16 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::serving::{h100_pod, post, standalone, start};
 use common::*;
 use serde_json::Value;
 
-/// A log sink a test reads back.
-#[derive(Clone, Default)]
-struct LogLines(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogLines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn every_scheduling_call_logs_inside_an_extender_request_span() {
-    let lines = LogLines::default();
-    let sink = lines.clone();
+    let log = tempfile::NamedTempFile::new().unwrap();
     let subscriber = tracing_subscriber::fmt()
         .with_ansi(false)
-        .with_writer(move || sink.clone())
+        .with_writer(log.reopen().unwrap())
         .finish();
     tracing::subscriber::set_global_default(subscriber).unwrap();
     let r = start(standalone()).await;
@@ -41,7 +24,7 @@ async fn every_scheduling_call_logs_inside_an_extender_request_span() {
     assert_eq!(status, 200);
     let (status, _) = post(&r, "/filter", "{not json").await;
     assert_eq!(status, 400);
-    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let text = std::fs::read_to_string(log.path()).unwrap();
     let names = args["NodeNames"].as_array().map_or(0, Vec::len);
     assert!(
         text.contains(&format!(

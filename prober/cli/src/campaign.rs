@@ -36,6 +36,8 @@ use railguard_campaign::DEFAULT_PEER_PORT;
 use railguard_prober::rdma::{PeerConfig, PeerRdmaEngine, VerbsEngine};
 use railguard_sim::{ModelSource, SIM_MODEL_PATH};
 
+use crate::gpu_pods::GpuResourceArgs;
+
 use crate::{Outcome, Status};
 
 /// Where the shared token comes from.
@@ -97,16 +99,8 @@ pub struct PeerEndpointArgs {
     /// without it checks no pods).
     #[arg(long, env = "RAILGUARD_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-    /// Resources that make a pod a GPU pod: names, or patterns where `*` stands for any
-    /// characters (MIG slices `nvidia.com/mig-*`, time-sliced `nvidia.com/gpu.shared`).
-    #[arg(
-        long = "gpu-resources",
-        alias = "gpu-resource",
-        env = "RAILGUARD_GPU_RESOURCES",
-        value_delimiter = ',',
-        default_value = "nvidia.com/gpu,nvidia.com/gpu.shared,nvidia.com/mig-*"
-    )]
-    pub gpu_resources: Vec<String>,
+    #[command(flatten)]
+    pub gpu: GpuResourceArgs,
     /// Limit for one side-channel step, seconds.
     #[arg(long, env = "RAILGUARD_PEER_IO_TIMEOUT_SECS", default_value_t = 10)]
     pub io_timeout_secs: u64,
@@ -220,7 +214,7 @@ impl PeerEndpointArgs {
             GpuPodSource::Kube {
                 client,
                 node: self.node.clone(),
-                resources: self.gpu_resources.clone(),
+                resources: self.gpu.gpu_resources.clone(),
             }
         };
         let handshake_timeout = Duration::from_secs(self.peer_handshake_timeout_seconds.max(1));
@@ -323,16 +317,8 @@ pub struct CampaignArgs {
     /// Run tests even on nodes with GPU pods.
     #[arg(long, env = "RAILGUARD_ALLOW_GPU_PODS")]
     pub allow_gpu_pods: bool,
-    /// Resources that make a pod a GPU pod: names, or patterns where `*` stands for any
-    /// characters (MIG slices `nvidia.com/mig-*`, time-sliced `nvidia.com/gpu.shared`).
-    #[arg(
-        long = "gpu-resources",
-        alias = "gpu-resource",
-        env = "RAILGUARD_GPU_RESOURCES",
-        value_delimiter = ',',
-        default_value = "nvidia.com/gpu,nvidia.com/gpu.shared,nvidia.com/mig-*"
-    )]
-    pub gpu_resources: Vec<String>,
+    #[command(flatten)]
+    pub gpu: GpuResourceArgs,
     /// Taints that keep a node out of the campaign like the built-in holds (as the daemon's
     /// `--hold-taints`): keys or `key=value`, `*` for any characters.
     #[arg(long, env = "RAILGUARD_HOLD_TAINTS", value_delimiter = ',')]
@@ -513,10 +499,7 @@ impl CampaignArgs {
         let mut nodes = Vec::new();
         // The GPUs and the profile's RDMA resource: a node whose HCAs serve a storage client
         // is in use too.
-        let mut in_use_resources = self.gpu_resources.clone();
-        if let Some(r) = &profile.spec.rdma {
-            in_use_resources.push(r.resource_name.clone());
-        }
+        let in_use_resources = self.gpu.in_use_resources(&profile);
         let gpu_check = |node: &str| GpuPodSource::Kube {
             client: client.clone(),
             node: node.to_string(),

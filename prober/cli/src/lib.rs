@@ -18,6 +18,7 @@ pub mod daemon;
 pub mod discover;
 pub mod fleet;
 pub mod gpu_check;
+pub mod gpu_pods;
 pub mod health;
 pub mod nccl_env;
 pub mod nccl_ranks;

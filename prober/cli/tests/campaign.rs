@@ -11,23 +11,13 @@ use std::thread;
 use std::time::Duration;
 
 use endpoints::*;
-use railguard_campaign::coordinator::{
-    run_campaign, CampaignNode, CampaignReport, CampaignSettings,
-};
+use railguard_campaign::coordinator::{run_campaign, CampaignNode, CampaignReport};
 use railguard_campaign::endpoint::request;
 use railguard_campaign::wire::{ControlRequest, ControlResponse};
 use railguard_prober::rdma::peer::{authenticate_initiator, Message, SideChannel};
 use railguard_prober::rdma::{MemoryKind, PeerConfig, PeerRdmaEngine};
 
 const T: Duration = Duration::from_secs(5);
-
-fn settings() -> CampaignSettings {
-    let mut s = CampaignSettings::from_profile(&profile(), TOKEN.as_bytes()).unwrap();
-    s.test_timeout = Duration::from_secs(20);
-    s.io_timeout = Duration::from_secs(5);
-    s.iterations = 10;
-    s
-}
 
 async fn campaign(nodes: &[CampaignNode]) -> CampaignReport {
     run_campaign(nodes, &settings(), jiff::Timestamp::now())
@@ -56,14 +46,7 @@ async fn degraded_rail_bad_link_and_dead_node_are_localized() {
     }
     // (c) node-7 dies before the campaign.
     endpoints[7] = None;
-    let nodes: Vec<CampaignNode> = names
-        .iter()
-        .zip(&addrs)
-        .map(|(n, a)| CampaignNode {
-            name: n.clone(),
-            endpoint: a.clone(),
-        })
-        .collect();
+    let nodes = campaign_nodes(&names, &addrs);
     let report = campaign(&nodes).await;
 
     let mut blamed = report.blamed_nodes();
@@ -193,14 +176,7 @@ async fn bad_peers_get_clear_errors_and_blame_nobody() {
         addrs.push(endpoint.addr.clone());
         endpoints.push(endpoint);
     }
-    let nodes: Vec<CampaignNode> = names
-        .iter()
-        .zip(&addrs)
-        .map(|(n, a)| CampaignNode {
-            name: n.to_string(),
-            endpoint: a.clone(),
-        })
-        .collect();
+    let nodes = campaign_nodes(&names, &addrs);
     let report = campaign(&nodes).await;
     assert!(report.blamed_nodes().is_empty(), "{:#?}", report.findings);
     for f in report.findings.values() {

@@ -29,6 +29,24 @@ fn gpu_check(args: &[&str], env: &[(&str, &str)]) -> (i32, Value) {
     (out.status.code().unwrap_or(-1), report)
 }
 
+/// A small run's arguments: the sysfs tree at `root`, these libraries, few and small
+/// buffers.
+fn small_run<'a>(root: &'a str, cuda: &'a str, nccl: Option<&'a str>) -> Vec<&'a str> {
+    let mut args = vec!["--sysfs-root", root, "--cuda-library", cuda];
+    if let Some(nccl) = nccl {
+        args.extend(["--nccl-library", nccl]);
+    }
+    args.extend([
+        "--alloc-bytes",
+        "65536",
+        "--sizes",
+        "4096,65536",
+        "--iterations",
+        "3",
+    ]);
+    args
+}
+
 #[test]
 fn gpu_check_skips_cpu_only_nodes_and_checks_every_layer_of_a_gpu_node() {
     let dir = tempfile::tempdir().unwrap();
@@ -40,23 +58,8 @@ fn gpu_check_skips_cpu_only_nodes_and_checks_every_layer_of_a_gpu_node() {
         doubles.cuda.to_str().unwrap(),
         doubles.nccl.to_str().unwrap(),
     );
-    let small = [
-        "--alloc-bytes",
-        "65536",
-        "--sizes",
-        "4096,65536",
-        "--iterations",
-        "3",
-    ];
-
     // A CPU-only node: no GPU on the bus, no driver. Skipped, exit 0.
-    let mut args = vec![
-        "--sysfs-root",
-        root_arg,
-        "--cuda-library",
-        absent.to_str().unwrap(),
-    ];
-    args.extend(small);
+    let args = small_run(root_arg, absent.to_str().unwrap(), None);
     let (code, r) = gpu_check(&args, &[]);
     assert_eq!(code, 0, "{r:#}");
     assert_eq!(r["status"], "skip", "{r:#}");
@@ -66,15 +69,7 @@ fn gpu_check_skips_cpu_only_nodes_and_checks_every_layer_of_a_gpu_node() {
         .contains("cannot load the CUDA driver library"));
 
     // Two GPUs: every layer answers; the all-reduce's result is checked element by element.
-    let mut args = vec![
-        "--sysfs-root",
-        root_arg,
-        "--cuda-library",
-        cuda,
-        "--nccl-library",
-        nccl,
-    ];
-    args.extend(small);
+    let args = small_run(root_arg, cuda, Some(nccl));
     let env = [
         ("RAILGUARD_CUDA_DOUBLE_PCI", "0000:1b:00.0,0000:9a:00.0"),
         ("RAILGUARD_CUDA_DOUBLE_DMABUF", "memfd"),
@@ -110,16 +105,8 @@ fn gpu_check_skips_cpu_only_nodes_and_checks_every_layer_of_a_gpu_node() {
         .contains("NCCL all-reduce of 4096 bytes: 1 wrong values"));
 
     // No NCCL library: a failed layer, named.
-    let mut args = vec![
-        "--sysfs-root",
-        root_arg,
-        "--cuda-library",
-        cuda,
-        "--nccl-library",
-    ];
     let missing = dir.path().join("absent/libnccl.so.2");
-    args.push(missing.to_str().unwrap());
-    args.extend(small);
+    let args = small_run(root_arg, cuda, Some(missing.to_str().unwrap()));
     let (code, r) = gpu_check(&args, &env);
     assert_eq!(code, 1, "{r:#}");
     assert!(r["reasons"][0]

@@ -14,22 +14,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use endpoints::*;
-use railguard_campaign::coordinator::{run_campaign, CampaignNode, CampaignSettings};
+use railguard_campaign::coordinator::run_campaign;
 use railguard_campaign::endpoint::request;
-use railguard_campaign::wire::{ControlRequest, ControlResponse, RailReport, RunTestRequest};
+use railguard_campaign::wire::{
+    ControlRequest, ControlResponse, RailReport, RailTestReport, RunTestRequest,
+};
 use railguard_prober::rdma::MemoryKind;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 const T: Duration = Duration::from_secs(5);
-
-fn settings() -> CampaignSettings {
-    let mut s = CampaignSettings::from_profile(&profile(), TOKEN.as_bytes()).unwrap();
-    s.test_timeout = Duration::from_secs(20);
-    s.io_timeout = Duration::from_secs(5);
-    s.iterations = 10;
-    s
-}
 
 fn run_test(peer_node: &str, peer_addr: &str) -> ControlRequest {
     let s = settings();
@@ -46,6 +41,38 @@ fn run_test(peer_node: &str, peer_addr: &str) -> ControlRequest {
         timeout_ms: 20_000,
         pair_key: None,
     })
+}
+
+/// Asks the endpoint at `addr` (node `node`) for a pair test with `peer` at `peer_addr`;
+/// the result of each rail.
+async fn pair_test(addr: &str, node: &str, peer: &str, peer_addr: &str) -> Vec<RailTestReport> {
+    let answer = request(
+        addr,
+        TOKEN.as_bytes(),
+        &run_test(peer, peer_addr),
+        Some(node),
+        T,
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    let ControlResponse::TestResult { rails, .. } = answer else {
+        panic!("{answer:?}")
+    };
+    rails
+}
+
+/// Accepts one client on `listener` and connects it to `upstream`, whose answers go straight
+/// back: the client's read half and the upstream write half, for the proxy to pass on.
+async fn proxy_one(listener: TcpListener, upstream: String) -> (OwnedReadHalf, OwnedWriteHalf) {
+    let (down, _) = listener.accept().await.unwrap();
+    let up = TcpStream::connect(upstream).await.unwrap();
+    let (down_r, mut down_w) = down.into_split();
+    let (mut up_r, up_w) = up.into_split();
+    tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut up_r, &mut down_w).await;
+    });
+    (down_r, up_w)
 }
 
 /// A connection to `to` from the loopback address `from`.
@@ -114,19 +141,7 @@ async fn slow_handshakes_and_floods_neither_hold_threads_nor_starve_a_real_test(
 
     // Meanwhile a real pair test from node-a to node-b passes on every rail.
     let started = Instant::now();
-    let answer = request(
-        &a_addr,
-        TOKEN.as_bytes(),
-        &run_test("node-b", &b_addr),
-        Some("node-a"),
-        T,
-        Duration::from_secs(30),
-    )
-    .await
-    .unwrap();
-    let ControlResponse::TestResult { rails, .. } = answer else {
-        panic!("{answer:?}")
-    };
+    let rails = pair_test(&a_addr, "node-a", "node-b", &b_addr).await;
     assert_eq!(rails.len(), settings().rails.len());
     for r in &rails {
         assert!(
@@ -241,19 +256,7 @@ async fn a_test_starved_by_a_saturated_endpoint_is_inconclusive_and_blames_nobod
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // node-0's test with node-1 cannot even start its side channel: no evidence either way.
-    let answer = request(
-        &addrs[0],
-        TOKEN.as_bytes(),
-        &run_test("node-1", &addrs[1]),
-        Some("node-0"),
-        T,
-        Duration::from_secs(30),
-    )
-    .await
-    .unwrap();
-    let ControlResponse::TestResult { rails, .. } = answer else {
-        panic!("{answer:?}")
-    };
+    let rails = pair_test(&addrs[0], "node-0", "node-1", &addrs[1]).await;
     for r in &rails {
         match &r.report {
             RailReport::Inconclusive { reason } => assert!(
@@ -265,14 +268,7 @@ async fn a_test_starved_by_a_saturated_endpoint_is_inconclusive_and_blames_nobod
     }
 
     // A whole campaign while node-1 is saturated blames nobody.
-    let nodes: Vec<CampaignNode> = names
-        .iter()
-        .zip(&addrs)
-        .map(|(n, a)| CampaignNode {
-            name: n.to_string(),
-            endpoint: a.clone(),
-        })
-        .collect();
+    let nodes = campaign_nodes(&names, &addrs);
     let report = run_campaign(&nodes, &settings(), jiff::Timestamp::now())
         .await
         .unwrap();
@@ -312,13 +308,7 @@ async fn flipping_proxy(upstream: String) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     tokio::spawn(async move {
-        let (down, _) = listener.accept().await.unwrap();
-        let up = TcpStream::connect(upstream).await.unwrap();
-        let (mut down_r, mut down_w) = down.into_split();
-        let (mut up_r, mut up_w) = up.into_split();
-        tokio::spawn(async move {
-            let _ = tokio::io::copy(&mut up_r, &mut down_w).await;
-        });
+        let (mut down_r, mut up_w) = proxy_one(listener, upstream).await;
         let mut frames = 0;
         loop {
             let mut head = [0u8; 10];
@@ -346,13 +336,7 @@ async fn recording_proxy(upstream: String) -> (String, tokio::task::JoinHandle<V
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let recorded = tokio::spawn(async move {
-        let (down, _) = listener.accept().await.unwrap();
-        let up = TcpStream::connect(upstream).await.unwrap();
-        let (mut down_r, mut down_w) = down.into_split();
-        let (mut up_r, mut up_w) = up.into_split();
-        tokio::spawn(async move {
-            let _ = tokio::io::copy(&mut up_r, &mut down_w).await;
-        });
+        let (mut down_r, mut up_w) = proxy_one(listener, upstream).await;
         let mut seen = Vec::new();
         let mut buf = [0u8; 4096];
         while let Ok(n @ 1..) = down_r.read(&mut buf).await {

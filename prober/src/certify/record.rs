@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use jiff::{SignedDuration, Timestamp};
-use railguard_api::certificate::{HistoryEntry, CERTIFICATE_VERSION};
+use railguard_api::certificate::HistoryEntry;
 use railguard_api::{Certificate, FabricProfileSpec, GpuAffinity, Verdict};
 
 use super::policy::Assessment;
@@ -65,25 +65,39 @@ pub fn invasive_certificate(
         history.drain(..history.len() - depth);
     }
     Certificate {
-        simulated: subject.simulated,
-        version: CERTIFICATE_VERSION,
         generation: previous.map(|p| p.generation + 1).unwrap_or(1),
-        issued_at: now,
-        expires_at,
-        profile: subject.profile_name.to_string(),
-        signature: subject.signature(),
+        nccl: assessment.nccl.clone(),
+        software: software.clone(),
+        history,
+        ..judged(subject, assessment, expires_at, now)
+    }
+}
+
+/// A first certificate of `subject` as `assessment` judged it at `now`, valid until
+/// `expires_at`: generation 1, no NCCL result, software or history yet.
+fn judged(
+    subject: &Subject<'_>,
+    assessment: &Assessment,
+    expires_at: Timestamp,
+    now: Timestamp,
+) -> Certificate {
+    Certificate {
+        generation: 1,
         node: Some(subject.node.to_string()),
-        verdict: assessment.verdict,
         reasons: assessment.reasons.clone(),
         usable_rails: Some(assessment.usable_rails),
         rails: assessment.rails.clone(),
         gpus: subject.gpus.clone(),
-        nccl: assessment.nccl.clone(),
         findings: assessment.findings.clone(),
-        software: software.clone(),
         passive_checked_at: Some(now),
-        history,
-        extra: BTreeMap::new(),
+        simulated: subject.simulated,
+        ..Certificate::new(
+            subject.profile_name,
+            &subject.signature(),
+            assessment.verdict,
+            now,
+            expires_at,
+        )
     }
 }
 
@@ -138,28 +152,8 @@ pub fn passive_certificate(
             c
         }
         None => {
-            let mut c = Certificate {
-                version: CERTIFICATE_VERSION,
-                generation: 1,
-                issued_at: now,
-                // Nothing invasive ever passed here, so nothing is valid.
-                expires_at: now,
-                profile: subject.profile_name.to_string(),
-                signature: subject.signature(),
-                node: Some(subject.node.to_string()),
-                verdict: assessment.verdict,
-                reasons: assessment.reasons.clone(),
-                usable_rails: Some(assessment.usable_rails),
-                rails: assessment.rails.clone(),
-                gpus: subject.gpus.clone(),
-                nccl: None,
-                findings: assessment.findings.clone(),
-                software: BTreeMap::new(),
-                passive_checked_at: Some(now),
-                history: Vec::new(),
-                simulated: subject.simulated,
-                extra: BTreeMap::new(),
-            };
+            // Nothing invasive ever passed here, so nothing is valid.
+            let mut c = judged(subject, assessment, now, now);
             c.set_passive_hold(assessment.passive_hold.as_ref());
             c
         }

@@ -543,8 +543,14 @@ impl NodePublisher {
         since: Option<Timestamp>,
     ) -> Result<(), PublishError> {
         let value = since.map(|t| t.to_string());
-        let patch =
-            json!({"metadata": {"annotations": {keys::ANNOTATION_INVASIVE_WAITING: value}}});
+        self.merge_annotations(json!({keys::ANNOTATION_INVASIVE_WAITING: value}))
+            .await
+    }
+
+    /// Merges `annotations` (a `null` value removes one) into the Node's: a merge patch, so
+    /// the annotation belongs to no field manager and whoever writes last wins.
+    async fn merge_annotations(&self, annotations: serde_json::Value) -> Result<(), PublishError> {
+        let patch = json!({"metadata": {"annotations": annotations}});
         self.writer
             .merge(&self.node, patch, &OnConflict::LastWriterWins)
             .await
@@ -574,39 +580,12 @@ impl NodePublisher {
     /// Clears `railguard.io/recertify` after honouring it (a merge patch: the annotation
     /// belongs to whoever set it, not to the prober's apply).
     pub async fn clear_recertify(&self) -> Result<(), PublishError> {
-        let patch = json!({"metadata": {"annotations": {keys::ANNOTATION_RECERTIFY: null}}});
-        self.writer
-            .merge(&self.node, patch, &OnConflict::LastWriterWins)
+        self.merge_annotations(json!({keys::ANNOTATION_RECERTIFY: null}))
             .await
-            .map_err(|source| PublishError::Apply {
-                node: self.node.clone(),
-                source,
-            })?;
-        Ok(())
     }
 }
 
 fn placeholder(profile: &str, signature: &str) -> Certificate {
     let now = Timestamp::now();
-    Certificate {
-        version: railguard_api::certificate::CERTIFICATE_VERSION,
-        generation: 0,
-        issued_at: now,
-        expires_at: now,
-        profile: profile.to_string(),
-        signature: signature.to_string(),
-        node: None,
-        verdict: Verdict::Pending,
-        reasons: Vec::new(),
-        usable_rails: None,
-        rails: Vec::new(),
-        gpus: Vec::new(),
-        nccl: None,
-        findings: Vec::new(),
-        software: BTreeMap::new(),
-        passive_checked_at: None,
-        history: Vec::new(),
-        simulated: false,
-        extra: BTreeMap::new(),
-    }
+    Certificate::new(profile, signature, Verdict::Pending, now, now)
 }

@@ -79,34 +79,16 @@ pub async fn sync_once(
     };
     let mutating = patch_ca_bundles(
         Api::<MutatingWebhookConfiguration>::all(client.clone()),
-        "MutatingWebhookConfiguration",
         &opts.webhook_config_name,
         &ca,
-        |c| {
-            bundles_of(
-                c.webhooks
-                    .iter()
-                    .flatten()
-                    .map(|w| (&w.name, &w.client_config)),
-            )
-        },
     )
     .await?;
     let validating = match &opts.validating_webhook_config_name {
         Some(name) => {
             patch_ca_bundles(
                 Api::<ValidatingWebhookConfiguration>::all(client.clone()),
-                "ValidatingWebhookConfiguration",
                 name,
                 &ca,
-                |c| {
-                    bundles_of(
-                        c.webhooks
-                            .iter()
-                            .flatten()
-                            .map(|w| (&w.name, &w.client_config)),
-                    )
-                },
             )
             .await?
         }
@@ -292,6 +274,29 @@ struct CaUpdate<'a> {
 }
 
 /// `(entry name, caBundle)` of every webhook entry of a configuration.
+/// A webhook configuration whose entries carry a caBundle: its kind, and each entry's name
+/// with the bundle it trusts now.
+trait CaBundles {
+    const KIND: &'static str;
+    fn bundles(&self) -> Vec<(String, Vec<u8>)>;
+}
+
+impl CaBundles for MutatingWebhookConfiguration {
+    const KIND: &'static str = "MutatingWebhookConfiguration";
+    fn bundles(&self) -> Vec<(String, Vec<u8>)> {
+        let hooks = self.webhooks.iter().flatten();
+        bundles_of(hooks.map(|w| (&w.name, &w.client_config)))
+    }
+}
+
+impl CaBundles for ValidatingWebhookConfiguration {
+    const KIND: &'static str = "ValidatingWebhookConfiguration";
+    fn bundles(&self) -> Vec<(String, Vec<u8>)> {
+        let hooks = self.webhooks.iter().flatten();
+        bundles_of(hooks.map(|w| (&w.name, &w.client_config)))
+    }
+}
+
 fn bundles_of<'a>(
     hooks: impl Iterator<Item = (&'a String, &'a WebhookClientConfig)>,
 ) -> Vec<(String, Vec<u8>)> {
@@ -303,17 +308,16 @@ fn bundles_of<'a>(
         .collect()
 }
 
-/// Patches the caBundle of every entry of configuration `name` (of `kind`) that does not
-/// trust the CA yet; the number patched, None when the configuration does not exist.
+/// Patches the caBundle of every entry of configuration `name` that does not trust the CA
+/// yet; the number patched, None when the configuration does not exist.
 async fn patch_ca_bundles<K>(
     api: Api<K>,
-    kind: &'static str,
     name: &str,
     ca: &CaUpdate<'_>,
-    entries: impl Fn(&K) -> Vec<(String, Vec<u8>)>,
 ) -> Result<Option<usize>, CertSyncError>
 where
-    K: kube::Resource<DynamicType = ()>
+    K: CaBundles
+        + kube::Resource<DynamicType = ()>
         + Clone
         + serde::de::DeserializeOwned
         + serde::Serialize
@@ -324,7 +328,7 @@ where
         let name = name.to_string();
         move |source: kube::Error| CertSyncError::WebhookConfig {
             action,
-            kind,
+            kind: K::KIND,
             name,
             source: Box::new(source),
         }
@@ -333,7 +337,7 @@ where
         return Ok(None);
     };
     let mut ops = Vec::new();
-    for (i, (hook, existing)) in entries(&config).iter().enumerate() {
+    for (i, (hook, existing)) in config.bundles().iter().enumerate() {
         if let Some(bundle) =
             certs::ca_bundle_update(&ca.material.ca_crt, ca.previous_ca, existing, ca.now)
         {

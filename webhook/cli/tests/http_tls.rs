@@ -170,6 +170,29 @@ async fn post(
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
+/// [`post`] of a JSON value.
+async fn post_json(
+    c: &reqwest::Client,
+    addr: std::net::SocketAddr,
+    path: &str,
+    body: &Value,
+) -> (u16, String) {
+    post(c, addr, path, serde_json::to_vec(body).unwrap()).await
+}
+
+/// The first warning of a review's response, which must allow the object.
+fn allowed_warning(body: &str) -> String {
+    let v: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(v["response"]["allowed"], true);
+    v["response"]["warnings"][0].as_str().unwrap().to_string()
+}
+
+/// The text of the metrics endpoint on the plain port.
+async fn metrics(metrics_addr: std::net::SocketAddr) -> String {
+    let response = reqwest::get(format!("http://{metrics_addr}/metrics")).await;
+    response.unwrap().text().await.unwrap()
+}
+
 #[tokio::test]
 async fn recorded_review_and_gpu_review_round_trip_over_tls() {
     let ca = Ca::new("railguard-test-ca");
@@ -190,13 +213,7 @@ async fn recorded_review_and_gpu_review_round_trip_over_tls() {
 
     // The same review with GPUs: a JSON patch that applies to the object.
     let review = gpu_sample();
-    let (status, body) = post(
-        &c,
-        srv.addr,
-        "/mutate",
-        serde_json::to_vec(&review).unwrap(),
-    )
-    .await;
+    let (status, body) = post_json(&c, srv.addr, "/mutate", &review).await;
     assert_eq!(status, 200, "{body}");
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["response"]["allowed"], true);
@@ -222,7 +239,7 @@ async fn recorded_review_and_gpu_review_round_trip_over_tls() {
     next["request"]["uid"] = json!("0d5b9a8e-2f31-4c57-9e0b-6a7f3c2d1e40");
     next["request"]["object"]["metadata"]["managedFields"][0]["time"] =
         json!("2026-11-29T07:15:40Z");
-    let (status, body) = post(&c, srv.addr, "/mutate", serde_json::to_vec(&next).unwrap()).await;
+    let (status, body) = post_json(&c, srv.addr, "/mutate", &next).await;
     assert_eq!(status, 200, "{body}");
     let again: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
@@ -232,7 +249,7 @@ async fn recorded_review_and_gpu_review_round_trip_over_tls() {
     assert_eq!(again["response"]["patch"], v["response"]["patch"]);
 
     // Production serves no benchmark endpoint.
-    let (status, _) = post(&c, srv.addr, "/noop", serde_json::to_vec(&review).unwrap()).await;
+    let (status, _) = post_json(&c, srv.addr, "/noop", &review).await;
     assert_eq!(status, 404);
 
     // Health, readiness and metrics on the plain port.
@@ -242,14 +259,7 @@ async fn recorded_review_and_gpu_review_round_trip_over_tls() {
         let r = plain.get(format!("{base}{path}")).send().await.unwrap();
         assert_eq!(r.status().as_u16(), 200, "{path}");
     }
-    let metrics = plain
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics(srv.metrics_addr).await;
     assert!(
         metrics.contains(
             r#"railguard_webhook_admissions_total{outcome="mutated",profile="h100-ndr"} 2"#
@@ -289,25 +299,13 @@ async fn bad_bodies_get_clear_answers() {
 
     let mut wrong_kind = sample();
     wrong_kind["kind"] = json!("ConversionReview");
-    let (status, body) = post(
-        &c,
-        srv.addr,
-        "/mutate",
-        serde_json::to_vec(&wrong_kind).unwrap(),
-    )
-    .await;
+    let (status, body) = post_json(&c, srv.addr, "/mutate", &wrong_kind).await;
     assert_eq!(status, 400);
     assert!(body.contains("kind is \"ConversionReview\""), "{body}");
 
     let mut v1beta1 = sample();
     v1beta1["apiVersion"] = json!("admission.k8s.io/v1beta1");
-    let (status, body) = post(
-        &c,
-        srv.addr,
-        "/mutate",
-        serde_json::to_vec(&v1beta1).unwrap(),
-    )
-    .await;
+    let (status, body) = post_json(&c, srv.addr, "/mutate", &v1beta1).await;
     assert_eq!(status, 400);
     assert!(body.contains("admission.k8s.io/v1beta1"), "{body}");
 
@@ -316,38 +314,16 @@ async fn bad_bodies_get_clear_answers() {
     deployment["request"]["kind"] = json!({"group": "apps", "version": "v1", "kind": "Deployment"});
     deployment["request"]["object"] =
         json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"}});
-    let (status, body) = post(
-        &c,
-        srv.addr,
-        "/mutate",
-        serde_json::to_vec(&deployment).unwrap(),
-    )
-    .await;
+    let (status, body) = post_json(&c, srv.addr, "/mutate", &deployment).await;
     assert_eq!(status, 200);
-    let v: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["response"]["allowed"], true);
-    assert!(v["response"]["warnings"][0]
-        .as_str()
-        .unwrap()
-        .contains("only Pods, got apps/v1/Deployment"));
+    assert!(allowed_warning(&body).contains("only Pods, got apps/v1/Deployment"));
 
     // An object that claims to be a Pod but is not one: fail open, with a warning.
     let mut broken = gpu_sample();
     broken["request"]["object"]["spec"]["containers"] = json!("not-a-list");
-    let (status, body) = post(
-        &c,
-        srv.addr,
-        "/mutate",
-        serde_json::to_vec(&broken).unwrap(),
-    )
-    .await;
+    let (status, body) = post_json(&c, srv.addr, "/mutate", &broken).await;
     assert_eq!(status, 200);
-    let v: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["response"]["allowed"], true);
-    assert!(v["response"]["warnings"][0]
-        .as_str()
-        .unwrap()
-        .contains("not a valid Pod"));
+    assert!(allowed_warning(&body).contains("not a valid Pod"));
 
     // Unicode names and 200 containers.
     let mut big = gpu_sample();
@@ -363,7 +339,7 @@ async fn bad_bodies_get_clear_answers() {
             })
             .collect(),
     );
-    let (status, body) = post(&c, srv.addr, "/mutate", serde_json::to_vec(&big).unwrap()).await;
+    let (status, body) = post_json(&c, srv.addr, "/mutate", &big).await;
     assert_eq!(status, 200);
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["response"]["allowed"], true);
@@ -373,15 +349,7 @@ async fn bad_bodies_get_clear_answers() {
     let (status, _) = post(&c, srv.addr, "/mutate", vec![b' '; 2 << 20]).await;
     assert_eq!(status, 413);
 
-    let plain = reqwest::Client::new();
-    let metrics = plain
-        .get(format!("http://{}/metrics", srv.metrics_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics(srv.metrics_addr).await;
     assert!(
         metrics.contains("railguard_webhook_bad_requests_total 4"),
         "{metrics}"
@@ -403,13 +371,7 @@ async fn failure_mode_closed_denies_on_internal_errors() {
         .as_object_mut()
         .unwrap()
         .remove("spec");
-    let (status, body) = post(
-        &c,
-        srv.addr,
-        "/mutate",
-        serde_json::to_vec(&no_spec).unwrap(),
-    )
-    .await;
+    let (status, body) = post_json(&c, srv.addr, "/mutate", &no_spec).await;
     assert_eq!(status, 200);
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["response"]["allowed"], false);
@@ -441,13 +403,7 @@ async fn wait_for(what: &str, mut f: impl AsyncFnMut() -> bool) {
 }
 
 async fn metric(addr: std::net::SocketAddr, needle: &str) -> bool {
-    reqwest::get(format!("http://{addr}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-        .contains(needle)
+    metrics(addr).await.contains(needle)
 }
 
 #[tokio::test]

@@ -33,6 +33,14 @@ pub(crate) fn pod_of(containers: serde_json::Value) -> Pod {
     }))
 }
 
+/// What a step's test opens a context with: `profiles`, namespace `ml` without labels and
+/// the default configuration.
+pub(crate) fn in_ml(
+    profiles: Vec<FabricProfile>,
+) -> (Vec<FabricProfile>, NamespaceInfo, WebhookConfig) {
+    (profiles, NamespaceInfo::new("ml"), WebhookConfig::default())
+}
+
 /// The context the gates open for `pod` with `profile` in `namespace`, and an empty draft.
 pub(crate) fn open<'a>(
     pod: &'a Pod,

@@ -111,6 +111,41 @@ fn caps(c: &Container) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The NCCL variables of an h100-ndr pod: its eight rails and the pod network.
+fn assert_h100_ndr_nccl_env(env: &BTreeMap<String, String>) {
+    assert_eq!(
+        env["NCCL_IB_HCA"],
+        "=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_9:1,mlx5_10:1,mlx5_11:1"
+    );
+    assert_eq!(env["NCCL_SOCKET_IFNAME"], "=eth0");
+}
+
+/// What a training pod gets: the NCCL environment, IPC_LOCK and /dev/shm, then what gives
+/// it its rails.
+fn training_mutations(rails: &[Mutation]) -> Vec<Mutation> {
+    let mut all = vec![Mutation::NcclEnv, Mutation::IpcLock, Mutation::Shm];
+    all.extend_from_slice(rails);
+    all
+}
+
+/// Sets `name` in the first container's environment, as the user wrote it.
+fn push_user_env(p: &mut Pod, name: &str, value: &str) {
+    let env = p.spec.as_mut().unwrap().containers[0].env.as_mut().unwrap();
+    env.push(EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        value_from: None,
+    });
+}
+
+/// The plan's warnings that a profile does not fit the pod.
+fn profile_mismatches(plan: &Plan) -> Vec<&Warning> {
+    plan.warnings
+        .iter()
+        .filter(|w| w.kind == WarningKind::ProfileMismatch)
+        .collect()
+}
+
 fn resource(c: &Container, field: &str, name: &str) -> Option<String> {
     let r = c.resources.as_ref()?;
     let m = if field == "limits" {
@@ -294,22 +329,12 @@ fn pytorchjob_worker_gets_the_full_configuration() {
     assert_eq!(plan.profile.as_deref(), Some("h100-ndr"), "default profile");
     assert_eq!(
         plan.mutations,
-        vec![
-            Mutation::NcclEnv,
-            Mutation::IpcLock,
-            Mutation::Shm,
-            Mutation::Rdma,
-            Mutation::Affinity
-        ]
+        training_mutations(&[Mutation::Rdma, Mutation::Affinity])
     );
     let spec = out.spec.as_ref().unwrap();
     let c = &spec.containers[0];
     let env = env_of(c);
-    assert_eq!(
-        env["NCCL_IB_HCA"],
-        "=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_9:1,mlx5_10:1,mlx5_11:1"
-    );
-    assert_eq!(env["NCCL_SOCKET_IFNAME"], "=eth0");
+    assert_h100_ndr_nccl_env(&env);
     assert_eq!(
         env["RAILGUARD_SHM_SIZE"], "64Gi",
         "the size of the /dev/shm mounted"
@@ -896,15 +921,7 @@ fn unsafe_nccl_settings_warn_or_deny_per_policy() {
 #[test]
 fn a_socket_ifname_the_user_set_differently_is_kept_with_a_warning() {
     let mut p = pytorch_worker();
-    p.spec.as_mut().unwrap().containers[0]
-        .env
-        .as_mut()
-        .unwrap()
-        .push(EnvVar {
-            name: "NCCL_SOCKET_IFNAME".into(),
-            value: Some("=bond0".into()),
-            value_from: None,
-        });
+    push_user_env(&mut p, "NCCL_SOCKET_IFNAME", "=bond0");
     let (plan, out) = run(&p, &ns("ml"), &profiles());
     assert_eq!(
         env_of(&out.spec.as_ref().unwrap().containers[0])["NCCL_SOCKET_IFNAME"],
@@ -1245,15 +1262,7 @@ fn audit_admits_unchanged_but_for_the_record_of_the_patch_it_would_apply() {
 #[test]
 fn audit_admits_what_enforce_denies_and_records_the_reason() {
     let mut p = pytorch_worker();
-    p.spec.as_mut().unwrap().containers[0]
-        .env
-        .as_mut()
-        .unwrap()
-        .push(EnvVar {
-            name: "NCCL_NET_GDR_LEVEL".into(),
-            value: Some("SYS".into()),
-            value_from: None,
-        });
+    push_user_env(&mut p, "NCCL_NET_GDR_LEVEL", "SYS");
     let mut strict = profile(H100);
     strict.spec.policy.unsafe_nccl = Enforcement::Deny;
     let plan = mutate(&p, &ns("ml"), &[strict], &audit_cfg()).unwrap();
@@ -1368,11 +1377,7 @@ fn a_pod_that_asks_for_another_gpu_product_is_not_forced_onto_the_default_profil
     let plan = mutate(&p, &ns("ml"), &profiles(), &cfg()).unwrap();
     assert_eq!(plan.outcome, Outcome::NoProfile);
     assert!(plan.ops.is_empty(), "{:?}", plan.ops);
-    let w: Vec<&Warning> = plan
-        .warnings
-        .iter()
-        .filter(|w| w.kind == WarningKind::ProfileMismatch)
-        .collect();
+    let w = profile_mismatches(&plan);
     assert_eq!(w.len(), 1, "{:?}", plan.warnings);
     assert!(
         w[0].message.contains("nvidia.com/gpu.product")
@@ -1423,24 +1428,11 @@ fn a_pod_claiming_its_profiles_aligned_rails_gets_all_but_affinity_and_rdma() {
         let (plan, out) = run(&p, &ns("ml"), &profiles());
         assert_eq!(plan.outcome, Outcome::Mutated);
         assert_eq!(plan.profile.as_deref(), Some("h100-ndr"));
-        assert_eq!(
-            plan.mutations,
-            vec![
-                Mutation::NcclEnv,
-                Mutation::IpcLock,
-                Mutation::Shm,
-                Mutation::DraClaims
-            ]
-        );
+        assert_eq!(plan.mutations, training_mutations(&[Mutation::DraClaims]));
         let spec = out.spec.as_ref().unwrap();
         let c = &spec.containers[0];
         // What does not depend on the allocation.
-        let env = env_of(c);
-        assert_eq!(
-            env["NCCL_IB_HCA"],
-            "=mlx5_0:1,mlx5_3:1,mlx5_4:1,mlx5_5:1,mlx5_6:1,mlx5_9:1,mlx5_10:1,mlx5_11:1"
-        );
-        assert_eq!(env["NCCL_SOCKET_IFNAME"], "=eth0");
+        assert_h100_ndr_nccl_env(&env_of(c));
         assert_eq!(caps(c), ["IPC_LOCK"]);
         assert!(c
             .volume_mounts
@@ -1545,11 +1537,7 @@ fn a_claim_of_another_profiles_rails_is_not_left_to_dra() {
     assert!(!plan.mutations.contains(&Mutation::DraClaims));
     assert!(plan.mutations.contains(&Mutation::Affinity));
     assert!(!required_terms(&out).is_empty());
-    let w: Vec<&Warning> = plan
-        .warnings
-        .iter()
-        .filter(|w| w.kind == WarningKind::ProfileMismatch)
-        .collect();
+    let w = profile_mismatches(&plan);
     assert_eq!(w.len(), 1, "{:?}", plan.warnings);
     assert_eq!(
         w[0].message,

@@ -33,20 +33,23 @@ pub enum Output {
 /// whoever sets it takes a node out of scheduling, whoever clears it hides an outlier).
 /// Operator inputs under `railguard.io/` (`railguard.io/recertify`, pool labels that a
 /// profile's nodeSelector names, `railguard.io/peer-endpoint`) are not in it.
-pub const PROTECTED: &[Output] = &[
-    Output::Label(keys::LABEL_FABRIC),
-    Output::Label(keys::LABEL_PROFILE),
-    Output::Label(keys::LABEL_SIGNATURE),
-    Output::Label(keys::LABEL_SIMULATED),
-    Output::Annotation(keys::ANNOTATION_CERTIFICATE),
-    Output::Condition(keys::CONDITION_FABRIC_READY),
-    Output::Condition(keys::CONDITION_FLEET_OUTLIER),
-];
+pub const PROTECTED: &[Output] = &{
+    // The certification, then the outlier mark: one list, so the two cannot drift apart.
+    let mut all = [Output::Condition(keys::CONDITION_FLEET_OUTLIER); CERTIFICATION.len() + 1];
+    let mut i = 0;
+    while i < CERTIFICATION.len() {
+        all[i] = CERTIFICATION[i];
+        i += 1;
+    }
+    all
+};
 
 /// The certification: what a node's own prober may change (everything protected but the
 /// fleet's outlier mark, which compares the node with the others and is not the node's to
 /// judge).
-pub(crate) const PROBER_MAY_CHANGE: &[Output] = &[
+pub(crate) const PROBER_MAY_CHANGE: &[Output] = &CERTIFICATION;
+
+const CERTIFICATION: [Output; 6] = [
     Output::Label(keys::LABEL_FABRIC),
     Output::Label(keys::LABEL_PROFILE),
     Output::Label(keys::LABEL_SIGNATURE),

@@ -147,15 +147,19 @@ fn with_annotation(mut n: NodeView, k: &str, v: &str) -> NodeView {
     n
 }
 
-fn decide_update(old: &NodeView, new: &NodeView, who: &UserInfo, pods: PodLookup) -> Decision {
-    let change = NodeChange {
+/// `who` updating gpu-a from `old` to `new`, within the test certificates' validity.
+fn update_by<'a>(old: &'a NodeView, new: &'a NodeView, who: &'a UserInfo) -> NodeChange<'a> {
+    NodeChange {
         node: "gpu-a",
         old: Some(old),
         new,
         user: who,
         now: before_expiry(),
-    };
-    decide(change, &policy(), |_| pods)
+    }
+}
+
+fn decide_update(old: &NodeView, new: &NodeView, who: &UserInfo, pods: PodLookup) -> Decision {
+    decide(update_by(old, new, who), &policy(), |_| pods)
 }
 
 /// Within the test certificates' validity (they expire 2026-01-02).
@@ -173,6 +177,12 @@ fn never(_: &str) -> PodLookup {
 
 fn no_profile(_: &str) -> Option<bool> {
     None
+}
+
+/// `body` admitted under [`policy`] where neither a pod, the cache nor a profile is asked.
+fn admit_without_lookups(body: &[u8]) -> NodeAdmission {
+    let request = review::decode(body).unwrap();
+    admit_node(&request, &policy(), never, no_cache, no_profile)
 }
 
 fn denial(d: Decision) -> Denial {
@@ -230,13 +240,7 @@ fn anyone_may_change_what_is_not_railguard_certification() {
         prober("prober-b"),
     ] {
         let new = with_annotation(old.clone(), keys::ANNOTATION_RECERTIFY, "1");
-        let change = NodeChange {
-            node: "gpu-a",
-            old: Some(&old),
-            new: &new,
-            user: &who,
-            now: before_expiry(),
-        };
+        let change = update_by(&old, &new, &who);
         assert_eq!(decide(change, &policy(), never), Decision::Untouched);
     }
 }
@@ -414,13 +418,7 @@ fn allowed_groups_may_repair_anything_and_nothing_else_creates_certified_nodes()
     };
     let old = certified();
     let new = with_label(old.clone(), keys::LABEL_FABRIC, Some("failed"));
-    let change = NodeChange {
-        node: "gpu-a",
-        old: Some(&old),
-        new: &new,
-        user: &admin,
-        now: before_expiry(),
-    };
+    let change = update_by(&old, &new, &admin);
     assert!(matches!(
         decide(change, &strict, never),
         Decision::Denied(Denial::NotAWriter { .. })
@@ -502,14 +500,7 @@ fn split_policy() -> GuardPolicy {
 }
 
 fn decide_split(old: &NodeView, new: &NodeView, who: &UserInfo, pods: PodLookup) -> Decision {
-    let change = NodeChange {
-        node: "gpu-a",
-        old: Some(old),
-        new,
-        user: who,
-        now: before_expiry(),
-    };
-    decide(change, &split_policy(), |_| pods)
+    decide(update_by(old, new, who), &split_policy(), |_| pods)
 }
 
 /// `who` under another name, with the same groups and token attributes.
@@ -827,13 +818,7 @@ fn reviews_are_answered_for_their_uid_with_the_reason() {
         node_json(Some("x")),
         &tenant,
     );
-    let a = admit_node(
-        &review::decode(&body).unwrap(),
-        &policy(),
-        never,
-        no_cache,
-        no_profile,
-    );
+    let a = admit_without_lookups(&body);
     assert_eq!(a.outcome, "untouched");
     assert!(a.response.allowed);
 
@@ -845,22 +830,10 @@ fn reviews_are_answered_for_their_uid_with_the_reason() {
         Value::Null,
         &kubelet,
     );
-    let a = admit_node(
-        &review::decode(&body).unwrap(),
-        &policy(),
-        never,
-        no_cache,
-        no_profile,
-    );
+    let a = admit_without_lookups(&body);
     assert_eq!(a.outcome, "denied");
     let body = review_body("CREATE", node_json(None), Value::Null, &kubelet);
-    let a = admit_node(
-        &review::decode(&body).unwrap(),
-        &policy(),
-        never,
-        no_cache,
-        no_profile,
-    );
+    let a = admit_without_lookups(&body);
     assert_eq!(a.outcome, "untouched");
 
     let body = review_body(
@@ -886,13 +859,7 @@ fn reviews_are_answered_for_their_uid_with_the_reason() {
     marked["status"] = json!({"conditions": [
         {"type": keys::CONDITION_FLEET_OUTLIER, "status": "True", "reason": "Outlier"}]});
     let body = review_body("UPDATE", marked, node_json(None), &fleet());
-    let a = admit_node(
-        &review::decode(&body).unwrap(),
-        &policy(),
-        never,
-        no_cache,
-        no_profile,
-    );
+    let a = admit_without_lookups(&body);
     assert_eq!((a.outcome, a.writer), ("allowed", "fleet"));
     let body = review_body(
         "UPDATE",
@@ -900,13 +867,7 @@ fn reviews_are_answered_for_their_uid_with_the_reason() {
         node_json(None),
         &fleet(),
     );
-    let a = admit_node(
-        &review::decode(&body).unwrap(),
-        &policy(),
-        never,
-        no_cache,
-        no_profile,
-    );
+    let a = admit_without_lookups(&body);
     assert_eq!((a.outcome, a.writer), ("denied", "fleet"));
 }
 
@@ -930,13 +891,7 @@ fn malformed_reviews_are_denied_with_a_clear_reason() {
         (node_json(None), Value::Null, "UPDATE", "without oldObject"),
     ] {
         let body = review_body(operation, object, old, &tenant);
-        let a = admit_node(
-            &review::decode(&body).unwrap(),
-            &policy(),
-            never,
-            no_cache,
-            no_profile,
-        );
+        let a = admit_without_lookups(&body);
         assert_eq!(a.outcome, "malformed");
         let reason = a.response.denial.unwrap();
         assert!(reason.contains(expect), "{reason}");
@@ -949,23 +904,11 @@ fn malformed_reviews_are_denied_with_a_clear_reason() {
         &tenant,
     ))
     .unwrap();
-    let a = admit_node(
-        &review::decode(&serde_json::to_vec(&v).unwrap()).unwrap(),
-        &policy(),
-        never,
-        no_cache,
-        no_profile,
-    );
+    let a = admit_without_lookups(&serde_json::to_vec(&v).unwrap());
     assert_eq!((a.outcome, a.response.allowed), ("ignored", true));
     v["request"]["kind"]["kind"] = json!("Pod");
     v["request"]["operation"] = json!("UPDATE");
-    let a = admit_node(
-        &review::decode(&serde_json::to_vec(&v).unwrap()).unwrap(),
-        &policy(),
-        never,
-        no_cache,
-        no_profile,
-    );
+    let a = admit_without_lookups(&serde_json::to_vec(&v).unwrap());
     assert_eq!(a.outcome, "ignored");
     assert!(a.response.warnings[0].contains("Node CREATE and UPDATE only"));
 }
@@ -1153,13 +1096,7 @@ fn simulated_certificates_are_stored_only_for_profiles_that_accept_them() {
         Some("true"),
     );
     let who = prober("p-a");
-    let change = NodeChange {
-        node: "gpu-a",
-        old: Some(&old),
-        new: &new,
-        user: &who,
-        now: before_expiry(),
-    };
+    let change = update_by(&old, &new, &who);
     // The writer itself is allowed: the refusal is the simulation's.
     assert_eq!(
         decide(change, &policy(), |_| pod_on("gpu-a", "p-a")),

@@ -118,6 +118,18 @@ fn read_body(
     })
 }
 
+/// The body as read, or an empty one and the reason it could not be read (which
+/// [`decode`] then answers).
+fn split_body(
+    body: Result<Bytes, BytesRejection>,
+    limit: BodyLimit,
+) -> (Bytes, Option<ExtenderError>) {
+    match read_body(body, limit) {
+        Ok(body) => (body, None),
+        Err(e) => (Bytes::new(), Some(e)),
+    }
+}
+
 async fn filter_handler(
     State(state): State<Arc<AppState>>,
     Extension(limit): Extension<BodyLimit>,
@@ -126,10 +138,7 @@ async fn filter_handler(
     let start = Instant::now();
     let span = request_span("filter");
     let _entered = span.enter();
-    let (body, unread) = match read_body(body, limit) {
-        Ok(body) => (body, None),
-        Err(e) => (Bytes::new(), Some(e)),
-    };
+    let (body, unread) = split_body(body, limit);
     let decoded = decode(&body, unread, state.max_nodes, &span);
     let (mode, result) = match decoded {
         Ok(req) => (mode_of(&req), answer_filter(&state, req, Timestamp::now())),
@@ -160,10 +169,7 @@ async fn prioritize_handler(
     let start = Instant::now();
     let span = request_span("prioritize");
     let _entered = span.enter();
-    let (body, unread) = match read_body(body, limit) {
-        Ok(body) => (body, None),
-        Err(e) => (Bytes::new(), Some(e)),
-    };
+    let (body, unread) = split_body(body, limit);
     let decoded = decode(&body, unread, state.max_nodes, &span);
     let (mode, result) = match decoded {
         // Encoded while the request lives: the answer borrows its names.

@@ -60,16 +60,9 @@ pub struct DaemonArgs {
     /// Random spread added to every interval, percent.
     #[arg(long, env = "RAILGUARD_JITTER_PERCENT", default_value_t = 10)]
     pub jitter_percent: u32,
-    /// Resources that make a pod a GPU pod: names, or patterns where `*` stands for any
-    /// characters (MIG slices `nvidia.com/mig-*`, time-sliced `nvidia.com/gpu.shared`).
-    /// No invasive run while one is on the node.
-    #[arg(
-        long,
-        env = "RAILGUARD_GPU_RESOURCES",
-        value_delimiter = ',',
-        default_value = "nvidia.com/gpu,nvidia.com/gpu.shared,nvidia.com/mig-*"
-    )]
-    pub gpu_resources: Vec<String>,
+    /// No invasive run while a GPU pod is on the node.
+    #[command(flatten)]
+    pub gpu: crate::gpu_pods::GpuResourceArgs,
     /// Taints that hold invasive runs like the built-in holds (cordon, NoExecute,
     /// `karpenter.sh/disrupted`, the maintenance label): keys or `key=value`, `*` for any
     /// characters (`nvidia.com/gpu-health`, `*.example.com/quarantine=true`).
@@ -491,11 +484,7 @@ impl Loop {
             .list(&lp)
             .await
             .context("cannot list pods on the node")?;
-        // The GPUs, and the profile's RDMA resource (a storage client on the same HCAs).
-        let mut resources = self.args.gpu_resources.clone();
-        if let Some(r) = &self.ctx.profile.spec.rdma {
-            resources.push(r.resource_name.clone());
-        }
+        let resources = self.args.gpu.in_use_resources(&self.ctx.profile);
         Ok(pods_in_use(
             &list.items,
             &resources,

@@ -40,6 +40,7 @@ use railguard_kube::watch::{watch_into, Config};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::metrics::FleetMetrics;
 use super::FleetArgs;
@@ -204,6 +205,7 @@ pub async fn run(client: Client, args: &FleetArgs) -> anyhow::Result<()> {
             &metrics,
             dra.as_ref(),
         )
+        .instrument(tracing::info_span!("fleet_recomputation"))
         .await;
         metrics.recomputed(started.elapsed(), result.is_ok());
         match result {
@@ -294,49 +296,54 @@ async fn recompute(
     let mut tainted = BTreeMap::new();
     let mut first_error = None;
     for p in &profiles {
-        let analysis = super::analyze(p, memory.fabrics.fabrics());
-        if let Err(e) = mark_nodes(client, &analysis, &by_name).await {
-            first_error.get_or_insert(e);
-        }
-        let dra_nodes = dra
-            .map(|c| c.nodes_with_slices(&[&p.spec.dra.nic_driver, &p.spec.dra.gpu_driver]))
-            .unwrap_or_default();
-        let mut plans = upkeep_plans(p, &dra_nodes, &analysis, memory.fabrics.fabrics(), now);
-        if let Some(ns) = lease_namespace {
-            match restore_orphaned_runs(client, ns, p, memory.fabrics.fabrics(), &by_name, now)
-                .await
-            {
-                // Those Nodes changed: their upkeep waits for the next recomputation.
-                Ok(restored) => plans.retain(|(name, _)| !restored.contains(name)),
+        // Every line logged for one profile's fleet names it.
+        async {
+            let analysis = super::analyze(p, memory.fabrics.fabrics());
+            if let Err(e) = mark_nodes(client, &analysis, &by_name).await {
+                first_error.get_or_insert(e);
+            }
+            let dra_nodes = dra
+                .map(|c| c.nodes_with_slices(&[&p.spec.dra.nic_driver, &p.spec.dra.gpu_driver]))
+                .unwrap_or_default();
+            let mut plans = upkeep_plans(p, &dra_nodes, &analysis, memory.fabrics.fabrics(), now);
+            if let Some(ns) = lease_namespace {
+                match restore_orphaned_runs(client, ns, p, memory.fabrics.fabrics(), &by_name, now)
+                    .await
+                {
+                    // Those Nodes changed: their upkeep waits for the next recomputation.
+                    Ok(restored) => plans.retain(|(name, _)| !restored.contains(name)),
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                    }
+                }
+            }
+            for (_, u) in &plans {
+                if let TaintWanted::Set(reason) = u.taint {
+                    *tainted.entry((p.name().to_string(), reason)).or_insert(0) += 1;
+                }
+            }
+            if let Err(e) = upkeep_nodes(client, plans, &by_name).await {
+                first_error.get_or_insert(e);
+            }
+            let invasive = super::invasive_status_of(p, memory.fabrics.fabrics(), &waiting, now);
+            match write_status(client, p, &analysis, invasive, memory, now).await {
+                Ok(status) => {
+                    for d in &status.drift {
+                        drift_series.push((
+                            p.name().to_string(),
+                            d.measurement.clone(),
+                            d.worse_percent,
+                        ));
+                    }
+                }
                 Err(e) => {
                     first_error.get_or_insert(e);
                 }
             }
+            analyses.push(analysis);
         }
-        for (_, u) in &plans {
-            if let TaintWanted::Set(reason) = u.taint {
-                *tainted.entry((p.name().to_string(), reason)).or_insert(0) += 1;
-            }
-        }
-        if let Err(e) = upkeep_nodes(client, plans, &by_name).await {
-            first_error.get_or_insert(e);
-        }
-        let invasive = super::invasive_status_of(p, memory.fabrics.fabrics(), &waiting, now);
-        match write_status(client, p, &analysis, invasive, memory, now).await {
-            Ok(status) => {
-                for d in &status.drift {
-                    drift_series.push((
-                        p.name().to_string(),
-                        d.measurement.clone(),
-                        d.worse_percent,
-                    ));
-                }
-            }
-            Err(e) => {
-                first_error.get_or_insert(e);
-            }
-        }
-        analyses.push(analysis);
+        .instrument(tracing::info_span!("fleet_profile", profile = %p.name()))
+        .await;
     }
     if let Some(caches) = dra {
         let fabrics: Vec<&NodeFabric> = memory.fabrics.fabrics().collect();

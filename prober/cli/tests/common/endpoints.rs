@@ -8,6 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use railguard_api::FabricProfile;
+use railguard_campaign::coordinator::{CampaignNode, CampaignSettings};
 
 pub const TOKEN: &str = "campaign-test-token-0123456789";
 
@@ -19,6 +20,28 @@ pub fn profile() -> FabricProfile {
     let text =
         std::fs::read_to_string(root().join("../api/fixtures/profiles/dgx-h100-ndr.yaml")).unwrap();
     railguard_api::profiles_from_yaml(&text).unwrap().remove(0)
+}
+
+/// The campaign settings of [`profile`] with [`TOKEN`], with timeouts and iterations cut
+/// down for loopback.
+pub fn settings() -> CampaignSettings {
+    let mut s = CampaignSettings::from_profile(&profile(), TOKEN.as_bytes()).unwrap();
+    s.test_timeout = Duration::from_secs(20);
+    s.io_timeout = Duration::from_secs(5);
+    s.iterations = 10;
+    s
+}
+
+/// The campaign's nodes: each name with its endpoint address, in order.
+pub fn campaign_nodes(names: &[impl ToString], addrs: &[String]) -> Vec<CampaignNode> {
+    names
+        .iter()
+        .zip(addrs)
+        .map(|(n, a)| CampaignNode {
+            name: n.to_string(),
+            endpoint: a.clone(),
+        })
+        .collect()
 }
 
 /// Where simulated node `i` listens: its own loopback address, port 0 (the kernel picks the

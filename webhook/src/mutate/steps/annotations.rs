@@ -100,15 +100,10 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::mutate::fixtures::{apply_ops, open, pod_of, profile, H100};
-    use crate::{NamespaceInfo, WebhookConfig};
+    use crate::mutate::fixtures::{apply_ops, in_ml, open, pod_of, profile, H100};
 
     fn run(p: &Pod, done: &[Mutation]) -> (Pod, Vec<PatchOp>) {
-        let (profiles, ns, config) = (
-            vec![profile(H100)],
-            NamespaceInfo::new("ml"),
-            WebhookConfig::default(),
-        );
+        let (profiles, ns, config) = in_ml(vec![profile(H100)]);
         let (ctx, mut draft) = open(p, &ns, &profiles, &config);
         draft.done.extend(done.iter().copied());
         annotations(&ctx, &mut draft).unwrap();

@@ -36,8 +36,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::mutate::fixtures::{open, pod, profile, H100};
-    use crate::{NamespaceInfo, WebhookConfig};
+    use crate::mutate::fixtures::{in_ml, open, pod, profile, H100};
 
     #[test]
     fn a_claim_of_the_profiles_rails_is_recorded_and_warned() {
@@ -48,11 +47,7 @@ mod tests {
                 "resourceClaims": [{"name": "rails", "resourceClaimTemplateName": "railguard-h100-ndr-4-rails"}]
             }
         }));
-        let (profiles, ns, config) = (
-            vec![profile(H100)],
-            NamespaceInfo::new("ml"),
-            WebhookConfig::default(),
-        );
+        let (profiles, ns, config) = in_ml(vec![profile(H100)]);
         let (ctx, mut draft) = open(&p, &ns, &profiles, &config);
         assert_eq!(ctx.dra.as_ref().unwrap().rails, 4);
         dra(&ctx, &mut draft).unwrap();
@@ -72,11 +67,7 @@ mod tests {
             "metadata": {"name": "p", "namespace": "ml"},
             "spec": {"containers": [{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "8"}}}]}
         }));
-        let (profiles, ns, config) = (
-            vec![profile(H100)],
-            NamespaceInfo::new("ml"),
-            WebhookConfig::default(),
-        );
+        let (profiles, ns, config) = in_ml(vec![profile(H100)]);
         let (ctx, mut draft) = open(&p, &ns, &profiles, &config);
         dra(&ctx, &mut draft).unwrap();
         assert!(draft.done.is_empty() && draft.plan.warnings.is_empty());

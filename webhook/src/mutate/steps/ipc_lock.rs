@@ -24,7 +24,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::mutate::fixtures::{apply_ops, open, pod_of, profile, H100};
+    use crate::mutate::fixtures::{apply_ops, in_ml, open, pod_of, profile, H100};
     use crate::{NamespaceInfo, WebhookConfig};
 
     #[test]
@@ -36,11 +36,7 @@ mod tests {
              "securityContext": {"capabilities": {"add": ["CAP_IPC_LOCK"]}}},
             {"name": "sidecar"}
         ]));
-        let (profiles, ns, config) = (
-            vec![profile(H100)],
-            NamespaceInfo::new("ml"),
-            WebhookConfig::default(),
-        );
+        let (profiles, ns, config) = in_ml(vec![profile(H100)]);
         let (ctx, mut draft) = open(&p, &ns, &profiles, &config);
         ipc_lock(&ctx, &mut draft).unwrap();
         assert_eq!(draft.plan.ops.len(), 1);

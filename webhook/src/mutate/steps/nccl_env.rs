@@ -252,7 +252,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::mutate::fixtures::{apply_ops, open, pod_of, profile, H100};
+    use crate::mutate::fixtures::{apply_ops, in_ml, open, pod_of, profile, H100};
     use crate::{NamespaceInfo, WebhookConfig};
 
     fn env(p: &k8s_openapi::api::core::v1::Pod, i: usize) -> Vec<(String, String)> {
@@ -270,11 +270,7 @@ mod tests {
             json!([{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "8"}},
             "env": [{"name": "MASTER_ADDR", "value": "m"}]}]),
         );
-        let (profiles, ns, config) = (
-            vec![profile(H100)],
-            NamespaceInfo::new("ml"),
-            WebhookConfig::default(),
-        );
+        let (profiles, ns, config) = in_ml(vec![profile(H100)]);
         let (ctx, mut draft) = open(&p, &ns, &profiles, &config);
         nccl_env(&ctx, &mut draft).unwrap();
         assert!(draft.done.contains(&Mutation::NcclEnv));
@@ -295,11 +291,7 @@ mod tests {
             json!([{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "8"}},
             "env": [{"name": "NCCL_IB_HCA", "value": "^=mlx5_0"}, {"name": "NCCL_SOCKET_IFNAME", "value": "=eth0"}]}]),
         );
-        let (profiles, ns, config) = (
-            vec![profile(H100)],
-            NamespaceInfo::new("ml"),
-            WebhookConfig::default(),
-        );
+        let (profiles, ns, config) = in_ml(vec![profile(H100)]);
         let (ctx, mut draft) = open(&p, &ns, &profiles, &config);
         nccl_env(&ctx, &mut draft).unwrap();
         let out = env(&apply_ops(&p, &draft.plan.ops), 0);
@@ -373,11 +365,7 @@ mod tests {
             json!([{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "8"}},
             "env": [{"name": "NCCL_ENV_PLUGIN", "value": "/opt/mine/libnccl-env-mine.so"}]}]),
         );
-        let (profiles, ns, config) = (
-            vec![plugin_profile()],
-            NamespaceInfo::new("ml"),
-            WebhookConfig::default(),
-        );
+        let (profiles, ns, config) = in_ml(vec![plugin_profile()]);
         let (ctx, mut draft) = open(&p, &ns, &profiles, &config);
         nccl_env(&ctx, &mut draft).unwrap();
         let out = env(&apply_ops(&p, &draft.plan.ops), 0);

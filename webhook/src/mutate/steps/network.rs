@@ -56,8 +56,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::mutate::fixtures::{open, pod_of, profile, ROCE};
-    use crate::{NamespaceInfo, WebhookConfig};
+    use crate::mutate::fixtures::{in_ml, open, pod_of, profile, ROCE};
 
     fn run(networks: Option<&str>) -> Draft {
         let mut p =
@@ -68,11 +67,7 @@ mod tests {
         }
         let mut roce = profile(ROCE);
         roce.spec.default = true;
-        let (profiles, ns, config) = (
-            vec![roce],
-            NamespaceInfo::new("ml"),
-            WebhookConfig::default(),
-        );
+        let (profiles, ns, config) = in_ml(vec![roce]);
         let (ctx, mut draft) = open(&p, &ns, &profiles, &config);
         network(&ctx, &mut draft).unwrap();
         draft
@@ -109,11 +104,7 @@ mod tests {
         }
         let mut roce = profile(ROCE);
         roce.spec.default = true;
-        let (profiles, ns, config) = (
-            vec![roce],
-            NamespaceInfo::new("ml"),
-            WebhookConfig::default(),
-        );
+        let (profiles, ns, config) = in_ml(vec![roce]);
         let (ctx, mut draft) = open(&p, &ns, &profiles, &config);
         assert!(ctx.dra.is_some(), "recognised as a DRA pod");
         network(&ctx, &mut draft).unwrap();

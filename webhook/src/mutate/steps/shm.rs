@@ -69,19 +69,14 @@ mod tests {
     use serde_json::{json, Value};
 
     use super::*;
-    use crate::mutate::fixtures::{apply_ops, open, pod_of, profile, H100};
-    use crate::{NamespaceInfo, WebhookConfig};
+    use crate::mutate::fixtures::{apply_ops, in_ml, open, pod_of, profile, H100};
 
     fn gpu(name: &str) -> Value {
         json!({"name": name, "resources": {"limits": {"nvidia.com/gpu": "8"}}})
     }
 
     fn run(p: &Pod) -> (Pod, Vec<Mutation>) {
-        let (profiles, ns, config) = (
-            vec![profile(H100)],
-            NamespaceInfo::new("ml"),
-            WebhookConfig::default(),
-        );
+        let (profiles, ns, config) = in_ml(vec![profile(H100)]);
         let (ctx, mut draft) = open(p, &ns, &profiles, &config);
         shm(&ctx, &mut draft).unwrap();
         (

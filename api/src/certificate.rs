@@ -294,6 +294,31 @@ pub struct GpuMemoryResult {
 }
 
 impl RailResult {
+    /// Rail `hca`:`port` judged `verdict`, with nothing measured or read yet: what a caller
+    /// fills in.
+    pub fn new(hca: &str, port: u32, verdict: RailVerdict) -> Self {
+        RailResult {
+            hca: hca.to_string(),
+            port,
+            pci_address: None,
+            sriov_vfs: Vec::new(),
+            faults: Vec::new(),
+            link_layer: None,
+            state: String::new(),
+            rate_gbps: None,
+            write_bw_host_gbps: None,
+            write_bw_gpu_gbps: None,
+            latency_us: None,
+            gid_index: None,
+            counter_deltas: BTreeMap::new(),
+            verdict,
+            reasons: Vec::new(),
+            wire: Vec::new(),
+            gpu_memory: None,
+            passive_hold: None,
+        }
+    }
+
     pub fn id(&self) -> String {
         format!("{}:{}", self.hca, self.port)
     }

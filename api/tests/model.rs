@@ -510,24 +510,14 @@ fn certificate(now: Timestamp, verdict: Verdict, ttl_secs: i64) -> Certificate {
             .rails
             .iter()
             .map(|r| RailResult {
-                hca: r.hca.clone(),
-                port: r.port,
-                pci_address: None,
-                sriov_vfs: Vec::new(),
-                faults: Vec::new(),
                 link_layer: Some(r.link_layer),
                 state: "ACTIVE".into(),
                 rate_gbps: Some(400.0),
                 write_bw_host_gbps: Some(392.5),
                 write_bw_gpu_gbps: Some(388.0),
                 latency_us: Some(2.1),
-                gid_index: None,
                 counter_deltas: BTreeMap::from([("symbol_error".to_string(), 0)]),
-                verdict: RailVerdict::Healthy,
-                reasons: vec![],
-                wire: vec![],
-                gpu_memory: None,
-                passive_hold: None,
+                ..RailResult::new(&r.hca, r.port, RailVerdict::Healthy)
             })
             .collect(),
         gpus: vec![GpuAffinity {

@@ -36,7 +36,7 @@ use super::nccl_pair::NcclRunner;
 use super::wire::{
     self, AcceptPeerRequest, ControlChannel, ControlMessage, ControlRequest, ControlResponse,
     NcclJoinRequest, NcclSide, NcclSideReport, NcclTestRequest, RailRef, RailReport,
-    RailTestReport, RunTestRequest, TestScope, CONTROL_MAGIC, ROLE_COORDINATOR, ROLE_ENDPOINT,
+    RailTestReport, RunTestRequest, CONTROL_MAGIC, ROLE_COORDINATOR, ROLE_ENDPOINT,
     SESSION_PROTOCOL,
 };
 use super::CampaignError;
@@ -670,6 +670,32 @@ async fn admit(
 }
 
 /// The refusal of a request [`admit`] refuses, logged; `None` when it is admitted.
+/// What an endpoint checks before it runs a pair test of either kind: the profile, the
+/// peer, the rails the test holds and whether GPU pods may be on the node.
+#[derive(Debug, Clone, Copy)]
+struct TestScope<'a> {
+    profile: &'a str,
+    peer_node: &'a str,
+    rails: &'a [RailRef],
+    allow_gpu_pods: bool,
+}
+
+impl<'a> TestScope<'a> {
+    fn new(
+        profile: &'a str,
+        peer_node: &'a str,
+        rails: &'a [RailRef],
+        allow_gpu_pods: bool,
+    ) -> Self {
+        TestScope {
+            profile,
+            peer_node,
+            rails,
+            allow_gpu_pods,
+        }
+    }
+}
+
 async fn refusal_of(cfg: &EndpointConfig, test: TestScope<'_>) -> Option<ControlResponse> {
     let reason = admit(
         cfg,
@@ -690,7 +716,8 @@ fn refusal(cfg: &EndpointConfig, peer_node: &str, reason: String) -> ControlResp
 
 /// Checks a test request against this node, then runs every rail at once.
 async fn run_test(cfg: &EndpointConfig, req: RunTestRequest) -> ControlResponse {
-    if let Some(refused) = refusal_of(cfg, req.scope()).await {
+    let scope = TestScope::new(&req.profile, &req.peer_node, &req.rails, req.allow_gpu_pods);
+    if let Some(refused) = refusal_of(cfg, scope).await {
         return refused;
     }
     let timeout = Duration::from_millis(req.timeout_ms.max(1));
@@ -793,7 +820,8 @@ fn nccl_result(cfg: &EndpointConfig, peer_node: &str, sides: Vec<NcclSide>) -> C
 /// the peer's endpoint and waits for both sides. When one side fails first, the other is
 /// stopped (its ranks would wait for the missing ones until the time limit).
 async fn run_nccl(cfg: &EndpointConfig, req: NcclTestRequest) -> ControlResponse {
-    if let Some(refused) = refusal_of(cfg, req.scope()).await {
+    let scope = TestScope::new(&req.profile, &req.peer_node, &req.rails, req.allow_gpu_pods);
+    if let Some(refused) = refusal_of(cfg, scope).await {
         return refused;
     }
     let untested = |why: &str| NcclSide::Inconclusive {

@@ -123,54 +123,6 @@ pub struct NcclTestRequest {
     pub pair_key: Option<String>,
 }
 
-/// What an endpoint checks before it runs a pair test of either kind: the profile, the
-/// peer, the rails the test holds and whether GPU pods may be on the node.
-#[derive(Debug, Clone, Copy)]
-pub struct TestScope<'a> {
-    pub profile: &'a str,
-    pub peer_node: &'a str,
-    pub rails: &'a [RailRef],
-    pub allow_gpu_pods: bool,
-}
-
-impl<'a> TestScope<'a> {
-    pub fn new(
-        profile: &'a str,
-        peer_node: &'a str,
-        rails: &'a [RailRef],
-        allow_gpu_pods: bool,
-    ) -> Self {
-        TestScope {
-            profile,
-            peer_node,
-            rails,
-            allow_gpu_pods,
-        }
-    }
-}
-
-impl RunTestRequest {
-    pub fn scope(&self) -> TestScope<'_> {
-        TestScope::new(
-            &self.profile,
-            &self.peer_node,
-            &self.rails,
-            self.allow_gpu_pods,
-        )
-    }
-}
-
-impl NcclTestRequest {
-    pub fn scope(&self) -> TestScope<'_> {
-        TestScope::new(
-            &self.profile,
-            &self.peer_node,
-            &self.rails,
-            self.allow_gpu_pods,
-        )
-    }
-}
-
 /// Sent by the rank-0 endpoint to its peer's: join the communicator of `unique_id` as ranks
 /// `first_rank..nranks`. `test.peer_node` names the rank-0 node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

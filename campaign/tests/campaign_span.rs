@@ -12,11 +12,10 @@ use railguard_campaign::coordinator::{run_campaign, CampaignNode, CampaignSettin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pair_tests_failure_is_logged_inside_its_campaign_round_and_pair_spans() {
     let log = tempfile::NamedTempFile::new().unwrap();
-    let subscriber = tracing_subscriber::fmt()
+    tracing_subscriber::fmt()
         .with_ansi(false)
         .with_writer(log.reopen().unwrap())
-        .finish();
-    tracing::subscriber::set_global_default(subscriber).unwrap();
+        .init();
 
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../api/fixtures/profiles/dgx-h100-ndr.yaml");

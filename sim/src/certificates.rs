@@ -25,24 +25,13 @@ pub fn certificate(
         .rails
         .iter()
         .map(|r| RailResult {
-            hca: r.hca.clone(),
-            port: r.port,
-            pci_address: None,
-            sriov_vfs: Vec::new(),
-            faults: Vec::new(),
             link_layer: Some(r.link_layer),
             state: "ACTIVE".into(),
             rate_gbps: Some(f64::from(r.rate_gbps)),
             write_bw_host_gbps: Some(rail_gbps),
             write_bw_gpu_gbps: Some(rail_gbps),
             latency_us: Some(2.0),
-            gid_index: None,
-            counter_deltas: BTreeMap::new(),
-            verdict: RailVerdict::Healthy,
-            reasons: Vec::new(),
-            wire: Vec::new(),
-            gpu_memory: None,
-            passive_hold: None,
+            ..RailResult::new(&r.hca, r.port, RailVerdict::Healthy)
         })
         .collect();
     let expires_at = issued_at

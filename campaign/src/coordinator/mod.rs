@@ -230,18 +230,9 @@ pub async fn run_campaign_with(
             round.len(),
             settings.rails.len()
         ));
-        let runs = round.iter().map(|t| async move {
-            let record = run_pair(nodes, settings, *t, n)
-                .instrument(pair_span(nodes, t.initiator, t.responder))
-                .await;
-            progress.step_done();
-            record
-        });
-        for (test, record) in round.iter().zip(
-            run_at_most(runs, settings.max_concurrent_pairs)
-                .instrument(span)
-                .await,
-        ) {
+        let run = |t| run_pair(nodes, settings, t, n);
+        let records_of_round = run_round(&round, nodes, settings, span, progress, run).await;
+        for (test, record) in round.iter().zip(records_of_round) {
             let outcomes = record.rails.iter().map(|r| r.outcome).collect();
             plan.record(PairResult {
                 test: *test,
@@ -401,6 +392,33 @@ where
         .await
 }
 
+/// Runs the pair tests of one round in waves of at most
+/// [`CampaignSettings::max_concurrent_pairs`], each in its [`pair_span`] and all in `span`,
+/// each a progress step; the records in the round's order.
+async fn run_round<R, F>(
+    round: &[PairTest],
+    nodes: &[CampaignNode],
+    settings: &CampaignSettings,
+    span: tracing::Span,
+    progress: &dyn Progress,
+    run: impl Fn(PairTest) -> F,
+) -> Vec<R>
+where
+    F: std::future::Future<Output = R>,
+{
+    let runs = round.iter().map(|t| {
+        let test = run(*t).instrument(pair_span(nodes, t.initiator, t.responder));
+        async move {
+            let record = test.await;
+            progress.step_done();
+            record
+        }
+    });
+    run_at_most(runs, settings.max_concurrent_pairs)
+        .instrument(span)
+        .await
+}
+
 /// The span of one pair test's log lines: `campaign_pair`, the node that starts the test
 /// and the one that answers it.
 fn pair_span(nodes: &[CampaignNode], initiator: usize, responder: usize) -> tracing::Span {
@@ -437,18 +455,9 @@ pub async fn run_nccl_phase(
             round.len(),
             nccl.scopes.len()
         ));
-        let runs = round.iter().map(|t| async move {
-            let record = run_nccl_pair(nodes, settings, nccl, *t, n)
-                .instrument(pair_span(nodes, t.initiator, t.responder))
-                .await;
-            progress.step_done();
-            record
-        });
-        for (test, record) in round.iter().zip(
-            run_at_most(runs, settings.max_concurrent_pairs)
-                .instrument(span)
-                .await,
-        ) {
+        let run = |t| run_nccl_pair(nodes, settings, nccl, t, n);
+        let records_of_round = run_round(&round, nodes, settings, span, progress, run).await;
+        for (test, record) in round.iter().zip(records_of_round) {
             plan.record(PairResult {
                 test: *test,
                 rails: record.scopes.iter().map(|s| s.judgement.outcome).collect(),

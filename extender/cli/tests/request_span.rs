@@ -12,11 +12,10 @@ use serde_json::Value;
 #[tokio::test]
 async fn every_scheduling_call_logs_inside_an_extender_request_span() {
     let log = tempfile::NamedTempFile::new().unwrap();
-    let subscriber = tracing_subscriber::fmt()
+    tracing_subscriber::fmt()
         .with_ansi(false)
         .with_writer(log.reopen().unwrap())
-        .finish();
-    tracing::subscriber::set_global_default(subscriber).unwrap();
+        .init();
     let r = start(standalone()).await;
     let mut args: Value = serde_json::from_str(ARGS_NAMES).unwrap();
     args["Pod"] = h100_pod();

@@ -181,47 +181,27 @@ fn wc_status_text(status: ffi::ibv_wc_status::Type) -> String {
         .into_owned()
 }
 
-struct Context(*mut ffi::ibv_context);
-impl Drop for Context {
+/// A verbs object this module created, with the call that releases it: dropped, it is
+/// released once. [`VerbsEndpoint`]'s field order drops the QP before its MR, CQ, PD and
+/// context.
+struct Owned<T>(*mut T, unsafe extern "C" fn(*mut T) -> c_int);
+
+impl<T> Drop for Owned<T> {
     fn drop(&mut self) {
-        // SAFETY: opened by ibv_open_device, closed once; everything created from it is owned
-        // by fields dropped before this one.
-        unsafe { ffi::ibv_close_device(self.0) };
+        // SAFETY: the pointer came from the call its release undoes (ibv_open_device and
+        // ibv_close_device, ibv_alloc_pd and ibv_dealloc_pd, ibv_create_cq and
+        // ibv_destroy_cq, ibv_reg_mr or ibv_reg_dmabuf_mr and ibv_dereg_mr, ibv_create_qp
+        // and ibv_destroy_qp), is released only here, and everything made from it is owned
+        // by fields dropped before this one. A registration is dropped before its buffer.
+        unsafe { (self.1)(self.0) };
     }
 }
 
-struct Pd(*mut ffi::ibv_pd);
-impl Drop for Pd {
-    fn drop(&mut self) {
-        // SAFETY: allocated by ibv_alloc_pd, freed once after its QP and MR.
-        unsafe { ffi::ibv_dealloc_pd(self.0) };
-    }
-}
-
-struct Cq(*mut ffi::ibv_cq);
-impl Drop for Cq {
-    fn drop(&mut self) {
-        // SAFETY: created by ibv_create_cq, destroyed once after the QP that uses it.
-        unsafe { ffi::ibv_destroy_cq(self.0) };
-    }
-}
-
-struct Mr(*mut ffi::ibv_mr);
-impl Drop for Mr {
-    fn drop(&mut self) {
-        // SAFETY: registered by ibv_reg_mr or ibv_reg_dmabuf_mr, deregistered once before its
-        // buffer is freed.
-        unsafe { ffi::ibv_dereg_mr(self.0) };
-    }
-}
-
-struct Qp(*mut ffi::ibv_qp);
-impl Drop for Qp {
-    fn drop(&mut self) {
-        // SAFETY: created by ibv_create_qp, destroyed once before its CQ and PD.
-        unsafe { ffi::ibv_destroy_qp(self.0) };
-    }
-}
+type Context = Owned<ffi::ibv_context>;
+type Pd = Owned<ffi::ibv_pd>;
+type Cq = Owned<ffi::ibv_cq>;
+type Mr = Owned<ffi::ibv_mr>;
+type Qp = Owned<ffi::ibv_qp>;
 
 /// The memory an endpoint registers: never moved or resized while registered.
 enum Buffer {
@@ -319,7 +299,7 @@ fn open_device(hca: &str) -> Result<Context, RdmaError> {
             available,
         });
     }
-    Ok(Context(ctx))
+    Ok(Owned(ctx, ffi::ibv_close_device))
 }
 
 fn verbs_err(op: &'static str, rc: c_int) -> RdmaError {
@@ -346,7 +326,7 @@ fn register_host(pd: &Pd, len: usize, access: c_int) -> Result<(Mr, Buffer), Rdm
     if mr.is_null() {
         return Err(verbs_err("ibv_reg_mr", -1));
     }
-    Ok((Mr(mr), Buffer::Host(buf)))
+    Ok((Owned(mr, ffi::ibv_dereg_mr), Buffer::Host(buf)))
 }
 
 /// Allocates `len` bytes on GPU `gpu` and registers them by the first path of the profile's
@@ -428,7 +408,7 @@ fn register_dmabuf(
             errno_text(last_errno())
         ));
     }
-    Ok((Mr(mr), Some(fd)))
+    Ok((Owned(mr, ffi::ibv_dereg_mr), Some(fd)))
 }
 
 /// nvidia-peermem: the device pointer is registered as if it were host memory; only a peer
@@ -458,7 +438,7 @@ fn register_peermem(pd: &Pd, buffer: &GpuBuffer, access: c_int) -> Result<Mr, St
             errno_text(errno)
         ));
     }
-    Ok(Mr(mr))
+    Ok(Owned(mr, ffi::ibv_dereg_mr))
 }
 
 fn errno_text(errno: i32) -> String {
@@ -515,7 +495,7 @@ impl VerbsEndpoint {
         if pd.is_null() {
             return Err(verbs_err("ibv_alloc_pd", -1));
         }
-        let pd = Pd(pd);
+        let pd = Owned(pd, ffi::ibv_dealloc_pd);
         // SAFETY: ctx is open; no completion channel.
         let cq = unsafe {
             ffi::ibv_create_cq(
@@ -529,7 +509,7 @@ impl VerbsEndpoint {
         if cq.is_null() {
             return Err(verbs_err("ibv_create_cq", -1));
         }
-        let cq = Cq(cq);
+        let cq = Owned(cq, ffi::ibv_destroy_cq);
 
         let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
             | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
@@ -564,7 +544,12 @@ impl VerbsEndpoint {
             // SAFETY: pd and cq are live; init is fully initialised; on success the provider
             // writes the QP's actual caps back into init.cap.
             let qp = unsafe { ffi::ibv_create_qp(pd.0, &mut init) };
-            (!qp.is_null()).then(|| (Qp(qp), init.cap.max_inline_data.min(max_inline_data)))
+            (!qp.is_null()).then(|| {
+                (
+                    Owned(qp, ffi::ibv_destroy_qp),
+                    init.cap.max_inline_data.min(max_inline_data),
+                )
+            })
         };
         let (qp, inline_cap) = match create(INLINE_WRITE).or_else(|| create(0)) {
             Some(created) => created,

@@ -14,7 +14,6 @@ use axum::routing::{get, post};
 use axum::Router;
 use railguard_runtime::{limit_requests, RequestLimits, ServeLimits, Served, TlsConfigSource};
 use tokio::sync::watch;
-use tracing::Instrument as _;
 
 use crate::catalog::Catalog;
 use crate::metrics::{
@@ -140,18 +139,20 @@ async fn node_guard_handler(State(guard): State<Arc<NodeGuardState>>, body: Byte
             return json(response.encode());
         }
     };
-    let span = tracing::info_span!(
-        "node_admission",
+    answer_node_admission(&guard, &request, count).await
+}
+
+/// One span per review: every line logged while answering it names the Node change.
+#[tracing::instrument(
+    name = "node_admission",
+    skip_all,
+    fields(
         uid = %request.uid,
         node = request.name.as_deref().unwrap_or(""),
         user = %request.user_info.username,
         operation = %request.operation,
-    );
-    answer_node_admission(&guard, &request, count)
-        .instrument(span)
-        .await
-}
-
+    )
+)]
 async fn answer_node_admission(
     guard: &NodeGuardState,
     request: &review::AdmissionRequest<'_>,
@@ -175,17 +176,15 @@ async fn answer_node_admission(
         },
     );
     count(admission.outcome, admission.writer);
-    let node = request.name.as_deref().unwrap_or("");
-    let user = request.user_info.username.as_str();
     match admission.response.denial.as_deref() {
         Some(reason) => tracing::info!(
-            uid = %request.uid, node, user, operation = %request.operation,
             subresource = request.sub_resource.as_deref().unwrap_or(""),
             dry_run = request.dry_run, %reason, "node guard denied a change"
         ),
         None => tracing::debug!(
-            uid = %request.uid, node, user, outcome = admission.outcome,
-            writer = admission.writer, "node guard"
+            outcome = admission.outcome,
+            writer = admission.writer,
+            "node guard"
         ),
     }
     json(admission.response.encode())
@@ -252,19 +251,20 @@ async fn mutate_handler(State(state): State<Arc<AppState>>, body: Bytes) -> Resp
         Ok(r) => r,
         Err(e) => return bad_request(&state, &e),
     };
-    // One span per admission: every line logged while answering it names the request.
-    let span = tracing::info_span!(
-        "admission",
+    answer_admission(&state, &request, start).await
+}
+
+/// One span per admission: every line logged while answering it names the request.
+#[tracing::instrument(
+    name = "admission",
+    skip_all,
+    fields(
         uid = %request.uid,
         namespace = request.namespace.as_deref().unwrap_or(""),
         pod = request.name.as_deref().unwrap_or(""),
         user = %request.user_info.username,
-    );
-    answer_admission(&state, &request, start)
-        .instrument(span)
-        .await
-}
-
+    )
+)]
 async fn answer_admission(
     state: &AppState,
     request: &review::AdmissionRequest<'_>,
@@ -309,16 +309,16 @@ async fn answer_admission(
             })
             .inc();
         tracing::error!(
-            uid = %request.uid, namespace = %ns_name, pod = request.name.as_deref().unwrap_or(""),
             %error, failure_mode = state.failure_mode.as_str(), "could not build a patch"
         );
     }
     let body = admission.response.encode();
     m.latency.observe(start.elapsed().as_secs_f64());
     tracing::debug!(
-        uid = %request.uid, namespace = %ns_name, outcome = admission.outcome,
+        outcome = admission.outcome,
         profile = admission.profile.as_deref().unwrap_or(""),
-        warnings = admission.response.warnings.len(), allowed = admission.response.allowed,
+        warnings = admission.response.warnings.len(),
+        allowed = admission.response.allowed,
         "admission"
     );
     json(body)

@@ -492,6 +492,20 @@ fn signature_is_stable_and_sensitive() {
     assert!(p.spec.signature().len() <= 63);
 }
 
+/// A healthy NDR rail as an invasive run measures it, with a symbol-error count that did
+/// not grow.
+fn measured_ndr_rail(spec: &RailSpec) -> RailResult {
+    let mut rail = RailResult::new(&spec.hca, spec.port, RailVerdict::Healthy);
+    rail.link_layer = Some(spec.link_layer);
+    rail.state = "ACTIVE".into();
+    rail.rate_gbps = Some(400.0);
+    rail.write_bw_host_gbps = Some(392.5);
+    rail.write_bw_gpu_gbps = Some(388.0);
+    rail.latency_us = Some(2.1);
+    rail.counter_deltas = BTreeMap::from([("symbol_error".to_string(), 0)]);
+    rail
+}
+
 fn certificate(now: Timestamp, verdict: Verdict, ttl_secs: i64) -> Certificate {
     let p = h100();
     Certificate {
@@ -505,21 +519,7 @@ fn certificate(now: Timestamp, verdict: Verdict, ttl_secs: i64) -> Certificate {
         verdict,
         usable_rails: None,
         reasons: vec![],
-        rails: p
-            .spec
-            .rails
-            .iter()
-            .map(|r| RailResult {
-                link_layer: Some(r.link_layer),
-                state: "ACTIVE".into(),
-                rate_gbps: Some(400.0),
-                write_bw_host_gbps: Some(392.5),
-                write_bw_gpu_gbps: Some(388.0),
-                latency_us: Some(2.1),
-                counter_deltas: BTreeMap::from([("symbol_error".to_string(), 0)]),
-                ..RailResult::new(&r.hca, r.port, RailVerdict::Healthy)
-            })
-            .collect(),
+        rails: p.spec.rails.iter().map(measured_ndr_rail).collect(),
         gpus: vec![GpuAffinity {
             gpu: 0,
             pci_bus_id: None,

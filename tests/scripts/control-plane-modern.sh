@@ -49,21 +49,12 @@ command -v openssl >/dev/null 2>&1 || {
   apt-get update -qq >&2
   apt-get install -y -qq --no-install-recommends openssl >&2
 }
-command -v go >/dev/null 2>&1 || { log "no go command on PATH (Go >= 1.21 needed, it fetches newer toolchains)"; exit 1; }
 
-# Go: the go line of go.mod is the minimum. A go command older than that fetches an approved
-# toolchain from the module proxy instead (GOTOOLCHAIN); RAILGUARD_GOTOOLCHAIN overrides.
+# Go: the go line of go.mod is the minimum.
 need_go=$(awk '$1 == "go" { print $2; exit }' "$mod/go.mod")
-have_go=$(GOTOOLCHAIN=local go env GOVERSION | sed 's/^go//')
-older() { [ "$1" != "$2" ] && [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n1)" = "$1" ]; }
-if [ -n "${RAILGUARD_GOTOOLCHAIN:-}" ]; then
-  export GOTOOLCHAIN="$RAILGUARD_GOTOOLCHAIN"
-elif older "$have_go" "$need_go"; then
-  export GOTOOLCHAIN=go1.27.3
-else
-  export GOTOOLCHAIN=local
-fi
-export GOPATH="$cache/go" GOMODCACHE="$cache/go/pkg/mod" GOCACHE="$cache/go/build-cache"
+# shellcheck source=go-toolchain.sh
+. "$here/go-toolchain.sh"
+use_go_toolchain "$need_go" "$cache"
 # -mod=readonly: build exactly what go.mod and go.sum pin, never edit them.
 export GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 GOWORK=off
 log "Go $(go env GOVERSION) (go.mod wants >= $need_go, GOTOOLCHAIN=$GOTOOLCHAIN)"

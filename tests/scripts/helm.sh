@@ -53,19 +53,10 @@ if cached; then # another run built them while this one waited
   exit 0
 fi
 
-command -v go >/dev/null 2>&1 || { log "no go command on PATH (Go >= 1.21 needed, it fetches newer toolchains)"; exit 1; }
-# Both modules name go 1.26.0; an older go command fetches an approved toolchain instead.
-need_go=1.26.0
-have_go=$(GOTOOLCHAIN=local go env GOVERSION | sed 's/^go//')
-older() { [ "$1" != "$2" ] && [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n1)" = "$1" ]; }
-if [ -n "${RAILGUARD_GOTOOLCHAIN:-}" ]; then
-  export GOTOOLCHAIN="$RAILGUARD_GOTOOLCHAIN"
-elif older "$have_go" "$need_go"; then
-  export GOTOOLCHAIN=go1.27.3
-else
-  export GOTOOLCHAIN=local
-fi
-export GOPATH="$cache/go" GOMODCACHE="$cache/go/pkg/mod" GOCACHE="$cache/go/build-cache"
+# Both modules name go 1.26.0.
+# shellcheck source=go-toolchain.sh
+. "$here/go-toolchain.sh"
+use_go_toolchain 1.26.0 "$cache"
 export CGO_ENABLED=0 GOWORK=off
 log "Go $(go env GOVERSION) (GOTOOLCHAIN=$GOTOOLCHAIN)"
 

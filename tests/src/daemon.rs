@@ -91,8 +91,8 @@ pub async fn wait_ready(url: &str, what: &str, daemon: &mut Daemon, log_dir: &Pa
 
 /// `railguard-extender` as the chart runs it: serving TLS with `tls`'s loopback pair and
 /// accepting only clients with a certificate from its CA (the scheduler's), against
-/// `kubeconfig`, with `extra` arguments. Returns the daemon, its HTTPS URL and the URL of
-/// its plain metrics and health port.
+/// `kubeconfig`, with `extra` arguments, once it answers `/readyz`. Returns the daemon, its
+/// HTTPS URL and the URL of its plain metrics and health port.
 pub async fn spawn_extender(
     bin: &Path,
     kubeconfig: &Path,
@@ -119,10 +119,16 @@ pub async fn spawn_extender(
         log_dir,
     );
     let port = daemon.listen_addr("--listen").await.port();
-    let metrics = daemon.listen_addr("--metrics-listen").await.port();
-    Ok((
-        daemon,
-        format!("https://127.0.0.1:{port}"),
-        format!("http://127.0.0.1:{metrics}"),
-    ))
+    let metrics = format!(
+        "http://127.0.0.1:{}",
+        daemon.listen_addr("--metrics-listen").await.port()
+    );
+    wait_ready(
+        &format!("{metrics}/readyz"),
+        "railguard-extender",
+        &mut daemon,
+        log_dir,
+    )
+    .await;
+    Ok((daemon, format!("https://127.0.0.1:{port}"), metrics))
 }

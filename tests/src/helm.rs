@@ -288,6 +288,16 @@ impl Helm {
         Ok(String::from_utf8(out.stdout)?)
     }
 
+    /// `kubectl apply --dry-run=server --validate=strict -f file` against the cluster of
+    /// `kubeconfig`.
+    pub fn kubectl_dry_run(&self, kubeconfig: &Path, file: &Path) -> Result<Output> {
+        let file = file.to_str().context("a UTF-8 manifest path")?;
+        self.kubectl_with(
+            kubeconfig,
+            &["apply", "--dry-run=server", "--validate=strict", "-f", file],
+        )
+    }
+
     /// `kubectl` with `args` against the cluster of `kubeconfig`.
     pub fn kubectl_with(&self, kubeconfig: &Path, args: &[&str]) -> Result<Output> {
         Command::new(self.kubectl())
@@ -307,6 +317,26 @@ pub struct ValuesSet {
     pub release: &'static str,
     pub namespace: &'static str,
     pub values: &'static str,
+}
+
+/// `kubectl apply --dry-run=server` (`out`) succeeded and dry-ran all `objects` objects;
+/// `context` starts each failure's message.
+#[track_caller]
+pub fn assert_server_dry_run(out: &Output, objects: usize, context: &str) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{context}kubectl dry run failed:\n{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout
+            .lines()
+            .filter(|l| l.contains("(server dry run)"))
+            .count(),
+        objects,
+        "{context}every object dry-run:\n{stdout}"
+    );
 }
 
 /// The chart under test.

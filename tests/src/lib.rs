@@ -14,6 +14,8 @@
 //! `tests/scripts/control-plane-modern.sh` with the etcd it supports). Both are cached
 //! outside the repo. `docs/kubernetes-versions.md` lists what differs between them.
 
+pub mod answer;
+pub mod bench;
 pub mod chart_values;
 pub mod chromium;
 pub mod daemon;
@@ -810,14 +812,7 @@ impl ControlPlane {
                             "--cert-dir={}",
                             d.join("scheduler-certs").display()
                         ))
-                        .arg(format!(
-                            "--authentication-kubeconfig={}",
-                            kubeconfig.display()
-                        ))
-                        .arg(format!(
-                            "--authorization-kubeconfig={}",
-                            kubeconfig.display()
-                        ));
+                        .args(delegated_auth_args(&kubeconfig));
                 }
             }
             let written = serde_yaml_ng::to_string(&config)
@@ -901,14 +896,7 @@ impl ControlPlane {
                     .arg("--bind-address=127.0.0.1")
                     .arg(format!("--secure-port={}", p[0]))
                     .arg(format!("--cert-dir={}", d.join("kcm-certs").display()))
-                    .arg(format!(
-                        "--authentication-kubeconfig={}",
-                        kubeconfig.display()
-                    ))
-                    .arg(format!(
-                        "--authorization-kubeconfig={}",
-                        kubeconfig.display()
-                    ))
+                    .args(delegated_auth_args(&kubeconfig))
                     .arg("--v=2");
                 cmd
             },
@@ -964,15 +952,12 @@ impl ControlPlane {
         let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
         let start = Instant::now();
         loop {
-            let established = api
-                .get(name)
-                .await?
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
+            let conditions = api.get(name).await?.status.and_then(|s| s.conditions);
+            if conditions
                 .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            if established {
+                .flatten()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+            {
                 return Ok(());
             }
             if start.elapsed() > timeout {
@@ -1061,6 +1046,42 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// A Node with eight H100 GPUs: the GPU product label and `nvidia.com/gpu: 8`.
+    pub async fn create_h100_node(&self, name: &str) -> Result<Node> {
+        self.create_node(
+            name,
+            &labels(&[("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3")]),
+            &[("nvidia.com/gpu", "8")],
+        )
+        .await
+    }
+
+    /// Creates the FabricProfile of `api/fixtures/profiles/<file>` (its CRD applied first);
+    /// the profile.
+    pub async fn create_fixture_profile(&self, file: &str) -> Result<railguard_api::FabricProfile> {
+        let profile = fixture_profile(file)?;
+        Api::<railguard_api::FabricProfile>::all(self.client.clone())
+            .create(&PostParams::default(), &profile)
+            .await?;
+        Ok(profile)
+    }
+
+    /// Says where `node`'s peer endpoint listens (the `railguard.io/peer-endpoint`
+    /// annotation, set by whoever deploys the endpoint).
+    pub async fn annotate_peer_endpoint(&self, node: &str, addr: &str) -> Result<()> {
+        Api::<Node>::all(self.client.clone())
+            .patch(
+                node,
+                &PatchParams::apply("railguard-tests").force(),
+                &Patch::Apply(&json!({
+                    "apiVersion": "v1", "kind": "Node",
+                    "metadata": { "name": node, "annotations": { "railguard.io/peer-endpoint": addr } },
+                })),
+            )
+            .await?;
+        Ok(())
+    }
+
     /// Publishes `cert` on a Node the way the prober does, in one server-side apply patch:
     /// the fabric, profile and signature labels and the certificate annotation.
     pub async fn publish_certificate(
@@ -1118,6 +1139,15 @@ impl Drop for ControlPlane {
     }
 }
 
+/// Starts `cmd` with no stdin, its stdout and stderr both in a new file at `log`.
+pub fn spawn_logging_to(cmd: &mut Command, log: &Path) -> std::io::Result<Child> {
+    let file = std::fs::File::create(log)?;
+    cmd.stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .spawn()
+}
+
 fn spawn(name: &'static str, cmd: &mut Command, dir: &Path) -> Result<Proc> {
     spawn_logged(name, cmd, dir, dir)
 }
@@ -1130,13 +1160,7 @@ fn spawn_logged(
     log_dir: &Path,
     pid_dir: &Path,
 ) -> Result<Proc> {
-    let log = std::fs::File::create(log_dir.join(format!("{name}.log")))?;
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .with_context(|| {
+    let child = spawn_logging_to(cmd, &log_dir.join(format!("{name}.log"))).with_context(|| {
             format!("starting {name} (is it installed? tests/scripts/install-deps.sh and control-plane.sh install them)")
         })?;
     // For a teardown after a run that could not clean up (tests/scripts/real-node-teardown.sh).
@@ -1171,6 +1195,15 @@ pub(crate) fn hex_token(seed: &[u8]) -> String {
         let _ = write!(s, "{b:02x}");
     }
     s
+}
+
+/// The flags of a component that authenticates and authorizes the requests to its secure
+/// port through the API server of `kubeconfig` (the scheduler, the controller manager).
+fn delegated_auth_args(kubeconfig: &Path) -> [String; 2] {
+    [
+        format!("--authentication-kubeconfig={}", kubeconfig.display()),
+        format!("--authorization-kubeconfig={}", kubeconfig.display()),
+    ]
 }
 
 /// Label map from pairs.
@@ -1252,6 +1285,15 @@ impl<T> Observation for std::result::Result<T, NotYet> {
     type Value = T;
     fn observed(self) -> std::result::Result<T, Option<String>> {
         self.map_err(|n| Some(n.0))
+    }
+}
+
+/// Create parameters that ask the API server what it would store (admission webhooks
+/// run) and persist nothing.
+pub fn dry_run() -> PostParams {
+    PostParams {
+        dry_run: true,
+        ..Default::default()
     }
 }
 

@@ -36,6 +36,19 @@ pub fn prober_bin_dir() -> Result<PathBuf> {
     Ok(target.join("debug"))
 }
 
+/// Sends SIGTERM to `child`, as the kubelet stops a pod, and waits up to `within` for it to
+/// exit; its exit status.
+pub async fn terminate(
+    child: &mut tokio::process::Child,
+    within: std::time::Duration,
+) -> Result<std::process::ExitStatus> {
+    let pid = child.id().context("the child has exited")?;
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
+    Ok(tokio::time::timeout(within, child.wait()).await??)
+}
+
 /// The DGX H100 NDR fixture profile the simulated `dgx-h100` model certifies against.
 pub fn h100_profile_file() -> PathBuf {
     workspace_root().join("api/fixtures/profiles/dgx-h100-ndr.yaml")

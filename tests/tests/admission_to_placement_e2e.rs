@@ -104,15 +104,7 @@ async fn register_webhook(client: &Client, port: u16, ca_pem: &str) {
             let pods = Api::<Pod>::namespaced(client.clone(), "train");
             let probe = probe.clone();
             async move {
-                let p = pods
-                    .create(
-                        &PostParams {
-                            dry_run: true,
-                            ..Default::default()
-                        },
-                        &probe,
-                    )
-                    .await?;
+                let p = pods.create(&railguard_tests::dry_run(), &probe).await?;
                 let annotated = p
                     .metadata
                     .annotations
@@ -258,13 +250,6 @@ async fn webhook_mutated_pods_are_placed_by_the_extender_over_https_with_gang_lo
     );
     let wh_port = webhook.listen_addr("--listen").await.port();
     let wh_metrics = webhook.listen_addr("--metrics-listen").await.port();
-    wait_ready(
-        &format!("{extender_metrics}/readyz"),
-        "railguard-extender",
-        &mut extender,
-        &logs,
-    )
-    .await;
     wait_ready(
         &format!("http://127.0.0.1:{wh_metrics}/readyz"),
         "railguard-webhook",

@@ -274,6 +274,18 @@ async fn dribble(mut io: Box<dyn Io>, bytes: &[u8], within: Duration) -> Option<
     None
 }
 
+/// The slow clients, a legitimate request answered every 300 ms meanwhile; then the flood.
+async fn slow_clients_then_a_flood(target: &Target) {
+    let legit_during = async {
+        for _ in 0..10 {
+            assert_legit_answered(target, "during slow clients").await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    };
+    tokio::join!(slow_attacks(target), legit_during);
+    flood_attack(target).await;
+}
+
 async fn slow_attacks(target: &Target) {
     let bound = Duration::from_secs(HEAD_TIMEOUT_S + 3);
     // 1. Slow head after the handshake: cut off by the header-read timeout.
@@ -478,14 +490,7 @@ async fn the_extender_withstands_slow_oversized_and_flooding_clients() {
     };
     assert!(refused, "a client without a certificate was answered");
 
-    let legit_during = async {
-        for _ in 0..10 {
-            assert_legit_answered(&target, "during slow clients").await;
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    };
-    tokio::join!(slow_attacks(&target), legit_during);
-    flood_attack(&target).await;
+    slow_clients_then_a_flood(&target).await;
 
     // The flood of issue #14: a million tiny names inside the body limit are refused
     // with the scheduler's error result while being decoded, memory bounded.
@@ -544,14 +549,7 @@ async fn the_webhook_withstands_slow_oversized_and_flooding_clients() {
     )
     .await;
     assert_legit_answered(&target, "at rest").await;
-    let legit_during = async {
-        for _ in 0..10 {
-            assert_legit_answered(&target, "during slow clients").await;
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    };
-    tokio::join!(slow_attacks(&target), legit_during);
-    flood_attack(&target).await;
+    slow_clients_then_a_flood(&target).await;
     let too_large = oversized_attack(
         &target,
         "/mutate",

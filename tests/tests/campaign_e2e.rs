@@ -16,10 +16,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use railguard_api::{
-    keys, profiles_from_yaml, Certificate, FabricProfile, FabricState, NodeFabric, RailVerdict,
-    Verdict,
+    keys, Certificate, FabricProfile, FabricState, NodeFabric, RailVerdict, Verdict,
 };
 use railguard_tests::ports::logged_listen_addr;
 use railguard_tests::{labels, workspace_root, ControlPlane};
@@ -79,27 +78,51 @@ fn certificate(profile: &FabricProfile, node: &str) -> Certificate {
     c
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn campaign_names_the_culprits_in_certificates_and_keeps_healthy_nodes_certified() {
-    let bin = prober_bin();
+/// A control plane holding the h100-ndr FabricProfile and the `railguard` namespace (where
+/// the campaign's Lease lives); the profile.
+async fn campaign_cluster() -> (ControlPlane, FabricProfile) {
     let cp = ControlPlane::start().await.expect("control plane");
     cp.apply_fabricprofile_crd().await.expect("CRD");
-    let client = cp.client();
-    let root = workspace_root();
-    let profile_yaml =
-        std::fs::read_to_string(root.join("api/fixtures/profiles/dgx-h100-ndr.yaml")).unwrap();
-    let profile = profiles_from_yaml(&profile_yaml).unwrap().remove(0);
-    Api::<FabricProfile>::all(client.clone())
-        .create(&PostParams::default(), &profile)
+    let profile = cp
+        .create_fixture_profile("dgx-h100-ndr.yaml")
         .await
         .unwrap();
     cp.create_namespace("railguard", &labels(&[]))
         .await
         .unwrap();
+    (cp, profile)
+}
+
+/// The token every endpoint and the coordinator share, written to `dir/token`.
+fn shared_token_file(dir: &Path) -> PathBuf {
+    let token_file = dir.join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    token_file
+}
+
+/// `railguard-prober campaign` of the h100-ndr profile on `cp`, its Lease in `railguard`,
+/// 20 s a test, holding the shared token in `token_file`.
+fn campaign_command(bin: &Path, cp: &ControlPlane, token_file: &Path) -> Command {
+    let mut c = Command::new(bin);
+    c.arg("campaign")
+        .args(["--profile", "h100-ndr", "--lease-namespace", "railguard"])
+        .args(["--test-timeout-secs", "20"])
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig_path())
+        .arg("--token-file")
+        .arg(token_file)
+        .env("RAILGUARD_LOG", "info");
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn campaign_names_the_culprits_in_certificates_and_keeps_healthy_nodes_certified() {
+    let bin = prober_bin();
+    let (cp, profile) = campaign_cluster().await;
+    let client = cp.client();
 
     let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let token_file = shared_token_file(dir.path());
     let wrong_token = dir.path().join("wrong-token");
     std::fs::write(&wrong_token, "a-token-nobody-else-has-123").unwrap();
 
@@ -126,31 +149,14 @@ async fn campaign_names_the_culprits_in_certificates_and_keeps_healthy_nodes_cer
     endpoints[7] = None;
 
     let coordinator = |identity: &str| {
-        Command::new(&bin)
-            .arg("campaign")
-            .args([
-                "--profile",
-                "h100-ndr",
-                "--lease-name",
-                "railguard-campaign",
-                "--lease-namespace",
-                "railguard",
-            ])
-            .args([
-                "--identity",
-                identity,
-                "--test-timeout-secs",
-                "20",
-                "--iterations",
-                "10",
-            ])
-            .arg("--kubeconfig")
-            .arg(cp.kubeconfig_path())
-            .arg("--token-file")
-            .arg(&token_file)
-            .env("RAILGUARD_LOG", "info")
-            .output()
-            .unwrap()
+        let mut c = campaign_command(&bin, &cp, &token_file);
+        c.args(["--lease-name", "railguard-campaign"]).args([
+            "--identity",
+            identity,
+            "--iterations",
+            "10",
+        ]);
+        c.output().unwrap()
     };
     let out = coordinator("coordinator-a");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -173,6 +179,14 @@ async fn campaign_names_the_culprits_in_certificates_and_keeps_healthy_nodes_cer
         fabric.insert(name.clone(), (NodeFabric::from_node(&node, now), node));
     }
     let cert_of = |n: &str| fabric[n].0.state.certificate().cloned().unwrap();
+    let assert_certified = |n: &str| {
+        let (f, _) = &fabric[n];
+        assert!(
+            matches!(f.state, FabricState::Certified(_)),
+            "{n}: {}",
+            f.state
+        );
+    };
 
     // (a) the degraded rail is node-2's, named with its healthy peers and values.
     let (f2, node2) = &fabric["node-2"];
@@ -231,12 +245,7 @@ async fn campaign_names_the_culprits_in_certificates_and_keeps_healthy_nodes_cer
 
     // (b) the link is the link: both ends stay certified, their certificates name it.
     for n in ["node-4", "node-5"] {
-        let (f, _) = &fabric[n];
-        assert!(
-            matches!(f.state, FabricState::Certified(_)),
-            "{n}: {}",
-            f.state
-        );
+        assert_certified(n);
         let c = cert_of(n);
         assert!(
             c.reasons
@@ -269,12 +278,7 @@ async fn campaign_names_the_culprits_in_certificates_and_keeps_healthy_nodes_cer
 
     // Healthy nodes stay certified, with passing wire entries from at least two peers.
     for n in ["node-0", "node-1", "node-3", "node-6"] {
-        let (f, _) = &fabric[n];
-        assert!(
-            matches!(f.state, FabricState::Certified(_)),
-            "{n}: {}",
-            f.state
-        );
+        assert_certified(n);
         let c = cert_of(n);
         assert!(c.reasons.is_empty(), "{n}: {:?}", c.reasons);
         let peers: std::collections::BTreeSet<&str> = c
@@ -352,13 +356,7 @@ async fn certified_node_with_endpoint(
 ) -> Proc {
     let nodes: Api<Node> = Api::all(cp.client());
     let models = workspace_root().join("prober/models");
-    cp.create_node(
-        name,
-        &labels(&[("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3")]),
-        &[("nvidia.com/gpu", "8")],
-    )
-    .await
-    .unwrap();
+    cp.create_h100_node(name).await.unwrap();
     // What the certifier would have published: certified, with labels that match.
     let cert = certificate(profile, name);
     let patch = json!({
@@ -404,18 +402,7 @@ async fn certified_node_with_endpoint(
         .await
         .unwrap_or_else(|e| panic!("endpoint {name} did not start: {e:#}"))
         .to_string();
-    // Where the node's peer endpoint listens (set by whoever deploys the endpoint).
-    nodes
-        .patch(
-            name,
-            &PatchParams::apply("railguard-tests").force(),
-            &Patch::Apply(&json!({
-                "apiVersion": "v1", "kind": "Node",
-                "metadata": { "name": name, "annotations": { "railguard.io/peer-endpoint": addr } },
-            })),
-        )
-        .await
-        .unwrap();
+    cp.annotate_peer_endpoint(name, &addr).await.unwrap();
     child
 }
 
@@ -437,23 +424,10 @@ fn certificate_without_times(now: &Certificate, profile: &FabricProfile) -> Cert
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_campaign_started_mid_run_leaves_the_running_node_alone_and_blames_nobody() {
     let bin = prober_bin();
-    let cp = ControlPlane::start().await.expect("control plane");
-    cp.apply_fabricprofile_crd().await.expect("CRD");
+    let (cp, profile) = campaign_cluster().await;
     let client = cp.client();
-    let profile_yaml =
-        std::fs::read_to_string(workspace_root().join("api/fixtures/profiles/dgx-h100-ndr.yaml"))
-            .unwrap();
-    let profile = profiles_from_yaml(&profile_yaml).unwrap().remove(0);
-    Api::<FabricProfile>::all(client.clone())
-        .create(&PostParams::default(), &profile)
-        .await
-        .unwrap();
-    cp.create_namespace("railguard", &labels(&[]))
-        .await
-        .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let token_file = dir.path().join("token");
-    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let token_file = shared_token_file(dir.path());
     let lock_file = dir.path().join("rails.lock");
     let names = ["node-0", "node-1", "node-2", "node-3"];
     let mut endpoints = Vec::new();
@@ -479,15 +453,8 @@ async fn a_campaign_started_mid_run_leaves_the_running_node_alone_and_blames_nob
         );
     }
     let campaign = || {
-        Command::new(&bin)
-            .arg("campaign")
-            .args(["--profile", "h100-ndr", "--lease-namespace", "railguard"])
-            .args(["--test-timeout-secs", "20", "--iterations", "1"])
-            .arg("--kubeconfig")
-            .arg(cp.kubeconfig_path())
-            .arg("--token-file")
-            .arg(&token_file)
-            .env("RAILGUARD_LOG", "info")
+        campaign_command(&bin, &cp, &token_file)
+            .args(["--iterations", "1"])
             .output()
             .unwrap()
     };

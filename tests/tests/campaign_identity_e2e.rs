@@ -12,9 +12,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use railguard_api::{profiles_from_yaml, FabricProfile};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use kube::api::{Api, PostParams};
 use railguard_campaign::endpoint::request;
 use railguard_campaign::wire::{AcceptPeerRequest, ControlRequest};
 use railguard_prober::rdma::peer::{run_write_test_initiator, PairKey, PeerTestRequest};
@@ -101,11 +100,7 @@ async fn an_endpoint_claiming_another_node_is_refused_and_the_shared_token_speak
     cp.apply_fabricprofile_crd().await.expect("CRD");
     let client = cp.client();
     let root = workspace_root();
-    let profile_yaml =
-        std::fs::read_to_string(root.join("api/fixtures/profiles/dgx-h100-ndr.yaml")).unwrap();
-    let profile: FabricProfile = profiles_from_yaml(&profile_yaml).unwrap().remove(0);
-    Api::<FabricProfile>::all(client.clone())
-        .create(&PostParams::default(), &profile)
+    cp.create_fixture_profile("dgx-h100-ndr.yaml")
         .await
         .unwrap();
     cp.create_namespace(NS, &labels(&[])).await.unwrap();
@@ -116,17 +111,10 @@ async fn an_endpoint_claiming_another_node_is_refused_and_the_shared_token_speak
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
     let models = root.join("prober/models");
-    let nodes: Api<Node> = Api::all(client.clone());
     let names: Vec<String> = (0..4).map(|i| format!("node-{i}")).collect();
     let mut tokens = Vec::new();
     for name in &names {
-        cp.create_node(
-            name,
-            &labels(&[("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3")]),
-            &[("nvidia.com/gpu", "8")],
-        )
-        .await
-        .unwrap();
+        cp.create_h100_node(name).await.unwrap();
         tokens.push(prober_pod_token(&client, name).await);
     }
     let mut endpoints = Vec::new();
@@ -169,18 +157,7 @@ async fn an_endpoint_claiming_another_node_is_refused_and_the_shared_token_speak
             .await
             .unwrap_or_else(|e| panic!("{name} did not start: {e:#}"))
             .to_string();
-        // Where the node's peer endpoint listens (set by whoever deploys the endpoint).
-        nodes
-            .patch(
-                name,
-                &PatchParams::apply("railguard-tests").force(),
-                &Patch::Apply(&json!({
-                    "apiVersion": "v1", "kind": "Node",
-                    "metadata": { "name": name, "annotations": { "railguard.io/peer-endpoint": addr } },
-                })),
-            )
-            .await
-            .unwrap();
+        cp.annotate_peer_endpoint(name, &addr).await.unwrap();
         addrs.push(addr);
         endpoints.push(endpoint);
     }

@@ -24,18 +24,7 @@ const KUBE_1_37: &str = "v1.37.2";
 
 /// What a 1.37 server adds to Helm's built-in list for the chart's DRA gate.
 fn dra_api_versions() -> Vec<String> {
-    [
-        "resource.k8s.io/v1",
-        "resource.k8s.io/v1/DeviceClass",
-        "resource.k8s.io/v1/DeviceTaintRule",
-        "resource.k8s.io/v1/ResourceClaimTemplate",
-        "resource.k8s.io/v1/ResourceSlice",
-        "policy/v1/PodDisruptionBudget",
-        "batch/v1/CronJob",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    railguard_tests::dra::chart_api_versions()
 }
 
 /// `helm template` of `set` with `extra` values merged over its own, for a server serving
@@ -730,29 +719,7 @@ dra:
         .collect();
     std::fs::write(&file, &text).unwrap();
     let out = helm::shared()
-        .kubectl_with(
-            cp.kubeconfig_path(),
-            &[
-                "apply",
-                "--dry-run=server",
-                "--validate=strict",
-                "-f",
-                file.to_str().unwrap(),
-            ],
-        )
+        .kubectl_dry_run(cp.kubeconfig_path(), &file)
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "kubectl dry run failed:\n{}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        stdout
-            .lines()
-            .filter(|l| l.contains("(server dry run)"))
-            .count(),
-        objects.len(),
-        "every object dry-run:\n{stdout}"
-    );
+    helm::assert_server_dry_run(&out, objects.len(), "");
 }

@@ -22,7 +22,9 @@ use railguard_tests::chart_values::{
     DRY_RUN_SETS, FLEET_DASHBOARD, PCI_CONFIG_SPACE, POD_SECURITY_SPLIT,
     POD_SECURITY_SPLIT_EXISTING, REAL_NODE, ROCE, SPLIT_PROBER_NAMESPACE,
 };
-use railguard_tests::helm::{kube_1_20_api_versions, Helm, KUBE_1_20_VERSION};
+use railguard_tests::helm::{
+    assert_server_dry_run, kube_1_20_api_versions, Helm, KUBE_1_20_VERSION,
+};
 use railguard_tests::{b64, labels, workspace_root, ControlPlane, KubeVersion};
 use serde_json::{json, Value as Json};
 
@@ -86,6 +88,30 @@ fn lint_once(set: &ValuesSet, kube_version: &str) {
 }
 
 /// The real Helm and kubectl, built by tests/scripts/helm.sh.
+/// `helm template` of `set` for 1.20: whether it rendered, and what Helm printed on stderr.
+fn template_1_20(set: &ValuesSet) -> (bool, String) {
+    let out = helm()
+        .template_output(set, &kube_1_20_api_versions(), KUBE_1_20_VERSION)
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Container `c`'s liveness and readiness probes ask its metrics port.
+#[track_caller]
+fn assert_health_probes_on_metrics_port(c: &Json) {
+    assert_eq!(
+        c["livenessProbe"]["httpGet"],
+        json!({"path": "/healthz", "port": "metrics"})
+    );
+    assert_eq!(
+        c["readinessProbe"]["httpGet"],
+        json!({"path": "/readyz", "port": "metrics"})
+    );
+}
+
 fn helm() -> &'static Helm {
     railguard_tests::helm::shared()
 }
@@ -211,14 +237,7 @@ fn default_values_render_the_webhook_configuration_the_issue_asks_for() {
         "webhook"
     );
     let c = &pod["containers"][0];
-    assert_eq!(
-        c["livenessProbe"]["httpGet"],
-        json!({"path": "/healthz", "port": "metrics"})
-    );
-    assert_eq!(
-        c["readinessProbe"]["httpGet"],
-        json!({"path": "/readyz", "port": "metrics"})
-    );
+    assert_health_probes_on_metrics_port(c);
     assert_eq!(
         c["image"],
         format!(
@@ -1210,14 +1229,7 @@ fn fleet_controller_runs_once_for_every_profile_and_ships_the_dashboard_on_reque
         c["ports"],
         json!([{"name": "metrics", "containerPort": 9464, "protocol": "TCP"}])
     );
-    assert_eq!(
-        c["livenessProbe"]["httpGet"],
-        json!({"path": "/healthz", "port": "metrics"})
-    );
-    assert_eq!(
-        c["readinessProbe"]["httpGet"],
-        json!({"path": "/readyz", "port": "metrics"})
-    );
+    assert_health_probes_on_metrics_port(c);
     assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
     assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
     assert_eq!(c["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
@@ -1454,12 +1466,9 @@ fn bad_values_are_rejected_by_the_schema_with_the_path() {
     ];
     for (values, says) in cases {
         let set = ValuesSet { values, ..DEFAULT };
-        let out = helm()
-            .template_output(&set, &kube_1_20_api_versions(), KUBE_1_20_VERSION)
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let (rendered, stderr) = template_1_20(&set);
         assert!(
-            !out.status.success()
+            !rendered
                 && stderr.contains("values don't meet the specifications of the schema")
                 && stderr.contains(says),
             "{values}: helm template: {stderr} lacks {says}"
@@ -1763,13 +1772,9 @@ fn the_probers_move_to_their_own_privileged_namespace_and_everything_else_stays(
             "at '/prober/namespace/name': 'Probers' does not match pattern",
         ),
     ] {
-        let set = ValuesSet { values, ..DEFAULT };
-        let out = helm()
-            .template_output(&set, &kube_1_20_api_versions(), KUBE_1_20_VERSION)
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
+        let (rendered, stderr) = template_1_20(&ValuesSet { values, ..DEFAULT });
         assert!(
-            !out.status.success() && stderr.contains(says),
+            !rendered && stderr.contains(says),
             "{values}: helm template: {stderr} lacks {says}"
         );
     }
@@ -1818,13 +1823,7 @@ fn manifest_file(dir: &std::path::Path, label: &str, docs: &[Doc]) -> PathBuf {
 }
 
 fn kubectl_dry_run(cp: &ControlPlane, file: &std::path::Path) -> std::process::Output {
-    let file = file.to_str().expect("a UTF-8 temp path");
-    helm()
-        .kubectl_with(
-            cp.kubeconfig_path(),
-            &["apply", "--dry-run=server", "--validate=strict", "-f", file],
-        )
-        .unwrap()
+    helm().kubectl_dry_run(cp.kubeconfig_path(), file).unwrap()
 }
 
 /// Dry-runs every object through the kube client; returns the failures.
@@ -1990,22 +1989,7 @@ async fn every_rendered_object_passes_a_server_side_dry_run() {
         let file = dir.path().join(format!("{}-helm.yaml", set.release));
         std::fs::write(&file, &manifest).unwrap();
         let out = kubectl_dry_run(&cp, &file);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{}: kubectl dry run failed:\n{}\n{stdout}",
-            set.label,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(
-            stdout
-                .lines()
-                .filter(|l| l.contains("(server dry run)"))
-                .count(),
-            objects,
-            "{}: every object dry-run:\n{stdout}",
-            set.label
-        );
+        assert_server_dry_run(&out, objects, &format!("{}: ", set.label));
         let failures = client_dry_run(&client, &discovery, &docs).await;
         assert!(failures.is_empty(), "{}: {failures:#?}", set.label);
     }

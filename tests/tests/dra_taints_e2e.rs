@@ -178,6 +178,18 @@ async fn device_taint_rules_follow_rail_health_profile_nodes_and_the_leader() {
         let rail = cert.rails.iter().find(|r| r.id() == DOWN_RAIL).unwrap();
         railguard_tests::dra::dranet_device_name(rail.pci_address.as_deref().unwrap())
     };
+    // The rules while `node`'s DOWN_RAIL is down: its NIC tainted with `effect`.
+    let down_rail_rules = |node: &str, effect: &str| -> BTreeMap<_, _> {
+        [rule(
+            node,
+            DeviceKind::Nic,
+            "dra.net",
+            &down,
+            "link-down",
+            effect,
+        )]
+        .into()
+    };
 
     // Two replicas; one leads.
     let mut first = Daemon::spawn(
@@ -224,15 +236,7 @@ async fn device_taint_rules_follow_rail_health_profile_nodes_and_the_leader() {
     let cert = certificate(&nodes, "gpu-a").await.unwrap();
     assert_eq!(cert.verdict, railguard_api::Verdict::Degraded);
     assert_eq!(cert.usable_rails, Some(7));
-    let want: BTreeMap<_, _> = [rule(
-        "gpu-a",
-        DeviceKind::Nic,
-        "dra.net",
-        &down,
-        "link-down",
-        "NoSchedule",
-    )]
-    .into();
+    let want = down_rail_rules("gpu-a", "NoSchedule");
     wait_rules(&client, "gpu-a's down rail tainted", &want)
         .await
         .unwrap();
@@ -271,15 +275,7 @@ async fn device_taint_rules_follow_rail_health_profile_nodes_and_the_leader() {
     // gpu-b fails the same rail, then the Node is deleted: its rules go with it.
     let (code, _) = prober.certify("gpu-b", "h100-port-down").await.unwrap();
     assert_eq!(code, 1);
-    let want_b: BTreeMap<_, _> = [rule(
-        "gpu-b",
-        DeviceKind::Nic,
-        "dra.net",
-        &down,
-        "link-down",
-        "NoExecute",
-    )]
-    .into();
+    let want_b = down_rail_rules("gpu-b", "NoExecute");
     wait_rules(&client, "gpu-b's down rail tainted", &want_b)
         .await
         .unwrap();
@@ -308,15 +304,7 @@ async fn device_taint_rules_follow_rail_health_profile_nodes_and_the_leader() {
     assert_eq!(holder, "railguard-fleet-1");
     let (code, _) = prober.certify("gpu-a", "h100-port-down").await.unwrap();
     assert_eq!(code, 1);
-    let want_a: BTreeMap<_, _> = [rule(
-        "gpu-a",
-        DeviceKind::Nic,
-        "dra.net",
-        &down,
-        "link-down",
-        "NoExecute",
-    )]
-    .into();
+    let want_a = down_rail_rules("gpu-a", "NoExecute");
     wait_rules(&client, "the new leader taints gpu-a", &want_a)
         .await
         .unwrap();

@@ -82,6 +82,39 @@ fn job_pod(profile: &FabricProfile) -> Value {
     })
 }
 
+/// The fleet controller, as the chart runs it (flags from its env) with short intervals,
+/// once ready: the daemon and its metrics URL.
+async fn ready_fleet_controller(
+    bin: &std::path::Path,
+    cp: &ControlPlane,
+    logs: &std::path::Path,
+) -> (Daemon, String) {
+    let mut controller = Daemon::spawn(
+        "railguard-fleet",
+        Command::new(bin.join("railguard-prober"))
+            .arg("fleet")
+            .env("RAILGUARD_FLEET_WATCH", "true")
+            .env("RAILGUARD_KUBECONFIG", cp.kubeconfig_path())
+            .env("RAILGUARD_FLEET_INTERVAL_SECS", "3")
+            .env("RAILGUARD_FLEET_SETTLE_SECS", "1")
+            .env("RAILGUARD_METRICS_LISTEN", ANY_LOOPBACK_PORT)
+            .env("RAILGUARD_LOG", "info"),
+        logs,
+    );
+    let metrics_url = format!(
+        "http://{}",
+        controller.listen_addr("--metrics-listen").await
+    );
+    wait_ready(
+        &format!("{metrics_url}/readyz"),
+        "fleet controller",
+        &mut controller,
+        logs,
+    )
+    .await;
+    (controller, metrics_url)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_fleet_controller_marks_a_slow_rail_that_passes_its_thresholds() -> Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -134,29 +167,7 @@ async fn the_fleet_controller_marks_a_slow_rail_that_passes_its_thresholds() -> 
     }
 
     // The controller, as the chart runs it (flags from its env), with short intervals.
-    let mut controller = Daemon::spawn(
-        "railguard-fleet",
-        Command::new(bin.join("railguard-prober"))
-            .arg("fleet")
-            .env("RAILGUARD_FLEET_WATCH", "true")
-            .env("RAILGUARD_KUBECONFIG", cp.kubeconfig_path())
-            .env("RAILGUARD_FLEET_INTERVAL_SECS", "3")
-            .env("RAILGUARD_FLEET_SETTLE_SECS", "1")
-            .env("RAILGUARD_METRICS_LISTEN", ANY_LOOPBACK_PORT)
-            .env("RAILGUARD_LOG", "info"),
-        &logs,
-    );
-    let metrics_url = format!(
-        "http://{}",
-        controller.listen_addr("--metrics-listen").await
-    );
-    wait_ready(
-        &format!("{metrics_url}/readyz"),
-        "fleet controller",
-        &mut controller,
-        &logs,
-    )
-    .await;
+    let (mut controller, metrics_url) = ready_fleet_controller(&bin, &cp, &logs).await;
 
     // The condition names the rail, its value and the baseline.
     let (status, reason, message) =
@@ -259,15 +270,8 @@ async fn the_fleet_controller_marks_a_slow_rail_that_passes_its_thresholds() -> 
     // The extender (as deployed: TLS, the scheduler's client certificate) scores the outlier
     // last for a multi-node job.
     let tls = ServingCertificate::loopback("railguard-fleet-e2e-ca")?;
-    let (mut extender, extender_url, extender_metrics) =
+    let (mut extender, extender_url, _) =
         spawn_extender(&extender_bin, cp.kubeconfig_path(), &tls, &logs, &[]).await?;
-    wait_ready(
-        &format!("{extender_metrics}/readyz"),
-        "railguard-extender",
-        &mut extender,
-        &logs,
-    )
-    .await;
     let https = tls.scheduler_https_client()?;
     let args = json!({"Pod": job_pod(&profile), "Nodes": null, "NodeNames": names});
     let scores = eventually(
@@ -513,29 +517,7 @@ async fn unhealthy_nodes_are_tainted_and_the_default_scheduler_keeps_pods_off_th
         cp.publish_certificate(name, c).await?;
     }
 
-    let mut controller = Daemon::spawn(
-        "railguard-fleet",
-        Command::new(bin.join("railguard-prober"))
-            .arg("fleet")
-            .env("RAILGUARD_FLEET_WATCH", "true")
-            .env("RAILGUARD_KUBECONFIG", cp.kubeconfig_path())
-            .env("RAILGUARD_FLEET_INTERVAL_SECS", "3")
-            .env("RAILGUARD_FLEET_SETTLE_SECS", "1")
-            .env("RAILGUARD_METRICS_LISTEN", ANY_LOOPBACK_PORT)
-            .env("RAILGUARD_LOG", "info"),
-        &logs,
-    );
-    let metrics_url = format!(
-        "http://{}",
-        controller.listen_addr("--metrics-listen").await
-    );
-    wait_ready(
-        &format!("{metrics_url}/readyz"),
-        "fleet controller",
-        &mut controller,
-        &logs,
-    )
-    .await;
+    let (mut controller, metrics_url) = ready_fleet_controller(&bin, &cp, &logs).await;
 
     for (name, want) in [
         ("gpu-failed", "failed:NoSchedule"),

@@ -574,6 +574,18 @@ fn check_prober_rootfs(rootfs: &Path, ctx: &str) -> Result<()> {
     Ok(())
 }
 
+/// The image's own loader finds every library the shared object `dest` needs.
+fn check_loader_resolves(rootfs: &Path, dest: &str, ctx: &str) -> Result<()> {
+    let out = chroot(rootfs, &["/lib64/ld-linux-x86-64.so.2", "--list", dest])?;
+    let listed = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success() && !listed.contains("not found"),
+        "{ctx}: the loader --list {dest}: {}\n{listed}",
+        out.status
+    );
+    Ok(())
+}
+
 /// The NCCL environment plugin where the Dockerfile puts it: a shared object exporting NCCL's
 /// entry points, whose libraries the image's loader resolves.
 fn check_nccl_plugin(rootfs: &Path, ctx: &str) -> Result<()> {
@@ -594,13 +606,7 @@ fn check_nccl_plugin(rootfs: &Path, ctx: &str) -> Result<()> {
             String::from_utf8_lossy(symbol)
         );
     }
-    let out = chroot(rootfs, &["/lib64/ld-linux-x86-64.so.2", "--list", &dest])?;
-    let listed = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success() && !listed.contains("not found"),
-        "{ctx}: the loader --list {dest}: {}\n{listed}",
-        out.status
-    );
+    check_loader_resolves(rootfs, &dest, ctx)?;
     Ok(())
 }
 
@@ -693,13 +699,7 @@ fn check_nccl(rootfs: &Path, ctx: &str) -> Result<()> {
             .any(|l| l.ends_with(" T ncclGetVersion") || l.ends_with(" W ncclGetVersion")),
         "{ctx}: {dest} exports no ncclGetVersion"
     );
-    let out = chroot(rootfs, &["/lib64/ld-linux-x86-64.so.2", "--list", &dest])?;
-    let listed = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success() && !listed.contains("not found"),
-        "{ctx}: the loader --list {dest}: {}\n{listed}",
-        out.status
-    );
+    check_loader_resolves(rootfs, &dest, ctx)?;
     // Held for the test's life: NCCL is not meant to be unloaded.
     static LOADED: std::sync::OnceLock<std::sync::Arc<railguard_gpu::Nccl>> =
         std::sync::OnceLock::new();
@@ -794,6 +794,9 @@ fn images_match_their_dockerfiles_and_their_binaries_run() -> Result<()> {
         ensure!(a.is_file(), "{} is missing", a.display());
         Ok(a.clone())
     };
+    let open_image = |reference: &str, work: &Path| -> Result<Image> {
+        open_archive(&archive(reference)?, reference, work)
+    };
     ensure!(listed.len() == images.len(), "images.txt: {listed:?}");
 
     for (short, component, binary, user) in [
@@ -841,11 +844,7 @@ fn images_match_their_dockerfiles_and_their_binaries_run() -> Result<()> {
         }
     }
 
-    let pause = open_archive(
-        &archive("k8s.gcr.io/pause:3.2")?,
-        "k8s.gcr.io/pause:3.2",
-        &tmp.path().join("pause"),
-    )?;
+    let pause = open_image("k8s.gcr.io/pause:3.2", &tmp.path().join("pause"))?;
     ensure!(
         strings(&pause.config["Entrypoint"]) == ["/pause"],
         "pause entrypoint {}",
@@ -854,8 +853,7 @@ fn images_match_their_dockerfiles_and_their_binaries_run() -> Result<()> {
     let out = chroot(&pause.rootfs, &["/pause", "-v"])?;
     ensure!(out.status.success(), "/pause -v: {out:?}");
 
-    let testbox = open_archive(
-        &archive("localhost/railguard-testbox:dev")?,
+    let testbox = open_image(
         "localhost/railguard-testbox:dev",
         &tmp.path().join("testbox"),
     )?;
@@ -875,11 +873,7 @@ fn images_match_their_dockerfiles_and_their_binaries_run() -> Result<()> {
 
     if kube.is_some() {
         let reference = "localhost/kube-scheduler:v1.20.2";
-        let image = open_archive(
-            &archive(reference)?,
-            reference,
-            &tmp.path().join("kube-scheduler"),
-        )?;
+        let image = open_image(reference, &tmp.path().join("kube-scheduler"))?;
         let out = chroot(
             &image.rootfs,
             &["/usr/local/bin/kube-scheduler", "--version"],

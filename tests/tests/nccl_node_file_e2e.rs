@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use railguard_api::FabricProfile;
-use railguard_tests::sim_prober::{h100_profile_file, prober_bin_dir, Prober};
+use railguard_tests::sim_prober::{h100_profile_file, prober_bin_dir, terminate, Prober};
 use railguard_tests::{eventually, fixture_profile, labels, ControlPlane};
 use serde_json::json;
 
@@ -190,11 +190,7 @@ async fn the_daemon_writes_the_node_file_and_a_failed_rail_leaves_it() -> Result
         "{v}"
     );
 
-    let pid = daemon.id().context("daemon pid")?;
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()?;
-    let status = tokio::time::timeout(Duration::from_secs(20), daemon.wait()).await??;
+    let status = terminate(&mut daemon, Duration::from_secs(20)).await?;
     assert!(status.success(), "daemon exit: {status}");
     Ok(())
 }

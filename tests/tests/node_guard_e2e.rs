@@ -25,6 +25,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
 use railguard_api::keys;
+use railguard_tests::answer::Answer;
 use railguard_tests::chart_values::{
     render_for_server, ValuesSet, DEFAULT, POD_SECURITY_SPLIT, SPLIT_PROBER_NAMESPACE,
 };
@@ -77,6 +78,23 @@ fn component(obj: &Value) -> &str {
     obj["metadata"]["labels"]["app.kubernetes.io/component"]
         .as_str()
         .unwrap_or_default()
+}
+
+/// The chart's prober, campaign and fleet identities: ServiceAccount, ClusterRole and
+/// binding of each.
+fn writer_identities(docs: &[Value]) -> Vec<Value> {
+    let identities: Vec<Value> = docs
+        .iter()
+        .filter(|d| {
+            matches!(
+                d["kind"].as_str(),
+                Some("ServiceAccount" | "ClusterRole" | "ClusterRoleBinding")
+            ) && matches!(component(d), "prober" | "campaign" | "fleet")
+        })
+        .cloned()
+        .collect();
+    assert_eq!(identities.len(), 9, "SA, role and binding of each");
+    identities
 }
 
 fn one<'a>(docs: &'a [Value], kind: &str, component_name: &str) -> &'a Value {
@@ -260,39 +278,28 @@ async fn prober_pod_in(
         .unwrap()
 }
 
-/// What the API server answered to a write.
-#[derive(Debug)]
-enum Answer {
-    Ok,
-    Refused { code: u16, message: String },
+/// Refusals by the node guard.
+trait GuardAnswer {
+    /// Refused by the node guard (not by RBAC), with `reason` in its message.
+    fn assert_guarded(&self, what: &str, reason: &str);
 }
 
-impl Answer {
-    fn of<T>(r: Result<T, kube::Error>) -> Answer {
-        match r {
-            Ok(_) => Answer::Ok,
-            Err(kube::Error::Api(e)) => Answer::Refused {
-                code: e.code,
-                message: e.message,
-            },
-            Err(e) => panic!("transport error: {e}"),
-        }
-    }
-
-    #[track_caller]
-    fn assert_ok(&self, what: &str) {
-        assert!(matches!(self, Answer::Ok), "{what}: {self:?}");
-    }
-
-    /// Refused by the node guard (not by RBAC), with `reason` in its message.
+impl GuardAnswer for Answer {
     #[track_caller]
     fn assert_guarded(&self, what: &str, reason: &str) {
-        match self {
-            Answer::Refused { code: 403, message }
-                if message.contains("railguard node guard") && message.contains(reason) => {}
-            other => panic!("{what}: expected the node guard's {reason:?}, got {other:?}"),
-        }
+        self.assert_refused_by("node guard", "railguard node guard", what, reason);
     }
+}
+
+/// The prober of gpu-a publishes `publish` (labels and certificate) on its Node, then its
+/// condition: both allowed.
+async fn own_prober_publishes(prober_a: &Client, publish: Value) {
+    merge(prober_a, "gpu-a", publish)
+        .await
+        .assert_ok("prober of gpu-a certifies gpu-a");
+    fabric_ready(prober_a, "gpu-a")
+        .await
+        .assert_ok("prober of gpu-a sets its condition");
 }
 
 async fn merge(client: &Client, node: &str, patch: Value) -> Answer {
@@ -364,17 +371,7 @@ async fn only_a_nodes_own_prober_the_campaign_and_the_fleet_controller_write_the
     // The chart's prober, campaign and fleet identities: ServiceAccounts, ClusterRoles,
     // bindings.
     cp.create_namespace(NS, &labels(&[])).await.unwrap();
-    let identities: Vec<Value> = docs
-        .iter()
-        .filter(|d| {
-            matches!(
-                d["kind"].as_str(),
-                Some("ServiceAccount" | "ClusterRole" | "ClusterRoleBinding")
-            ) && matches!(component(d), "prober" | "campaign" | "fleet")
-        })
-        .cloned()
-        .collect();
-    assert_eq!(identities.len(), 9, "SA, role and binding of each");
+    let identities = writer_identities(&docs);
     apply_objects(&admin, NS, &identities).await.unwrap();
     let prober_sa = one(&docs, "ServiceAccount", "prober")["metadata"]["name"]
         .as_str()
@@ -412,13 +409,13 @@ async fn only_a_nodes_own_prober_the_campaign_and_the_fleet_controller_write_the
         .await
         .unwrap();
 
-    for n in ["gpu-a", "gpu-b"] {
-        cp.create_node(n, &labels(&[]), &[]).await.unwrap();
-    }
     let daemonset = docs
         .iter()
         .find(|d| d["kind"] == "DaemonSet" && component(d) == "prober")
         .unwrap();
+    for n in ["gpu-a", "gpu-b"] {
+        cp.create_node(n, &labels(&[]), &[]).await.unwrap();
+    }
     // The chart mounts a bound token, not the legacy one.
     let pod_spec = &daemonset["spec"]["template"]["spec"];
     assert_eq!(pod_spec["automountServiceAccountToken"], false);
@@ -561,12 +558,7 @@ async fn only_a_nodes_own_prober_the_campaign_and_the_fleet_controller_write_the
     assert_eq!(node_label(&admin, "gpu-a", keys::LABEL_FABRIC).await, None);
 
     // The node's own prober publishes: labels and certificate, then the condition.
-    merge(&prober_a, "gpu-a", publish)
-        .await
-        .assert_ok("prober of gpu-a certifies gpu-a");
-    fabric_ready(&prober_a, "gpu-a")
-        .await
-        .assert_ok("prober of gpu-a sets its condition");
+    own_prober_publishes(&prober_a, publish).await;
     assert_eq!(
         node_label(&admin, "gpu-a", keys::LABEL_FABRIC)
             .await
@@ -1192,17 +1184,7 @@ async fn with_the_probers_in_their_own_namespace_only_its_accounts_certify() {
     for ns in [release_ns, probers_ns] {
         cp.create_namespace(ns, &labels(&[])).await.unwrap();
     }
-    let identities: Vec<Value> = docs
-        .iter()
-        .filter(|d| {
-            matches!(
-                d["kind"].as_str(),
-                Some("ServiceAccount" | "ClusterRole" | "ClusterRoleBinding")
-            ) && matches!(component(d), "prober" | "campaign" | "fleet")
-        })
-        .cloned()
-        .collect();
-    assert_eq!(identities.len(), 9, "SA, role and binding of each");
+    let identities = writer_identities(&docs);
     apply_objects(&admin, release_ns, &identities)
         .await
         .unwrap();
@@ -1318,12 +1300,7 @@ async fn with_the_probers_in_their_own_namespace_only_its_accounts_certify() {
     assert_eq!(node_label(&admin, "gpu-a", keys::LABEL_FABRIC).await, None);
 
     // The node's own prober, from the prober namespace.
-    merge(&prober_a, "gpu-a", publish)
-        .await
-        .assert_ok("prober of gpu-a certifies gpu-a");
-    fabric_ready(&prober_a, "gpu-a")
-        .await
-        .assert_ok("prober of gpu-a sets its condition");
+    own_prober_publishes(&prober_a, publish).await;
 
     // The campaign: its account there records findings, the release namespace's does not.
     let finding = json!({"metadata": {

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use railguard_api::{keys, profiles_from_yaml, Certificate, FabricState, NodeFabric};
 use railguard_tests::ports::logged_listen_addr;
-use railguard_tests::sim_prober::{h100_profile_file, prober_bin_dir, Prober};
+use railguard_tests::sim_prober::{h100_profile_file, prober_bin_dir, terminate, Prober};
 use railguard_tests::{events_about, eventually, labels, workspace_root, ControlPlane};
 
 const RDMA: &str = "rdma/rdma_shared_device_a";
@@ -362,11 +362,7 @@ async fn simulated_nodes_certify_fail_on_faults_and_flip_on_passive_counters() -
     assert!(http_get(metrics_port, "/healthz").await?.ends_with("ok"));
 
     // graceful shutdown on SIGTERM
-    let pid = daemon.id().context("daemon pid")?;
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()?;
-    let status = tokio::time::timeout(Duration::from_secs(20), daemon.wait()).await??;
+    let status = terminate(&mut daemon, Duration::from_secs(20)).await?;
     assert!(status.success(), "daemon exit: {status}");
     Ok(())
 }

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use railguard_api::campaign_findings::campaign_findings;
 use railguard_api::campaign_findings::{NodeFindings, RailBlame};
@@ -532,18 +532,10 @@ async fn sigterm_mid_run_publishes_or_restores_and_never_leaves_pending() -> Res
                     keys::ANNOTATION_RECERTIFY: "e2e"}}})),
             )
             .await?;
-        let mut d = prober
-            .command("daemon", name, MODEL)
-            .args(["--interval-secs", "3600", "--passive-interval-secs", "3600"])
-            .args(["--poll-ms", "200", "--jitter-percent", "0"])
-            .arg("--metrics-listen")
-            .arg(ANY_LOOPBACK_PORT)
-            .arg("--nccl-binary")
-            .arg(slow_all_reduce_perf(work.path(), &prober.bin, nccl_secs)?)
+        let slow = slow_all_reduce_perf(work.path(), &prober.bin, nccl_secs)?;
+        let mut d = slow_run_daemon(&prober, name, &slow)
             .arg("--shutdown-grace-secs")
             .arg(grace.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
             .spawn()
             .context("starting the daemon")?;
         eventually(
@@ -700,7 +692,6 @@ async fn a_node_read_that_fails_is_never_taken_for_no_certificate() -> Result<()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_recertify_request_waits_for_busy_gpus_and_is_kept() -> Result<()> {
-    use k8s_openapi::api::core::v1::{Event, Pod};
     let cp = ControlPlane::start().await?;
     let client = cp.client();
     let nodes: Api<Node> = Api::all(client.clone());
@@ -712,60 +703,23 @@ async fn a_recertify_request_waits_for_busy_gpus_and_is_kept() -> Result<()> {
 
     // A training pod holds the node's GPUs (bound, never run: no kubelet), and an operator
     // asks for a recertification.
-    cp.create_namespace("ml", &labels(&[])).await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "ml");
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "train-0"},
-        "spec": {"nodeName": name, "containers": [{"name": "c", "image": "trainer",
-            "resources": {"limits": {"nvidia.com/gpu": "8"}}}]},
-    }))?;
-    pods.create(&PostParams::default(), &pod).await?;
-    let ask = json!({"metadata": {"annotations": {keys::ANNOTATION_RECERTIFY: "now"}}});
-    nodes
-        .patch(name, &PatchParams::default(), &Patch::Merge(&ask))
-        .await?;
+    let pods = bound_pod(
+        &cp,
+        "ml",
+        "train-0",
+        name,
+        "trainer",
+        json!({"nvidia.com/gpu": "8"}),
+    )
+    .await?;
+    ask_recertify(&nodes, name).await?;
 
-    let mut d = prober
-        .command("daemon", name, MODEL)
-        .args(["--interval-secs", "3600", "--passive-interval-secs", "1"])
-        .args([
-            "--window-ms",
-            "100",
-            "--poll-ms",
-            "200",
-            "--jitter-percent",
-            "0",
-        ])
-        .arg("--metrics-listen")
-        .arg(ANY_LOOPBACK_PORT)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(work.path().join("daemon.log"))?)
-        .spawn()?;
-    let metrics = logged_listen_addr(
-        &mut d,
+    let (mut d, metrics) = spawn_with_metrics(
+        on_request_daemon(&prober, name),
         &work.path().join("daemon.log"),
-        "--metrics-listen",
-        Duration::from_secs(60),
     )
     .await?;
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let deferred = eventually(
-        Duration::from_secs(60),
-        "a RecertifyDeferred event",
-        || async {
-            Ok(events
-                .list(&Default::default())
-                .await?
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.involved_object.name.as_deref() == Some(name)
-                        && e.reason.as_deref() == Some("RecertifyDeferred")
-                }))
-        },
-    )
-    .await?;
+    let deferred = node_event(&client, name, "RecertifyDeferred", Duration::from_secs(60)).await?;
     assert!(
         deferred.message.unwrap_or_default().contains("ml/train-0"),
         "the event names the pod"
@@ -776,18 +730,7 @@ async fn a_recertify_request_waits_for_busy_gpus_and_is_kept() -> Result<()> {
     eventually(
         Duration::from_secs(60),
         "three deferred retries",
-        || async {
-            let text = reqwest::get(format!("http://{metrics}/metrics"))
-                .await?
-                .text()
-                .await?;
-            let count = text
-                .lines()
-                .find_map(|l| l.strip_prefix(deferrals))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-                .unwrap_or(0.0);
-            Ok((count >= 3.0).then_some(()))
-        },
+        || async { Ok((metric_value(metrics, deferrals).await? >= 3.0).then_some(())) },
     )
     .await?;
     let (cert, node) = node_certificate(&nodes, name).await?;
@@ -796,34 +739,12 @@ async fn a_recertify_request_waits_for_busy_gpus_and_is_kept() -> Result<()> {
         label(&node, keys::LABEL_FABRIC),
         Some(keys::fabric::PENDING)
     );
-    assert!(
-        node.metadata
-            .annotations
-            .unwrap_or_default()
-            .contains_key(keys::ANNOTATION_RECERTIFY),
-        "the request is kept"
-    );
+    assert!(recertify_asked(&node), "the request is kept");
 
     // The pod is gone: the request is honoured and cleared.
-    // At once: no kubelet confirms a graceful deletion.
-    pods.delete(
-        "train-0",
-        &kube::api::DeleteParams::default().grace_period(0),
-    )
-    .await?;
-    eventually(Duration::from_secs(60), "the requested run", || async {
-        let (cert, node) = node_certificate(&nodes, name).await?;
-        let asked = node
-            .metadata
-            .annotations
-            .unwrap_or_default()
-            .contains_key(keys::ANNOTATION_RECERTIFY);
-        Ok((cert.history.len() == before.history.len() + 1 && !asked).then_some(()))
-    })
-    .await?;
-    sigterm(&d)?;
-    let status = tokio::time::timeout(Duration::from_secs(60), d.wait()).await??;
-    assert!(status.success(), "{status}");
+    delete_now(&pods, "train-0").await?;
+    requested_run_done(&nodes, name, before.history.len(), Duration::from_secs(60)).await?;
+    stop_daemon(&mut d).await?;
     Ok(())
 }
 
@@ -840,7 +761,6 @@ async fn metric_value(metrics: std::net::SocketAddr, metric: &str) -> Result<f64
         .unwrap_or(0.0))
 }
 
-/// Our taint's value on `node`, if it carries it.
 /// Waits until the requested run on `name` has ended: one run more in the certificate's
 /// history than `runs_before`, and the `railguard.io/recertify` request gone. The Node then.
 async fn requested_run_done(
@@ -851,17 +771,157 @@ async fn requested_run_done(
 ) -> Result<Node> {
     eventually(timeout, "the requested run", || async {
         let (cert, node) = node_certificate(nodes, name).await?;
-        let asked = node
-            .metadata
-            .annotations
-            .clone()
-            .unwrap_or_default()
-            .contains_key(keys::ANNOTATION_RECERTIFY);
-        Ok((cert.history.len() == runs_before + 1 && !asked).then_some(node))
+        let done = cert.history.len() == runs_before + 1 && !recertify_asked(&node);
+        Ok(done.then_some(node))
     })
     .await
 }
 
+/// Whether `node` carries a `railguard.io/recertify` request.
+fn recertify_asked(node: &Node) -> bool {
+    node.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(keys::ANNOTATION_RECERTIFY))
+}
+
+/// Asks for a recertification of `name`, as an operator does.
+async fn ask_recertify(nodes: &Api<Node>, name: &str) -> Result<()> {
+    let ask = json!({"metadata": {"annotations": {keys::ANNOTATION_RECERTIFY: "now"}}});
+    nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&ask))
+        .await?;
+    Ok(())
+}
+
+/// `railguard-prober daemon` on `name` that runs invasively only on request: passive checks
+/// every second (100 ms windows), polls every 200 ms without jitter, metrics on a port of
+/// its own choosing.
+fn on_request_daemon(prober: &Prober<'_>, name: &str) -> tokio::process::Command {
+    let mut c = prober.command("daemon", name, MODEL);
+    c.args(["--interval-secs", "3600", "--passive-interval-secs", "1"])
+        .args([
+            "--window-ms",
+            "100",
+            "--poll-ms",
+            "200",
+            "--jitter-percent",
+            "0",
+        ])
+        .arg("--metrics-listen")
+        .arg(ANY_LOOPBACK_PORT);
+    c
+}
+
+/// `railguard-prober daemon` on `name` that neither checks nor runs on its own for an hour
+/// (polls every 200 ms without jitter), its NCCL step run by `nccl_binary`.
+fn slow_run_daemon(prober: &Prober<'_>, name: &str, nccl_binary: &Path) -> tokio::process::Command {
+    let mut c = prober.command("daemon", name, MODEL);
+    c.args(["--interval-secs", "3600", "--passive-interval-secs", "3600"])
+        .args(["--poll-ms", "200", "--jitter-percent", "0"])
+        .arg("--metrics-listen")
+        .arg(ANY_LOOPBACK_PORT)
+        .arg("--nccl-binary")
+        .arg(nccl_binary)
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    c
+}
+
+/// Starts `daemon` with its stderr in `log`; the child and its metrics address, read back
+/// from the log.
+async fn spawn_with_metrics(
+    mut daemon: tokio::process::Command,
+    log: &Path,
+) -> Result<(tokio::process::Child, std::net::SocketAddr)> {
+    let mut d = daemon
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log)?)
+        .spawn()?;
+    let metrics =
+        logged_listen_addr(&mut d, log, "--metrics-listen", Duration::from_secs(60)).await?;
+    Ok((d, metrics))
+}
+
+/// SIGTERM to the daemon `d`: it must exit cleanly within a minute.
+async fn stop_daemon(d: &mut tokio::process::Child) -> Result<()> {
+    sigterm(d)?;
+    let status = tokio::time::timeout(Duration::from_secs(60), d.wait()).await??;
+    assert!(status.success(), "{status}");
+    Ok(())
+}
+
+/// Waits up to `timeout` for an Event about node `name` with `reason` (in `default`).
+async fn node_event(
+    client: &kube::Client,
+    name: &str,
+    reason: &str,
+    timeout: Duration,
+) -> Result<Event> {
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    eventually(
+        timeout,
+        &format!("an Event {reason} about {name}"),
+        || async {
+            Ok(events
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.involved_object.name.as_deref() == Some(name)
+                        && e.reason.as_deref() == Some(reason)
+                }))
+        },
+    )
+    .await
+}
+
+/// Pod `pod` in a new namespace `ns`, bound to `node` (named in its spec, as a scheduler
+/// binds it; no kubelet runs it) with `limits`. The namespace's pods.
+async fn bound_pod(
+    cp: &ControlPlane,
+    ns: &str,
+    pod: &str,
+    node: &str,
+    image: &str,
+    limits: serde_json::Value,
+) -> Result<Api<Pod>> {
+    cp.create_namespace(ns, &labels(&[])).await?;
+    let pods: Api<Pod> = Api::namespaced(cp.client(), ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": image,
+            "resources": {"limits": limits}}]},
+    }))?;
+    pods.create(&PostParams::default(), &pod).await?;
+    Ok(pods)
+}
+
+/// Deletes `pod` at once: no kubelet confirms a graceful deletion.
+async fn delete_now(pods: &Api<Pod>, pod: &str) -> Result<()> {
+    pods.delete(pod, &kube::api::DeleteParams::default().grace_period(0))
+        .await?;
+    Ok(())
+}
+
+/// `sim_prober` with `profile` in place of the shipped one (written under `work` as `file`).
+fn sim_prober_with<'a>(
+    cp: &'a ControlPlane,
+    work: &'a Path,
+    profile: &FabricProfile,
+    file: &str,
+) -> Result<Prober<'a>> {
+    let profile_file = work.join(file);
+    std::fs::write(&profile_file, serde_yaml_ng::to_string(profile)?)?;
+    Ok(Prober {
+        profile_file,
+        ..sim_prober(cp, work)
+    })
+}
+
+/// Our taint's value on `node`, if it carries it.
 fn railguard_taint(node: &Node) -> Option<String> {
     node.spec
         .as_ref()
@@ -881,33 +941,27 @@ fn railguard_taint(node: &Node) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn invasive_runs_wait_for_a_node_in_service_and_free_and_taint_it_while_they_run(
 ) -> Result<()> {
-    use k8s_openapi::api::core::v1::{Event, Pod};
     let cp = ControlPlane::start().await?;
     let client = cp.client();
     let nodes: Api<Node> = Api::all(client.clone());
     let work = tempfile::tempdir()?;
     let mut tainting = profile();
     tainting.spec.certification.taints = true;
-    let profile_file = work.path().join("profile-taints.yaml");
-    std::fs::write(&profile_file, serde_yaml_ng::to_string(&tainting)?)?;
-    let prober = Prober {
-        profile_file,
-        ..sim_prober(&cp, work.path())
-    };
+    let prober = sim_prober_with(&cp, work.path(), &tainting, "profile-taints.yaml")?;
     let name = "gpu-m";
     certified_node(&prober, &cp, name).await?;
     let (before, _) = node_certificate(&nodes, name).await?;
 
     // Cordoned and in a maintenance window, a storage client on the HCAs, and a request.
-    cp.create_namespace("storage", &labels(&[])).await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "storage");
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "lustre-client"},
-        "spec": {"nodeName": name, "containers": [{"name": "c", "image": "lustre",
-            "resources": {"limits": {RDMA: "1"}}}]},
-    }))?;
-    pods.create(&PostParams::default(), &pod).await?;
+    let pods = bound_pod(
+        &cp,
+        "storage",
+        "lustre-client",
+        name,
+        "lustre",
+        json!({RDMA: "1"}),
+    )
+    .await?;
     let out_of_service = json!({
         "spec": {"unschedulable": true},
         "metadata": {"labels": {keys::LABEL_MAINTENANCE: "window-42"},
@@ -922,53 +976,17 @@ async fn invasive_runs_wait_for_a_node_in_service_and_free_and_taint_it_while_th
         .await?;
 
     let log_path = work.path().join("daemon.log");
-    let mut d = prober
-        .command("daemon", name, MODEL)
-        .args(["--interval-secs", "3600", "--passive-interval-secs", "1"])
-        .args([
-            "--window-ms",
-            "100",
-            "--poll-ms",
-            "200",
-            "--jitter-percent",
-            "0",
-        ])
-        .arg("--metrics-listen")
-        .arg(ANY_LOOPBACK_PORT)
+    let mut daemon = on_request_daemon(&prober, name);
+    daemon
         .arg("--nccl-binary")
-        .arg(slow_all_reduce_perf(work.path(), &prober.bin, 3)?)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path)?)
-        .spawn()?;
-    let metrics = logged_listen_addr(
-        &mut d,
-        &log_path,
-        "--metrics-listen",
-        Duration::from_secs(60),
-    )
-    .await?;
+        .arg(slow_all_reduce_perf(work.path(), &prober.bin, 3)?);
+    let (mut d, metrics) = spawn_with_metrics(daemon, &log_path).await?;
     let unavailable =
         "railguard_prober_runs_total{kind=\"invasive\",outcome=\"deferred-node-unavailable\"}";
     let in_use = "railguard_prober_runs_total{kind=\"invasive\",outcome=\"deferred-gpu-pods\"}";
 
     // 1. Cordoned: held back, once said in an Event.
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let deferred = eventually(
-        Duration::from_secs(60),
-        "a RecertifyDeferred event",
-        || async {
-            Ok(events
-                .list(&Default::default())
-                .await?
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.involved_object.name.as_deref() == Some(name)
-                        && e.reason.as_deref() == Some("RecertifyDeferred")
-                }))
-        },
-    )
-    .await?;
+    let deferred = node_event(&client, name, "RecertifyDeferred", Duration::from_secs(60)).await?;
     let message = deferred.message.unwrap_or_default();
     assert!(message.contains("the node is cordoned"), "{message}");
 
@@ -1009,18 +1027,10 @@ async fn invasive_runs_wait_for_a_node_in_service_and_free_and_taint_it_while_th
         None,
         "no testing taint before a run"
     );
-    assert!(node
-        .metadata
-        .annotations
-        .unwrap_or_default()
-        .contains_key(keys::ANNOTATION_RECERTIFY));
+    assert!(recertify_asked(&node));
 
     // 4. Free: the run goes, tainted `testing` while the (slowed) NCCL step runs.
-    pods.delete(
-        "lustre-client",
-        &kube::api::DeleteParams::default().grace_period(0),
-    )
-    .await?;
+    delete_now(&pods, "lustre-client").await?;
     eventually(
         Duration::from_secs(60),
         "the testing taint during the run",
@@ -1037,9 +1047,7 @@ async fn invasive_runs_wait_for_a_node_in_service_and_free_and_taint_it_while_th
         requested_run_done(&nodes, name, before.history.len(), Duration::from_secs(90)).await?;
     assert_shows_certified(&node);
     assert_eq!(railguard_taint(&node), None, "lifted when it certified");
-    sigterm(&d)?;
-    let status = tokio::time::timeout(Duration::from_secs(60), d.wait()).await??;
-    assert!(status.success(), "{status}");
+    stop_daemon(&mut d).await?;
     Ok(())
 }
 
@@ -1057,48 +1065,23 @@ async fn the_invasive_cap_runs_one_node_at_a_time() -> Result<()> {
     capped.spec.certification.max_concurrent_invasive =
         railguard_api::invasive::MaxConcurrentInvasive::Count(1);
     let slot = capped.invasive_slot_leases(1).remove(0);
-    let profile_file = work.path().join("profile-cap-1.yaml");
-    std::fs::write(&profile_file, serde_yaml_ng::to_string(&capped)?)?;
-    let prober = Prober {
-        profile_file,
-        ..sim_prober(&cp, work.path())
-    };
+    let prober = sim_prober_with(&cp, work.path(), &capped, "profile-cap-1.yaml")?;
     let names = ["gpu-s1", "gpu-s2"];
     let mut before = Vec::new();
     for name in names {
         certified_node(&prober, &cp, name).await?;
         before.push(node_certificate(&nodes, name).await?.0.history.len());
-        let ask = json!({"metadata": {"annotations": {keys::ANNOTATION_RECERTIFY: "now"}}});
-        nodes
-            .patch(name, &PatchParams::default(), &Patch::Merge(&ask))
-            .await?;
+        ask_recertify(&nodes, name).await?;
     }
     let slow = slow_all_reduce_perf(work.path(), &prober.bin, 4)?;
     let mut daemons = Vec::new();
     let mut metrics = Vec::new();
     for name in names {
         let log = work.path().join(format!("daemon-{name}.log"));
-        let mut d = prober
-            .command("daemon", name, MODEL)
-            .args(["--interval-secs", "3600", "--passive-interval-secs", "1"])
-            .args([
-                "--window-ms",
-                "100",
-                "--poll-ms",
-                "200",
-                "--jitter-percent",
-                "0",
-            ])
-            .arg("--metrics-listen")
-            .arg(ANY_LOOPBACK_PORT)
-            .arg("--nccl-binary")
-            .arg(&slow)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()?;
-        metrics.push(
-            logged_listen_addr(&mut d, &log, "--metrics-listen", Duration::from_secs(60)).await?,
-        );
+        let mut daemon = on_request_daemon(&prober, name);
+        daemon.arg("--nccl-binary").arg(&slow);
+        let (d, m) = spawn_with_metrics(daemon, &log).await?;
+        metrics.push(m);
         daemons.push(d);
     }
 
@@ -1111,12 +1094,7 @@ async fn the_invasive_cap_runs_one_node_at_a_time() -> Result<()> {
         for (i, name) in names.iter().enumerate() {
             let (cert, node) = node_certificate(&nodes, name).await?;
             pending[i] = label(&node, keys::LABEL_FABRIC) == Some(keys::fabric::PENDING);
-            let asked = node
-                .metadata
-                .annotations
-                .unwrap_or_default()
-                .contains_key(keys::ANNOTATION_RECERTIFY);
-            done[i] = cert.history.len() == before[i] + 1 && !asked && !pending[i];
+            done[i] = cert.history.len() == before[i] + 1 && !recertify_asked(&node) && !pending[i];
         }
         assert!(
             !(pending[0] && pending[1]),
@@ -1165,7 +1143,6 @@ async fn the_invasive_cap_runs_one_node_at_a_time() -> Result<()> {
 /// and the request stays. With the pod gone the run goes again and certifies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_gpu_pod_arriving_mid_run_stops_it_and_the_node_is_restored() -> Result<()> {
-    use k8s_openapi::api::core::v1::{Event, Pod};
     let cp = ControlPlane::start().await?;
     let client = cp.client();
     let nodes: Api<Node> = Api::all(client.clone());
@@ -1175,47 +1152,16 @@ async fn a_gpu_pod_arriving_mid_run_stops_it_and_the_node_is_restored() -> Resul
     let mut slowed = profile();
     assert!(!slowed.spec.certification.taints, "the default profile");
     slowed.spec.certification.nccl_runner = railguard_api::profile::NcclRunner::NcclTests;
-    let profile_file = work.path().join("profile-nccl-tests.yaml");
-    std::fs::write(&profile_file, serde_yaml_ng::to_string(&slowed)?)?;
-    let prober = Prober {
-        profile_file,
-        ..sim_prober(&cp, work.path())
-    };
+    let prober = sim_prober_with(&cp, work.path(), &slowed, "profile-nccl-tests.yaml")?;
     let name = "gpu-r";
     certified_node(&prober, &cp, name).await?;
     let (before, _) = node_certificate(&nodes, name).await?;
-    let ask = json!({"metadata": {"annotations": {keys::ANNOTATION_RECERTIFY: "now"}}});
-    nodes
-        .patch(name, &PatchParams::default(), &Patch::Merge(&ask))
-        .await?;
+    ask_recertify(&nodes, name).await?;
 
     let slow = slow_all_reduce_perf(work.path(), &prober.bin, 20)?;
-    let log_path = work.path().join("daemon.log");
-    let mut d = prober
-        .command("daemon", name, MODEL)
-        .args(["--interval-secs", "3600", "--passive-interval-secs", "1"])
-        .args([
-            "--window-ms",
-            "100",
-            "--poll-ms",
-            "200",
-            "--jitter-percent",
-            "0",
-        ])
-        .arg("--metrics-listen")
-        .arg(ANY_LOOPBACK_PORT)
-        .arg("--nccl-binary")
-        .arg(&slow)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path)?)
-        .spawn()?;
-    let metrics = logged_listen_addr(
-        &mut d,
-        &log_path,
-        "--metrics-listen",
-        Duration::from_secs(60),
-    )
-    .await?;
+    let mut daemon = on_request_daemon(&prober, name);
+    daemon.arg("--nccl-binary").arg(&slow);
+    let (mut d, metrics) = spawn_with_metrics(daemon, &work.path().join("daemon.log")).await?;
     // The stand-in as the kernel runs a script: `/bin/sh PATH ARGS` (the daemon's own
     // command line names the path too, after --nccl-binary).
     let running = || -> Result<bool> {
@@ -1244,15 +1190,15 @@ async fn a_gpu_pod_arriving_mid_run_stops_it_and_the_node_is_restored() -> Resul
 
     // A MIG slice's pod is bound to the node (it names the node, as a scheduler that
     // tolerates every taint would bind it).
-    cp.create_namespace("ml", &labels(&[])).await?;
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "ml");
-    let pod: Pod = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "infer-0"},
-        "spec": {"nodeName": name, "containers": [{"name": "c", "image": "vllm",
-            "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}]},
-    }))?;
-    pods.create(&PostParams::default(), &pod).await?;
+    let pods = bound_pod(
+        &cp,
+        "ml",
+        "infer-0",
+        name,
+        "vllm",
+        json!({"nvidia.com/mig-1g.10gb": "1"}),
+    )
+    .await?;
     let aborted = "railguard_prober_runs_total{kind=\"invasive\",outcome=\"aborted-gpu-pods\"}";
     eventually(Duration::from_secs(30), "the run abandoned", || async {
         Ok((metric_value(metrics, aborted).await? >= 1.0).then_some(()))
@@ -1263,34 +1209,17 @@ async fn a_gpu_pod_arriving_mid_run_stops_it_and_the_node_is_restored() -> Resul
     assert_eq!(after.history.len(), before.history.len(), "no run recorded");
     assert_shows_certified(&node);
     assert_eq!(railguard_taint(&node), None, "the testing taint lifted");
-    assert!(
-        node.metadata
-            .annotations
-            .clone()
-            .unwrap_or_default()
-            .contains_key(keys::ANNOTATION_RECERTIFY),
-        "the request stays"
-    );
+    assert!(recertify_asked(&node), "the request stays");
     // Dropped with the run: killed (kill_on_drop), not left running on the GPUs.
     eventually(Duration::from_secs(5), "the stand-in killed", || async {
         Ok((!running()?).then_some(()))
     })
     .await?;
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    let event = eventually(
+    let event = node_event(
+        &client,
+        name,
+        "InvasiveRunAbandoned",
         Duration::from_secs(30),
-        "an InvasiveRunAbandoned event",
-        || async {
-            Ok(events
-                .list(&Default::default())
-                .await?
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.involved_object.name.as_deref() == Some(name)
-                        && e.reason.as_deref() == Some("InvasiveRunAbandoned")
-                }))
-        },
     )
     .await?;
     let message = event.message.unwrap_or_default();
@@ -1301,18 +1230,12 @@ async fn a_gpu_pod_arriving_mid_run_stops_it_and_the_node_is_restored() -> Resul
     );
 
     // The pod goes: the kept request runs to its end, and the taint goes with it.
-    pods.delete(
-        "infer-0",
-        &kube::api::DeleteParams::default().grace_period(0),
-    )
-    .await?;
+    delete_now(&pods, "infer-0").await?;
     let node =
         requested_run_done(&nodes, name, before.history.len(), Duration::from_secs(120)).await?;
     assert_shows_certified(&node);
     assert_eq!(railguard_taint(&node), None, "lifted when it ended");
-    sigterm(&d)?;
-    let status = tokio::time::timeout(Duration::from_secs(60), d.wait()).await??;
-    assert!(status.success(), "{status}");
+    stop_daemon(&mut d).await?;
     Ok(())
 }
 
@@ -1333,36 +1256,10 @@ async fn an_invasive_run_waits_for_the_pair_test_on_its_rails() -> Result<()> {
     let pair_test = railguard_prober::test_lock::NodeTestLock::new(&lock_file)
         .try_shared()?
         .context("the lock is free")?;
-    let ask = json!({"metadata": {"annotations": {keys::ANNOTATION_RECERTIFY: "now"}}});
-    nodes
-        .patch(name, &PatchParams::default(), &Patch::Merge(&ask))
-        .await?;
-    let log_path = work.path().join("daemon.log");
-    let mut d = prober
-        .command("daemon", name, MODEL)
-        .args(["--interval-secs", "3600", "--passive-interval-secs", "1"])
-        .args([
-            "--window-ms",
-            "100",
-            "--poll-ms",
-            "200",
-            "--jitter-percent",
-            "0",
-        ])
-        .arg("--metrics-listen")
-        .arg(ANY_LOOPBACK_PORT)
-        .arg("--test-lock-file")
-        .arg(&lock_file)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path)?)
-        .spawn()?;
-    let metrics = logged_listen_addr(
-        &mut d,
-        &log_path,
-        "--metrics-listen",
-        Duration::from_secs(60),
-    )
-    .await?;
+    ask_recertify(&nodes, name).await?;
+    let mut daemon = on_request_daemon(&prober, name);
+    daemon.arg("--test-lock-file").arg(&lock_file);
+    let (mut d, metrics) = spawn_with_metrics(daemon, &work.path().join("daemon.log")).await?;
     let deferred = "railguard_prober_runs_total{kind=\"invasive\",outcome=\"deferred-pair-test\"}";
     eventually(Duration::from_secs(60), "held back twice", || async {
         Ok((metric_value(metrics, deferred).await? >= 2.0).then_some(()))
@@ -1378,9 +1275,7 @@ async fn an_invasive_run_waits_for_the_pair_test_on_its_rails() -> Result<()> {
         requested_run_done(&nodes, name, before.history.len(), Duration::from_secs(90)).await?;
     assert_shows_certified(&node);
     assert_eq!(railguard_taint(&node), None);
-    sigterm(&d)?;
-    let status = tokio::time::timeout(Duration::from_secs(60), d.wait()).await??;
-    assert!(status.success(), "{status}");
+    stop_daemon(&mut d).await?;
     Ok(())
 }
 
@@ -1393,7 +1288,6 @@ async fn an_invasive_run_waits_for_the_pair_test_on_its_rails() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_prober_killed_mid_run_never_leaves_its_node_pending_longer_than_its_lease() -> Result<()>
 {
-    use k8s_openapi::api::core::v1::Event;
     use railguard_prober::certify::slots::SLOT_LEASE_SECONDS;
     use railguard_tests::daemon::Daemon;
     let cp = ControlPlane::start().await?;
@@ -1403,15 +1297,10 @@ async fn a_prober_killed_mid_run_never_leaves_its_node_pending_longer_than_its_l
     let work = tempfile::tempdir()?;
     let mut slowed = profile();
     slowed.spec.certification.nccl_runner = railguard_api::profile::NcclRunner::NcclTests;
-    let profile_file = work.path().join("profile-nccl-tests.yaml");
-    std::fs::write(&profile_file, serde_yaml_ng::to_string(&slowed)?)?;
     Api::<FabricProfile>::all(client.clone())
         .create(&PostParams::default(), &slowed)
         .await?;
-    let prober = Prober {
-        profile_file,
-        ..sim_prober(&cp, work.path())
-    };
+    let prober = sim_prober_with(&cp, work.path(), &slowed, "profile-nccl-tests.yaml")?;
     let name = "gpu-k";
     certified_node(&prober, &cp, name).await?;
     let (before, _) = node_certificate(&nodes, name).await?;
@@ -1446,22 +1335,9 @@ async fn a_prober_killed_mid_run_never_leaves_its_node_pending_longer_than_its_l
     // The default 5% of one node: one slot, nobody waiting.
     assert_eq!((status.nodes, status.slots, status.waiting), (1, 1, 0));
 
-    let ask = json!({"metadata": {"annotations": {keys::ANNOTATION_RECERTIFY: "now"}}});
-    nodes
-        .patch(name, &PatchParams::default(), &Patch::Merge(&ask))
-        .await?;
+    ask_recertify(&nodes, name).await?;
     let slow = slow_all_reduce_perf(work.path(), &prober.bin, 600)?;
-    let mut d = prober
-        .command("daemon", name, MODEL)
-        .args(["--interval-secs", "3600", "--passive-interval-secs", "3600"])
-        .args(["--poll-ms", "200", "--jitter-percent", "0"])
-        .arg("--metrics-listen")
-        .arg(ANY_LOOPBACK_PORT)
-        .arg("--nccl-binary")
-        .arg(&slow)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()?;
+    let mut d = slow_run_daemon(&prober, name, &slow).spawn()?;
     let marked = |node: &Node| {
         railguard_taint(node).as_deref() == Some(keys::taint_reason::TESTING)
             && label(node, keys::LABEL_FABRIC) == Some(keys::fabric::PENDING)
@@ -1499,21 +1375,11 @@ async fn a_prober_killed_mid_run_never_leaves_its_node_pending_longer_than_its_l
         took >= Duration::from_secs(u64::from(SLOT_LEASE_SECONDS.unsigned_abs()) * 2 / 3 - 5),
         "restored after {took:?}: before the Lease expired"
     );
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    eventually(
+    node_event(
+        &client,
+        name,
+        "InvasiveRunOrphaned",
         Duration::from_secs(30),
-        "an InvasiveRunOrphaned event",
-        || async {
-            Ok(events
-                .list(&Default::default())
-                .await?
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.involved_object.name.as_deref() == Some(name)
-                        && e.reason.as_deref() == Some("InvasiveRunOrphaned")
-                }))
-        },
     )
     .await?;
     // The stand-in the killed daemon left behind.

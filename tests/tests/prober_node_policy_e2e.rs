@@ -25,6 +25,7 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
+use railguard_tests::answer::Answer;
 use railguard_tests::chart_values::{
     render_for_server, ValuesSet, DEFAULT, POD_SECURITY_SPLIT, SPLIT_PROBER_NAMESPACE,
 };
@@ -261,38 +262,16 @@ fn the_policy_is_rendered_where_the_server_serves_it_for_the_probers_account_alo
     assert!(err.contains("nodeWritePolicy"), "{err}");
 }
 
-/// What the API server answered to a write.
-#[derive(Debug)]
-enum Answer {
-    Ok,
-    Refused { code: u16, message: String },
+/// Refusals by the prober's policy.
+trait PolicyAnswer {
+    /// Refused by the policy (403, its own message, `words` in it), not by RBAC.
+    fn assert_refused(&self, what: &str, words: &str);
 }
 
-impl Answer {
-    fn of<T>(r: Result<T, kube::Error>) -> Answer {
-        match r {
-            Ok(_) => Answer::Ok,
-            Err(kube::Error::Api(e)) => Answer::Refused {
-                code: e.code,
-                message: e.message,
-            },
-            Err(e) => panic!("transport error: {e}"),
-        }
-    }
-
-    #[track_caller]
-    fn assert_ok(&self, what: &str) {
-        assert!(matches!(self, Answer::Ok), "{what}: {self:?}");
-    }
-
-    /// Refused by the policy (403, its own message, `words` in it), not by RBAC.
+impl PolicyAnswer for Answer {
     #[track_caller]
     fn assert_refused(&self, what: &str, words: &str) {
-        match self {
-            Answer::Refused { code: 403, message }
-                if message.contains(POLICY_MARK) && message.contains(words) => {}
-            other => panic!("{what}: expected the policy's {words:?}, got {other:?}"),
-        }
+        self.assert_refused_by("policy", POLICY_MARK, what, words);
     }
 }
 

@@ -695,15 +695,7 @@ async fn scenario(node: &RealNode, bins: &Path) -> Result<()> {
         Duration::from_secs(60),
         "the webhook's Plugin delivery",
         || async {
-            let p = pods
-                .create(
-                    &PostParams {
-                        dry_run: true,
-                        ..Default::default()
-                    },
-                    &probe,
-                )
-                .await?;
+            let p = pods.create(&railguard_tests::dry_run(), &probe).await?;
             let env: Vec<String> = p
                 .spec
                 .iter()
@@ -1202,14 +1194,22 @@ async fn admission_load(
     out
 }
 
-/// The webhook pods, (name, uid), not terminating.
-async fn webhook_pods(client: &Client) -> Result<Vec<(String, String)>> {
+/// The webhook pods not terminating.
+async fn live_webhook_pods(client: &Client) -> Result<Vec<Pod>> {
     Ok(Api::<Pod>::namespaced(client.clone(), NAMESPACE)
         .list(&ListParams::default().labels("app.kubernetes.io/component=webhook"))
         .await?
         .items
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect())
+}
+
+/// The webhook pods, (name, uid), not terminating.
+async fn webhook_pods(client: &Client) -> Result<Vec<(String, String)>> {
+    Ok(live_webhook_pods(client)
+        .await?
+        .into_iter()
         .filter_map(|p| Some((p.metadata.name?, p.metadata.uid?)))
         .collect())
 }
@@ -1657,12 +1657,9 @@ async fn kept_state(client: &Client) -> Result<BTreeMap<String, String>> {
 
 /// The running (not terminating) webhook pods that carry the upgrade's rollout annotation.
 async fn webhook_pods_with_rollout_annotation(client: &Client) -> Result<Vec<String>> {
-    Ok(Api::<Pod>::namespaced(client.clone(), NAMESPACE)
-        .list(&ListParams::default().labels("app.kubernetes.io/component=webhook"))
+    Ok(live_webhook_pods(client)
         .await?
-        .items
         .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter(|p| {
             p.metadata
                 .annotations

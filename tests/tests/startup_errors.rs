@@ -149,26 +149,22 @@ fn webhook() -> PathBuf {
     bin("railguard-webhook-cli", "railguard-webhook")
 }
 
+/// Any free loopback port: for the listener a test does not make fail.
+const ANY_PORT: &str = "127.0.0.1:0";
+
+/// The webhook admitting on `listen`, serving metrics on `metrics`, with `rest` after.
+fn run_webhook(f: &Files, listen: &str, metrics: &str, rest: &[&str]) -> Output {
+    let args = [&["--listen", listen, "--metrics-listen", metrics][..], rest].concat();
+    run(&webhook(), &args, f.home())
+}
+
 #[test]
 fn webhook_admission_port_in_use() {
     let f = Files::new();
     let (_held, addr) = taken();
-    let out = run(
-        &webhook(),
-        &[
-            "--listen",
-            &addr,
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            "c",
-            "--tls-key",
-            "k",
-            "--profiles",
-            &profiles(),
-        ],
-        f.home(),
-    );
+    let profiles = profiles();
+    let rest = ["--tls-cert", "c", "--tls-key", "k", "--profiles", &profiles];
+    let out = run_webhook(&f, &addr, ANY_PORT, &rest);
     let line = assert_clean_failure("railguard-webhook", &out, &[&addr, "--listen", "admission"]);
     assert!(line.contains("address already in use"), "{line}");
 }
@@ -177,22 +173,9 @@ fn webhook_admission_port_in_use() {
 fn webhook_metrics_port_in_use() {
     let f = Files::new();
     let (_held, addr) = taken();
-    let out = run(
-        &webhook(),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            &addr,
-            "--tls-cert",
-            "c",
-            "--tls-key",
-            "k",
-            "--profiles",
-            &profiles(),
-        ],
-        f.home(),
-    );
+    let profiles = profiles();
+    let rest = ["--tls-cert", "c", "--tls-key", "k", "--profiles", &profiles];
+    let out = run_webhook(&f, ANY_PORT, &addr, &rest);
     let line = assert_clean_failure(
         "railguard-webhook",
         &out,
@@ -201,23 +184,15 @@ fn webhook_metrics_port_in_use() {
     assert!(line.contains("address already in use"), "{line}");
 }
 
+/// The webhook serving `cert` and `key`, with `rest` after.
+fn webhook_tls_with(f: &Files, cert: &str, key: &str, rest: &[&str]) -> Output {
+    let args = [&["--tls-cert", cert, "--tls-key", key][..], rest].concat();
+    run_webhook(f, ANY_PORT, ANY_PORT, &args)
+}
+
+/// The webhook serving `cert` and `key` with the fixture profiles.
 fn webhook_tls(f: &Files, cert: &str, key: &str) -> Output {
-    run(
-        &webhook(),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            cert,
-            "--tls-key",
-            key,
-            "--profiles",
-            &profiles(),
-        ],
-        f.home(),
-    )
+    webhook_tls_with(f, cert, key, &["--profiles", &profiles()])
 }
 
 #[test]
@@ -270,22 +245,7 @@ fn webhook_bad_kubeconfig() {
         (&missing, "cannot read kubeconfig"),
         (&garbage, "invalid kubeconfig"),
     ] {
-        let out = run(
-            &webhook(),
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-                "--tls-cert",
-                &cert,
-                "--tls-key",
-                &key,
-                "--kubeconfig",
-                kubeconfig,
-            ],
-            f.home(),
-        );
+        let out = webhook_tls_with(&f, &cert, &key, &["--kubeconfig", kubeconfig]);
         assert_clean_failure(
             "railguard-webhook",
             &out,
@@ -293,20 +253,7 @@ fn webhook_bad_kubeconfig() {
         );
     }
     // Nothing to infer from: not in a cluster, no $KUBECONFIG, no ~/.kube/config.
-    let out = run(
-        &webhook(),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-        ],
-        f.home(),
-    );
+    let out = webhook_tls_with(&f, &cert, &key, &[]);
     assert_clean_failure(
         "railguard-webhook",
         &out,
@@ -319,22 +266,7 @@ fn webhook_invalid_profiles() {
     let f = Files::new();
     let (cert, key) = f.pair("a");
     let bad = f.bad_profiles();
-    let out = run(
-        &webhook(),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-            "--profiles",
-            &bad,
-        ],
-        f.home(),
-    );
+    let out = webhook_tls_with(&f, &cert, &key, &["--profiles", &bad]);
     assert_clean_failure(
         "railguard-webhook",
         &out,
@@ -348,32 +280,34 @@ fn extender() -> PathBuf {
     bin("railguard-extender-cli", "railguard-extender")
 }
 
+/// The extender listening on `listen`, serving metrics on `metrics`, with `rest` after.
+fn run_extender(f: &Files, listen: &str, metrics: &str, rest: &[&str]) -> Output {
+    let args = [&["--listen", listen, "--metrics-listen", metrics][..], rest].concat();
+    run(&extender(), &args, f.home())
+}
+
+/// The extender standalone on free ports with `profiles`, with `rest` after.
+fn run_standalone_extender(f: &Files, profiles: &str, rest: &[&str]) -> Output {
+    let args = [&["--standalone", "--profiles", profiles][..], rest].concat();
+    run_extender(f, ANY_PORT, ANY_PORT, &args)
+}
+
 #[test]
 fn extender_ports_in_use() {
     let f = Files::new();
     let (_held, addr) = taken();
+    let profiles = profiles();
     for (flag, purpose) in [
         ("--listen", "scheduler requests"),
         ("--metrics-listen", "metrics"),
     ] {
-        let other = if flag == "--listen" {
-            "--metrics-listen"
+        let (listen, metrics) = if flag == "--listen" {
+            (addr.as_str(), ANY_PORT)
         } else {
-            "--listen"
+            (ANY_PORT, addr.as_str())
         };
-        let out = run(
-            &extender(),
-            &[
-                flag,
-                &addr,
-                other,
-                "127.0.0.1:0",
-                "--standalone",
-                "--profiles",
-                &profiles(),
-            ],
-            f.home(),
-        );
+        let standalone = ["--standalone", "--profiles", &profiles];
+        let out = run_extender(&f, listen, metrics, &standalone);
         assert_clean_failure("railguard-extender", &out, &[&addr, flag, purpose]);
     }
 }
@@ -383,47 +317,16 @@ fn extender_unreadable_certificate_and_key() {
     let f = Files::new();
     let (cert, key) = f.pair("a");
     let missing = f.path("missing.pem");
+    let profiles = profiles();
     for (c, k, flag) in [
         (&missing, &key, "--tls-cert"),
         (&cert, &missing, "--tls-key"),
     ] {
-        let out = run(
-            &extender(),
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-                "--standalone",
-                "--profiles",
-                &profiles(),
-                "--tls-cert",
-                c,
-                "--tls-key",
-                k,
-            ],
-            f.home(),
-        );
+        let out = run_standalone_extender(&f, &profiles, &["--tls-cert", c, "--tls-key", k]);
         assert_clean_failure("railguard-extender", &out, &[flag, &missing]);
     }
     let garbage = f.write("garbage.pem", "hello\n");
-    let out = run(
-        &extender(),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--standalone",
-            "--profiles",
-            &profiles(),
-            "--tls-cert",
-            &garbage,
-            "--tls-key",
-            &key,
-        ],
-        f.home(),
-    );
+    let out = run_standalone_extender(&f, &profiles, &["--tls-cert", &garbage, "--tls-key", &key]);
     // The certificate file is the one at fault: the message names it and its flag.
     assert_clean_failure("railguard-extender", &out, &["--tls-cert", &garbage]);
 }
@@ -432,18 +335,7 @@ fn extender_unreadable_certificate_and_key() {
 fn extender_bad_kubeconfig() {
     let f = Files::new();
     let garbage = f.garbage();
-    let out = run(
-        &extender(),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--kubeconfig",
-            &garbage,
-        ],
-        f.home(),
-    );
+    let out = run_extender(&f, ANY_PORT, ANY_PORT, &["--kubeconfig", &garbage]);
     assert_clean_failure("railguard-extender", &out, &["--kubeconfig", &garbage]);
 }
 
@@ -451,19 +343,7 @@ fn extender_bad_kubeconfig() {
 fn extender_invalid_profiles() {
     let f = Files::new();
     let bad = f.bad_profiles();
-    let out = run(
-        &extender(),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--standalone",
-            "--profiles",
-            &bad,
-        ],
-        f.home(),
-    );
+    let out = run_standalone_extender(&f, &bad, &[]);
     assert_clean_failure("railguard-extender", &out, &["--profiles", &bad]);
 }
 
@@ -475,23 +355,27 @@ fn prober() -> PathBuf {
 
 const TOKEN: &str = "0123456789abcdef0123456789abcdef0123456789abcdef";
 
+/// `railguard-prober SUB` on node-a of the `h100-ndr` profile, with `rest` after.
+fn on_node_a<'a>(sub: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
+    [&[sub, "--node", "node-a"][..], rest].concat()
+}
+
+/// `railguard-prober peer-endpoint` for node-a simulated as `model`, with `rest` after.
+fn peer_endpoint<'a>(model: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
+    let endpoint = ["--profile", "h100-ndr", "--token", TOKEN, "--sim", model];
+    on_node_a("peer-endpoint", &[&endpoint[..], rest].concat())
+}
+
 #[test]
 fn prober_daemon_metrics_port_in_use() {
     let f = Files::new();
     let (_held, addr) = taken();
-    let out = run(
-        &prober(),
-        &[
-            "daemon",
-            "--node",
-            "node-a",
-            "--metrics-listen",
-            &addr,
-            "--profile-file",
-            &profiles(),
-        ],
-        f.home(),
+    let profiles = profiles();
+    let args = on_node_a(
+        "daemon",
+        &["--metrics-listen", &addr, "--profile-file", &profiles],
     );
+    let out = run(&prober(), &args, f.home());
     assert_clean_failure("railguard-prober", &out, &[&addr, "--metrics-listen"]);
 }
 
@@ -502,19 +386,7 @@ fn prober_peer_endpoint_port_in_use() {
     let model = fixture("prober/models/dgx-h100.yaml");
     let out = run(
         &prober(),
-        &[
-            "peer-endpoint",
-            "--node",
-            "node-a",
-            "--profile",
-            "h100-ndr",
-            "--token",
-            TOKEN,
-            "--sim",
-            &model,
-            "--listen",
-            &addr,
-        ],
+        &peer_endpoint(&model, &["--listen", &addr]),
         f.home(),
     );
     assert_clean_failure(
@@ -531,31 +403,18 @@ fn prober_bad_kubeconfig() {
     let missing = f.path("missing-kubeconfig");
     let model = fixture("prober/models/dgx-h100.yaml");
     let profiles = profiles();
+    let sim = ["--sim", model.as_str(), "--profile-file", &profiles];
     let cases: [Vec<&str>; 4] = [
-        vec![
-            "certify",
-            "--node",
-            "node-a",
-            "--sim",
-            &model,
-            "--profile-file",
-            &profiles,
-            "--kubeconfig",
-            &garbage,
-        ],
-        vec![
+        on_node_a("certify", &[&sim[..], &["--kubeconfig", &garbage]].concat()),
+        on_node_a(
             "daemon",
-            "--node",
-            "node-a",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--sim",
-            &model,
-            "--profile-file",
-            &profiles,
-            "--kubeconfig",
-            &missing,
-        ],
+            &[
+                &["--metrics-listen", ANY_PORT][..],
+                &sim,
+                &["--kubeconfig", &missing],
+            ]
+            .concat(),
+        ),
         vec![
             "campaign",
             "--profile",
@@ -565,21 +424,7 @@ fn prober_bad_kubeconfig() {
             "--kubeconfig",
             &garbage,
         ],
-        vec![
-            "peer-endpoint",
-            "--node",
-            "node-a",
-            "--profile",
-            "h100-ndr",
-            "--token",
-            TOKEN,
-            "--sim",
-            &model,
-            "--listen",
-            "127.0.0.1:0",
-            "--kubeconfig",
-            &missing,
-        ],
+        peer_endpoint(&model, &["--listen", ANY_PORT, "--kubeconfig", &missing]),
     ];
     for args in cases {
         let path = args[args.len() - 1];
@@ -596,24 +441,8 @@ fn prober_invalid_profile_file() {
     let model = fixture("prober/models/dgx-h100.yaml");
     let perf = fixture("prober/fixtures/nccl-tests/gcp-a3mega-h100-2x8-allreduce.txt");
     let cases: [Vec<&str>; 4] = [
-        vec![
-            "certify",
-            "--node",
-            "node-a",
-            "--sim",
-            &model,
-            "--profile-file",
-            &bad,
-        ],
-        vec![
-            "certify",
-            "--node",
-            "node-a",
-            "--sim",
-            &model,
-            "--profile-file",
-            &missing,
-        ],
+        on_node_a("certify", &["--sim", &model, "--profile-file", &bad]),
+        on_node_a("certify", &["--sim", &model, "--profile-file", &missing]),
         vec!["analyze", "--nccl-tests", &perf, "--profile-file", &bad],
         vec![
             "campaign",

@@ -31,15 +31,34 @@ async fn bundles(api: &Api<MutatingWebhookConfiguration>, name: &str) -> Vec<Vec
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn self_managed_certificates_provision_noop_and_rotate() {
+/// A control plane (TLS through ring) with namespace `ns`; its admin client.
+async fn cluster_with_namespace(ns: &str) -> (ControlPlane, kube::Client) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cp = ControlPlane::start().await.expect("control plane");
     let client = cp.client();
-    let ns = "railguard-certs";
     cp.create_namespace(ns, &BTreeMap::new())
         .await
         .expect("namespace");
+    (cp, client)
+}
+
+/// Creates the webhook configuration `config`; the API of such configurations.
+async fn create_config(
+    client: &kube::Client,
+    config: &MutatingWebhookConfiguration,
+) -> Api<MutatingWebhookConfiguration> {
+    let configs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    configs
+        .create(&PostParams::default(), config)
+        .await
+        .expect("create config");
+    configs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn self_managed_certificates_provision_noop_and_rotate() {
+    let ns = "railguard-certs";
+    let (_cp, client) = cluster_with_namespace(ns).await;
 
     // Two entries with empty caBundles; they match no pod (failurePolicy Ignore, selector).
     let hook = |name: &str| {
@@ -60,11 +79,7 @@ async fn self_managed_certificates_provision_noop_and_rotate() {
         "webhooks": [hook("pods.railguard.io"), hook("pods-again.railguard.io")],
     }))
     .expect("config");
-    let configs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    configs
-        .create(&PostParams::default(), &config)
-        .await
-        .expect("create config");
+    let configs = create_config(&client, &config).await;
 
     let dir = tempfile::tempdir().expect("tempdir");
     let spec = CertSpec::new("railguard-webhook", ns, 365, 30).expect("spec");
@@ -180,13 +195,8 @@ async fn self_managed_certificates_provision_noop_and_rotate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_replicas_agree_on_one_secret() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let cp = ControlPlane::start().await.expect("control plane");
-    let client = cp.client();
     let ns = "railguard-race";
-    cp.create_namespace(ns, &BTreeMap::new())
-        .await
-        .expect("namespace");
+    let (_cp, client) = cluster_with_namespace(ns).await;
     let config: MutatingWebhookConfiguration = serde_json::from_value(json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
@@ -199,11 +209,7 @@ async fn racing_replicas_agree_on_one_secret() {
         }],
     }))
     .expect("config");
-    let configs: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    configs
-        .create(&PostParams::default(), &config)
-        .await
-        .expect("create config");
+    let configs = create_config(&client, &config).await;
     let dirs = [
         tempfile::tempdir().expect("dir"),
         tempfile::tempdir().expect("dir"),

@@ -108,12 +108,7 @@ struct Children {
 
 impl Children {
     fn spawn(&mut self, name: &str, cmd: &mut Command, log_dir: &Path) -> Result<u32> {
-        let log = std::fs::File::create(log_dir.join(format!("{name}.log")))?;
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
+        let child = railguard_tests::spawn_logging_to(cmd, &log_dir.join(format!("{name}.log")))
             .with_context(|| format!("starting {name}"))?;
         let pid = child.id();
         self.procs.push((name.to_string(), child));

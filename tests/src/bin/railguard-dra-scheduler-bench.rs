@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -35,14 +35,13 @@ use railguard_api::certificate::GpuAffinity;
 use railguard_api::dra as api_dra;
 use railguard_api::{profiles_from_yaml, FabricProfile, PathType, RailFault, RailVerdict, Verdict};
 use railguard_sim::certificates as synth;
+use railguard_tests::bench::{fan_out, until_none_left};
 use railguard_tests::daemon::{Daemon, ANY_LOOPBACK_PORT};
 use railguard_tests::dra::{self, NodeLayout, RailPair};
 use railguard_tests::{workspace_root, ApiServerOptions, ControlPlane, KubeVersion};
 use serde_json::json;
 
 const PROFILE: &str = "h100-ndr";
-/// API writes in flight while setting up.
-const IN_FLIGHT: usize = 32;
 const RDMA: &str = "rdma/rdma_shared_device_a";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -247,17 +246,6 @@ fn fixture_profile() -> Result<FabricProfile> {
         bail!("the fixture profile is {}, not {PROFILE}", p.name());
     }
     Ok(p)
-}
-
-async fn fan_out<F, Fut>(n: usize, f: F) -> Result<()>
-where
-    F: Fn(usize) -> Fut,
-    Fut: std::future::Future<Output = Result<()>>,
-{
-    futures::stream::iter((0..n).map(f))
-        .buffer_unordered(IN_FLIGHT)
-        .try_collect::<()>()
-        .await
 }
 
 /// Every node has the same DGX H100-like layout: pair i is GPU i and the ConnectX-7 of the
@@ -566,26 +554,25 @@ async fn cleanup(client: &Client, ns: &str) -> Result<()> {
         ..DeleteParams::default()
     };
     pods.delete_collection(&now, &ListParams::default()).await?;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        let left = pods
-            .list_metadata(&ListParams::default())
-            .await?
-            .items
-            .len()
-            + dra::claims(client, ns)
+    let claims = dra::claims(client, ns);
+    until_none_left(
+        Duration::from_secs(300),
+        || async {
+            let pods_left = pods
                 .list_metadata(&ListParams::default())
                 .await?
                 .items
                 .len();
-        if left == 0 {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("{ns}: {left} pods and claims left after 300 s");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+            let claims_left = claims
+                .list_metadata(&ListParams::default())
+                .await?
+                .items
+                .len();
+            Ok(pods_left + claims_left)
+        },
+        |left| format!("{ns}: {left} pods and claims left after 300 s"),
+    )
+    .await
 }
 
 fn print_report(args: &Args, tainted: usize, placeable: usize, runs: &[Run]) {

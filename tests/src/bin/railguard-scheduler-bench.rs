@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -28,13 +28,12 @@ use kube::runtime::watcher;
 use kube::Client;
 use railguard_api::{profiles_from_yaml, FabricProfile, Verdict};
 use railguard_sim::certificates as synth;
+use railguard_tests::bench::{fan_out, until_none_left};
 use railguard_tests::daemon::ANY_LOOPBACK_PORT;
 use railguard_tests::{control_plane_binaries, ports, workspace_root, ControlPlane};
 use serde_json::json;
 
 const MANAGER: &str = "railguard-scheduler-bench";
-/// API writes in flight while setting up nodes and pods.
-const IN_FLIGHT: usize = 32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Mode {
@@ -251,18 +250,6 @@ fn post_params() -> PostParams {
         field_manager: Some(MANAGER.into()),
         ..Default::default()
     }
-}
-
-/// Runs `f(0..n)` with at most `IN_FLIGHT` futures at a time; the first error stops it.
-async fn fan_out<F, Fut>(n: usize, f: F) -> Result<()>
-where
-    F: Fn(usize) -> Fut,
-    Fut: std::future::Future<Output = Result<()>>,
-{
-    futures::stream::iter((0..n).map(f))
-        .buffer_unordered(IN_FLIGHT)
-        .try_collect::<()>()
-        .await
 }
 
 /// Nodes `node-0000`…: 8 GPUs, a shared RDMA device, leaf/spine topology labels, and a
@@ -559,21 +546,18 @@ async fn delete_pods(client: &Client, ns: &str, n: usize) -> Result<()> {
         }
     })
     .await?;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let left = pods
-            .list_metadata(&ListParams::default())
-            .await?
-            .items
-            .len();
-        if left == 0 {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("{ns}: {left} pods still present 120s after deletion");
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    until_none_left(
+        Duration::from_secs(120),
+        || async {
+            Ok(pods
+                .list_metadata(&ListParams::default())
+                .await?
+                .items
+                .len())
+        },
+        |left| format!("{ns}: {left} pods still present 120s after deletion"),
+    )
+    .await
 }
 
 /// The real `railguard-extender` binary in cluster mode.

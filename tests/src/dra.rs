@@ -721,13 +721,14 @@ pub fn chart_values(namespaces: &[&str], extended_resource: Option<&str>) -> Str
 /// `charts/railguard/templates/dra.yaml`) as the real Helm renders them with the default
 /// values and `values` (YAML or JSON) for a 1.37 server.
 pub fn chart_objects(values: &str) -> Result<Vec<Value>> {
-    let docs = crate::helm::shared().template_values(
+    let out = crate::helm::shared().template_values_output(
         "railguard",
         "railguard",
         &["{}", values],
         &chart_api_versions(),
         CHART_KUBE_VERSION,
     )?;
+    let docs = crate::helm::documents_of(out, "railguard")?;
     Ok(docs
         .into_iter()
         .map(|d| d.obj)

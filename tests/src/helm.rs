@@ -209,26 +209,6 @@ impl Helm {
         cmd.output().context("running helm template")
     }
 
-    /// [`Helm::template_values_output`]'s objects, or the error Helm printed.
-    pub fn template_values(
-        &self,
-        release: &str,
-        namespace: &str,
-        values: &[&str],
-        api_versions: &[String],
-        kube_version: &str,
-    ) -> Result<Vec<HelmDoc>> {
-        let out =
-            self.template_values_output(release, namespace, values, api_versions, kube_version)?;
-        if !out.status.success() {
-            bail!(
-                "helm template {release} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        documents(&String::from_utf8(out.stdout)?)
-    }
-
     /// [`Helm::template_output`]'s manifest, or the error Helm printed.
     pub fn template(
         &self,
@@ -237,14 +217,7 @@ impl Helm {
         kube_version: &str,
     ) -> Result<String> {
         let out = self.template_output(set, api_versions, kube_version)?;
-        if !out.status.success() {
-            bail!(
-                "helm template ({}) failed: {}",
-                set.label,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8(out.stdout)?)
+        manifest_of(out, &format!("({})", set.label))
     }
 
     /// [`Helm::template`]'s objects.
@@ -373,4 +346,21 @@ pub fn documents(manifest: &str) -> Result<Vec<HelmDoc>> {
         }
     }
     Ok(docs)
+}
+
+/// The manifest a `helm template` run printed, or the error Helm printed (`what` names the
+/// run in it).
+pub fn manifest_of(out: Output, what: &str) -> Result<String> {
+    if !out.status.success() {
+        bail!(
+            "helm template {what} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// The objects of a `helm template` run ([`manifest_of`]).
+pub fn documents_of(out: Output, what: &str) -> Result<Vec<HelmDoc>> {
+    documents(&manifest_of(out, what)?)
 }

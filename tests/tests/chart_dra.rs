@@ -35,14 +35,14 @@ fn render_extra(
     api_versions: &[String],
     kube_version: &str,
 ) -> anyhow::Result<Vec<Json>> {
-    Ok(helm::shared()
-        .template_values(
-            set.release,
-            set.namespace,
-            &[set.values, extra],
-            api_versions,
-            kube_version,
-        )?
+    let out = helm::shared().template_values_output(
+        set.release,
+        set.namespace,
+        &[set.values, extra],
+        api_versions,
+        kube_version,
+    )?;
+    Ok(helm::documents_of(out, set.label)?
         .into_iter()
         .map(|d| d.obj)
         .collect())

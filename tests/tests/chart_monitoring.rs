@@ -30,14 +30,16 @@ const MONITORING_ON: &str = "monitoring: {serviceMonitors: {enabled: true, label
 
 /// `helm template` of the chart for 1.20 with `values` (YAML, each a `-f` file, in order).
 fn render_values(values: &[&str]) -> Vec<Value> {
-    helm::shared()
-        .template_values(
+    let out = helm::shared()
+        .template_values_output(
             RELEASE,
             NAMESPACE,
             values,
             &kube_1_20_api_versions(),
             KUBE_1_20_VERSION,
         )
+        .unwrap();
+    helm::documents_of(out, RELEASE)
         .unwrap()
         .into_iter()
         .map(|d| d.obj)

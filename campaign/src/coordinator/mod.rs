@@ -224,14 +224,13 @@ pub async fn run_campaign_with(
         let n = plan.rounds();
         let span = info_span!("campaign_round", round = n, tests = round.len());
         span.in_scope(|| info!("campaign round"));
-        progress.plan(round.len() as u64);
-        progress.step(&format!(
+        let step = format!(
             "round {n}: {} pair tests of {} rails",
             round.len(),
             settings.rails.len()
-        ));
+        );
         let run = |t| run_pair(nodes, settings, t, n);
-        let records_of_round = run_round(&round, nodes, settings, span, progress, run).await;
+        let records_of_round = run_round(&round, nodes, settings, span, &step, progress, run).await;
         for (test, record) in round.iter().zip(records_of_round) {
             let outcomes = record.rails.iter().map(|r| r.outcome).collect();
             plan.record(PairResult {
@@ -393,19 +392,23 @@ where
 }
 
 /// Runs the pair tests of one round in waves of at most
-/// [`CampaignSettings::max_concurrent_pairs`], each in its [`pair_span`] and all in `span`,
-/// each a progress step; the records in the round's order.
+/// [`CampaignSettings::max_concurrent_pairs`], each in its [`pair_span`] and all in the
+/// round's span; the round is a progress step named `step`, each test a step of it. The
+/// records in the round's order.
 async fn run_round<R, F>(
     round: &[PairTest],
     nodes: &[CampaignNode],
     settings: &CampaignSettings,
     span: tracing::Span,
+    step: &str,
     progress: &dyn Progress,
     run: impl Fn(PairTest) -> F,
 ) -> Vec<R>
 where
     F: std::future::Future<Output = R>,
 {
+    progress.plan(round.len() as u64);
+    progress.step(step);
     let runs = round.iter().map(|t| {
         let test = run(*t).instrument(pair_span(nodes, t.initiator, t.responder));
         async move {
@@ -417,6 +420,26 @@ where
     run_at_most(runs, settings.max_concurrent_pairs)
         .instrument(span)
         .await
+}
+
+/// Sends `req` to node `a`'s endpoint as the coordinator and waits up to `answer_timeout`
+/// for its answer; the endpoint must prove it runs on `a`.
+async fn ask(
+    a: &CampaignNode,
+    settings: &CampaignSettings,
+    req: &ControlRequest,
+    answer_timeout: Duration,
+) -> Result<ControlResponse, CampaignError> {
+    let speaker = coordinator(settings);
+    request_as(
+        &a.endpoint,
+        speaker,
+        req,
+        Some(&a.name),
+        settings.io_timeout,
+        answer_timeout,
+    )
+    .await
 }
 
 /// The span of one pair test's log lines: `campaign_pair`, the node that starts the test
@@ -449,14 +472,13 @@ pub async fn run_nccl_phase(
             scopes = nccl.scopes.len()
         );
         span.in_scope(|| info!("NCCL round"));
-        progress.plan(round.len() as u64);
-        progress.step(&format!(
+        let step = format!(
             "NCCL round {n}: {} pairs, {} tests each",
             round.len(),
             nccl.scopes.len()
-        ));
+        );
         let run = |t| run_nccl_pair(nodes, settings, nccl, t, n);
-        let records_of_round = run_round(&round, nodes, settings, span, progress, run).await;
+        let records_of_round = run_round(&round, nodes, settings, span, &step, progress, run).await;
         for (test, record) in round.iter().zip(records_of_round) {
             plan.record(PairResult {
                 test: *test,
@@ -531,15 +553,7 @@ pub async fn run_nccl_scope(
         timeout_ms: nccl.timeout.as_millis() as u64,
         pair_key,
     });
-    let answer = request_as(
-        &a.endpoint,
-        coordinator(settings),
-        &req,
-        Some(&a.name),
-        settings.io_timeout,
-        answer_timeout,
-    )
-    .await;
+    let answer = ask(a, settings, &req, answer_timeout).await;
     let record = match answer {
         Ok(ControlResponse::NcclResult { sides, .. }) => NcclScopeRecord {
             judgement: judge_pair(scope, &settings.rails, &sides, &nccl.limits),
@@ -602,16 +616,7 @@ async fn run_pair(
         timeout_ms: settings.test_timeout.as_millis() as u64,
         pair_key,
     });
-    let (reports, error) = match request_as(
-        &a.endpoint,
-        coordinator(settings),
-        &req,
-        Some(&a.name),
-        settings.io_timeout,
-        answer_timeout,
-    )
-    .await
-    {
+    let (reports, error) = match ask(a, settings, &req, answer_timeout).await {
         Ok(ControlResponse::TestResult { rails, .. }) => {
             let by_rail: HashMap<RailRef, RailReport> =
                 rails.into_iter().map(|r| (r.rail, r.report)).collect();

@@ -309,22 +309,28 @@ fn analyze_is_0_pass_or_unknown_1_fail_2_error() {
     );
 }
 
-/// A container view for `preflight --root`: one HCA with its device file, /dev/shm.
+/// A container view for `preflight --root`: one HCA with its device file, CAP_IPC_LOCK
+/// effective, and /dev/shm (statvfs'd: a directory on the test's filesystem, large enough
+/// for a small expected size).
 fn container_view() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
-    std::fs::create_dir_all(
-        root.join("sys/class/infiniband/mlx5_0/device/infiniband_verbs/uverbs0"),
-    )
-    .unwrap();
-    std::fs::create_dir_all(root.join("dev/infiniband")).unwrap();
-    std::fs::write(root.join("dev/infiniband/uverbs0"), "").unwrap();
-    std::fs::create_dir_all(root.join("proc/self")).unwrap();
-    // CAP_IPC_LOCK effective.
-    std::fs::write(root.join("proc/self/status"), "CapEff:\t0000000000004000\n").unwrap();
-    // /dev/shm is statvfs'd: a directory on the test's filesystem (large enough, given a
-    // small expected size).
-    std::fs::create_dir_all(root.join("dev/shm")).unwrap();
+    let dirs = [
+        "sys/class/infiniband/mlx5_0/device/infiniband_verbs/uverbs0",
+        "dev/infiniband",
+        "dev/shm",
+        "proc/self",
+    ];
+    for d in dirs {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    let files = [
+        ("dev/infiniband/uverbs0", ""),
+        ("proc/self/status", "CapEff:\t0000000000004000\n"),
+    ];
+    for (f, text) in files {
+        std::fs::write(root.join(f), text).unwrap();
+    }
     dir
 }
 

@@ -302,6 +302,14 @@ fn open_device(hca: &str) -> Result<Context, RdmaError> {
     Ok(Owned(ctx, ffi::ibv_close_device))
 }
 
+/// The answer of a post call: 0 is posted, anything else the verbs error.
+fn posted(op: &'static str, rc: c_int) -> Result<(), RdmaError> {
+    match rc {
+        0 => Ok(()),
+        rc => Err(verbs_err(op, rc)),
+    }
+}
+
 fn verbs_err(op: &'static str, rc: c_int) -> RdmaError {
     // Verbs calls return either -1 with errno set or a positive errno.
     let errno = if rc > 0 { rc } else { last_errno() };
@@ -670,10 +678,7 @@ impl VerbsEndpoint {
                 None => libc_enosys(),
             }
         };
-        if rc != 0 {
-            return Err(verbs_err("ibv_post_send", rc));
-        }
-        Ok(())
+        posted("ibv_post_send", rc)
     }
 
     /// Posts one receive request without buffers: a WRITE_WITH_IMM consumes one to deliver
@@ -689,16 +694,11 @@ impl VerbsEndpoint {
         // SAFETY: qp is live; wr is a local valid for the call with no scatter entries;
         // post_recv is the provider's entry, exactly what the inline ibv_post_recv calls.
         let rc = unsafe {
-            let ctx = (*self.qp.0).context;
-            match (*ctx).ops.post_recv {
-                Some(post_recv) => post_recv(self.qp.0, &mut wr, &mut bad),
-                None => libc_enosys(),
-            }
+            let ops = &(*(*self.qp.0).context).ops;
+            ops.post_recv
+                .map_or_else(libc_enosys, |post| post(self.qp.0, &mut wr, &mut bad))
         };
-        if rc != 0 {
-            return Err(verbs_err("ibv_post_recv", rc));
-        }
-        Ok(())
+        posted("ibv_post_recv", rc)
     }
 
     /// One `ibv_poll_cq` for up to `wcs.len()` completions; an error completion is an error.

@@ -8,6 +8,7 @@ use railguard_api::FabricProfile;
 pub struct GpuResourceArgs {
     /// Resources that make a pod a GPU pod: names, or patterns where `*` stands for any
     /// characters (MIG slices `nvidia.com/mig-*`, time-sliced `nvidia.com/gpu.shared`).
+    /// While one is on a node, the node gets no invasive run and no campaign test.
     #[arg(
         long = "gpu-resources",
         alias = "gpu-resource",

@@ -553,12 +553,17 @@ async fn unhealthy_nodes_are_tainted_and_the_default_scheduler_keeps_pods_off_th
         &expired.metadata.annotations.clone().unwrap_or_default()[keys::ANNOTATION_CERTIFICATE],
     )?;
     assert_eq!(on_node, states[3].1);
-    let events = events_about(&client, "gpu-expired").await?;
+    // Each Event follows its Node patch (`write_upkeep`), so it may land a moment after the
+    // taint is seen.
     for reason in ["CertificationExpired", "FabricUnhealthyTainted"] {
-        assert!(
-            events.iter().any(|(_, r, _)| r == reason),
-            "{reason} in {events:?}"
-        );
+        eventually(Duration::from_secs(30), reason, || async {
+            let events = events_about(&client, "gpu-expired").await?;
+            Ok(match events.iter().any(|(_, r, _)| r == reason) {
+                true => Ok(()),
+                false => Err(railguard_tests::NotYet(format!("{reason} in {events:?}"))),
+            })
+        })
+        .await?;
     }
     let scraped = scrape_metrics(&metrics_url).await?;
     for reason in ["failed", "degraded", "expired"] {
@@ -633,11 +638,22 @@ async fn unhealthy_nodes_are_tainted_and_the_default_scheduler_keeps_pods_off_th
     let landed = railguard_tests::wait_bound(&client, TRAINING, waiting).await?;
     assert_eq!(landed, "gpu-failed");
     assert_eq!(railguard_taint(&nodes, "gpu-failed").await?, None);
-    let events = events_about(&client, "gpu-failed").await?;
-    assert!(
-        events.iter().any(|(_, r, _)| r == "FabricUnhealthyCleared"),
-        "{events:?}"
-    );
+    // The controller records the Event after its Node patch lands (`write_upkeep`): the
+    // taint can be gone a moment before the Event is (a cold CI run caught that moment).
+    eventually(
+        Duration::from_secs(30),
+        "the FabricUnhealthyCleared event",
+        || async {
+            let events = events_about(&client, "gpu-failed").await?;
+            Ok(
+                match events.iter().any(|(_, r, _)| r == "FabricUnhealthyCleared") {
+                    true => Ok(()),
+                    false => Err(railguard_tests::NotYet(format!("{events:?}"))),
+                },
+            )
+        },
+    )
+    .await?;
     controller.assert_running(&logs);
     Ok(())
 }

@@ -314,6 +314,7 @@ mod tests {
             passive_checked_at: None,
             history: vec![],
             simulated: false,
+            renewal: None,
             extra: BTreeMap::from([("future".into(), serde_json::json!(1))]),
         }
     }

@@ -82,6 +82,9 @@ pub enum RailFault {
     Pcie,
     /// A pairwise test against peers (campaign) failed on this rail.
     Wire,
+    /// The job's own traffic showed the rail grey (passive telemetry): an outlier among the
+    /// rails the job uses, a retransmit or error burst, or NCCL WQE stalls.
+    Grey,
     /// Failed for a reason without a finer class.
     Failed,
 }
@@ -97,6 +100,7 @@ impl RailFault {
             RailFault::Gpudirect => "gpudirect",
             RailFault::Pcie => "pcie",
             RailFault::Wire => "wire",
+            RailFault::Grey => "grey",
             RailFault::Failed => "failed",
         }
     }
@@ -430,6 +434,34 @@ pub struct HistoryEntry {
     pub software: BTreeMap<String, String>,
 }
 
+/// What last renewed a certificate's validity without an invasive run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RenewedBy {
+    /// The jobs' own traffic: every rail carried healthy, symmetric traffic and the passive
+    /// checks were clean while GPU pods held back the invasive run.
+    Traffic,
+}
+
+/// A renewal of a certificate by passive evidence: what it rests on and what it does not
+/// prove. `issuedAt` stays the last invasive pass; `expiresAt` moves.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TrafficRenewal {
+    pub renewed_by: RenewedBy,
+    pub renewed_at: Timestamp,
+    /// The traffic window the renewal rests on.
+    pub window_start: Timestamp,
+    pub window_end: Timestamp,
+    /// Bytes each rail (`hca:port`) sent and received in the window.
+    pub bytes_per_rail: BTreeMap<String, u64>,
+    /// Renewals since the last invasive pass (bounded by the prober).
+    pub renewals: u32,
+    /// What passive evidence does not prove (an invasive run does).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_proven: Vec<String>,
+}
+
 /// The certificate stored on a Node.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -473,6 +505,9 @@ pub struct Certificate {
     /// measuring hardware.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub simulated: bool,
+    /// The last renewal by the jobs' own traffic since the last invasive pass, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewal: Option<TrafficRenewal>,
     /// Fields written by newer versions, kept on round trips.
     #[serde(flatten)]
     pub extra: BTreeMap<String, serde_json::Value>,
@@ -507,6 +542,7 @@ impl Certificate {
             passive_checked_at: None,
             history: Vec::new(),
             simulated: false,
+            renewal: None,
             extra: BTreeMap::new(),
         }
     }

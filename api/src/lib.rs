@@ -22,8 +22,8 @@ pub mod signature;
 pub mod upkeep;
 
 pub use certificate::{
-    Certificate, GpuAffinity, NcclResult, PathType, RailFault, RailResult, RailVerdict, Transport,
-    Verdict,
+    Certificate, GpuAffinity, NcclResult, PathType, RailFault, RailResult, RailVerdict, RenewedBy,
+    TrafficRenewal, Transport, Verdict,
 };
 pub use crd::{crd_upgrade_step, crd_yaml, fabric_profile_crd, CrdUpgradeStep};
 pub use error::{CertificateError, CrdVersionError, ProfileError, QuantityError};

@@ -97,6 +97,7 @@ fn certificate(verdict: Verdict) -> Certificate {
         passive_checked_at: None,
         history: vec![],
         simulated: false,
+        renewal: None,
         extra: BTreeMap::new(),
     }
 }

@@ -546,6 +546,7 @@ fn certificate(now: Timestamp, verdict: Verdict, ttl_secs: i64) -> Certificate {
         passive_checked_at: None,
         history: vec![],
         simulated: false,
+        renewal: None,
         extra: BTreeMap::new(),
     }
 }

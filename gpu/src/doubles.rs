@@ -73,3 +73,35 @@ fn build_one(dir: &Path, file: &str, source: &str, name: &str) -> Result<PathBuf
     }
     Ok(out)
 }
+
+/// The directory holding the real `libnccl.so.2` of the pinned `nvidia-nccl-cu12` wheel,
+/// for tests held to the real library: `RAILGUARD_NCCL_LIB_DIR` when set (CI sets it), else
+/// what `tests/scripts/nccl-wheel.sh` prints (it downloads and caches the wheel once).
+pub fn real_nccl_lib_dir() -> Result<PathBuf, String> {
+    let dir = match std::env::var_os("RAILGUARD_NCCL_LIB_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => {
+            let script =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/scripts/nccl-wheel.sh");
+            let out = Command::new("bash")
+                .arg(&script)
+                .output()
+                .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "{} failed ({}):\n{}",
+                    script.display(),
+                    out.status,
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            PathBuf::from(stdout.lines().last().unwrap_or_default().trim())
+        }
+    };
+    if dir.join("libnccl.so.2").is_file() {
+        Ok(dir)
+    } else {
+        Err(format!("no libnccl.so.2 in {}", dir.display()))
+    }
+}

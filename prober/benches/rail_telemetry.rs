@@ -1,5 +1,5 @@
-//! Cost of passive rail telemetry (issue #45 item 1; target: under 1% of one core for 8
-//! rails at a 1 s interval). Builds an 8-rail mlx5-like tree (11 `counters/`, 40
+//! Cost of passive rail telemetry (issue #45 items 1 and 3; target: under 1% of one core for
+//! 8 rails at a 1 s interval). Builds an 8-rail mlx5-like tree (11 `counters/`, 40
 //! `hw_counters/` per port), runs N ticks of read + rates and prints a table: wall µs per
 //! tick, CPU (user + sys, getrusage) µs per tick and % of one core at the interval.
 //! `cargo bench -p railguard-prober --bench rail_telemetry [-- TICKS]`.
@@ -12,6 +12,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nix::sys::resource::{getrusage, UsageWho};
+use railguard_prober::telemetry::grey::{GreyPolicy, GreyRailJudge, RailWindow};
 use railguard_prober::telemetry::{rates, Rail, RailCounterReader, Sample, PORT_COUNTERS};
 
 /// mlx5 names (`drivers/infiniband/hw/mlx5/counters.c`), 40 in all.
@@ -148,6 +149,23 @@ fn main() {
     }
     std::hint::black_box(n);
     let rates_us = rates_t0.elapsed().as_secs_f64() * 1e6 / f64::from(ticks);
+    // The grey-rail judge over one tick's rates (8 rails alike: every symmetry test runs).
+    let rr = rates(&prev, &cur, Duration::from_secs(1));
+    let mut judge = GreyRailJudge::new(GreyPolicy::default());
+    let judge_t0 = Instant::now();
+    let mut changes = 0usize;
+    for _ in 0..ticks {
+        let windows: Vec<RailWindow> = rr
+            .iter()
+            .map(|r| RailWindow {
+                bytes_per_second: Some(40e9),
+                ..RailWindow::of(r)
+            })
+            .collect();
+        changes += std::hint::black_box(judge.judge(&windows)).len();
+    }
+    std::hint::black_box(changes);
+    let judge_us = judge_t0.elapsed().as_secs_f64() * 1e6 / f64::from(ticks);
     // % of one core at a 1 s interval: CPU µs per tick / 1e6 µs × 100.
     let pct = |us: f64| us / 1e4;
     println!(
@@ -167,6 +185,10 @@ fn main() {
     println!(
         "{:<22} {:>12.1} {:>12} {:>16}",
         "rates (pure)", rates_us, "-", "-"
+    );
+    println!(
+        "{:<22} {:>12.1} {:>12} {:>16}",
+        "grey judge (pure)", judge_us, "-", "-"
     );
     println!(
         "{:<22} {:>12.1} {:>12.1} {:>16.4}",

@@ -2,13 +2,14 @@
 //! users already have (bare metal, Slurm). Each input is read for everything it holds, since
 //! NCCL INFO lines are often mixed into nccl-tests output. Pure: texts in, report out.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use railguard_api::{FabricProfileSpec, RailSpec, Transport};
 use serde::Serialize;
 
 use crate::certify::policy::fmt_num;
+use crate::nccl::wqe::{wqe_faults, PortWqe};
 use crate::nccl::{round2, NcclObservation};
 
 /// The JSON printed by `analyze --json`. Keys are a contract; fields no input provides are
@@ -26,6 +27,8 @@ pub struct AnalyzeReport {
     pub gdr: Option<bool>,
     pub hcas: Option<Vec<String>>,
     pub errors: Vec<String>,
+    /// NCCL's WQE latency lines by local HCA port (`null` when the logs hold none).
+    pub wqe: Option<BTreeMap<String, PortWqe>>,
     /// `pass`, `fail`, or `unknown` (no thresholds, or evidence missing).
     pub verdict: AnalyzeVerdict,
     pub reasons: Vec<String>,
@@ -93,6 +96,14 @@ pub fn analyze(obs: &NcclObservation, profile: Option<&FabricProfileSpec>) -> An
     for e in &obs.log.errors {
         fails.push(format!("NCCL error: {e}"));
     }
+    // Stalls and a port slower than its siblings need no threshold of ours: NCCL's own
+    // (`NCCL_IB_WQE_LATENCY_THRESHOLD_NS`) picked the lines.
+    fails.extend(
+        wqe_faults(&obs.log.wqe)
+            .into_iter()
+            .map(|(_, reason)| reason),
+    );
+    missing.extend(obs.log.wqe.unreadable.iter().cloned());
 
     match profile {
         None => missing.push("no profile given: no thresholds to judge against".to_string()),
@@ -165,6 +176,7 @@ pub fn analyze(obs: &NcclObservation, profile: Option<&FabricProfileSpec>) -> An
             Some(obs.log.hcas.clone())
         },
         errors: obs.log.errors.clone(),
+        wqe: (!obs.log.wqe.ports.is_empty()).then(|| obs.log.wqe.ports.clone()),
         verdict,
         reasons,
     }
@@ -194,6 +206,17 @@ pub fn render_report(r: &AnalyzeReport) -> String {
     ));
     for e in &r.errors {
         out.push_str(&format!("error: {e}\n"));
+    }
+    for (rail, w) in r.wqe.iter().flatten() {
+        out.push_str(&format!(
+            "WQE {rail}: {} slow, {} stall lines; {} of {} completions slow; max {} ns; {} QPs\n",
+            w.slow_lines,
+            w.stall_lines,
+            w.slow_completions,
+            w.completions,
+            opt(w.max_ns.map(|n| n.to_string())),
+            w.qps
+        ));
     }
     out.push_str(&format!(
         "verdict: {}\n",

@@ -255,11 +255,13 @@ fn analyze_json_keys_are_the_contract() {
             "reasons",
             "transport",
             "verdict",
+            "wqe",
             "wrong"
         ]
     );
     assert_eq!(v["verdict"], "unknown");
     assert!(v["gdr"].is_null());
+    assert!(v["wqe"].is_null(), "no WQE lines in the input");
 }
 
 #[test]

@@ -152,6 +152,7 @@ fn good() -> Evidence {
             .iter()
             .map(|(g, r)| (g.to_string(), r.to_string()))
             .collect(),
+        grey: Default::default(),
     }
 }
 
@@ -796,6 +797,25 @@ fn passive_counter_growth_fails_at_once_and_a_clean_window_keeps_the_verdict() {
         assess_passive(&p, &clean, None, &[]).verdict,
         Verdict::Pending
     );
+}
+
+/// A rail the grey-rail judge holds grey fails in the passive check with fault `grey` and
+/// the judge's evidence, while its link and counters look clean.
+#[test]
+fn a_grey_rail_fails_the_passive_check_with_the_judges_evidence() {
+    let p = profile();
+    let full = assess(&p, &good(), &[]);
+    let mut e = good();
+    e.benches.clear();
+    e.nccl.clear();
+    let why = "grey for 3 windows in a row: throughput 5.00 GB/s, 12.3 spreads below the median 45.10 GB/s of 8 used rails";
+    e.grey.insert("mlx5_1:1".into(), why.into());
+    let a = assess_passive(&p, &e, Some(Verdict::Certified), &full.rails);
+    assert_eq!(a.verdict, Verdict::Degraded);
+    assert_eq!(a.rails[1].verdict, RailVerdict::Failed);
+    assert_eq!(a.rails[1].faults, vec![railguard_api::RailFault::Grey]);
+    assert_eq!(a.reasons, vec![format!("rail mlx5_1:1: {why}")]);
+    assert_eq!(a.rails[0].verdict, RailVerdict::Healthy);
 }
 
 #[test]

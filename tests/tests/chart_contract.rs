@@ -1762,23 +1762,36 @@ fn the_gpu_resource_patterns_are_the_binaries_defaults() {
     );
 }
 
-/// Passive rail telemetry runs at one interval whether the chart or a hand-run daemon starts
-/// it: the daemon container's RAILGUARD_TELEMETRY_INTERVAL_MS (from
-/// `prober.telemetry.intervalMs`) equals the binary's `--telemetry-interval-ms` default.
+/// The daemon runs the same whether the chart or a hand-run daemon starts it: each of these
+/// env vars of the daemon container (from `prober.telemetry.*`) equals its flag's default in
+/// the binary, and no other container sets it.
 #[test]
-fn the_telemetry_interval_is_the_binarys_default() {
+fn the_daemons_chart_env_is_the_binarys_default() {
+    for (flag, env, expected) in [
+        (
+            "telemetry-interval-ms",
+            "RAILGUARD_TELEMETRY_INTERVAL_MS",
+            "1000",
+        ),
+        ("grey-rails", "RAILGUARD_GREY_RAILS", "observe"),
+    ] {
+        daemon_env_is_the_default(flag, env, expected);
+    }
+}
+
+fn daemon_env_is_the_default(flag: &str, env: &str, expected: &str) {
     let cli = railguard_prober_cli::Cli::command();
     let default: String = cli
         .find_subcommand("daemon")
-        .expect("daemon subcommand")
+        .unwrap_or_else(|| panic!("no daemon subcommand"))
         .get_arguments()
-        .find(|a| a.get_long() == Some("telemetry-interval-ms"))
-        .expect("daemon has --telemetry-interval-ms")
+        .find(|a| a.get_long() == Some(flag))
+        .unwrap_or_else(|| panic!("daemon has --{flag}"))
         .get_default_values()
         .iter()
         .map(|v| v.to_string_lossy().into_owned())
         .collect();
-    assert_eq!(default, "1000");
+    assert_eq!(default, expected);
     let mut seen = 0;
     for obj in rendered_objects(&DEFAULT) {
         let Some(spec) = pod_spec(&obj) else { continue };
@@ -1787,7 +1800,7 @@ fn the_telemetry_interval_is_the_binarys_default() {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .find(|e| e["name"] == "RAILGUARD_TELEMETRY_INTERVAL_MS")
+                .find(|e| e["name"] == env)
                 .map(|e| e["value"].clone());
             if c["name"] == "daemon" {
                 assert_eq!(
@@ -1798,7 +1811,7 @@ fn the_telemetry_interval_is_the_binarys_default() {
                 );
                 seen += 1;
             } else {
-                assert_eq!(value, None, "{}: only the daemon reads it", c["name"]);
+                assert_eq!(value, None, "{}: only the daemon reads {env}", c["name"]);
             }
         }
     }

@@ -19,6 +19,8 @@
 //!   MIG slice) that arrives during the run stops it: the stand-in is killed, the Node is
 //!   restored from its certificate, the taint lifted, the request kept and honoured once
 //!   the pod is gone.
+//! - A busy node keeps its certificate through ten TTLs from its jobs' traffic
+//!   (`--grey-rails enforce`), until one rail falls behind its siblings and turns grey.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -703,15 +705,7 @@ async fn a_recertify_request_waits_for_busy_gpus_and_is_kept() -> Result<()> {
 
     // A training pod holds the node's GPUs (bound, never run: no kubelet), and an operator
     // asks for a recertification.
-    let pods = bound_pod(
-        &cp,
-        "ml",
-        "train-0",
-        name,
-        "trainer",
-        json!({"nvidia.com/gpu": "8"}),
-    )
-    .await?;
+    let pods = training_pod(&cp, name).await?;
     ask_recertify(&nodes, name).await?;
 
     let (mut d, metrics) = spawn_with_metrics(
@@ -897,6 +891,19 @@ async fn bound_pod(
     }))?;
     pods.create(&PostParams::default(), &pod).await?;
     Ok(pods)
+}
+
+/// The training pod `ml/train-0` holding all 8 GPUs of `node` (bound, never run).
+async fn training_pod(cp: &ControlPlane, node: &str) -> Result<Api<Pod>> {
+    bound_pod(
+        cp,
+        "ml",
+        "train-0",
+        node,
+        "trainer",
+        json!({"nvidia.com/gpu": "8"}),
+    )
+    .await
 }
 
 /// Deletes `pod` at once: no kubelet confirms a graceful deletion.
@@ -1388,5 +1395,160 @@ async fn a_prober_killed_mid_run_never_leaves_its_node_pending_longer_than_its_l
         .arg(format!("^/bin/sh {}", slow.display()))
         .status();
     fleet.assert_running(&logs);
+    Ok(())
+}
+
+/// A stand-in job's traffic in a simulated node's sysfs tree: every 20 ms each rail's
+/// `port_xmit_data` and `port_rcv_data` grow by `gbytes_per_second` a side (in the 4-octet
+/// words the IB counters count), a tenth of it on the rail `slow` names. Small steps, so a
+/// telemetry tick that falls between two rails' writes sees one step of ten missing, never
+/// half a rail's traffic (the kernel's counters move together; these files do not).
+/// A counter that does not read as a number stops the job with an error.
+async fn job_traffic(
+    infiniband: PathBuf,
+    rails: Vec<railguard_api::RailSpec>,
+    gbytes_per_second: f64,
+    slow: Arc<std::sync::Mutex<Option<String>>>,
+) -> Result<()> {
+    let step = Duration::from_millis(20);
+    loop {
+        let slow_rail = slow.lock().unwrap().clone();
+        for r in &rails {
+            let share = if slow_rail.as_deref() == Some(r.id().as_str()) {
+                0.1
+            } else {
+                1.0
+            };
+            let words = (gbytes_per_second * 1e9 * share * step.as_secs_f64() / 4.0) as u64;
+            for c in ["port_xmit_data", "port_rcv_data"] {
+                let path = infiniband.join(format!("{}/ports/{}/counters/{c}", r.hca, r.port));
+                let now: u64 = std::fs::read_to_string(&path)?.trim().parse()?;
+                // In place and never shorter (zero-padded), as a counter attribute reads:
+                // a truncating write would show the daemon an empty file now and then.
+                let file = std::fs::OpenOptions::new().write(true).open(&path)?;
+                std::os::unix::fs::FileExt::write_all_at(
+                    &file,
+                    format!("{:020}\n", now + words).as_bytes(),
+                    0,
+                )?;
+            }
+        }
+        tokio::time::sleep(step).await;
+    }
+}
+
+/// A busy node keeps a living certificate from its jobs' own traffic (`--grey-rails
+/// enforce`): a training pod holds its GPUs, so every invasive run that falls due waits,
+/// while a stand-in job drives every rail alike; the passive checks renew the certificate
+/// before it expires, through ten TTLs, with no invasive run. Then one rail carries a tenth
+/// of its siblings' bytes: the judge turns it grey within seconds, the passive check it wakes
+/// fails the rail with fault `grey`, the node turns degraded and renewals stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_busy_node_keeps_its_certificate_by_its_traffic_until_a_rail_goes_grey() -> Result<()> {
+    const TTL: u64 = 10;
+    let cp = ControlPlane::start().await?;
+    let nodes: Api<Node> = Api::all(cp.client());
+    let work = tempfile::tempdir()?;
+    let mut short = profile();
+    short.spec.certification.ttl_seconds = TTL;
+    short.spec.certification.interval_seconds = 4;
+    let prober = sim_prober_with(&cp, work.path(), &short, "profile-short-ttl.yaml")?;
+    let name = "gpu-t";
+    certified_node(&prober, &cp, name).await?;
+    let (first, _) = node_certificate(&nodes, name).await?;
+    let _pods = training_pod(&cp, name).await?;
+    let slow = Arc::new(std::sync::Mutex::new(None));
+    let job = tokio::spawn(job_traffic(
+        work.path()
+            .join(format!("sysfs-{name}/sys/class/infiniband")),
+        short.spec.rails.clone(),
+        5.0,
+        slow.clone(),
+    ));
+    let mut daemon = prober.command("daemon", name, MODEL);
+    daemon
+        .args(["--passive-interval-secs", "1", "--window-ms", "100"])
+        .args(["--poll-ms", "200", "--jitter-percent", "0"])
+        .args(["--telemetry-interval-ms", "200", "--grey-rails", "enforce"])
+        .arg("--metrics-listen")
+        .arg(ANY_LOOPBACK_PORT);
+    let log = work.path().join("daemon.log");
+    let (mut d, _) = spawn_with_metrics(daemon, &log).await?;
+
+    let ten_ttls = std::time::Instant::now() + Duration::from_secs(10 * TTL);
+    let mut renewed = None;
+    while std::time::Instant::now() < ten_ttls {
+        let (cert, _) = node_certificate(&nodes, name).await?;
+        let now = jiff::Timestamp::now();
+        let daemon_log = || std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            !cert.is_expired(now),
+            "expired at {now} (expiresAt {}):\n{}",
+            cert.expires_at,
+            daemon_log()
+        );
+        assert_eq!(
+            cert.verdict,
+            Verdict::Certified,
+            "{:?}\n{}",
+            cert.reasons,
+            daemon_log()
+        );
+        assert_eq!(
+            cert.history.len(),
+            first.history.len(),
+            "no invasive run while the pod holds the GPUs"
+        );
+        assert_eq!(
+            cert.issued_at, first.issued_at,
+            "issuedAt stays the invasive pass"
+        );
+        renewed = cert.renewal.clone().or(renewed);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let renewal = renewed.context("never renewed")?;
+    assert!(renewal.renewals >= 10, "{renewal:?}");
+    assert_eq!(renewal.renewed_by, railguard_api::RenewedBy::Traffic);
+    assert_eq!(renewal.bytes_per_rail.len(), short.spec.rails.len());
+    assert!(
+        renewal.bytes_per_rail.values().all(|b| *b >= 1 << 30),
+        "{renewal:?}"
+    );
+    assert!(renewal
+        .not_proven
+        .iter()
+        .any(|n| n.contains("GPU-memory path")));
+
+    // One rail falls behind its siblings.
+    *slow.lock().unwrap() = Some("mlx5_4:1".to_string());
+    let greyed = std::time::Instant::now();
+    let degraded = eventually(Duration::from_secs(30), "the grey rail failed", || async {
+        let (cert, _) = node_certificate(&nodes, name).await?;
+        Ok((cert.verdict == Verdict::Degraded).then_some(cert))
+    })
+    .await?;
+    // Three 200 ms ticks, a 100 ms check, one patch: well within the 10 s target.
+    assert!(
+        greyed.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        greyed.elapsed()
+    );
+    let rail = degraded.rail("mlx5_4", 1).context("rail mlx5_4:1")?;
+    assert_eq!(rail.verdict, RailVerdict::Failed);
+    assert_eq!(rail.faults, vec![railguard_api::RailFault::Grey]);
+    assert!(
+        degraded
+            .reasons
+            .iter()
+            .any(|r| r.starts_with("rail mlx5_4:1: grey for 3 windows in a row: throughput")),
+        "{:?}",
+        degraded.reasons
+    );
+    assert_eq!(
+        degraded.usable_rails,
+        Some(short.spec.rails.len() as u32 - 1)
+    );
+    stop_daemon(&mut d).await?;
+    job.abort();
     Ok(())
 }

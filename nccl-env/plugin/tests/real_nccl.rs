@@ -50,31 +50,7 @@ fn child_runs_nccl() {
 /// The directory holding the wheel's `libnccl.so.2`.
 fn nccl_lib_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = match std::env::var_os("RAILGUARD_NCCL_LIB_DIR") {
-            Some(d) => PathBuf::from(d),
-            None => {
-                let script =
-                    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/scripts/nccl-wheel.sh");
-                let out = Command::new("bash").arg(&script).output().unwrap();
-                assert!(
-                    out.status.success(),
-                    "{} failed ({}):\n{}",
-                    script.display(),
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr)
-                );
-                let stdout = String::from_utf8_lossy(&out.stdout);
-                PathBuf::from(stdout.lines().last().unwrap_or_default().trim())
-            }
-        };
-        assert!(
-            dir.join("libnccl.so.2").is_file(),
-            "no libnccl.so.2 in {}",
-            dir.display()
-        );
-        dir
-    })
+    DIR.get_or_init(|| railguard_gpu::doubles::real_nccl_lib_dir().unwrap())
 }
 
 /// The cdylib cargo built with this test, copied to the name NCCL's loader expects.

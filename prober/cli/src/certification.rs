@@ -16,6 +16,7 @@ use railguard_prober::certify::policy::{assess_in_fleet, assess_passive_against}
 use railguard_prober::certify::record::{
     invasive_certificate, passive_certificate, passive_is_news, Subject,
 };
+use railguard_prober::certify::renewal::{renew_by_traffic, Renewal, RenewalPolicy, TrafficTally};
 use railguard_prober::certify::run::{
     gather_invasive_with, gather_passive, GatherError, NodeSetup,
 };
@@ -170,12 +171,16 @@ pub async fn passive_once(
     ctx: &NodeContext,
     state: &mut NodeState,
     window: Duration,
+    grey: &std::collections::BTreeMap<String, String>,
+    renew: Option<&TrafficTally>,
 ) -> Result<PassiveOutcome, CertifyError> {
     let publisher = ctx.publisher.as_ref().ok_or(CertifyError::NoCluster)?;
     let spec = &ctx.profile.spec;
     let previous = state.certificate.clone();
     let exposure = ctx.exposure(Some(state));
-    let gathered = gather_passive(&ctx.setup, spec, window, exposure).await?;
+    let mut gathered = gather_passive(&ctx.setup, spec, window, exposure).await?;
+    // The grey-rail judge's verdicts (`--grey-rails enforce`) are this check's evidence too.
+    gathered.evidence.grey = grey.clone();
     // The certificate carries the passive holds (passive healing), so they survive a restart.
     let assessment = assess_passive_against(spec, &gathered.evidence, previous.as_ref());
     if previous.is_none() && assessment.verdict != Verdict::Failed {
@@ -191,7 +196,19 @@ pub async fn passive_once(
         simulated: ctx.setup.simulated,
     };
     let now = Timestamp::now();
-    let cert = passive_certificate(&subject, &assessment, previous.as_ref(), now);
+    let mut cert = passive_certificate(&subject, &assessment, previous.as_ref(), now);
+    if let Some(tally) = renew {
+        match renew_by_traffic(&cert, spec, tally, &RenewalPolicy::default(), now) {
+            Renewal::NotDue => {}
+            Renewal::Refused(why) => {
+                tracing::info!(node = %ctx.node, expires_at = %cert.expires_at, why = %why, "certificate not renewed by the jobs' traffic");
+            }
+            Renewal::Renewed(renewed) => {
+                cert = *renewed;
+                tracing::info!(node = %ctx.node, expires_at = %cert.expires_at, renewals = cert.renewal.as_ref().map_or(0, |r| r.renewals), "certificate renewed by the jobs' traffic");
+            }
+        }
+    }
     if let Some(prev) = &previous {
         if !passive_is_news(prev, &cert, state.fabric_label.as_deref(), now) {
             return Ok(PassiveOutcome::Unchanged);

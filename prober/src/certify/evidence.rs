@@ -164,4 +164,8 @@ pub struct Evidence {
     /// Each GPU's PCI address (normalized, `0000:1b:00.0`) → the rail (`hca:port`) it uses:
     /// a finding about that GPU's link is a fault of that rail's GPU↔NIC path.
     pub gpu_rails: BTreeMap<String, String>,
+    /// Rails the grey-rail judge holds grey (`hca:port` → its evidence), from the job's own
+    /// traffic ([`crate::telemetry::grey`]); passive checks only.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub grey: BTreeMap<String, String>,
 }

@@ -10,6 +10,7 @@ pub mod history;
 pub mod matrix;
 pub mod policy;
 pub mod record;
+pub mod renewal;
 pub mod run;
 pub mod slots;
 

@@ -427,6 +427,9 @@ fn passive_assessment(
         let (mut failures, deltas) =
             check_rail_passive(spec, before, after, &t.counter_growth, &watched);
         failures.extend(node.rail_findings.remove(&spec.id()).unwrap_or_default());
+        if let Some(why) = evidence.grey.get(&spec.id()) {
+            failures.push((RailFault::Grey, format!("rail {}: {why}", spec.id())));
+        }
         let prev = previous_rails
             .iter()
             .find(|r| r.hca == spec.hca && r.port == spec.port);

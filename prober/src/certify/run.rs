@@ -539,6 +539,7 @@ fn gathered(
             exposure,
             findings: reported_findings(last),
             gpu_rails: gpu_rails(last),
+            grey: BTreeMap::new(),
         },
         gpus: gpu_affinity(last),
     }

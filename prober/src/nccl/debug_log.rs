@@ -9,13 +9,15 @@
 //! only NCCL's own error texts are looked for ([`QUOTED_ERRORS`]: health-check reports and
 //! training logs quote them without the `NCCL WARN` prefix). A cloud network plugin's
 //! transport (`NET/AWS Libfabric`, `NET/GPUDirectTCPX`, ...) is reported by its name
-//! ([`DebugLogReport::net_plugin`]). One pass, no regexes, no allocation for lines that carry
-//! nothing of interest.
+//! ([`DebugLogReport::net_plugin`]). NCCL's WQE latency lines go to [`super::wqe`]. One
+//! pass, no regexes, no allocation for lines that carry nothing of interest.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use railguard_api::Transport;
 use serde::Serialize;
+
+use super::wqe::WqeReport;
 
 /// At most this many distinct error messages are kept (a broken fabric repeats itself).
 pub const MAX_ERRORS: usize = 32;
@@ -63,6 +65,10 @@ pub struct DebugLogReport {
     pub errors: Vec<String>,
     /// Number of NCCL lines read.
     pub nccl_lines: usize,
+    /// NCCL's work-request latency lines (`NET/IB: WQE slow`, `WQE stall`, the per-QP
+    /// summary), by local HCA port.
+    #[serde(skip_serializing_if = "WqeReport::is_empty")]
+    pub wqe: WqeReport,
 }
 
 #[derive(Default)]
@@ -137,6 +143,11 @@ impl Scan {
                         self.report.hosts.insert(host.to_string());
                     }
                 }
+            }
+            // NCCL's WQE latency lines are evidence about rails, not errors of the run,
+            // whichever level they are logged at.
+            if self.report.wqe.read_line(msg) {
+                continue;
             }
             if warn {
                 // A bare `NCCL WARN` is still a warning; an empty entry would say nothing.

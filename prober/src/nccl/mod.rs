@@ -7,6 +7,7 @@ pub mod native;
 pub mod perf;
 pub mod ranks;
 pub mod runner;
+pub mod wqe;
 
 use railguard_api::{NcclResult, Transport};
 use serde::Serialize;

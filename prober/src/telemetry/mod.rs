@@ -35,6 +35,8 @@
 //! and no rate for that tick, never a negative one. A file that reads as something other
 //! than a decimal number is that counter's error ([`CounterError::Junk`]), never a zero.
 
+pub mod grey;
+
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};

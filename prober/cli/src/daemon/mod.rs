@@ -34,6 +34,7 @@ use railguard_prober::progress::NoProgress;
 use railguard_prober::publish::{
     nccl_node_file, write_if_changed, NodeEvent, NodeFacts, NodePublisher, NodeState,
 };
+use railguard_prober::telemetry::grey::{GreyPolicy, GreyRailJudge};
 use tokio_util::sync::CancellationToken;
 
 pub use metrics::Metrics;
@@ -111,7 +112,28 @@ pub struct DaemonArgs {
     /// (`railguard_prober_rail_*`); 0 turns it off.
     #[arg(long, env = "RAILGUARD_TELEMETRY_INTERVAL_MS", default_value_t = 1000)]
     pub telemetry_interval_ms: u64,
+    /// The grey-rail judge over each telemetry tick (a rail the job uses that lags its
+    /// siblings in throughput, or leads them in port_xmit_wait or retransmits; retransmit
+    /// and error bursts; see docs/grey-rails.md): `off`, `observe` (log and
+    /// railguard_prober_rail_grey only) or `enforce` (a grey rail fails at once with fault
+    /// `grey`, which taints it).
+    #[arg(long, env = "RAILGUARD_GREY_RAILS", value_enum, default_value_t = telemetry::GreyMode::Observe)]
+    pub grey_rails: telemetry::GreyMode,
+    /// Telemetry ticks in a row with evidence before a rail turns grey.
+    #[arg(long, env = "RAILGUARD_GREY_FAIL_WINDOWS", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub grey_fail_windows: u32,
+    /// Clean telemetry ticks in a row before a grey rail is lifted.
+    #[arg(long, env = "RAILGUARD_GREY_LIFT_WINDOWS", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..))]
+    pub grey_lift_windows: u32,
+    /// Retransmits (hw_counters: out_of_sequence, packet_seq_err, local_ack_timeout_err,
+    /// completer_retry_err, ...) within one tick that are evidence on any rail.
+    #[arg(long, env = "RAILGUARD_GREY_RETRANSMIT_BURST", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub grey_retransmit_burst: u64,
 }
+
+/// The counter window of a passive check the grey-rail judge asked for: the judge has
+/// already watched the rail for several ticks, so the check itself need not wait long.
+const GREY_CHECK_WINDOW: Duration = Duration::from_secs(1);
 
 /// What the loop does about an invasive run now.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -327,6 +349,9 @@ struct Loop {
     node_cache: Arc<railguard_kube::store::Store<k8s_openapi::api::core::v1::Node>>,
     /// The namespace of the invasive slot Leases.
     lease_namespace: String,
+    /// The grey rails the telemetry task's judge holds (`--grey-rails enforce`) and the
+    /// jobs' traffic since the last passive check.
+    live: Arc<telemetry::LiveEvidence>,
 }
 
 /// Where the NCCL plugin's node file goes, and what it says about this machine.
@@ -474,6 +499,8 @@ struct Schedule {
     /// When this daemon last wrote its `railguard.io/invasive-waiting` mark (held back by the
     /// cap); renewed every [`railguard_api::invasive::WAITING_RENEW`] while it waits.
     waiting_renewed: Option<Instant>,
+    /// The last invasive run due was held back by GPU pods on the node (until one runs).
+    busy: bool,
 }
 
 impl Loop {
@@ -604,9 +631,19 @@ impl Loop {
         }
     }
 
-    async fn passive(&self, state: &mut NodeState) -> anyhow::Result<()> {
-        let window = Duration::from_millis(self.args.window_ms);
-        match passive_once(&self.ctx, state, window).await? {
+    /// A passive check; `prompt`: the grey-rail judge asked for it (a short counter window);
+    /// `busy`: GPU pods hold the invasive run back, so the jobs' traffic may renew the
+    /// certificate (`--grey-rails enforce` only: a renewal rests on the judge's verdicts).
+    async fn passive(&self, state: &mut NodeState, prompt: bool, busy: bool) -> anyhow::Result<()> {
+        let mut window = Duration::from_millis(self.args.window_ms);
+        if prompt {
+            window = window.min(GREY_CHECK_WINDOW);
+        }
+        let grey = self.live.current();
+        let traffic = self.live.take_traffic();
+        let renew =
+            (busy && self.args.grey_rails == telemetry::GreyMode::Enforce).then_some(&traffic);
+        match passive_once(&self.ctx, state, window, &grey, renew).await? {
             // Nothing to update: only an invasive run can certify.
             PassiveOutcome::NothingToPublish => self.metrics.run("passive", "nothing-to-publish"),
             PassiveOutcome::Unchanged => self.metrics.run("passive", "unchanged"),
@@ -733,6 +770,7 @@ impl Loop {
         };
         match invasive_decision(due, requested, &pods, unavailable) {
             InvasiveDecision::Run => {
+                plan.busy = false;
                 // Not beside a campaign pair test on this node's rails: held for the run.
                 let _node_lock = match &self.args.test_lock_file {
                     None => None,
@@ -778,7 +816,10 @@ impl Loop {
                     }
                 };
                 let (slot, ran) = tokio::join!(keep, async {
+                    // The run's own traffic (one rail after another) is not a job's.
+                    self.live.pause(true);
                     let ran = self.invasive(client, state, recertify).await;
+                    self.live.pause(false);
                     keeping.cancel();
                     ran
                 });
@@ -813,6 +854,7 @@ impl Loop {
                 return Ok(());
             }
             InvasiveDecision::Defer { requested, pods } => {
+                plan.busy = true;
                 self.clear_waiting_mark(plan).await;
                 let retry = jittered(passive_every, jitter);
                 if requested {
@@ -831,6 +873,7 @@ impl Loop {
                 }
             }
             InvasiveDecision::Unavailable { requested, reason } => {
+                plan.busy = false;
                 self.clear_waiting_mark(plan).await;
                 let retry = jittered(passive_every, jitter);
                 if requested {
@@ -849,8 +892,12 @@ impl Loop {
             }
             InvasiveDecision::NotDue => {}
         }
-        if Instant::now() >= plan.next_passive {
-            self.passive(state).await?;
+        let grey_changed = self.live.take_changed();
+        if grey_changed || Instant::now() >= plan.next_passive {
+            if grey_changed {
+                tracing::info!(node = %self.ctx.node, grey = ?self.live.current().keys().collect::<Vec<_>>(), "grey rails changed: passive check now");
+            }
+            self.passive(state, grey_changed, plan.busy).await?;
             plan.next_passive = Instant::now() + jittered(passive_every, jitter);
         }
         Ok(())
@@ -959,6 +1006,7 @@ impl Loop {
             next_recertify_check: Instant::now(),
             deferral_reported: false,
             waiting_renewed: None,
+            busy: false,
         };
         let mut failures = 0u32;
         loop {
@@ -1002,6 +1050,8 @@ impl Loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep(wait) => {}
+                // A rail turned grey or was lifted: check now, not at the next poll.
+                _ = self.live.changed() => {}
             }
         }
         tracing::info!(node = %self.ctx.node, "daemon stopped");
@@ -1071,12 +1121,26 @@ impl DaemonArgs {
         if !missing.is_empty() {
             tracing::warn!(node = %ctx.node, profile = ctx.profile.name(), missing = %missing.join(", "), "the profile delivers NCCL settings through the environment plugin (nccl.delivery: Plugin), but this daemon installs no plugin or writes no node file: its pods find neither. The chart gives both to the probers of profiles that are Plugin in its values; set ncclPlugin.install=always for a profile switched outside them");
         }
+        let live = Arc::new(telemetry::LiveEvidence::default());
         let telemetry_task = telemetry::interval(self.telemetry_interval_ms).map(|every| {
+            let judging =
+                (self.grey_rails != telemetry::GreyMode::Off).then(|| telemetry::GreyJudging {
+                    judge: GreyRailJudge::new(GreyPolicy {
+                        fail_after_windows: self.grey_fail_windows,
+                        lift_after_windows: self.grey_lift_windows,
+                        retransmit_burst: self.grey_retransmit_burst,
+                        ..GreyPolicy::default()
+                    }),
+                    enforce: self.grey_rails == telemetry::GreyMode::Enforce,
+                    shared: live.clone(),
+                });
             tokio::spawn(telemetry::run(
                 ctx.setup.sysfs_root.clone(),
                 ctx.profile.spec.rails.iter().map(Into::into).collect(),
                 every,
                 metrics.telemetry.clone(),
+                live.clone(),
+                judging,
                 stop.clone(),
             ))
         });
@@ -1089,6 +1153,7 @@ impl DaemonArgs {
             args: self.clone(),
             metrics,
             invasive_in_flight: AtomicBool::new(false),
+            live,
             nccl_node_file: self.nccl_config_file.clone().map(|path| NcclNodeFileSink {
                 path,
                 started: jiff::Timestamp::now(),

@@ -1,9 +1,14 @@
-//! The daemon's passive rail telemetry task (issue #45 item 1): every
-//! `--telemetry-interval-ms` it reads each rail's counters ([`railguard_prober::telemetry`])
-//! and publishes per-rail rates on the daemon's metrics registry.
+//! The daemon's passive rail telemetry task (issue #45 items 1 and 3): every
+//! `--telemetry-interval-ms` it reads each rail's counters ([`railguard_prober::telemetry`]),
+//! publishes per-rail rates on the daemon's metrics registry, and feeds each tick to the
+//! grey-rail judge ([`railguard_prober::telemetry::grey`]). With `--grey-rails enforce` a rail
+//! the judge turns grey (or lifts) wakes the certification loop for a prompt passive check,
+//! which fails the rail with fault `grey` (and so taints it); with `observe` (the default)
+//! the judge only logs and sets `railguard_prober_rail_grey`.
 
-use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -11,6 +16,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use railguard_prober::certify::renewal::TrafficTally;
+use railguard_prober::telemetry::grey::{GreyChange, GreyRailJudge, RailWindow};
 use railguard_prober::telemetry::{rates, Rail, RailCounterReader, RailRates, Sample};
 use tokio_util::sync::CancellationToken;
 
@@ -39,6 +46,7 @@ pub struct TelemetryMetrics {
     hw_total: Family<RailCounterLabels, Counter>,
     resets: Family<RailCounterLabels, Counter>,
     read_errors: Family<RailCounterLabels, Counter>,
+    grey: Family<RailLabel, Gauge>,
     ticks: Counter,
 }
 
@@ -80,6 +88,11 @@ impl TelemetryMetrics {
             "rail_telemetry_read_errors",
             "Telemetry reads of a rail's counter file that failed or were not a number",
             m.read_errors.clone(),
+        );
+        registry.register(
+            "rail_grey",
+            "1 while the grey-rail judge holds the rail grey (an outlier among the rails the job uses, a retransmit or error burst), else 0",
+            m.grey.clone(),
         );
         registry.register(
             "rail_telemetry_ticks",
@@ -136,6 +149,130 @@ impl TelemetryMetrics {
     }
 }
 
+/// `--grey-rails`: what the grey-rail judge may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum GreyMode {
+    /// No judge.
+    Off,
+    /// Judge, log and publish `railguard_prober_rail_grey`; certificates are untouched.
+    Observe,
+    /// As `observe`, and a grey rail fails in the next (prompt) passive check with fault
+    /// `grey`, which taints it.
+    Enforce,
+}
+
+/// What the telemetry task learns from the jobs' traffic, shared with the certification
+/// loop: the grey rails the judge holds and the bytes each rail carried since the last
+/// passive check (the evidence a renewal rests on).
+#[derive(Debug, Default)]
+pub struct LiveEvidence {
+    rails: Mutex<BTreeMap<String, String>>,
+    changed: AtomicBool,
+    wake: tokio::sync::Notify,
+    /// Set during the daemon's own invasive runs: their traffic is not a job's.
+    paused: AtomicBool,
+    traffic: Mutex<TrafficTally>,
+}
+
+impl LiveEvidence {
+    /// Rail (`hca:port`) → the evidence it turned grey on.
+    pub fn current(&self) -> BTreeMap<String, String> {
+        self.rails.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set(&self, rails: BTreeMap<String, String>) {
+        *self.rails.lock().unwrap_or_else(|p| p.into_inner()) = rails;
+        self.changed.store(true, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+
+    /// Whether the grey set changed since the last call.
+    pub fn take_changed(&self) -> bool {
+        self.changed.swap(false, Ordering::SeqCst)
+    }
+
+    /// Resolves when the grey set changes (at once if it changed unobserved).
+    pub async fn changed(&self) {
+        self.wake.notified().await;
+    }
+
+    pub fn pause(&self, paused: bool) {
+        self.paused.store(paused, Ordering::SeqCst);
+    }
+
+    fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+
+    /// Adds one tick's bytes (sent + received, rate × `dt`) to the tally.
+    fn add_traffic(&self, rr: &[RailRates], dt: Duration) {
+        let now = jiff::Timestamp::now();
+        let mut t = self.traffic.lock().unwrap_or_else(|p| p.into_inner());
+        t.start.get_or_insert(now);
+        t.end = Some(now);
+        for r in rr {
+            let per_second =
+                r.tx_bytes_per_second.unwrap_or(0.0) + r.rx_bytes_per_second.unwrap_or(0.0);
+            let bytes = (per_second * dt.as_secs_f64()).max(0.0) as u64;
+            *t.bytes_per_rail.entry(r.rail.to_string()).or_default() += bytes;
+        }
+    }
+
+    /// The tally since the last call (with the rails grey now), and a fresh one begun.
+    pub fn take_traffic(&self) -> TrafficTally {
+        let mut t = std::mem::take(&mut *self.traffic.lock().unwrap_or_else(|p| p.into_inner()));
+        t.grey = self.current().into_keys().collect();
+        t
+    }
+}
+
+/// The judge and what it may do.
+pub struct GreyJudging {
+    pub judge: GreyRailJudge,
+    pub enforce: bool,
+    pub shared: Arc<LiveEvidence>,
+}
+
+impl GreyJudging {
+    /// One tick's rates through the judge: changes logged and published.
+    fn tick(&mut self, rr: &[RailRates], metrics: &TelemetryMetrics, was_paused: &mut bool) {
+        if self.shared.is_paused() {
+            *was_paused = true;
+            return;
+        }
+        if std::mem::take(was_paused) {
+            self.judge.forget_traffic();
+        }
+        let windows: Vec<RailWindow> = rr.iter().map(RailWindow::of).collect();
+        let changes = self.judge.judge(&windows);
+        for c in &changes {
+            match c {
+                GreyChange::Failed { rail, evidence } => {
+                    tracing::warn!(rail = %rail, evidence = %evidence, enforce = self.enforce, "rail grey under the job's traffic");
+                    metrics
+                        .grey
+                        .get_or_create(&RailLabel {
+                            rail: rail.to_string(),
+                        })
+                        .set(1);
+                }
+                GreyChange::Lifted { rail } => {
+                    tracing::info!(rail = %rail, clean_windows = self.judge.policy().lift_after_windows, enforce = self.enforce, "grey rail lifted");
+                    metrics
+                        .grey
+                        .get_or_create(&RailLabel {
+                            rail: rail.to_string(),
+                        })
+                        .set(0);
+                }
+            }
+        }
+        if self.enforce && !changes.is_empty() {
+            self.shared.set(self.judge.grey());
+        }
+    }
+}
+
 /// Pure: the tick interval `--telemetry-interval-ms` asks for; `None`: telemetry off (0).
 pub fn interval(ms: u64) -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms))
@@ -149,6 +286,8 @@ pub async fn run(
     rails: Vec<Rail>,
     every: Duration,
     metrics: TelemetryMetrics,
+    live: Arc<LiveEvidence>,
+    mut grey: Option<GreyJudging>,
     stop: CancellationToken,
 ) {
     let opened = tokio::task::spawn_blocking(move || RailCounterReader::open(&root, &rails)).await;
@@ -167,6 +306,7 @@ pub async fn run(
     let mut state = Some((reader, Sample::default(), Sample::default()));
     let mut taken: Option<Instant> = None;
     let mut failing: std::collections::BTreeSet<Arc<str>> = Default::default();
+    let mut was_paused = false;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -188,7 +328,8 @@ pub async fn run(
             break;
         };
         if let Some(before) = taken {
-            let rr = rates(&prev, &cur, now.duration_since(before));
+            let dt = now.duration_since(before);
+            let rr = rates(&prev, &cur, dt);
             let mut now_failing = std::collections::BTreeSet::new();
             for e in rr.iter().flat_map(|r| &r.errors) {
                 let key: Arc<str> = e.to_string().into();
@@ -202,6 +343,12 @@ pub async fn run(
             }
             failing = now_failing;
             metrics.record(&rr);
+            if !live.is_paused() {
+                live.add_traffic(&rr, dt);
+            }
+            if let Some(g) = grey.as_mut() {
+                g.tick(&rr, &metrics, &mut was_paused);
+            }
         }
         taken = Some(now);
         // `cur` becomes the next tick's `prev`; the old `prev`'s storage is reused.
@@ -212,6 +359,96 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rates_of(gbytes: &[f64]) -> Vec<RailRates> {
+        gbytes
+            .iter()
+            .enumerate()
+            .map(|(i, g)| RailRates {
+                rail: format!("mlx5_{i}:1").into(),
+                tx_bytes_per_second: Some(g * 1e9),
+                rx_bytes_per_second: Some(g * 1e9),
+                xmit_wait_per_second: Some(0.0),
+                ..RailRates::default()
+            })
+            .collect()
+    }
+
+    fn judging(enforce: bool) -> GreyJudging {
+        GreyJudging {
+            judge: GreyRailJudge::new(railguard_prober::telemetry::grey::GreyPolicy::default()),
+            enforce,
+            shared: Arc::new(LiveEvidence::default()),
+        }
+    }
+
+    #[test]
+    fn enforce_shares_a_grey_rail_and_observe_only_publishes_it() {
+        let lagging = rates_of(&[24.0, 24.1, 23.9, 24.2, 3.0, 24.0, 23.8, 24.1]);
+        for enforce in [true, false] {
+            let mut registry = Registry::with_prefix("railguard_prober");
+            let m = TelemetryMetrics::register(&mut registry);
+            let mut g = judging(enforce);
+            let mut paused = false;
+            for _ in 0..3 {
+                g.tick(&lagging, &m, &mut paused);
+            }
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+            assert!(
+                text.contains(r#"railguard_prober_rail_grey{rail="mlx5_4:1"} 1"#),
+                "{text}"
+            );
+            assert_eq!(g.shared.take_changed(), enforce);
+            let shared = g.shared.current();
+            if enforce {
+                assert_eq!(shared.keys().collect::<Vec<_>>(), vec!["mlx5_4:1"]);
+                assert!(
+                    shared["mlx5_4:1"].contains("spreads below the median"),
+                    "{shared:?}"
+                );
+            } else {
+                assert!(
+                    shared.is_empty(),
+                    "observe changes no certificate: {shared:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_paused_judge_ignores_the_daemons_own_test_traffic() {
+        let m = TelemetryMetrics::default();
+        let mut g = judging(true);
+        let mut paused = false;
+        g.shared.pause(true);
+        // An invasive run drives one rail at a time (and the judge would see asymmetry).
+        for i in 0..8 {
+            let mut one = vec![0.0; 8];
+            one[i] = 24.0;
+            for _ in 0..5 {
+                g.tick(&rates_of(&one), &m, &mut paused);
+            }
+        }
+        g.shared.pause(false);
+        g.tick(&rates_of(&[0.0; 8]), &m, &mut paused);
+        assert!(!g.shared.take_changed());
+        assert!(g.judge.grey().is_empty());
+    }
+
+    #[test]
+    fn the_tally_adds_bytes_per_rail_and_starts_afresh_when_taken() {
+        let live = LiveEvidence::default();
+        let rr = rates_of(&[1.0, 2.0, 3.0]);
+        live.add_traffic(&rr, Duration::from_millis(500));
+        live.add_traffic(&rr, Duration::from_millis(500));
+        let t = live.take_traffic();
+        // 1 GB/s each way for a second: 2e9 bytes.
+        assert_eq!(t.bytes_per_rail["mlx5_0:1"], 2_000_000_000);
+        assert_eq!(t.bytes_per_rail["mlx5_2:1"], 6_000_000_000);
+        assert!(t.start.is_some() && t.end >= t.start);
+        assert_eq!(live.take_traffic(), TrafficTally::default());
+    }
 
     #[test]
     fn zero_turns_telemetry_off() {
@@ -240,6 +477,8 @@ mod tests {
             }],
             Duration::from_millis(20),
             m.clone(),
+            Arc::new(LiveEvidence::default()),
+            None,
             stop.clone(),
         ));
         tokio::time::sleep(Duration::from_millis(50)).await;
